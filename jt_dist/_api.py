@@ -1,0 +1,122 @@
+"""``triton_call``: the public entry point for one kernel call."""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Mapping, Sequence
+
+import jax
+
+from jt_dist import _binding
+from jt_dist import _primitive
+
+_VMAP_METHODS = (None, "sequential")
+
+
+def triton_call(
+    *args: Any,
+    kernel: Any,
+    out_shape: Any = None,
+    grid: Any,
+    name: str = "",
+    custom_call_target_name: str | None = None,
+    num_warps: int | None = None,
+    num_stages: int | None = None,
+    num_ctas: int = 1,
+    compute_capability: int | None = None,
+    enable_fp_fusion: bool = True,
+    input_output_aliases: Mapping[int, int] | None = None,
+    zeroed_outputs: Sequence[int] | Callable[[dict], Sequence[int]] = (),
+    debug: bool = False,
+    serialized_metadata: bytes = b"",
+    out_type: Any = None,
+    vmap_method: str | None = None,
+    **metaparams: Any,
+) -> Any:
+  """Calls a ``@triton.jit`` kernel on ``jax.Array`` arguments.
+
+  A drop-in for ``jax_triton.triton_call``, eager or under ``jax.jit``. The
+  kernel's parameters are bound in order by ``args``, then by one pointer per
+  leaf of ``out_shape`` (outputs follow inputs), then by name from
+  ``metaparams``. On GPUs the kernel is compiled by Triton and launched by
+  jaxlib's Triton custom call; on the CPU it runs through Triton's
+  interpreter.
+
+  Args:
+    *args: the inputs: ``jax.Array``s (passed as pointers) and Python
+      ``bool``/``int``/``float`` or ``np.float32`` scalars (passed by value).
+    kernel: a ``@triton.jit`` function, optionally wrapped by
+      ``@triton.autotune`` and/or ``@triton.heuristics``.
+    out_shape: an object with ``.shape`` and ``.dtype`` (such as
+      ``jax.ShapeDtypeStruct``), or any pytree of them; the outputs come back
+      in the same structure.
+    grid: an int, a tuple of up to three ints, or a callable that receives a
+      dict of every metaparam and every scalar argument by kernel parameter
+      name, and returns one of those.
+    name: a name for the call, recorded in the custom call.
+    custom_call_target_name: jaxlib's custom-call target on GPUs:
+      ``"triton_kernel_call_ffi"`` or the legacy ``"triton_kernel_call"``.
+      By default the FFI target, where the installed jaxlib has it.
+    num_warps: warps per program; 4 by default. Ignored when autotuned.
+    num_stages: software-pipelining stages; 3 by default.
+    num_ctas: CTAs per cluster (Hopper and later); 1 by default.
+    compute_capability: the CUDA compute capability to compile for, e.g. 90;
+      by default that of the devices the call is lowered for.
+    enable_fp_fusion: whether Triton may fuse multiplies and adds into FMAs.
+    input_output_aliases: maps an input (its index among the array
+      arguments, scalars not counted) to the output that reuses its buffer.
+    zeroed_outputs: output indices to zero before each launch, or a callable
+      of the metaparams returning them.
+    debug: print Triton's intermediate representations when compiling.
+    serialized_metadata: opaque bytes recorded in the custom call.
+    out_type: another name for ``out_shape``.
+    vmap_method: ``None`` to refuse ``jax.vmap``, or ``"sequential"`` to run
+      a batch one element after another.
+    **metaparams: values for the kernel's remaining parameters, by name;
+      usually its ``tl.constexpr`` parameters.
+
+  Returns:
+    The outputs, in the structure of ``out_shape``.
+
+  Raises:
+    TypeError: ``kernel`` is not a Triton kernel, an argument or output has
+      an unsupported type or dtype, or ``out_shape`` is malformed.
+    jt_dist.KernelBindingError: the arguments, outputs and metaparams do not
+      bind every kernel parameter exactly once.
+    ValueError: a bad grid, alias, zeroed output, or an oversized scalar.
+    NotImplementedError: autotuning hooks, differentiation, or vmap without
+      ``vmap_method``.
+  """
+  out_shape = _resolve_out_shape(out_shape, out_type)
+  if vmap_method not in _VMAP_METHODS:
+    raise ValueError(
+        f"triton_call: vmap_method={vmap_method!r} is not supported; pass"
+        " None (vmap raises) or 'sequential'."
+    )
+  options = _binding.CallOptions(
+      name=name,
+      custom_call_target_name=custom_call_target_name,
+      num_warps=num_warps,
+      num_stages=num_stages,
+      num_ctas=num_ctas,
+      compute_capability=compute_capability,
+      enable_fp_fusion=enable_fp_fusion,
+      input_output_aliases=input_output_aliases,
+      zeroed_outputs=zeroed_outputs,
+      debug=debug,
+      serialized_metadata=serialized_metadata,
+      vmap_method=vmap_method,
+  )
+  arrays, spec, out_tree = _binding.bind_call(
+      args, kernel, out_shape, grid, options, metaparams
+  )
+  outs = _primitive.triton_call_p.bind(*arrays, spec=spec)
+  return jax.tree_util.tree_unflatten(out_tree, outs)
+
+
+def _resolve_out_shape(out_shape: Any, out_type: Any) -> Any:
+  if out_shape is not None and out_type is not None:
+    raise TypeError(
+        "triton_call: got both out_shape= and out_type=, which are two names"
+        " for the same argument. Pass only one."
+    )
+  return out_type if out_shape is None else out_shape

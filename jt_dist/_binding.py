@@ -1,0 +1,391 @@
+"""Binding a ``triton_call``'s arguments to its kernel's parameters.
+
+The kernel's parameters are bound, in order, by the positional arguments,
+then by one pointer per output (the outputs follow the inputs, as in
+jax-triton), then by name from the metaparams, autotuning configs and
+heuristics; parameters with defaults may stay unbound. Everything that can
+be checked before tracing is checked here, so that mistakes surface at the
+caller's line with the argument named, not deep inside lowering.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+from typing import Any, Callable, Mapping, Sequence
+
+import jax
+import numpy as np
+
+from jt_dist import _errors
+from jt_dist import _grid
+from jt_dist import _kernel
+from jt_dist import _types
+
+
+@dataclasses.dataclass(frozen=True)
+class Operand:
+  """What binds one runtime (non-constexpr) kernel parameter."""
+
+  name: str
+  kind: str  # "array", "scalar" or "output".
+  index: int  # Array index among array arguments, or output index.
+  value: Any  # The scalar's value; None for pointers.
+  type: str  # Triton's type name, e.g. "*fp32" or "i32".
+
+
+@dataclasses.dataclass(frozen=True)
+class Launch:
+  """One config's launch: its constexprs, options, grid and zeroed outputs."""
+
+  config: _kernel.Config
+  grid: tuple[int, int, int]
+  zeroed_outputs: tuple[int, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class CallSpec:
+  """Everything a lowering needs to launch the kernel; hashable and static."""
+
+  kernel: Any
+  name: str
+  operands: tuple[Operand, ...]
+  out_shapes: tuple[tuple[tuple[int, ...], np.dtype], ...]
+  launches: tuple[Launch, ...]
+  input_output_aliases: tuple[tuple[int, int], ...]
+  compute_capability: int | None
+  enable_fp_fusion: bool
+  debug: bool
+  serialized_metadata: bytes
+  custom_call_target_name: str
+  vmap_method: str | None
+
+  @property
+  def info(self) -> _kernel.KernelInfo:
+    return _kernel.kernel_info(self.kernel)
+
+  def __repr__(self) -> str:
+    grids = sorted({launch.grid for launch in self.launches})
+    return (
+        f"CallSpec(kernel={self.info.name}, name={self.name!r},"
+        f" configs={len(self.launches)}, grids={grids})"
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class CallOptions:
+  """The keyword options of ``triton_call`` besides kernel, outputs, grid."""
+
+  name: str = ""
+  custom_call_target_name: str | None = None
+  num_warps: int | None = None
+  num_stages: int | None = None
+  num_ctas: int = 1
+  compute_capability: int | None = None
+  enable_fp_fusion: bool = True
+  input_output_aliases: Mapping[int, int] | None = None
+  zeroed_outputs: Sequence[int] | Callable[..., Sequence[int]] = ()
+  debug: bool = False
+  serialized_metadata: bytes = b""
+  vmap_method: str | None = None
+
+
+def _is_shape_dtype(x: Any) -> bool:
+  return hasattr(x, "shape") and hasattr(x, "dtype")
+
+
+def flatten_out_shape(out_shape: Any):
+  """Flattens ``out_shape`` into (shape, dtype) pairs and its treedef."""
+  if out_shape is None:
+    raise TypeError(
+        "triton_call: `out_shape` (or `out_type`) is required: pass a"
+        " jax.ShapeDtypeStruct, or any pytree of objects with .shape and"
+        " .dtype, one per kernel output."
+    )
+  leaves, tree = jax.tree_util.tree_flatten_with_path(
+      out_shape, is_leaf=_is_shape_dtype
+  )
+  if not leaves:
+    raise ValueError(
+        f"triton_call: `out_shape` {out_shape!r} holds no outputs. A kernel"
+        " call must produce at least one output."
+    )
+  flat = []
+  for path, leaf in leaves:
+    where = "out_shape" + jax.tree_util.keystr(path)
+    if not _is_shape_dtype(leaf):
+      raise TypeError(
+          f"triton_call: {where} is {leaf!r} of type {type(leaf).__name__},"
+          " which has no .shape and .dtype. Describe each output with"
+          " jax.ShapeDtypeStruct(shape, dtype)."
+      )
+    dtype = np.dtype(leaf.dtype)
+    if _types.pointer_type(dtype) is None:
+      raise TypeError(
+          f"triton_call: {where} has dtype {dtype.name}, which Triton kernels"
+          f" cannot take. Supported dtypes: {', '.join(_types.SUPPORTED_DTYPES)}."
+      )
+    flat.append((tuple(int(d) for d in leaf.shape), dtype))
+  return tuple(flat), tree
+
+
+def _classify_args(args: Sequence[Any]):
+  """Splits positional args into ('array', index) and ('scalar', value)."""
+  kinds = []
+  n_arrays = 0
+  for i, arg in enumerate(args):
+    if _types.is_scalar(arg):
+      if _types.scalar_type(arg) is None:
+        raise ValueError(
+            f"triton_call: args[{i}] = {arg!r} does not fit in 64 bits, the"
+            " widest integer a kernel parameter can take. Pass a value in"
+            f" [{-(2**63)}, {2**64 - 1}], or split it across two parameters."
+        )
+      kinds.append(("scalar", arg))
+    elif _is_shape_dtype(arg):
+      dtype = np.dtype(arg.dtype)
+      if _types.pointer_type(dtype) is None:
+        raise TypeError(
+            f"triton_call: args[{i}] has shape {tuple(arg.shape)} and dtype"
+            f" {dtype.name}, which Triton kernels cannot take. Supported:"
+            f" {', '.join(_types.SUPPORTED_DTYPES)}."
+            + _dtype_hint(dtype)
+        )
+      kinds.append(("array", n_arrays))
+      n_arrays += 1
+    else:
+      raise TypeError(
+          f"triton_call: args[{i}] = {arg!r} of type {type(arg).__name__} is"
+          " neither an array nor a bool/int/float scalar. Pass jax.Arrays"
+          " for pointer parameters and Python scalars for value parameters."
+      )
+  return kinds, n_arrays
+
+
+def _dtype_hint(dtype: np.dtype) -> str:
+  if dtype.kind == "c":
+    return (
+        " Pass the real and imaginary parts as two arrays (jnp.real(x),"
+        " jnp.imag(x)), or view them as pairs of reals with"
+        " jax.lax.bitcast_convert_type."
+    )
+  return ""
+
+
+def _binding_error(info, message: str) -> _errors.KernelBindingError:
+  order = ", ".join(info.param_names)
+  return _errors.KernelBindingError(
+      f"triton_call: kernel {info.name!r}({order}): {message} Parameters are"
+      " bound in order by the positional arguments, then one pointer per"
+      " output in out_shape, then by name from the metaparams."
+  )
+
+
+def _bind_positional(info, args, kinds, n_outputs):
+  """Binds positional args and outputs; returns operands and constexprs."""
+  params = info.params
+  if len(args) + n_outputs > len(params):
+    extra = len(args) + n_outputs - len(params)
+    raise _binding_error(
+        info,
+        f"{len(args)} positional arguments and {n_outputs} outputs bind"
+        f" {len(args) + n_outputs} parameters, but the kernel has only"
+        f" {len(params)}: {extra} too many.",
+    )
+  operands, constexprs = [], {}
+  for i, ((kind, payload), param) in enumerate(zip(kinds, params)):
+    if param.is_constexpr:
+      if kind == "array":
+        raise _binding_error(
+            info,
+            f"args[{i}] is an array but binds {param.name!r}, a tl.constexpr"
+            " parameter, which takes a compile-time scalar.",
+        )
+      constexprs[param.name] = payload
+      continue
+    if kind == "array":
+      dtype = np.dtype(args[i].dtype)
+      operands.append(
+          Operand(param.name, "array", payload, None, _types.pointer_type(dtype))
+      )
+    else:
+      operands.append(
+          Operand(param.name, "scalar", -1, _types.python_scalar(payload),
+                  _types.scalar_type(payload))
+      )
+  return operands, constexprs
+
+
+def _bind_outputs(info, n_args, out_shapes):
+  operands = []
+  for k, (_, dtype) in enumerate(out_shapes):
+    param = info.params[n_args + k]
+    if param.is_constexpr:
+      raise _binding_error(
+          info,
+          f"output {k} binds {param.name!r}, a tl.constexpr parameter. Pass"
+          " fewer outputs, or pass the inputs that come before it.",
+      )
+    operands.append(
+        Operand(param.name, "output", k, None, _types.pointer_type(dtype))
+    )
+  return operands
+
+
+def _check_metaparams(info, metaparams, positional_names):
+  for key, value in metaparams.items():
+    if key not in info.param_by_name:
+      close = difflib.get_close_matches(key, info.param_names, n=1)
+      hint = f" Did you mean {close[0]!r}?" if close else ""
+      raise _binding_error(
+          info, f"metaparam {key}={value!r} names no parameter of the kernel.{hint}"
+      )
+    if key in positional_names:
+      raise _binding_error(
+          info,
+          f"metaparam {key}={value!r} binds {key!r}, which the positional"
+          " arguments or outputs already bind.",
+      )
+    try:
+      hash(value)
+    except TypeError:
+      raise TypeError(
+          f"triton_call: metaparam {key}={value!r} is not hashable. Metaparams"
+          " are compile-time constants: pass ints, floats, bools, strings or"
+          " Triton dtypes."
+      ) from None
+
+
+def _check_complete(info, positional_names, config):
+  names = [k for k, _ in config.kwargs]
+  bound = list(positional_names) + names
+  missing, twice = _kernel.missing_and_extra(info, positional_names, names)
+  unknown = [k for k, _ in config.kwargs if k not in info.param_by_name]
+  if unknown:
+    raise _binding_error(
+        info, f"autotuning config ({config.label}) sets {unknown}, which are"
+        " not parameters of the kernel.")
+  if twice:
+    raise _binding_error(
+        info, f"{twice} are bound twice (config: {config.label}).")
+  if missing:
+    raise _binding_error(
+        info,
+        f"parameters {missing} are not bound by anything (bound: {bound}).",
+    )
+
+
+def _named_args(arrays, operands, out_shapes, constexprs):
+  """Every bound parameter by name, arrays as shape/dtype structs."""
+  named = {}
+  for op in operands:
+    if op.kind == "array":
+      arg = arrays[op.index]
+      named[op.name] = jax.ShapeDtypeStruct(arg.shape, arg.dtype)
+    elif op.kind == "output":
+      shape, dtype = out_shapes[op.index]
+      named[op.name] = jax.ShapeDtypeStruct(shape, dtype)
+    else:
+      named[op.name] = op.value
+  named.update(constexprs)
+  return named
+
+
+def _zeroed(zeroed_outputs, kwargs, n_outputs, where):
+  zeroed = zeroed_outputs(dict(kwargs)) if callable(zeroed_outputs) else zeroed_outputs
+  result = []
+  for index in zeroed:
+    if not isinstance(index, (int, np.integer)) or not 0 <= index < n_outputs:
+      raise ValueError(
+          f"triton_call: zeroed_outputs entry {index!r} is not an output"
+          f" index; the call has {n_outputs} outputs, indices 0 to"
+          f" {n_outputs - 1}{where}."
+      )
+    result.append(int(index))
+  return tuple(sorted(set(result)))
+
+
+def _aliases(aliases, array_shapes, out_shapes):
+  if not aliases:
+    return ()
+  n_in, n_out = len(array_shapes), len(out_shapes)
+  result = []
+  for i, o in dict(aliases).items():
+    if not 0 <= i < n_in:
+      raise ValueError(
+          f"triton_call: input_output_aliases key {i} is not an array"
+          f" argument index; the call has {n_in} array arguments, indices 0"
+          f" to {n_in - 1} (scalars are not counted)."
+      )
+    if not 0 <= o < n_out:
+      raise ValueError(
+          f"triton_call: input_output_aliases[{i}] = {o} is not an output"
+          f" index; the call has {n_out} outputs, indices 0 to {n_out - 1}."
+      )
+    if tuple(array_shapes[i][0]) != out_shapes[o][0] or np.dtype(
+        array_shapes[i][1]) != out_shapes[o][1]:
+      raise ValueError(
+          f"triton_call: input_output_aliases[{i}] = {o} aliases array"
+          f" argument {i} with shape {tuple(array_shapes[i][0])} and dtype"
+          f" {np.dtype(array_shapes[i][1]).name} to output {o} with shape"
+          f" {out_shapes[o][0]} and dtype {out_shapes[o][1].name}. Aliased"
+          " buffers must agree in shape and dtype."
+      )
+    result.append((int(i), int(o)))
+  if len({o for _, o in result}) != len(result):
+    raise ValueError(
+        f"triton_call: input_output_aliases {dict(aliases)!r} maps two"
+        " inputs to one output; each output can alias at most one input."
+    )
+  return tuple(sorted(result))
+
+
+def bind_call(args, kernel, out_shape, grid, options: CallOptions, metaparams):
+  """Checks a call and builds its static ``CallSpec``.
+
+  Returns:
+    ``(array_args, spec, out_tree)``.
+  """
+  info = _kernel.kernel_info(kernel)
+  out_shapes, out_tree = flatten_out_shape(out_shape)
+  kinds, _ = _classify_args(args)
+  operands, constexprs = _bind_positional(info, args, kinds, len(out_shapes))
+  operands += _bind_outputs(info, len(args), out_shapes)
+  positional_names = [op.name for op in operands] + list(constexprs)
+  _check_metaparams(info, metaparams, positional_names)
+  constexprs.update(metaparams)
+  runtime_names = [op.name for op in operands]
+  arrays = [a for a in args if not _types.is_scalar(a)]
+  named = _named_args(arrays, operands, out_shapes, constexprs)
+  configs = _kernel.expand_configs(
+      info, constexprs, named, options.num_warps, options.num_stages,
+      options.num_ctas)
+  launches = []
+  for config in configs:
+    _check_complete(info, runtime_names, config)
+    where = f" (config: {config.label})" if info.layers else ""
+    kwargs = dict(config.kwargs)
+    grid_named = {**named, **kwargs}
+    launches.append(Launch(
+        config=config,
+        grid=_grid.evaluate_grid(grid, grid_named, where),
+        zeroed_outputs=_zeroed(options.zeroed_outputs, kwargs,
+                               len(out_shapes), where),
+    ))
+  aliases = _aliases(options.input_output_aliases,
+                     [(a.shape, a.dtype) for a in arrays], out_shapes)
+  spec = CallSpec(
+      kernel=kernel,
+      name=options.name,
+      operands=tuple(operands),
+      out_shapes=out_shapes,
+      launches=tuple(launches),
+      input_output_aliases=aliases,
+      compute_capability=options.compute_capability,
+      enable_fp_fusion=options.enable_fp_fusion,
+      debug=options.debug,
+      serialized_metadata=options.serialized_metadata,
+      custom_call_target_name=options.custom_call_target_name,
+      vmap_method=options.vmap_method,
+  )
+  return arrays, spec, out_tree

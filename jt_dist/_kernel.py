@@ -1,0 +1,246 @@
+"""What a user's kernel object is made of: its parameters and its configs.
+
+A kernel handed to ``triton_call`` is a ``@triton.jit`` function, possibly
+wrapped by ``@triton.autotune`` and ``@triton.heuristics`` in either order,
+or an ``InterpretedFunction`` made under ``TRITON_INTERPRET=1``. This module
+unwraps the decorators without mutating them and expands them into the
+concrete launch configurations the call will compile.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any, Mapping, Sequence
+
+from jt_dist import _compat
+
+
+@dataclasses.dataclass(frozen=True)
+class Param:
+  """One parameter of the kernel's Python signature."""
+
+  name: str
+  is_constexpr: bool
+  has_default: bool
+  default: Any
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+  """One concrete launch configuration: constexpr values and launch options."""
+
+  kwargs: tuple[tuple[str, Any], ...]
+  num_warps: int
+  num_stages: int
+  num_ctas: int
+  maxnreg: int | None
+  label: str
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class KernelInfo:
+  """A kernel object unwrapped into its decorator layers and base function."""
+
+  kernel: Any
+  layers: tuple[Any, ...]  # Autotuner / Heuristics wrappers, outermost first.
+  fn: Any  # JITFunction or InterpretedFunction.
+  params: tuple[Param, ...]
+
+  @property
+  def name(self) -> str:
+    return self.fn.fn.__name__
+
+  @property
+  def python_fn(self):
+    return self.fn.fn
+
+  @functools.cached_property
+  def param_names(self) -> tuple[str, ...]:
+    return tuple(p.name for p in self.params)
+
+  @functools.cached_property
+  def param_by_name(self) -> dict[str, Param]:
+    return {p.name: p for p in self.params}
+
+  @property
+  def is_autotuned(self) -> bool:
+    return any(isinstance(layer, _compat.Autotuner) for layer in self.layers)
+
+
+def _is_base_function(obj: Any) -> bool:
+  return isinstance(obj, (_compat.JITFunction, _compat.InterpretedFunction))
+
+
+def _describe(obj: Any) -> str:
+  return f"{obj!r} of type {type(obj).__module__}.{type(obj).__qualname__}"
+
+
+@functools.lru_cache(maxsize=512)
+def kernel_info(kernel: Any) -> KernelInfo:
+  """Unwraps ``kernel``; raises TypeError if it is not a Triton kernel."""
+  layers = []
+  obj = kernel
+  while isinstance(obj, (_compat.Autotuner, _compat.Heuristics)):
+    layers.append(obj)
+    obj = obj.fn
+  if not _is_base_function(obj):
+    inner = "" if obj is kernel else f" (it wraps {_describe(obj)})"
+    raise TypeError(
+        f"triton_call: `kernel` must be a @triton.jit function, optionally"
+        f" wrapped by @triton.autotune or @triton.heuristics; got"
+        f" {_describe(kernel)}{inner}. Decorate the kernel's Python function"
+        " with @triton.jit."
+    )
+  params = tuple(_params_of(obj))
+  return KernelInfo(kernel=kernel, layers=tuple(layers), fn=obj, params=params)
+
+
+def _params_of(fn: Any) -> list[Param]:
+  jit_fn = _compat.jit_function_of(fn)
+  return [
+      Param(
+          name=p.name,
+          is_constexpr=bool(p.is_constexpr),
+          has_default=bool(p.has_default),
+          default=p.default if p.has_default else None,
+      )
+      for p in jit_fn.params
+  ]
+
+
+def _label(kwargs: Mapping[str, Any], num_warps, num_stages, num_ctas) -> str:
+  items = ", ".join(f"{k}: {v}" for k, v in kwargs.items())
+  return (
+      f"{items}{', ' if items else ''}num_warps: {num_warps},"
+      f" num_ctas: {num_ctas}, num_stages: {num_stages}"
+  )
+
+
+def _check_autotuner_hooks(info: KernelInfo, tuner: Any) -> None:
+  if getattr(tuner, "user_defined_pre_hook", False) or getattr(
+      tuner, "user_defined_post_hook", False
+  ):
+    raise NotImplementedError(
+        f"triton_call: kernel {info.name!r} is autotuned with a pre_hook or"
+        " post_hook. Hooks mutate torch tensors between benchmark runs and"
+        " have no JAX equivalent. Remove the hook; to zero an output before"
+        " each launch, pass zeroed_outputs=[...] to triton_call."
+    )
+  if getattr(tuner, "reset_to_zero", None):
+    raise NotImplementedError(
+        f"triton_call: kernel {info.name!r} is autotuned with"
+        f" reset_to_zero={list(tuner.reset_to_zero)!r}, which installs a"
+        " pre_hook. Remove it and pass the output indices as"
+        " zeroed_outputs=[...] to triton_call instead; the zeroing then"
+        " happens before every launch and every autotuning run."
+    )
+
+
+def _autotune_configs(
+    info: KernelInfo,
+    tuner: Any,
+    fixed: Mapping[str, Any],
+    named_args: Mapping[str, Any],
+) -> list[Any]:
+  _check_autotuner_hooks(info, tuner)
+  configs = []
+  for config in tuner.configs:
+    if getattr(config, "pre_hook", None) is not None:
+      raise NotImplementedError(
+          f"triton_call: autotuning config {config} of kernel {info.name!r}"
+          " has a pre_hook, which jt_dist cannot run: remove it, and use"
+          " zeroed_outputs=[...] to zero outputs before the launch."
+      )
+    # A metaparam given explicitly fixes that value: configs disagreeing
+    # with it are dropped rather than rejected, so one autotuned kernel can
+    # be called with some of its knobs pinned.
+    if all(config.kwargs.get(k, v) == v for k, v in fixed.items()):
+      configs.append(config)
+  prune = getattr(tuner, "early_config_prune", None)
+  if prune is not None and configs:
+    configs = list(prune(configs, dict(named_args)))
+  if not configs:
+    raise ValueError(
+        f"triton_call: no autotuning config of kernel {info.name!r} is left"
+        f" after pruning with the explicit metaparams {dict(fixed)!r}. Drop"
+        " the metaparams that conflict with every config, or add a config"
+        " that agrees with them."
+    )
+  return configs
+
+
+def expand_configs(
+    info: KernelInfo,
+    metaparams: Mapping[str, Any],
+    named_args: Mapping[str, Any],
+    num_warps: int | None,
+    num_stages: int | None,
+    num_ctas: int,
+) -> tuple[Config, ...]:
+  """Expands the decorator layers into concrete launch configurations.
+
+  Layers apply outermost first, as Triton's own launcher does: an autotuner
+  outside a heuristic lets the heuristic see the config's values; a heuristic
+  outside an autotuner is computed once and shared by every config.
+
+  Args:
+    info: the unwrapped kernel.
+    metaparams: constexpr values given by the caller.
+    named_args: every runtime argument by kernel parameter name (arrays as
+      shape/dtype structs, scalars as values), for heuristics and pruning.
+    num_warps: launch option for a kernel without an autotuner.
+    num_stages: launch option for a kernel without an autotuner.
+    num_ctas: launch option for a kernel without an autotuner.
+
+  Returns:
+    One ``Config`` per launch candidate; more than one only when autotuned.
+  """
+  base = _compat.Config(
+      {},
+      num_warps=4 if num_warps is None else num_warps,
+      num_stages=3 if num_stages is None else num_stages,
+      num_ctas=num_ctas,
+  )
+  partial = [(dict(), base)]
+  for layer in info.layers:
+    if isinstance(layer, _compat.Autotuner):
+      expanded = []
+      for extra, _ in partial:
+        fixed = {**metaparams, **extra}
+        for config in _autotune_configs(info, layer, fixed, named_args):
+          expanded.append(({**extra, **config.kwargs}, config))
+      partial = expanded
+    else:
+      for extra, _ in partial:
+        for name, heuristic in layer.values.items():
+          extra[name] = heuristic({**named_args, **metaparams, **extra})
+  out = []
+  for extra, config in partial:
+    kwargs = {**metaparams, **extra}
+    warps, stages, ctas = config.num_warps, config.num_stages, config.num_ctas
+    out.append(
+        Config(
+            kwargs=tuple(kwargs.items()),
+            num_warps=warps,
+            num_stages=stages,
+            num_ctas=ctas,
+            maxnreg=getattr(config, "maxnreg", None),
+            label=_label(extra, warps, stages, ctas),
+        )
+    )
+  return tuple(out)
+
+
+def missing_and_extra(
+    info: KernelInfo, bound: Sequence[str], constexprs: Sequence[str]
+) -> tuple[list[str], list[str]]:
+  """Parameters left unbound (and without default), and names bound twice."""
+  seen: dict[str, int] = {}
+  for name in list(bound) + list(constexprs):
+    seen[name] = seen.get(name, 0) + 1
+  missing = [
+      p.name for p in info.params if p.name not in seen and not p.has_default
+  ]
+  twice = [name for name, count in seen.items() if count > 1]
+  return missing, twice

@@ -1,0 +1,80 @@
+"""The ``triton_call`` primitive: abstract evaluation, transformations, impl.
+
+Lowerings are registered per platform by ``_registration``; this module only
+defines the primitive and its platform-independent rules.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+from jax.extend import core as jex_core
+from jax.interpreters import ad
+from jax.interpreters import batching
+
+from jt_dist import _compat
+
+triton_call_p = jex_core.Primitive("jt_dist_triton_call")
+triton_call_p.multiple_results = True
+
+
+def _abstract_eval(*in_avals, spec):
+  return _compat.output_avals(in_avals, spec.out_shapes)
+
+
+triton_call_p.def_abstract_eval(_abstract_eval)
+
+
+@functools.lru_cache(maxsize=1024)
+def _compiled_call(spec):
+  # One jitted callable per static call, so that eager calls with the same
+  # kernel, shapes and metaparams reuse one executable.
+  return jax.jit(functools.partial(triton_call_p.bind, spec=spec))
+
+
+def _impl(*args, spec):
+  return _compiled_call(spec)(*args)
+
+
+triton_call_p.def_impl(_impl)
+
+
+def _refuse_jvp(primals, tangents, *, spec):
+  del primals, tangents
+  raise NotImplementedError(
+      f"triton_call: kernel {spec.info.name!r} cannot be differentiated"
+      " automatically: JAX cannot see inside a Triton kernel. Wrap the call"
+      " in a function decorated with jax.custom_vjp (or jax.custom_jvp) and"
+      " write its backward pass, with another triton_call if you like."
+  )
+
+
+ad.primitive_jvps[triton_call_p] = _refuse_jvp
+
+
+def _batch(args, dims, *, spec):
+  if spec.vmap_method != "sequential":
+    raise NotImplementedError(
+        f"triton_call: kernel {spec.info.name!r} cannot be batched by"
+        " jax.vmap, because its grid and pointer arithmetic are written for"
+        " unbatched shapes. Define the batched call with"
+        " jax.custom_batching.custom_vmap, or pass vmap_method='sequential'"
+        " to triton_call to run the batch one element after another."
+    )
+  mapped = [d is not batching.not_mapped for d in dims]
+  xs = tuple(
+      jax.numpy.moveaxis(a, d, 0) for a, d in zip(args, dims)
+      if d is not batching.not_mapped
+  )
+
+  def one(slices):
+    it = iter(slices)
+    full = [next(it) if m else a for a, m in zip(args, mapped)]
+    return triton_call_p.bind(*full, spec=spec)
+
+  outs = jax.lax.map(one, xs)
+  return outs, [0] * len(outs)
+
+
+batching.primitive_batchers[triton_call_p] = _batch

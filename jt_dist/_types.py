@@ -1,0 +1,88 @@
+"""Mapping JAX dtypes and Python scalars to Triton's type names."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+# Element types a kernel pointer may carry, by NumPy/JAX dtype name.
+_POINTER_ELEMENT_TYPES = {
+    "bfloat16": "bf16",
+    "float64": "fp64",
+    "float32": "fp32",
+    "float16": "fp16",
+    "float8_e4m3fn": "fp8e4nv",
+    "float8_e5m2": "fp8e5",
+    "float8_e4m3fnuz": "fp8e4b8",
+    "float8_e5m2fnuz": "fp8e5b16",
+    "int64": "i64",
+    "int32": "i32",
+    "int16": "i16",
+    "int8": "i8",
+    "uint64": "u64",
+    "uint32": "u32",
+    "uint16": "u16",
+    "uint8": "u8",
+    "bool": "i1",
+}
+
+SUPPORTED_DTYPES = tuple(_POINTER_ELEMENT_TYPES)
+
+_F32 = np.finfo(np.float32)
+
+
+def pointer_type(dtype: Any) -> str | None:
+  """Triton's pointer type for an array of ``dtype``, or None if unsupported."""
+  element = _POINTER_ELEMENT_TYPES.get(np.dtype(dtype).name)
+  return None if element is None else "*" + element
+
+
+def is_scalar(value: Any) -> bool:
+  """Whether ``value`` is passed to the kernel by value rather than pointer."""
+  return isinstance(value, (bool, int, float, np.bool_, np.integer, np.floating))
+
+
+def scalar_type(value: Any) -> str | None:
+  """Triton's type for a scalar argument, or None if it cannot be typed.
+
+  Integers take the narrowest of i32, u32, i64 and u64 that holds them, as
+  Triton's own launcher does; floats are fp32 unless their magnitude needs
+  fp64.
+
+  Args:
+    value: a Python or NumPy scalar.
+
+  Returns:
+    The Triton type name, or None for an integer that overflows 64 bits.
+  """
+  if isinstance(value, (bool, np.bool_)):
+    return "i1"
+  if isinstance(value, (int, np.integer)):
+    value = int(value)
+    if -(2**31) <= value < 2**31:
+      return "i32"
+    if 2**31 <= value < 2**32:
+      return "u32"
+    if -(2**63) <= value < 2**63:
+      return "i64"
+    if 2**63 <= value < 2**64:
+      return "u64"
+    return None
+  if isinstance(value, np.float32):
+    return "fp32"
+  magnitude = abs(float(value))
+  if not np.isfinite(magnitude) or magnitude == 0.0:
+    return "fp32"
+  if _F32.tiny <= magnitude <= _F32.max:
+    return "fp32"
+  return "fp64"
+
+
+def python_scalar(value: Any) -> bool | int | float:
+  """A NumPy scalar as the Python scalar jaxlib's nanobind casters accept."""
+  if isinstance(value, (bool, np.bool_)):
+    return bool(value)
+  if isinstance(value, (int, np.integer)):
+    return int(value)
+  return float(value)

@@ -7,6 +7,7 @@ from typing import Any, Callable, Mapping, Sequence
 import jax
 
 from jt_dist import _binding
+from jt_dist import _placement
 from jt_dist import _primitive
 
 _VMAP_METHODS = (None, "sequential")
@@ -30,6 +31,7 @@ def triton_call(
     serialized_metadata: bytes = b"",
     out_type: Any = None,
     vmap_method: str | None = None,
+    device: Any = None,
     **metaparams: Any,
 ) -> Any:
   """Calls a ``@triton.jit`` kernel on ``jax.Array`` arguments.
@@ -71,6 +73,10 @@ def triton_call(
     out_type: another name for ``out_shape``.
     vmap_method: ``None`` to refuse ``jax.vmap``, or ``"sequential"`` to run
       a batch one element after another.
+    device: optionally, the device (index into ``jax.devices()`` or a
+      ``jax.Device``) the call must run on. Committed inputs must already be
+      there; uncommitted ones are moved there. By default the call runs
+      where its inputs are.
     **metaparams: values for the kernel's remaining parameters, by name;
       usually its ``tl.constexpr`` parameters.
 
@@ -85,6 +91,10 @@ def triton_call(
     ValueError: a bad grid, alias, zeroed output, or an oversized scalar.
     NotImplementedError: autotuning hooks, differentiation, or vmap without
       ``vmap_method``.
+    jt_dist.DevicePlacementError: an input is sharded or replicated over
+      several devices, inputs sit on different devices or not on ``device``,
+      or the call is partitioned by XLA over several devices outside
+      ``jax.shard_map``.
   """
   out_shape = _resolve_out_shape(out_shape, out_type)
   if vmap_method not in _VMAP_METHODS:
@@ -109,6 +119,7 @@ def triton_call(
   arrays, spec, out_tree = _binding.bind_call(
       args, kernel, out_shape, grid, options, metaparams
   )
+  arrays = _place(arrays, args, spec, device)
   outs = _primitive.triton_call_p.bind(*arrays, spec=spec)
   return jax.tree_util.tree_unflatten(out_tree, outs)
 
@@ -120,3 +131,19 @@ def _resolve_out_shape(out_shape: Any, out_type: Any) -> Any:
         " for the same argument. Pass only one."
     )
   return out_type if out_shape is None else out_shape
+
+
+def _place(arrays, args, spec, device):
+  """Runs the device-validation layer; moves uncommitted inputs to device."""
+  name = spec.info.name
+  if any(isinstance(a, jax.core.Tracer) for a in arrays):
+    _placement.check_traced(args, name)
+  target = _placement.check_concrete(args, name, device)
+  if device is None or target is None:
+    return arrays
+  return [
+      jax.device_put(a, target)
+      if not isinstance(a, jax.core.Tracer)
+      and not getattr(a, "committed", False) else a
+      for a in arrays
+  ]

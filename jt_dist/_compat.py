@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import importlib
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import triton
@@ -182,3 +182,54 @@ def interpreter_float(value: float, triton_type: str):
   }[triton_type]
   handle = _interpreter.TensorHandle(np.array([value], dtype=np_dtype), tl_dtype)
   return tl.tensor(handle, tl_dtype)
+
+
+# --- Lowering-context facts ------------------------------------------------
+
+
+class AxisFacts(NamedTuple):
+  """What the lowering context says about the devices a call runs on.
+
+  kind is "sharding" (plain jit over num_devices), "spmd" (inside
+  shard_map), "replica" (pmap) or "none" (no partitioning information).
+  """
+
+  kind: str
+  num_devices: int
+  devices: tuple
+  manual_axes: frozenset
+  auto_axis_sizes: dict
+  mesh: Any = None
+
+
+def lowering_axis_facts(ctx) -> AxisFacts:
+  """Reads the lowering context's axis context without naming its classes.
+
+  The classes live in a private JAX module and their names have changed
+  between releases, so only their documented attributes are read.
+  """
+  axis_ctx = ctx.module_context.axis_context
+  if hasattr(axis_ctx, "manual_axes") and hasattr(axis_ctx, "mesh"):
+    mesh = axis_ctx.mesh
+    manual = frozenset(axis_ctx.manual_axes)
+    types = dict(zip(mesh.axis_names, getattr(mesh, "axis_types", ())))
+    auto = {
+        name: size for name, size in mesh.shape.items()
+        if name not in manual and _is_auto(types.get(name))
+    }
+    try:
+      devices = tuple(mesh.devices.flat)
+    except (AttributeError, ValueError):  # An AbstractMesh has no devices.
+      devices = ()
+    return AxisFacts("spmd", mesh.size, devices, manual, auto, mesh)
+  if hasattr(axis_ctx, "num_devices"):
+    devices = tuple(getattr(axis_ctx, "device_assignment", None) or ())
+    return AxisFacts("sharding", axis_ctx.num_devices, devices, frozenset(), {})
+  if hasattr(axis_ctx, "axis_env"):
+    return AxisFacts("replica", 1, (), frozenset(), {})
+  return AxisFacts("none", 1, (), frozenset(), {})
+
+
+def _is_auto(axis_type) -> bool:
+  # Meshes made before axis types existed behave as Auto.
+  return axis_type is None or getattr(axis_type, "name", "") == "Auto"

@@ -1,0 +1,191 @@
+"""The device-validation layer: where a call's inputs live, and in what context.
+
+A Triton kernel sees raw pointers into one device's memory. It knows nothing
+of shardings, and can only compute on the one buffer it is handed. Every
+``triton_call`` therefore goes through three checks, each using only what
+JAX itself reports through public APIs:
+
+* eagerly, on concrete arrays: every array argument must sit on one device,
+  and all of them on the same device (``x.sharding``);
+* at trace time: no array may be sharded over an explicit mesh axis outside
+  a ``shard_map`` that is manual over that axis
+  (``jax.sharding.get_abstract_mesh()`` and the avals' shardings);
+* at lowering: the computation must not be partitioned over several devices
+  by XLA (the lowering context's axis context), because XLA would all-gather
+  the inputs and run the whole kernel on every device.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import jax
+
+from jt_dist import _compat
+from jt_dist import _errors
+
+_FIX_SHARDED = (
+    " To run the kernel once per shard, call jt_dist.sharded_triton_call(...,"
+    " in_specs=..., out_specs=...) or wrap the call in jax.shard_map; to run"
+    " it on one device, move the inputs there first with"
+    " jax.device_put(x, device)."
+)
+
+
+def _describe_array(where: str, x: Any) -> str:
+  return f"{where} (shape {tuple(x.shape)}, dtype {x.dtype.name if hasattr(x.dtype, 'name') else x.dtype})"
+
+
+def _device_list(devices) -> str:
+  if not devices:
+    return ""
+  ordered = sorted(devices, key=lambda d: d.id)
+  shown = ", ".join(str(d) for d in ordered[:4])
+  more = f", ... ({len(ordered)} in all)" if len(ordered) > 4 else ""
+  return f" [{shown}{more}]"
+
+
+def _resolve_device(device: Any):
+  if device is None or isinstance(device, jax.Device):
+    return device
+  devices = jax.devices()
+  if isinstance(device, int) and not isinstance(device, bool):
+    if 0 <= device < len(devices):
+      return devices[device]
+    raise ValueError(
+        f"triton_call: device={device} is not a device index; this host has"
+        f" {len(devices)} {devices[0].platform} devices, indices 0 to"
+        f" {len(devices) - 1}."
+    )
+  raise TypeError(
+      f"triton_call: device={device!r} of type {type(device).__name__} must"
+      " be a device index (int) or a jax.Device."
+  )
+
+
+def check_concrete(args: Sequence[Any], kernel_name: str, device: Any = None):
+  """Checks where concrete array arguments live; returns the target device.
+
+  Args:
+    args: the call's positional arguments (scalars are skipped).
+    kernel_name: for messages.
+    device: an optional device index or ``jax.Device`` the caller expects.
+
+  Returns:
+    The device every committed array sits on (or ``device``), or None when
+    no array is committed and no device was asked for.
+
+  Raises:
+    DevicePlacementError: an array spans several devices, or two arrays sit
+      on different devices, or an array is not on ``device``.
+  """
+  wanted = _resolve_device(device)
+  found = None  # (position, array, device) of the first committed array.
+  for i, x in enumerate(args):
+    if not isinstance(x, jax.Array) or isinstance(x, jax.core.Tracer):
+      continue
+    device_set = x.sharding.device_set
+    if len(device_set) > 1:
+      raise _errors.DevicePlacementError(
+          f"triton_call: {_describe_array(f'args[{i}]', x)} of kernel"
+          f" {kernel_name!r} spans {len(device_set)} devices"
+          f"{_device_list(device_set)} with sharding {x.sharding}; a Triton"
+          f" kernel reads one device's memory.{_FIX_SHARDED}"
+      )
+    if not getattr(x, "committed", True):
+      continue
+    (dev,) = device_set
+    if wanted is not None and dev != wanted:
+      raise _errors.DevicePlacementError(
+          f"triton_call: {_describe_array(f'args[{i}]', x)} of kernel"
+          f" {kernel_name!r} is on {dev}, but device={device!r} asks for"
+          f" {wanted}. Move it with jax.device_put(x, {wanted}), or drop"
+          " device= to run where the inputs are."
+      )
+    if found is None:
+      found = (i, x, dev)
+    elif dev != found[2]:
+      j, y, other = found
+      raise _errors.DevicePlacementError(
+          f"triton_call: the array arguments of kernel {kernel_name!r} sit on"
+          f" different devices: {_describe_array(f'args[{j}]', y)} is on"
+          f" {other} and {_describe_array(f'args[{i}]', x)} is on {dev}."
+          f" Move them to one device with jax.device_put(x, {other}) before"
+          " the call, or shard them over a mesh and call"
+          " jt_dist.sharded_triton_call."
+      )
+  if wanted is not None:
+    return wanted
+  return None if found is None else found[2]
+
+
+def check_traced(args: Sequence[Any], kernel_name: str) -> None:
+  """Trace-time check of traced arrays' shardings.
+
+  Under ``jax.jit`` with explicit mesh axes, an aval records the mesh and
+  the axes its array is sharded over. Outside a ``shard_map`` that is manual
+  over those axes the array is a global value: the kernel would see all of
+  it through XLA's all-gather, or a shard it does not know is one.
+  """
+  for i, x in enumerate(args):
+    if not isinstance(x, jax.core.Tracer):
+      continue
+    sharding = getattr(jax.typeof(x), "sharding", None)
+    mesh = getattr(sharding, "mesh", None)
+    if mesh is None or mesh.empty:
+      continue
+    manual = frozenset(getattr(mesh, "manual_axes", ()))
+    axes = _spec_axes(sharding.spec) - manual
+    if axes:
+      sizes = ", ".join(f"{a}={mesh.shape[a]}" for a in sorted(axes))
+      where = ("inside a shard_map manual over only"
+               f" {sorted(manual)}" if manual else "outside shard_map")
+      raise _errors.DevicePlacementError(
+          f"triton_call: {_describe_array(f'args[{i}]', x)} of kernel"
+          f" {kernel_name!r} is sharded over mesh axes {sorted(axes)}"
+          f" ({sizes}; its spec is {sharding.spec}) {where}, so XLA would"
+          f" have to gather it for the kernel.{_FIX_SHARDED}"
+      )
+
+
+def _spec_axes(spec) -> frozenset:
+  axes = set()
+  for entry in spec or ():
+    if entry is None:
+      continue
+    axes.update(entry if isinstance(entry, tuple) else (entry,))
+  return frozenset(a for a in axes if a is not jax.sharding.PartitionSpec.UNCONSTRAINED)
+
+
+def check_lowering(ctx, spec) -> None:
+  """Lowering-time check that XLA will not partition the kernel call.
+
+  Raises:
+    DevicePlacementError: the call is lowered for several devices without
+      ``shard_map`` (XLA would replicate or all-gather its inputs), or inside
+      a ``shard_map`` whose automatic mesh axes could still split the shard.
+  """
+  facts = _compat.lowering_axis_facts(ctx)
+  name = spec.info.name
+  arrays = [op.name for op in spec.operands if op.kind == "array"]
+  if facts.kind == "sharding" and facts.num_devices > 1:
+    raise _errors.DevicePlacementError(
+        f"triton_call: kernel {name!r} is lowered under jax.jit for"
+        f" {facts.num_devices} devices{_device_list(facts.devices)} without"
+        f" a shard_map around it. Its inputs ({', '.join(arrays)}) are laid"
+        " out over several devices, and XLA cannot partition a Triton"
+        " kernel: it would all-gather them and run the whole kernel on every"
+        f" device.{_FIX_SHARDED}"
+    )
+  if facts.kind == "spmd":
+    split = {a: n for a, n in facts.auto_axis_sizes.items() if n > 1}
+    if split:
+      sizes = ", ".join(f"{a}={n}" for a, n in sorted(split.items()))
+      raise _errors.DevicePlacementError(
+          f"triton_call: kernel {name!r} runs inside a shard_map that is"
+          f" manual over {sorted(facts.manual_axes)} only; mesh axes"
+          f" {sorted(split)} ({sizes}) stay automatic, so XLA could still"
+          " split each shard over them and would all-gather it for the"
+          " kernel. Make the shard_map manual over every mesh axis of size"
+          " > 1 (leave out axis_names=, or list those axes in it)."
+      )

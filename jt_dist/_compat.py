@@ -16,6 +16,8 @@ from typing import Any, NamedTuple
 
 import jax
 import triton
+import triton.language as tl
+from triton.language import core as tl_core
 from triton.runtime import autotuner as _autotuner
 from triton.runtime import interpreter as _interpreter
 from triton.runtime import jit as _jit
@@ -95,8 +97,22 @@ def run_interpreted(python_fn, grid: tuple[int, int, int], args, kwargs):
   fn = interpreted_python_fn(python_fn)
   arg_names = list(_jit.inspect.signature(python_fn).parameters)
   executor = _HostBufferExecutor(fn, arg_names, tuple(grid))
-  with _helpers_run_interpreted():
-    executor(*args, **kwargs)
+  with _helpers_run_interpreted(), _bfloat16_casts_like_compiled():
+    # The executor patches only the language modules the kernel's own
+    # globals name (usually `tl`). Library helpers such as tl.zeros are
+    # @triton.jit functions that call builtins through `triton.language.core`,
+    # so patch that too, around (not inside) the executor's own patching so
+    # that the two restore in the right order.
+    scope = _interpreter._patch_lang(_language_modules_probe)  # pylint: disable=protected-access
+    try:
+      executor(*args, **kwargs)
+    finally:
+      scope.restore()
+
+
+def _language_modules_probe():
+  """Never called: its globals name `tl` and `tl_core` for ``_patch_lang``."""
+  return tl, tl_core
 
 
 @contextlib.contextmanager
@@ -119,6 +135,45 @@ def _helpers_run_interpreted():
     yield
   finally:
     JITFunction.__call__ = original
+
+
+_BF16_CONVERTIBLE = ("fp16", "fp32", "fp64", "int1", "int8", "int16", "int32",
+                     "int64", "uint8", "uint16", "uint32", "uint64")
+
+
+@contextlib.contextmanager
+def _bfloat16_casts_like_compiled():
+  """Makes the interpreter's bf16 conversions round as compiled kernels do.
+
+  The interpreter keeps bf16 values as raw uint16 bits. Upstream, it
+  converts fp32 to bf16 by truncating the mantissa, where compiled kernels
+  round to nearest even, and it converts other types to and from bf16 with a
+  plain ``astype`` of those raw bits, which gives garbage. For one launch
+  (the caller holds the interpreter lock) bf16 conversions go through
+  ``ml_dtypes.bfloat16`` instead, which rounds to nearest even.
+  """
+  import ml_dtypes  # pylint: disable=g-import-not-at-top
+  import numpy as np  # pylint: disable=g-import-not-at-top
+
+  builder = _interpreter.InterpreterBuilder
+  original = builder.cast_impl
+
+  def cast_impl(self, src, dst_type):
+    src_ty, dst_ty = src.dtype.scalar, dst_type.scalar
+    if dst_ty == tl.bfloat16 and src_ty.name in _BF16_CONVERTIBLE:
+      data = np.asarray(src.data).astype(ml_dtypes.bfloat16).view(np.uint16)
+      return _interpreter.TensorHandle(data, dst_ty)
+    if src_ty == tl.bfloat16 and dst_ty.name in _BF16_CONVERTIBLE:
+      data = np.asarray(src.data).view(ml_dtypes.bfloat16).astype(
+          _interpreter._get_np_dtype(dst_ty))  # pylint: disable=protected-access
+      return _interpreter.TensorHandle(data, dst_ty)
+    return original(self, src, dst_type)
+
+  builder.cast_impl = cast_impl
+  try:
+    yield
+  finally:
+    builder.cast_impl = original
 
 
 # --- jaxlib's Triton custom call -------------------------------------------
@@ -174,7 +229,6 @@ def interpreter_float(value: float, triton_type: str):
   fp64) parameter and promotes. Passing a typed tensor keeps the two alike.
   """
   import numpy as np  # pylint: disable=g-import-not-at-top
-  import triton.language as tl  # pylint: disable=g-import-not-at-top
 
   np_dtype, tl_dtype = {
       "fp32": (np.float32, tl.float32),
@@ -233,3 +287,155 @@ def lowering_axis_facts(ctx) -> AxisFacts:
 def _is_auto(axis_type) -> bool:
   # Meshes made before axis types existed behave as Auto.
   return axis_type is None or getattr(axis_type, "name", "") == "Auto"
+
+
+# =============================================================================
+# --- GPU lowering: Triton's compiler and jaxlib's Triton custom call --------
+# =============================================================================
+# Everything below is used only when lowering for CUDA or ROCm. It wraps the
+# Triton compiler APIs that moved between releases (3.6 to 3.9 are tested),
+# and the parts of jaxlib's Triton bindings whose signatures differ.
+
+
+def gpu_target(backend: str, arch: int | str, warp_size: int):
+  """Triton's ``GPUTarget`` for a CUDA capability (int) or a gfx arch (str)."""
+  from triton.backends import compiler as backend_compiler  # pylint: disable=g-import-not-at-top
+
+  return backend_compiler.GPUTarget(backend, arch, warp_size)
+
+
+def make_backend(target):
+  """The Triton compiler backend (CUDA or HIP) for a ``GPUTarget``."""
+  from triton.compiler import compiler as triton_compiler  # pylint: disable=g-import-not-at-top
+
+  return triton_compiler.make_backend(target)
+
+
+def backend_hash(backend) -> str:
+  """The backend's own cache identity (e.g. the ptxas version and arch)."""
+  return str(backend.hash())
+
+
+def cache_invalidating_env_vars() -> dict[str, str]:
+  """Environment variables that Triton says change what it compiles."""
+  from triton._C import libtriton  # pylint: disable=g-import-not-at-top
+
+  getter = getattr(libtriton, "get_cache_invalidating_env_vars", None)
+  return dict(getter()) if getter is not None else {}
+
+
+def ast_to_ttir(jit_fn, backend, target, options, signature, constexprs,
+                attrs):
+  """Generates the TTIR module of ``jit_fn`` (the first compiler stage).
+
+  Returns:
+    ``(module, context)``; the context must outlive the module.
+  """
+  from triton._C.libtriton import ir  # pylint: disable=g-import-not-at-top
+  from triton.compiler import compiler as triton_compiler  # pylint: disable=g-import-not-at-top
+
+  source = triton_compiler.ASTSource(jit_fn, signature, constexprs, attrs)
+  context = ir.context()
+  ir.load_dialects(context)
+  backend.load_dialects(context)
+  module = source.make_ir(
+      target, options, backend.get_codegen_implementation(options),
+      backend.get_module_map(), context)
+  return module, context
+
+
+def compiler_stages(backend, options) -> dict[str, Any]:
+  """Triton's ordered compiler stages after source: ttir, ttgir, llir, ...
+
+  Each stage maps ``(module, metadata) -> next module`` and fills
+  ``metadata``; running them in order is what ``triton.compile`` does,
+  without its launcher, its file cache and its need for a driver.
+  """
+  from triton.backends import compiler as backend_compiler  # pylint: disable=g-import-not-at-top
+
+  stages: dict[str, Any] = {}
+  language = getattr(backend_compiler, "Language", None)
+  if language is not None:
+    backend.add_stages(stages, options, language.TRITON)
+  else:  # Releases before the Gluon frontend took no language argument.
+    backend.add_stages(stages, options)
+  return stages
+
+
+def pointer_divisibility_attr(backend) -> Any:
+  """The per-parameter attribute saying a pointer is 16-byte aligned."""
+  return backend.parse_attr("D")
+
+
+def triton_ffi_targets(platform: str) -> frozenset[str]:
+  """FFI custom-call targets registered by the GPU plugin of ``platform``."""
+  module = gpu_triton_module()
+  plugin = None if module is None else getattr(
+      module, "_cuda_triton" if platform == "cuda" else "_hip_triton", None)
+  if plugin is None or not hasattr(plugin, "registrations"):
+    return frozenset()
+  return frozenset(plugin.registrations())
+
+
+def make_triton_kernel(lib, name, num_warps, num_ctas, shared_mem, binary,
+                       ttir, arch_number, scratch_size, scratch_align):
+  """jaxlib's ``TritonKernel``; newer jaxlibs also take the global scratch.
+
+  jaxlib up to 0.11 takes 7 arguments and launches with a null scratch
+  pointer, so a kernel that needs scratch memory cannot run there.
+  """
+  args = [name, num_warps, num_ctas, shared_mem, binary, ttir, arch_number]
+  if not scratch_size:
+    return lib.TritonKernel(*args)
+  try:
+    return lib.TritonKernel(*args, scratch_size, scratch_align)
+  except TypeError:
+    raise NotImplementedError(
+        f"triton_call: kernel {name!r} needs {scratch_size} bytes of global"
+        " scratch memory (e.g. for on-device TMA descriptors), which this"
+        f" jaxlib ({jaxlib_version()})"
+        " cannot allocate. Upgrade jax and jaxlib to a release whose"
+        " TritonKernel takes a global scratch size, or avoid the feature."
+    ) from None
+
+
+def jaxlib_version() -> str:
+  """The installed jaxlib's version string."""
+  import jaxlib  # pylint: disable=g-import-not-at-top
+
+  return str(getattr(jaxlib, "__version__", "unknown"))
+
+
+def mark_requires_devices(primitive) -> None:
+  """Asks JAX to pass the device assignment to ``primitive``'s lowering.
+
+  Without this, ``jit`` lowers device-independently and the lowering context
+  names no devices, so the GPU target could only be guessed.
+  """
+  try:
+    from jax._src import dispatch  # pylint: disable=g-import-not-at-top
+  except ImportError:
+    return
+  registry = getattr(dispatch, "prim_requires_devices_during_lowering", None)
+  if registry is not None:
+    registry.add(primitive)
+
+
+# --- Varying manual axes (shard_map's check_vma) ---------------------------
+
+
+def varying_axes(aval) -> frozenset:
+  """The manual mesh axes a value varies over inside ``shard_map``."""
+  vma = getattr(aval, "vma", None)
+  if vma is None:
+    vma = getattr(getattr(aval, "mat", None), "varying", None)
+  return frozenset(vma or ())
+
+
+def vary_over(x, axes: tuple):
+  """Marks ``x`` as varying over ``axes`` (a no-op at run time)."""
+  if not axes:
+    return x
+  if hasattr(jax.lax, "pcast"):
+    return jax.lax.pcast(x, axes, to="varying")
+  return jax.lax.pvary(x, axes)

@@ -340,6 +340,20 @@ def _aliases(aliases, array_shapes, out_shapes):
   return tuple(sorted(result))
 
 
+def _with_constexpr_defaults(info, config):
+  """Adds the defaults of constexpr parameters the config leaves unbound.
+
+  A launch then states every constexpr it is compiled with, so that the grid,
+  zeroed_outputs and the compiler all see the same values.
+  """
+  bound = {k for k, _ in config.kwargs}
+  extra = tuple((p.name, p.default) for p in info.params
+                if p.is_constexpr and p.has_default and p.name not in bound)
+  if not extra:
+    return config
+  return dataclasses.replace(config, kwargs=config.kwargs + extra)
+
+
 def bind_call(args, kernel, out_shape, grid, options: CallOptions, metaparams):
   """Checks a call and builds its static ``CallSpec``.
 
@@ -357,12 +371,18 @@ def bind_call(args, kernel, out_shape, grid, options: CallOptions, metaparams):
   runtime_names = [op.name for op in operands]
   arrays = [a for a in args if not _types.is_scalar(a)]
   named = _named_args(arrays, operands, out_shapes, constexprs)
+  # Triton's launcher shows heuristics and the grid every parameter,
+  # unbound ones with defaults included; explicit values take precedence.
+  defaults = {p.name: p.default for p in info.params
+              if p.has_default and p.name not in named}
+  named = {**defaults, **named}
   configs = _kernel.expand_configs(
       info, constexprs, named, options.num_warps, options.num_stages,
       options.num_ctas)
   launches = []
   for config in configs:
     _check_complete(info, runtime_names, config)
+    config = _with_constexpr_defaults(info, config)
     where = f" (config: {config.label})" if info.layers else ""
     kwargs = dict(config.kwargs)
     grid_named = {**named, **kwargs}

@@ -1,17 +1,29 @@
-"""jt_dist: sharding-aware Triton kernels inside JAX programs."""
+"""jt_dist: sharding-aware Triton kernels inside JAX programs.
+
+``triton_call`` runs a ``@triton.jit`` kernel on ``jax.Array``s (on GPUs
+through jaxlib's Triton custom call, on the CPU through Triton's
+interpreter), after checking where its inputs live.
+``sharded_triton_call`` runs it once per shard of a device mesh.
+"""
 
 from jt_dist import _registration  # noqa: F401  (registers the lowerings)
 from jt_dist._api import triton_call
 from jt_dist._errors import DevicePlacementError
 from jt_dist._errors import KernelBindingError
 from jt_dist._errors import ShardingSpecError
+from jt_dist._shard_size import ShardSize
+from jt_dist._shard_size import shard_size
+from jt_dist._sharded import sharded_triton_call
 
 __version__ = "0.1.0"
 
 __all__ = [
     "DevicePlacementError",
     "KernelBindingError",
+    "ShardSize",
     "ShardingSpecError",
     "__version__",
+    "shard_size",
+    "sharded_triton_call",
     "triton_call",
 ]

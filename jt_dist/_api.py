@@ -9,6 +9,7 @@ import jax
 from jt_dist import _binding
 from jt_dist import _placement
 from jt_dist import _primitive
+from jt_dist import _shard_size
 
 _VMAP_METHODS = (None, "sequential")
 
@@ -46,6 +47,7 @@ def triton_call(
   Args:
     *args: the inputs: ``jax.Array``s (passed as pointers) and Python
       ``bool``/``int``/``float`` or ``np.float32`` scalars (passed by value).
+      ``jt_dist.shard_size(i)`` stands for the size of array ``args[i]``.
     kernel: a ``@triton.jit`` function, optionally wrapped by
       ``@triton.autotune`` and/or ``@triton.heuristics``.
     out_shape: an object with ``.shape`` and ``.dtype`` (such as
@@ -96,7 +98,8 @@ def triton_call(
       or the call is partitioned by XLA over several devices outside
       ``jax.shard_map``.
   """
-  out_shape = _resolve_out_shape(out_shape, out_type)
+  out_shape = resolve_out_shape(out_shape, out_type)
+  args, metaparams = _shard_size.resolve(args, metaparams)
   if vmap_method not in _VMAP_METHODS:
     raise ValueError(
         f"triton_call: vmap_method={vmap_method!r} is not supported; pass"
@@ -124,7 +127,7 @@ def triton_call(
   return jax.tree_util.tree_unflatten(out_tree, outs)
 
 
-def _resolve_out_shape(out_shape: Any, out_type: Any) -> Any:
+def resolve_out_shape(out_shape: Any, out_type: Any) -> Any:
   if out_shape is not None and out_type is not None:
     raise TypeError(
         "triton_call: got both out_shape= and out_type=, which are two names"
@@ -138,6 +141,7 @@ def _place(arrays, args, spec, device):
   name = spec.info.name
   if any(isinstance(a, jax.core.Tracer) for a in arrays):
     _placement.check_traced(args, name)
+    return _placement.unify_varying_axes(arrays)
   target = _placement.check_concrete(args, name, device)
   if device is None or target is None:
     return arrays

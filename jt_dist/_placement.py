@@ -189,3 +189,24 @@ def check_lowering(ctx, spec) -> None:
           " kernel. Make the shard_map manual over every mesh axis of size"
           " > 1 (leave out axis_names=, or list those axes in it)."
       )
+
+
+def unify_varying_axes(arrays: Sequence[Any]) -> list[Any]:
+  """Makes every traced input vary over the union of the inputs' manual axes.
+
+  Inside ``shard_map`` with ``check_vma``, JAX types each value with the
+  manual axes it varies over. A kernel output depends on all inputs, so it
+  varies wherever any input does; casting the inputs to that union (free at
+  run time) lets the outputs inherit it, so ``out_specs`` checks pass
+  without switching ``check_vma`` off.
+  """
+  union = frozenset()
+  for x in arrays:
+    union |= _compat.varying_axes(jax.typeof(x))
+  if not union:
+    return list(arrays)
+  out = []
+  for x in arrays:
+    missing = union - _compat.varying_axes(jax.typeof(x))
+    out.append(_compat.vary_over(x, tuple(sorted(missing))) if missing else x)
+  return out

@@ -1,0 +1,166 @@
+"""``sharded_triton_call``: one kernel call per shard over a device mesh."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+from jax.sharding import PartitionSpec as P
+
+from jt_dist import _api
+from jt_dist import _binding
+from jt_dist import _errors
+from jt_dist import _shard_size
+from jt_dist import _specs
+
+_COLLECTIVES = {"sum": jax.lax.psum, "max": jax.lax.pmax, "min": jax.lax.pmin}
+
+
+def _is_spec_leaf(x: Any) -> bool:
+  return x is None or isinstance(x, P)
+
+
+def _out_specs_for(out_specs, out_tree, n_out, out_shapes, mesh) -> list[P]:
+  if out_specs is None or isinstance(out_specs, P):
+    specs = [out_specs] * n_out
+  else:
+    leaves, tree = jax.tree_util.tree_flatten(out_specs, is_leaf=_is_spec_leaf)
+    if tree != out_tree:
+      raise _errors.ShardingSpecError(
+          f"sharded_triton_call: out_specs {out_specs!r} must be one"
+          " PartitionSpec for every output, or a pytree with the structure"
+          f" of out_shape ({out_tree}); got the structure {tree}."
+      )
+    specs = leaves
+  return [
+      _specs.check_spec(f"output {k}", shape, spec, mesh)
+      for k, (spec, (shape, _)) in enumerate(zip(specs, out_shapes))
+  ]
+
+
+def _reductions_for(out_reduce, out_tree, n_out, mesh) -> list:
+  """One (collective, axes) pair or None per output."""
+  if out_reduce is None:
+    return [None] * n_out
+  if isinstance(out_reduce, tuple) and len(out_reduce) == 2 and isinstance(
+      out_reduce[0], str):
+    entries = [out_reduce] * n_out
+  else:
+    entries, tree = jax.tree_util.tree_flatten(
+        out_reduce, is_leaf=lambda x: x is None or isinstance(x, tuple))
+    if tree != out_tree:
+      raise _errors.ShardingSpecError(
+          f"sharded_triton_call: out_reduce {out_reduce!r} must be one"
+          " (op, axes) pair for every output, or a pytree with the structure"
+          f" of out_shape ({out_tree}) holding pairs or None."
+      )
+  return [_check_reduction(k, e, mesh) for k, e in enumerate(entries)]
+
+
+def _check_reduction(k: int, entry, mesh):
+  if entry is None:
+    return None
+  op, axes = entry
+  if op not in _COLLECTIVES:
+    raise ValueError(
+        f"sharded_triton_call: out_reduce of output {k} is {entry!r}; the"
+        f" collective must be one of {sorted(_COLLECTIVES)}."
+    )
+  axes = (axes,) if isinstance(axes, str) else tuple(axes)
+  unknown = [a for a in axes if a not in mesh.shape]
+  if unknown or not axes:
+    raise _errors.ShardingSpecError(
+        f"sharded_triton_call: out_reduce of output {k} reduces over mesh"
+        f" axes {list(axes)}, but the mesh has axes {dict(mesh.shape)}."
+    )
+  return _COLLECTIVES[op], axes
+
+
+def _check_placeholders(args, metaparams) -> None:
+  # Resolving against the global arguments checks indices early, at the
+  # caller's line; the values used are resolved again inside each shard.
+  _shard_size.resolve(args, metaparams)
+
+
+def sharded_triton_call(
+    *args: Any,
+    kernel: Any,
+    out_shape: Any = None,
+    grid: Any,
+    mesh: Any = None,
+    in_specs: Any = None,
+    out_specs: Any = None,
+    out_reduce: Any = None,
+    out_type: Any = None,
+    **kwargs: Any,
+) -> Any:
+  """Runs a Triton kernel once per shard of a device mesh, via ``shard_map``.
+
+  The kernel is written for one shard. ``out_shape`` is global; each shard's
+  output shape follows from ``out_specs`` and the mesh. Sizes the kernel or
+  the grid needs per shard come from ``jt_dist.shard_size``, which resolves
+  inside the shard, so a grid such as
+  ``lambda meta: (triton.cdiv(meta["n"], meta["BLOCK"]),)`` sees local sizes.
+
+  Args:
+    *args: the kernel's inputs, as for ``triton_call``; arrays are global.
+    kernel: a ``@triton.jit`` kernel, optionally autotuned.
+    out_shape: the global outputs: an object with ``.shape`` and ``.dtype``,
+      or a pytree of them.
+    grid: the per-shard grid: an int, a tuple, or a callable of the
+      metaparams and scalar arguments (local values).
+    mesh: the ``jax.sharding.Mesh``; by default the mesh of the arguments'
+      shardings, else the ambient mesh (``jax.set_mesh``).
+    in_specs: one ``PartitionSpec`` per array argument, in order; by default
+      each argument's own sharding spec (replicated when it has none).
+    out_specs: one ``PartitionSpec`` for all outputs, or a pytree of them
+      matching ``out_shape``; replicated (``P()``) by default.
+    out_reduce: partial results to reduce across shards before they leave
+      them: ``(op, axes)`` with op ``"sum"``, ``"max"`` or ``"min"``, for
+      every output, or a pytree matching ``out_shape`` of such pairs or None.
+    out_type: another name for ``out_shape``.
+    **kwargs: every other ``triton_call`` keyword (``num_warps``,
+      ``input_output_aliases``, ...) and the kernel's metaparams.
+
+  Returns:
+    The global outputs, sharded by ``out_specs``, in the structure of
+    ``out_shape``.
+
+  Raises:
+    jt_dist.ShardingSpecError: no mesh, the wrong number of ``in_specs``,
+      unknown or repeated axes, a spec longer than an array's rank, or a
+      dimension its axes do not divide.
+    ValueError: a ``shard_size`` pointing at a scalar or a missing argument.
+    TypeError, jt_dist.KernelBindingError: as for ``triton_call``.
+  """
+  out_shape = _api.resolve_out_shape(out_shape, out_type)
+  out_shapes, out_tree = _binding.flatten_out_shape(out_shape)
+  mesh = _specs.resolve_mesh(mesh, args)
+  _check_placeholders(args, {k: v for k, v in kwargs.items()})
+  arg_specs = _specs.in_specs_for(in_specs, args, mesh)
+  o_specs = _out_specs_for(out_specs, out_tree, len(out_shapes), out_shapes,
+                           mesh)
+  reductions = _reductions_for(out_reduce, out_tree, len(out_shapes), mesh)
+  local_out = jax.tree_util.tree_unflatten(out_tree, [
+      jax.ShapeDtypeStruct(_specs.local_shape(shape, spec, mesh), dtype)
+      for (shape, dtype), spec in zip(out_shapes, o_specs)
+  ])
+  is_array = [_specs.is_array(a) for a in args]
+
+  def per_shard(*local_arrays):
+    it = iter(local_arrays)
+    local_args = [next(it) if flag else a for a, flag in zip(args, is_array)]
+    outs = _api.triton_call(*local_args, kernel=kernel, out_shape=local_out,
+                            grid=grid, **kwargs)
+    flat = jax.tree_util.tree_leaves(outs)
+    flat = [x if r is None else r[0](x, r[1]) for x, r in zip(flat, reductions)]
+    return tuple(flat)
+
+  arrays = [
+      _specs.place(a, spec, mesh)
+      for a, spec in zip([a for a, f in zip(args, is_array) if f], arg_specs)
+  ]
+  mapped = jax.shard_map(
+      per_shard, mesh=mesh, in_specs=tuple(arg_specs),
+      out_specs=tuple(o_specs), check_vma=True)
+  return jax.tree_util.tree_unflatten(out_tree, list(mapped(*arrays)))

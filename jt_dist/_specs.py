@@ -1,0 +1,189 @@
+"""Partition specs for ``sharded_triton_call``: inference and checks.
+
+Every check names the argument, its shape and spec, the mesh axes and their
+sizes, and the fix, in the manner of ``jax.shard_map``'s own messages, but
+before tracing, at the caller's line.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Sequence
+
+import jax
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from jt_dist import _errors
+from jt_dist import _types
+
+
+def is_array(x: Any) -> bool:
+  return not _types.is_scalar(x) and hasattr(x, "shape") and hasattr(x, "dtype")
+
+
+def resolve_mesh(mesh: Any, args: Sequence[Any]):
+  """The mesh to run on: given, else the arguments', else the ambient one."""
+  if mesh is not None:
+    return mesh
+  for x in args:
+    if not is_array(x):
+      continue
+    sharding = getattr(x, "sharding", None) if not isinstance(
+        x, jax.core.Tracer) else getattr(jax.typeof(x), "sharding", None)
+    candidate = getattr(sharding, "mesh", None)
+    if isinstance(sharding, NamedSharding) and candidate is not None and (
+        not candidate.empty):
+      return candidate
+  ambient = jax.sharding.get_abstract_mesh()
+  if not ambient.empty:
+    return ambient
+  raise _errors.ShardingSpecError(
+      "sharded_triton_call: no mesh to run on. Pass mesh=jax.make_mesh(...),"
+      " put the inputs on a mesh with jax.device_put(x, NamedSharding(mesh,"
+      " spec)), or set an ambient mesh with jax.set_mesh(mesh)."
+  )
+
+
+def spec_axes(spec: P) -> list:
+  """Mesh axis names a spec uses, in order, with repeats."""
+  axes = []
+  for entry in spec:
+    if entry is None or entry is P.UNCONSTRAINED:
+      continue
+    axes.extend(entry if isinstance(entry, tuple) else (entry,))
+  return axes
+
+
+def _entry_axes(entry) -> tuple:
+  if entry is None:
+    return ()
+  return tuple(entry) if isinstance(entry, tuple) else (entry,)
+
+
+def check_spec(where: str, shape: tuple, spec: Any, mesh) -> P:
+  """Checks one array's spec against its global shape and the mesh.
+
+  Returns:
+    The spec as a ``PartitionSpec``.
+
+  Raises:
+    ShardingSpecError: the spec is not a PartitionSpec, names an unknown
+      axis or one axis twice, is longer than the array's rank, or splits a
+      dimension that its axes do not divide.
+  """
+  if spec is None:
+    spec = P()
+  if not isinstance(spec, P):
+    raise _errors.ShardingSpecError(
+        f"sharded_triton_call: the spec of {where} is {spec!r} of type"
+        f" {type(spec).__name__}; pass a jax.sharding.PartitionSpec."
+    )
+  sizes = dict(mesh.shape)
+  axes = spec_axes(spec)
+  unknown = [a for a in axes if a not in sizes]
+  if unknown:
+    raise _errors.ShardingSpecError(
+        f"sharded_triton_call: the spec {spec} of {where} names mesh axes"
+        f" {unknown}, but the mesh has axes {_sizes(sizes)}. Use the mesh's"
+        " axis names."
+    )
+  twice = sorted({a for a in axes if axes.count(a) > 1})
+  if twice:
+    raise _errors.ShardingSpecError(
+        f"sharded_triton_call: the spec {spec} of {where} uses mesh axes"
+        f" {twice} more than once; an axis can split at most one dimension."
+    )
+  if len(spec) > len(shape):
+    raise _errors.ShardingSpecError(
+        f"sharded_triton_call: the spec {spec} of {where} has {len(spec)}"
+        f" entries, but the array has shape {shape} (rank {len(shape)}). Give"
+        " at most one entry per dimension."
+    )
+  for dim, entry in enumerate(spec):
+    names = _entry_axes(entry)
+    total = math.prod(sizes[a] for a in names)
+    if names and shape[dim] % total:
+      raise _errors.ShardingSpecError(
+          f"sharded_triton_call: {where} of shape {shape} has spec {spec},"
+          f" which splits dimension {dim} (size {shape[dim]}) over mesh axes"
+          f" {names} of total size {total} ({_sizes({a: sizes[a] for a in names})}),"
+          f" but {shape[dim]} is not divisible by {total}. Pad dimension"
+          f" {dim} to a multiple of {total}, or split it over fewer axes."
+      )
+  return spec
+
+
+def local_shape(shape: tuple, spec: P, mesh) -> tuple:
+  """The shard-local shape of a global ``shape`` split by ``spec``."""
+  sizes = dict(mesh.shape)
+  local = list(shape)
+  for dim, entry in enumerate(spec):
+    local[dim] //= math.prod(sizes[a] for a in _entry_axes(entry))
+  return tuple(local)
+
+
+def _sizes(sizes: dict) -> str:
+  return ", ".join(f"{name}={size}" for name, size in sizes.items())
+
+
+def infer_spec(x: Any, mesh) -> P:
+  """The spec of ``x``'s sharding on ``mesh``; replicated when it has none."""
+  if isinstance(x, jax.core.Tracer):
+    sharding = getattr(jax.typeof(x), "sharding", None)
+  else:
+    sharding = getattr(x, "sharding", None)
+  if isinstance(sharding, NamedSharding) and not sharding.mesh.empty:
+    if tuple(sharding.mesh.axis_names) != tuple(mesh.axis_names):
+      return P()
+    return sharding.spec
+  return P()
+
+
+def in_specs_for(in_specs: Any, args: Sequence[Any], mesh) -> list[P]:
+  """One checked spec per array argument, given or inferred."""
+  positions = [i for i, a in enumerate(args) if is_array(a)]
+  if in_specs is None:
+    specs = [infer_spec(args[i], mesh) for i in positions]
+  else:
+    specs = [in_specs] if isinstance(in_specs, P) else list(in_specs)
+    if len(specs) != len(positions):
+      raise _errors.ShardingSpecError(
+          f"sharded_triton_call: got {len(specs)} in_specs, but the call has"
+          f" {len(positions)} array arguments (args{positions}); scalars take"
+          " no spec. Pass one PartitionSpec per array argument, in order, or"
+          " leave in_specs out to take them from the arguments' shardings."
+      )
+  return [
+      check_spec(f"args[{i}]", tuple(args[i].shape), spec, mesh)
+      for i, spec in zip(positions, specs)
+  ]
+
+
+def _trimmed(spec) -> tuple:
+  entries = list(spec or ())
+  while entries and entries[-1] is None:
+    entries.pop()
+  return tuple(entries)
+
+
+def place(x: Any, spec: P, mesh):
+  """Lays ``x`` out as ``NamedSharding(mesh, spec)`` if it is not already.
+
+  Users hand in host arrays or arrays on one device; ``shard_map`` over
+  explicit mesh axes insists on inputs already laid out by its in_specs.
+  """
+  if isinstance(x, jax.core.Tracer):
+    current = getattr(jax.typeof(x), "sharding", None)
+    explicit = tuple(getattr(mesh, "explicit_axes", ()))
+    if explicit and _trimmed(getattr(current, "spec", None)) != _trimmed(spec):
+      return jax.sharding.reshard(x, NamedSharding(mesh, spec))
+    return x
+  if not isinstance(mesh, jax.sharding.Mesh):
+    return x
+  target = NamedSharding(mesh, spec)
+  current = getattr(x, "sharding", None)
+  if isinstance(current, NamedSharding) and current.mesh == mesh and (
+      _trimmed(current.spec) == _trimmed(spec)):
+    return x
+  return jax.device_put(x, target)

@@ -256,9 +256,26 @@ def _check_metaparams(info, metaparams, positional_names):
       ) from None
 
 
-def _check_complete(info, positional_names, config):
+def _describe_bound(info, n_args, n_outputs, names):
+  """What binds each bound parameter, e.g. "n=output 0, BLOCK=by name".
+
+  Shown with a missing parameter: a forgotten argument usually shifts an
+  output onto the parameter it should have bound, and this makes it visible.
+  """
+  parts = []
+  for i, param in enumerate(info.params):
+    if i < n_args:
+      parts.append(f"{param.name}=args[{i}]")
+    elif i < n_args + n_outputs:
+      parts.append(f"{param.name}=output {i - n_args}")
+    elif param.name in names:
+      parts.append(f"{param.name}=by name")
+  return ", ".join(parts)
+
+
+def _check_complete(info, positional_names, config, n_args, n_outputs):
   names = [k for k, _ in config.kwargs]
-  bound = list(positional_names) + names
+  bound = _describe_bound(info, n_args, n_outputs, names)
   missing, twice = _kernel.missing_and_extra(info, positional_names, names)
   unknown = [k for k, _ in config.kwargs if k not in info.param_by_name]
   if unknown:
@@ -381,7 +398,7 @@ def bind_call(args, kernel, out_shape, grid, options: CallOptions, metaparams):
       options.num_ctas)
   launches = []
   for config in configs:
-    _check_complete(info, runtime_names, config)
+    _check_complete(info, runtime_names, config, len(args), len(out_shapes))
     config = _with_constexpr_defaults(info, config)
     where = f" (config: {config.label})" if info.layers else ""
     kwargs = dict(config.kwargs)

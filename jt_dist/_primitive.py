@@ -62,10 +62,11 @@ def _batch(args, dims, *, spec):
         " jax.custom_batching.custom_vmap, or pass vmap_method='sequential'"
         " to triton_call to run the batch one element after another."
     )
-  mapped = [d is not batching.not_mapped for d in dims]
+  # Unbatched operands have dimension None (batching.not_mapped, which
+  # jax 0.10 no longer exports).
+  mapped = [d is not None for d in dims]
   xs = tuple(
-      jax.numpy.moveaxis(a, d, 0) for a, d in zip(args, dims)
-      if d is not batching.not_mapped
+      jax.numpy.moveaxis(a, d, 0) for a, d in zip(args, dims) if d is not None
   )
 
   def one(slices):

@@ -1,0 +1,296 @@
+"""Caches of compiled kernels: a bounded in-process LRU and an on-disk store.
+
+Triton compiles during JAX's lowering, so JAX's own persistent compilation
+cache cannot spare it: every new process would recompile every kernel and
+every autotuning config. The disk cache here keeps Triton's output across
+processes. Entries are keyed by a content hash (never by object identity),
+stored as JSON metadata plus the binary (no pickle), written atomically, and
+checked on load: a damaged entry is discarded and recompiled, never used.
+
+Environment:
+  ``JT_DIST_CACHE_DIR``: the disk cache's directory (default
+  ``~/.cache/jt_dist``).
+  ``JT_DIST_DISK_CACHE``: ``0`` (or ``false``/``off``/``no``) turns the disk
+  cache off; it is on by default.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import hashlib
+import json
+import logging
+import os
+import re
+import tempfile
+import threading
+from typing import Any, Callable, Mapping
+
+logger = logging.getLogger("jt_dist")
+
+# Bumped whenever the entry layout or the meaning of its metadata changes,
+# so that an older jt_dist's entries are never read as this one's.
+FORMAT_VERSION = 1
+DEFAULT_MEMORY_ENTRIES = 256
+_KEY_PATTERN = re.compile(r"^[0-9a-f]{64}$")
+_OFF_VALUES = ("0", "false", "off", "no")
+
+
+def content_key(parts: Mapping[str, Any]) -> str:
+  """The sha256 of ``parts`` serialised canonically (sorted JSON)."""
+  text = json.dumps(parts, sort_keys=True, default=repr, separators=(",", ":"))
+  return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+class LRUCache:
+  """A thread-safe, bounded map that evicts the least recently used entry."""
+
+  def __init__(self, max_entries: int):
+    self._entries: collections.OrderedDict[str, Any] = collections.OrderedDict()
+    self._lock = threading.Lock()
+    self.max_entries = max_entries
+
+  def get(self, key: str) -> Any | None:
+    with self._lock:
+      value = self._entries.get(key)
+      if value is not None:
+        self._entries.move_to_end(key)
+      return value
+
+  def put(self, key: str, value: Any) -> None:
+    with self._lock:
+      self._entries[key] = value
+      self._entries.move_to_end(key)
+      self._evict()
+
+  def resize(self, max_entries: int) -> None:
+    with self._lock:
+      self.max_entries = max_entries
+      self._evict()
+
+  def _evict(self) -> None:
+    while len(self._entries) > max(self.max_entries, 0):
+      self._entries.popitem(last=False)
+
+  def clear(self) -> None:
+    with self._lock:
+      self._entries.clear()
+
+  def __len__(self) -> int:
+    with self._lock:
+      return len(self._entries)
+
+  def __contains__(self, key: str) -> bool:
+    with self._lock:
+      return key in self._entries
+
+
+@dataclasses.dataclass
+class _Settings:
+  """Overrides set by ``configure``; None defers to the environment."""
+
+  disk_cache: bool | None = None
+  cache_dir: str | None = None
+
+
+_settings = _Settings()
+memory_cache = LRUCache(DEFAULT_MEMORY_ENTRIES)
+_warned_unwritable: set[str] = set()
+
+
+def configure(*, disk_cache: bool | None = None, cache_dir: str | None = None,
+              memory_entries: int | None = None) -> None:
+  """Sets how compiled kernels are cached; arguments left None are unchanged.
+
+  Args:
+    disk_cache: whether to use the on-disk cache (overrides
+      ``JT_DIST_DISK_CACHE``).
+    cache_dir: the on-disk cache's directory (overrides ``JT_DIST_CACHE_DIR``).
+    memory_entries: how many compiled kernels the in-process cache keeps.
+  """
+  if disk_cache is not None:
+    _settings.disk_cache = bool(disk_cache)
+  if cache_dir is not None:
+    _settings.cache_dir = os.fspath(cache_dir)
+  if memory_entries is not None:
+    memory_cache.resize(int(memory_entries))
+
+
+def disk_cache_enabled() -> bool:
+  """Whether compiled kernels are read from and written to disk."""
+  if _settings.disk_cache is not None:
+    return _settings.disk_cache
+  value = os.environ.get("JT_DIST_DISK_CACHE", "1").strip().lower()
+  return value not in _OFF_VALUES
+
+
+def cache_dir() -> str:
+  """The on-disk cache's directory."""
+  if _settings.cache_dir is not None:
+    return _settings.cache_dir
+  default = os.path.join(os.path.expanduser("~"), ".cache", "jt_dist")
+  return os.environ.get("JT_DIST_CACHE_DIR") or default
+
+
+def _entry_paths(key: str) -> tuple[str, str]:
+  # Two-character fan-out keeps directories small on busy hosts.
+  folder = os.path.join(cache_dir(), key[:2])
+  return folder, os.path.join(folder, key + ".json")
+
+
+def _binary_name(key: str, digest: str) -> str:
+  # The binary is named by its own hash too: two processes writing the same
+  # key with different binaries never overwrite each other's file, so a JSON
+  # document always points at the binary it was written with.
+  return f"{key}-{digest[:16]}.bin"
+
+
+def _discard(key: str, paths: list[str], reason: str) -> None:
+  logger.warning(
+      "jt_dist: discarding the disk cache entry %s (%s); the kernel will be"
+      " recompiled.", key[:16], reason)
+  for path in paths:
+    try:
+      os.remove(path)
+    except OSError:
+      pass
+
+
+def load(key: str) -> tuple[dict[str, Any], bytes] | None:
+  """Reads the entry for ``key``: ``(metadata, binary)``, or None.
+
+  A missing entry, or the disk cache being off, returns None. An entry that
+  fails any check (unparsable JSON, another key or format, a binary whose
+  size or sha256 differ from the recorded ones) is deleted, logged, and
+  reported as missing.
+  """
+  if not disk_cache_enabled() or not _KEY_PATTERN.match(key):
+    return None
+  folder, json_path = _entry_paths(key)
+  try:
+    with open(json_path, "rb") as f:
+      raw = f.read()
+  except FileNotFoundError:
+    return None
+  except OSError as e:
+    logger.warning("jt_dist: cannot read disk cache entry %s: %s", json_path, e)
+    return None
+  document = _parse_document(key, raw)
+  if isinstance(document, str):
+    _discard(key, [json_path], document)
+    return None
+  binary_path = os.path.join(folder, document["binary_file"])
+  try:
+    with open(binary_path, "rb") as f:
+      binary = f.read()
+  except OSError:
+    _discard(key, [json_path], "its binary file is missing")
+    return None
+  if (len(binary) != document["binary_size"]
+      or hashlib.sha256(binary).hexdigest() != document["binary_sha256"]):
+    _discard(key, [json_path, binary_path],
+             "its binary does not match the recorded size and sha256")
+    return None
+  return document["metadata"], binary
+
+
+def _parse_document(key: str, raw: bytes) -> dict[str, Any] | str:
+  """The entry's JSON document, or a string saying why it is unusable."""
+  try:
+    document = json.loads(raw.decode("utf-8"))
+  except (UnicodeDecodeError, ValueError):
+    return "its JSON metadata is corrupt or truncated"
+  if not isinstance(document, dict):
+    return "its JSON metadata is not an object"
+  if document.get("format") != FORMAT_VERSION or document.get("key") != key:
+    return "it was written for another key or cache format"
+  digest = document.get("binary_sha256")
+  if (not isinstance(digest, str) or not _KEY_PATTERN.match(digest)
+      or document.get("binary_file") != _binary_name(key, digest)
+      or not isinstance(document.get("binary_size"), int)
+      or not isinstance(document.get("metadata"), dict)):
+    return "its JSON metadata lacks the binary's name, size or sha256"
+  return document
+
+
+def _atomic_write(folder: str, path: str, data: bytes) -> None:
+  # Readers see either the old file or the complete new one: the data goes
+  # to a temporary file in the same directory, is flushed to disk, and is
+  # renamed over the target, which POSIX and Windows do atomically.
+  fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp-")
+  try:
+    with os.fdopen(fd, "wb") as f:
+      f.write(data)
+      f.flush()
+      os.fsync(f.fileno())
+    os.replace(tmp, path)
+  except BaseException:
+    try:
+      os.remove(tmp)
+    except OSError:
+      pass
+    raise
+
+
+def store(key: str, metadata: Mapping[str, Any], binary: bytes) -> None:
+  """Writes the entry for ``key``; failures are logged, never raised."""
+  if not disk_cache_enabled() or not _KEY_PATTERN.match(key):
+    return
+  folder, json_path = _entry_paths(key)
+  digest = hashlib.sha256(binary).hexdigest()
+  document = {
+      "format": FORMAT_VERSION,
+      "key": key,
+      "binary_file": _binary_name(key, digest),
+      "binary_size": len(binary),
+      "binary_sha256": digest,
+      "metadata": dict(metadata),
+  }
+  try:
+    os.makedirs(folder, exist_ok=True)
+    # The binary first: a JSON document is only ever visible once the
+    # binary it names is complete.
+    _atomic_write(folder, os.path.join(folder, document["binary_file"]), binary)
+    _atomic_write(folder, json_path, json.dumps(document).encode("utf-8"))
+  except OSError as e:
+    if folder not in _warned_unwritable:
+      _warned_unwritable.add(folder)
+      logger.warning(
+          "jt_dist: cannot write the disk cache in %s (%s); compiled kernels"
+          " will not be kept across processes. Set JT_DIST_CACHE_DIR to a"
+          " writable directory, or JT_DIST_DISK_CACHE=0.", folder, e)
+
+
+def get_or_create(key: str, create: Callable[[], tuple[Any, dict, bytes]],
+                  restore: Callable[[dict, bytes], Any], *,
+                  use_cached: bool = True) -> Any:
+  """The value for ``key``: from memory, else from disk, else created.
+
+  Args:
+    key: a ``content_key``.
+    create: compiles; returns ``(value, metadata, binary)``.
+    restore: rebuilds the value from a disk entry's metadata and binary;
+      raising ``ValueError``/``KeyError``/``TypeError`` marks the entry bad.
+    use_cached: False skips both lookups (the value is still stored).
+
+  Returns:
+    The value.
+  """
+  if use_cached:
+    value = memory_cache.get(key)
+    if value is not None:
+      return value
+    entry = load(key)
+    if entry is not None:
+      try:
+        value = restore(*entry)
+      except (ValueError, KeyError, TypeError) as e:
+        _discard(key, [_entry_paths(key)[1]], f"its metadata is invalid: {e}")
+      else:
+        memory_cache.put(key, value)
+        return value
+  value, metadata, binary = create()
+  memory_cache.put(key, value)
+  store(key, metadata, binary)
+  return value

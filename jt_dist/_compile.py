@@ -1,0 +1,272 @@
+"""Compiling one launch of a call with Triton: to PTX (CUDA) or HSACO (ROCm).
+
+A launch is specialised as Triton's own launcher would specialise it: the
+config's keyword arguments are constexprs, integer scalars equal to 1 become
+the constexpr 1 (and are not passed at launch), and every pointer is assumed
+16-byte aligned, which jaxlib checks before each launch. Results go through
+``_cache``, so a kernel is compiled once per content, not once per process.
+
+Environment:
+  ``JT_DIST_DUMP_DIR``: a directory receiving, per compiled kernel, its
+  TTIR, TTGIR, LLIR, PTX or HSACO, and its launch metadata as JSON.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import sys
+from typing import Any
+
+from jt_dist import _cache
+from jt_dist import _compat
+from jt_dist import _target
+
+_INT_TYPES = ("i8", "i16", "i32", "i64", "u8", "u16", "u32", "u64")
+# The stage whose output jaxlib loads; later stages (cubin) need ptxas and a
+# driver-matched toolchain, which jaxlib applies itself at load time.
+_FINAL_STAGE = {"cuda": "ptx", "rocm": "hsaco"}
+# Blackwell's tensor memory has 512 columns; Triton emits a trap instead of
+# an error above it, which would hang the GPU at launch.
+_TMEM_LIMIT = 512
+
+
+@dataclasses.dataclass(frozen=True)
+class Specialization:
+  """How one launch binds the kernel's parameters at compile time.
+
+  Attributes:
+    signature: every parameter's Triton type by name, "constexpr" for
+      compile-time ones, in parameter order.
+    constexprs: compile-time values by parameter name.
+    attrs: per-parameter attributes (pointer divisibility) by ``(index,)``.
+    launch_operands: the operands passed at launch, in parameter order.
+  """
+
+  signature: dict[str, str]
+  constexprs: dict[str, Any]
+  attrs: dict[tuple[int, ...], Any]
+  launch_operands: tuple[Any, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class CompiledKernel:
+  """Triton's output for one launch, as jaxlib's ``TritonKernel`` needs it."""
+
+  name: str
+  binary: bytes  # PTX text (UTF-8) on CUDA, an HSACO object on ROCm.
+  ttir: str
+  num_warps: int
+  num_ctas: int
+  shared_mem: int
+  global_scratch_size: int
+  global_scratch_align: int
+  profile_scratch_size: int
+
+  def metadata(self) -> dict[str, Any]:
+    """Everything but the binary, as JSON-able values."""
+    fields = dataclasses.asdict(self)
+    del fields["binary"]
+    return fields
+
+  @classmethod
+  def from_entry(cls, metadata: dict[str, Any], binary: bytes):
+    """Rebuilds a kernel from a disk cache entry; TypeError if malformed."""
+    fields = {f.name for f in dataclasses.fields(cls)} - {"binary"}
+    if set(metadata) != fields:
+      raise TypeError(f"fields {sorted(metadata)} differ from {sorted(fields)}")
+    return cls(binary=binary, **metadata)
+
+
+def _is_equal_to_1(op) -> bool:
+  # Triton specialises integer arguments equal to 1 into constants; bools
+  # are typed i1 and are not integers to it.
+  return op.kind == "scalar" and op.type in _INT_TYPES and op.value == 1
+
+
+def specialize(spec, launch, backend) -> Specialization:
+  """The signature, constexprs and attributes of ``launch`` of ``spec``."""
+  info = spec.info
+  index = {name: i for i, name in enumerate(info.param_names)}
+  by_name = {op.name: op for op in spec.operands}
+  kwargs = dict(launch.config.kwargs)
+  divisible = _compat.pointer_divisibility_attr(backend)
+  signature, constexprs, attrs, launched = {}, {}, {}, []
+  for param in info.params:
+    op = by_name.get(param.name)
+    if param.name in kwargs or op is None or _is_equal_to_1(op):
+      if param.name in kwargs:
+        value = kwargs[param.name]
+      elif op is not None:
+        value = 1
+      else:  # Unbound, so it has a default (binding checked that).
+        value = param.default
+      constexprs[param.name] = value
+      signature[param.name] = "constexpr"
+      continue
+    signature[param.name] = op.type
+    if op.type.startswith("*"):
+      attrs[(index[param.name],)] = divisible
+    launched.append(op)
+  return Specialization(signature, constexprs, attrs, tuple(launched))
+
+
+def compile_options(spec, launch) -> dict[str, Any]:
+  """Triton's backend options for ``launch``."""
+  config = launch.config
+  options = {
+      "num_warps": config.num_warps,
+      "num_stages": config.num_stages,
+      "num_ctas": config.num_ctas,
+      "enable_fp_fusion": spec.enable_fp_fusion,
+      "debug": spec.debug,
+  }
+  if config.maxnreg is not None:
+    options["maxnreg"] = config.maxnreg
+  return options
+
+
+def _value_key(value: Any) -> str:
+  # Constexprs may be Triton dtypes or @triton.jit functions: their
+  # cache_key (source and callees) identifies them, never their id().
+  key = getattr(value, "cache_key", None)
+  kind = f"{type(value).__module__}.{type(value).__qualname__}"
+  return f"{kind}:{key if isinstance(key, str) else repr(value)}"
+
+
+def cache_key(jit_fn, spec_: Specialization, options, backend,
+              target: _target.Target) -> str:
+  """The content hash that identifies a compiled kernel."""
+  return _cache.content_key({
+      "kernel": jit_fn.cache_key,  # Source and every @triton.jit callee.
+      "signature": list(spec_.signature.items()),
+      "constexprs": sorted((k, _value_key(v))
+                           for k, v in spec_.constexprs.items()),
+      "attrs": sorted((list(k), repr(v)) for k, v in spec_.attrs.items()),
+      "options": options.hash(),
+      "backend": _compat.backend_hash(backend),
+      "target": [target.platform, str(target.arch), target.warp_size],
+      "triton": _compat.triton.__version__,
+      "jaxlib": _compat.jaxlib_version(),
+      "env": sorted(_compat.cache_invalidating_env_vars().items()),
+      "format": _cache.FORMAT_VERSION,
+  })
+
+
+def _run_stages(jit_fn, spec_, target, backend, options):
+  """Runs Triton's pipeline to the final stage; returns (IRs, metadata)."""
+  module, context = _compat.ast_to_ttir(
+      jit_fn, backend, target.triton_target, options, spec_.signature,
+      spec_.constexprs, spec_.attrs)
+  irs = {"source": str(module)}
+  metadata: dict[str, Any] = {}
+  final = _FINAL_STAGE[target.platform]
+  for stage, run in _compat.compiler_stages(backend, options).items():
+    module = run(module, metadata)
+    irs[stage] = module if isinstance(module, bytes) else str(module)
+    if stage == final:
+      break
+  del context  # Kept alive until here: the modules belong to it.
+  return irs, metadata
+
+
+def run_triton(spec, launch, target: _target.Target) -> CompiledKernel:
+  """Compiles ``launch`` of ``spec`` with Triton, bypassing every cache."""
+  backend = _compat.make_backend(target.triton_target)
+  options = backend.parse_options(compile_options(spec, launch))
+  spec_ = specialize(spec, launch, backend)
+  jit_fn = _compat.jit_function_of(spec.info.fn)
+  irs, metadata = _run_stages(jit_fn, spec_, target, backend, options)
+  binary = irs[_FINAL_STAGE[target.platform]]
+  compiled = CompiledKernel(
+      name=metadata["name"],
+      binary=binary if isinstance(binary, bytes) else binary.encode("utf-8"),
+      ttir=irs.get("ttir", irs["source"]),
+      num_warps=int(metadata.get("num_warps") or options.num_warps),
+      num_ctas=int(launch.config.num_ctas),
+      shared_mem=int(metadata.get("shared") or 0),
+      global_scratch_size=int(metadata.get("global_scratch_size") or 0),
+      global_scratch_align=int(metadata.get("global_scratch_align") or 1),
+      profile_scratch_size=int(metadata.get("profile_scratch_size") or 0),
+  )
+  if int(metadata.get("tmem_size") or 0) > _TMEM_LIMIT:
+    raise ValueError(
+        f"triton_call: kernel {compiled.name!r} (config:"
+        f" {launch.config.label}) needs {metadata['tmem_size']} columns of"
+        f" tensor memory; the GPU has {_TMEM_LIMIT}. Use smaller blocks.")
+  if spec.debug:
+    _print_irs(compiled.name, irs)
+  dump_dir = os.environ.get("JT_DIST_DUMP_DIR")
+  if dump_dir:
+    _dump(dump_dir, compiled, irs, launch, target)
+  return compiled
+
+
+def _print_irs(name: str, irs: dict[str, Any]) -> None:
+  for stage, text in irs.items():
+    if isinstance(text, bytes):
+      text = f"<{len(text)} bytes of binary>"
+    print(f"// ----- jt_dist: {name} {stage} -----\n{text}", file=sys.stdout)
+
+
+def _dump(dump_dir: str, compiled: CompiledKernel, irs, launch, target):
+  """Writes the IRs and launch metadata of one kernel under ``dump_dir``."""
+  digest = _cache.content_key({"irs": {k: repr(v) for k, v in irs.items()}})
+  folder = os.path.join(dump_dir, f"{compiled.name}-{digest[:12]}")
+  os.makedirs(folder, exist_ok=True)
+  extension = {"source": "source.ttir", "amdgcn": "amdgcn"}
+  for stage, content in irs.items():
+    path = os.path.join(folder, f"{compiled.name}.{extension.get(stage, stage)}")
+    with open(path, "wb") as f:
+      f.write(content if isinstance(content, bytes) else content.encode())
+  launch_metadata = {
+      **compiled.metadata(), "target": target.describe(),
+      "grid": list(launch.grid), "num_stages": launch.config.num_stages,
+      "config": launch.config.label, "zeroed_outputs": list(launch.zeroed_outputs),
+  }
+  del launch_metadata["ttir"]
+  with open(os.path.join(folder, f"{compiled.name}.json"), "w") as f:
+    json.dump(launch_metadata, f, indent=2, sort_keys=True)
+
+
+def compiled_kernel(spec, launch, target: _target.Target
+                    ) -> tuple[CompiledKernel, Specialization]:
+  """The compiled kernel of ``launch``, from the caches or from Triton.
+
+  ``debug=True`` and ``JT_DIST_DUMP_DIR`` force a compilation, so that the
+  IRs are printed or dumped even for a kernel already cached.
+  """
+  backend = _compat.make_backend(target.triton_target)
+  options = backend.parse_options(compile_options(spec, launch))
+  spec_ = specialize(spec, launch, backend)
+  jit_fn = _compat.jit_function_of(spec.info.fn)
+  key = cache_key(jit_fn, spec_, options, backend, target)
+
+  def create():
+    compiled = run_triton(spec, launch, target)
+    return compiled, compiled.metadata(), compiled.binary
+
+  use_cached = not (spec.debug or os.environ.get("JT_DIST_DUMP_DIR"))
+  compiled = _cache.get_or_create(
+      key, create, CompiledKernel.from_entry, use_cached=use_cached)
+  check_shared_memory(compiled, target, launch)
+  return compiled, spec_
+
+
+def check_shared_memory(compiled: CompiledKernel, target: _target.Target,
+                        launch) -> None:
+  """Refuses a kernel that needs more shared memory than the GPU has.
+
+  Raises:
+    ValueError: the kernel's shared memory exceeds the target's limit.
+  """
+  limit = _target.shared_memory_limit(target)
+  if limit is not None and compiled.shared_mem > limit:
+    raise ValueError(
+        f"triton_call: kernel {compiled.name!r} (config:"
+        f" {launch.config.label}) needs {compiled.shared_mem} bytes of shared"
+        f" memory, more than the {limit} bytes a block may use on"
+        f" {target.describe()}. Use smaller blocks or fewer pipeline stages"
+        " (num_stages)."
+    )

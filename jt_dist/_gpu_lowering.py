@@ -1,0 +1,166 @@
+"""The primitive's CUDA and ROCm lowering: jaxlib's Triton custom call.
+
+Each launch of the call is compiled (through the caches) and described to
+jaxlib as a ``TritonKernelCall``; an autotuned kernel's launches go into one
+``TritonAutotunedKernelCall``, which times them on the first run and keeps
+the fastest. The call is serialised to jaxlib's proto, compressed, and
+emitted as a custom call: the FFI target where the plugin registers it (it
+works inside CUDA graphs), the legacy target otherwise or on request.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import tempfile
+import zlib
+
+import jax
+import numpy as np
+
+from jt_dist import _compat
+from jt_dist import _compile
+from jt_dist import _target
+
+FFI_TARGET = "triton_kernel_call_ffi"
+LEGACY_TARGET = "triton_kernel_call"
+_PLUGIN_ATTRIBUTE = {"cuda": "_cuda_triton", "rocm": "_hip_triton"}
+_hsaco_dir: tempfile.TemporaryDirectory | None = None
+
+
+def plugin(platform: str):
+  """jaxlib's Triton bindings for ``platform``.
+
+  Raises:
+    RuntimeError: the platform's JAX GPU plugin is not installed.
+  """
+  module = _compat.gpu_triton_module()
+  found = None if module is None else getattr(
+      module, _PLUGIN_ATTRIBUTE[platform], None)
+  if found is None or not hasattr(found, "TritonKernel"):
+    if platform == "cuda":
+      hint = ("Install JAX's CUDA plugin with `pip install jt_dist[cuda12]`"
+              " or `pip install jt_dist[cuda13]`, matching your CUDA driver.")
+    else:
+      hint = "Install JAX's ROCm plugin (`pip install jax[rocm]`)."
+    raise RuntimeError(
+        f"triton_call: lowering for {platform} needs jaxlib's Triton"
+        f" custom call, which comes with JAX's {platform} plugin, and the"
+        f" plugin is not installed. {hint}"
+    )
+  return found
+
+
+def _binary_argument(compiled: _compile.CompiledKernel, platform: str) -> str:
+  """What jaxlib takes as the kernel image: PTX text, or an HSACO path."""
+  if platform == "cuda":
+    return compiled.binary.decode("utf-8")
+  # jaxlib's ROCm path loads the HSACO from a file named in the proto. The
+  # name is the content hash, so rewriting an existing file is harmless.
+  global _hsaco_dir
+  if _hsaco_dir is None:
+    _hsaco_dir = tempfile.TemporaryDirectory(prefix="jt_dist_hsaco_")
+  digest = hashlib.sha256(compiled.binary).hexdigest()
+  path = os.path.join(_hsaco_dir.name, f"{compiled.name}-{digest[:16]}.hsaco")
+  if not os.path.exists(path):
+    with open(path, "wb") as f:
+      f.write(compiled.binary)
+  return path
+
+
+def _nbytes(shape, dtype) -> int:
+  return int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+
+
+def _parameters(lib, spec, launch, specialization):
+  """jaxlib's kernel parameters, in the order the compiled kernel takes them."""
+  zeroed = set(launch.zeroed_outputs)
+  params = []
+  for op in specialization.launch_operands:
+    if op.kind == "scalar":
+      params.append(lib.create_scalar_parameter(op.value, op.type))
+      continue
+    to_zero = 0
+    if op.kind == "output" and op.index in zeroed:
+      to_zero = _nbytes(*spec.out_shapes[op.index])
+    # 16: the divisibility the kernel was specialised for; jaxlib checks it.
+    params.append(lib.create_array_parameter(to_zero, 16))
+  return params
+
+
+def _kernel_call(lib, spec, launch, target):
+  compiled, specialization = _compile.compiled_kernel(spec, launch, target)
+  if compiled.profile_scratch_size:
+    raise NotImplementedError(
+        f"triton_call: kernel {compiled.name!r} was compiled with profiling"
+        " instrumentation (Proton), which needs a profile scratch buffer that"
+        " jaxlib does not allocate. Turn the instrumentation off.")
+  kernel = _compat.make_triton_kernel(
+      lib, compiled.name, compiled.num_warps, compiled.num_ctas,
+      compiled.shared_mem, _binary_argument(compiled, target.platform),
+      compiled.ttir, target.arch_number, compiled.global_scratch_size,
+      compiled.global_scratch_align)
+  params = _parameters(lib, spec, launch, specialization)
+  return lib.TritonKernelCall(kernel, *launch.grid, params)
+
+
+def _autotuned_call(lib, spec, calls, ctx):
+  scalars = {op.name: op.value for op in spec.operands if op.kind == "scalar"}
+  description = f"{spec.name} ({spec.info.name}) {scalars}"
+  aliases_with_sizes = tuple(
+      (i, o, _nbytes(ctx.avals_in[i].shape, ctx.avals_in[i].dtype))
+      for i, o in spec.input_output_aliases)
+  configs = [(call, launch.config.label)
+             for call, launch in zip(calls, spec.launches)]
+  return lib.TritonAutotunedKernelCall(description, configs, aliases_with_sizes)
+
+
+def custom_call_target(spec, platform: str) -> str:
+  """The custom-call target to emit; ValueError for an unknown name."""
+  requested = spec.custom_call_target_name
+  if requested not in (None, FFI_TARGET, LEGACY_TARGET):
+    raise ValueError(
+        f"triton_call: custom_call_target_name={requested!r} is not a Triton"
+        f" target of jaxlib; pass {FFI_TARGET!r}, {LEGACY_TARGET!r}, or None"
+        " for the default.")
+  has_ffi = FFI_TARGET in _compat.triton_ffi_targets(platform)
+  if requested == FFI_TARGET and not has_ffi:
+    raise ValueError(
+        f"triton_call: custom_call_target_name={FFI_TARGET!r}, but the"
+        f" installed jaxlib ({_compat.jaxlib_version()}) does not register"
+        f" it for {platform}. Upgrade jax and its plugin, or pass"
+        f" {LEGACY_TARGET!r}.")
+  if requested == LEGACY_TARGET or not has_ffi:
+    return LEGACY_TARGET
+  return FFI_TARGET
+
+
+def gpu_lowering(ctx, *args, spec, platform: str):
+  """Lowers one ``triton_call`` to jaxlib's Triton custom call.
+
+  Args:
+    ctx: the lowering context.
+    *args: the array operands.
+    spec: the call's ``CallSpec``.
+    platform: "cuda" or "rocm".
+
+  Returns:
+    The custom call's results.
+  """
+  lib = plugin(platform)
+  target = _target.resolve_target(ctx, platform, spec.compute_capability)
+  for launch in spec.launches:
+    _target.check_num_ctas(target, launch.config.num_ctas, launch.config.label)
+  calls = [_kernel_call(lib, spec, launch, target) for launch in spec.launches]
+  call = calls[0] if len(calls) == 1 else _autotuned_call(lib, spec, calls, ctx)
+  opaque = zlib.compress(call.to_proto(spec.name, spec.serialized_metadata))
+  aliases = dict(spec.input_output_aliases) or None
+  name = custom_call_target(spec, platform)
+  if name == FFI_TARGET:
+    rule = jax.ffi.ffi_lowering(
+        name, api_version=4, operand_output_aliases=aliases)
+    return rule(ctx, *args, opaque=opaque)
+  rule = jax.ffi.ffi_lowering(
+      name, api_version=2, backend_config=opaque,
+      operand_output_aliases=aliases)
+  return rule(ctx, *args)

@@ -1,0 +1,234 @@
+"""Which GPU a kernel is compiled for.
+
+The target comes from the devices the computation is lowered for, never
+from "device 0": a program placed on the second GPU of a mixed host must get
+that GPU's code. ``compute_capability=`` overrides it, which is how a host
+without the GPU (a CI machine cross-lowering for CUDA) names its target.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from typing import Any, Iterable, Sequence
+
+import jax
+
+from jt_dist import _compat
+
+logger = logging.getLogger("jt_dist")
+
+# Opt-in shared memory per block (bytes), by compute capability. Triton
+# reports what a kernel needs; checking it here turns a launch failure on
+# the device into an error at lowering that names the config.
+_CUDA_SHARED_MEMORY = {
+    70: 98304, 72: 98304, 75: 65536,
+    80: 166912, 86: 101376, 87: 166912, 89: 101376,
+    90: 232448,
+    100: 232448, 101: 232448, 103: 232448, 110: 232448,
+    120: 101376, 121: 101376,
+}
+# LDS per workgroup (bytes), by gfx arch; 64 KiB unless listed.
+_ROCM_SHARED_MEMORY = {"gfx950": 163840}
+_ROCM_DEFAULT_SHARED_MEMORY = 65536
+
+_WARP_SIZE = {"cuda": 32, "rocm": 64}
+_TRITON_BACKEND = {"cuda": "cuda", "rocm": "hip"}
+
+
+@dataclasses.dataclass(frozen=True)
+class Target:
+  """A GPU to compile for.
+
+  Attributes:
+    platform: "cuda" or "rocm".
+    arch: the compute capability as an int (90 for sm_90) on CUDA, the gfx
+      arch (e.g. "gfx942") on ROCm.
+  """
+
+  platform: str
+  arch: int | str
+
+  @property
+  def warp_size(self) -> int:
+    return _WARP_SIZE[self.platform]
+
+  @property
+  def triton_target(self):
+    return _compat.gpu_target(
+        _TRITON_BACKEND[self.platform], self.arch, self.warp_size)
+
+  @property
+  def arch_number(self) -> int:
+    """The capability jaxlib records in its proto; 0 where it has none."""
+    return self.arch if isinstance(self.arch, int) else 0
+
+  def describe(self) -> str:
+    return f"sm_{self.arch}" if self.platform == "cuda" else str(self.arch)
+
+
+def shared_memory_limit(target: Target) -> int | None:
+  """The most shared memory a block may use on ``target``; None if unknown."""
+  if target.platform == "rocm":
+    return _ROCM_SHARED_MEMORY.get(str(target.arch), _ROCM_DEFAULT_SHARED_MEMORY)
+  if target.arch in _CUDA_SHARED_MEMORY:
+    return _CUDA_SHARED_MEMORY[target.arch]
+  # An unlisted minor revision takes the limit of the closest lower revision
+  # of its major; for an unknown major there is nothing sound to guess.
+  same_major = [cc for cc in _CUDA_SHARED_MEMORY
+                if cc // 10 == target.arch // 10 and cc <= target.arch]
+  return _CUDA_SHARED_MEMORY[max(same_major)] if same_major else None
+
+
+def _parse_capability(text: Any) -> int | None:
+  """ "9.0" -> 90; ints pass through; anything else -> None."""
+  if isinstance(text, int):
+    return text
+  try:
+    major, minor = str(text).split(".")[:2]
+    return int(major) * 10 + int(minor)
+  except ValueError:
+    return None
+
+
+def _devices_of_context(ctx) -> list[Any]:
+  """The devices a lowering context is lowered for, where it names them."""
+  axis_context = getattr(ctx.module_context, "axis_context", None)
+  assignment = getattr(axis_context, "device_assignment", None)
+  if assignment:
+    return list(assignment)
+  mesh = getattr(axis_context, "mesh", None)
+  devices = getattr(mesh, "devices", None)
+  if devices is not None and getattr(devices, "size", 0):
+    return list(devices.flat)
+  return []
+
+
+def _devices_of_mesh() -> list[Any]:
+  """The devices of the concrete mesh set with ``jax.set_mesh``, if any."""
+  get_mesh = getattr(jax.sharding, "get_mesh", None)
+  mesh = None
+  if get_mesh is not None:
+    try:
+      mesh = get_mesh()
+    except (RuntimeError, ValueError):
+      mesh = None
+  devices = getattr(mesh, "devices", None)
+  if devices is None or not getattr(devices, "size", 0):
+    return []
+  return list(devices.flat)
+
+
+def _local_devices(platform: str) -> list[Any]:
+  try:
+    return list(jax.devices(platform))
+  except RuntimeError:  # No such backend on this host.
+    return []
+
+
+def _platform_devices(devices: Iterable[Any], platform: str) -> list[Any]:
+  # Cross-lowering for CUDA on a CPU host assigns CPU devices: they say
+  # nothing about the GPU target, so only devices of the platform count.
+  aliases = {"cuda": ("cuda", "gpu"), "rocm": ("rocm", "gpu")}[platform]
+  return [d for d in devices if getattr(d, "platform", None) in aliases]
+
+
+def _cuda_capability(device: Any) -> int | None:
+  return _parse_capability(getattr(device, "compute_capability", None))
+
+
+def _rocm_arch(device: Any) -> str | None:
+  arch = str(getattr(device, "compute_capability", "") or "")
+  if not arch.startswith("gfx"):
+    lib = _compat.gpu_triton_module()
+    if lib is None or not hasattr(lib, "get_arch_details"):
+      return None
+    arch = str(lib.get_arch_details(device.local_hardware_id))
+  return arch.split(":")[0]  # Drop feature flags such as ":sramecc+".
+
+
+def candidate_devices(ctx, platform: str) -> list[Any]:
+  """The platform's devices the call is lowered for, best source first."""
+  for source in (lambda: _devices_of_context(ctx), _devices_of_mesh,
+                 lambda: _local_devices(platform)):
+    devices = _platform_devices(source(), platform)
+    if devices:
+      return devices
+  return []
+
+
+def _lowest(values: Sequence[tuple[Any, Any]], platform: str, what: str):
+  """The lowest target among (device, arch) pairs; logs when they differ."""
+  distinct = sorted({arch for _, arch in values}, key=str)
+  if len(distinct) > 1:
+    by_arch = {a: [str(d) for d, b in values if b == a] for a in distinct}
+    lowest = min(distinct) if platform == "cuda" else distinct[0]
+    logger.warning(
+        "jt_dist: the devices the call is lowered for differ in %s: %s."
+        " Compiling for the lowest, %s, whose code runs on all of them.",
+        what, by_arch, lowest)
+    return lowest
+  return distinct[0]
+
+
+def resolve_target(ctx, platform: str, compute_capability: int | None
+                   ) -> Target:
+  """The GPU to compile for, from the override or the lowering's devices.
+
+  Args:
+    ctx: the lowering rule's context.
+    platform: "cuda" or "rocm".
+    compute_capability: the caller's override, e.g. 90; CUDA only.
+
+  Returns:
+    The target.
+
+  Raises:
+    ValueError: no device of the platform is known and no
+      ``compute_capability`` was given.
+  """
+  if platform == "cuda" and compute_capability is not None:
+    return Target("cuda", int(compute_capability))
+  devices = candidate_devices(ctx, platform)
+  if platform == "cuda":
+    pairs = [(d, _cuda_capability(d)) for d in devices]
+    pairs = [(d, cc) for d, cc in pairs if cc is not None]
+    what = "compute capability"
+  else:
+    pairs = [(d, _rocm_arch(d)) for d in devices]
+    pairs = [(d, arch) for d, arch in pairs if arch]
+    what = "GPU arch"
+  if not pairs:
+    raise ValueError(_no_device_message(platform))
+  return Target(platform, _lowest(pairs, platform, what))
+
+
+def _no_device_message(platform: str) -> str:
+  if platform == "cuda":
+    return (
+        "triton_call: cannot tell which CUDA compute capability to compile"
+        " for: the computation is lowered for CUDA, but no CUDA device is"
+        " visible (e.g. cross-lowering on a host without a GPU). Pass"
+        " compute_capability= to triton_call, e.g. compute_capability=90"
+        " for H100/H200 (sm_90)."
+    )
+  return (
+      "triton_call: cannot tell which ROCm GPU arch (gfx...) to compile for:"
+      " the computation is lowered for ROCm, but no ROCm device is visible."
+      " Lower it on a host with the AMD GPU."
+  )
+
+
+def check_num_ctas(target: Target, num_ctas: int, label: str) -> None:
+  """Refuses thread-block clusters where the target has none.
+
+  Raises:
+    ValueError: ``num_ctas > 1`` on CUDA before Hopper (sm_90).
+  """
+  if num_ctas > 1 and target.platform == "cuda" and target.arch < 90:
+    raise ValueError(
+        f"triton_call: num_ctas={num_ctas} (config: {label}) needs thread"
+        " block clusters, which CUDA GPUs have from Hopper (compute"
+        f" capability 90) on; the target is {target.describe()}. Use"
+        " num_ctas=1, or compile for compute_capability>=90."
+    )

@@ -182,8 +182,10 @@ def _bfloat16_casts_like_compiled():
 @functools.lru_cache(maxsize=None)
 def gpu_triton_module():
   """jaxlib's Triton custom-call bindings, or None without a GPU plugin."""
+  # ``jax._src.lib.gpu_triton`` is an attribute bound to jaxlib's module,
+  # not an importable submodule, so import_module must name jaxlib's.
   try:
-    module = importlib.import_module("jax._src.lib.gpu_triton")
+    module = importlib.import_module("jaxlib.gpu_triton")
   except ImportError:
     return None
   if not hasattr(module, "TritonKernel"):

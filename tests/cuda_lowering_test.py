@@ -1,0 +1,371 @@
+"""Cross-lowering ``triton_call`` for CUDA on a host without a GPU."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import tempfile
+import types
+import unittest
+from unittest import mock
+
+from absl.testing import absltest
+from absl.testing import parameterized
+import jax
+import jax.numpy as jnp
+import numpy as np
+import triton
+import triton.language as tl
+
+import jt_dist
+from jt_dist import _compat
+from jt_dist import _compile
+from jt_dist import _gpu_lowering
+from jt_dist import _target
+from jt_dist import testing
+import gpu_lowering_util as util
+
+
+@triton.jit
+def add_kernel(x_ptr, y_ptr, n, out_ptr, BLOCK: tl.constexpr):
+  offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+  mask = offsets < n
+  x = tl.load(x_ptr + offsets, mask=mask)
+  y = tl.load(y_ptr + offsets, mask=mask)
+  tl.store(out_ptr + offsets, x + y, mask=mask)
+
+
+@triton.jit
+def scale_kernel(x_ptr, alpha, negate, n, out_ptr, BLOCK: tl.constexpr):
+  offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+  mask = offsets < n
+  x = tl.load(x_ptr + offsets, mask=mask) * alpha
+  if negate:
+    x = -x
+  tl.store(out_ptr + offsets, x, mask=mask)
+
+
+@triton.autotune(
+    configs=[
+        triton.Config({"BLOCK": 64}, num_warps=2),
+        triton.Config({"BLOCK": 128}, num_warps=4),
+        triton.Config({"BLOCK": 256}, num_warps=8),
+    ],
+    key=["n"],
+)
+@triton.jit
+def tuned_add_kernel(x_ptr, y_ptr, n, out_ptr, BLOCK: tl.constexpr):
+  offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+  mask = offsets < n
+  x = tl.load(x_ptr + offsets, mask=mask)
+  y = tl.load(y_ptr + offsets, mask=mask)
+  tl.store(out_ptr + offsets, x + y, mask=mask)
+
+
+@triton.jit
+def matmul_kernel(a_ptr, b_ptr, c_ptr, BM: tl.constexpr, BN: tl.constexpr,
+                  BK: tl.constexpr, K: tl.constexpr):
+  rm = tl.arange(0, BM)
+  rn = tl.arange(0, BN)
+  rk = tl.arange(0, BK)
+  acc = tl.zeros((BM, BN), dtype=tl.float32)
+  for k in range(0, K, BK):
+    a = tl.load(a_ptr + rm[:, None] * K + (k + rk)[None, :])
+    b = tl.load(b_ptr + (k + rk)[:, None] * BN + rn[None, :])
+    acc += tl.dot(a, b)
+  tl.store(c_ptr + rm[:, None] * BN + rn[None, :], acc)
+
+
+def _add(x, y, **options):
+  options.setdefault("compute_capability", 90)
+  return jt_dist.triton_call(
+      x, y, x.size, kernel=add_kernel,
+      out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
+      grid=(triton.cdiv(x.size, 128),), BLOCK=128, **options)
+
+
+def _lower(f, *args):
+  # A fresh function each time: jit caches lowerings per function, and a
+  # cached lowering would not run the lowering rule under test.
+  fresh = lambda *a: f(*a)
+  return jax.jit(fresh).trace(*args).lower(lowering_platforms=("cuda",))
+
+
+@unittest.skipUnless(util.HAS_TRITON_CALL, util.SKIP_REASON)
+class CudaLoweringTest(util.IsolatedCacheMixin, testing.TestCase):
+
+  def _inputs(self, n=1000, dtype=np.float32):
+    return (jnp.asarray(self.random((n,), dtype)),
+            jnp.asarray(self.random((n,), dtype)))
+
+  def test_custom_call_carries_kernel_and_ptx(self):
+    x, y = self._inputs()
+    (call,) = util.triton_custom_calls(_lower(_add, x, y))
+    self.assertEqual(call["target"], "triton_kernel_call_ffi")
+    self.assertFalse(call["autotuned"])
+    (kernel,) = call["calls"]
+    self.assertEqual(kernel["name"], "add_kernel")
+    self.assertIn(".target sm_90", kernel["ptx"])
+    self.assertIn(".entry add_kernel", kernel["ptx"])
+    self.assertEqual(kernel["compute_capability"], 90)
+    self.assertEqual(kernel["num_warps"], 4)
+    self.assertEqual(kernel["grid"], (8, 1, 1))
+    self.assertEqual(kernel["params"], [
+        ("array", 0, 16), ("array", 0, 16), ("i32", 1000), ("array", 0, 16)])
+
+  @parameterized.parameters(80, 86, 90)
+  def test_compute_capability_selects_sm(self, cc):
+    x, y = self._inputs()
+    (call,) = util.triton_custom_calls(
+        _lower(lambda a, b: _add(a, b, compute_capability=cc), x, y))
+    self.assertIn(f".target sm_{cc}", call["calls"][0]["ptx"])
+
+  def test_name_and_metadata_recorded(self):
+    x, y = self._inputs()
+    f = lambda a, b: _add(a, b, name="my_add", serialized_metadata=b"meta!")
+    (call,) = util.triton_custom_calls(_lower(f, x, y))
+    self.assertEqual(call["name"], "my_add")
+    self.assertEqual(call["metadata"], b"meta!")
+
+  def test_scalars_equal_to_one_become_constants(self):
+    x = jnp.asarray(self.random((1,)))
+    (call,) = util.triton_custom_calls(_lower(_add, x, x))
+    # n == 1 is specialised away, as Triton's launcher does.
+    self.assertEqual(call["calls"][0]["params"], [("array", 0, 16)] * 3)
+
+  def test_float_and_bool_scalars_are_passed(self):
+    x = jnp.asarray(self.random((300,)))
+    alpha = float(self.np_rng.uniform(2.0, 3.0))
+
+    def f(a):
+      return jt_dist.triton_call(
+          a, alpha, True, a.size, kernel=scale_kernel,
+          out_shape=jax.ShapeDtypeStruct(a.shape, a.dtype), grid=(3,),
+          BLOCK=128, compute_capability=90)
+
+    (call,) = util.triton_custom_calls(_lower(f, x))
+    params = call["calls"][0]["params"]
+    self.assertEqual(params[0], ("array", 0, 16))
+    self.assertEqual(params[1][0], "f32")
+    self.assertAlmostEqual(params[1][1], alpha, places=5)
+    self.assertEqual(params[2:], [("bool", True), ("i32", 300),
+                                  ("array", 0, 16)])
+
+  def test_legacy_target(self):
+    x, y = self._inputs()
+    f = lambda a, b: _add(a, b, custom_call_target_name="triton_kernel_call")
+    (call,) = util.triton_custom_calls(_lower(f, x, y))
+    self.assertEqual(call["target"], "triton_kernel_call")
+    self.assertIn(".target sm_90", call["calls"][0]["ptx"])
+
+  def test_falls_back_to_legacy_without_ffi_target(self):
+    x, y = self._inputs()
+    with mock.patch.object(_compat, "triton_ffi_targets",
+                           return_value=frozenset()):
+      (call,) = util.triton_custom_calls(_lower(_add, x, y))
+    self.assertEqual(call["target"], "triton_kernel_call")
+
+  def test_ffi_requested_but_missing_errors(self):
+    x, y = self._inputs()
+    f = lambda a, b: _add(a, b,
+                          custom_call_target_name="triton_kernel_call_ffi")
+    with mock.patch.object(_compat, "triton_ffi_targets",
+                           return_value=frozenset()):
+      with self.assertRaisesRegex(ValueError, "does not register it for cuda"):
+        _lower(f, x, y)
+
+  def test_unknown_target_name_errors(self):
+    x, y = self._inputs()
+    f = lambda a, b: _add(a, b, custom_call_target_name="my_call")
+    with self.assertRaisesRegex(ValueError, "'my_call' is not a Triton target"):
+      _lower(f, x, y)
+
+  def test_autotuned_kernel_has_one_compiled_kernel_per_config(self):
+    x, y = self._inputs(n=512)
+
+    def f(a, b):
+      return jt_dist.triton_call(
+          a, b, a.size, kernel=tuned_add_kernel,
+          out_shape=jax.ShapeDtypeStruct(a.shape, a.dtype),
+          grid=lambda meta: (triton.cdiv(a.size, meta["BLOCK"]),),
+          compute_capability=90, input_output_aliases={0: 0})
+
+    (call,) = util.triton_custom_calls(_lower(f, x, y))
+    self.assertTrue(call["autotuned"])
+    self.assertLen(call["calls"], 3)
+    self.assertEqual([c["num_warps"] for c in call["calls"]], [2, 4, 8])
+    self.assertEqual([c["grid"][0] for c in call["calls"]], [8, 4, 2])
+    self.assertLen({c["ptx"] for c in call["calls"]}, 3)
+    for kernel in call["calls"]:
+      self.assertIn(".target sm_90", kernel["ptx"])
+    self.assertIn("BLOCK: 64", call["descriptions"][0])
+    self.assertEqual(call["aliases"], [(0, 0, 512 * 4)])
+    self.assertIn("operand_index = 0", call["aliases_text"])
+
+  def test_aliases_become_output_operand_aliases(self):
+    x, y = self._inputs()
+    f = lambda a, b: _add(a, b, input_output_aliases={1: 0})
+    (call,) = util.triton_custom_calls(_lower(f, x, y))
+    self.assertIn("output_tuple_indices = []", call["aliases_text"])
+    self.assertIn("operand_index = 1", call["aliases_text"])
+
+  def test_zeroed_outputs(self):
+    x, y = self._inputs(n=300)
+    f = lambda a, b: _add(a, b, zeroed_outputs=(0,))
+    (call,) = util.triton_custom_calls(_lower(f, x, y))
+    self.assertEqual(call["calls"][0]["params"][-1], ("array", 300 * 4, 16))
+
+  def test_num_ctas_before_hopper_errors(self):
+    x, y = self._inputs()
+    f = lambda a, b: _add(a, b, compute_capability=80, num_ctas=2)
+    with self.assertRaisesRegex(ValueError, r"num_ctas=2.*sm_80"):
+      _lower(f, x, y)
+
+  def test_num_ctas_on_hopper(self):
+    x, y = self._inputs()
+    f = lambda a, b: _add(a, b, num_ctas=2)
+    (call,) = util.triton_custom_calls(_lower(f, x, y))
+    self.assertEqual(call["calls"][0]["num_ctas"], 2)
+
+  def test_missing_compute_capability_without_gpu_errors(self):
+    x, y = self._inputs()
+    f = lambda a, b: _add(a, b, compute_capability=None)
+    with self.assertRaisesRegex(ValueError, r"no CUDA device.*compute_capability="):
+      _lower(f, x, y)
+
+  def test_shared_memory_over_limit_errors(self):
+    a = jnp.asarray(self.random((256, 256)))
+    b = jnp.asarray(self.random((256, 256)))
+
+    def f(a, b):
+      return jt_dist.triton_call(
+          a, b, kernel=matmul_kernel,
+          out_shape=jax.ShapeDtypeStruct((256, 256), jnp.float32), grid=(1,),
+          BM=256, BN=256, BK=128, K=256, num_stages=3, compute_capability=90)
+
+    with self.assertRaisesRegex(
+        ValueError, r"'matmul_kernel'.*bytes of shared memory.*232448.*sm_90"):
+      _lower(f, a, b)
+
+  def test_missing_plugin_errors(self):
+    x, y = self._inputs()
+    with mock.patch.object(_compat, "gpu_triton_module", return_value=None):
+      with self.assertRaisesRegex(RuntimeError, r"jt_dist\[cuda12\].*\[cuda13\]"):
+        _lower(_add, x, y)
+
+  def test_global_scratch_needs_newer_jaxlib(self):
+    lib = _gpu_lowering.plugin("cuda")
+    with self.assertRaisesRegex(NotImplementedError,
+                                r"'k' needs 1024 bytes of global scratch"):
+      _compat.make_triton_kernel(lib, "k", 4, 1, 0, "ptx", "ttir", 90, 1024, 16)
+
+  def test_profile_scratch_errors(self):
+    x, y = self._inputs()
+    real = _compile.compiled_kernel
+
+    def with_profiling(*args):
+      compiled, specialization = real(*args)
+      return (_compile.dataclasses.replace(compiled, profile_scratch_size=64),
+              specialization)
+
+    with mock.patch.object(_compile, "compiled_kernel", with_profiling):
+      with self.assertRaisesRegex(NotImplementedError, "profile scratch"):
+        _lower(_add, x, y)
+
+  def test_tensor_memory_over_limit_errors(self):
+    x, y = self._inputs()
+    real = _compile._run_stages
+
+    def big_tmem(*args):
+      irs, metadata = real(*args)
+      return irs, {**metadata, "tmem_size": 1024}
+
+    with mock.patch.object(_compile, "_run_stages", big_tmem):
+      with self.assertRaisesRegex(ValueError, "1024 columns of tensor memory"):
+        _lower(_add, x, y)
+
+  def test_debug_prints_irs(self):
+    x, y = self._inputs()
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+      _lower(lambda a, b: _add(a, b, debug=True), x, y)
+    text = out.getvalue()
+    for stage in ("ttir", "ttgir", "llir", "ptx"):
+      self.assertIn(f"add_kernel {stage} -----", text)
+    self.assertIn(".target sm_90", text)
+
+  def test_dump_dir_receives_irs_and_metadata(self):
+    x, y = self._inputs()
+    with tempfile.TemporaryDirectory() as dump:
+      with mock.patch.dict(os.environ, {"JT_DIST_DUMP_DIR": dump}):
+        _lower(_add, x, y)
+      (folder,) = os.listdir(dump)
+      files = set(os.listdir(os.path.join(dump, folder)))
+      for ext in ("ttir", "ttgir", "llir", "ptx", "json"):
+        self.assertIn(f"add_kernel.{ext}", files)
+      with open(os.path.join(dump, folder, "add_kernel.json")) as f:
+        self.assertIn('"shared_mem"', f.read())
+
+  def test_shard_map_lowers_per_shard(self):
+    mesh = jax.make_mesh((2,), ("i",), devices=jax.devices()[:2])
+    spec = jax.sharding.PartitionSpec("i")
+    x = jax.device_put(jnp.asarray(self.random((512,))),
+                       jax.sharding.NamedSharding(mesh, spec))
+    f = jax.shard_map(lambda a: _add(a, a), mesh=mesh, in_specs=spec,
+                      out_specs=spec)
+    (call,) = util.triton_custom_calls(_lower(f, x))
+    self.assertEqual(call["calls"][0]["params"][2], ("i32", 256))
+
+
+def _fake_device(platform, cc, ident):
+  return types.SimpleNamespace(platform=platform, compute_capability=cc,
+                               id=ident, __str__=lambda self=None: f"d{ident}")
+
+
+def _ctx(devices):
+  return types.SimpleNamespace(module_context=types.SimpleNamespace(
+      axis_context=types.SimpleNamespace(device_assignment=tuple(devices))))
+
+
+class TargetTest(testing.TestCase):
+
+  def test_override_wins(self):
+    ctx = _ctx([_fake_device("cuda", "8.0", 0)])
+    self.assertEqual(_target.resolve_target(ctx, "cuda", 90).arch, 90)
+
+  def test_devices_of_the_lowering_not_device_zero(self):
+    ctx = _ctx([_fake_device("cuda", "8.6", 1)])
+    with mock.patch.object(_target, "_local_devices",
+                           return_value=[_fake_device("cuda", "9.0", 0)]):
+      self.assertEqual(_target.resolve_target(ctx, "cuda", None).arch, 86)
+
+  def test_differing_devices_compile_for_lowest_with_a_note(self):
+    ctx = _ctx([_fake_device("cuda", "9.0", 0), _fake_device("cuda", "8.0", 1)])
+    with self.assertLogs("jt_dist", "WARNING") as logs:
+      self.assertEqual(_target.resolve_target(ctx, "cuda", None).arch, 80)
+    self.assertIn("Compiling for the lowest, 80", "\n".join(logs.output))
+
+  def test_cpu_devices_do_not_count(self):
+    ctx = _ctx([_fake_device("cpu", None, 0)])
+    with self.assertRaisesRegex(ValueError, "compute_capability="):
+      _target.resolve_target(ctx, "cuda", None)
+
+  def test_rocm_arch_from_devices(self):
+    ctx = _ctx([_fake_device("rocm", "gfx942:sramecc+:xnack-", 0)])
+    target = _target.resolve_target(ctx, "rocm", None)
+    self.assertEqual((target.arch, target.warp_size), ("gfx942", 64))
+
+  def test_rocm_without_device_errors(self):
+    with self.assertRaisesRegex(ValueError, r"ROCm GPU arch \(gfx...\)"):
+      _target.resolve_target(_ctx([]), "rocm", None)
+
+  @parameterized.parameters((90, 232448), (80, 166912), (86, 101376),
+                            (89, 101376), (75, 65536), (100, 232448))
+  def test_shared_memory_table(self, cc, limit):
+    self.assertEqual(
+        _target.shared_memory_limit(_target.Target("cuda", cc)), limit)
+
+
+if __name__ == "__main__":
+  absltest.main()

@@ -1,0 +1,160 @@
+"""Helpers for tests of the GPU lowering: custom-call extraction, protos.
+
+jaxlib's Triton call is a protobuf; the tests decode it with the few lines
+of wire-format parsing below rather than depend on protobuf.
+"""
+
+from __future__ import annotations
+
+import struct
+import tempfile
+import unittest
+import zlib
+
+from jax._src.lib.mlir import ir
+
+from jt_dist import _cache
+from jt_dist import _compat
+
+HAS_TRITON_CALL = _compat.gpu_triton_module() is not None and hasattr(
+    _compat.gpu_triton_module(), "TritonKernel")
+SKIP_REASON = (
+    "jaxlib's Triton custom call (jax._src.lib.gpu_triton.TritonKernel) is"
+    " missing: install jax-cuda12-plugin (--no-deps, at the jax version) to"
+    " cross-lower for CUDA on this host.")
+
+
+def _varint(data: bytes, pos: int) -> tuple[int, int]:
+  result, shift = 0, 0
+  while True:
+    byte = data[pos]
+    pos += 1
+    result |= (byte & 0x7F) << shift
+    if not byte & 0x80:
+      return result, pos
+    shift += 7
+
+
+def decode(data: bytes) -> dict[int, list]:
+  """Decodes one protobuf message into {field number: [raw values]}."""
+  fields: dict[int, list] = {}
+  pos = 0
+  while pos < len(data):
+    tag, pos = _varint(data, pos)
+    number, wire = tag >> 3, tag & 7
+    if wire == 0:
+      value, pos = _varint(data, pos)
+    elif wire == 1:
+      value, pos = data[pos:pos + 8], pos + 8
+    elif wire == 2:
+      size, pos = _varint(data, pos)
+      value, pos = data[pos:pos + size], pos + size
+    elif wire == 5:
+      value, pos = data[pos:pos + 4], pos + 4
+    else:
+      raise ValueError(f"unsupported wire type {wire}")
+    fields.setdefault(number, []).append(value)
+  return fields
+
+
+def decode_kernel_call(data: bytes) -> dict:
+  """A ``TritonKernelCall`` as a dict of its kernel, grid and parameters."""
+  call = decode(data)
+  kernel = decode(call[1][0])
+  params = []
+  for raw in call.get(5, []):
+    param = decode(raw)
+    if 1 in param:
+      array = decode(param[1][0])
+      params.append(("array", array.get(1, [0])[0], array.get(2, [0])[0]))
+    elif 2 in param:
+      params.append(("bool", bool(param[2][0])))
+    elif 3 in param:
+      value = param[3][0]
+      params.append(("i32", value - (1 << 64) if value >= 1 << 63 else value))
+    elif 7 in param:
+      params.append(("f32", struct.unpack("<f", param[7][0])[0]))
+    else:
+      params.append(("other", sorted(param)))
+  return {
+      "name": kernel[1][0].decode(),
+      "num_warps": kernel.get(2, [0])[0],
+      "num_ctas": kernel.get(10, [1])[0],
+      "shared_mem": kernel.get(3, [0])[0],
+      "ptx": kernel[4][0].decode(),
+      "compute_capability": kernel.get(6, [0])[0],
+      "grid": tuple(call.get(i, [0])[0] for i in (2, 3, 4)),
+      "params": params,
+  }
+
+
+def decode_any_call(data: bytes) -> dict:
+  """A ``TritonAnyKernelCall``: plain or autotuned, with name and metadata."""
+  message = decode(data)
+  result = {
+      "name": message.get(4, [b""])[0].decode(),
+      "metadata": message.get(3, [b""])[0],
+  }
+  if 1 in message:
+    result["calls"] = [decode_kernel_call(message[1][0])]
+    result["autotuned"] = False
+    return result
+  tuned = decode(message[2][0])
+  result["autotuned"] = True
+  result["tuning_name"] = tuned[1][0].decode()
+  result["calls"] = [decode_kernel_call(decode(c)[1][0]) for c in tuned[2]]
+  result["descriptions"] = [decode(c)[2][0].decode() for c in tuned[2]]
+  result["aliases"] = [
+      tuple(decode(a).get(i, [0])[0] for i in (1, 2, 3))
+      for a in tuned.get(3, [])]
+  return result
+
+
+def _walk(operation):
+  yield operation
+  for region in operation.regions:
+    for block in region.blocks:
+      for op in block.operations:
+        yield from _walk(op.operation)
+
+
+def triton_custom_calls(lowered) -> list[dict]:
+  """The Triton custom calls of a ``jax.stages.Lowered``, decoded."""
+  module = lowered.compiler_ir("stablehlo")
+  calls = []
+  for op in _walk(module.operation):
+    if op.name != "stablehlo.custom_call":
+      continue
+    attrs = op.attributes
+    target = ir.StringAttr(attrs["call_target_name"]).value
+    if not target.startswith("triton_kernel_call"):
+      continue
+    if target == "triton_kernel_call_ffi":
+      config = ir.DictAttr(attrs["mhlo.backend_config"])
+      opaque = ir.StringAttr(config["opaque"]).value_bytes
+    else:
+      opaque = ir.StringAttr(attrs["backend_config"]).value_bytes
+    aliases = (str(attrs["output_operand_aliases"])
+               if "output_operand_aliases" in attrs else "")
+    calls.append({"target": target, "aliases_text": aliases,
+                  **decode_any_call(zlib.decompress(opaque))})
+  return calls
+
+
+class IsolatedCacheMixin(unittest.TestCase):
+  """Gives each test an empty memory cache and its own disk cache dir."""
+
+  def setUp(self):
+    super().setUp()
+    self._tmp = tempfile.TemporaryDirectory()
+    self.cache_dir = self._tmp.name
+    saved = (_cache._settings.disk_cache, _cache._settings.cache_dir)  # pylint: disable=protected-access
+    _cache.configure(disk_cache=True, cache_dir=self.cache_dir)
+    _cache.memory_cache.clear()
+
+    def restore():
+      _cache._settings.disk_cache, _cache._settings.cache_dir = saved  # pylint: disable=protected-access
+      _cache.memory_cache.clear()
+      self._tmp.cleanup()
+
+    self.addCleanup(restore)

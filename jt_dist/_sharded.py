@@ -38,16 +38,19 @@ def _out_specs_for(out_specs, out_tree, n_out, out_shapes, mesh) -> list[P]:
   ]
 
 
+def _is_reduction(x: Any) -> bool:
+  return isinstance(x, tuple) and len(x) == 2 and isinstance(x[0], str)
+
+
 def _reductions_for(out_reduce, out_tree, n_out, mesh) -> list:
   """One (collective, axes) pair or None per output."""
   if out_reduce is None:
     return [None] * n_out
-  if isinstance(out_reduce, tuple) and len(out_reduce) == 2 and isinstance(
-      out_reduce[0], str):
+  if _is_reduction(out_reduce):
     entries = [out_reduce] * n_out
   else:
     entries, tree = jax.tree_util.tree_flatten(
-        out_reduce, is_leaf=lambda x: x is None or isinstance(x, tuple))
+        out_reduce, is_leaf=lambda x: x is None or _is_reduction(x))
     if tree != out_tree:
       raise _errors.ShardingSpecError(
           f"sharded_triton_call: out_reduce {out_reduce!r} must be one"

@@ -1,0 +1,279 @@
+"""sharded_triton_call over meshes of >= 2 devices.
+
+Runs on virtual CPU devices through Triton's interpreter (8 under pytest)
+and on every real GPU when there are at least 2. Results are compared with
+NumPy in float64, or with the same kernel unsharded on one device.
+"""
+
+import functools
+import os
+import sys
+
+from absl.testing import absltest
+from absl.testing import parameterized
+import jax
+import jax.numpy as jnp
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+import numpy as np
+import triton
+import triton.language as tl
+
+import jt_dist
+from jt_dist import testing
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from examples import layernorm_training  # pylint: disable=g-import-not-at-top
+from examples import sharded_add  # pylint: disable=g-import-not-at-top
+from examples import sharded_attention  # pylint: disable=g-import-not-at-top
+from examples import sharded_matmul  # pylint: disable=g-import-not-at-top
+
+testing.configure_cpu_devices()
+
+
+def _gpu():
+  return testing.platform() == "gpu"
+
+
+def _rel_error(actual, expected):
+  actual = np.asarray(actual, np.float64)
+  return float(np.linalg.norm(actual - expected) / np.linalg.norm(expected))
+
+
+@triton.jit
+def scale_rows_kernel(x_ptr, s_ptr, n_cols, out_ptr, BLOCK: tl.constexpr):
+  """out[r, :] = x[r, :] * s[:] -- s is the same on every shard."""
+  row = tl.program_id(0)
+  cols = tl.arange(0, BLOCK)
+  mask = cols < n_cols
+  x = tl.load(x_ptr + row * n_cols + cols, mask=mask)
+  s = tl.load(s_ptr + cols, mask=mask)
+  tl.store(out_ptr + row * n_cols + cols, x * s, mask=mask)
+
+
+class ShardedTest(testing.TestCase):
+
+  def setUp(self):
+    super().setUp()
+    self.all = self.devices(2)
+    count = min(len(self.all), 8)
+    self.count = count - count % 2
+    self.mesh1d = jax.make_mesh((self.count,), ("x",),
+                                devices=self.all[:self.count])
+    self.mesh2d = jax.make_mesh((2, self.count // 2), ("x", "y"),
+                                devices=self.all[:self.count])
+
+  @parameterized.parameters(False, True)
+  def test_add_1d(self, jit):
+    n = 64 * self.count
+    x, y = self.random((n,)), self.random((n,))
+    fn = functools.partial(sharded_add.sharded_add, mesh=self.mesh1d, block=32)
+    out = (jax.jit(fn) if jit else fn)(x, y)
+    self.assertAllClose(out, x + y)
+    self.assertEqual(out.sharding.spec, P("x"))
+
+  def test_add_2d_mesh(self):
+    shape = (4, 8 * self.count)
+    x, y = self.random(shape), self.random(shape)
+    out = jt_dist.sharded_triton_call(
+        x, y, jt_dist.shard_size(0), kernel=sharded_add.add_kernel,
+        out_shape=jax.ShapeDtypeStruct(shape, x.dtype),
+        grid=lambda meta: (triton.cdiv(meta["n_elements"], meta["BLOCK"]),),
+        mesh=self.mesh2d, in_specs=(P("x", "y"),) * 2, out_specs=P("x", "y"),
+        BLOCK=16)
+    self.assertAllClose(out, x + y)
+
+  def test_inferred_specs_and_replicated_operand(self):
+    rows, cols = 4 * self.count, 24
+    x = jax.device_put(self.random((rows, cols)),
+                       NamedSharding(self.mesh1d, P("x")))
+    s = jax.device_put(self.random((cols,)), NamedSharding(self.mesh1d, P()))
+    out = jt_dist.sharded_triton_call(
+        x, s, cols, kernel=scale_rows_kernel,
+        out_shape=jax.ShapeDtypeStruct((rows, cols), jnp.float32),
+        grid=lambda meta: (meta["x_ptr"].shape[0],), out_specs=P("x"),
+        BLOCK=32)
+    self.assertAllClose(out, np.asarray(x) * np.asarray(s)[None, :])
+
+  def test_truly_replicated_output(self):
+    n = 96
+    x, y = self.random((n,)), self.random((n,))
+    out = jt_dist.sharded_triton_call(
+        x, y, n, kernel=sharded_add.add_kernel,
+        out_shape=jax.ShapeDtypeStruct((n,), jnp.float32),
+        grid=(triton.cdiv(n, 32),), mesh=self.mesh1d,
+        in_specs=(P(), P()), out_specs=P(), BLOCK=32)
+    self.assertAllClose(out, x + y)
+    self.assertEqual(len(out.sharding.device_set), self.count)
+
+  def test_ambient_mesh(self):
+    n = 32 * self.count
+    x, y = self.random((n,)), self.random((n,))
+    with jax.set_mesh(self.mesh1d):
+      out = jax.jit(lambda a, b: sharded_add.sharded_add(a, b, None, 32))(x, y)
+    self.assertAllClose(out, x + y)
+
+  def test_matmul_rows_cols(self):
+    m, k, n = 16 * 2, 32, 16 * (self.count // 2)
+    a, b = self.random((m, k)), self.random((k, n))
+    out = jax.jit(lambda p, q: sharded_matmul.matmul_rows_cols(
+        p, q, self.mesh2d, (16, 16, 16)))(a, b)
+    self.assertLess(_rel_error(out, a.astype(np.float64) @ b), 1e-2)
+    self.assertEqual(out.sharding.spec, P("x", "y"))
+
+  def test_matmul_rows_only_matches_unsharded(self):
+    m, k, n = 16 * self.count, 32, 32
+    a, b = self.random((m, k)), self.random((k, n))
+    grid = lambda meta: (triton.cdiv(meta["M"], 16), triton.cdiv(meta["N"], 16))
+    common = dict(kernel=sharded_matmul.matmul_kernel, grid=grid,
+                  BLOCK_M=16, BLOCK_N=16, BLOCK_K=16)
+    sharded = jt_dist.sharded_triton_call(
+        a, b, jt_dist.shard_size(0, axis=0), n, k,
+        out_shape=jax.ShapeDtypeStruct((m, n), jnp.float32),
+        mesh=self.mesh1d, in_specs=(P("x"), P()), out_specs=P("x"), **common)
+    single = jt_dist.triton_call(
+        a, b, m, n, k, out_shape=jax.ShapeDtypeStruct((m, n), jnp.float32),
+        **common)
+    self.assertAllClose(sharded, single, rtol=1e-5, atol=1e-5)
+
+  def test_matmul_k_split_with_reduction(self):
+    m, k, n = 32, 16 * self.count, 32
+    mesh = jax.make_mesh((self.count,), ("k",), devices=self.all[:self.count])
+    a, b = self.random((m, k)), self.random((k, n))
+    out = jax.jit(lambda p, q: sharded_matmul.matmul_k_split(
+        p, q, mesh, (16, 16, 16)))(a, b)
+    self.assertLess(_rel_error(out, a.astype(np.float64) @ b), 1e-2)
+    self.assertEqual(len(out.sharding.device_set), self.count)
+
+  @parameterized.named_parameters(("batch", (2, 1)), ("batch_and_heads", (1, 2)))
+  def test_attention_over_batch_and_heads(self, split):
+    b_axis = self.count // 2 if split == (1, 2) else self.count
+    h_axis = 2 if split == (1, 2) else 1
+    mesh = jax.make_mesh((b_axis, h_axis), ("b", "h"),
+                         devices=self.all[:self.count])
+    shape = (b_axis, 2 * h_axis, 32, 16)
+    q, k, v = (self.random(shape, low=-1, high=1) for _ in range(3))
+    blocks = (64, 64) if _gpu() else (16, 16)
+    out = jax.jit(lambda a, b, c: sharded_attention.attention(
+        a, b, c, mesh, *blocks))(q, k, v)
+    self.assertLess(_rel_error(out, sharded_attention.reference(q, k, v)),
+                    1e-2)
+
+  @parameterized.parameters(False, True)
+  def test_custom_vjp_training_step(self, remat):
+    mesh = jax.make_mesh((2,), ("data",), devices=self.all[:2])
+    rows, d = 8, 32
+    x = self.random((rows, d)) * 3 + 1
+    target = self.random((rows, d))
+    params = {"w": jnp.asarray(self.random((d,), low=0.5, high=1.5)),
+              "b": jnp.asarray(self.random((d,)))}
+    grads = jax.jit(jax.grad(functools.partial(
+        layernorm_training.loss_fn, mesh=mesh, remat=remat)))(
+            params, x, target)
+
+    def reference_loss(p):
+      y = layernorm_training.layer_norm_reference(x, p["w"], p["b"])
+      return jnp.mean(jnp.sum((y - target) ** 2, axis=-1))
+
+    expected = jax.grad(reference_loss)(params)
+    for name in ("w", "b"):
+      self.assertAllClose(grads[name], expected[name], rtol=1e-4, atol=1e-4,
+                          msg=name)
+    _, losses = layernorm_training.train(x, target, params, mesh, steps=5,
+                                         remat=remat)
+    self.assertLess(losses[-1], losses[0])
+
+
+class ShardedErrorsTest(testing.TestCase):
+
+  def setUp(self):
+    super().setUp()
+    devices = self.devices(2)
+    self.mesh = jax.make_mesh((2,), ("x",), devices=devices[:2])
+
+  def _call(self, *args, **kwargs):
+    defaults = dict(kernel=sharded_add.add_kernel, grid=(1,), mesh=self.mesh,
+                    BLOCK=16)
+    defaults.update(kwargs)
+    return jt_dist.sharded_triton_call(*args, **defaults)
+
+  def _out(self, n):
+    return jax.ShapeDtypeStruct((n,), jnp.float32)
+
+  def test_indivisible_dimension(self):
+    x = self.random((9,))
+    with self.assertRaises(jt_dist.ShardingSpecError) as cm:
+      self._call(x, x, 9, out_shape=self._out(9), in_specs=(P("x"), P("x")),
+                 out_specs=P("x"))
+    message = str(cm.exception)
+    for part in ("args[0]", "(9,)", "dimension 0", "size 9", "('x',)",
+                 "x=2", "not divisible by 2"):
+      self.assertIn(part, message)
+
+  def test_unknown_axis(self):
+    x = self.random((8,))
+    with self.assertRaises(jt_dist.ShardingSpecError) as cm:
+      self._call(x, x, 8, out_shape=self._out(8), in_specs=(P("x"), P("z")))
+    message = str(cm.exception)
+    for part in ("args[1]", "['z']", "x=2"):
+      self.assertIn(part, message)
+
+  def test_wrong_number_of_in_specs(self):
+    x = self.random((8,))
+    with self.assertRaises(jt_dist.ShardingSpecError) as cm:
+      self._call(x, x, 8, out_shape=self._out(8), in_specs=(P("x"),))
+    message = str(cm.exception)
+    for part in ("1 in_specs", "2 array arguments", "args[0, 1]"):
+      self.assertIn(part, message)
+
+  def test_spec_longer_than_rank(self):
+    x = self.random((8,))
+    with self.assertRaises(jt_dist.ShardingSpecError) as cm:
+      self._call(x, x, 8, out_shape=self._out(8),
+                 in_specs=(P("x", None), P("x")))
+    message = str(cm.exception)
+    for part in ("args[0]", "2 entries", "(8,)", "rank 1"):
+      self.assertIn(part, message)
+
+  def test_axis_used_twice(self):
+    mesh = jax.make_mesh((2, 1), ("x", "y"), devices=self.devices(2)[:2])
+    x = self.random((4, 4))
+    with self.assertRaises(jt_dist.ShardingSpecError) as cm:
+      self._call(x, x, 16, out_shape=jax.ShapeDtypeStruct((4, 4), jnp.float32),
+                 mesh=mesh, in_specs=(P("x", "x"), P()))
+    message = str(cm.exception)
+    for part in ("args[0]", "['x']", "more than once"):
+      self.assertIn(part, message)
+
+  def test_out_specs_checked_against_global_out_shape(self):
+    x = self.random((8,))
+    with self.assertRaises(jt_dist.ShardingSpecError) as cm:
+      self._call(x, x, 8, out_shape=self._out(7), in_specs=(P(), P()),
+                 out_specs=P("x"))
+    self.assertIn("output 0 of shape (7,)", str(cm.exception))
+
+  @parameterized.named_parameters(
+      ("scalar", 2, "a scalar"), ("missing", 5, "has 3 positional arguments"))
+  def test_shard_size_pointing_at_nothing(self, index, expected):
+    x = self.random((8,))
+    with self.assertRaises(ValueError) as cm:
+      self._call(x, x, jt_dist.shard_size(index), out_shape=self._out(8),
+                 in_specs=(P("x"), P("x")), out_specs=P("x"))
+    message = str(cm.exception)
+    self.assertIn(f"args[{index}]", message)
+    self.assertIn(expected, message)
+
+  def test_bad_reduction(self):
+    x = self.random((8,))
+    with self.assertRaisesRegex(ValueError, "'mean'.*one of"):
+      self._call(x, x, 8, out_shape=self._out(8), in_specs=(P(), P()),
+                 out_reduce=("mean", "x"))
+
+  def test_no_mesh(self):
+    x = self.random((8,))
+    with self.assertRaisesRegex(jt_dist.ShardingSpecError, "no mesh"):
+      self._call(x, x, 8, out_shape=self._out(8), mesh=None)
+
+
+if __name__ == "__main__":
+  absltest.main()

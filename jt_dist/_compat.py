@@ -105,9 +105,35 @@ def run_interpreted(python_fn, grid: tuple[int, int, int], args, kwargs):
     # that the two restore in the right order.
     scope = _interpreter._patch_lang(_language_modules_probe)  # pylint: disable=protected-access
     try:
-      executor(*args, **kwargs)
+      with _scalar_index_squeezes():
+        executor(*args, **kwargs)
     finally:
       scope.restore()
+
+
+@contextlib.contextmanager
+def _scalar_index_squeezes():
+  """Lets ``range(n)`` take a scalar tensor under Triton 3.6 and NumPy 2.4.
+
+  The interpreter holds scalars (runtime int arguments, tl.program_id) as
+  one-element 1-D arrays. Triton 3.6 patches ``tensor.__index__`` to
+  ``int(data)``, which NumPy >= 2.4 refuses for a 1-D array; Triton 3.9
+  squeezes first. ``_patch_lang`` is wrapped for one launch (under the
+  interpreter lock) so that the executor's own patching squeezes too.
+  """
+  original = _interpreter._patch_lang  # pylint: disable=protected-access
+
+  def patch_lang(fn):
+    scope = original(fn)
+    scope.set_attr(tl_core.tensor, "__index__",
+                   lambda self: int(self.handle.data.squeeze()))
+    return scope
+
+  _interpreter._patch_lang = patch_lang  # pylint: disable=protected-access
+  try:
+    yield
+  finally:
+    _interpreter._patch_lang = original  # pylint: disable=protected-access
 
 
 def _language_modules_probe():
@@ -223,18 +249,28 @@ def output_avals(in_avals, out_shapes):
   ]
 
 
-def interpreter_float(value: float, triton_type: str):
-  """A float scalar typed as the compiled kernel would type it.
+def interpreter_scalar(value, triton_type: str):
+  """A float or bool scalar argument, typed as a compiled kernel types it.
 
   The interpreter treats a bare Python float as a weakly typed constant, so
   ``x_fp16 * alpha`` would stay fp16; a compiled kernel receives an fp32 (or
-  fp64) parameter and promotes. Passing a typed tensor keeps the two alike.
+  fp64) parameter and promotes. Triton 3.6's interpreter also stores a bool
+  argument in an int32 buffer under the i1 type, which it then rejects.
+  Passing a typed tensor keeps both alike on every Triton version.
+
+  Args:
+    value: the Python scalar.
+    triton_type: "fp32", "fp64" or "i1".
+
+  Returns:
+    A ``tl.tensor`` holding the one value.
   """
   import numpy as np  # pylint: disable=g-import-not-at-top
 
   np_dtype, tl_dtype = {
       "fp32": (np.float32, tl.float32),
       "fp64": (np.float64, tl.float64),
+      "i1": (np.bool_, tl.int1),
   }[triton_type]
   handle = _interpreter.TensorHandle(np.array([value], dtype=np_dtype), tl_dtype)
   return tl.tensor(handle, tl_dtype)

@@ -81,8 +81,8 @@ def _kernel_args(spec, inputs, outputs):
       args.append(_HostPointer(buffer, op.type))
     elif op.kind == "output":
       args.append(_HostPointer(outputs[op.index], op.type))
-    elif op.type in ("fp32", "fp64"):
-      args.append(_compat.interpreter_float(op.value, op.type))
+    elif op.type in ("fp32", "fp64", "i1"):
+      args.append(_compat.interpreter_scalar(op.value, op.type))
     else:
       args.append(op.value)
   return args

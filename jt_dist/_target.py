@@ -162,7 +162,13 @@ def _lowest(values: Sequence[tuple[Any, Any]], platform: str, what: str):
   distinct = sorted({arch for _, arch in values}, key=str)
   if len(distinct) > 1:
     by_arch = {a: [str(d) for d, b in values if b == a] for a in distinct}
-    lowest = min(distinct) if platform == "cuda" else distinct[0]
+    if platform != "cuda":
+      # HSACO is built for one gfx arch and runs on no other.
+      raise ValueError(
+          f"triton_call: the devices the call is lowered for differ in"
+          f" {what}: {by_arch}. A ROCm kernel runs only on the arch it was"
+          " compiled for: place the call on devices of one arch.")
+    lowest = min(distinct)
     logger.warning(
         "jt_dist: the devices the call is lowered for differ in %s: %s."
         " Compiling for the lowest, %s, whose code runs on all of them.",

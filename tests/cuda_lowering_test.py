@@ -356,6 +356,12 @@ class TargetTest(testing.TestCase):
     target = _target.resolve_target(ctx, "rocm", None)
     self.assertEqual((target.arch, target.warp_size), ("gfx942", 64))
 
+  def test_rocm_differing_archs_error(self):
+    ctx = _ctx([_fake_device("rocm", "gfx942", 0),
+                _fake_device("rocm", "gfx90a", 1)])
+    with self.assertRaisesRegex(ValueError, r"differ in GPU arch.*gfx90a"):
+      _target.resolve_target(ctx, "rocm", None)
+
   def test_rocm_without_device_errors(self):
     with self.assertRaisesRegex(ValueError, r"ROCm GPU arch \(gfx...\)"):
       _target.resolve_target(_ctx([]), "rocm", None)

@@ -9,15 +9,12 @@ import time beyond reading version numbers and importing classes.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import importlib
 from typing import Any, NamedTuple
 
 import jax
 import triton
-import triton.language as tl
-from triton.language import core as tl_core
 from triton.runtime import autotuner as _autotuner
 from triton.runtime import interpreter as _interpreter
 from triton.runtime import jit as _jit
@@ -65,143 +62,6 @@ def python_function_of(fn: Any):
   return fn.fn
 
 
-# --- The interpreter -------------------------------------------------------
-
-
-class _HostBufferExecutor(_interpreter.GridExecutor):
-  """Triton's grid executor, fed host buffers instead of torch tensors.
-
-  Upstream copies torch device tensors to the host before the launch and back
-  after it. jt_dist hands the interpreter NumPy buffers that already live on
-  the host, so both copies are identities.
-  """
-
-  def _init_args_hst(self, args_dev, kwargs):
-    return list(args_dev), dict(kwargs)
-
-  def _restore_args_dev(self, args_dev, args_hst, kwargs, kwargs_hst):
-    del args_dev, args_hst, kwargs, kwargs_hst
-
-
-def interpreted_python_fn(python_fn):
-  """The interpreter's AST-rewritten version of a kernel's Python function."""
-  return InterpretedFunction(python_fn).rewrite()
-
-
-def run_interpreted(python_fn, grid: tuple[int, int, int], args, kwargs):
-  """Runs ``python_fn`` over ``grid`` through Triton's interpreter.
-
-  The caller must hold the interpreter lock: the interpreter patches
-  ``triton.language`` globally for the duration of the launch.
-  """
-  fn = interpreted_python_fn(python_fn)
-  arg_names = list(_jit.inspect.signature(python_fn).parameters)
-  executor = _HostBufferExecutor(fn, arg_names, tuple(grid))
-  with _helpers_run_interpreted(), _bfloat16_casts_like_compiled():
-    # The executor patches only the language modules the kernel's own
-    # globals name (usually `tl`). Library helpers such as tl.zeros are
-    # @triton.jit functions that call builtins through `triton.language.core`,
-    # so patch that too, around (not inside) the executor's own patching so
-    # that the two restore in the right order.
-    scope = _interpreter._patch_lang(_language_modules_probe)  # pylint: disable=protected-access
-    try:
-      with _scalar_index_squeezes():
-        executor(*args, **kwargs)
-    finally:
-      scope.restore()
-
-
-@contextlib.contextmanager
-def _scalar_index_squeezes():
-  """Lets ``range(n)`` take a scalar tensor under Triton 3.6 and NumPy 2.4.
-
-  The interpreter holds scalars (runtime int arguments, tl.program_id) as
-  one-element 1-D arrays. Triton 3.6 patches ``tensor.__index__`` to
-  ``int(data)``, which NumPy >= 2.4 refuses for a 1-D array; Triton 3.9
-  squeezes first. ``_patch_lang`` is wrapped for one launch (under the
-  interpreter lock) so that the executor's own patching squeezes too.
-  """
-  original = _interpreter._patch_lang  # pylint: disable=protected-access
-
-  def patch_lang(fn):
-    scope = original(fn)
-    scope.set_attr(tl_core.tensor, "__index__",
-                   lambda self: int(self.handle.data.squeeze()))
-    return scope
-
-  _interpreter._patch_lang = patch_lang  # pylint: disable=protected-access
-  try:
-    yield
-  finally:
-    _interpreter._patch_lang = original  # pylint: disable=protected-access
-
-
-def _language_modules_probe():
-  """Never called: its globals name `tl` and `tl_core` for ``_patch_lang``."""
-  return tl, tl_core
-
-
-@contextlib.contextmanager
-def _helpers_run_interpreted():
-  """Lets a kernel call ``@triton.jit`` helpers while it is interpreted.
-
-  Outside ``TRITON_INTERPRET=1`` the helpers are ``JITFunction``s, whose
-  ``__call__`` refuses to run outside a compiled kernel. For the duration of
-  one interpreted launch (the caller holds the interpreter lock) the call is
-  routed to the helper's interpreted form; ``triton.language`` is already
-  patched by the enclosing launch, so the helper needs no patching of its own.
-  """
-  original = JITFunction.__call__
-
-  def call_interpreted(self, *args, **kwargs):
-    return interpreted_python_fn(self.fn)(*args, **kwargs)
-
-  JITFunction.__call__ = call_interpreted
-  try:
-    yield
-  finally:
-    JITFunction.__call__ = original
-
-
-_BF16_CONVERTIBLE = ("fp16", "fp32", "fp64", "int1", "int8", "int16", "int32",
-                     "int64", "uint8", "uint16", "uint32", "uint64")
-
-
-@contextlib.contextmanager
-def _bfloat16_casts_like_compiled():
-  """Makes the interpreter's bf16 conversions round as compiled kernels do.
-
-  The interpreter keeps bf16 values as raw uint16 bits. Upstream, it
-  converts fp32 to bf16 by truncating the mantissa, where compiled kernels
-  round to nearest even, and it converts other types to and from bf16 with a
-  plain ``astype`` of those raw bits, which gives garbage. For one launch
-  (the caller holds the interpreter lock) bf16 conversions go through
-  ``ml_dtypes.bfloat16`` instead, which rounds to nearest even.
-  """
-  import ml_dtypes  # pylint: disable=g-import-not-at-top
-  import numpy as np  # pylint: disable=g-import-not-at-top
-
-  builder = _interpreter.InterpreterBuilder
-  original = builder.cast_impl
-
-  def cast_impl(self, src, dst_type):
-    src_ty, dst_ty = src.dtype.scalar, dst_type.scalar
-    if dst_ty == tl.bfloat16 and src_ty.name in _BF16_CONVERTIBLE:
-      data = np.asarray(src.data).astype(ml_dtypes.bfloat16).view(np.uint16)
-      return _interpreter.TensorHandle(data, dst_ty)
-    if src_ty == tl.bfloat16 and dst_ty.name in _BF16_CONVERTIBLE:
-      data = np.asarray(src.data).view(ml_dtypes.bfloat16).astype(
-          _interpreter._get_np_dtype(dst_ty))  # pylint: disable=protected-access
-      return _interpreter.TensorHandle(data, dst_ty)
-    return original(self, src, dst_type)
-
-  builder.cast_impl = cast_impl
-  try:
-    yield
-  finally:
-    builder.cast_impl = original
-
-
 # --- jaxlib's Triton custom call -------------------------------------------
 
 
@@ -247,33 +107,6 @@ def output_avals(in_avals, out_shapes):
                       sharding=sharding)
       for shape, dtype in out_shapes
   ]
-
-
-def interpreter_scalar(value, triton_type: str):
-  """A float or bool scalar argument, typed as a compiled kernel types it.
-
-  The interpreter treats a bare Python float as a weakly typed constant, so
-  ``x_fp16 * alpha`` would stay fp16; a compiled kernel receives an fp32 (or
-  fp64) parameter and promotes. Triton 3.6's interpreter also stores a bool
-  argument in an int32 buffer under the i1 type, which it then rejects.
-  Passing a typed tensor keeps both alike on every Triton version.
-
-  Args:
-    value: the Python scalar.
-    triton_type: "fp32", "fp64" or "i1".
-
-  Returns:
-    A ``tl.tensor`` holding the one value.
-  """
-  import numpy as np  # pylint: disable=g-import-not-at-top
-
-  np_dtype, tl_dtype = {
-      "fp32": (np.float32, tl.float32),
-      "fp64": (np.float64, tl.float64),
-      "i1": (np.bool_, tl.int1),
-  }[triton_type]
-  handle = _interpreter.TensorHandle(np.array([value], dtype=np_dtype), tl_dtype)
-  return tl.tensor(handle, tl_dtype)
 
 
 # --- Lowering-context facts ------------------------------------------------

@@ -17,7 +17,7 @@ import jax
 from jax.interpreters import mlir
 import numpy as np
 
-from jt_dist import _compat
+from jt_dist import _interpreter_runtime
 
 logger = logging.getLogger("jt_dist")
 
@@ -82,7 +82,7 @@ def _kernel_args(spec, inputs, outputs):
     elif op.kind == "output":
       args.append(_HostPointer(outputs[op.index], op.type))
     elif op.type in ("fp32", "fp64", "i1"):
-      args.append(_compat.interpreter_scalar(op.value, op.type))
+      args.append(_interpreter_runtime.interpreter_scalar(op.value, op.type))
     else:
       args.append(op.value)
   return args
@@ -100,7 +100,7 @@ def run_on_host(spec, *arrays):
   outputs = _prepare_outputs(spec, launch, inputs)
   args = _kernel_args(spec, inputs, outputs)
   with _INTERPRETER_LOCK:
-    _compat.run_interpreted(
+    _interpreter_runtime.run(
         spec.info.python_fn, launch.grid, args, dict(launch.config.kwargs)
     )
   return tuple(outputs)

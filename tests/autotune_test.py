@@ -5,7 +5,6 @@ import copy
 from absl.testing import absltest
 from absl.testing import parameterized
 import jax
-import numpy as np
 import triton
 import triton.language as tl
 

@@ -1,0 +1,62 @@
+"""Times the first call of one kernel in a fresh process; prints JSON.
+
+Run by benchmarks/run.py once per (library, kernel, cache state):
+
+    python benchmarks/first_call.py --lib jt_dist --kernel matmul_autotuned
+"""
+
+import argparse
+import json
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+
+def main():
+  parser = argparse.ArgumentParser()
+  parser.add_argument("--lib", choices=("jt_dist", "jax_triton"), required=True)
+  parser.add_argument("--kernel", choices=("add", "matmul", "matmul_autotuned"),
+                      required=True)
+  parser.add_argument("--size", type=int, default=4096)
+  args = parser.parse_args()
+
+  start_process = time.perf_counter()
+  import jax  # pylint: disable=g-import-not-at-top
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  import kernels  # pylint: disable=g-import-not-at-top
+  if args.lib == "jt_dist":
+    import jt_dist as lib  # pylint: disable=g-import-not-at-top
+  else:
+    import jax_triton as lib  # pylint: disable=g-import-not-at-top
+  key_a, key_b = jax.random.split(jax.random.key(int(time.time())))
+  if args.kernel == "add":
+    x = jax.random.normal(key_a, (1 << 24,), jnp.float32)
+    y = jax.random.normal(key_b, (1 << 24,), jnp.float32)
+    fn = jax.jit(lambda a, b: kernels.add(lib.triton_call, a, b))
+    inputs = (x, y)
+  else:
+    n = args.size
+    a = jax.random.normal(key_a, (n, n), jnp.bfloat16)
+    b = jax.random.normal(key_b, (n, n), jnp.bfloat16)
+    tuned = args.kernel == "matmul_autotuned"
+    fn = jax.jit(lambda p, q: kernels.matmul(lib.triton_call, p, q,
+                                             autotuned=tuned))
+    inputs = (a, b)
+  jax.block_until_ready(inputs)
+  start = time.perf_counter()
+  out = jax.block_until_ready(fn(*inputs))
+  first = time.perf_counter() - start
+  start = time.perf_counter()
+  jax.block_until_ready(fn(*inputs))
+  second = time.perf_counter() - start
+  print(json.dumps({
+      "lib": args.lib, "kernel": args.kernel, "first_call_s": first,
+      "second_call_s": second, "process_s": time.perf_counter() - start_process,
+      "out_shape": list(out.shape),
+  }))
+
+
+if __name__ == "__main__":
+  main()

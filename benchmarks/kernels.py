@@ -1,0 +1,99 @@
+"""Kernels and calls the benchmarks share between jt_dist and jax-triton.
+
+Both libraries take the same ``triton_call`` arguments, so each call below
+is written once and given the library's ``triton_call`` as ``call``.
+"""
+
+import jax
+import jax.numpy as jnp
+import triton
+import triton.language as tl
+
+ADD_BLOCK = 1024
+
+
+@triton.jit
+def add_kernel(x_ptr, y_ptr, n_elements, out_ptr, BLOCK: tl.constexpr):
+  offsets = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+  mask = offsets < n_elements
+  x = tl.load(x_ptr + offsets, mask=mask)
+  y = tl.load(y_ptr + offsets, mask=mask)
+  tl.store(out_ptr + offsets, x + y, mask=mask)
+
+
+@triton.jit
+def matmul_kernel(a_ptr, b_ptr, M, N, K, c_ptr,
+                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                  BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
+  """C[M, N] = A[M, K] @ B[K, N], row-major; grouped program order for L2."""
+  pid = tl.program_id(0)
+  grid_m = tl.cdiv(M, BLOCK_M)
+  grid_n = tl.cdiv(N, BLOCK_N)
+  group = GROUP_M * grid_n
+  first_m = (pid // group) * GROUP_M
+  group_m = min(grid_m - first_m, GROUP_M)
+  pid_m = first_m + (pid % group) % group_m
+  pid_n = (pid % group) // group_m
+  rm = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)) % M
+  rn = (pid_n * BLOCK_N + tl.arange(0, BLOCK_N)) % N
+  rk = tl.arange(0, BLOCK_K)
+  a_ptrs = a_ptr + rm[:, None].to(tl.int64) * K + rk[None, :]
+  b_ptrs = b_ptr + rk[:, None].to(tl.int64) * N + rn[None, :]
+  acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+  for k in range(0, tl.cdiv(K, BLOCK_K)):
+    a = tl.load(a_ptrs, mask=rk[None, :] < K - k * BLOCK_K, other=0.0)
+    b = tl.load(b_ptrs, mask=rk[:, None] < K - k * BLOCK_K, other=0.0)
+    acc = tl.dot(a, b, acc)
+    a_ptrs += BLOCK_K
+    b_ptrs += BLOCK_K * N
+  cm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+  cn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+  mask = (cm[:, None] < M) & (cn[None, :] < N)
+  tl.store(c_ptr + cm[:, None].to(tl.int64) * N + cn[None, :],
+           acc.to(c_ptr.dtype.element_ty), mask=mask)
+
+
+# One config known to do well on Hopper for large bf16 problems.
+MATMUL_CONFIG = dict(BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, GROUP_M=8)
+MATMUL_OPTIONS = dict(num_warps=8, num_stages=3)
+
+matmul_autotuned = triton.autotune(
+    configs=[
+        triton.Config(dict(BLOCK_M=128, BLOCK_N=256, BLOCK_K=64, GROUP_M=8),
+                      num_warps=8, num_stages=3),
+        triton.Config(dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, GROUP_M=8),
+                      num_warps=4, num_stages=4),
+        triton.Config(dict(BLOCK_M=256, BLOCK_N=128, BLOCK_K=64, GROUP_M=8),
+                      num_warps=8, num_stages=3),
+        triton.Config(dict(BLOCK_M=64, BLOCK_N=256, BLOCK_K=32, GROUP_M=8),
+                      num_warps=4, num_stages=4),
+    ],
+    key=["M", "N", "K"],
+)(matmul_kernel)
+
+
+def add(call, x, y, n=None):
+  n = x.size if n is None else n
+  return call(x, y, n, kernel=add_kernel,
+              out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
+              grid=(triton.cdiv(x.size, ADD_BLOCK),), BLOCK=ADD_BLOCK)
+
+
+def _matmul_grid(m, n):
+  return lambda meta: (triton.cdiv(m, meta["BLOCK_M"])
+                       * triton.cdiv(n, meta["BLOCK_N"]),)
+
+
+def matmul(call, a, b, out_dtype=None, autotuned=False):
+  m, k = a.shape
+  n = b.shape[1]
+  out = jax.ShapeDtypeStruct((m, n), out_dtype or a.dtype)
+  if autotuned:
+    return call(a, b, m, n, k, kernel=matmul_autotuned, out_shape=out,
+                grid=_matmul_grid(m, n))
+  return call(a, b, m, n, k, kernel=matmul_kernel, out_shape=out,
+              grid=_matmul_grid(m, n), **MATMUL_OPTIONS, **MATMUL_CONFIG)
+
+
+def xla_matmul(a, b):
+  return jnp.dot(a, b, preferred_element_type=jnp.float32).astype(a.dtype)

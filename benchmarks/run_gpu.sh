@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# The whole GPU verification in one call, for a lent GPU machine:
+#   1. the test suites (tests/ and tests_multigpu/) on the real GPUs,
+#   2. every example,
+#   3. the benchmarks (benchmarks/run.py), side by side with jax-triton
+#      (from .whl/ when carried) and XLA.
+# Everything lands in $OUT (default benchmarks/results/latest): logs, JUnit
+# XML and benchmarks.json. Usage:
+#   bash benchmarks/run_gpu.sh [all|tests|examples|bench] [run.py args...]
+set -uo pipefail
+cd "$(dirname "$0")/.."
+what=${1:-all}
+shift || true
+OUT=${OUT:-benchmarks/results/latest}
+mkdir -p "$OUT"
+if compgen -G ".whl/*.whl" > /dev/null; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
+    --upgrade --target /tmp/site .whl/*.whl || exit 1
+  export PYTHONPATH=/tmp/site
+fi
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
+export JT_DIST_CACHE_DIR="${JT_DIST_CACHE_DIR:-/tmp/jt_dist_cache}"
+nvidia-smi > "$OUT/nvidia-smi.txt" 2>&1
+python3 -c "import jax, triton; print('jax', jax.__version__, 'triton', triton.__version__, jax.devices())" | tee "$OUT/versions.txt"
+status=0
+if [[ $what == all || $what == tests ]]; then
+  python3 -m pytest tests tests_multigpu -q -p no:cacheprovider -rs \
+    --junitxml="$OUT/junit.xml" > "$OUT/tests.log" 2>&1 || status=1
+  tail -n 60 "$OUT/tests.log"
+fi
+if [[ $what == all || $what == examples ]]; then
+  for example in examples/*.py; do
+    echo "== $example"
+    python3 "$example" || status=1
+  done 2>&1 | grep -v "cudart_stub\|absl::" | tee "$OUT/examples.log"
+fi
+if [[ $what == all || $what == bench ]]; then
+  python3 benchmarks/run.py --out "$OUT/benchmarks.json" "$@" 2>&1 \
+    | grep -v "cudart_stub\|absl::" | tee "$OUT/benchmarks.log" || status=1
+fi
+exit $status

@@ -1,0 +1,224 @@
+"""Driving Triton's interpreter on host buffers, as a compiled kernel runs.
+
+Triton's interpreter runs a kernel's Python source one program instance at a
+time on NumPy data, but upstream it expects torch tensors, refuses
+``@triton.jit`` helpers outside ``TRITON_INTERPRET=1``, and mishandles
+bfloat16 (it keeps bf16 as raw uint16 bits). Everything here runs only
+inside one launch, under ``_interpret``'s lock, and restores what it
+patched before returning: nothing is changed at import time.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import ml_dtypes
+import numpy as np
+import triton.language as tl
+from triton.language import core as tl_core
+from triton.runtime import interpreter as _interpreter
+from triton.runtime import jit as _jit
+
+from jt_dist import _compat
+
+JITFunction = _compat.JITFunction
+InterpretedFunction = _compat.InterpretedFunction
+
+
+class _HostBufferExecutor(_interpreter.GridExecutor):
+  """Triton's grid executor, fed host buffers instead of torch tensors.
+
+  Upstream copies torch device tensors to the host before the launch and back
+  after it. jt_dist hands the interpreter NumPy buffers that already live on
+  the host, so both copies are identities.
+  """
+
+  def _init_args_hst(self, args_dev, kwargs):
+    return list(args_dev), dict(kwargs)
+
+  def _restore_args_dev(self, args_dev, args_hst, kwargs, kwargs_hst):
+    del args_dev, args_hst, kwargs, kwargs_hst
+
+
+def interpreted_python_fn(python_fn):
+  """The interpreter's AST-rewritten version of a kernel's Python function."""
+  return InterpretedFunction(python_fn).rewrite()
+
+
+def run(python_fn, grid: tuple[int, int, int], args, kwargs):
+  """Runs ``python_fn`` over ``grid`` through Triton's interpreter.
+
+  The caller must hold the interpreter lock: the interpreter patches
+  ``triton.language`` globally for the duration of the launch.
+  """
+  fn = interpreted_python_fn(python_fn)
+  arg_names = list(_jit.inspect.signature(python_fn).parameters)
+  executor = _HostBufferExecutor(fn, arg_names, tuple(grid))
+  with _helpers_run_interpreted(), _bfloat16_like_compiled():
+    # The executor patches only the language modules the kernel's own
+    # globals name (usually `tl`). Library helpers such as tl.zeros are
+    # @triton.jit functions that call builtins through `triton.language.core`,
+    # so patch that too, around (not inside) the executor's own patching so
+    # that the two restore in the right order.
+    scope = _interpreter._patch_lang(_language_modules_probe)  # pylint: disable=protected-access
+    try:
+      with _scalar_index_squeezes():
+        executor(*args, **kwargs)
+    finally:
+      scope.restore()
+
+
+@contextlib.contextmanager
+def _scalar_index_squeezes():
+  """Lets ``range(n)`` take a scalar tensor under Triton 3.6 and NumPy 2.4.
+
+  The interpreter holds scalars (runtime int arguments, tl.program_id) as
+  one-element 1-D arrays. Triton 3.6 patches ``tensor.__index__`` to
+  ``int(data)``, which NumPy >= 2.4 refuses for a 1-D array; Triton 3.9
+  squeezes first. ``_patch_lang`` is wrapped for one launch (under the
+  interpreter lock) so that the executor's own patching squeezes too.
+  """
+  original = _interpreter._patch_lang  # pylint: disable=protected-access
+
+  def patch_lang(fn):
+    scope = original(fn)
+    scope.set_attr(tl_core.tensor, "__index__",
+                   lambda self: int(self.handle.data.squeeze()))
+    return scope
+
+  _interpreter._patch_lang = patch_lang  # pylint: disable=protected-access
+  try:
+    yield
+  finally:
+    _interpreter._patch_lang = original  # pylint: disable=protected-access
+
+
+def _language_modules_probe():
+  """Never called: its globals name `tl` and `tl_core` for ``_patch_lang``."""
+  return tl, tl_core
+
+
+@contextlib.contextmanager
+def _helpers_run_interpreted():
+  """Lets a kernel call ``@triton.jit`` helpers while it is interpreted.
+
+  Outside ``TRITON_INTERPRET=1`` the helpers are ``JITFunction``s, whose
+  ``__call__`` refuses to run outside a compiled kernel. For the duration of
+  one interpreted launch (the caller holds the interpreter lock) the call is
+  routed to the helper's interpreted form; ``triton.language`` is already
+  patched by the enclosing launch, so the helper needs no patching of its own.
+  """
+  original = JITFunction.__call__
+
+  def call_interpreted(self, *args, **kwargs):
+    return interpreted_python_fn(self.fn)(*args, **kwargs)
+
+  JITFunction.__call__ = call_interpreted
+  try:
+    yield
+  finally:
+    JITFunction.__call__ = original
+
+
+_BF16_CONVERTIBLE = ("fp16", "fp32", "fp64", "int1", "int8", "int16", "int32",
+                     "int64", "uint8", "uint16", "uint32", "uint64")
+
+
+@contextlib.contextmanager
+def _bfloat16_like_compiled():
+  """Makes the interpreter's bf16 conversions round as compiled kernels do.
+
+  The interpreter keeps bf16 values as raw uint16 bits. Upstream, it
+  converts fp32 to bf16 by truncating the mantissa, where compiled kernels
+  round to nearest even, and it converts other types to and from bf16 with a
+  plain ``astype`` of those raw bits, which gives garbage. For one launch
+  (the caller holds the interpreter lock) bf16 conversions go through
+  ``ml_dtypes.bfloat16`` instead, which rounds to nearest even.
+  """
+  builder = _interpreter.InterpreterBuilder
+  original = builder.cast_impl
+  patches = {"cast_impl": None, "create_dot": None, "binary_op": None}
+
+  def cast_impl(self, src, dst_type):
+    src_ty, dst_ty = src.dtype.scalar, dst_type.scalar
+    if dst_ty == tl.bfloat16 and src_ty.name in _BF16_CONVERTIBLE:
+      data = np.asarray(src.data).astype(ml_dtypes.bfloat16).view(np.uint16)
+      return _interpreter.TensorHandle(data, dst_ty)
+    if src_ty == tl.bfloat16 and dst_ty.name in _BF16_CONVERTIBLE:
+      data = np.asarray(src.data).view(ml_dtypes.bfloat16).astype(
+          _interpreter._get_np_dtype(dst_ty))  # pylint: disable=protected-access
+      return _interpreter.TensorHandle(data, dst_ty)
+    return original(self, src, dst_type)
+
+  patches["cast_impl"] = cast_impl
+  patches["create_dot"] = _bf16_dot(builder.create_dot)
+  patches["binary_op"] = _bf16_binary_op(builder.binary_op)
+  saved = {name: getattr(builder, name) for name in patches}
+  for name, fn in patches.items():
+    setattr(builder, name, fn)
+  try:
+    yield
+  finally:
+    for name, fn in saved.items():
+      setattr(builder, name, fn)
+
+
+def _as_float32(handle):
+  """A bf16 handle's values as float32 (other handles unchanged)."""
+  if handle.dtype.scalar == tl.bfloat16:
+    return np.asarray(handle.data).view(ml_dtypes.bfloat16).astype(np.float32)
+  return handle.data
+
+
+def _bf16_dot(original):
+  # Upstream multiplies the raw uint16 bits of bf16 operands. Compiled
+  # kernels multiply bf16 values exactly and accumulate in fp32.
+  def create_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
+    if tl.bfloat16 not in (a.dtype.scalar, b.dtype.scalar):
+      return original(self, a, b, d, input_precision, max_num_imprecise_acc)
+    out = np.matmul(_as_float32(a), _as_float32(b), dtype=np.float32)
+    acc = _as_float32(d)
+    result = (out + acc).astype(np.float32)
+    if d.dtype.scalar == tl.bfloat16:
+      result = result.astype(ml_dtypes.bfloat16).view(np.uint16)
+    return _interpreter.TensorHandle(result, d.dtype.scalar)
+  return create_dot
+
+
+def _bf16_binary_op(original):
+  # Arithmetic and comparisons on bf16 operands act on their values, with
+  # the result rounded back to bf16 unless it is a comparison.
+  def binary_op(self, lhs, rhs, op):
+    if tl.bfloat16 not in (lhs.dtype.scalar, rhs.dtype.scalar):
+      return original(self, lhs, rhs, op)
+    result = op(_as_float32(lhs), _as_float32(rhs))
+    if result.dtype == np.bool_:
+      return _interpreter.TensorHandle(result, tl.int1)
+    bits = np.asarray(result).astype(ml_dtypes.bfloat16).view(np.uint16)
+    return _interpreter.TensorHandle(bits, tl.bfloat16)
+  return binary_op
+
+
+def interpreter_scalar(value, triton_type: str):
+  """A float or bool scalar argument, typed as a compiled kernel types it.
+
+  The interpreter treats a bare Python float as a weakly typed constant, so
+  ``x_fp16 * alpha`` would stay fp16; a compiled kernel receives an fp32 (or
+  fp64) parameter and promotes. Triton 3.6's interpreter also stores a bool
+  argument in an int32 buffer under the i1 type, which it then rejects.
+  Passing a typed tensor keeps both alike on every Triton version.
+
+  Args:
+    value: the Python scalar.
+    triton_type: "fp32", "fp64" or "i1".
+
+  Returns:
+    A ``tl.tensor`` holding the one value.
+  """
+  np_dtype, tl_dtype = {
+      "fp32": (np.float32, tl.float32),
+      "fp64": (np.float64, tl.float64),
+      "i1": (np.bool_, tl.int1),
+  }[triton_type]
+  handle = _interpreter.TensorHandle(np.array([value], dtype=np_dtype), tl_dtype)
+  return tl.tensor(handle, tl_dtype)

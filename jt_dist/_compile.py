@@ -254,16 +254,20 @@ def compiled_kernel(spec, launch, target: _target.Target
   return compiled, spec_
 
 
+class SharedMemoryError(ValueError):
+  """A compiled kernel needs more shared memory than its GPU has."""
+
+
 def check_shared_memory(compiled: CompiledKernel, target: _target.Target,
                         launch) -> None:
   """Refuses a kernel that needs more shared memory than the GPU has.
 
   Raises:
-    ValueError: the kernel's shared memory exceeds the target's limit.
+    SharedMemoryError: the kernel's shared memory exceeds the target's limit.
   """
   limit = _target.shared_memory_limit(target)
   if limit is not None and compiled.shared_mem > limit:
-    raise ValueError(
+    raise SharedMemoryError(
         f"triton_call: kernel {compiled.name!r} (config:"
         f" {launch.config.label}) needs {compiled.shared_mem} bytes of shared"
         f" memory, more than the {limit} bytes a block may use on"

@@ -11,6 +11,7 @@ works inside CUDA graphs), the legacy target otherwise or on request.
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import tempfile
 import zlib
@@ -21,6 +22,8 @@ import numpy as np
 from jt_dist import _compat
 from jt_dist import _compile
 from jt_dist import _target
+
+logger = logging.getLogger("jt_dist")
 
 FFI_TARGET = "triton_kernel_call_ffi"
 LEGACY_TARGET = "triton_kernel_call"
@@ -104,14 +107,37 @@ def _kernel_call(lib, spec, launch, target):
   return lib.TritonKernelCall(kernel, *launch.grid, params)
 
 
-def _autotuned_call(lib, spec, calls, ctx):
+def _fitting_calls(lib, spec, target):
+  """One kernel call per launch; autotuning drops configs that cannot run.
+
+  As Triton's own autotuner skips configs that run out of resources, a
+  config needing more shared memory than the GPU has is dropped (and
+  logged) when others remain; a lone config's error is raised as is.
+  """
+  calls, launches, errors = [], [], []
+  for launch in spec.launches:
+    try:
+      calls.append(_kernel_call(lib, spec, launch, target))
+    except _compile.SharedMemoryError as e:
+      if len(spec.launches) == 1:
+        raise
+      errors.append(e)
+      logger.warning("jt_dist: dropping autotuning config: %s", e)
+      continue
+    launches.append(launch)
+  if not calls:
+    raise errors[0]
+  return calls, launches
+
+
+def _autotuned_call(lib, spec, calls, launches, ctx):
   scalars = {op.name: op.value for op in spec.operands if op.kind == "scalar"}
   description = f"{spec.name} ({spec.info.name}) {scalars}"
   aliases_with_sizes = tuple(
       (i, o, _nbytes(ctx.avals_in[i].shape, ctx.avals_in[i].dtype))
       for i, o in spec.input_output_aliases)
   configs = [(call, launch.config.label)
-             for call, launch in zip(calls, spec.launches)]
+             for call, launch in zip(calls, launches)]
   return lib.TritonAutotunedKernelCall(description, configs, aliases_with_sizes)
 
 
@@ -151,8 +177,9 @@ def gpu_lowering(ctx, *args, spec, platform: str):
   target = _target.resolve_target(ctx, platform, spec.compute_capability)
   for launch in spec.launches:
     _target.check_num_ctas(target, launch.config.num_ctas, launch.config.label)
-  calls = [_kernel_call(lib, spec, launch, target) for launch in spec.launches]
-  call = calls[0] if len(calls) == 1 else _autotuned_call(lib, spec, calls, ctx)
+  calls, launches = _fitting_calls(lib, spec, target)
+  call = (calls[0] if len(calls) == 1
+          else _autotuned_call(lib, spec, calls, launches, ctx))
   opaque = zlib.compress(call.to_proto(spec.name, spec.serialized_metadata))
   aliases = dict(spec.input_output_aliases) or None
   name = custom_call_target(spec, platform)

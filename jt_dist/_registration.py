@@ -59,11 +59,24 @@ def _checked(rule):
 mlir.register_lowering(
     _primitive.triton_call_p, _checked(_interpret.cpu_lowering), platform="cpu"
 )
+
+
+def _gpu_rule(platform: str):
+  compiled = functools.partial(_gpu_lowering.gpu_lowering, platform=platform)
+
+  def rule(ctx, *args, spec):
+    # A kernel made under TRITON_INTERPRET=1 asks to be interpreted: honour
+    # that on GPUs too (through a host callback) rather than compiling it.
+    if isinstance(spec.info.fn, _compat.InterpretedFunction):
+      return _interpret.cpu_lowering(ctx, *args, spec=spec)
+    return compiled(ctx, *args, spec=spec)
+
+  return rule
+
+
 for _platform in ("cuda", "rocm"):
   mlir.register_lowering(
-      _primitive.triton_call_p,
-      _checked(functools.partial(_gpu_lowering.gpu_lowering,
-                                 platform=_platform)),
+      _primitive.triton_call_p, _checked(_gpu_rule(_platform)),
       platform=_platform,
   )
 # The GPU target is read from the devices the call is lowered for, which

@@ -282,6 +282,9 @@ def _child_env(cache_dir: str, kernel_file: str) -> dict[str, str]:
              JT_DIST_DISK_CACHE="1",
              PYTHONPATH=os.pathsep.join([_REPO, env.get("PYTHONPATH", "")]))
   env.pop("JT_DIST_DUMP_DIR", None)
+  # The children only lower for CUDA; on a GPU host they must not compete
+  # with the parent for device memory.
+  env["JAX_PLATFORMS"] = "cpu"
   return env
 
 

@@ -82,7 +82,7 @@ def matmul_kernel(a_ptr, b_ptr, c_ptr, M, N, K,
                 other=0.0)
     b = tl.load(b_ptr + (rk[:, None] + k) * N + rn[None, :], mask=b_mask,
                 other=0.0)
-    acc += tl.dot(a, b)
+    acc += tl.dot(a, b, input_precision="ieee")  # Exact fp32 on GPUs too.
   c_mask = (rm[:, None] < M) & (rn[None, :] < N)
   tl.store(c_ptr + rm[:, None] * N + rn[None, :], acc, mask=c_mask)
 

@@ -12,6 +12,7 @@ autotuned), first-call compile latency (cold process, disk-cached process),
 """
 
 import argparse
+import functools
 import json
 import os
 import platform
@@ -64,6 +65,10 @@ def bench_dispatch(results, sizes):
   y = jax.random.normal(jax.random.fold_in(key, 1), (1024,), jnp.float32)
   fns = {name: jax.jit(lambda a, b, c=call: kernels.add(c, a, b))
          for name, call in _libs().items()}
+  legacy = functools.partial(jt_dist.triton_call,
+                             custom_call_target_name="triton_kernel_call")
+  fns["jt_dist_legacy_target"] = jax.jit(
+      lambda a, b: kernels.add(legacy, a, b))
   fns["xla"] = jax.jit(lambda a, b: a + b)
   for name, fn in fns.items():
     np.testing.assert_allclose(np.asarray(fn(x, y)), np.asarray(x + y))

@@ -85,6 +85,11 @@ def _is_equal_to_1(op) -> bool:
   return op.kind == "scalar" and op.type in _INT_TYPES and op.value == 1
 
 
+def _is_multiple_of_16(op) -> bool:
+  return (op.kind == "scalar" and op.type in ("i32", "u32", "i64", "u64")
+          and op.value % 16 == 0)
+
+
 def specialize(spec, launch, backend) -> Specialization:
   """The signature, constexprs and attributes of ``launch`` of ``spec``."""
   info = spec.info
@@ -92,6 +97,8 @@ def specialize(spec, launch, backend) -> Specialization:
   by_name = {op.name: op for op in spec.operands}
   kwargs = dict(launch.config.kwargs)
   divisible = _compat.pointer_divisibility_attr(backend)
+  pinned = {p.name for p in _compat.jit_function_of(info.fn).params
+            if p.do_not_specialize}
   signature, constexprs, attrs, launched = {}, {}, {}, []
   for param in info.params:
     op = by_name.get(param.name)
@@ -106,7 +113,11 @@ def specialize(spec, launch, backend) -> Specialization:
       signature[param.name] = "constexpr"
       continue
     signature[param.name] = op.type
-    if op.type.startswith("*"):
+    if op.type.startswith("*") or (
+        _is_multiple_of_16(op) and param.name not in pinned):
+      # As Triton's own launcher does for integers: a size or stride known
+      # to be a multiple of 16 lets the compiler vectorise the accesses it
+      # indexes. The value is static per call, so this costs no recompiles.
       attrs[(index[param.name],)] = divisible
     launched.append(op)
   return Specialization(signature, constexprs, attrs, tuple(launched))

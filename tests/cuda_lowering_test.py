@@ -250,6 +250,15 @@ class CudaLoweringTest(util.IsolatedCacheMixin, testing.TestCase):
         ValueError, r"'matmul_kernel'.*bytes of shared memory.*232448.*sm_90"):
       _lower(f, a, b)
 
+  @parameterized.parameters((1024, 4), (1000, 3))
+  def test_integers_divisible_by_16_are_specialised(self, n, hints):
+    # As Triton's launcher does: the three pointers always carry the hint,
+    # the size only when it is a multiple of 16.
+    x, y = self._inputs(n=n)
+    (call,) = util.triton_custom_calls(_lower(_add, x, y))
+    (kernel,) = call["calls"]
+    self.assertEqual(kernel["ttir"].count("tt.divisibility = 16"), hints)
+
   def test_autotuning_drops_configs_over_shared_memory(self):
     a = jnp.asarray(self.random((256, 256)))
     b = jnp.asarray(self.random((256, 256)))

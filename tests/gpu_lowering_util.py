@@ -82,6 +82,7 @@ def decode_kernel_call(data: bytes) -> dict:
       "num_ctas": kernel.get(10, [1])[0],
       "shared_mem": kernel.get(3, [0])[0],
       "ptx": kernel[4][0].decode(),
+      "ttir": kernel.get(5, [b""])[0].decode(),
       "compute_capability": kernel.get(6, [0])[0],
       "grid": tuple(call.get(i, [0])[0] for i in (2, 3, 4)),
       "params": params,

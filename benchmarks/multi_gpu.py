@@ -154,7 +154,9 @@ def _attention_blocks():
 def _jax_triton_attention(call, q, k, v):
   batch, heads, seq, dim = q.shape  # Shard-local, written out by hand.
   block_m, block_n = _attention_blocks()
-  return call(q, k, v, seq, 1.0 / math.sqrt(dim),
+  # jax-triton 0.3.1 types a Python float as fp64, which breaks the kernel's
+  # fp32 loop-carried softmax state; np.float32 is its way to pass fp32.
+  return call(q, k, v, seq, np.float32(1.0 / math.sqrt(dim)),
               kernel=sharded_attention.attention_kernel,
               out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype),
               grid=(triton.cdiv(seq, block_m), batch * heads), HEAD_DIM=dim,

@@ -30,16 +30,24 @@ def chained_seconds(fn, args, iters=20, repeats=7):
   return statistics.median(samples)
 
 
-def per_call_seconds(fn, args, calls=2000, warmup=200):
-  """Median seconds of one call followed by a sync: dispatch overhead."""
-  for _ in range(warmup):
-    block(fn(*args))
-  samples = np.empty(calls)
-  for i in range(calls):
-    start = time.perf_counter()
-    block(fn(*args))
-    samples[i] = time.perf_counter() - start
-  return float(np.median(samples))
+def per_call_seconds(fns, args, calls=2000, rounds=10, warmup=200):
+  """Median seconds of one call followed by a sync, for each of ``fns``.
+
+  The functions take turns, ``calls // rounds`` calls at a time, so that a
+  drift in clocks or host load during the run falls on all of them alike
+  rather than on whichever happened to be measured first.
+  """
+  for fn in fns.values():
+    for _ in range(warmup):
+      block(fn(*args))
+  samples = {name: [] for name in fns}
+  for _ in range(rounds):
+    for name, fn in fns.items():
+      for _ in range(max(1, calls // rounds)):
+        start = time.perf_counter()
+        block(fn(*args))
+        samples[name].append(time.perf_counter() - start)
+  return {name: float(np.median(s)) for name, s in samples.items()}
 
 
 def relative_error(actual, expected):

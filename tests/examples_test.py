@@ -35,7 +35,9 @@ class ExamplesTest(testing.TestCase):
     self.assertEqual(_load("add").main(n=1001), 0.0)
 
   def test_matmul_on_ragged_shape(self):
-    self.assertLess(_load("matmul").main(m=20, n=36, k=24), 1e-3)
+    # GPUs compute a float32 tl.dot in TF32 (10-bit mantissa) by default.
+    bound = 1e-3 if testing.platform() == "cpu" else 5e-2
+    self.assertLess(_load("matmul").main(m=20, n=36, k=24), bound)
 
   def test_softmax_on_ragged_shape(self):
     self.assertLess(_load("softmax").main(n_rows=3, n_cols=33), 1e-6)

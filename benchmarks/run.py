@@ -138,6 +138,9 @@ def _first_call(lib, kernel, size, env):
   raise RuntimeError(f"first_call.py failed:\n{out.stdout}\n{out.stderr}")
 
 
+_STAGES = ("lower_s", "xla_compile_s", "first_execute_s")
+
+
 def bench_compile(results, sizes):
   """First-call latency: a cold process, then a second one (disk cache)."""
   libs = ["jt_dist"] + (["jax_triton"] if jax_triton is not None else [])
@@ -151,7 +154,9 @@ def bench_compile(results, sizes):
         warm = _first_call(lib, kernel, sizes["compile_matmul"], env)
         _record(results, f"first_call_{kernel}", lib,
                 cold_s=cold["first_call_s"], second_process_s=warm["first_call_s"],
-                second_over_cold=warm["first_call_s"] / cold["first_call_s"])
+                second_over_cold=warm["first_call_s"] / cold["first_call_s"],
+                **{f"{stage}_cold": cold[stage] for stage in _STAGES},
+                **{f"{stage}_second": warm[stage] for stage in _STAGES})
 
 
 def _environment():

@@ -8,6 +8,7 @@ interpreter), after checking where its inputs live.
 
 from jt_dist import _registration  # noqa: F401  (registers the lowerings)
 from jt_dist._api import triton_call
+from jt_dist._cache import configure as configure_cache
 from jt_dist._errors import DevicePlacementError
 from jt_dist._errors import KernelBindingError
 from jt_dist._errors import ShardingSpecError
@@ -23,6 +24,7 @@ __all__ = [
     "ShardSize",
     "ShardingSpecError",
     "__version__",
+    "configure_cache",
     "shard_size",
     "sharded_triton_call",
     "triton_call",

@@ -70,7 +70,12 @@ def triton_call(
       arguments, scalars not counted) to the output that reuses its buffer.
     zeroed_outputs: output indices to zero before each launch, or a callable
       of the metaparams returning them.
-    debug: print Triton's intermediate representations when compiling.
+    debug: print Triton's intermediate representations when compiling (and
+      turn on Triton's device-side asserts); forces a fresh compile. Set
+      ``JT_DIST_DUMP_DIR`` to also write every IR and the launch metadata.
+      Compiled kernels are cached in memory and on disk
+      (``JT_DIST_CACHE_DIR``, default ``~/.cache/jt_dist``;
+      ``JT_DIST_DISK_CACHE=0`` or ``jt_dist.configure_cache`` to turn off).
     serialized_metadata: opaque bytes recorded in the custom call.
     out_type: another name for ``out_shape``.
     vmap_method: ``None`` to refuse ``jax.vmap``, or ``"sequential"`` to run

@@ -57,7 +57,7 @@ class CallSpec:
   enable_fp_fusion: bool
   debug: bool
   serialized_metadata: bytes
-  custom_call_target_name: str
+  custom_call_target_name: str | None
   vmap_method: str | None
 
   @property

@@ -108,7 +108,14 @@ def configure(*, disk_cache: bool | None = None, cache_dir: str | None = None,
       ``JT_DIST_DISK_CACHE``).
     cache_dir: the on-disk cache's directory (overrides ``JT_DIST_CACHE_DIR``).
     memory_entries: how many compiled kernels the in-process cache keeps.
+
+  Raises:
+    ValueError: ``memory_entries`` is below 1.
   """
+  if memory_entries is not None and int(memory_entries) < 1:
+    raise ValueError(
+        f"configure_cache: memory_entries={memory_entries!r} must be at least"
+        " 1; to stop reusing kernels across processes, pass disk_cache=False.")
   if disk_cache is not None:
     _settings.disk_cache = bool(disk_cache)
   if cache_dir is not None:

@@ -17,6 +17,7 @@ from absl.testing import absltest
 import jax
 import jax.numpy as jnp
 
+import jt_dist
 from jt_dist import _cache
 from jt_dist import _compile
 from jt_dist import testing
@@ -249,6 +250,11 @@ class KernelCacheTest(util.IsolatedCacheMixin, testing.TestCase):
     _lower(_import(path), self.x)
     self.assertEqual(self.compiles, 2)
     self.assertEqual(self._entries(), [])
+
+  def test_configure_cache_refuses_an_empty_memory_cache(self):
+    with self.assertRaisesRegex(ValueError,
+                                r"memory_entries=0 must be at least 1"):
+      jt_dist.configure_cache(memory_entries=0)
 
   def test_environment_switch_and_directory(self):
     _cache._settings.disk_cache = None  # pylint: disable=protected-access

@@ -19,6 +19,7 @@ import platform
 import subprocess
 import sys
 import tempfile
+import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -75,6 +76,21 @@ def bench_dispatch(results, sizes):
   seconds = timing.per_call_seconds(fns, (x, y), calls=sizes["calls"])
   for name, value in seconds.items():
     _record(results, "dispatch_add_1024", name, us_per_call=value * 1e6)
+
+
+def bench_placement(results, sizes):
+  """The device-validation layer's eager check, alone: µs per call."""
+  from jt_dist import _placement  # pylint: disable=g-import-not-at-top
+  device = jax.devices()[-1]
+  arrays = [jax.device_put(jnp.ones((1024,)), device) for _ in range(3)]
+  args = arrays + [1024, 0.5]
+  calls = 20 * sizes["calls"]
+  start = time.perf_counter()
+  for _ in range(calls):
+    _placement.check_concrete(args, "bench")
+  seconds = (time.perf_counter() - start) / calls
+  _record(results, "placement_check_3_arrays", "jt_dist",
+          us_per_call=seconds * 1e6)
 
 
 def bench_add(results, sizes):
@@ -195,12 +211,14 @@ def main():
   parser = argparse.ArgumentParser()
   parser.add_argument("--out", default=None)
   parser.add_argument("--smoke", action="store_true")
-  parser.add_argument("--cases", default="dispatch,add,matmul,compile,multi")
+  parser.add_argument("--cases",
+                      default="dispatch,placement,add,matmul,compile,multi")
   args = parser.parse_args()
   sizes = SIZES["smoke" if args.smoke else "full"]
   results = []
   print(f"environment: {_environment()}", flush=True)
-  cases = {"dispatch": bench_dispatch, "add": bench_add, "matmul": bench_matmul,
+  cases = {"dispatch": bench_dispatch, "placement": bench_placement,
+           "add": bench_add, "matmul": bench_matmul,
            "compile": bench_compile,
            "multi": lambda r, s: multi_gpu.bench_multi(r, s, _libs(), _record)}
   for name in args.cases.split(","):

@@ -20,18 +20,6 @@ from triton.runtime import interpreter as _interpreter
 from triton.runtime import jit as _jit
 
 
-def _version_tuple(text: str) -> tuple[int, ...]:
-  parts = []
-  for piece in text.split("+")[0].split(".")[:3]:
-    digits = "".join(ch for ch in piece if ch.isdigit())
-    parts.append(int(digits) if digits else 0)
-  return tuple(parts)
-
-
-TRITON_VERSION: tuple[int, ...] = _version_tuple(triton.__version__)
-JAX_VERSION: tuple[int, ...] = _version_tuple(jax.__version__)
-MIN_TRITON_VERSION = (3, 6)
-
 JITFunction = _jit.JITFunction
 Autotuner = _autotuner.Autotuner
 Heuristics = _autotuner.Heuristics
@@ -55,11 +43,6 @@ def jit_function_of(fn: Any) -> JITFunction:
 @functools.lru_cache(maxsize=None)
 def _jit_function_for_python_fn(python_fn) -> JITFunction:
   return JITFunction(python_fn)
-
-
-def python_function_of(fn: Any):
-  """The plain Python function behind a JIT or interpreted Triton function."""
-  return fn.fn
 
 
 # --- jaxlib's Triton custom call -------------------------------------------

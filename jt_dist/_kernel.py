@@ -63,10 +63,6 @@ class KernelInfo:
   def param_by_name(self) -> dict[str, Param]:
     return {p.name: p for p in self.params}
 
-  @property
-  def is_autotuned(self) -> bool:
-    return any(isinstance(layer, _compat.Autotuner) for layer in self.layers)
-
 
 def _is_base_function(obj: Any) -> bool:
   return isinstance(obj, (_compat.JITFunction, _compat.InterpretedFunction))

@@ -23,6 +23,7 @@ import jax
 
 from jt_dist import _compat
 from jt_dist import _errors
+from jt_dist import _specs
 
 _FIX_SHARDED = (
     " To run the kernel once per shard, call jt_dist.sharded_triton_call(...,"
@@ -135,7 +136,7 @@ def check_traced(args: Sequence[Any], kernel_name: str) -> None:
     if mesh is None or mesh.empty:
       continue
     manual = frozenset(getattr(mesh, "manual_axes", ()))
-    axes = _spec_axes(sharding.spec) - manual
+    axes = frozenset(_specs.spec_axes(sharding.spec)) - manual
     if axes:
       sizes = ", ".join(f"{a}={mesh.shape[a]}" for a in sorted(axes))
       where = ("inside a shard_map manual over only"
@@ -146,15 +147,6 @@ def check_traced(args: Sequence[Any], kernel_name: str) -> None:
           f" ({sizes}; its spec is {sharding.spec}) {where}, so XLA would"
           f" have to gather it for the kernel.{_FIX_SHARDED}"
       )
-
-
-def _spec_axes(spec) -> frozenset:
-  axes = set()
-  for entry in spec or ():
-    if entry is None:
-      continue
-    axes.update(entry if isinstance(entry, tuple) else (entry,))
-  return frozenset(a for a in axes if a is not jax.sharding.PartitionSpec.UNCONSTRAINED)
 
 
 def check_lowering(ctx, spec) -> None:

@@ -60,11 +60,20 @@ def main():
   start = time.perf_counter()
   jax.block_until_ready(fn(*inputs))
   second = time.perf_counter() - start
+  # Checked after the timing, which must not include the reference's compile.
+  if args.kernel == "add":
+    expected = inputs[0] + inputs[1]
+  else:
+    expected = kernels.xla_matmul(*inputs)
+  error = float(jnp.linalg.norm((out - expected).astype(jnp.float32))
+                / jnp.linalg.norm(expected.astype(jnp.float32)))
+  if not error < 1e-2:
+    raise SystemExit(f"{args.lib} {args.kernel}: relative error {error}")
   print(json.dumps({
       "lib": args.lib, "kernel": args.kernel, "first_call_s": first,
       "second_call_s": second, "process_s": time.perf_counter() - start_process,
       **stages,
-      "out_shape": list(out.shape),
+      "out_shape": list(out.shape), "rel_error": error,
   }))
 
 

@@ -6,7 +6,8 @@ Side by side, in one run, on whatever GPUs are present: jt_dist, jax-triton
     python benchmarks/run.py --out benchmarks/results/h200x2.json
     python benchmarks/run.py --smoke     # tiny sizes, any host, checks only
 
-Cases: dispatch overhead, kernel time (add, matmul one config and
+Cases: dispatch overhead (and its profile by lowering choice, in
+dispatch_profile.py), kernel time (add, matmul one config and
 autotuned), first-call compile latency (cold process, disk-cached process),
 1 -> 2 GPU scaling, and the plain-jit-with-sharded-inputs case.
 """
@@ -28,6 +29,7 @@ import jax  # pylint: disable=g-import-not-at-top
 import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
 import numpy as np  # pylint: disable=g-import-not-at-top
 
+import dispatch_profile  # pylint: disable=g-import-not-at-top
 import jt_dist  # pylint: disable=g-import-not-at-top
 import kernels  # pylint: disable=g-import-not-at-top
 import multi_gpu  # pylint: disable=g-import-not-at-top
@@ -198,10 +200,10 @@ def _print_table(results):
 
 
 SIZES = {
-    "full": dict(calls=2000, add_elements=1 << 28, iters=20, matmul=8192,
+    "full": dict(calls=2000, chain_iters=500, add_elements=1 << 28, iters=20, matmul=8192,
                  compile_matmul=4096, scale_add=1 << 28, scale_matmul=8192,
                  attention=(8, 16, 4096, 64)),
-    "smoke": dict(calls=20, add_elements=1 << 12, iters=2, matmul=64,
+    "smoke": dict(calls=20, chain_iters=5, add_elements=1 << 12, iters=2, matmul=64,
                   compile_matmul=64, scale_add=1 << 12, scale_matmul=64,
                   attention=(2, 2, 32, 16)),
 }
@@ -212,7 +214,8 @@ def main():
   parser.add_argument("--out", default=None)
   parser.add_argument("--smoke", action="store_true")
   parser.add_argument("--cases",
-                      default="dispatch,placement,add,matmul,compile,multi")
+                      default="dispatch,profile,placement,add,matmul,compile,"
+                      "multi")
   args = parser.parse_args()
   sizes = SIZES["smoke" if args.smoke else "full"]
   results = []
@@ -220,6 +223,8 @@ def main():
   cases = {"dispatch": bench_dispatch, "placement": bench_placement,
            "add": bench_add, "matmul": bench_matmul,
            "compile": bench_compile,
+           "profile": lambda r, s: dispatch_profile.bench_dispatch_profile(
+               r, s, _libs(), _record),
            "multi": lambda r, s: multi_gpu.bench_multi(r, s, _libs(), _record)}
   for name in args.cases.split(","):
     print(f"[{name}]", flush=True)

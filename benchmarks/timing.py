@@ -30,8 +30,8 @@ def chained_seconds(fn, args, iters=20, repeats=7):
   return statistics.median(samples)
 
 
-def per_call_seconds(fns, args, calls=2000, rounds=10, warmup=200):
-  """Median seconds of one call followed by a sync, for each of ``fns``.
+def per_call_samples(fns, args, calls=2000, rounds=10, warmup=200):
+  """Seconds of each call followed by a sync, for each of ``fns``.
 
   The functions take turns, ``calls // rounds`` calls at a time, so that a
   drift in clocks or host load during the run falls on all of them alike
@@ -47,6 +47,32 @@ def per_call_seconds(fns, args, calls=2000, rounds=10, warmup=200):
         start = time.perf_counter()
         block(fn(*args))
         samples[name].append(time.perf_counter() - start)
+  return {name: np.asarray(s) for name, s in samples.items()}
+
+
+def per_call_seconds(fns, args, calls=2000, rounds=10, warmup=200):
+  """Median seconds of one call followed by a sync, for each of ``fns``."""
+  samples = per_call_samples(fns, args, calls, rounds, warmup)
+  return {name: float(np.median(s)) for name, s in samples.items()}
+
+
+def interleaved_chained_seconds(fns, args, iters=500, rounds=15):
+  """Median seconds per call of ``iters`` back-to-back calls, synced once.
+
+  For a tiny kernel the GPU keeps up with the host, so this is the host's
+  cost of one asynchronous launch. The functions take turns per round.
+  """
+  for fn in fns.values():
+    block(fn(*args))
+  samples = {name: [] for name in fns}
+  for _ in range(rounds):
+    for name, fn in fns.items():
+      start = time.perf_counter()
+      out = None
+      for _ in range(iters):
+        out = fn(*args)
+      block(out)
+      samples[name].append((time.perf_counter() - start) / iters)
   return {name: float(np.median(s)) for name, s in samples.items()}
 
 

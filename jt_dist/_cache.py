@@ -31,7 +31,7 @@ logger = logging.getLogger("jt_dist")
 
 # Bumped whenever the entry layout or the meaning of its metadata changes,
 # so that an older jt_dist's entries are never read as this one's.
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 DEFAULT_MEMORY_ENTRIES = 256
 _KEY_PATTERN = re.compile(r"^[0-9a-f]{64}$")
 _OFF_VALUES = ("0", "false", "off", "no")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import itertools
 from typing import Any, NamedTuple
 
 import jax
@@ -258,6 +259,26 @@ def jaxlib_version() -> str:
   import jaxlib  # pylint: disable=g-import-not-at-top
 
   return str(getattr(jaxlib, "__version__", "unknown"))
+
+
+def _version_tuple(version: str) -> tuple[int, ...]:
+  parts = []
+  for part in version.split(".")[:3]:
+    digits = "".join(itertools.takewhile(str.isdigit, part))
+    if not digits:
+      break
+    parts.append(int(digits))
+  return tuple(parts)
+
+
+# jaxlib 0.11.1 added TritonKernel.module_image: machine code that jaxlib
+# loads as is, where older releases only assemble the PTX themselves.
+_MODULE_IMAGE_JAXLIB = (0, 11, 1)
+
+
+def jaxlib_takes_module_image() -> bool:
+  """Whether jaxlib's Triton proto reads a kernel's CUBIN (module_image)."""
+  return _version_tuple(jaxlib_version()) >= _MODULE_IMAGE_JAXLIB
 
 
 def mark_requires_devices(primitive) -> None:

@@ -1,5 +1,9 @@
 """Compiling one launch of a call with Triton: to PTX (CUDA) or HSACO (ROCm).
 
+On CUDA with jaxlib 0.11.1 or later, the PTX is also assembled into a CUBIN
+(Triton's ``ptxas`` stage), which jaxlib then loads without assembling the
+PTX itself; cached on disk, it spares later processes that step.
+
 A launch is specialised as Triton's own launcher would specialise it: the
 config's keyword arguments are constexprs, integer scalars equal to 1 become
 the constexpr 1 (and are not passed at launch), and every pointer is assumed
@@ -24,9 +28,10 @@ from jt_dist import _compat
 from jt_dist import _target
 
 _INT_TYPES = ("i8", "i16", "i32", "i64", "u8", "u16", "u32", "u64")
-# The stage whose output jaxlib loads; later stages (cubin) need ptxas and a
-# driver-matched toolchain, which jaxlib applies itself at load time.
+# The stage whose output jaxlib takes as the kernel: PTX, which jaxlib can
+# assemble itself for the GPU it runs on, or an HSACO file.
 _FINAL_STAGE = {"cuda": "ptx", "rocm": "hsaco"}
+_OBJECT_STAGE = "cubin"
 # Blackwell's tensor memory has 512 columns; Triton emits a trap instead of
 # an error above it, which would hang the GPU at launch.
 _TMEM_LIMIT = 512
@@ -63,20 +68,36 @@ class CompiledKernel:
   global_scratch_size: int
   global_scratch_align: int
   profile_scratch_size: int
+  # The CUBIN assembled from ``binary`` where jaxlib can load one, else b"".
+  object_file: bytes = b""
 
   def metadata(self) -> dict[str, Any]:
-    """Everything but the binary, as JSON-able values."""
+    """Everything but the binaries, as JSON-able values."""
     fields = dataclasses.asdict(self)
-    del fields["binary"]
+    del fields["binary"], fields["object_file"]
     return fields
 
+  def to_entry(self) -> tuple[dict[str, Any], bytes]:
+    """A disk cache entry: the metadata, and both binaries as one blob."""
+    metadata = self.metadata()
+    metadata["object_file_size"] = len(self.object_file)
+    return metadata, self.binary + self.object_file
+
   @classmethod
-  def from_entry(cls, metadata: dict[str, Any], binary: bytes):
+  def from_entry(cls, metadata: dict[str, Any], blob: bytes):
     """Rebuilds a kernel from a disk cache entry; TypeError if malformed."""
-    fields = {f.name for f in dataclasses.fields(cls)} - {"binary"}
+    metadata = dict(metadata)
+    object_size = metadata.pop("object_file_size", None)
+    fields = {f.name for f in dataclasses.fields(cls)} - {
+        "binary", "object_file"}
     if set(metadata) != fields:
       raise TypeError(f"fields {sorted(metadata)} differ from {sorted(fields)}")
-    return cls(binary=binary, **metadata)
+    if (not isinstance(object_size, int)
+        or not 0 <= object_size <= len(blob)):
+      raise TypeError(f"object_file_size {object_size!r} does not fit the"
+                      f" {len(blob)}-byte binary")
+    split = len(blob) - object_size
+    return cls(binary=blob[:split], object_file=blob[split:], **metadata)
 
 
 def _is_equal_to_1(op) -> bool:
@@ -162,7 +183,13 @@ def cache_key(jit_fn, spec_: Specialization, options, backend,
       "jaxlib": _compat.jaxlib_version(),
       "env": sorted(_compat.cache_invalidating_env_vars().items()),
       "format": _cache.FORMAT_VERSION,
+      "object_file": wants_object_file(target),
   })
+
+
+def wants_object_file(target: _target.Target) -> bool:
+  """Whether to assemble a CUBIN too: only where jaxlib can load one."""
+  return target.platform == "cuda" and _compat.jaxlib_takes_module_image()
 
 
 def _run_stages(jit_fn, spec_, target, backend, options):
@@ -172,7 +199,8 @@ def _run_stages(jit_fn, spec_, target, backend, options):
       spec_.constexprs, spec_.attrs)
   irs = {"source": str(module)}
   metadata: dict[str, Any] = {}
-  final = _FINAL_STAGE[target.platform]
+  final = (_OBJECT_STAGE if wants_object_file(target)
+           else _FINAL_STAGE[target.platform])
   for stage, run in _compat.compiler_stages(backend, options).items():
     module = run(module, metadata)
     irs[stage] = module if isinstance(module, bytes) else str(module)
@@ -191,6 +219,7 @@ def run_triton(spec, launch, target: _target.Target) -> CompiledKernel:
   irs, metadata = _run_stages(jit_fn, spec_, target, backend, options)
   binary = irs[_FINAL_STAGE[target.platform]]
   compiled = CompiledKernel(
+      object_file=irs.get(_OBJECT_STAGE, b""),
       name=metadata["name"],
       binary=binary if isinstance(binary, bytes) else binary.encode("utf-8"),
       ttir=irs.get("ttir", irs["source"]),
@@ -256,7 +285,7 @@ def compiled_kernel(spec, launch, target: _target.Target
 
   def create():
     compiled = run_triton(spec, launch, target)
-    return compiled, compiled.metadata(), compiled.binary
+    return (compiled, *compiled.to_entry())
 
   use_cached = not (spec.debug or os.environ.get("JT_DIST_DUMP_DIR"))
   compiled = _cache.get_or_create(

@@ -10,10 +10,13 @@ works inside CUDA graphs), the legacy target otherwise or on request.
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import hashlib
 import logging
 import os
 import tempfile
+import threading
 import zlib
 
 import jax
@@ -21,6 +24,7 @@ import numpy as np
 
 from jt_dist import _compat
 from jt_dist import _compile
+from jt_dist import _proto_wire
 from jt_dist import _target
 
 logger = logging.getLogger("jt_dist")
@@ -29,6 +33,40 @@ FFI_TARGET = "triton_kernel_call_ffi"
 LEGACY_TARGET = "triton_kernel_call"
 _PLUGIN_ATTRIBUTE = {"cuda": "_cuda_triton", "rocm": "_hip_triton"}
 _hsaco_dir: tempfile.TemporaryDirectory | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class ProtoChoices:
+  """What the serialised kernel call carries besides what jaxlib needs.
+
+  Attributes:
+    module_images: each kernel's CUBIN, where jaxlib reads it.
+    ttir: each kernel's TTIR, which jaxlib keeps but never reads.
+  """
+
+  module_images: bool = True
+  ttir: bool = True
+
+
+_proto_choices = ProtoChoices()
+_proto_choices_lock = threading.Lock()
+
+
+@contextlib.contextmanager
+def proto_choices(**changes):
+  """Changes the ``ProtoChoices`` of lowerings made inside the block.
+
+  For benchmarks/dispatch_profile.py, which measures each choice's cost
+  per call; the lock keeps two such blocks from interleaving.
+  """
+  global _proto_choices
+  with _proto_choices_lock:
+    saved = _proto_choices
+    _proto_choices = dataclasses.replace(saved, **changes)
+    try:
+      yield
+    finally:
+      _proto_choices = saved
 
 
 def plugin(platform: str):
@@ -92,19 +130,21 @@ def _parameters(lib, spec, launch, specialization):
 
 
 def _kernel_call(lib, spec, launch, target):
+  """jaxlib's ``TritonKernelCall`` of one launch, and the compiled kernel."""
   compiled, specialization = _compile.compiled_kernel(spec, launch, target)
   if compiled.profile_scratch_size:
     raise NotImplementedError(
         f"triton_call: kernel {compiled.name!r} was compiled with profiling"
         " instrumentation (Proton), which needs a profile scratch buffer that"
         " jaxlib does not allocate. Turn the instrumentation off.")
+  ttir = compiled.ttir if _proto_choices.ttir else ""
   kernel = _compat.make_triton_kernel(
       lib, compiled.name, compiled.num_warps, compiled.num_ctas,
       compiled.shared_mem, _binary_argument(compiled, target.platform),
-      compiled.ttir, target.arch_number, compiled.global_scratch_size,
+      ttir, target.arch_number, compiled.global_scratch_size,
       compiled.global_scratch_align)
   params = _parameters(lib, spec, launch, specialization)
-  return lib.TritonKernelCall(kernel, *launch.grid, params)
+  return lib.TritonKernelCall(kernel, *launch.grid, params), compiled
 
 
 def _fitting_calls(lib, spec, target):
@@ -114,20 +154,22 @@ def _fitting_calls(lib, spec, target):
   config needing more shared memory than the GPU has is dropped (and
   logged) when others remain; a lone config's error is raised as is.
   """
-  calls, launches, errors = [], [], []
+  calls, launches, kernels, errors = [], [], [], []
   for launch in spec.launches:
     try:
-      calls.append(_kernel_call(lib, spec, launch, target))
+      call, compiled = _kernel_call(lib, spec, launch, target)
     except _compile.SharedMemoryError as e:
       if len(spec.launches) == 1:
         raise
       errors.append(e)
       logger.warning("jt_dist: dropping autotuning config: %s", e)
       continue
+    calls.append(call)
     launches.append(launch)
+    kernels.append(compiled)
   if not calls:
     raise errors[0]
-  return calls, launches
+  return calls, launches, kernels
 
 
 def _autotuned_call(lib, spec, calls, launches, ctx):
@@ -177,10 +219,15 @@ def gpu_lowering(ctx, *args, spec, platform: str):
   target = _target.resolve_target(ctx, platform, spec.compute_capability)
   for launch in spec.launches:
     _target.check_num_ctas(target, launch.config.num_ctas, launch.config.label)
-  calls, launches = _fitting_calls(lib, spec, target)
+  calls, launches, kernels = _fitting_calls(lib, spec, target)
   call = (calls[0] if len(calls) == 1
           else _autotuned_call(lib, spec, calls, launches, ctx))
-  opaque = zlib.compress(call.to_proto(spec.name, spec.serialized_metadata))
+  serialized = call.to_proto(spec.name, spec.serialized_metadata)
+  if _proto_choices.module_images and kernels[0].object_file:
+    serialized = _proto_wire.with_module_images(serialized, [
+        _proto_wire.ModuleImage(k.name, k.shared_mem, k.object_file)
+        for k in kernels])
+  opaque = zlib.compress(serialized)
   aliases = dict(spec.input_output_aliases) or None
   name = custom_call_target(spec, platform)
   if name == FFI_TARGET:

@@ -19,6 +19,7 @@ import triton
 import triton.language as tl
 
 import jt_dist
+from jt_dist import _cache
 from jt_dist import _compat
 from jt_dist import _compile
 from jt_dist import _gpu_lowering
@@ -202,6 +203,49 @@ class CudaLoweringTest(util.IsolatedCacheMixin, testing.TestCase):
     self.assertIn("BLOCK: 64", call["descriptions"][0])
     self.assertEqual(call["aliases"], [(0, 0, 512 * 4)])
     self.assertIn("operand_index = 0", call["aliases_text"])
+
+  def test_no_module_image_for_jaxlib_without_the_field(self):
+    x, y = self._inputs()
+    with mock.patch.object(_compat, "jaxlib_takes_module_image",
+                           lambda: False):
+      (call,) = util.triton_custom_calls(_lower(_add, x, y))
+    self.assertIsNone(call["calls"][0]["module_image"])
+
+  @parameterized.parameters("triton_kernel_call_ffi", "triton_kernel_call")
+  def test_module_image_carries_the_cubin(self, target):
+    x, y = self._inputs()
+    f = lambda a, b: _add(a, b, custom_call_target_name=target)
+    with mock.patch.object(_compat, "jaxlib_takes_module_image", lambda: True):
+      (call,) = util.triton_custom_calls(_lower(f, x, y))
+    (kernel,) = call["calls"]
+    image = kernel["module_image"]
+    self.assertEqual(call["target"], target)
+    self.assertEqual(image["object_file"][:4], b"\x7fELF")
+    self.assertEqual(image["kernel_name"], "add_kernel")
+    self.assertEqual(image["shared_mem"], kernel["shared_mem"])
+    # The rest of the call is what jaxlib serialised.
+    self.assertIn(".entry add_kernel", kernel["ptx"])
+    self.assertEqual(kernel["grid"], (8, 1, 1))
+
+  def test_module_image_per_autotuning_config_survives_the_disk_cache(self):
+    x, y = self._inputs(n=512)
+
+    def f(a, b):
+      return jt_dist.triton_call(
+          a, b, a.size, kernel=tuned_add_kernel,
+          out_shape=jax.ShapeDtypeStruct(a.shape, a.dtype),
+          grid=lambda meta: (triton.cdiv(a.size, meta["BLOCK"]),),
+          compute_capability=90)
+
+    with mock.patch.object(_compat, "jaxlib_takes_module_image", lambda: True):
+      (first,) = util.triton_custom_calls(_lower(f, x, y))
+      _cache.memory_cache.clear()
+      (second,) = util.triton_custom_calls(_lower(f, x, y))
+    images = [c["module_image"] for c in first["calls"]]
+    self.assertLen({i["object_file"] for i in images}, 3)
+    self.assertEqual([i["object_file"][:4] for i in images], [b"\x7fELF"] * 3)
+    self.assertEqual(first["descriptions"], second["descriptions"])
+    self.assertEqual(first["calls"], second["calls"])
 
   def test_aliases_become_output_operand_aliases(self):
     x, y = self._inputs()

@@ -15,6 +15,7 @@ from jax._src.lib.mlir import ir
 
 from jt_dist import _cache
 from jt_dist import _compat
+from jt_dist import _proto_wire
 
 HAS_TRITON_CALL = _compat.gpu_triton_module() is not None and hasattr(
     _compat.gpu_triton_module(), "TritonKernel")
@@ -24,37 +25,24 @@ SKIP_REASON = (
     " cross-lower for CUDA on this host.")
 
 
-def _varint(data: bytes, pos: int) -> tuple[int, int]:
-  result, shift = 0, 0
-  while True:
-    byte = data[pos]
-    pos += 1
-    result |= (byte & 0x7F) << shift
-    if not byte & 0x80:
-      return result, pos
-    shift += 7
-
-
 def decode(data: bytes) -> dict[int, list]:
-  """Decodes one protobuf message into {field number: [raw values]}."""
+  """Decodes one protobuf message into {field number: [values]}."""
   fields: dict[int, list] = {}
-  pos = 0
-  while pos < len(data):
-    tag, pos = _varint(data, pos)
-    number, wire = tag >> 3, tag & 7
-    if wire == 0:
-      value, pos = _varint(data, pos)
-    elif wire == 1:
-      value, pos = data[pos:pos + 8], pos + 8
-    elif wire == 2:
-      size, pos = _varint(data, pos)
-      value, pos = data[pos:pos + size], pos + size
-    elif wire == 5:
-      value, pos = data[pos:pos + 4], pos + 4
-    else:
-      raise ValueError(f"unsupported wire type {wire}")
-    fields.setdefault(number, []).append(value)
+  for field in _proto_wire.parse_fields(data):
+    fields.setdefault(field.number, []).append(field.value())
   return fields
+
+
+def _module_image(call: dict[int, list]) -> dict | None:
+  # A later occurrence of the singular ``kernel`` field merges into the
+  # first, as protobuf parsers do; the module image may be in either.
+  for raw in call[1]:
+    kernel = decode(raw)
+    if 11 in kernel:
+      image = decode(kernel[11][0])
+      return {"object_file": image[1][0], "kernel_name": image[2][0].decode(),
+              "shared_mem": image.get(3, [0])[0]}
+  return None
 
 
 def decode_kernel_call(data: bytes) -> dict:
@@ -81,11 +69,12 @@ def decode_kernel_call(data: bytes) -> dict:
       "num_warps": kernel.get(2, [0])[0],
       "num_ctas": kernel.get(10, [1])[0],
       "shared_mem": kernel.get(3, [0])[0],
-      "ptx": kernel[4][0].decode(),
+      "ptx": kernel.get(4, [b""])[0].decode(),
       "ttir": kernel.get(5, [b""])[0].decode(),
       "compute_capability": kernel.get(6, [0])[0],
       "grid": tuple(call.get(i, [0])[0] for i in (2, 3, 4)),
       "params": params,
+      "module_image": _module_image(call),
   }
 
 
@@ -103,7 +92,8 @@ def decode_any_call(data: bytes) -> dict:
   tuned = decode(message[2][0])
   result["autotuned"] = True
   result["tuning_name"] = tuned[1][0].decode()
-  result["calls"] = [decode_kernel_call(decode(c)[1][0]) for c in tuned[2]]
+  result["calls"] = [decode_kernel_call(b"".join(decode(c)[1]))
+                     for c in tuned[2]]
   result["descriptions"] = [decode(c)[2][0].decode() for c in tuned[2]]
   result["aliases"] = [
       tuple(decode(a).get(i, [0])[0] for i in (1, 2, 3))

@@ -1,7 +1,10 @@
 """1 -> 2 GPU scaling, and the plain-jit case, for jt_dist, jax-triton, XLA.
 
 Strong scaling: the same global problem on a 1-device and a 2-device mesh;
-the scaling factor is t(1 device) / t(2 devices).
+the scaling factor is t(1 device) / t(2 devices). Where the problem splits
+along its leading axis, one shard's problem alone on one device is timed
+too: t(2 devices) / t(one shard alone) is what distributing costs beyond
+the kernel's own efficiency at half the size. The three are timed in turns.
 """
 
 import functools
@@ -89,7 +92,8 @@ def _xla_attention(q, k, v):
 
 
 def _cases(libs, sizes):
-  """(name, axis names, make_inputs(mesh), {impl: make_fn(mesh)}, work, unit)."""
+  """(name, axis names, make_inputs(mesh), {impl: make_fn(mesh)}, work, unit,
+  in_specs or None): in_specs say which inputs a shard-alone run halves."""
   n = sizes["scale_add"]
   m = sizes["scale_matmul"]
   att = sizes["attention"]
@@ -137,13 +141,15 @@ def _cases(libs, sizes):
         (P("b", "h"),) * 3, P("b", "h"))
   x, bh = ("x",), ("b", "h")
   return [
-      ("add_fp32", x, add_inputs, add_impls, 12 * n / 1e9, "GBps"),
+      ("add_fp32", x, add_inputs, add_impls, 12 * n / 1e9, "GBps",
+       (P("x"), P("x"))),
       ("matmul_rows_bf16", x, mm_inputs(P("x"), P()), rows_impls,
-       2 * m**3 / 1e12, "TFLOPs"),
+       2 * m**3 / 1e12, "TFLOPs", (P("x"), P())),
       ("matmul_ksplit_bf16", x, mm_inputs(P(None, "x"), P("x")), k_impls,
-       2 * m**3 / 1e12, "TFLOPs"),
+       2 * m**3 / 1e12, "TFLOPs", None),
       ("attention_bf16", bh, att_inputs, att_impls,
-       4 * att[0] * att[1] * att[2] ** 2 * att[3] / 1e12, "TFLOPs"),
+       4 * att[0] * att[1] * att[2] ** 2 * att[3] / 1e12, "TFLOPs",
+       (P("b", "h"),) * 3),
   ]
 
 
@@ -173,35 +179,54 @@ def bench_multi(results, sizes, libs, record):
     record(results, "multi_gpu", "skipped",
            reason=f"needs >=2 devices, found {len(jax.devices())}")
     return
-  for name, names, make_inputs, impls, work, unit in _cases(libs, sizes):
+  for name, names, make_inputs, impls, work, unit, specs in _cases(
+      libs, sizes):
     for impl, make_fn in impls.items():
       try:
-        seconds = _one_and_two(names, make_inputs, make_fn, sizes)
+        seconds = _one_and_two(names, make_inputs, make_fn, specs, sizes)
       except Exception as e:  # pylint: disable=broad-except
         # One failing implementation must not lose the others' numbers.
         record(results, f"scale_{name}", impl,
                error=f"{type(e).__name__}: {e}"[:300])
         continue
+      shard = seconds.pop("shard", None)
+      extra = {} if shard is None else {
+          "ms_shard_alone_1gpu": shard * 1e3,
+          "ms_2gpu_over_shard_alone": seconds[2] / shard}
       record(results, f"scale_{name}", impl,
              **{f"ms_{c}gpu": s * 1e3 for c, s in seconds.items()},
              **{f"{unit}_{c}gpu": work / s for c, s in seconds.items()},
-             scaling=seconds[1] / seconds[2])
+             scaling=seconds[1] / seconds[2], **extra)
   _plain_jit(results, sizes, libs, record)
 
 
-def _one_and_two(names, make_inputs, make_fn, sizes):
-  """Seconds per call on a 1-device and a 2-device mesh, checked alike."""
-  seconds, reference = {}, None
+def _first_half(x, spec, device):
+  if spec and spec[0] is not None:
+    x = x[: x.shape[0] // 2]
+  return jax.device_put(x, device)
+
+
+def _check(fn, inputs, reference, label):
+  out = np.asarray(fn(*inputs), np.float32)
+  error = timing.relative_error(out, reference[: out.shape[0]])
+  assert error < 2e-2, (label, error)
+
+
+def _one_and_two(names, make_inputs, make_fn, specs, sizes):
+  """Seconds per call: 1-device mesh, 2-device mesh, one shard alone."""
+  calls = {}
   for count in (1, 2):
     mesh = _mesh(count, names)
-    inputs = make_inputs(mesh)
-    fn = make_fn(mesh)
-    out = np.asarray(fn(*inputs), np.float32)
-    reference = out if reference is None else reference
-    error = timing.relative_error(out, reference)
-    assert error < 2e-2, (count, error)
-    seconds[count] = timing.chained_seconds(fn, inputs, iters=sizes["iters"])
-  return seconds
+    calls[count] = (make_fn(mesh), make_inputs(mesh))
+  reference = np.asarray(calls[1][0](*calls[1][1]), np.float32)
+  _check(*calls[2], reference, "2 devices")
+  if specs is not None:
+    device = jax.devices()[0]
+    halves = tuple(_first_half(x, spec, device)
+                   for x, spec in zip(calls[1][1], specs))
+    calls["shard"] = (calls[1][0], halves)
+    _check(*calls["shard"], reference, "one shard alone")
+  return timing.interleaved_chained_each(calls, iters=sizes["iters"])
 
 
 def _plain_jit(results, sizes, libs, record):

@@ -62,11 +62,26 @@ def interleaved_chained_seconds(fns, args, iters=500, rounds=15):
   For a tiny kernel the GPU keeps up with the host, so this is the host's
   cost of one asynchronous launch. The functions take turns per round.
   """
-  for fn in fns.values():
+  return interleaved_chained_each(
+      {name: (fn, args) for name, fn in fns.items()}, iters, rounds)
+
+
+def interleaved_chained_each(calls, iters=20, rounds=15):
+  """``interleaved_chained_seconds`` where each function has its own inputs.
+
+  Args:
+    calls: name -> (function, its arguments).
+    iters: back-to-back calls per sample.
+    rounds: samples per function, taken in turns.
+
+  Returns:
+    name -> median seconds per call.
+  """
+  for fn, args in calls.values():
     block(fn(*args))
-  samples = {name: [] for name in fns}
+  samples = {name: [] for name in calls}
   for _ in range(rounds):
-    for name, fn in fns.items():
+    for name, (fn, args) in calls.items():
       start = time.perf_counter()
       out = None
       for _ in range(iters):

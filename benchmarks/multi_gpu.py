@@ -61,14 +61,18 @@ def _matmul_grid(meta):
           * triton.cdiv(meta["N"], meta["BLOCK_N"]),)
 
 
-def _jt_matmul_rows(mesh):
+def _jt_matmul_rows(mesh, autotuned=False):
+  options = {} if autotuned else {**kernels.MATMUL_OPTIONS,
+                                  **kernels.MATMUL_CONFIG}
+  kernel = kernels.matmul_autotuned if autotuned else kernels.matmul_kernel
+
   def fn(a, b):
     return jt_dist.sharded_triton_call(
         a, b, jt_dist.shard_size(0, axis=0), b.shape[1], a.shape[1],
-        kernel=kernels.matmul_kernel,
+        kernel=kernel,
         out_shape=jax.ShapeDtypeStruct((a.shape[0], b.shape[1]), a.dtype),
         grid=_matmul_grid, mesh=mesh, in_specs=(P("x"), P()),
-        out_specs=P("x"), **kernels.MATMUL_OPTIONS, **kernels.MATMUL_CONFIG)
+        out_specs=P("x"), **options)
   return jax.jit(fn)
 
 
@@ -119,6 +123,8 @@ def _cases(libs, sizes):
 
   add_impls = {"jt_dist": _jt_add, "xla": lambda mesh: jax.jit(jnp.add)}
   rows_impls = {"jt_dist": _jt_matmul_rows,
+                "jt_dist_autotuned": functools.partial(
+                    _jt_matmul_rows, autotuned=True),
                 "xla": lambda mesh: jax.jit(kernels.xla_matmul)}
   k_impls = {"jt_dist": _jt_matmul_k,
              "xla": lambda mesh: jax.jit(lambda a, b: jnp.dot(

@@ -30,19 +30,36 @@ def chained_seconds(fn, args, iters=20, repeats=7):
   return statistics.median(samples)
 
 
+def _rotated(mapping, start):
+  """The items of ``mapping``, starting at the ``start``-th (modulo its size).
+
+  Rotating the order each round spreads whatever the position in a round
+  costs (the first after a switch, the one after the slowest) over all.
+  """
+  items = list(mapping.items())
+  start %= len(items)
+  return items[start:] + items[:start]
+
+
+def _whole_rotations(rounds, count):
+  """``rounds`` rounded up so that each function starts a round equally often."""
+  return -(-rounds // count) * count
+
+
 def per_call_samples(fns, args, calls=2000, rounds=10, warmup=200):
   """Seconds of each call followed by a sync, for each of ``fns``.
 
-  The functions take turns, ``calls // rounds`` calls at a time, so that a
-  drift in clocks or host load during the run falls on all of them alike
-  rather than on whichever happened to be measured first.
+  The functions take turns, ``calls // rounds`` calls at a time, in an order
+  rotated each round, so that a drift in clocks or host load during the run
+  falls on all of them alike rather than on whichever was measured first.
   """
   for fn in fns.values():
     for _ in range(warmup):
       block(fn(*args))
+  rounds = _whole_rotations(rounds, len(fns))
   samples = {name: [] for name in fns}
-  for _ in range(rounds):
-    for name, fn in fns.items():
+  for r in range(rounds):
+    for name, fn in _rotated(fns, r):
       for _ in range(max(1, calls // rounds)):
         start = time.perf_counter()
         block(fn(*args))
@@ -79,9 +96,10 @@ def interleaved_chained_each(calls, iters=20, rounds=15):
   """
   for fn, args in calls.values():
     block(fn(*args))
+  rounds = _whole_rotations(rounds, len(calls))
   samples = {name: [] for name in calls}
-  for _ in range(rounds):
-    for name, (fn, args) in calls.items():
+  for r in range(rounds):
+    for name, (fn, args) in _rotated(calls, r):
       start = time.perf_counter()
       out = None
       for _ in range(iters):

@@ -2,9 +2,10 @@
 
 jaxlib's Triton custom call does host work on every launch, and how much
 depends on the custom-call target (FFI or legacy) and on what the
-serialised call carries (PTX, TTIR, CUBIN module images). Each variant
-below differs from jt_dist's default in one of those, and all are measured
-in one interleaved run, two ways:
+serialised call carries (PTX, TTIR, CUBIN module images, or 64 KiB of
+padding that jaxlib ignores). Each variant below differs from jt_dist's
+default in one of those, and all are measured in one interleaved run, two
+ways:
 
 - ``sync_us``: one call followed by a sync (median, with quartiles);
 - ``async_us``: 500 calls back to back, synced once; for a kernel this
@@ -27,13 +28,20 @@ import kernels
 import timing
 
 _LEGACY = "triton_kernel_call"
+_PAD = 64 * 1024
 # Each variant: (custom-call target or None for the default, proto choices).
+# The default is the FFI target with CUBINs and without TTIR; the legacy
+# target never carries CUBINs. "legacy_with_ttir" carries what jax-triton's
+# call carries. The padded ones add 64 KiB that jaxlib ignores, pricing
+# each serialised byte per launch.
 _VARIANTS = {
     "jt_dist": (None, {}),
-    "jt_dist_no_ttir": (None, {"ttir": False}),
+    "jt_dist_with_ttir": (None, {"ttir": True}),
     "jt_dist_no_cubin": (None, {"module_images": False}),
+    "jt_dist_pad_64KiB": (None, {"padding_bytes": _PAD}),
     "jt_dist_legacy": (_LEGACY, {}),
-    "jt_dist_legacy_no_cubin": (_LEGACY, {"module_images": False}),
+    "jt_dist_legacy_with_ttir": (_LEGACY, {"ttir": True}),
+    "jt_dist_legacy_pad_64KiB": (_LEGACY, {"padding_bytes": _PAD}),
 }
 
 

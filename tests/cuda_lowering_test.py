@@ -211,21 +211,39 @@ class CudaLoweringTest(util.IsolatedCacheMixin, testing.TestCase):
       (call,) = util.triton_custom_calls(_lower(_add, x, y))
     self.assertIsNone(call["calls"][0]["module_image"])
 
-  @parameterized.parameters("triton_kernel_call_ffi", "triton_kernel_call")
-  def test_module_image_carries_the_cubin(self, target):
+  def test_module_image_carries_the_cubin(self):
     x, y = self._inputs()
-    f = lambda a, b: _add(a, b, custom_call_target_name=target)
     with mock.patch.object(_compat, "jaxlib_takes_module_image", lambda: True):
-      (call,) = util.triton_custom_calls(_lower(f, x, y))
+      (call,) = util.triton_custom_calls(_lower(_add, x, y))
     (kernel,) = call["calls"]
     image = kernel["module_image"]
-    self.assertEqual(call["target"], target)
+    self.assertEqual(call["target"], "triton_kernel_call_ffi")
     self.assertEqual(image["object_file"][:4], b"\x7fELF")
     self.assertEqual(image["kernel_name"], "add_kernel")
     self.assertEqual(image["shared_mem"], kernel["shared_mem"])
     # The rest of the call is what jaxlib serialised.
     self.assertIn(".entry add_kernel", kernel["ptx"])
     self.assertEqual(kernel["grid"], (8, 1, 1))
+
+  def test_legacy_target_leaves_the_cubin_out(self):
+    # jaxlib hashes the whole legacy call on every launch.
+    x, y = self._inputs()
+    f = lambda a, b: _add(a, b, custom_call_target_name="triton_kernel_call")
+    with mock.patch.object(_compat, "jaxlib_takes_module_image", lambda: True):
+      (call,) = util.triton_custom_calls(_lower(f, x, y))
+    self.assertEqual(call["target"], "triton_kernel_call")
+    self.assertIsNone(call["calls"][0]["module_image"])
+    self.assertIn(".entry add_kernel", call["calls"][0]["ptx"])
+
+  def test_ttir_only_on_request_and_padding_is_ignored(self):
+    x, y = self._inputs()
+    (plain,) = util.triton_custom_calls(_lower(_add, x, y))
+    with _gpu_lowering.proto_choices(ttir=True, padding_bytes=4096):
+      (padded,) = util.triton_custom_calls(_lower(_add, x, y))
+    self.assertEqual(plain["calls"][0]["ttir"], "")
+    self.assertIn("tt.func", padded["calls"][0]["ttir"])
+    self.assertEqual({**padded["calls"][0], "ttir": ""}, plain["calls"][0])
+    self.assertEqual(_gpu_lowering.ProtoChoices(), _gpu_lowering._proto_choices)  # pylint: disable=protected-access
 
   def test_module_image_per_autotuning_config_survives_the_disk_cache(self):
     x, y = self._inputs(n=512)
@@ -299,7 +317,8 @@ class CudaLoweringTest(util.IsolatedCacheMixin, testing.TestCase):
     # As Triton's launcher does: the three pointers always carry the hint,
     # the size only when it is a multiple of 16.
     x, y = self._inputs(n=n)
-    (call,) = util.triton_custom_calls(_lower(_add, x, y))
+    with _gpu_lowering.proto_choices(ttir=True):
+      (call,) = util.triton_custom_calls(_lower(_add, x, y))
     (kernel,) = call["calls"]
     self.assertEqual(kernel["ttir"].count("tt.divisibility = 16"), hints)
 

@@ -86,6 +86,14 @@ def _add(x, y, **options):
       grid=(triton.cdiv(x.size, 128),), BLOCK=128, **options)
 
 
+def _tuned_add(x, y, **options):
+  return jt_dist.triton_call(
+      x, y, x.size, kernel=tuned_add_kernel,
+      out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
+      grid=lambda meta: (triton.cdiv(x.size, meta["BLOCK"]),),
+      compute_capability=90, **options)
+
+
 def _lower(f, *args):
   # A fresh function each time: jit caches lowerings per function, and a
   # cached lowering would not run the lowering rule under test.
@@ -184,14 +192,7 @@ class CudaLoweringTest(util.IsolatedCacheMixin, testing.TestCase):
 
   def test_autotuned_kernel_has_one_compiled_kernel_per_config(self):
     x, y = self._inputs(n=512)
-
-    def f(a, b):
-      return jt_dist.triton_call(
-          a, b, a.size, kernel=tuned_add_kernel,
-          out_shape=jax.ShapeDtypeStruct(a.shape, a.dtype),
-          grid=lambda meta: (triton.cdiv(a.size, meta["BLOCK"]),),
-          compute_capability=90, input_output_aliases={0: 0})
-
+    f = lambda a, b: _tuned_add(a, b, input_output_aliases={0: 0})
     (call,) = util.triton_custom_calls(_lower(f, x, y))
     self.assertTrue(call["autotuned"])
     self.assertLen(call["calls"], 3)
@@ -247,18 +248,10 @@ class CudaLoweringTest(util.IsolatedCacheMixin, testing.TestCase):
 
   def test_module_image_per_autotuning_config_survives_the_disk_cache(self):
     x, y = self._inputs(n=512)
-
-    def f(a, b):
-      return jt_dist.triton_call(
-          a, b, a.size, kernel=tuned_add_kernel,
-          out_shape=jax.ShapeDtypeStruct(a.shape, a.dtype),
-          grid=lambda meta: (triton.cdiv(a.size, meta["BLOCK"]),),
-          compute_capability=90)
-
     with mock.patch.object(_compat, "jaxlib_takes_module_image", lambda: True):
-      (first,) = util.triton_custom_calls(_lower(f, x, y))
+      (first,) = util.triton_custom_calls(_lower(_tuned_add, x, y))
       _cache.memory_cache.clear()
-      (second,) = util.triton_custom_calls(_lower(f, x, y))
+      (second,) = util.triton_custom_calls(_lower(_tuned_add, x, y))
     images = [c["module_image"] for c in first["calls"]]
     self.assertLen({i["object_file"] for i in images}, 3)
     self.assertEqual([i["object_file"][:4] for i in images], [b"\x7fELF"] * 3)

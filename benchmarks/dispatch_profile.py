@@ -23,7 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import jt_dist
-from jt_dist import _gpu_lowering
+from jt_dist._gpu import lowering as _gpu_lowering
 import kernels
 import timing
 

@@ -82,7 +82,7 @@ def bench_dispatch(results, sizes):
 
 def bench_placement(results, sizes):
   """The device-validation layer's eager check, alone: µs per call."""
-  from jt_dist import _placement  # pylint: disable=g-import-not-at-top
+  from jt_dist._sharding import placement as _placement  # pylint: disable=g-import-not-at-top
   device = jax.devices()[-1]
   arrays = [jax.device_put(jnp.ones((1024,)), device) for _ in range(3)]
   args = arrays + [1024, 0.5]

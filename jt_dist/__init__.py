@@ -8,13 +8,13 @@ interpreter), after checking where its inputs live.
 
 from jt_dist import _registration  # noqa: F401  (registers the lowerings)
 from jt_dist._api import triton_call
-from jt_dist._cache import configure as configure_cache
+from jt_dist._gpu.cache import configure as configure_cache
 from jt_dist._errors import DevicePlacementError
 from jt_dist._errors import KernelBindingError
 from jt_dist._errors import ShardingSpecError
-from jt_dist._shard_size import ShardSize
-from jt_dist._shard_size import shard_size
-from jt_dist._sharded import sharded_triton_call
+from jt_dist._sharding.shard_size import ShardSize
+from jt_dist._sharding.shard_size import shard_size
+from jt_dist._sharding.sharded_call import sharded_triton_call
 
 __version__ = "0.1.0"
 

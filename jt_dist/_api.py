@@ -7,9 +7,9 @@ from typing import Any, Callable, Mapping, Sequence
 import jax
 
 from jt_dist import _binding
-from jt_dist import _placement
+from jt_dist._sharding import placement as _placement
 from jt_dist import _primitive
-from jt_dist import _shard_size
+from jt_dist._sharding import shard_size as _shard_size
 
 _VMAP_METHODS = (None, "sequential")
 

@@ -12,9 +12,9 @@ import jax
 from jax.interpreters import mlir
 
 from jt_dist import _compat
-from jt_dist import _gpu_lowering
-from jt_dist import _interpret
-from jt_dist import _placement
+from jt_dist._gpu import lowering as _gpu_lowering
+from jt_dist._cpu import lowering as _interpret
+from jt_dist._sharding import placement as _placement
 from jt_dist import _primitive
 
 

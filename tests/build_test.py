@@ -28,7 +28,8 @@ def _build_strings() -> set[str]:
 def _sources(folder: str) -> list[str]:
   return sorted(
       os.path.relpath(p, _ROOT)
-      for p in glob.glob(os.path.join(_ROOT, folder, "*.py"))
+      for p in glob.glob(os.path.join(_ROOT, folder, "**", "*.py"),
+                         recursive=True)
       if not os.path.basename(p) == "conftest.py")
 
 

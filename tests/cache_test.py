@@ -18,8 +18,8 @@ import jax
 import jax.numpy as jnp
 
 import jt_dist
-from jt_dist import _cache
-from jt_dist import _compile
+from jt_dist._gpu import cache as _cache
+from jt_dist._gpu import compile as _compile
 from jt_dist import testing
 import gpu_lowering_util as util
 
@@ -49,7 +49,7 @@ _CHILD_SCRIPT = '''
 import hashlib, importlib.util, json, os, sys
 import jax, jax.numpy as jnp
 import jt_dist
-from jt_dist import _compile
+from jt_dist._gpu import compile as _compile
 spec = importlib.util.spec_from_file_location("kmod", os.environ["KERNEL_FILE"])
 module = importlib.util.module_from_spec(spec); spec.loader.exec_module(module)
 count = [0]
@@ -342,7 +342,7 @@ class CrossProcessTest(testing.TestCase):
 
 _STORE_SCRIPT = '''
 import os, sys
-from jt_dist import _cache
+from jt_dist._gpu import cache as _cache
 _cache.configure(disk_cache=True, cache_dir=os.environ["JT_DIST_CACHE_DIR"])
 key = "ab" * 32
 seed = int(sys.argv[1])

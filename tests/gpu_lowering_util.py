@@ -13,9 +13,9 @@ import zlib
 
 from jax._src.lib.mlir import ir
 
-from jt_dist import _cache
+from jt_dist._gpu import cache as _cache
 from jt_dist import _compat
-from jt_dist import _proto_wire
+from jt_dist._gpu import proto_wire as _proto_wire
 
 HAS_TRITON_CALL = _compat.gpu_triton_module() is not None and hasattr(
     _compat.gpu_triton_module(), "TritonKernel")

@@ -9,7 +9,7 @@ from absl.testing import absltest
 from absl.testing import parameterized
 
 from jt_dist import _compat
-from jt_dist import _proto_wire as wire
+from jt_dist._gpu import proto_wire as wire
 from jt_dist import testing
 import gpu_lowering_util as util
 

@@ -23,7 +23,7 @@ import jax
 
 from jt_dist import _compat
 from jt_dist import _errors
-from jt_dist import _specs
+from jt_dist._sharding import specs as _specs
 
 _FIX_SHARDED = (
     " To run the kernel once per shard, call jt_dist.sharded_triton_call(...,"

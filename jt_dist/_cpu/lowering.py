@@ -17,7 +17,7 @@ import jax
 from jax.interpreters import mlir
 import numpy as np
 
-from jt_dist import _interpreter_runtime
+from jt_dist._cpu import runtime as _interpreter_runtime
 
 logger = logging.getLogger("jt_dist")
 

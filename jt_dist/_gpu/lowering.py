@@ -25,9 +25,9 @@ import jax
 import numpy as np
 
 from jt_dist import _compat
-from jt_dist import _compile
-from jt_dist import _proto_wire
-from jt_dist import _target
+from jt_dist._gpu import compile as _compile
+from jt_dist._gpu import proto_wire as _proto_wire
+from jt_dist._gpu import target as _target
 
 logger = logging.getLogger("jt_dist")
 

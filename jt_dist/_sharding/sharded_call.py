@@ -10,8 +10,8 @@ from jax.sharding import PartitionSpec as P
 from jt_dist import _api
 from jt_dist import _binding
 from jt_dist import _errors
-from jt_dist import _shard_size
-from jt_dist import _specs
+from jt_dist._sharding import shard_size as _shard_size
+from jt_dist._sharding import specs as _specs
 
 _COLLECTIVES = {"sum": jax.lax.psum, "max": jax.lax.pmax, "min": jax.lax.pmin}
 

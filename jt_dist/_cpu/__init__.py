@@ -1,0 +1,1 @@
+"""The CPU platform: kernels run through Triton's interpreter in a host callback."""

@@ -20,6 +20,7 @@ import numpy as np
 from jt_dist import _errors
 from jt_dist import _grid
 from jt_dist import _kernel
+from jt_dist import _options
 from jt_dist import _types
 
 
@@ -119,14 +120,42 @@ def flatten_out_shape(out_shape: Any):
           " which has no .shape and .dtype. Describe each output with"
           " jax.ShapeDtypeStruct(shape, dtype)."
       )
-    dtype = np.dtype(leaf.dtype)
+    dtype = _types.checked_dtype(leaf.dtype, where)
     if _types.pointer_type(dtype) is None:
       raise TypeError(
           f"triton_call: {where} has dtype {dtype.name}, which Triton kernels"
           f" cannot take. Supported dtypes: {', '.join(_types.SUPPORTED_DTYPES)}."
       )
-    flat.append((tuple(int(d) for d in leaf.shape), dtype))
+    flat.append((_checked_shape(leaf.shape, where), dtype))
   return tuple(flat), tree
+
+
+def _checked_shape(shape: Any, where: str) -> tuple[int, ...]:
+  """``shape`` as a tuple of ints; an error for anything else.
+
+  ``int(2.5)`` would silently make a smaller buffer than the kernel writes,
+  and a negative size reaches XLA as an unreadable MLIR error.
+  """
+  try:
+    dims = tuple(shape)
+  except TypeError:
+    raise TypeError(
+        f"triton_call: {where} has shape {shape!r} of type"
+        f" {type(shape).__name__}; a shape is a tuple of ints, e.g. (16,)."
+    ) from None
+  for axis, dim in enumerate(dims):
+    if not isinstance(dim, (int, np.integer)) or isinstance(dim, (bool, np.bool_)):
+      raise TypeError(
+          f"triton_call: {where} has shape {dims!r}, whose dimension {axis}"
+          f" is {dim!r} of type {type(dim).__name__}; every dimension must be"
+          " an int. Round it explicitly, e.g. with int(...) or triton.cdiv."
+      )
+    if dim < 0:
+      raise ValueError(
+          f"triton_call: {where} has shape {dims!r}, whose dimension {axis}"
+          f" is {int(dim)}; dimensions must be at least 0."
+      )
+  return tuple(int(d) for d in dims)
 
 
 def _classify_args(args: Sequence[Any]):
@@ -143,7 +172,7 @@ def _classify_args(args: Sequence[Any]):
         )
       kinds.append(("scalar", arg))
     elif _is_shape_dtype(arg):
-      dtype = np.dtype(arg.dtype)
+      dtype = _types.checked_dtype(arg.dtype, f"args[{i}]")
       if _types.pointer_type(dtype) is None:
         raise TypeError(
             f"triton_call: args[{i}] has shape {tuple(arg.shape)} and dtype"
@@ -309,7 +338,17 @@ def _named_args(arrays, operands, out_shapes, constexprs):
 
 
 def _zeroed(zeroed_outputs, kwargs, n_outputs, where):
-  zeroed = zeroed_outputs(dict(kwargs)) if callable(zeroed_outputs) else zeroed_outputs
+  zeroed = (_errors.call_user(zeroed_outputs, "the zeroed_outputs callable",
+                              dict(kwargs))
+            if callable(zeroed_outputs) else zeroed_outputs)
+  try:
+    zeroed = list(zeroed)
+  except TypeError:
+    raise TypeError(
+        f"triton_call: zeroed_outputs is {zeroed!r} of type"
+        f" {type(zeroed).__name__}; pass a sequence of output indices such"
+        f" as [0], or a callable of the metaparams returning one{where}."
+    ) from None
   result = []
   for index in zeroed:
     if not isinstance(index, (int, np.integer)) or not 0 <= index < n_outputs:
@@ -378,6 +417,7 @@ def bind_call(args, kernel, out_shape, grid, options: CallOptions, metaparams):
     ``(array_args, spec, out_tree)``.
   """
   info = _kernel.kernel_info(kernel)
+  _options.check(options)
   out_shapes, out_tree = flatten_out_shape(out_shape)
   kinds, _ = _classify_args(args)
   operands, constexprs = _bind_positional(info, args, kinds, len(out_shapes))

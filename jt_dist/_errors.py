@@ -6,8 +6,12 @@ Every error subclasses a builtin (``ValueError``, ``TypeError`` or
 
 from __future__ import annotations
 
+from typing import Any, Callable
+
 __all__ = [
     "DevicePlacementError",
+    "call_user",
+    "callable_name",
     "KernelBindingError",
     "ShardingSpecError",
 ]
@@ -33,3 +37,34 @@ class DevicePlacementError(ValueError):
 
 class ShardingSpecError(ValueError):
   """The partition specs or mesh given to ``sharded_triton_call`` are invalid."""
+
+
+def callable_name(fn: Any) -> str:
+  """A user callable as a reader finds it: qualified name, file and line."""
+  code = getattr(fn, "__code__", None)
+  name = getattr(fn, "__qualname__", None) or repr(fn)
+  if code is None:
+    return name
+  return f"{name} ({code.co_filename}:{code.co_firstlineno})"
+
+
+def call_user(fn: Callable[..., Any], role: str, *args: Any) -> Any:
+  """Calls a user's callable; an exception it raises says who raised it.
+
+  The exception keeps its type and traceback, so that ``except KeyError``
+  and debuggers see the user's own error; a note (shown under the
+  traceback) names the callable and the role jt_dist called it in.
+
+  Args:
+    fn: the user's callable (a grid, a heuristic, ...).
+    role: what it is for, e.g. "the grid callable".
+    *args: what it is called with.
+
+  Returns:
+    What ``fn`` returns.
+  """
+  try:
+    return fn(*args)
+  except Exception as e:
+    e.add_note(f"jt_dist: raised by {role} {callable_name(fn)}.")
+    raise

@@ -5,6 +5,8 @@ from __future__ import annotations
 import numbers
 from typing import Any, Callable, Mapping, Sequence, Union
 
+from jt_dist import _errors
+
 Grid = Union[int, Sequence[int]]
 GridOrCallable = Union[Grid, Callable[[Mapping[str, Any]], Grid]]
 
@@ -34,7 +36,7 @@ def evaluate_grid(
   """
   given = grid
   if callable(grid):
-    grid = grid(dict(named))
+    grid = _errors.call_user(grid, "the grid callable", dict(named))
   if isinstance(grid, numbers.Integral):
     grid = (grid,)
   try:

@@ -14,6 +14,7 @@ import functools
 from typing import Any, Mapping, Sequence
 
 from jt_dist import _compat
+from jt_dist import _errors
 
 
 @dataclasses.dataclass(frozen=True)
@@ -155,7 +156,9 @@ def _autotune_configs(
       configs.append(config)
   prune = getattr(tuner, "early_config_prune", None)
   if prune is not None and configs:
-    configs = list(prune(configs, dict(named_args)))
+    configs = list(_errors.call_user(
+        prune, f"the early_config_prune of kernel {info.name!r}", configs,
+        dict(named_args)))
   if not configs:
     raise ValueError(
         f"triton_call: no autotuning config of kernel {info.name!r} is left"
@@ -210,7 +213,9 @@ def expand_configs(
     else:
       for extra, _ in partial:
         for name, heuristic in layer.values.items():
-          extra[name] = heuristic({**named_args, **metaparams, **extra})
+          extra[name] = _errors.call_user(
+              heuristic, f"the heuristic for {name!r} of kernel {info.name!r}",
+              {**named_args, **metaparams, **extra})
   out = []
   for extra, config in partial:
     kwargs = {**metaparams, **extra}

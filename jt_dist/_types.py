@@ -32,6 +32,18 @@ SUPPORTED_DTYPES = tuple(_POINTER_ELEMENT_TYPES)
 _F32 = np.finfo(np.float32)
 
 
+def checked_dtype(dtype: Any, where: str) -> np.dtype:
+  """``dtype`` as a NumPy dtype; TypeError naming ``where`` if it is none."""
+  try:
+    return np.dtype(dtype)
+  except TypeError:
+    raise TypeError(
+        f"triton_call: {where} has dtype {dtype!r}, which is not a dtype."
+        f" Use a NumPy or JAX dtype such as jnp.float32; supported:"
+        f" {', '.join(SUPPORTED_DTYPES)}."
+    ) from None
+
+
 def pointer_type(dtype: Any) -> str | None:
   """Triton's pointer type for an array of ``dtype``, or None if unsupported."""
   element = _POINTER_ELEMENT_TYPES.get(np.dtype(dtype).name)

@@ -35,6 +35,7 @@ FORMAT_VERSION = 2
 DEFAULT_MEMORY_ENTRIES = 256
 _KEY_PATTERN = re.compile(r"^[0-9a-f]{64}$")
 _OFF_VALUES = ("0", "false", "off", "no")
+_ON_VALUES = ("", "1", "true", "on", "yes")
 
 
 def content_key(parts: Mapping[str, Any]) -> str:
@@ -110,26 +111,63 @@ def configure(*, disk_cache: bool | None = None, cache_dir: str | None = None,
     memory_entries: how many compiled kernels the in-process cache keeps.
 
   Raises:
-    ValueError: ``memory_entries`` is below 1.
+    TypeError: an argument has the wrong type.
+    ValueError: ``memory_entries`` is below 1, or ``cache_dir`` is empty or
+      holds a NUL character.
   """
-  if memory_entries is not None and int(memory_entries) < 1:
-    raise ValueError(
-        f"configure_cache: memory_entries={memory_entries!r} must be at least"
-        " 1; to stop reusing kernels across processes, pass disk_cache=False.")
-  if disk_cache is not None:
-    _settings.disk_cache = bool(disk_cache)
-  if cache_dir is not None:
-    _settings.cache_dir = os.fspath(cache_dir)
   if memory_entries is not None:
-    memory_cache.resize(int(memory_entries))
+    if not isinstance(memory_entries, int) or isinstance(memory_entries, bool):
+      raise TypeError(
+          f"configure_cache: memory_entries={memory_entries!r} of type"
+          f" {type(memory_entries).__name__} must be an int, e.g. 256.")
+    if memory_entries < 1:
+      raise ValueError(
+          f"configure_cache: memory_entries={memory_entries!r} must be at"
+          " least 1; to stop reusing kernels across processes, pass"
+          " disk_cache=False.")
+  if disk_cache is not None and not isinstance(disk_cache, bool):
+    raise TypeError(
+        f"configure_cache: disk_cache={disk_cache!r} of type"
+        f" {type(disk_cache).__name__} must be True or False (a string such"
+        " as 'no' would count as True).")
+  if cache_dir is not None:
+    cache_dir = _checked_dir(cache_dir, "configure_cache: cache_dir")
+  if disk_cache is not None:
+    _settings.disk_cache = disk_cache
+  if cache_dir is not None:
+    _settings.cache_dir = cache_dir
+  if memory_entries is not None:
+    memory_cache.resize(memory_entries)
+
+
+def _checked_dir(value: Any, where: str) -> str:
+  if not isinstance(value, (str, os.PathLike)):
+    raise TypeError(
+        f"{where}={value!r} of type {type(value).__name__} must be a str or"
+        " os.PathLike naming a directory.")
+  path = os.fspath(value)
+  if not isinstance(path, str) or not path or "\0" in path:
+    raise ValueError(
+        f"{where}={value!r} is not a usable directory name (empty, bytes, or"
+        " holding a NUL character). Pass a path such as"
+        " '~/.cache/jt_dist'.")
+  return path
 
 
 def disk_cache_enabled() -> bool:
   """Whether compiled kernels are read from and written to disk."""
   if _settings.disk_cache is not None:
     return _settings.disk_cache
-  value = os.environ.get("JT_DIST_DISK_CACHE", "1").strip().lower()
-  return value not in _OFF_VALUES
+  raw = os.environ.get("JT_DIST_DISK_CACHE", "1")
+  value = raw.strip().lower()
+  if value in _OFF_VALUES:
+    return False
+  if value in _ON_VALUES:
+    return True
+  raise ValueError(
+      f"JT_DIST_DISK_CACHE={raw!r} is neither on ({', '.join(_ON_VALUES)})"
+      f" nor off ({', '.join(_OFF_VALUES)}). Set it to 1 or 0, or unset it"
+      " (the disk cache is on by default).")
 
 
 def cache_dir() -> str:
@@ -137,7 +175,10 @@ def cache_dir() -> str:
   if _settings.cache_dir is not None:
     return _settings.cache_dir
   default = os.path.join(os.path.expanduser("~"), ".cache", "jt_dist")
-  return os.environ.get("JT_DIST_CACHE_DIR") or default
+  value = os.environ.get("JT_DIST_CACHE_DIR")
+  if not value:
+    return default
+  return _checked_dir(value, "JT_DIST_CACHE_DIR")
 
 
 def _entry_paths(key: str) -> tuple[str, str]:

@@ -17,6 +17,7 @@ JAX itself reports through public APIs:
 
 from __future__ import annotations
 
+import numbers
 from typing import Any, Sequence
 
 import jax
@@ -47,10 +48,20 @@ def _device_list(devices) -> str:
 
 
 def _resolve_device(device: Any):
-  if device is None or isinstance(device, jax.Device):
+  if device is None:
     return device
   devices = jax.devices()
-  if isinstance(device, int) and not isinstance(device, bool):
+  if isinstance(device, jax.Device):
+    if device not in devices:
+      raise ValueError(
+          f"triton_call: device={device!r} (platform {device.platform},"
+          f" process {device.process_index}) is not one of this process's"
+          f" devices{_device_list(devices)}; a kernel can only run on a"
+          " device jax.devices() lists. Pass one of those, or its index."
+      )
+    return device
+  if isinstance(device, numbers.Integral) and not isinstance(device, bool):
+    device = int(device)
     if 0 <= device < len(devices):
       return devices[device]
     raise ValueError(

@@ -25,6 +25,13 @@ def is_array(x: Any) -> bool:
 def resolve_mesh(mesh: Any, args: Sequence[Any]):
   """The mesh to run on: given, else the arguments', else the ambient one."""
   if mesh is not None:
+    if not isinstance(mesh, (jax.sharding.Mesh, jax.sharding.AbstractMesh)):
+      raise _errors.ShardingSpecError(
+          f"sharded_triton_call: mesh={mesh!r} of type"
+          f" {type(mesh).__name__} is not a jax.sharding.Mesh. Make one with"
+          " jax.make_mesh((n,), ('x',)), or leave mesh out to use the"
+          " arguments' or the ambient mesh."
+      )
     return mesh
   for x in args:
     if not is_array(x):
@@ -146,6 +153,12 @@ def in_specs_for(in_specs: Any, args: Sequence[Any], mesh) -> list[P]:
   if in_specs is None:
     specs = [infer_spec(args[i], mesh) for i in positions]
   else:
+    if not isinstance(in_specs, (P, list, tuple)):
+      raise _errors.ShardingSpecError(
+          f"sharded_triton_call: in_specs={in_specs!r} of type"
+          f" {type(in_specs).__name__} must be a PartitionSpec, or a tuple"
+          " of them with one per array argument."
+      )
     specs = [in_specs] if isinstance(in_specs, P) else list(in_specs)
     if len(specs) != len(positions):
       raise _errors.ShardingSpecError(

@@ -1,0 +1,77 @@
+"""Checks on ``triton_call``'s keyword options, before anything is traced.
+
+A mistyped option (``num_warps=3``, ``name=3``, ``serialized_metadata="x"``)
+would otherwise reach Triton's compiler or jaxlib's protobuf writer, and fail
+there with a message that names neither the option nor the fix.
+"""
+
+from __future__ import annotations
+
+import collections.abc
+import numbers
+from typing import Any
+
+
+def _is_int(value: Any) -> bool:
+  return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _check_int(name: str, value: Any, low: int, fix: str,
+               power_of_two: bool = False) -> None:
+  if not _is_int(value):
+    raise TypeError(
+        f"triton_call: {name}={value!r} of type {type(value).__name__} must"
+        f" be an int. {fix}"
+    )
+  if value < low or (power_of_two and value & (value - 1)):
+    shape = " and a power of two" if power_of_two else ""
+    raise ValueError(
+        f"triton_call: {name}={value!r} must be at least {low}{shape}. {fix}"
+    )
+
+
+def _check_type(name: str, value: Any, types: tuple, expected: str) -> None:
+  if not isinstance(value, types):
+    raise TypeError(
+        f"triton_call: {name}={value!r} of type {type(value).__name__} must"
+        f" be {expected}."
+    )
+
+
+def check(options: Any) -> None:
+  """Checks the fields of a ``_binding.CallOptions``.
+
+  Raises:
+    TypeError: an option has the wrong type.
+    ValueError: a count is out of range, or num_warps is not a power of two.
+  """
+  if options.num_warps is not None:
+    _check_int("num_warps", options.num_warps, 1,
+               "Pass 1, 2, 4, 8, 16 or 32 warps per program (4 by default).",
+               power_of_two=True)
+  if options.num_stages is not None:
+    _check_int("num_stages", options.num_stages, 0,
+               "Pass the number of pipeline stages, e.g. 2 or 3 (the default).")
+  _check_int("num_ctas", options.num_ctas, 1,
+             "Pass 1 (the default), or a cluster size on Hopper or later.")
+  if options.compute_capability is not None:
+    _check_int("compute_capability", options.compute_capability, 1,
+               "Pass major * 10 + minor, e.g. 90 for an H100.")
+  _check_type("name", options.name, (str,), "a str")
+  _check_type("serialized_metadata", options.serialized_metadata,
+              (bytes,), "bytes (e.g. b'...' or text.encode())")
+  for flag in ("enable_fp_fusion", "debug"):
+    _check_type(flag, getattr(options, flag), (bool,), "True or False")
+  aliases = options.input_output_aliases
+  if aliases is not None and not isinstance(aliases, collections.abc.Mapping):
+    raise TypeError(
+        f"triton_call: input_output_aliases={aliases!r} of type"
+        f" {type(aliases).__name__} must be a dict from an input's index"
+        " (among the array arguments) to an output's index, e.g. {0: 0}."
+    )
+  for key, value in (aliases or {}).items():
+    if not _is_int(key) or not _is_int(value):
+      raise TypeError(
+          f"triton_call: input_output_aliases entry {key!r}: {value!r} must"
+          " map an int input index to an int output index, e.g. {0: 0}."
+      )

@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import importlib
 import itertools
+import threading
 from typing import Any, NamedTuple
 
 import jax
@@ -27,6 +28,13 @@ Heuristics = _autotuner.Heuristics
 Config = triton.Config
 InterpretedFunction = _interpreter.InterpretedFunction
 InterpreterError = triton.runtime.errors.InterpreterError
+
+# Triton's interpreter patches ``triton.language`` module-wide for the length
+# of a launch, and the compiler's code generator calls that same module: a
+# compile overlapping an interpreted launch in another thread would generate
+# code from the interpreter's functions. Both hold this lock while they use
+# the module. Reentrant: an interpreted kernel may trace a nested call.
+LANGUAGE_LOCK = threading.RLock()
 
 
 def jit_function_of(fn: Any) -> JITFunction:
@@ -193,9 +201,10 @@ def ast_to_ttir(jit_fn, backend, target, options, signature, constexprs,
   context = ir.context()
   ir.load_dialects(context)
   backend.load_dialects(context)
-  module = source.make_ir(
-      target, options, backend.get_codegen_implementation(options),
-      backend.get_module_map(), context)
+  with LANGUAGE_LOCK:
+    module = source.make_ir(
+        target, options, backend.get_codegen_implementation(options),
+        backend.get_module_map(), context)
   return module, context
 
 

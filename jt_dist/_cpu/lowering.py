@@ -11,19 +11,20 @@ from __future__ import annotations
 
 import functools
 import logging
-import threading
 
 import jax
 from jax.interpreters import mlir
 import numpy as np
 
+from jt_dist import _compat
 from jt_dist._cpu import runtime as _interpreter_runtime
 
 logger = logging.getLogger("jt_dist")
 
 # Triton's interpreter patches triton.language module-wide during a launch,
-# so two launches must never overlap, whichever devices they belong to.
-_INTERPRETER_LOCK = threading.RLock()
+# so two launches must never overlap, whichever devices they belong to, nor
+# overlap a GPU compile (which reads the module): one lock for both.
+_INTERPRETER_LOCK = _compat.LANGUAGE_LOCK
 _logged_kernels: set[str] = set()
 
 # Outputs the kernel does not write come back as this byte pattern (NaN for

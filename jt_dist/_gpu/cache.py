@@ -98,6 +98,9 @@ class _Settings:
 _settings = _Settings()
 memory_cache = LRUCache(DEFAULT_MEMORY_ENTRIES)
 _warned_unwritable: set[str] = set()
+# Striped rather than one lock per key: bounded, and two different kernels
+# rarely wait for each other.
+_CREATE_LOCKS = tuple(threading.Lock() for _ in range(64))
 
 
 def configure(*, disk_cache: bool | None = None, cache_dir: str | None = None,
@@ -310,10 +313,17 @@ def store(key: str, metadata: Mapping[str, Any], binary: bytes) -> None:
           " writable directory, or JT_DIST_DISK_CACHE=0.", folder, e)
 
 
+def _create_lock(key: str) -> threading.Lock:
+  return _CREATE_LOCKS[hash(key) % len(_CREATE_LOCKS)]
+
+
 def get_or_create(key: str, create: Callable[[], tuple[Any, dict, bytes]],
                   restore: Callable[[dict, bytes], Any], *,
                   use_cached: bool = True) -> Any:
   """The value for ``key``: from memory, else from disk, else created.
+
+  Threads asking for the same key at once wait for one of them to create
+  it, so a kernel is compiled once however many threads lower it.
 
   Args:
     key: a ``content_key``.
@@ -325,19 +335,34 @@ def get_or_create(key: str, create: Callable[[], tuple[Any, dict, bytes]],
   Returns:
     The value.
   """
-  if use_cached:
-    value = memory_cache.get(key)
-    if value is not None:
-      return value
-    entry = load(key)
-    if entry is not None:
-      try:
-        value = restore(*entry)
-      except (ValueError, KeyError, TypeError) as e:
-        _discard(key, [_entry_paths(key)[1]], f"its metadata is invalid: {e}")
-      else:
-        memory_cache.put(key, value)
-        return value
+  if not use_cached:
+    return _create_and_store(key, create)
+  value = memory_cache.get(key)
+  if value is not None:
+    return value
+  with _create_lock(key):
+    value = memory_cache.get(key)  # Created while this thread waited.
+    if value is None:
+      value = _restore_from_disk(key, restore)
+    if value is None:
+      value = _create_and_store(key, create)
+    return value
+
+
+def _restore_from_disk(key: str, restore) -> Any | None:
+  entry = load(key)
+  if entry is None:
+    return None
+  try:
+    value = restore(*entry)
+  except (ValueError, KeyError, TypeError) as e:
+    _discard(key, [_entry_paths(key)[1]], f"its metadata is invalid: {e}")
+    return None
+  memory_cache.put(key, value)
+  return value
+
+
+def _create_and_store(key: str, create) -> Any:
   value, metadata, binary = create()
   memory_cache.put(key, value)
   store(key, metadata, binary)

@@ -1,0 +1,222 @@
+"""16 threads calling and compiling kernels at once.
+
+Every thread calls one of several kernels, or the same kernel with another
+metaparam, at the same moment (a barrier releases them together). Every
+result must be right, and the caches must hold one entry per compiled
+kernel: Triton's compiler and interpreter both touch module-wide state, so
+a missing lock shows up here as a wrong result, a crash, or a duplicate.
+
+On GPUs the calls compile and launch; on the CPU they run through the
+interpreter, and a second test compiles the same calls for CUDA by
+cross-lowering, which exercises the compile path and its caches.
+"""
+
+import concurrent.futures
+import threading
+import unittest
+from unittest import mock
+
+from absl.testing import absltest
+import jax
+import jax.numpy as jnp
+import numpy as np
+import triton
+import triton.language as tl
+
+from jt_dist import testing
+
+testing.configure_cpu_devices()
+
+import jt_dist  # pylint: disable=g-import-not-at-top,wrong-import-position
+from jt_dist import _kernel  # pylint: disable=g-import-not-at-top,wrong-import-position
+from jt_dist._cpu import lowering as _cpu_lowering  # pylint: disable=g-import-not-at-top,wrong-import-position
+from jt_dist._gpu import cache as _cache  # pylint: disable=g-import-not-at-top,wrong-import-position
+from jt_dist._gpu import compile as _compile  # pylint: disable=g-import-not-at-top,wrong-import-position
+import gpu_lowering_util as util  # pylint: disable=g-import-not-at-top,wrong-import-position
+
+_THREADS = 16
+_N = 64
+
+
+@triton.jit
+def _twice(x):
+  return x + x
+
+
+@triton.jit
+def add_kernel(x_ptr, y_ptr, n, out_ptr, BLOCK: tl.constexpr):
+  offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+  mask = offsets < n
+  x = tl.load(x_ptr + offsets, mask=mask)
+  y = tl.load(y_ptr + offsets, mask=mask)
+  tl.store(out_ptr + offsets, x + y, mask=mask)
+
+
+@triton.jit
+def mul_kernel(x_ptr, y_ptr, n, out_ptr, BLOCK: tl.constexpr):
+  offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+  mask = offsets < n
+  x = tl.load(x_ptr + offsets, mask=mask)
+  y = tl.load(y_ptr + offsets, mask=mask)
+  tl.store(out_ptr + offsets, x * y, mask=mask)
+
+
+@triton.jit
+def twice_diff_kernel(x_ptr, y_ptr, n, out_ptr, BLOCK: tl.constexpr):
+  offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+  mask = offsets < n
+  x = tl.load(x_ptr + offsets, mask=mask)
+  y = tl.load(y_ptr + offsets, mask=mask)
+  tl.store(out_ptr + offsets, _twice(x) - y, mask=mask)
+
+
+@triton.jit
+def max_kernel(x_ptr, y_ptr, n, out_ptr, BLOCK: tl.constexpr):
+  offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+  mask = offsets < n
+  x = tl.load(x_ptr + offsets, mask=mask)
+  y = tl.load(y_ptr + offsets, mask=mask)
+  tl.store(out_ptr + offsets, tl.maximum(x, y), mask=mask)
+
+
+_KERNELS = (
+    (add_kernel, np.add),
+    (mul_kernel, np.multiply),
+    (twice_diff_kernel, lambda x, y: 2 * x - y),
+    (max_kernel, np.maximum),
+)
+_BLOCKS = (16, 32, 64)
+
+
+def _job(i: int):
+  """Thread i's kernel, reference and block: 4 kernels, 3 blocks each."""
+  kernel, reference = _KERNELS[i % len(_KERNELS)]
+  return kernel, reference, _BLOCKS[(i // len(_KERNELS)) % len(_BLOCKS)]
+
+
+def _distinct_jobs() -> set:
+  return {(_job(i)[0], _job(i)[2]) for i in range(_THREADS)}
+
+
+def _call(kernel, block, x, y, **options):
+  return jt_dist.triton_call(
+      x, y, x.size, kernel=kernel,
+      out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
+      grid=lambda meta: (triton.cdiv(meta["n"], meta["BLOCK"]),),
+      BLOCK=block, **options)
+
+
+def _in_threads(fn):
+  """Runs fn(i) for every thread index, all released at once."""
+  barrier = threading.Barrier(_THREADS)
+
+  def run(i):
+    barrier.wait(timeout=120)
+    return fn(i)
+
+  with concurrent.futures.ThreadPoolExecutor(_THREADS) as pool:
+    return list(pool.map(run, range(_THREADS), timeout=600))
+
+
+class _CountingCompilesMixin(util.IsolatedCacheMixin):
+  """An empty cache and a count of Triton compilations, per test."""
+
+  def setUp(self):
+    super().setUp()
+    self.compiles = 0
+    count_lock = threading.Lock()
+    real = _compile.run_triton
+
+    def counting(*args):
+      with count_lock:
+        self.compiles += 1
+      return real(*args)
+
+    patcher = mock.patch.object(_compile, "run_triton", counting)
+    patcher.start()
+    self.addCleanup(patcher.stop)
+
+
+class ThreadsTest(_CountingCompilesMixin, testing.TestCase):
+
+  def test_sixteen_threads_call_kernels_at_once(self):
+    x = self.random((_THREADS, _N))
+    y = self.random((_THREADS, _N))
+    _kernel.kernel_info.cache_clear()
+
+    def work(i):
+      kernel, _, block = _job(i)
+      # Twice: a first call that compiles, and one that hits the caches.
+      first = _call(kernel, block, jnp.asarray(x[i]), jnp.asarray(y[i]))
+      second = jax.jit(lambda a, b: _call(kernel, block, a, b))(
+          jnp.asarray(x[i]), jnp.asarray(y[i]))
+      return np.asarray(first), np.asarray(second)
+
+    results = _in_threads(work)
+    for i, (first, second) in enumerate(results):
+      expected = _job(i)[1](x[i], y[i])
+      self.assertAllClose(first, expected, msg=f"thread {i}")
+      self.assertAllClose(second, expected, msg=f"thread {i}, jitted")
+    # One unwrapped KernelInfo per kernel object, however many threads.
+    self.assertEqual(_kernel.kernel_info.cache_info().currsize, len(_KERNELS))
+    if testing.platform() == "gpu":
+      # One compiled kernel per (kernel, BLOCK), compiled exactly once.
+      self.assertLen(_cache.memory_cache, len(_distinct_jobs()))
+      self.assertEqual(self.compiles, len(_distinct_jobs()))
+    else:
+      names = {f"{k.fn.__module__}.{k.fn.__qualname__}" for k, _ in _KERNELS}
+      self.assertContainsSubset(names, _cpu_lowering._logged_kernels)  # pylint: disable=protected-access
+      self.assertEqual(self.compiles, 0)
+
+  @unittest.skipUnless(util.HAS_TRITON_CALL, util.SKIP_REASON)
+  def test_sixteen_threads_compile_for_cuda_at_once(self):
+    x = jnp.asarray(self.random((_N,)))
+
+    def ptx_of(i):
+      kernel, _, block = _job(i)
+      fresh = lambda a, b: _call(kernel, block, a, b, compute_capability=90)
+      lowered = jax.jit(fresh).trace(x, x).lower(lowering_platforms=("cuda",))
+      (call,) = util.triton_custom_calls(lowered)
+      return call["calls"][0]["ptx"]
+
+    concurrent_ptx = _in_threads(ptx_of)
+    self.assertEqual(self.compiles, len(_distinct_jobs()))
+    self.assertLen(_cache.memory_cache, len(_distinct_jobs()))
+    # The same PTX as compiling each alone, in this thread, from scratch.
+    _cache.memory_cache.clear()
+    _cache.configure(disk_cache=False)
+    for i, ptx in enumerate(concurrent_ptx):
+      self.assertEqual(ptx, ptx_of(i), f"thread {i}")
+
+  @unittest.skipUnless(util.HAS_TRITON_CALL, util.SKIP_REASON)
+  def test_interpreter_and_compiler_at_once(self):
+    # The interpreter patches triton.language for the length of a launch;
+    # a compile running then must not see the patched functions.
+    x = self.random((_N,))
+    y = self.random((_N,))
+
+    def work(i):
+      kernel, reference, block = _job(i)
+      if i % 2:
+        fresh = lambda a, b: _call(kernel, block, a, b, compute_capability=90)
+        lowered = jax.jit(fresh).trace(x, y).lower(
+            lowering_platforms=("cuda",))
+        return util.triton_custom_calls(lowered)[0]["calls"][0]["ptx"]
+      cpu = jax.devices("cpu")[0]
+      out = _call(kernel, block, jax.device_put(x, cpu),
+                  jax.device_put(y, cpu))
+      return np.asarray(out), reference(x, y)
+
+    results = _in_threads(work)
+    for i, result in enumerate(results):
+      if i % 2:
+        self.assertIn(".target sm_90", result)
+        self.assertIn(_job(i)[0].fn.__name__, result)
+      else:
+        self.assertAllClose(*result, msg=f"thread {i}")
+    self.assertEqual(self.compiles, len({_job(i)[0:3:2] for i in
+                                         range(1, _THREADS, 2)}))
+
+
+if __name__ == "__main__":
+  absltest.main()

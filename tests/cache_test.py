@@ -3,109 +3,21 @@
 from __future__ import annotations
 
 import glob
-import importlib.util
 import json
 import os
 import subprocess
-import tempfile
 import sys
 import unittest
 from unittest import mock
-import uuid
 
 from absl.testing import absltest
-import jax
 import jax.numpy as jnp
 
 import jt_dist
 from jt_dist._gpu import cache as _cache
-from jt_dist._gpu import compile as _compile
 from jt_dist import testing
+import cache_util
 import gpu_lowering_util as util
-
-_REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-_KERNEL_SOURCE = '''
-import triton
-import triton.language as tl
-
-
-@triton.jit
-def helper(x):
-  return x {op} 1.0
-
-
-@triton.jit
-def kernel(x_ptr, n, out_ptr, BLOCK: tl.constexpr):
-  offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-  mask = offsets < n
-  tl.store(out_ptr + offsets, helper(tl.load(x_ptr + offsets, mask=mask)),
-           mask=mask)
-'''
-
-# Lowers the kernel in KERNEL_FILE for CUDA and reports how many times
-# Triton compiled, and a digest of the custom call.
-_CHILD_SCRIPT = '''
-import hashlib, importlib.util, json, os, sys
-import jax, jax.numpy as jnp
-import jt_dist
-from jt_dist._gpu import compile as _compile
-spec = importlib.util.spec_from_file_location("kmod", os.environ["KERNEL_FILE"])
-module = importlib.util.module_from_spec(spec); spec.loader.exec_module(module)
-count = [0]
-real = _compile.run_triton
-def counting(*args):
-  count[0] += 1
-  return real(*args)
-_compile.run_triton = counting
-def f(x):
-  return jt_dist.triton_call(
-      x, x.size, kernel=module.kernel,
-      out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype), grid=(2,), BLOCK=64,
-      compute_capability=90)
-x = jnp.zeros((100,), jnp.float32)
-text = jax.jit(f).trace(x).lower(lowering_platforms=("cuda",)).as_text()
-print("RESULT " + json.dumps({
-    "compiled": count[0],
-    "digest": hashlib.sha256(text.encode()).hexdigest()}))
-'''
-
-
-def _tmpdir(test) -> str:
-  # tempfile rather than absltest's create_tempdir, which needs parsed flags
-  # and so fails under pytest.
-  folder = tempfile.TemporaryDirectory()
-  test.addCleanup(folder.cleanup)
-  return folder.name
-
-
-def _write_kernel(folder: str, op: str = "+") -> str:
-  path = os.path.join(folder, f"kernels_{uuid.uuid4().hex}.py")
-  with open(path, "w") as f:
-    f.write(_KERNEL_SOURCE.format(op=op))
-  return path
-
-
-def _import(path: str):
-  name = f"jt_dist_cache_test_{uuid.uuid4().hex}"
-  spec = importlib.util.spec_from_file_location(name, path)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
-
-
-def _call(module, x):
-  import jt_dist  # pylint: disable=g-import-not-at-top
-
-  return jt_dist.triton_call(
-      x, x.size, kernel=module.kernel,
-      out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype), grid=(2,), BLOCK=64,
-      compute_capability=90)
-
-
-def _lower(module, x):
-  fresh = lambda a: _call(module, a)  # A new function defeats jit's cache.
-  return jax.jit(fresh).trace(x).lower(lowering_platforms=("cuda",))
 
 
 class LRUCacheTest(testing.TestCase):
@@ -137,35 +49,25 @@ class LRUCacheTest(testing.TestCase):
 
 
 @unittest.skipUnless(util.HAS_TRITON_CALL, util.SKIP_REASON)
-class KernelCacheTest(util.IsolatedCacheMixin, testing.TestCase):
+class KernelCacheTest(cache_util.CountingCompilesMixin, testing.TestCase):
 
   def setUp(self):
     super().setUp()
-    self.compiles = 0
-    real = _compile.run_triton
-
-    def counting(*args):
-      self.compiles += 1
-      return real(*args)
-
-    patcher = mock.patch.object(_compile, "run_triton", counting)
-    patcher.start()
-    self.addCleanup(patcher.stop)
-    self.src_dir = _tmpdir(self)
+    self.src_dir = cache_util.tmpdir(self)
     self.x = jnp.asarray(self.random((100,)))
 
   def _entries(self):
     return sorted(glob.glob(os.path.join(self.cache_dir, "*", "*.json")))
 
   def test_same_source_hits_memory_cache_across_objects(self):
-    path = _write_kernel(self.src_dir)
-    _lower(_import(path), self.x)
-    _lower(_import(path), self.x)  # A new JITFunction of the same source.
+    path = cache_util.write_kernel(self.src_dir)
+    cache_util.lower(cache_util.import_file(path), self.x)
+    cache_util.lower(cache_util.import_file(path), self.x)  # A new JITFunction of the same source.
     self.assertEqual(self.compiles, 1)
 
   def test_editing_a_helper_misses_the_cache(self):
-    first = _lower(_import(_write_kernel(self.src_dir, "+")), self.x)
-    edited = _lower(_import(_write_kernel(self.src_dir, "*")), self.x)
+    first = cache_util.lower(cache_util.import_file(cache_util.write_kernel(self.src_dir, "+")), self.x)
+    edited = cache_util.lower(cache_util.import_file(cache_util.write_kernel(self.src_dir, "*")), self.x)
     self.assertEqual(self.compiles, 2)
     ptx = [util.triton_custom_calls(l)[0]["calls"][0]["ptx"]
            for l in (first, edited)]
@@ -173,17 +75,17 @@ class KernelCacheTest(util.IsolatedCacheMixin, testing.TestCase):
     self.assertNotIn("add.f32", ptx[1])
 
   def test_disk_cache_hit_after_memory_is_cleared(self):
-    path = _write_kernel(self.src_dir)
-    first = util.triton_custom_calls(_lower(_import(path), self.x))
+    path = cache_util.write_kernel(self.src_dir)
+    first = util.triton_custom_calls(cache_util.lower(cache_util.import_file(path), self.x))
     self.assertLen(self._entries(), 1)
     _cache.memory_cache.clear()
-    second = util.triton_custom_calls(_lower(_import(path), self.x))
+    second = util.triton_custom_calls(cache_util.lower(cache_util.import_file(path), self.x))
     self.assertEqual(self.compiles, 1)
     self.assertEqual(first, second)
 
   def _populate_and_clear(self):
-    path = _write_kernel(self.src_dir)
-    _lower(_import(path), self.x)
+    path = cache_util.write_kernel(self.src_dir)
+    cache_util.lower(cache_util.import_file(path), self.x)
     _cache.memory_cache.clear()
     (entry,) = self._entries()
     with open(entry) as f:
@@ -193,13 +95,13 @@ class KernelCacheTest(util.IsolatedCacheMixin, testing.TestCase):
 
   def _assert_recompiles_with_log(self, path, reason):
     with self.assertLogs("jt_dist", "WARNING") as logs:
-      call = util.triton_custom_calls(_lower(_import(path), self.x))[0]
+      call = util.triton_custom_calls(cache_util.lower(cache_util.import_file(path), self.x))[0]
     self.assertEqual(self.compiles, 2)
     self.assertIn(".target sm_90", call["calls"][0]["ptx"])
     self.assertRegex("\n".join(logs.output), f"discarding.*{reason}")
     self.assertLen(self._entries(), 1)  # Rewritten, and valid again.
     _cache.memory_cache.clear()
-    _lower(_import(path), self.x)
+    cache_util.lower(cache_util.import_file(path), self.x)
     self.assertEqual(self.compiles, 2)
 
   def test_corrupt_json_is_discarded(self):
@@ -244,10 +146,10 @@ class KernelCacheTest(util.IsolatedCacheMixin, testing.TestCase):
 
   def test_disabled_disk_cache_writes_nothing(self):
     _cache.configure(disk_cache=False)
-    path = _write_kernel(self.src_dir)
-    _lower(_import(path), self.x)
+    path = cache_util.write_kernel(self.src_dir)
+    cache_util.lower(cache_util.import_file(path), self.x)
     _cache.memory_cache.clear()
-    _lower(_import(path), self.x)
+    cache_util.lower(cache_util.import_file(path), self.x)
     self.assertEqual(self.compiles, 2)
     self.assertEqual(self._entries(), [])
 
@@ -259,7 +161,7 @@ class KernelCacheTest(util.IsolatedCacheMixin, testing.TestCase):
   def test_environment_switch_and_directory(self):
     _cache._settings.disk_cache = None  # pylint: disable=protected-access
     _cache._settings.cache_dir = None  # pylint: disable=protected-access
-    other = _tmpdir(self)
+    other = cache_util.tmpdir(self)
     with mock.patch.dict(os.environ, {"JT_DIST_DISK_CACHE": "0",
                                       "JT_DIST_CACHE_DIR": other}):
       self.assertFalse(_cache.disk_cache_enabled())
@@ -267,36 +169,19 @@ class KernelCacheTest(util.IsolatedCacheMixin, testing.TestCase):
     with mock.patch.dict(os.environ, {"JT_DIST_DISK_CACHE": "1",
                                       "JT_DIST_CACHE_DIR": other}):
       self.assertTrue(_cache.disk_cache_enabled())
-      _lower(_import(_write_kernel(self.src_dir)), self.x)
+      cache_util.lower(cache_util.import_file(cache_util.write_kernel(self.src_dir)), self.x)
       self.assertLen(glob.glob(os.path.join(other, "*", "*.json")), 1)
 
   def test_unwritable_directory_logs_and_continues(self):
-    blocker = os.path.join(_tmpdir(self), "a_file")
+    blocker = os.path.join(cache_util.tmpdir(self), "a_file")
     with open(blocker, "w") as f:
       f.write("not a directory")
     _cache.configure(cache_dir=blocker)
     with self.assertLogs("jt_dist", "WARNING") as logs:
       call = util.triton_custom_calls(
-          _lower(_import(_write_kernel(self.src_dir)), self.x))[0]
+          cache_util.lower(cache_util.import_file(cache_util.write_kernel(self.src_dir)), self.x))[0]
     self.assertIn(".target sm_90", call["calls"][0]["ptx"])
     self.assertIn("cannot write the disk cache", "\n".join(logs.output))
-
-
-def _child_env(cache_dir: str, kernel_file: str) -> dict[str, str]:
-  env = dict(os.environ)
-  env.update(JT_DIST_CACHE_DIR=cache_dir, KERNEL_FILE=kernel_file,
-             JT_DIST_DISK_CACHE="1",
-             PYTHONPATH=os.pathsep.join([_REPO, env.get("PYTHONPATH", "")]))
-  env.pop("JT_DIST_DUMP_DIR", None)
-  # The children only lower for CUDA; on a GPU host they must not compete
-  # with the parent for device memory.
-  env["JAX_PLATFORMS"] = "cpu"
-  return env
-
-
-def _result(stdout: str) -> dict:
-  (line,) = [l for l in stdout.splitlines() if l.startswith("RESULT ")]
-  return json.loads(line[len("RESULT "):])
 
 
 @unittest.skipUnless(util.HAS_TRITON_CALL, util.SKIP_REASON)
@@ -304,19 +189,19 @@ class CrossProcessTest(testing.TestCase):
 
   def setUp(self):
     super().setUp()
-    self.cache_dir = _tmpdir(self)
-    self.kernel_file = _write_kernel(_tmpdir(self))
-    self.env = _child_env(self.cache_dir, self.kernel_file)
+    self.cache_dir = cache_util.tmpdir(self)
+    self.kernel_file = cache_util.write_kernel(cache_util.tmpdir(self))
+    self.env = cache_util.child_env(self.cache_dir, self.kernel_file)
 
   def _spawn(self):
     return subprocess.Popen(
-        [sys.executable, "-c", _CHILD_SCRIPT], env=self.env,
+        [sys.executable, "-c", cache_util.CHILD_SCRIPT], env=self.env,
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
   def _finish(self, process):
     out, err = process.communicate(timeout=300)
     self.assertEqual(process.returncode, 0, err[-3000:])
-    return _result(out)
+    return cache_util.result(out)
 
   def test_second_process_skips_triton(self):
     first = self._finish(self._spawn())
@@ -360,8 +245,8 @@ print("RESULT {}")
 class ConcurrentStoreTest(testing.TestCase):
 
   def test_racing_writers_never_pair_metadata_with_another_binary(self):
-    cache_dir = _tmpdir(self)
-    env = _child_env(cache_dir, "")
+    cache_dir = cache_util.tmpdir(self)
+    env = cache_util.child_env(cache_dir, "")
     processes = [
         subprocess.Popen([sys.executable, "-c", _STORE_SCRIPT, str(seed)],
                          env=env, stdout=subprocess.PIPE,
@@ -370,7 +255,7 @@ class ConcurrentStoreTest(testing.TestCase):
     for process in processes:
       out, err = process.communicate(timeout=300)
       self.assertEqual(process.returncode, 0, err[-3000:])
-      _result(out)
+      cache_util.result(out)
 
 
 if __name__ == "__main__":

@@ -14,7 +14,6 @@ cross-lowering, which exercises the compile path and its caches.
 import concurrent.futures
 import threading
 import unittest
-from unittest import mock
 
 from absl.testing import absltest
 import jax
@@ -31,7 +30,7 @@ import jt_dist  # pylint: disable=g-import-not-at-top,wrong-import-position
 from jt_dist import _kernel  # pylint: disable=g-import-not-at-top,wrong-import-position
 from jt_dist._cpu import lowering as _cpu_lowering  # pylint: disable=g-import-not-at-top,wrong-import-position
 from jt_dist._gpu import cache as _cache  # pylint: disable=g-import-not-at-top,wrong-import-position
-from jt_dist._gpu import compile as _compile  # pylint: disable=g-import-not-at-top,wrong-import-position
+import cache_util  # pylint: disable=g-import-not-at-top,wrong-import-position
 import gpu_lowering_util as util  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 _THREADS = 16
@@ -118,26 +117,7 @@ def _in_threads(fn):
     return list(pool.map(run, range(_THREADS), timeout=600))
 
 
-class _CountingCompilesMixin(util.IsolatedCacheMixin):
-  """An empty cache and a count of Triton compilations, per test."""
-
-  def setUp(self):
-    super().setUp()
-    self.compiles = 0
-    count_lock = threading.Lock()
-    real = _compile.run_triton
-
-    def counting(*args):
-      with count_lock:
-        self.compiles += 1
-      return real(*args)
-
-    patcher = mock.patch.object(_compile, "run_triton", counting)
-    patcher.start()
-    self.addCleanup(patcher.stop)
-
-
-class ThreadsTest(_CountingCompilesMixin, testing.TestCase):
+class ThreadsTest(cache_util.CountingCompilesMixin, testing.TestCase):
 
   def test_sixteen_threads_call_kernels_at_once(self):
     x = self.random((_THREADS, _N))

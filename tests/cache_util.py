@@ -1,0 +1,139 @@
+"""Helpers for tests of the compiled-kernel caches: kernels written to files,
+lowered for CUDA, in this process or in child processes, with compiles
+counted.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import tempfile
+import threading
+from unittest import mock
+import uuid
+
+import jax
+
+from jt_dist._gpu import compile as _compile
+import gpu_lowering_util as util
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+KERNEL_SOURCE = '''
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def helper(x):
+  return x {op} 1.0
+
+
+@triton.jit
+def kernel(x_ptr, n, out_ptr, BLOCK: tl.constexpr):
+  offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+  mask = offsets < n
+  tl.store(out_ptr + offsets, helper(tl.load(x_ptr + offsets, mask=mask)),
+           mask=mask)
+'''
+
+# Lowers the kernel in KERNEL_FILE for CUDA and reports how many times
+# Triton compiled, and a digest of the custom call.
+CHILD_SCRIPT = '''
+import hashlib, importlib.util, json, os, sys
+import jax, jax.numpy as jnp
+import jt_dist
+from jt_dist._gpu import compile as _compile
+spec = importlib.util.spec_from_file_location("kmod", os.environ["KERNEL_FILE"])
+module = importlib.util.module_from_spec(spec); spec.loader.exec_module(module)
+count = [0]
+real = _compile.run_triton
+def counting(*args):
+  count[0] += 1
+  return real(*args)
+_compile.run_triton = counting
+def f(x):
+  return jt_dist.triton_call(
+      x, x.size, kernel=module.kernel,
+      out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype), grid=(2,), BLOCK=64,
+      compute_capability=90)
+x = jnp.zeros((100,), jnp.float32)
+text = jax.jit(f).trace(x).lower(lowering_platforms=("cuda",)).as_text()
+print("RESULT " + json.dumps({
+    "compiled": count[0],
+    "digest": hashlib.sha256(text.encode()).hexdigest()}))
+'''
+
+
+def tmpdir(test) -> str:
+  # tempfile rather than absltest's create_tempdir, which needs parsed flags
+  # and so fails under pytest.
+  folder = tempfile.TemporaryDirectory()
+  test.addCleanup(folder.cleanup)
+  return folder.name
+
+
+def write_kernel(folder: str, op: str = "+") -> str:
+  path = os.path.join(folder, f"kernels_{uuid.uuid4().hex}.py")
+  with open(path, "w") as f:
+    f.write(KERNEL_SOURCE.format(op=op))
+  return path
+
+
+def import_file(path: str):
+  name = f"jt_dist_cache_test_{uuid.uuid4().hex}"
+  spec = importlib.util.spec_from_file_location(name, path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
+
+
+def call(module, x):
+  import jt_dist  # pylint: disable=g-import-not-at-top
+
+  return jt_dist.triton_call(
+      x, x.size, kernel=module.kernel,
+      out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype), grid=(2,), BLOCK=64,
+      compute_capability=90)
+
+
+def lower(module, x):
+  fresh = lambda a: call(module, a)  # A new function defeats jit's cache.
+  return jax.jit(fresh).trace(x).lower(lowering_platforms=("cuda",))
+
+
+def child_env(cache_dir: str, kernel_file: str) -> dict[str, str]:
+  env = dict(os.environ)
+  env.update(JT_DIST_CACHE_DIR=cache_dir, KERNEL_FILE=kernel_file,
+             JT_DIST_DISK_CACHE="1",
+             PYTHONPATH=os.pathsep.join([REPO, env.get("PYTHONPATH", "")]))
+  env.pop("JT_DIST_DUMP_DIR", None)
+  # The children only lower for CUDA; on a GPU host they must not compete
+  # with the parent for device memory.
+  env["JAX_PLATFORMS"] = "cpu"
+  return env
+
+
+def result(stdout: str) -> dict:
+  (line,) = [l for l in stdout.splitlines() if l.startswith("RESULT ")]
+  return json.loads(line[len("RESULT "):])
+
+
+class CountingCompilesMixin(util.IsolatedCacheMixin):
+  """An empty cache of its own and a count of Triton compilations, per test."""
+
+  def setUp(self):
+    super().setUp()
+    self.compiles = 0
+    count_lock = threading.Lock()
+    real = _compile.run_triton
+
+    def counting(*args):
+      with count_lock:
+        self.compiles += 1
+      return real(*args)
+
+    patcher = mock.patch.object(_compile, "run_triton", counting)
+    patcher.start()
+    self.addCleanup(patcher.stop)

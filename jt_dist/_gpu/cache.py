@@ -98,6 +98,7 @@ class _Settings:
 _settings = _Settings()
 memory_cache = LRUCache(DEFAULT_MEMORY_ENTRIES)
 _warned_unwritable: set[str] = set()
+_warned_lock = threading.Lock()
 # Striped rather than one lock per key: bounded, and two different kernels
 # rarely wait for each other.
 _CREATE_LOCKS = tuple(threading.Lock() for _ in range(64))
@@ -222,7 +223,9 @@ def load(key: str) -> tuple[dict[str, Any], bytes] | None:
   try:
     with open(json_path, "rb") as f:
       raw = f.read()
-  except FileNotFoundError:
+  except (FileNotFoundError, NotADirectoryError):
+    # NotADirectoryError: the cache directory (or its fan-out folder) is a
+    # file. Every entry would fail alike; store() says so, once.
     return None
   except OSError as e:
     logger.warning("jt_dist: cannot read disk cache entry %s: %s", json_path, e)
@@ -305,12 +308,17 @@ def store(key: str, metadata: Mapping[str, Any], binary: bytes) -> None:
     _atomic_write(folder, os.path.join(folder, document["binary_file"]), binary)
     _atomic_write(folder, json_path, json.dumps(document).encode("utf-8"))
   except OSError as e:
-    if folder not in _warned_unwritable:
-      _warned_unwritable.add(folder)
-      logger.warning(
-          "jt_dist: cannot write the disk cache in %s (%s); compiled kernels"
-          " will not be kept across processes. Set JT_DIST_CACHE_DIR to a"
-          " writable directory, or JT_DIST_DISK_CACHE=0.", folder, e)
+    # Once per cache directory, not per entry: a full disk or a read-only
+    # directory fails every write, and one line says so.
+    root = cache_dir()
+    with _warned_lock:
+      if root in _warned_unwritable:
+        return
+      _warned_unwritable.add(root)
+    logger.warning(
+        "jt_dist: cannot write the disk cache in %s (%s); compiled kernels"
+        " will not be kept across processes. Set JT_DIST_CACHE_DIR to a"
+        " writable directory, or JT_DIST_DISK_CACHE=0.", folder, e)
 
 
 def _create_lock(key: str) -> threading.Lock:

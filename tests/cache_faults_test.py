@@ -1,0 +1,301 @@
+"""The disk cache under faults: damaged entries, unwritable places, races.
+
+Adds to tests/cache_test.py (corrupt JSON, a truncated or flipped binary, a
+missing binary, an entry rewritten for another key, a cache directory that
+is a file, four processes compiling at once). In every case here jt_dist
+must not load a wrong kernel, must not crash, must recompile, and must log
+the fault once.
+
+Kernels are compiled for CUDA by cross-lowering, so these run on any host;
+on a GPU host they exercise the same compile path.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import glob
+import json
+import os
+import subprocess
+import sys
+import types
+import unittest
+from unittest import mock
+
+from absl.testing import absltest
+from absl.testing import parameterized
+import jax.numpy as jnp
+
+from jt_dist._gpu import cache as _cache
+from jt_dist import testing
+import cache_util
+import gpu_lowering_util as util
+
+
+def _ptx(module, x) -> str:
+  (call,) = util.triton_custom_calls(cache_util.lower(module, x))
+  return call["calls"][0]["ptx"]
+
+
+def _damage_json(entry: str, binary: str, how: str, rng) -> None:
+  """Damages the entry's JSON document or its binary, as ``how`` says."""
+  target = binary if how.startswith("binary") else entry
+  with open(target, "rb") as f:
+    data = f.read()
+  if how.endswith("empty"):
+    data = b""
+  elif how.endswith("truncated"):
+    data = data[:len(data) // 2]
+  elif how.endswith("random"):
+    data = rng.bytes(len(data))
+  with open(target, "wb") as f:
+    f.write(data)
+
+
+@unittest.skipUnless(util.HAS_TRITON_CALL, util.SKIP_REASON)
+class DiskFaultTest(cache_util.CountingCompilesMixin, testing.TestCase):
+
+  def setUp(self):
+    super().setUp()
+    self.src_dir = cache_util.tmpdir(self)
+    self.x = jnp.asarray(self.random((100,)))
+
+  def _entries(self, pattern="*.json"):
+    return sorted(glob.glob(os.path.join(self.cache_dir, "*", pattern)))
+
+  def _cached(self, op="+"):
+    """A kernel compiled once into the disk cache, then dropped from memory."""
+    before = set(self._entries())
+    path = cache_util.write_kernel(self.src_dir, op)
+    ptx = _ptx(cache_util.import_file(path), self.x)
+    _cache.memory_cache.clear()
+    (entry,) = set(self._entries()) - before
+    with open(entry) as f:
+      binary = os.path.join(os.path.dirname(entry), json.load(f)["binary_file"])
+    return path, ptx, entry, binary
+
+  def _assert_recovers_logging_once(self, path, expected_ptx, reason):
+    """Recompiles the right kernel with one warning, and stays recovered."""
+    compiles = self.compiles
+    with self.assertLogs("jt_dist", "WARNING") as logs:
+      ptx = _ptx(cache_util.import_file(path), self.x)
+      _ptx(cache_util.import_file(path), self.x)  # A memory hit: no new log.
+    self.assertEqual(ptx, expected_ptx)
+    self.assertEqual(self.compiles, compiles + 1)
+    self.assertLen(logs.records, 1, logs.output)
+    self.assertRegex(logs.output[0], reason)
+    # The rewritten entry is whole: a new process (memory cleared) hits it.
+    _cache.memory_cache.clear()
+    with self.assertNoLogs("jt_dist", "WARNING"):
+      self.assertEqual(_ptx(cache_util.import_file(path), self.x), expected_ptx)
+    self.assertEqual(self.compiles, compiles + 1)
+
+  @parameterized.named_parameters(
+      ("json_empty", "json_empty", "corrupt or truncated"),
+      ("json_truncated", "json_truncated", "corrupt or truncated"),
+      ("json_random", "json_random", "corrupt or truncated"),
+      ("binary_empty", "binary_empty", "does not match"),
+      ("binary_truncated_in_half", "binary_truncated", "does not match"),
+      ("binary_random_same_size", "binary_random", "does not match"))
+  def test_damaged_entry_is_recompiled(self, how, reason):
+    path, ptx, entry, binary = self._cached()
+    _damage_json(entry, binary, how, self.np_rng)
+    self._assert_recovers_logging_once(path, ptx, f"discarding.*{reason}")
+
+  def test_swapped_entry_of_another_kernel_is_not_loaded(self):
+    add_path, add_ptx, add_entry, _ = self._cached("+")
+    _, mul_ptx, mul_entry, mul_binary = self._cached("*")
+    self.assertNotEqual(add_ptx, mul_ptx)
+    # The multiply kernel's whole entry under the add kernel's name, as a
+    # botched copy or sync between machines would leave it.
+    with open(mul_entry, "rb") as f:
+      document = f.read()
+    with open(add_entry, "wb") as f:
+      f.write(document)
+    self._assert_recovers_logging_once(add_path, add_ptx,
+                                       "discarding.*another key")
+    self.assertTrue(os.path.exists(mul_binary))  # The other entry survives.
+
+  def test_swapped_binary_of_another_kernel_is_not_loaded(self):
+    add_path, add_ptx, _, add_binary = self._cached("+")
+    _, _, _, mul_binary = self._cached("*")
+    with open(mul_binary, "rb") as f:
+      data = f.read()
+    with open(add_binary, "wb") as f:
+      f.write(data)
+    self._assert_recovers_logging_once(add_path, add_ptx,
+                                       "discarding.*does not match")
+
+  def _write_fails_once_logged(self, patch, reason):
+    """Two kernels compile under ``patch``: right, unstored, logged once."""
+    paths = [cache_util.write_kernel(self.src_dir, op) for op in "+*"]
+    with patch, self.assertLogs("jt_dist", "WARNING") as logs:
+      ptxs = [_ptx(cache_util.import_file(p), self.x) for p in paths]
+    self.assertEqual(self.compiles, 2)
+    self.assertLen(logs.records, 1, logs.output)
+    self.assertRegex(logs.output[0], f"cannot write the disk cache.*{reason}")
+    self.assertEqual(self._entries(), [])
+    self.assertEqual(self._entries(".tmp-*"), [])  # No torn temporaries.
+    # Unchanged by the fault: the same PTX as compiled with a working disk.
+    _cache.memory_cache.clear()
+    self.assertEqual([_ptx(cache_util.import_file(p), self.x) for p in paths],
+                     ptxs)
+    self.assertEqual(self.compiles, 4)
+    self.assertLen(self._entries(), 2)
+
+  def test_full_disk(self):
+    real_fsync = os.fsync
+    full = OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    def fsync(fd):
+      real_fsync(fd)
+      raise full
+
+    self._write_fails_once_logged(
+        mock.patch.object(_cache.os, "fsync", fsync), "No space left")
+
+  def test_disk_full_between_binary_and_json(self):
+    real = _cache._atomic_write  # pylint: disable=protected-access
+
+    def atomic_write(folder, path, data):
+      if path.endswith(".json"):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+      real(folder, path, data)
+
+    patch = mock.patch.object(_cache, "_atomic_write", atomic_write)
+    paths = [cache_util.write_kernel(self.src_dir, op) for op in "+*"]
+    with patch, self.assertLogs("jt_dist", "WARNING") as logs:
+      for p in paths:
+        _ptx(cache_util.import_file(p), self.x)
+    self.assertLen(logs.records, 1, logs.output)
+    # Binaries without a JSON document are never read: a new process
+    # recompiles rather than guessing.
+    self.assertEqual(self._entries(), [])
+    _cache.memory_cache.clear()
+    _ptx(cache_util.import_file(paths[0]), self.x)
+    self.assertEqual(self.compiles, 3)
+
+  def test_read_only_directory(self):
+    if os.geteuid() == 0:
+      # Root writes through permission bits: refuse the cache's writes the
+      # way a read-only directory refuses them, inside this test only.
+      def mkstemp(**kwargs):
+        raise PermissionError(errno.EACCES, os.strerror(errno.EACCES),
+                              kwargs.get("dir"))
+
+      patch = mock.patch.object(_cache, "tempfile",
+                                types.SimpleNamespace(mkstemp=mkstemp))
+    else:
+      os.chmod(self.cache_dir, 0o555)
+      self.addCleanup(os.chmod, self.cache_dir, 0o755)
+      patch = contextlib.nullcontext()
+    self._write_fails_once_logged(patch, "Permission denied")
+
+  def test_read_only_directory_still_serves_its_entries(self):
+    path, ptx, _, _ = self._cached()
+    os.chmod(self.cache_dir, 0o555)
+    self.addCleanup(os.chmod, self.cache_dir, 0o755)
+    with self.assertNoLogs("jt_dist", "WARNING"):
+      self.assertEqual(_ptx(cache_util.import_file(path), self.x), ptx)
+    self.assertEqual(self.compiles, 1)
+
+  def test_directory_that_is_a_file_logs_once_for_many_kernels(self):
+    blocker = os.path.join(cache_util.tmpdir(self), "a_file")
+    with open(blocker, "w") as f:
+      f.write("not a directory")
+    _cache.configure(cache_dir=blocker)
+    paths = [cache_util.write_kernel(self.src_dir, op) for op in "+*-"]
+    with self.assertLogs("jt_dist", "WARNING") as logs:
+      ptxs = [_ptx(cache_util.import_file(p), self.x) for p in paths]
+    self.assertLen(logs.records, 1, logs.output)
+    self.assertIn("cannot write the disk cache", logs.output[0])
+    self.assertLen(set(ptxs), 3)
+    with open(blocker) as f:
+      self.assertEqual(f.read(), "not a directory")
+
+  def test_entry_path_that_is_a_directory(self):
+    path, ptx, entry, binary = self._cached()
+    os.remove(entry)
+    os.mkdir(entry)  # Something else's directory where the JSON should be.
+    compiles = self.compiles
+    with self.assertLogs("jt_dist", "WARNING") as logs:
+      self.assertEqual(_ptx(cache_util.import_file(path), self.x), ptx)
+      _ptx(cache_util.import_file(path), self.x)
+    self.assertEqual(self.compiles, compiles + 1)
+    # The read and the rewrite each fail, and each says so once; the
+    # directory is left alone (it is not jt_dist's to delete).
+    self.assertLen(logs.records, 2, logs.output)
+    self.assertIn("cannot read disk cache entry", logs.output[0])
+    self.assertIn("cannot write the disk cache", logs.output[1])
+    self.assertTrue(os.path.isdir(entry))
+    self.assertTrue(os.path.exists(binary))
+
+
+_RACERS = 6
+
+
+@unittest.skipUnless(util.HAS_TRITON_CALL, util.SKIP_REASON)
+class RacingProcessesTest(testing.TestCase):
+
+  def setUp(self):
+    super().setUp()
+    self.cache_dir = cache_util.tmpdir(self)
+    self.kernel_file = cache_util.write_kernel(cache_util.tmpdir(self))
+    self.env = cache_util.child_env(self.cache_dir, self.kernel_file)
+
+  def _race(self, count=_RACERS):
+    processes = [
+        subprocess.Popen([sys.executable, "-c", cache_util.CHILD_SCRIPT],
+                         env=self.env, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+        for _ in range(count)]
+    results = []
+    for process in processes:
+      out, err = process.communicate(timeout=300)
+      self.assertEqual(process.returncode, 0, err[-3000:])
+      results.append((cache_util.result(out), err))
+    return results
+
+  def _files(self, pattern):
+    return sorted(glob.glob(os.path.join(self.cache_dir, "*", pattern)))
+
+  def _assert_one_whole_entry(self, digest):
+    (entry,) = self._files("*.json")
+    (binary,) = self._files("*.bin")  # Identical compiles: one binary.
+    with open(entry) as f:
+      document = json.load(f)
+    self.assertEqual(os.path.basename(binary), document["binary_file"])
+    self.assertEqual(self._files(".tmp-*"), [])
+    key = os.path.basename(entry)[:-len(".json")]
+    with mock.patch.object(_cache, "cache_dir", return_value=self.cache_dir), \
+        mock.patch.object(_cache, "disk_cache_enabled", return_value=True):
+      self.assertIsNotNone(_cache.load(key))
+    ((after, _),) = self._race(1)
+    self.assertEqual(after["compiled"], 0)
+    self.assertEqual(after["digest"], digest)
+
+  def test_racing_processes_over_an_empty_cache(self):
+    results = self._race()
+    self.assertLen({r["digest"] for r, _ in results}, 1)
+    self.assertGreaterEqual(sum(r["compiled"] for r, _ in results), 1)
+    self._assert_one_whole_entry(results[0][0]["digest"])
+
+  def test_racing_processes_over_a_corrupt_entry(self):
+    ((first, _),) = self._race(1)
+    (entry,) = self._files("*.json")
+    with open(entry, "w") as f:
+      f.write('{"format": 2, "key": "trunc')
+    results = self._race()
+    self.assertLen({r["digest"] for r, _ in results} | {first["digest"]}, 1)
+    # Whoever read the damage said so, once; nobody crashed on it.
+    for result, err in results:
+      self.assertLessEqual(err.count("discarding the disk cache entry"), 1)
+      if result["compiled"] == 0:
+        self.assertNotIn("discarding", err)
+    self.assertGreaterEqual(sum(r["compiled"] for r, _ in results), 1)
+    self._assert_one_whole_entry(first["digest"])
+
+
+if __name__ == "__main__":
+  absltest.main()

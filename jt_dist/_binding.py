@@ -232,6 +232,8 @@ def _bind_positional(info, args, kinds, n_outputs):
         )
       constexprs[param.name] = payload
       continue
+    if kind == "scalar":
+      _check_declared_scalar(info, i, param, payload)
     if kind == "array":
       dtype = np.dtype(args[i].dtype)
       operands.append(
@@ -243,6 +245,28 @@ def _bind_positional(info, args, kinds, n_outputs):
                   _types.scalar_type(payload))
       )
   return operands, constexprs
+
+
+def _check_declared_scalar(info, i, param, value) -> None:
+  """A scalar must fit the type its parameter declares (``n: tl.int32``)."""
+  bounds = _types.declared_int_range(param.annotation)
+  if bounds is None:
+    return
+  if not isinstance(value, (int, np.integer, bool, np.bool_)):
+    raise TypeError(
+        f"triton_call: args[{i}] = {value!r} of type {type(value).__name__}"
+        f" binds parameter {param.name!r} of kernel {info.name!r}, declared"
+        f" {param.annotation}; pass an int (e.g. int({value!r})), or change"
+        " the kernel's annotation."
+    )
+  low, high = bounds
+  if not low <= int(value) <= high:
+    raise ValueError(
+        f"triton_call: args[{i}] = {int(value)} binds parameter"
+        f" {param.name!r} of kernel {info.name!r}, declared"
+        f" {param.annotation}, which holds {low} to {high}. Pass a value in"
+        " that range, or declare the parameter wider (e.g. tl.int64)."
+    )
 
 
 def _bind_outputs(info, n_args, out_shapes):

@@ -25,6 +25,7 @@ class Param:
   is_constexpr: bool
   has_default: bool
   default: Any
+  annotation: str = ""  # A declared scalar type such as "i32", else "".
 
 
 @dataclasses.dataclass(frozen=True)
@@ -101,6 +102,7 @@ def _params_of(fn: Any) -> list[Param]:
           is_constexpr=bool(p.is_constexpr),
           has_default=bool(p.has_default),
           default=p.default if p.has_default else None,
+          annotation=str(getattr(p, "annotation_type", "") or ""),
       )
       for p in jit_fn.params
   ]

@@ -98,3 +98,21 @@ def python_scalar(value: Any) -> bool | int | float:
   if isinstance(value, (int, np.integer)):
     return int(value)
   return float(value)
+
+
+_INT_BITS = {"i8": 8, "i16": 16, "i32": 32, "i64": 64,
+             "u8": 8, "u16": 16, "u32": 32, "u64": 64}
+
+
+def declared_int_range(annotation: str) -> tuple[int, int] | None:
+  """The values an integer parameter annotated ``annotation`` holds, or None.
+
+  ``annotation`` is Triton's name for a parameter's declared type (from
+  ``n: tl.int32`` or ``n: "i32"``); None for anything but an integer type.
+  """
+  bits = _INT_BITS.get(annotation)
+  if bits is None:
+    return None
+  if annotation.startswith("u"):
+    return 0, 2**bits - 1
+  return -(2**(bits - 1)), 2**(bits - 1) - 1

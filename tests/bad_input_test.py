@@ -48,6 +48,16 @@ def block_first_kernel(x_ptr, BLOCK: tl.constexpr, out_ptr):
   tl.store(out_ptr + offsets, tl.load(x_ptr + offsets))
 
 
+@triton.jit
+def declared_add_kernel(x_ptr, y_ptr, n: tl.int32, out_ptr,
+                        BLOCK: tl.constexpr):
+  offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+  mask = offsets < n
+  x = tl.load(x_ptr + offsets, mask=mask)
+  y = tl.load(y_ptr + offsets, mask=mask)
+  tl.store(out_ptr + offsets, x + y, mask=mask)
+
+
 class _Struct:
   """An output description with any .shape and .dtype, unchecked."""
 
@@ -182,6 +192,18 @@ _TRITON_CALL_CASES = (
      TypeError, r"args\[1\] has shape \(16,\) and dtype object"),
     ("arg_int_beyond_uint64", lambda t: _call(t, t.x, t.y, 2**64 + 5),
      ValueError, r"args\[2\] = 18446744073709551621 does not fit in 64 bits"),
+    ("declared_int32_overflow",
+     lambda t: _call(t, t.x, t.y, 2**31, kernel=declared_add_kernel),
+     ValueError, r"args\[2\] = 2147483648 binds parameter 'n' of kernel"
+     r" 'declared_add_kernel', declared i32, which holds -2147483648 to"
+     r" 2147483647.*tl\.int64"),
+    ("declared_int32_underflow",
+     lambda t: _call(t, t.x, t.y, -(2**31) - 1, kernel=declared_add_kernel),
+     ValueError, r"args\[2\] = -2147483649 binds parameter 'n'.*declared i32"),
+    ("declared_int32_given_float",
+     lambda t: _call(t, t.x, t.y, 16.0, kernel=declared_add_kernel),
+     TypeError, r"args\[2\] = 16\.0 of type float binds parameter 'n'.*"
+     r"declared i32; pass an int"),
     # --- options ----------------------------------------------------------
     ("num_warps_zero", lambda t: _call(t, num_warps=0),
      ValueError, r"num_warps=0 must be at least 1 and a power of two"),
@@ -342,6 +364,10 @@ class BadInputTest(testing.TestCase):
           ValueError, rf"device={re.escape(repr(hidden))}.*platform {hidden.platform}.*not"
           r" one of this process's devices.*jax\.devices\(\)"):
         _call(self, device=hidden)
+
+  def test_declared_int32_in_range_runs(self):
+    out = _call(self, self.x, self.y, np.int64(16), kernel=declared_add_kernel)
+    self.assertAllClose(out, np.asarray(self.x) + np.asarray(self.y))
 
   def test_numpy_device_index_is_accepted(self):
     out = _call(self, device=np.int64(0))

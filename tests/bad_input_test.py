@@ -15,6 +15,7 @@ zeroed_outputs) keeps its type and gains a note naming the callable.
 import functools
 import os
 import re
+import sys
 from unittest import mock
 
 from absl.testing import absltest
@@ -30,16 +31,10 @@ from jt_dist import testing
 testing.configure_cpu_devices()
 
 import jt_dist  # pylint: disable=g-import-not-at-top,wrong-import-position
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from examples.add import add_kernel  # pylint: disable=g-import-not-at-top,wrong-import-position
 from jt_dist._gpu import cache as _cache  # pylint: disable=g-import-not-at-top,wrong-import-position
-
-
-@triton.jit
-def add_kernel(x_ptr, y_ptr, n, out_ptr, BLOCK: tl.constexpr):
-  offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-  mask = offsets < n
-  x = tl.load(x_ptr + offsets, mask=mask)
-  y = tl.load(y_ptr + offsets, mask=mask)
-  tl.store(out_ptr + offsets, x + y, mask=mask)
 
 
 @triton.jit
@@ -66,11 +61,11 @@ class _Struct:
 
 
 def missing_block_grid(meta):
-  return (triton.cdiv(meta["n"], meta["BLOCK_SIZE"]),)
+  return (triton.cdiv(meta["n_elements"], meta["BLOCK_SIZE"]),)
 
 
 def failing_heuristic(meta):
-  return meta["n"] // meta["missing"]
+  return meta["n_elements"] // meta["missing"]
 
 
 def failing_prune(configs, named_args):
@@ -99,7 +94,7 @@ def _heuristic_kernel(values):
 
 
 def _autotuned(configs, **prune):
-  return triton.autotune(configs=configs, key=["n"], **prune)(add_kernel)
+  return triton.autotune(configs=configs, key=["n_elements"], **prune)(add_kernel)
 
 
 _CONFIG = triton.Config({"BLOCK": 16}, num_warps=1)
@@ -124,8 +119,8 @@ _TRITON_CALL_CASES = (
     ("output_bound_by_name", lambda t: _call(t, out_ptr=0),
      jt_dist.KernelBindingError, r"metaparam out_ptr=0 binds 'out_ptr'"),
     ("heuristic_for_positional_parameter",
-     lambda t: _call(t, kernel=_heuristic_kernel({"n": lambda m: 16})),
-     jt_dist.KernelBindingError, r"'add_kernel'.*\['n'\] are bound twice"),
+     lambda t: _call(t, kernel=_heuristic_kernel({"n_elements": lambda m: 16})),
+     jt_dist.KernelBindingError, r"'add_kernel'.*\['n_elements'\] are bound twice"),
     ("autotune_config_unknown_parameter",
      lambda t: jt_dist.triton_call(
          t.x, t.y, 16, out_shape=_OUT, grid=1,
@@ -135,8 +130,8 @@ _TRITON_CALL_CASES = (
     ("too_few_args_with_no_outputs_left",
      lambda t: _call(t, t.x),
      jt_dist.KernelBindingError,
-     r"'add_kernel'\(x_ptr, y_ptr, n, out_ptr, BLOCK\).*\['n', 'out_ptr'\]"
-     r" are not bound.*y_ptr=output 0"),
+     r"'add_kernel'\(x_ptr, y_ptr, n_elements, out_ptr, BLOCK\).*"
+     r"\['n_elements', 'out_ptr'\] are not bound.*y_ptr=output 0"),
     # --- the grid -------------------------------------------------------
     ("grid_none", lambda t: _call(t, grid=None),
      TypeError, r"`grid` must be an int.*got None"),
@@ -150,9 +145,9 @@ _TRITON_CALL_CASES = (
      TypeError, r"`grid`.*callable returning one; got None"),
     ("grid_callable_four_axes", lambda t: _call(t, grid=lambda m: (1, 1, 1, 1)),
      ValueError, r"`grid`.*1 to 3 dimensions; got \(1, 1, 1, 1\) with 4"),
-    ("grid_callable_zero", lambda t: _call(t, grid=lambda m: (m["n"] // 32,)),
+    ("grid_callable_zero", lambda t: _call(t, grid=lambda m: (m["n_elements"] // 32,)),
      ValueError, r"grid\[0\] \(x\) must be at least 1; got 0.*triton\.cdiv"),
-    ("grid_callable_negative", lambda t: _call(t, grid=lambda m: (-m["n"],)),
+    ("grid_callable_negative", lambda t: _call(t, grid=lambda m: (-m["n_elements"],)),
      ValueError, r"grid\[0\] \(x\) must be at least 1; got -16"),
     # --- output descriptions --------------------------------------------
     ("out_negative_dim", lambda t: _call(t, out_shape=_Struct((4, -1))),

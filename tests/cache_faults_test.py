@@ -38,7 +38,14 @@ def _ptx(module, x) -> str:
   return call["calls"][0]["ptx"]
 
 
-def _damage_json(entry: str, binary: str, how: str, rng) -> None:
+def _copy(source: str, target: str) -> None:
+  with open(source, "rb") as f:
+    data = f.read()
+  with open(target, "wb") as f:
+    f.write(data)
+
+
+def _damage(entry: str, binary: str, how: str, rng) -> None:
   """Damages the entry's JSON document or its binary, as ``how`` says."""
   target = binary if how.startswith("binary") else entry
   with open(target, "rb") as f:
@@ -100,7 +107,7 @@ class DiskFaultTest(cache_util.CountingCompilesMixin, testing.TestCase):
       ("binary_random_same_size", "binary_random", "does not match"))
   def test_damaged_entry_is_recompiled(self, how, reason):
     path, ptx, entry, binary = self._cached()
-    _damage_json(entry, binary, how, self.np_rng)
+    _damage(entry, binary, how, self.np_rng)
     self._assert_recovers_logging_once(path, ptx, f"discarding.*{reason}")
 
   def test_swapped_entry_of_another_kernel_is_not_loaded(self):
@@ -109,10 +116,7 @@ class DiskFaultTest(cache_util.CountingCompilesMixin, testing.TestCase):
     self.assertNotEqual(add_ptx, mul_ptx)
     # The multiply kernel's whole entry under the add kernel's name, as a
     # botched copy or sync between machines would leave it.
-    with open(mul_entry, "rb") as f:
-      document = f.read()
-    with open(add_entry, "wb") as f:
-      f.write(document)
+    _copy(mul_entry, add_entry)
     self._assert_recovers_logging_once(add_path, add_ptx,
                                        "discarding.*another key")
     self.assertTrue(os.path.exists(mul_binary))  # The other entry survives.
@@ -120,10 +124,7 @@ class DiskFaultTest(cache_util.CountingCompilesMixin, testing.TestCase):
   def test_swapped_binary_of_another_kernel_is_not_loaded(self):
     add_path, add_ptx, _, add_binary = self._cached("+")
     _, _, _, mul_binary = self._cached("*")
-    with open(mul_binary, "rb") as f:
-      data = f.read()
-    with open(add_binary, "wb") as f:
-      f.write(data)
+    _copy(mul_binary, add_binary)
     self._assert_recovers_logging_once(add_path, add_ptx,
                                        "discarding.*does not match")
 

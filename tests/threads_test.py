@@ -12,6 +12,8 @@ cross-lowering, which exercises the compile path and its caches.
 """
 
 import concurrent.futures
+import os
+import sys
 import threading
 import unittest
 
@@ -27,11 +29,15 @@ from jt_dist import testing
 testing.configure_cpu_devices()
 
 import jt_dist  # pylint: disable=g-import-not-at-top,wrong-import-position
+from jt_dist import _compat  # pylint: disable=g-import-not-at-top,wrong-import-position
 from jt_dist import _kernel  # pylint: disable=g-import-not-at-top,wrong-import-position
 from jt_dist._cpu import lowering as _cpu_lowering  # pylint: disable=g-import-not-at-top,wrong-import-position
 from jt_dist._gpu import cache as _cache  # pylint: disable=g-import-not-at-top,wrong-import-position
 import cache_util  # pylint: disable=g-import-not-at-top,wrong-import-position
 import gpu_lowering_util as util  # pylint: disable=g-import-not-at-top,wrong-import-position
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from examples.add import add_kernel  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 _THREADS = 16
 _N = 64
@@ -43,36 +49,27 @@ def _twice(x):
 
 
 @triton.jit
-def add_kernel(x_ptr, y_ptr, n, out_ptr, BLOCK: tl.constexpr):
+def mul_kernel(x_ptr, y_ptr, n_elements, out_ptr, BLOCK: tl.constexpr):
   offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-  mask = offsets < n
-  x = tl.load(x_ptr + offsets, mask=mask)
-  y = tl.load(y_ptr + offsets, mask=mask)
-  tl.store(out_ptr + offsets, x + y, mask=mask)
-
-
-@triton.jit
-def mul_kernel(x_ptr, y_ptr, n, out_ptr, BLOCK: tl.constexpr):
-  offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-  mask = offsets < n
+  mask = offsets < n_elements
   x = tl.load(x_ptr + offsets, mask=mask)
   y = tl.load(y_ptr + offsets, mask=mask)
   tl.store(out_ptr + offsets, x * y, mask=mask)
 
 
 @triton.jit
-def twice_diff_kernel(x_ptr, y_ptr, n, out_ptr, BLOCK: tl.constexpr):
+def twice_diff_kernel(x_ptr, y_ptr, n_elements, out_ptr, BLOCK: tl.constexpr):
   offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-  mask = offsets < n
+  mask = offsets < n_elements
   x = tl.load(x_ptr + offsets, mask=mask)
   y = tl.load(y_ptr + offsets, mask=mask)
   tl.store(out_ptr + offsets, _twice(x) - y, mask=mask)
 
 
 @triton.jit
-def max_kernel(x_ptr, y_ptr, n, out_ptr, BLOCK: tl.constexpr):
+def max_kernel(x_ptr, y_ptr, n_elements, out_ptr, BLOCK: tl.constexpr):
   offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-  mask = offsets < n
+  mask = offsets < n_elements
   x = tl.load(x_ptr + offsets, mask=mask)
   y = tl.load(y_ptr + offsets, mask=mask)
   tl.store(out_ptr + offsets, tl.maximum(x, y), mask=mask)
@@ -101,7 +98,7 @@ def _call(kernel, block, x, y, **options):
   return jt_dist.triton_call(
       x, y, x.size, kernel=kernel,
       out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
-      grid=lambda meta: (triton.cdiv(meta["n"], meta["BLOCK"]),),
+      grid=lambda meta: (triton.cdiv(meta["n_elements"], meta["BLOCK"]),),
       BLOCK=block, **options)
 
 
@@ -146,6 +143,11 @@ class ThreadsTest(cache_util.CountingCompilesMixin, testing.TestCase):
     else:
       names = {f"{k.fn.__module__}.{k.fn.__qualname__}" for k, _ in _KERNELS}
       self.assertContainsSubset(names, _cpu_lowering._logged_kernels)  # pylint: disable=protected-access
+      # The interpreter's own per-function state: one rewritten function per
+      # kernel (Triton keys it by the Python function), made once.
+      rewritten = getattr(_compat.InterpretedFunction, "rewritten_fn", None)
+      if rewritten is not None:
+        self.assertContainsSubset({k.fn for k, _ in _KERNELS}, set(rewritten))
       self.assertEqual(self.compiles, 0)
 
   @unittest.skipUnless(util.HAS_TRITON_CALL, util.SKIP_REASON)

@@ -314,3 +314,28 @@ def vary_over(x, axes: tuple):
   if hasattr(jax.lax, "pcast"):
     return jax.lax.pcast(x, axes, to="varying")
   return jax.lax.pvary(x, axes)
+
+
+# --- jax.distributed's key-value store --------------------------------------
+
+
+def distributed_client():
+  """The client of jax.distributed's coordination service, or None.
+
+  Its key-value store lets process 0 hand a value to the others without a
+  collective, in whatever order the processes get there; JAX exposes it only
+  through a private module.
+  """
+  try:
+    from jax._src import distributed  # pylint: disable=g-import-not-at-top
+  except ImportError:
+    return None
+  return getattr(distributed.global_state, "client", None)
+
+
+def key_value_set(client, key: str, value: str) -> None:
+  """Sets ``key``, replacing an earlier value where jaxlib allows it."""
+  try:
+    client.key_value_set(key, value, allow_overwrite=True)
+  except TypeError:  # Older jaxlibs take no allow_overwrite.
+    client.key_value_set(key, value)

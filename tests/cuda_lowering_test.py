@@ -205,6 +205,17 @@ class CudaLoweringTest(util.IsolatedCacheMixin, testing.TestCase):
     self.assertEqual(call["aliases"], [(0, 0, 512 * 4)])
     self.assertIn("operand_index = 0", call["aliases_text"])
 
+  def test_pinned_config_is_lowered_alone_without_a_device(self):
+    # Cross-lowering has no CUDA device to time on: a pin still applies,
+    # and the call carries the pinned kernel alone, without jaxlib's tuning.
+    x, y = self._inputs(n=512)
+    jt_dist.pin_autotune_config(tuned_add_kernel, BLOCK=128)
+    self.addCleanup(jt_dist.pin_autotune_config, tuned_add_kernel, None)
+    (call,) = util.triton_custom_calls(_lower(_tuned_add, x, y))
+    self.assertFalse(call["autotuned"])
+    self.assertEqual(call["calls"][0]["num_warps"], 4)
+    self.assertEqual(call["calls"][0]["grid"][0], 4)
+
   def test_no_module_image_for_jaxlib_without_the_field(self):
     x, y = self._inputs()
     with mock.patch.object(_compat, "jaxlib_takes_module_image",

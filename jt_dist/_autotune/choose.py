@@ -221,6 +221,10 @@ def for_lowering(ctx, spec, platform: str):
     return spec
   device = _local_device(ctx, platform)
   if device is None:
+    # A pin needs no device: cross-lowered code can run the pinned config.
+    pinned = _pinned(spec, "unknown", "")
+    if pinned is not None:
+      return _timing.single(spec, pinned.index)
     logger.info(
         "jt_dist: no local %s device to time kernel %r on (cross-lowering);"
         " jaxlib will time its %d configs on the first run.", platform,

@@ -127,7 +127,8 @@ class ProcessOutput:
 
   Attributes:
     process_id: its ``jax.process_index()``.
-    returncode: its exit status; None when it was killed at the timeout.
+    returncode: its exit status; None when ``run_processes`` killed it
+      (at the timeout, or after another process failed).
     stdout: everything it printed to stdout.
     stderr: everything it printed to stderr.
   """
@@ -213,7 +214,7 @@ def _process_env(base, port, process_id, num_processes, cpu_devices,
 def _report(outputs: Sequence[ProcessOutput], headline: str) -> str:
   parts = [headline]
   for out in outputs:
-    status = ("killed at the timeout" if out.returncode is None
+    status = ("killed by run_processes" if out.returncode is None
               else f"exit status {out.returncode}")
     parts.append(
         f"----- process {out.process_id} ({status}) stdout -----\n"
@@ -222,26 +223,29 @@ def _report(outputs: Sequence[ProcessOutput], headline: str) -> str:
   return "\n".join(parts)
 
 
-def _wait(procs, deadline: float) -> bool:
-  """Waits for every process; True if one had to be killed at a deadline."""
+def _wait(procs, deadline: float, grace_s: float) -> tuple[set[int], str]:
+  """Waits for every process; returns those killed, and why ("" if none)."""
   failed_at = None
   while True:
     codes = [p.poll() for p in procs]
     if all(c is not None for c in codes):
-      return False
+      return set(), ""
     now = time.monotonic()
     if failed_at is None and any(c not in (None, 0) for c in codes):
       failed_at = now
-    if now > deadline or (failed_at is not None and now > failed_at + _GRACE_S):
-      for p in procs:
+    timed_out = now > deadline
+    if timed_out or (failed_at is not None and now > failed_at + grace_s):
+      killed = set()
+      for i, p in enumerate(procs):
         if p.poll() is None:
           os.killpg(p.pid, signal.SIGKILL)  # Its own session: see Popen.
           p.wait()
-      return True
+          killed.add(i)
+      return killed, "timeout" if timed_out else "failure"
     time.sleep(0.05)
 
 
-def _run_once(argv, num_processes, env_for, timeout_s, cwd):
+def _run_once(argv, num_processes, env_for, timeout_s, grace_s, cwd):
   with tempfile.TemporaryDirectory(prefix="jt_dist_procs_") as logs:
     procs, files = [], []
     for i in range(num_processes):
@@ -253,21 +257,23 @@ def _run_once(argv, num_processes, env_for, timeout_s, cwd):
       procs.append(subprocess.Popen(
           list(argv), env=env_for(i), cwd=cwd, stdout=out, stderr=err,
           start_new_session=True))
-    killed = _wait(procs, time.monotonic() + timeout_s)
+    killed, why = _wait(procs, time.monotonic() + timeout_s, grace_s)
     outputs = []
     for i, (p, (out, err)) in enumerate(zip(procs, files)):
       out.seek(0)
       err.seek(0)
-      outputs.append(ProcessOutput(i, p.returncode, out.read(), err.read()))
+      code = None if i in killed else p.returncode
+      outputs.append(ProcessOutput(i, code, out.read(), err.read()))
       out.close()
       err.close()
-  return outputs, killed
+  return outputs, why
 
 
 def run_processes(argv: Sequence[str], *, num_processes: int = 2,
                   cpu_devices_per_process: int = 4,
                   gpus_per_process: int | None = None,
-                  timeout_s: float = 300.0, env: dict | None = None,
+                  timeout_s: float = 300.0, grace_s: float = _GRACE_S,
+                  env: dict | None = None,
                   cwd: str | None = None) -> list[ProcessOutput]:
   """Runs ``argv`` as ``num_processes`` processes joined by jax.distributed.
 
@@ -283,6 +289,7 @@ def run_processes(argv: Sequence[str], *, num_processes: int = 2,
     cpu_devices_per_process: virtual CPU devices per process.
     gpus_per_process: GPUs per process; None runs on the CPU.
     timeout_s: the most the whole group may take.
+    grace_s: how long the others may run on once one process failed.
     env: the base environment (default: this process's).
     cwd: the working directory.
 
@@ -296,24 +303,25 @@ def run_processes(argv: Sequence[str], *, num_processes: int = 2,
   """
   for _ in range(3):
     port = free_port()
-    outputs, killed = _run_once(
+    outputs, why = _run_once(
         argv, num_processes,
         lambda i, port=port: _process_env(env, port, i, num_processes,
                                           cpu_devices_per_process,
                                           gpus_per_process),
-        timeout_s, cwd)
+        timeout_s, grace_s, cwd)
     # The port was free when chosen but another program may take it
     # before the coordinator binds it: then try another one.
     if not any(m in o.stderr for o in outputs for m in _PORT_IN_USE):
       break
-  if killed:
+  if why == "timeout":
     raise MultiProcessError(_report(outputs, (
         f"run_processes: {argv} in {num_processes} processes did not finish"
-        f" within {timeout_s:.0f} s (or one failed and the others did not"
-        " stop); the processes still running were killed.")))
-  failed = [o.process_id for o in outputs if o.returncode != 0]
+        f" within {timeout_s:.0f} s; the processes still running were"
+        " killed.")))
+  failed = [o.process_id for o in outputs if o.returncode not in (0, None)]
   if failed:
     raise MultiProcessError(_report(outputs, (
         f"run_processes: {argv} failed in process(es) {failed} of"
-        f" {num_processes}.")))
+        f" {num_processes}; any process still running {grace_s:.0f} s later"
+        " was killed.")))
   return outputs

@@ -41,8 +41,9 @@ def pin_autotune_config(kernel: Any, config: Any = None, **fields: Any) -> None:
   """Pins the config an autotuned kernel runs, in every call lowered later.
 
   The first candidate of a call whose fields include the given ones is
-  used, without timing. In a multi-process run process 0's pin counts (and
-  is sent to the others). ``JT_DIST_AUTOTUNE_PIN`` pins from the
+  used, without timing. In a multi-process run process 0's pin counts and
+  is sent to the others: call this in every process, as SPMD code does, so
+  that each one asks process 0 again. ``JT_DIST_AUTOTUNE_PIN`` pins from the
   environment; a pin set here takes precedence.
 
   Args:
@@ -69,6 +70,7 @@ def pin_autotune_config(kernel: Any, config: Any = None, **fields: Any) -> None:
         " config fields, or None.")
   pinned.update(fields)
   _settings.pin(kernel, pinned or None)
+  _store.forget_in_memory(_settings.kernel_name(kernel))
   _relower()
 
 

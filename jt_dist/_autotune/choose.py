@@ -18,8 +18,10 @@ run instead, in each process separately.
 
 from __future__ import annotations
 
+import collections
 import json
 import logging
+import threading
 import time
 from typing import Any
 
@@ -37,6 +39,17 @@ logger = logging.getLogger("jt_dist")
 
 _KV_PREFIX = "jt_dist/autotune/"
 _warned_jaxlib_mode = False
+# How many choices this process has sent or received per call: process 0
+# sends its n-th choice for a call under round n, and the others read round
+# n, so a choice made again (after a pin or forget) never meets a stale one.
+_rounds: collections.Counter = collections.Counter()
+_rounds_lock = threading.Lock()
+
+
+def _kv_key(share_key: str) -> str:
+  with _rounds_lock:
+    _rounds[share_key] += 1
+    return f"{_KV_PREFIX}{share_key}/{_rounds[share_key]}"
 
 
 def _local_device(ctx, platform: str):
@@ -120,7 +133,7 @@ def _receive(spec, share_key: str, kind: str, key: str):
   client = _compat.distributed_client()
   timeout = _settings.timeout_s()
   try:
-    text = client.blocking_key_value_get(_KV_PREFIX + share_key,
+    text = client.blocking_key_value_get(_kv_key(share_key),
                                          int(timeout * 1000))
   except Exception as e:  # pylint: disable=broad-except
     raise _errors.AutotuneError(
@@ -144,7 +157,7 @@ def _receive(spec, share_key: str, kind: str, key: str):
 
 def _publish(choice, share_key: str) -> None:
   client = _compat.distributed_client()
-  _compat.key_value_set(client, _KV_PREFIX + share_key, json.dumps(
+  _compat.key_value_set(client, _kv_key(share_key), json.dumps(
       {"config": choice.config, "timings_s": choice.timings_s}))
 
 

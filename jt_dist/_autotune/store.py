@@ -143,17 +143,22 @@ def _discard(path: str, reason: str) -> None:
     pass
 
 
+def forget_in_memory(name: str | None) -> int:
+  """Forgets this process's choices of kernel ``name`` (all when None)."""
+  with _lock:
+    keys = [k for k, c in _memory.items() if name in (None, c.kernel)]
+    for key in keys:
+      del _memory[key]
+  return len(keys)
+
+
 def forget(name: str | None) -> int:
   """Forgets the choices of kernel ``name`` (all when None), here and on disk.
 
   Returns:
     How many choices were forgotten from memory and disk together.
   """
-  with _lock:
-    keys = [k for k, c in _memory.items() if name in (None, c.kernel)]
-    for key in keys:
-      del _memory[key]
-  count = len(keys)
+  count = forget_in_memory(name)
   folder = _folder()
   try:
     files = [f for f in os.listdir(folder) if f.endswith(".json")]

@@ -463,7 +463,10 @@ class AutotuneChoiceTest(testing.TestCase):
       f.write('{"format": 1, "index": 7')
     _store._memory.clear()
     jax.clear_caches()
-    self._run(kernel)
+    with self.assertLogs("jt_dist", level="WARNING") as logs:
+      self._run(kernel)
+    self.assertRegex("\n".join(logs.output),
+                     rf"ignoring the autotuning choice .*{name}.*unreadable")
     self.assertEqual(jt_dist.autotune_choices(kernel)[0].source, "timed")
 
   def test_triton_key_arguments_are_part_of_the_key(self):
@@ -486,6 +489,43 @@ class AutotuneChoiceTest(testing.TestCase):
     _settings._settings.cpu_rule = None
     with self.assertRaisesRegex(ValueError, r"JT_DIST_AUTOTUNE_CPU='fastest'"):
       _settings.cpu_rule()
+
+  def test_config_that_fails_is_dropped_with_a_warning(self):
+    if testing.platform() != "cpu":
+      self.skipTest("the interpreter refuses the non-power-of-2 block")
+    configs = [triton.Config({"BLOCK": 48, "TAG": 1}),
+               triton.Config({"BLOCK": 32, "TAG": 2})]
+    kernel = triton.autotune(configs=configs, key=["n"])(triton.jit(_tag_fn))
+    with self.assertLogs("jt_dist", level="WARNING") as logs:
+      self.assertEqual(self._run(kernel), 2)
+    self.assertRegex("\n".join(logs.output),
+                     r"autotuning drops config BLOCK: 48, TAG: 1.*'_tag_fn'")
+    (choice,) = jt_dist.autotune_choices(kernel)
+    self.assertIsNone(choice.timings_s[choice.candidates[0]])
+
+  def test_unwritable_cache_logs_and_still_runs(self):
+    blocker = os.path.join(self.cache_dir, "not_a_dir")
+    with open(blocker, "w") as f:
+      f.write("x")
+    _cache.configure(cache_dir=blocker)
+    with self.assertLogs("jt_dist", level="WARNING") as logs:
+      tag = self._run(_tagged_kernel())
+    self.assertIn(tag, (1, 2, 3))
+    self.assertRegex("\n".join(logs.output),
+                     r"cannot save the autotuning choice in .*not_a_dir")
+
+  def test_jaxlib_mode_warns_in_multi_process_runs(self):
+    from jt_dist._autotune import choose  # pylint: disable=g-import-not-at-top
+    self.enter_context(mock.patch.object(jax, "process_count",
+                                         return_value=2))
+    self.enter_context(mock.patch.object(choose, "_warned_jaxlib_mode",
+                                         False))
+    spec = _bind(_autotuned(), self.x, self.x)
+    with self.assertLogs("jt_dist", level="WARNING") as logs:
+      choose._leave_to_jaxlib(spec, "cuda", True)  # pylint: disable=protected-access
+    self.assertRegex("\n".join(logs.output),
+                     r"JT_DIST_AUTOTUNE=jaxlib in a run of 2 processes.*"
+                     r"different config")
 
   def test_no_config_runs_raises_autotune_error(self):
     kernel = _tagged_kernel()

@@ -98,6 +98,13 @@ class MultiProcessTest(testing.TestCase):
     self.assertEqual(again[0]["autotune_chosen_by_process_0"]["source"],
                      "disk")
 
+  def test_waiting_in_vain_for_process_0_names_the_process(self):
+    self.assertRegex(
+        self.results[1]["choice_never_sent"]["message"],
+        r"kernel 'tag_kernel' \(in process 1 of 2\) waited 1 s for process"
+        r" 0's autotuning choice.*same autotuned call.*"
+        r"JT_DIST_AUTOTUNE_TIMEOUT_S")
+
   def test_device_of_another_process_is_refused(self):
     p0 = self.results[0]["placement_errors"]
     self.assertRegex(

@@ -136,6 +136,24 @@ def case_autotune(rng, mesh, label):
           choice_index=choice.index, source=choice.source)
 
 
+def case_choice_never_sent(rng):
+  """Process 1 lowers an autotuned call that process 0 never makes."""
+  if PROCESS_ID != 1:
+    return
+  jt_dist.configure_autotune(timeout_s=1)
+  x = rng.standard_normal(64).astype(np.float32)
+  try:
+    jax.jit(lambda a: jt_dist.triton_call(
+        a, a.size, kernel=TAGGED,
+        out_shape=(jax.ShapeDtypeStruct(a.shape, a.dtype),
+                   jax.ShapeDtypeStruct((1,), np.int32)),
+        grid=lambda meta: (triton.cdiv(meta["n"], meta["BLOCK"]),)))(x)
+    message = None
+  except jt_dist.AutotuneError as e:
+    message = str(e)
+  _report("choice_never_sent", message=message)
+
+
 def case_placement_errors():
   x = jnp.ones((16,), jnp.float32)
   local = jax.local_devices()
@@ -190,6 +208,7 @@ def main():
   jt_dist.pin_autotune_config(TAGGED, TAG=3 if PROCESS_ID == 0 else 2)
   case_autotune(rng, mesh, "pinned_in_process_0")
   case_placement_errors()
+  case_choice_never_sent(rng)
   _report("done")
 
 

@@ -144,15 +144,9 @@ def _receive(spec, share_key: str, kind: str, key: str):
         " JT_DIST_AUTOTUNE mode; raise JT_DIST_AUTOTUNE_TIMEOUT_S if"
         " process 0 needs longer to time the configs.") from None
   sent = json.loads(text)
-  labels = _labels(spec)
-  if sent["config"] not in labels:
-    raise _errors.AutotuneError(
-        f"triton_call: process 0 chose config {sent['config']!r} for kernel"
-        f" {spec.info.name!r}, which is not among this process's candidates"
-        f"{_errors.process_note()}: {list(labels)}. The configs left after"
-        " pruning must be the same in every process.")
-  return _made(spec, labels.index(sent["config"]), "process 0", kind, key,
-               sent.get("timings_s"))
+  # The key covers the candidates, so process 0's config is one of ours.
+  index = _labels(spec).index(sent["config"])
+  return _made(spec, index, "process 0", kind, key, sent.get("timings_s"))
 
 
 def _publish(choice, share_key: str) -> None:
@@ -207,6 +201,23 @@ def _choose(spec, avals, device, platform) -> _store.AutotuneChoice:
   return choice
 
 
+def _leave_to_jaxlib(spec, platform: str, asked: bool) -> None:
+  global _warned_jaxlib_mode
+  if not asked:
+    logger.info(
+        "jt_dist: no local %s device to time kernel %r on (cross-lowering);"
+        " jaxlib will time its %d configs on the first run.", platform,
+        spec.info.name, len(spec.launches))
+  elif jax.process_count() > 1 and not _warned_jaxlib_mode:
+    _warned_jaxlib_mode = True
+    logger.warning(
+        "jt_dist: JT_DIST_AUTOTUNE=jaxlib in a run of %d processes: each"
+        " process times autotuned kernels on its own and may choose a"
+        " different config, so shards can run different code. Leave"
+        " JT_DIST_AUTOTUNE unset for one choice shared by every shard.",
+        jax.process_count())
+
+
 def for_lowering(ctx, spec, platform: str):
   """The spec to lower: with the chosen config alone, or unchanged.
 
@@ -219,29 +230,17 @@ def for_lowering(ctx, spec, platform: str):
     ``spec`` with one launch where a choice was made; ``spec`` itself for
     a kernel with one config, or when jaxlib is to time the configs.
   """
-  global _warned_jaxlib_mode
   if len(spec.launches) == 1:
     return spec
-  if _settings.mode() == "jaxlib" and platform != "cpu":
-    if jax.process_count() > 1 and not _warned_jaxlib_mode:
-      _warned_jaxlib_mode = True
-      logger.warning(
-          "jt_dist: JT_DIST_AUTOTUNE=jaxlib in a run of %d processes: each"
-          " process times autotuned kernels on its own and may choose a"
-          " different config, so shards can run different code. Leave"
-          " JT_DIST_AUTOTUNE unset for one choice shared by every shard.",
-          jax.process_count())
-    return spec
-  device = _local_device(ctx, platform)
+  jaxlib = _settings.mode() == "jaxlib" and platform != "cpu"
+  device = None if jaxlib else _local_device(ctx, platform)
   if device is None:
-    # A pin needs no device: cross-lowered code can run the pinned config.
+    # A pin needs no device: jaxlib's mode and cross-lowered code run the
+    # pinned config too.
     pinned = _pinned(spec, "unknown", "")
     if pinned is not None:
       return _timing.single(spec, pinned.index)
-    logger.info(
-        "jt_dist: no local %s device to time kernel %r on (cross-lowering);"
-        " jaxlib will time its %d configs on the first run.", platform,
-        spec.info.name, len(spec.launches))
+    _leave_to_jaxlib(spec, platform, jaxlib)
     return spec
   avals = list(ctx.avals_in)
   choice = _choose(spec, avals, device, platform)

@@ -80,8 +80,9 @@ def triton_call(
     out_type: another name for ``out_shape``.
     vmap_method: ``None`` to refuse ``jax.vmap``, or ``"sequential"`` to run
       a batch one element after another.
-    device: optionally, the device (index into ``jax.devices()`` or a
-      ``jax.Device``) the call must run on. Committed inputs must already be
+    device: optionally, the device the call must run on: an index into
+      ``jax.local_devices()`` or a ``jax.Device`` this process addresses
+      (in a multi-process run, another process's device is refused). Committed inputs must already be
       there; uncommitted ones are moved there. By default the call runs
       where its inputs are.
     **metaparams: values for the kernel's remaining parameters, by name;

@@ -26,6 +26,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.dirname(HERE))
 
+import timing  # pylint: disable=g-import-not-at-top,wrong-import-position
+
 _STAGES = ("lower_s", "xla_compile_s", "first_execute_s")
 
 
@@ -78,7 +80,6 @@ def bench_steady_state(size, iters, rounds):
   import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
   import kernels  # pylint: disable=g-import-not-at-top
-  import timing  # pylint: disable=g-import-not-at-top
   import jt_dist  # pylint: disable=g-import-not-at-top
 
   # An empty cache: the choice is timed here, not loaded from an old run.
@@ -124,15 +125,6 @@ def bench_steady_state(size, iters, rounds):
   return rows
 
 
-def _print_table(rows):
-  print("\n| case | impl | numbers |\n| --- | --- | --- |")
-  for row in rows:
-    numbers = ", ".join(
-        f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}"
-        for k, v in row.items() if k not in ("case", "impl"))
-    print(f"| {row['case']} | {row['impl']} | {numbers} |")
-
-
 def main():
   parser = argparse.ArgumentParser()
   parser.add_argument("--out", default=None)
@@ -144,7 +136,7 @@ def main():
   rows = bench_first_call(size)
   rows += bench_steady_state(size, iters=2 if args.smoke else 20,
                              rounds=2 if args.smoke else 15)
-  _print_table(rows)
+  timing.print_table(rows)
   if args.out:
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "w") as f:

@@ -113,3 +113,13 @@ def relative_error(actual, expected):
   actual = np.asarray(actual, np.float64)
   expected = np.asarray(expected, np.float64)
   return float(np.linalg.norm(actual - expected) / np.linalg.norm(expected))
+
+
+def print_table(rows):
+  """Prints result rows (dicts with "case" and "impl") as a Markdown table."""
+  print("\n| case | impl | numbers |\n| --- | --- | --- |")
+  for row in rows:
+    numbers = ", ".join(
+        f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}"
+        for k, v in row.items() if k not in ("case", "impl"))
+    print(f"| {row['case']} | {row['impl']} | {numbers} |")

@@ -26,6 +26,8 @@ from typing import Any, Sequence
 from absl.testing import parameterized
 import jax
 import numpy as np
+import triton
+import triton.language as tl
 
 __all__ = [
     "MultiProcessError",
@@ -36,6 +38,7 @@ __all__ = [
     "initialize_process",
     "platform",
     "run_processes",
+    "tag_kernel",
 ]
 
 _DEFAULT_CPU_DEVICES = 8
@@ -61,6 +64,23 @@ def configure_cpu_devices(count: int = _DEFAULT_CPU_DEVICES) -> None:
 def platform() -> str:
   """The platform tests run on: "gpu" when JAX sees GPUs, else "cpu"."""
   return "gpu" if jax.default_backend() in ("gpu", "cuda", "rocm") else "cpu"
+
+
+@triton.jit
+def tag_kernel(x_ptr, n, out_ptr, tag_ptr, BLOCK: tl.constexpr,
+               TAG: tl.constexpr):
+  """``out = 2 * x``; program 0 also writes the constexpr ``TAG`` to ``tag``.
+
+  Autotuned over configs that differ in ``TAG``, it shows which config ran
+  on each shard (one ``tag`` element per shard), which is how the tests
+  check that every shard of every process runs the same config.
+  """
+  offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+  mask = offsets < n
+  tl.store(out_ptr + offsets, tl.load(x_ptr + offsets, mask=mask) * 2,
+           mask=mask)
+  if tl.program_id(0) == 0:
+    tl.store(tag_ptr, TAG)
 
 
 class TestCase(parameterized.TestCase):

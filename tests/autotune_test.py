@@ -301,16 +301,6 @@ class TritonOptionsTest(testing.TestCase):
       _bind(kernel, x, x)
 
 
-def _tag_fn(x_ptr, n, out_ptr, tag_ptr, BLOCK: tl.constexpr,
-            TAG: tl.constexpr):
-  offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-  mask = offsets < n
-  tl.store(out_ptr + offsets, tl.load(x_ptr + offsets, mask=mask) * 2,
-           mask=mask)
-  if tl.program_id(0) == 0:
-    tl.store(tag_ptr, TAG)
-
-
 _TAG_CONFIGS = [triton.Config({"BLOCK": 16, "TAG": 1}, num_warps=1),
                 triton.Config({"BLOCK": 32, "TAG": 2}, num_warps=2),
                 triton.Config({"BLOCK": 64, "TAG": 3}, num_warps=4)]
@@ -318,7 +308,7 @@ _TAG_CONFIGS = [triton.Config({"BLOCK": 16, "TAG": 1}, num_warps=1),
 
 def _tagged_kernel():
   return triton.autotune(configs=list(_TAG_CONFIGS), key=["n"])(
-      triton.jit(_tag_fn))
+      testing.tag_kernel)
 
 
 def _tag_call(kernel, x, tags=1):
@@ -414,10 +404,10 @@ class AutotuneChoiceTest(testing.TestCase):
     if how == "function":
       jt_dist.pin_autotune_config(kernel, TAG=2)
     elif how == "config":
-      jt_dist.pin_autotune_config("_tag_fn", _TAG_CONFIGS[1])
+      jt_dist.pin_autotune_config("tag_kernel", _TAG_CONFIGS[1])
     else:
       self.enter_context(mock.patch.dict(os.environ, {
-          "JT_DIST_AUTOTUNE_PIN": json.dumps({"_tag_fn": {"BLOCK": 32}})}))
+          "JT_DIST_AUTOTUNE_PIN": json.dumps({"tag_kernel": {"BLOCK": 32}})}))
     self.addCleanup(jt_dist.pin_autotune_config, kernel, None)
     with mock.patch.object(_timing, "time_configs",
                            side_effect=AssertionError("timed")):
@@ -430,20 +420,20 @@ class AutotuneChoiceTest(testing.TestCase):
     jt_dist.pin_autotune_config(kernel, BLOCK=128)
     self.addCleanup(jt_dist.pin_autotune_config, kernel, None)
     with self.assertRaisesRegex(
-        ValueError, r"'_tag_fn', \{'BLOCK': 128\}.*3 candidates.*"
+        ValueError, r"'tag_kernel', \{'BLOCK': 128\}.*3 candidates.*"
         r"\[0\] BLOCK: 16, TAG: 1"):
       self._run(kernel)
 
   def test_bad_pin_environment_is_explained(self):
     self.enter_context(mock.patch.dict(
-        os.environ, {"JT_DIST_AUTOTUNE_PIN": "_tag_fn=2"}))
+        os.environ, {"JT_DIST_AUTOTUNE_PIN": "tag_kernel=2"}))
     with self.assertRaisesRegex(ValueError,
-                                r"JT_DIST_AUTOTUNE_PIN='_tag_fn=2'.*JSON"):
+                                r"JT_DIST_AUTOTUNE_PIN='tag_kernel=2'.*JSON"):
       self._run(_tagged_kernel())
 
   def test_pin_of_wrong_type_refused(self):
     with self.assertRaisesRegex(TypeError, r"config=3 of type int"):
-      jt_dist.pin_autotune_config("_tag_fn", 3)
+      jt_dist.pin_autotune_config("tag_kernel", 3)
 
   def test_forget_drops_memory_and_disk(self):
     kernel = _tagged_kernel()
@@ -495,11 +485,11 @@ class AutotuneChoiceTest(testing.TestCase):
       self.skipTest("the interpreter refuses the non-power-of-2 block")
     configs = [triton.Config({"BLOCK": 48, "TAG": 1}),
                triton.Config({"BLOCK": 32, "TAG": 2})]
-    kernel = triton.autotune(configs=configs, key=["n"])(triton.jit(_tag_fn))
+    kernel = triton.autotune(configs=configs, key=["n"])(testing.tag_kernel)
     with self.assertLogs("jt_dist", level="WARNING") as logs:
       self.assertEqual(self._run(kernel), 2)
     self.assertRegex("\n".join(logs.output),
-                     r"autotuning drops config BLOCK: 48, TAG: 1.*'_tag_fn'")
+                     r"autotuning drops config BLOCK: 48, TAG: 1.*'tag_kernel'")
     (choice,) = jt_dist.autotune_choices(kernel)
     self.assertIsNone(choice.timings_s[choice.candidates[0]])
 
@@ -531,7 +521,7 @@ class AutotuneChoiceTest(testing.TestCase):
     kernel = _tagged_kernel()
     with mock.patch.object(_timing, "_compile", return_value=None):
       with self.assertRaisesRegex(
-          jt_dist.AutotuneError, r"no autotuning config of kernel '_tag_fn'"
+          jt_dist.AutotuneError, r"no autotuning config of kernel 'tag_kernel'"
           r" compiled and ran on"):
         self._run(kernel)
 

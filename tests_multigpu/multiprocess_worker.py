@@ -26,7 +26,6 @@ from jax.experimental import multihost_utils
 from jax.sharding import PartitionSpec as P
 import numpy as np
 import triton
-import triton.language as tl
 
 import jt_dist
 
@@ -103,22 +102,11 @@ def case_layernorm_training(rng, mesh_data):
   _report("layernorm_training", grad_rel_error=errors, losses=losses)
 
 
-@triton.jit
-def tag_kernel(x_ptr, n, out_ptr, tag_ptr, BLOCK: tl.constexpr,
-               TAG: tl.constexpr):
-  offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-  mask = offsets < n
-  tl.store(out_ptr + offsets, tl.load(x_ptr + offsets, mask=mask) * 2,
-           mask=mask)
-  if tl.program_id(0) == 0:
-    tl.store(tag_ptr, TAG)
-
-
 # Four configs that cost the same: without one choice for every process,
 # each would pick its own.
 TAGGED = triton.autotune(
     configs=[triton.Config({"BLOCK": 64, "TAG": t}, num_warps=4)
-             for t in (1, 2, 3, 4)], key=["n"])(tag_kernel)
+             for t in (1, 2, 3, 4)], key=["n"])(testing.tag_kernel)
 
 
 def case_autotune(rng, mesh, label):

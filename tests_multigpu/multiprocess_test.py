@@ -117,6 +117,11 @@ class MultiProcessTest(testing.TestCase):
           case["messages"]["device"],
           rf"device={case['other']} belongs to process {1 - p} \(in process"
           rf" {p} of 2\).*jax.local_devices\(\)")
+      self.assertRegex(
+          case["messages"]["committed_local"],
+          rf"shape \(64,\) and dtype float32 \(in process {p} of 2\) is"
+          r" committed to cpu:\d+.*spec P\('x',\).*mesh of 8 devices in"
+          r" processes \[0, 1\].*make_array_from_process_local_data")
       self.assertTrue(case["local_ok"])
       self.assertEqual(case["local_device"], case["expected_device"])
 

@@ -142,7 +142,7 @@ def case_choice_never_sent(rng):
   _report("choice_never_sent", message=message)
 
 
-def case_placement_errors():
+def case_placement_errors(global_mesh):
   x = jnp.ones((16,), jnp.float32)
   local = jax.local_devices()
   other = [d for d in jax.devices() if d.process_index != PROCESS_ID][0]
@@ -159,6 +159,13 @@ def case_placement_errors():
   out = jt_dist.triton_call(x, x, 16, kernel=sharded_add.add_kernel,
                             out_shape=x, grid=(1,), BLOCK=16,
                             device=len(local) - 1)
+  try:
+    sharded_add.sharded_add(jax.device_put(jnp.ones(8 * len(jax.devices())),
+                                           local[0]),
+                            jnp.ones(8 * len(jax.devices())), global_mesh, 8)
+    messages["committed_local"] = None
+  except jt_dist.ShardingSpecError as e:
+    messages["committed_local"] = str(e)
   _report("placement_errors", messages=messages, other=str(other),
           global_index=global_index,
           local_ok=bool(np.allclose(out, 2.0)),
@@ -195,7 +202,7 @@ def main():
   # A pin in every process, as SPMD code has it: process 0's counts.
   jt_dist.pin_autotune_config(TAGGED, TAG=3 if PROCESS_ID == 0 else 2)
   case_autotune(rng, mesh, "pinned_in_process_0")
-  case_placement_errors()
+  case_placement_errors(mesh)
   case_choice_never_sent(rng)
   _report("done")
 

@@ -519,10 +519,13 @@ class AutotuneChoiceTest(testing.TestCase):
 
   def test_no_config_runs_raises_autotune_error(self):
     kernel = _tagged_kernel()
-    with mock.patch.object(_timing, "_compile", return_value=None):
+    failure = ValueError("out of shared memory")
+    with mock.patch.object(_timing, "_compile",
+                           return_value=(None, failure)):
       with self.assertRaisesRegex(
-          jt_dist.AutotuneError, r"no autotuning config of kernel 'tag_kernel'"
-          r" compiled and ran on"):
+          jt_dist.AutotuneError, r"no autotuning config of kernel"
+          r" 'tag_kernel' compiled and ran on .*The first config \(BLOCK: 16,"
+          r" TAG: 1.*ValueError: out of shared memory"):
         self._run(kernel)
 
 

@@ -116,12 +116,6 @@ def _decide(spec, avals, device, platform, key) -> _store.AutotuneChoice:
   start = time.perf_counter()
   times = _timing.time_configs(spec, avals, device, plan)
   ran = [(t, i) for i, t in enumerate(times) if t is not None]
-  if not ran:
-    raise _errors.AutotuneError(
-        f"triton_call: no autotuning config of kernel {spec.info.name!r}"
-        f" compiled and ran on {device}{_errors.process_note()}; the"
-        " warnings logged above on the 'jt_dist' logger say why for each."
-        " Fix the kernel or its configs, or pin one that works.")
   logger.info("jt_dist: timed %d configs of kernel %r on %s in %.2f s.",
               len(ran), spec.info.name, device, time.perf_counter() - start)
   timings = dict(zip(_labels(spec), times))

@@ -24,6 +24,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jt_dist import _errors
 from jt_dist import _primitive
 
 logger = logging.getLogger("jt_dist")
@@ -60,7 +61,8 @@ def _inputs(avals: Sequence[Any], device) -> list[Any]:
   return arrays
 
 
-def _compile(spec, index: int, inputs) -> Any | None:
+def _compile(spec, index: int, inputs) -> tuple[Any, Exception | None]:
+  """The compiled launch ``index`` alone, warmed up; or None and the error."""
   fn = jax.jit(functools.partial(_primitive.triton_call_p.bind,
                                  spec=single(spec, index)))
   try:
@@ -71,13 +73,26 @@ def _compile(spec, index: int, inputs) -> Any | None:
     # (e.g. out of shared memory), so does this one, unless none is left.
     logger.warning("jt_dist: autotuning drops config %s of kernel %r: %s",
                    spec.launches[index].config.label, spec.info.name, e)
-    return None
-  return compiled
+    return None, e
+  return compiled, None
+
+
+def _compiled_launches(spec, inputs, device) -> list[Any]:
+  """Every launch compiled alone; AutotuneError if none compiles and runs."""
+  results = [_compile(spec, i, inputs) for i in range(len(spec.launches))]
+  if all(compiled is None for compiled, _ in results):
+    first = results[0][1]
+    raise _errors.AutotuneError(
+        f"triton_call: no autotuning config of kernel {spec.info.name!r}"
+        f" compiled and ran on {device}{_errors.process_note()}. The first"
+        f" config ({spec.launches[0].config.label}) failed with"
+        f" {type(first).__name__}: {first}") from first
+  return [compiled for compiled, _ in results]
 
 
 def _measure(spec, avals, device, plan: Plan) -> list[float | None]:
   inputs = _inputs(avals, device)
-  compiled = [_compile(spec, i, inputs) for i in range(len(spec.launches))]
+  compiled = _compiled_launches(spec, inputs, device)
   samples: list[list[float]] = [[] for _ in compiled]
   for r in range(plan.rounds):
     # Configs take turns, in an order rotated each round, so that a drift
@@ -107,6 +122,9 @@ def time_configs(spec, avals: Sequence[Any], device,
 
   Returns:
     The median time of each config, None where it failed to compile or run.
+
+  Raises:
+    AutotuneError: no config compiled and ran; it carries the first error.
   """
   result: dict[str, Any] = {}
 

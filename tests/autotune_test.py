@@ -517,6 +517,17 @@ class AutotuneChoiceTest(testing.TestCase):
                      r"JT_DIST_AUTOTUNE=jaxlib in a run of 2 processes.*"
                      r"different config")
 
+  def test_multi_process_without_coordination_service_is_explained(self):
+    from jt_dist import _compat  # pylint: disable=g-import-not-at-top
+    self.enter_context(mock.patch.object(jax, "process_count",
+                                         return_value=2))
+    self.enter_context(mock.patch.object(_compat, "distributed_client",
+                                         return_value=None))
+    with self.assertRaisesRegex(
+        jt_dist.AutotuneError, r"'tag_kernel' \(in process 0 of 2\).*without"
+        r" jax.distributed's coordination service.*JT_DIST_AUTOTUNE_PIN"):
+      self._run(_tagged_kernel())
+
   def test_no_config_runs_raises_autotune_error(self):
     kernel = _tagged_kernel()
     failure = ValueError("out of shared memory")

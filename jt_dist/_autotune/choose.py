@@ -122,9 +122,22 @@ def _decide(spec, avals, device, platform, key) -> _store.AutotuneChoice:
   return _made(spec, min(ran)[1], "timed", kind, key, timings)
 
 
+def _client(spec):
+  client = _compat.distributed_client()
+  if client is None:
+    raise _errors.AutotuneError(
+        f"triton_call: kernel {spec.info.name!r}{_errors.process_note()} is"
+        " autotuned in a multi-process run without jax.distributed's"
+        " coordination service, through which process 0 sends its choice."
+        " Start the processes with jax.distributed.initialize(...), or set"
+        " JT_DIST_AUTOTUNE=jaxlib (each process then tunes on its own), or"
+        " pin a config with JT_DIST_AUTOTUNE_PIN.")
+  return client
+
+
 def _receive(spec, share_key: str, kind: str, key: str):
   """Process 0's choice for this call, from jax.distributed's store."""
-  client = _compat.distributed_client()
+  client = _client(spec)
   timeout = _settings.timeout_s()
   try:
     text = client.blocking_key_value_get(_kv_key(share_key),
@@ -143,8 +156,8 @@ def _receive(spec, share_key: str, kind: str, key: str):
   return _made(spec, index, "process 0", kind, key, sent.get("timings_s"))
 
 
-def _publish(choice, share_key: str) -> None:
-  client = _compat.distributed_client()
+def _publish(spec, choice, share_key: str) -> None:
+  client = _client(spec)
   _compat.key_value_set(client, _kv_key(share_key), json.dumps(
       {"config": choice.config, "timings_s": choice.timings_s}))
 
@@ -191,7 +204,7 @@ def _choose(spec, avals, device, platform) -> _store.AutotuneChoice:
       if choice.source == "timed":
         _store.save(choice)
   if multi and _store.recalled(key) != choice:
-    _publish(choice, share_key)
+    _publish(spec, choice, share_key)
   return choice
 
 

@@ -155,7 +155,8 @@ def time_forms(problem, args, jax_triton, iters=20, rounds=15):
     error = timing.relative_error(np.asarray(fn(*args), np.float32), reference)
     assert error < 2e-2, (name, error)
     calls[name] = (fn, args)
-  seconds = timing.interleaved_chained_each(calls, iters=iters, rounds=rounds)
+  seconds = timing.interleaved_chained_each(calls, iters=iters, rounds=rounds,
+                                           shuffle_seed=0, settle=True)
   work = problem.work(args[0].shape[0])
   return {name: {"ms": s * 1e3, "TFLOPs": work / s}
           for name, s in seconds.items()}

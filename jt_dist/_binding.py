@@ -59,6 +59,8 @@ class CallSpec:
   serialized_metadata: bytes
   custom_call_target_name: str | None
   vmap_method: str | None
+  # A _batching.Batched when this is the batched form of a user's call.
+  batch: Any = None
 
   @property
   def info(self) -> _kernel.KernelInfo:

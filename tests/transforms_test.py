@@ -79,14 +79,6 @@ class VmapTest(testing.TestCase):
         lambda x, y: add(x, y, vmap_method="sequential")))(xs, ys)
     self.assertAllClose(out, xs + ys)
 
-  def test_vmap_refused_without_method(self):
-    xs, ys = self.random((4, 20)), self.random((4, 20))
-    with self.assertRaisesRegex(
-        NotImplementedError,
-        r"'_add_fn'.*jax\.vmap.*jax\.custom_batching\.custom_vmap.*"
-        r"vmap_method='sequential'"):
-      jax.vmap(add)(xs, ys)
-
 
 class DifferentiationTest(testing.TestCase):
 

@@ -7,6 +7,7 @@ Each batched result is compared with NumPy and with
 import importlib.util
 import logging
 import os
+import unittest
 from unittest import mock
 
 from absl.testing import absltest
@@ -24,6 +25,7 @@ testing.configure_cpu_devices()
 import jt_dist  # pylint: disable=g-import-not-at-top,wrong-import-position
 from jt_dist import _batch_kernel  # pylint: disable=g-import-not-at-top,wrong-import-position
 from jt_dist import _grid  # pylint: disable=g-import-not-at-top,wrong-import-position
+import gpu_lowering_util as util  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 _EXAMPLES = os.path.join(
     os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples")
@@ -400,6 +402,59 @@ class UsedAxesTest(parameterized.TestCase):
 
   def test_non_literal_axis_counts_as_every_axis(self):
     self.assertEqual(_batch_kernel.used_grid_axes(cube_kernel), {0, 1, 2})
+
+
+def _lower_for_cuda(fn, *args):
+  # A fresh function each time: jit caches lowerings per function.
+  fresh = lambda *a: fn(*a)
+  return jax.jit(fresh).trace(*args).lower(lowering_platforms=("cuda",))
+
+
+@unittest.skipUnless(util.HAS_TRITON_CALL, util.SKIP_REASON)
+class CudaLoweringTest(util.IsolatedCacheMixin, testing.TestCase):
+  """Cross-lowered for sm_90: one Triton custom call, the batch on the grid."""
+
+  def _calls(self, fn, *shapes, in_axes=0):
+    args = [jax.ShapeDtypeStruct(s, jnp.float32) for s in shapes]
+    vmapped = jax.vmap(lambda *a: fn(*a, compute_capability=90),
+                       in_axes=in_axes)
+    (call,) = util.triton_custom_calls(_lower_for_cuda(vmapped, *args))
+    return call
+
+  def test_add_batch_on_axis_y(self):
+    call = self._calls(add, (5, 1000), (1000,), in_axes=(0, None))
+    (kernel,) = call["calls"]
+    self.assertEqual(kernel["grid"], (triton.cdiv(1000, 16), 5, 1))
+    self.assertEqual(kernel["name"], "add_kernel")
+    self.assertIn("%ctaid.y", kernel["ptx"])
+    self.assertLen([p for p in kernel["params"] if p[0] == "array"], 3)
+
+  def test_softmax_nested_batch_folds_into_axis_y(self):
+    inner = lambda x, **o: jax.vmap(lambda r: softmax(r, **o))(x)
+    call = self._calls(inner, (3, 4, 6, 33))
+    (kernel,) = call["calls"]
+    self.assertEqual(kernel["grid"], (6, 12, 1))
+
+  def test_autotuned_matmul_batch_on_axis_z_in_every_config(self):
+    call = self._calls(matmul, (4, 64, 32), (32, 64), in_axes=(0, None))
+    self.assertTrue(call["autotuned"])
+    self.assertLen(call["calls"], len(matmul_example.CONFIGS))
+    for kernel, config in zip(call["calls"], matmul_example.CONFIGS):
+      self.assertEqual(kernel["grid"], (
+          triton.cdiv(64, config.kwargs["BLOCK_M"]),
+          triton.cdiv(64, config.kwargs["BLOCK_N"]), 4))
+      self.assertIn("%ctaid.z", kernel["ptx"])
+
+  def test_offsets_in_64_bits(self):
+    layout = _batch_kernel.Layout(
+        sizes=(3, 70000), strides=(("x", (2**31, 2**20)),), axes=(1, 2),
+        counts=(52501, 4))
+    source = _batch_kernel.wrapper_source("k", (("x", False),), layout)
+    self.assertIn("program_id(1).to(_jt_vmap_tl.int64)", source)
+    self.assertIn("program_id(2).to(_jt_vmap_tl.int64) * 52501", source)
+    self.assertIn("x += _jt_vmap_i0 * 2147483648 + _jt_vmap_i1 * 1048576",
+                  source)
+    self.assertIn("if _jt_vmap_b < 210000:", source)
 
 
 if __name__ == "__main__":

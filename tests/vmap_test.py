@@ -4,9 +4,9 @@ Each batched result is compared with NumPy and with
 ``vmap_method="sequential"`` (one launch per batch element).
 """
 
-import importlib.util
 import logging
 import os
+import sys
 import unittest
 from unittest import mock
 
@@ -27,22 +27,10 @@ from jt_dist import _batch_kernel  # pylint: disable=g-import-not-at-top,wrong-i
 from jt_dist import _grid  # pylint: disable=g-import-not-at-top,wrong-import-position
 import gpu_lowering_util as util  # pylint: disable=g-import-not-at-top,wrong-import-position
 
-_EXAMPLES = os.path.join(
-    os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples")
-
-
-def _example(name):
-  # Loaded by path: examples/ is a directory of scripts, not a package.
-  spec = importlib.util.spec_from_file_location(
-      f"jt_dist_vmap_example_{name}", os.path.join(_EXAMPLES, f"{name}.py"))
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
-
-
-add_example = _example("add")
-softmax_example = _example("softmax")
-matmul_example = _example("matmul")
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from examples import add as add_example  # pylint: disable=g-import-not-at-top,wrong-import-position
+from examples import matmul as matmul_example  # pylint: disable=g-import-not-at-top,wrong-import-position
+from examples import softmax as softmax_example  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 # GPUs compute a float32 tl.dot in TF32 by default.
 _DOT_TOL = 1e-4 if testing.platform() == "cpu" else 2e-2

@@ -190,19 +190,24 @@ def _register_source(source: str, qualname: str) -> str:
 
 
 @functools.lru_cache(maxsize=256)
-def wrapper_kernel(jit_fn: Any, params: tuple[tuple[str, bool], ...],
+def wrapper_kernel(base_fn: Any, params: tuple[tuple[str, bool], ...],
                    layout: Layout) -> Any:
-  """The cached ``JITFunction`` running ``jit_fn`` over ``layout``'s batch.
+  """The cached kernel running ``base_fn`` over ``layout``'s batch.
 
   Args:
-    jit_fn: the user's base kernel as a ``JITFunction``.
+    base_fn: the user's kernel without its autotuning and heuristics
+      layers: a ``JITFunction``, or an ``InterpretedFunction`` made under
+      ``TRITON_INTERPRET=1``.
     params: the wrapper's parameters as ``(name, is_constexpr)`` pairs.
     layout: the batch layout.
 
   Returns:
-    A ``JITFunction`` taking ``params``; the same object for the same
-    arguments, so that Triton's and jt_dist's caches stay warm.
+    A ``JITFunction`` taking ``params`` (an ``InterpretedFunction`` for an
+    interpreted ``base_fn``, so that it is interpreted on GPUs too); the
+    same object for the same arguments, so that Triton's and jt_dist's
+    caches stay warm.
   """
+  jit_fn = _compat.jit_function_of(base_fn)
   python_fn = jit_fn.fn
   source = wrapper_source(python_fn.__name__, params, layout)
   p = _prefix([n for n, _ in params])
@@ -218,6 +223,8 @@ def wrapper_kernel(jit_fn: Any, params: tuple[tuple[str, bool], ...],
   exec(code, scope)  # pylint: disable=exec-used
   wrapper = scope[python_fn.__name__]
   wrapper.__qualname__ = qualname
+  if isinstance(base_fn, _compat.InterpretedFunction):
+    return _compat.InterpretedFunction(wrapper)
   names = {n for n, _ in params}
   pinned = [q.name for q in jit_fn.params
             if q.do_not_specialize and q.name in names]

@@ -115,8 +115,7 @@ def _on_grid(bind, args, batched, spec, size):
       sizes=sizes, strides=_strides(args, batched, spec, base),
       axes=axes, counts=counts)
   params = _wrapper_params(base)
-  wrapper = _batch_kernel.wrapper_kernel(
-      _compat.jit_function_of(base.info.fn), params, layout)
+  wrapper = _batch_kernel.wrapper_kernel(base.info.fn, params, layout)
   new_spec = dataclasses.replace(
       base,
       kernel=wrapper,

@@ -17,6 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 import triton
 import triton.language as tl
+from triton.runtime import interpreter
 
 from jt_dist import testing
 
@@ -71,12 +72,14 @@ def cube_kernel(x_ptr, out_ptr, D0: tl.constexpr, D1: tl.constexpr,
   tl.store(out_ptr + i, tl.load(x_ptr + i) * 2)
 
 
-@triton.jit
-def double_row_kernel(x_ptr, n, out_ptr, BLOCK: tl.constexpr):
+def _double_fn(x_ptr, n, out_ptr, BLOCK: tl.constexpr):
   offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
   mask = offsets < n
   tl.store(out_ptr + offsets, tl.load(x_ptr + offsets, mask=mask) * 2,
            mask=mask)
+
+
+double_row_kernel = triton.jit(_double_fn)
 
 
 def _cdiv_grid(meta):
@@ -361,11 +364,21 @@ class FallbackTest(testing.TestCase):
         out = jax.vmap(lambda x: double(x, BLOCK=16))(xs)
       with self.assertRaisesRegex(
           NotImplementedError,
-          r"'double_row_kernel'.*batch of 17 \(17\) exceeds the 4 x 4"
+          r"'_double_fn'.*batch of 17 \(17\) exceeds the 4 x 4"
           r" programs the free grid axes \(y/z\)"):
         jax.vmap(lambda x: double(x, BLOCK=16, vmap_method="grid"))(xs)
     self.assertAllClose(out, 2 * xs)
     self.assertTrue(any("exceeds" in r for r in logs.output))
+
+  def test_interpreted_function(self):
+    kernel = interpreter.InterpretedFunction(_double_fn)
+    xs = self.random((3, 40))
+    fn = jax.vmap(lambda x: double(x, kernel=kernel, BLOCK=16))
+    self.assertAllClose(jax.jit(fn)(xs), 2 * xs)
+    # The wrapper is interpreted too, so that GPUs interpret it as well.
+    (eqn,) = jax.make_jaxpr(fn)(xs).eqns
+    self.assertIsInstance(eqn.params["spec"].info.fn,
+                          interpreter.InterpretedFunction)
 
   def test_kernel_without_program_id_batches_on_axis_x(self):
     @triton.jit

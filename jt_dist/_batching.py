@@ -150,7 +150,7 @@ def _strides(args, batched, spec, base):
 def _placement(base, sizes):
   """The grid axes and counts holding a flat batch of ``prod(sizes)``."""
   total = math.prod(sizes)
-  used = _batch_kernel.used_grid_axes(_compat.jit_function_of(base.info.fn))
+  used = _read_axes(base)
   grids = sorted({launch.grid for launch in base.launches})
   free = [a for a in range(3)
           if a not in used and all(g[a] == 1 for g in grids)]
@@ -171,6 +171,18 @@ def _placement(base, sizes):
   raise _NoRoom(
       f"the batch of {total} ({' x '.join(map(str, sizes))}) exceeds the"
       f" {limits} programs the free grid axes ({names}) can launch.")
+
+
+def _read_axes(base):
+  """The grid axes the kernel, or a kernel it is given as a constexpr, reads."""
+  kernels = {_compat.jit_function_of(base.info.fn)}
+  for launch in base.launches:
+    kernels.update(v for _, v in launch.config.kwargs
+                   if isinstance(v, (_compat.JITFunction,
+                                     _compat.InterpretedFunction)))
+  return frozenset().union(*(
+      _batch_kernel.used_grid_axes(_compat.jit_function_of(k))
+      for k in kernels))
 
 
 def _wrapper_params(base):

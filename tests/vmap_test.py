@@ -346,6 +346,26 @@ class FallbackTest(testing.TestCase):
         r" \[0, 1, 2\].*grid \(2, 3, 2\).*vmap_method=None.*'sequential'"):
       jax.vmap(lambda x: cube(x, vmap_method="grid"))(xs)
 
+  def test_kernel_given_as_constexpr_counts(self):
+    @triton.jit
+    def row_of_program(x):
+      return x + tl.program_id(1)
+
+    @triton.jit
+    def apply_kernel(x_ptr, n, out_ptr, FN: tl.constexpr,
+                     BLOCK: tl.constexpr):
+      offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+      mask = offsets < n
+      tl.store(out_ptr + offsets, FN(tl.load(x_ptr + offsets, mask=mask)),
+               mask=mask)
+
+    # FN reads axis 1, so the batch goes to axis 2, where FN reads 0.
+    xs = self.random((3, 20))
+    out = jax.jit(jax.vmap(lambda x: double(
+        x, kernel=apply_kernel, FN=row_of_program, BLOCK=16,
+        vmap_method="grid")))(xs)
+    self.assertAllClose(out, xs)
+
   def test_batch_split_over_y_and_z(self):
     # Axis limits of 4 (instead of 65,535) force a batch of 7 onto two axes,
     # 4 x 2 programs, one of which idles.

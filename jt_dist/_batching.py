@@ -69,7 +69,8 @@ def batch_rule(bind, args, dims, spec):
   args = [a if d is None else jax.numpy.moveaxis(a, d, 0)
           for a, d in zip(args, dims)]
   batched = [d is not None for d in dims]
-  if spec.vmap_method != "sequential":
+  # An empty batch launches nothing, whichever the method.
+  if spec.vmap_method != "sequential" and size:
     try:
       outs = _on_grid(bind, args, batched, spec, size)
       return outs, [0] * len(outs)
@@ -100,10 +101,8 @@ def _sequential(bind, args, batched, spec):
 
 def _on_grid(bind, args, batched, spec, size):
   """One launch of the wrapper kernel over the batched grid."""
-  if size == 0:
-    raise _NoRoom("the batch is empty.")
   base = spec.batch.base if spec.batch else spec
-  args = list(args)
+  args, batched = list(args), list(batched)
   for i, _ in spec.input_output_aliases:
     # An aliased input becomes its output's buffer, which is batched.
     if not batched[i]:

@@ -400,6 +400,25 @@ class FallbackTest(testing.TestCase):
     self.assertIsInstance(eqn.params["spec"].info.fn,
                           interpreter.InterpretedFunction)
 
+  def test_aliased_unbatched_input_when_falling_back(self):
+    xs = self.random((17, 20))
+    acc = self.random((20,))
+    with mock.patch.object(_grid, "MAX_GRID", (2**31 - 1, 4, 4)):
+      new_acc, total = jax.vmap(
+          lambda x, a: jt_dist.triton_call(
+              x, a, x.size, kernel=accumulate_kernel,
+              out_shape=(x, jax.ShapeDtypeStruct((1,), jnp.float32)),
+              grid=_cdiv_grid, BLOCK=16, input_output_aliases={1: 0},
+              zeroed_outputs=[1]),
+          in_axes=(0, None))(xs, acc)
+    self.assertAllClose(new_acc, xs + acc, rtol=1e-6, atol=1e-6)
+    self.assertAllClose(total[:, 0], xs.sum(axis=1), rtol=1e-5, atol=1e-5)
+
+  def test_empty_batch(self):
+    xs = np.zeros((0, 20), np.float32)
+    out = jax.vmap(lambda x: double(x, BLOCK=16, vmap_method="grid"))(xs)
+    self.assertEqual(out.shape, (0, 20))
+
   def test_kernel_without_program_id_batches_on_axis_x(self):
     @triton.jit
     def whole_kernel(x_ptr, out_ptr, N: tl.constexpr):

@@ -80,8 +80,7 @@ def _resolve(node: ast.expr, scope: dict[str, Any]) -> Any:
   return None
 
 
-@functools.lru_cache(maxsize=512)
-def used_grid_axes(jit_fn: Any) -> frozenset[int]:
+def used_grid_axes(kernel_fn: Any) -> frozenset[int]:
   """The grid axes a kernel (or any ``@triton.jit`` callee) reads.
 
   An axis is read through ``tl.program_id(axis)`` or
@@ -89,18 +88,27 @@ def used_grid_axes(jit_fn: Any) -> frozenset[int]:
   constexpr parameter, say) could be any axis, so all three count as read.
 
   Args:
-    jit_fn: a ``JITFunction``.
+    kernel_fn: a ``JITFunction`` or an ``InterpretedFunction``.
 
   Returns:
-    The axes, a subset of {0, 1, 2}.
+    The axes, a subset of {0, 1, 2}. Calls the scan cannot resolve to a
+    function (a kernel passed as a constexpr, say) are not followed: the
+    caller scans constexpr kernels itself.
   """
+  # Keyed by the Python function: hashing a JITFunction computes its
+  # cache_key, which fails for kernels calling interpreted helpers.
+  return _used_axes(kernel_fn.fn)
+
+
+@functools.lru_cache(maxsize=512)
+def _used_axes(python_fn) -> frozenset[int]:
   used: set[int] = set()
-  pending, seen = [jit_fn], set()
+  pending, seen = [python_fn], set()
   while pending:
-    fn = pending.pop()
-    if id(fn) in seen:
+    fn = _compat.jit_function_for(pending.pop())
+    if fn.fn in seen:
       continue
-    seen.add(id(fn))
+    seen.add(fn.fn)
     scope = dict(fn.get_capture_scope())
     for node in ast.walk(fn.parse()):
       if not isinstance(node, ast.Call):
@@ -111,8 +119,10 @@ def used_grid_axes(jit_fn: Any) -> frozenset[int]:
           return _ALL_AXES
         used.add(axis.value)
       callee = _resolve(node.func, scope)
-      if isinstance(callee, _compat.JITFunction):
-        pending.append(callee)
+      # Under TRITON_INTERPRET=1 helpers are InterpretedFunctions.
+      if isinstance(callee, (_compat.JITFunction,
+                             _compat.InterpretedFunction)):
+        pending.append(callee.fn)
   return frozenset(used)
 
 

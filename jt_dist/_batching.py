@@ -174,14 +174,12 @@ def _placement(base, sizes):
 
 def _read_axes(base):
   """The grid axes the kernel, or a kernel it is given as a constexpr, reads."""
-  kernels = {_compat.jit_function_of(base.info.fn)}
+  kernels = [base.info.fn]
   for launch in base.launches:
-    kernels.update(v for _, v in launch.config.kwargs
-                   if isinstance(v, (_compat.JITFunction,
-                                     _compat.InterpretedFunction)))
-  return frozenset().union(*(
-      _batch_kernel.used_grid_axes(_compat.jit_function_of(k))
-      for k in kernels))
+    kernels += [v for _, v in launch.config.kwargs
+                if isinstance(v, (_compat.JITFunction,
+                                  _compat.InterpretedFunction))]
+  return frozenset().union(*map(_batch_kernel.used_grid_axes, kernels))
 
 
 def _wrapper_params(base):

@@ -432,7 +432,24 @@ class FallbackTest(testing.TestCase):
     self.assertAllClose(out, xs + 1)
 
 
+def _add_pid_z(x):
+  return x + tl.program_id(axis=2)
+
+
+# How helpers look when defined under TRITON_INTERPRET=1.
+add_pid_z_interpreted = interpreter.InterpretedFunction(_add_pid_z)
+
+
+@triton.jit
+def calls_interpreted_helper_kernel(x_ptr):
+  tl.store(x_ptr, add_pid_z_interpreted(tl.load(x_ptr)))
+
+
 class UsedAxesTest(parameterized.TestCase):
+
+  def test_interpreted_helpers_are_followed(self):
+    self.assertEqual(
+        _batch_kernel.used_grid_axes(calls_interpreted_helper_kernel), {2})
 
   def test_literal_axes_and_callees(self):
     self.assertEqual(_batch_kernel.used_grid_axes(add_example.add_kernel),

@@ -68,9 +68,10 @@ class CallSpec:
 
   def __repr__(self) -> str:
     grids = sorted({launch.grid for launch in self.launches})
+    batch = f", batch={self.batch.layout.sizes}" if self.batch else ""
     return (
         f"CallSpec(kernel={self.info.name}, name={self.name!r},"
-        f" configs={len(self.launches)}, grids={grids})"
+        f" configs={len(self.launches)}, grids={grids}{batch})"
     )
 
 

@@ -209,6 +209,8 @@ class VmapGridTest(testing.TestCase):
     outer = jax.vmap(inner, in_axes=(0, None))
     out = jax.jit(outer)(xs, ys)
     self.assertAllClose(out, xs + ys[None])
+    (eqn,) = jax.make_jaxpr(outer)(xs, ys).eqns
+    self.assertIn("batch=(2, 3)", str(eqn.params["spec"]))
     self.assertEqual(_host_callbacks(jax.jit(outer).lower(xs, ys).as_text()),
                      1)
 

@@ -504,6 +504,15 @@ class CudaLoweringTest(util.IsolatedCacheMixin, testing.TestCase):
           triton.cdiv(64, config.kwargs["BLOCK_N"]), 4))
       self.assertIn("%ctaid.z", kernel["ptx"])
 
+  def test_batch_split_over_y_and_z_compiles(self):
+    # Axis limits of 4 put a batch of 7 on y and z, 4 x 2 programs, and the
+    # spare one skips the kernel behind an `if`.
+    with mock.patch.object(_grid, "MAX_GRID", (2**31 - 1, 4, 4)):
+      call = self._calls(add, (7, 64), (7, 64))
+    (kernel,) = call["calls"]
+    self.assertEqual(kernel["grid"], (4, 4, 2))
+    self.assertIn("%ctaid.z", kernel["ptx"])
+
   def test_offsets_in_64_bits(self):
     layout = _batch_kernel.Layout(
         sizes=(3, 70000), strides=(("x", (2**31, 2**20)),), axes=(1, 2),

@@ -38,11 +38,12 @@ def jit_function_of(fn: Any) -> JITFunction:
   """
   if isinstance(fn, JITFunction):
     return fn
-  return _jit_function_for_python_fn(fn.fn)
+  return jit_function_for(fn.fn)
 
 
 @functools.lru_cache(maxsize=None)
-def _jit_function_for_python_fn(python_fn) -> JITFunction:
+def jit_function_for(python_fn) -> JITFunction:
+  """A ``JITFunction`` of a plain Python function, one per function."""
   return JITFunction(python_fn)
 
 

@@ -83,13 +83,21 @@ def interleaved_chained_seconds(fns, args, iters=500, rounds=15):
       {name: (fn, args) for name, fn in fns.items()}, iters, rounds)
 
 
-def interleaved_chained_each(calls, iters=20, rounds=15):
+def interleaved_chained_each(calls, iters=20, rounds=15, shuffle_seed=None,
+                             settle=False):
   """``interleaved_chained_seconds`` where each function has its own inputs.
 
   Args:
     calls: name -> (function, its arguments).
     iters: back-to-back calls per sample.
     rounds: samples per function, taken in turns.
+    shuffle_seed: if given, each round takes the functions in a fresh
+      random order from this seed, rather than a rotation. A GPU at its
+      power limit runs a kernel faster after a light one than after a heavy
+      one (on an H200, the same matmul measured 15% apart by what preceded
+      it), and a rotation keeps each function's predecessor fixed.
+    settle: run each function once, untimed, before its sample, so that the
+      GPU's clocks settle to that function's load first.
 
   Returns:
     name -> median seconds per call.
@@ -97,9 +105,15 @@ def interleaved_chained_each(calls, iters=20, rounds=15):
   for fn, args in calls.values():
     block(fn(*args))
   rounds = _whole_rotations(rounds, len(calls))
+  rng = None if shuffle_seed is None else np.random.default_rng(shuffle_seed)
   samples = {name: [] for name in calls}
   for r in range(rounds):
-    for name, (fn, args) in _rotated(calls, r):
+    order = _rotated(calls, r)
+    if rng is not None:
+      order = [order[i] for i in rng.permutation(len(order))]
+    for name, (fn, args) in order:
+      if settle:
+        block(fn(*args))
       start = time.perf_counter()
       out = None
       for _ in range(iters):

@@ -59,6 +59,8 @@ class CallSpec:
   serialized_metadata: bytes
   custom_call_target_name: str | None
   vmap_method: str | None
+  # A _batching.Batched when this is the batched form of a user's call.
+  batch: Any = None
 
   @property
   def info(self) -> _kernel.KernelInfo:
@@ -66,9 +68,10 @@ class CallSpec:
 
   def __repr__(self) -> str:
     grids = sorted({launch.grid for launch in self.launches})
+    batch = f", batch={self.batch.layout.sizes}" if self.batch else ""
     return (
         f"CallSpec(kernel={self.info.name}, name={self.name!r},"
-        f" configs={len(self.launches)}, grids={grids})"
+        f" configs={len(self.launches)}, grids={grids}{batch})"
     )
 
 

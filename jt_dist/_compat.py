@@ -38,11 +38,12 @@ def jit_function_of(fn: Any) -> JITFunction:
   """
   if isinstance(fn, JITFunction):
     return fn
-  return _jit_function_for_python_fn(fn.fn)
+  return jit_function_for(fn.fn)
 
 
 @functools.lru_cache(maxsize=None)
-def _jit_function_for_python_fn(python_fn) -> JITFunction:
+def jit_function_for(python_fn) -> JITFunction:
+  """A ``JITFunction`` of a plain Python function, one per function."""
   return JITFunction(python_fn)
 
 
@@ -126,17 +127,28 @@ def lowering_axis_facts(ctx) -> AxisFacts:
         name: size for name, size in mesh.shape.items()
         if name not in manual and _is_auto(types.get(name))
     }
-    try:
-      devices = tuple(mesh.devices.flat)
-    except (AttributeError, ValueError):  # An AbstractMesh has no devices.
-      devices = ()
-    return AxisFacts("spmd", mesh.size, devices, manual, auto, mesh)
+    return AxisFacts("spmd", mesh.size, mesh_devices(mesh), manual, auto,
+                     mesh)
   if hasattr(axis_ctx, "num_devices"):
     devices = tuple(getattr(axis_ctx, "device_assignment", None) or ())
     return AxisFacts("sharding", axis_ctx.num_devices, devices, frozenset(), {})
   if hasattr(axis_ctx, "axis_env"):
     return AxisFacts("replica", 1, (), frozenset(), {})
   return AxisFacts("none", 1, (), frozenset(), {})
+
+
+def mesh_devices(mesh: Any) -> tuple:
+  """A mesh's devices, flattened; () for None, an empty or abstract mesh.
+
+  ``AbstractMesh.devices`` raises ``ValueError`` rather than
+  ``AttributeError``, so ``getattr(mesh, "devices", None)`` is not safe on
+  the meshes that ``jax.typeof`` and partially manual ``shard_map`` give.
+  """
+  try:
+    devices = mesh.devices
+  except (AttributeError, ValueError):
+    return ()
+  return tuple(devices.flat) if getattr(devices, "size", 0) else ()
 
 
 def _is_auto(axis_type) -> bool:

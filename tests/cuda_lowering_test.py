@@ -429,6 +429,25 @@ class CudaLoweringTest(util.IsolatedCacheMixin, testing.TestCase):
     (call,) = util.triton_custom_calls(_lower(f, x))
     self.assertEqual(call["calls"][0]["params"][2], ("i32", 256))
 
+  @parameterized.parameters(90, None)
+  def test_partially_manual_shard_map_lowers(self, cc):
+    # The axis context of a partially manual shard_map holds an
+    # AbstractMesh, whose .devices raises ValueError, not AttributeError.
+    mesh = jax.make_mesh((2, 2), ("x", "y"), devices=jax.devices()[:4],
+                         axis_types=(jax.sharding.AxisType.Explicit,) * 2)
+    spec = jax.sharding.PartitionSpec("x")
+    x = jax.device_put(jnp.asarray(self.random((512,))),
+                       jax.sharding.NamedSharding(mesh, spec))
+    f = jax.shard_map(lambda a: _add(a, a, compute_capability=cc), mesh=mesh,
+                      in_specs=spec, out_specs=spec, axis_names={"x"})
+    if cc is None and testing.platform() != "gpu":
+      with self.assertRaisesRegex(ValueError,
+                                  r"no CUDA device.*compute_capability="):
+        _lower(f, x)
+      return
+    (call,) = util.triton_custom_calls(_lower(f, x))
+    self.assertEqual(call["calls"][0]["params"][2], ("i32", 256))
+
 
 def _fake_device(platform, cc, ident):
   return types.SimpleNamespace(platform=platform, compute_capability=cc,
@@ -437,7 +456,8 @@ def _fake_device(platform, cc, ident):
 
 def _ctx(devices):
   return types.SimpleNamespace(module_context=types.SimpleNamespace(
-      axis_context=types.SimpleNamespace(device_assignment=tuple(devices))))
+      axis_context=types.SimpleNamespace(device_assignment=tuple(devices),
+                                         num_devices=len(devices))))
 
 
 class TargetTest(testing.TestCase):

@@ -56,7 +56,7 @@ def _local_device(ctx, platform: str):
   """One device of ``platform`` this process addresses, or None."""
   me = jax.process_index()
   if platform == "cpu":
-    found = [d for d in _target._devices_of_context(ctx)  # pylint: disable=protected-access
+    found = [d for d in _compat.lowering_axis_facts(ctx).devices
              if d.platform == "cpu" and d.process_index == me]
     return found[0] if found else jax.local_devices(backend="cpu")[0]
   found = [d for d in _target.candidate_devices(ctx, platform)

@@ -6,8 +6,11 @@ matmul with its cross-process sum, the layer-norm training example, an
 autotuned kernel whose four equally fast configs write their own tag (every
 shard must show process 0's choice), and the placement errors. Then starts
 the processes again on the same caches: process 0 must load its choice from
-disk and time nothing. Writes JSON and prints a table; exits 1 on any
-failed check.
+disk and time nothing. Last, eight autotuned calls (four equally fast
+configs each) run once with jt_dist's one choice and once with jaxlib's
+per-process tuning (``JT_DIST_AUTOTUNE=jaxlib``): the table counts the calls
+whose shards ran different configs. Writes JSON and prints a table; exits 1
+on any failed check.
 
     python benchmarks/multiprocess_gpu.py --out $OUT/multiprocess_gpu.json
     python benchmarks/multiprocess_gpu.py --processes 2
@@ -112,7 +115,16 @@ def main():
       env["JT_DIST_AUTOTUNE_CPU"] = "time"
     first, first_s = _run(args, env, processes, gpus)
     second, second_s = _run(args, env, processes, gpus, "autotune")
+    eight = {}
+    for mode in ("choose", "jaxlib"):
+      with tempfile.TemporaryDirectory() as fresh:
+        mode_env = dict(env, JT_DIST_AUTOTUNE=mode,
+                        JT_DIST_TEST_CACHE_ROOT=fresh)
+        eight[mode] = _run(args, mode_env, processes, gpus, "eight")[0][0][
+            "eight_calls"]
   problems = _check(first, second, shards, not args.cpu)
+  if eight["choose"]["disagreeing"]:
+    problems.append(f"one choice, yet shards disagree: {eight['choose']}")
   print(f"\n{processes} processes, {shards} shards; all cases {first_s:.1f} s,"
         f" the second (autotune only) run {second_s:.1f} s\n")
   print("| process | case | result |\n| --- | --- | --- |")
@@ -124,6 +136,10 @@ def main():
     case = cases.get("autotune_chosen_by_process_0", {})
     print(f"| {p} | second run: autotune | source {case.get('source')},"
           f" tags {case.get('tags')} |")
+  for mode, case in eight.items():
+    print(f"| 0 | eight autotuned calls, JT_DIST_AUTOTUNE={mode} |"
+          f" {case['disagreeing']} of 8 calls ran different configs on"
+          f" different shards; tags per call {case['tags']} |")
   print("\nchecks:", "all passed" if not problems else "\n  ".join(
       ["FAILED"] + problems))
   if args.out:
@@ -131,7 +147,8 @@ def main():
     with open(args.out, "w") as f:
       json.dump({"processes": processes, "shards": shards,
                  "first_run_s": first_s, "second_run_s": second_s,
-                 "first": first, "second": second, "problems": problems},
+                 "first": first, "second": second, "eight_calls": eight,
+                 "problems": problems},
                 f, indent=1)
   sys.exit(1 if problems else 0)
 

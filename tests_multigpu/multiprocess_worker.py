@@ -124,6 +124,27 @@ def case_autotune(rng, mesh, label):
           choice_index=choice.index, source=choice.source)
 
 
+def case_eight_calls(rng, mesh):
+  """Eight autotuned calls (one shape each), four equal configs apiece.
+
+  Reports, per call, the tag every shard of every process wrote: with one
+  choice they agree; with jaxlib's per-process tuning they may not.
+  """
+  tags_by_call = []
+  for i in range(8):
+    n = 64 * (i + 1) * mesh.size
+    x = rng.standard_normal(n).astype(np.float32)
+    _, tags = jax.jit(lambda a: jt_dist.sharded_triton_call(
+        a, jt_dist.shard_size(0), kernel=TAGGED,
+        out_shape=(jax.ShapeDtypeStruct(a.shape, a.dtype),
+                   jax.ShapeDtypeStruct((mesh.size,), np.int32)),
+        grid=lambda meta: (triton.cdiv(meta["n"], meta["BLOCK"]),),
+        mesh=mesh, in_specs=P("x"), out_specs=P("x")))(x)
+    tags_by_call.append(_gather(tags).tolist())
+  _report("eight_calls", tags=tags_by_call,
+          disagreeing=sum(len(set(t)) > 1 for t in tags_by_call))
+
+
 def case_choice_never_sent(rng):
   """Process 1 lowers an autotuned call that process 0 never makes."""
   if PROCESS_ID != 1:
@@ -190,6 +211,10 @@ def main():
           platform=devices[0].platform)
   if sys.argv[1:] == ["autotune"]:
     case_autotune(rng, mesh, "chosen_by_process_0")
+    _report("done")
+    return
+  if sys.argv[1:] == ["eight"]:
+    case_eight_calls(rng, mesh)
     _report("done")
     return
   case_sharded_add(rng, mesh)

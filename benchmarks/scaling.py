@@ -277,33 +277,32 @@ def _check(fn, args, reference, label):
 # --- Timing ------------------------------------------------------------------
 
 
-def _calls_for(problem, count, jax_triton, key):
-  """Every function to time at ``count`` devices: label -> (fn, args, work)."""
-  extent = _global_extent(problem)
+def _placement_calls(problem, extent, mesh, where, jax_triton, key):
+  """Every implementation on ``mesh`` over ``extent``, compiled and checked."""
+  inputs = problem.inputs(extent, key)
+  placed = _place(inputs, mesh, problem.spec)
+  reference = jax.jit(_chain(problem.reference))(*inputs)
   calls = {}
-  full = problem.inputs(extent, key)
-  mesh = _mesh(count)
-  placed = _place(full, mesh, problem.spec)
-  reference = jax.jit(_chain(problem.reference))(*full)
   for name, (step, choices) in _implementations(
       problem, mesh, jax_triton).items():
     fn = _compiled(step, choices, placed)
-    _check(fn, placed, reference, f"{name} on {count}")
-    calls[(name, "mesh")] = (fn, placed, problem.work(extent))
+    _check(fn, placed, reference, f"{name}, {where}, {mesh.size} device(s)")
+    calls[(name, where)] = (fn, placed, problem.work(extent))
+  return calls
+
+
+def _calls_for(problem, count, jax_triton, key):
+  """Every function to time at ``count`` devices: label -> (fn, args, work)."""
+  extent = _global_extent(problem)
+  calls = _placement_calls(problem, extent, _mesh(count), "mesh", jax_triton,
+                           key)
   # The headline function once more, as its own entry: the spread between
   # the two is the run's noise, against which differences are read.
-  calls[(f"{_AGAIN}", "mesh")] = calls[("jt_dist_sharded", "mesh")]
+  calls[(_AGAIN, "mesh")] = calls[("jt_dist_sharded", "mesh")]
   if count > 1:
-    shard = problem.inputs(extent // count, jax.random.fold_in(key, count))
-    one = _mesh(1)
-    shard_args = _place(shard, one, problem.spec)
-    shard_reference = jax.jit(_chain(problem.reference))(*shard)
-    for name, (step, choices) in _implementations(
-        problem, one, jax_triton).items():
-      fn = _compiled(step, choices, shard_args)
-      _check(fn, shard_args, shard_reference, f"{name}, one shard alone")
-      calls[(name, "shard_alone")] = (fn, shard_args,
-                                      problem.work(extent // count))
+    calls.update(_placement_calls(problem, extent // count, _mesh(1),
+                                  "shard_alone", jax_triton,
+                                  jax.random.fold_in(key, count)))
   return calls
 
 

@@ -8,7 +8,10 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+import jax
+
 __all__ = [
+    "AutotuneError",
     "DevicePlacementError",
     "call_user",
     "callable_name",
@@ -37,6 +40,25 @@ class DevicePlacementError(ValueError):
 
 class ShardingSpecError(ValueError):
   """The partition specs or mesh given to ``sharded_triton_call`` are invalid."""
+
+
+class AutotuneError(RuntimeError):
+  """jt_dist could not choose one autotuning config for every shard.
+
+  Raised when no config of an autotuned kernel runs, or when a process of a
+  multi-process run waits in vain for process 0's choice.
+  """
+
+
+def process_note() -> str:
+  """Which process speaks, for messages only one process may see.
+
+  Returns:
+    ``" (in process 1 of 2)"`` in a multi-process run, else ``""``.
+  """
+  if jax.process_count() == 1:
+    return ""
+  return f" (in process {jax.process_index()} of {jax.process_count()})"
 
 
 def callable_name(fn: Any) -> str:

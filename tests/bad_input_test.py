@@ -234,9 +234,11 @@ _TRITON_CALL_CASES = (
     ("device_bool", lambda t: _call(t, device=True),
      TypeError, r"device=True of type bool"),
     ("device_negative", lambda t: _call(t, device=-1),
-     ValueError, r"device=-1 is not a device index.*indices 0 to"),
+     jt_dist.DevicePlacementError,
+     r"device=-1 is not a local device index.*indices 0 to"),
     ("device_numpy_out_of_range", lambda t: _call(t, device=np.int32(10**6)),
-     ValueError, r"device=1000000 is not a device index"),
+     jt_dist.DevicePlacementError,
+     r"device=1000000 is not a local device index"),
     # --- shard_size ------------------------------------------------------
     ("shard_size_bool_index", lambda t: jt_dist.shard_size(True),
      TypeError, r"shard_size: arg_index=True of type bool must be an int"),
@@ -348,16 +350,18 @@ class BadInputTest(testing.TestCase):
     self.assertIn(__file__.rstrip("c"), notes)
 
   def test_device_not_in_this_process(self):
-    devices = jax.devices()
+    devices = jax.local_devices()
     if len(devices) < 2:
       self.skipTest("needs two devices to hide one")
     hidden = devices[-1]
-    # A device JAX knows but does not list for this process, as on a
-    # multi-host mesh; jax.devices() is narrowed only inside the block.
-    with mock.patch.object(jax, "devices", return_value=devices[:-1]):
+    # A device of this process that JAX does not list as addressable;
+    # jax.local_devices() is narrowed only inside the block.
+    with mock.patch.object(jax, "local_devices", return_value=devices[:-1]):
       with self.assertRaisesRegex(
-          ValueError, rf"device={re.escape(repr(hidden))}.*platform {hidden.platform}.*not"
-          r" one of this process's devices.*jax\.devices\(\)"):
+          jt_dist.DevicePlacementError,
+          rf"device={re.escape(repr(hidden))} \(platform {hidden.platform}\)"
+          r" is not one of the devices this process launches on.*"
+          r"jax\.local_devices\(\) lists"):
         _call(self, device=hidden)
 
   def test_declared_int32_in_range_runs(self):

@@ -70,7 +70,8 @@ def callable_name(fn: Any) -> str:
   return f"{name} ({code.co_filename}:{code.co_firstlineno})"
 
 
-def call_user(fn: Callable[..., Any], role: str, *args: Any) -> Any:
+def call_user(fn: Callable[..., Any], role: str, *args: Any,
+              **kwargs: Any) -> Any:
   """Calls a user's callable; an exception it raises says who raised it.
 
   The exception keeps its type and traceback, so that ``except KeyError``
@@ -81,12 +82,13 @@ def call_user(fn: Callable[..., Any], role: str, *args: Any) -> Any:
     fn: the user's callable (a grid, a heuristic, ...).
     role: what it is for, e.g. "the grid callable".
     *args: what it is called with.
+    **kwargs: what it is called with, by name.
 
   Returns:
     What ``fn`` returns.
   """
   try:
-    return fn(*args)
+    return fn(*args, **kwargs)
   except Exception as e:
     e.add_note(f"jt_dist: raised by {role} {callable_name(fn)}.")
     raise

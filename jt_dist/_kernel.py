@@ -158,7 +158,9 @@ def _top_k(info: KernelInfo, tuner: Any, configs: list[Any],
   if len(configs) <= top_k:
     return configs
   estimates = [
-      tuner.perf_model(**{**named_args, **config.all_kwargs()})
+      _errors.call_user(tuner.perf_model,
+                        f"the perf_model of kernel {info.name!r}",
+                        **{**named_args, **config.all_kwargs()})
       for config in configs]
   order = sorted(range(len(configs)), key=lambda i: estimates[i])
   return [configs[i] for i in order[:top_k]]

@@ -72,6 +72,10 @@ def failing_prune(configs, named_args):
   raise RuntimeError(f"cannot prune {len(configs)} configs")
 
 
+def failing_perf_model(**kwargs):
+  return kwargs["x_ptr"].nbytes_per_second
+
+
 def failing_zeroed(meta):
   return [1 // (meta["BLOCK"] - 16)]
 
@@ -299,6 +303,13 @@ _USER_CALLABLE_CASES = (
              [_CONFIG], prune_configs_by={"early_config_prune": failing_prune})),
      RuntimeError, "the early_config_prune of kernel 'add_kernel'"
      " failing_prune"),
+    ("perf_model_raises",
+     lambda t: jt_dist.triton_call(
+         t.x, t.y, 16, out_shape=_OUT, grid=1, kernel=_autotuned(
+             [_CONFIG, triton.Config({"BLOCK": 32})],
+             prune_configs_by={"perf_model": failing_perf_model, "top_k": 1})),
+     AttributeError, "the perf_model of kernel 'add_kernel'"
+     " failing_perf_model"),
     ("zeroed_outputs_callable_raises",
      lambda t: _call(t, zeroed_outputs=failing_zeroed),
      ZeroDivisionError, "the zeroed_outputs callable failing_zeroed"),

@@ -11,7 +11,9 @@ from jt_dist._api import triton_call
 from jt_dist._gpu.cache import configure as configure_cache
 from jt_dist._errors import DevicePlacementError
 from jt_dist._errors import KernelBindingError
+from jt_dist._errors import OutOfBoundsAccessError
 from jt_dist._errors import ShardingSpecError
+from jt_dist._errors import UnwrittenOutputReadError
 from jt_dist._sharding.shard_size import ShardSize
 from jt_dist._sharding.shard_size import shard_size
 from jt_dist._sharding.sharded_call import sharded_triton_call
@@ -21,8 +23,10 @@ __version__ = "0.1.0"
 __all__ = [
     "DevicePlacementError",
     "KernelBindingError",
+    "OutOfBoundsAccessError",
     "ShardSize",
     "ShardingSpecError",
+    "UnwrittenOutputReadError",
     "__version__",
     "configure_cache",
     "shard_size",

@@ -14,6 +14,7 @@ from jax.interpreters import ad
 from jax.interpreters import batching
 
 from jt_dist import _compat
+from jt_dist._cpu import lowering as _cpu_lowering
 
 triton_call_p = jex_core.Primitive("jt_dist_triton_call")
 triton_call_p.multiple_results = True
@@ -34,7 +35,13 @@ def _compiled_call(spec):
 
 
 def _impl(*args, spec):
-  return _compiled_call(spec)(*args)
+  try:
+    return _compiled_call(spec)(*args)
+  except jax.errors.JaxRuntimeError as e:
+    # An eager call on the CPU: give the caller the kernel's own exception
+    # (e.g. OutOfBoundsAccessError), not jax's wrapping of it.
+    _cpu_lowering.raise_host_fault(e)
+    raise
 
 
 triton_call_p.def_impl(_impl)

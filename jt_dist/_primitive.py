@@ -37,9 +37,10 @@ def _compiled_call(spec):
 def _impl(*args, spec):
   try:
     return _compiled_call(spec)(*args)
-  except jax.errors.JaxRuntimeError as e:
+  except Exception as e:  # pylint: disable=broad-except
     # An eager call on the CPU: give the caller the kernel's own exception
-    # (e.g. OutOfBoundsAccessError), not jax's wrapping of it.
+    # (e.g. OutOfBoundsAccessError), not jax's wrapping of it (a
+    # JaxRuntimeError, or a ValueError for some callbacks).
     _cpu_lowering.raise_host_fault(e)
     raise
 

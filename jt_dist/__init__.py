@@ -11,6 +11,7 @@ from jt_dist._api import triton_call
 from jt_dist._gpu.cache import configure as configure_cache
 from jt_dist._errors import DevicePlacementError
 from jt_dist._errors import KernelBindingError
+from jt_dist._errors import KernelLaunchError
 from jt_dist._errors import OutOfBoundsAccessError
 from jt_dist._errors import ShardingSpecError
 from jt_dist._errors import UnwrittenOutputReadError
@@ -23,6 +24,7 @@ __version__ = "0.1.0"
 __all__ = [
     "DevicePlacementError",
     "KernelBindingError",
+    "KernelLaunchError",
     "OutOfBoundsAccessError",
     "ShardSize",
     "ShardingSpecError",

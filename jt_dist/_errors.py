@@ -1,7 +1,7 @@
 """Exception types raised by jt_dist.
 
 Every error subclasses a builtin (``ValueError``, ``TypeError``,
-``IndexError`` or ``NotImplementedError``) so that callers who catch the builtin keep working.
+``IndexError``, ``RuntimeError`` or ``NotImplementedError``) so that callers who catch the builtin keep working.
 """
 
 from __future__ import annotations
@@ -9,6 +9,7 @@ from __future__ import annotations
 __all__ = [
     "DevicePlacementError",
     "KernelBindingError",
+    "KernelLaunchError",
     "OutOfBoundsAccessError",
     "ShardingSpecError",
     "UnwrittenOutputReadError",
@@ -53,4 +54,12 @@ class UnwrittenOutputReadError(ValueError):
   Outputs start undefined on a GPU (jaxlib does not clear them) unless they
   are aliased to an input or listed in ``zeroed_outputs``; the CPU
   interpreter tracks which bytes a launch wrote and refuses such reads.
+  """
+
+
+class KernelLaunchError(RuntimeError):
+  """The device reported an illegal address or failed launch for a kernel.
+
+  Raised by an eager ``triton_call`` around jaxlib's runtime error, naming
+  the kernel and its launch (grid, config); the original error is chained.
   """

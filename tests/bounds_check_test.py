@@ -132,6 +132,11 @@ class BoundsCheckTest(testing.TestCase):
     if testing.platform() != "cpu":
       self.skipTest("the bounds check runs in the CPU interpreter; compiled"
                     " GPU kernels are not checked")
+    # On whatever the environment says: unchecked, these kernels would
+    # crash the process.
+    env = mock.patch.dict(os.environ, {_ENV: "1"})
+    env.start()
+    self.addCleanup(env.stop)
 
   def assertFault(self, error_type, jit, regexes, *args, **kwargs):
     """Eager calls raise ``error_type``; under jit its text reaches the user.

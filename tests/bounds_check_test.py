@@ -106,6 +106,14 @@ def block_pointer_copy_kernel(x_ptr, m, n, out_ptr, BM: tl.constexpr,
   tl.store(dst, tl.load(src))
 
 
+@triton.jit
+def integer_pointer_kernel(address, out_ptr, BLOCK: tl.constexpr):
+  """Loads through a pointer made from an integer, not from a parameter."""
+  offsets = tl.arange(0, BLOCK)
+  source = address.to(tl.pointer_type(tl.float32))
+  tl.store(out_ptr + offsets, tl.load(source + offsets))
+
+
 def _spec(shape, dtype=jnp.float32):
   return jax.ShapeDtypeStruct(shape, dtype)
 
@@ -202,6 +210,15 @@ class BoundsCheckTest(testing.TestCase):
          r"reaches 28 element\(s\)", r"\[100, 101,",
          r"Mask in force: all 32 lanes on"],
         x, kernel=copy_kernel, out_shape=_spec((100,)), grid=(4,), BLOCK=32)
+
+  def test_pointer_from_an_integer(self):
+    self.assertFault(
+        jt_dist.OutOfBoundsAccessError, False,
+        [r"kernel 'integer_pointer_kernel', program id \(0, 0, 0\): load"
+         r" through a pointer that points into no buffer of the call \(16"
+         r" lanes; all 16 lanes on", "derived from a pointer parameter"],
+        2**33, kernel=integer_pointer_kernel, out_shape=_spec((16,)),
+        grid=(1,), BLOCK=16)
 
   def test_masked_kernels_pass_the_check(self):
     x = self.random((96,))

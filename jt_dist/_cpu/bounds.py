@@ -67,6 +67,7 @@ class MemoryChecker:
     tags = (np.arange(1, max(n, 1) + 1, dtype=np.uint64) << _REGION_BITS)
     self._tagged = tags + np.uint64(_HALF_REGION) + (real & np.uint64(_ALIGN_MASK))
     self._count = n
+    self._tracks_writes = any(b.written is not None for b in buffers)
 
   def tagged_address(self, k: int) -> int:
     """The address the kernel sees for buffer ``k``."""
@@ -94,10 +95,6 @@ class MemoryChecker:
       self._track(op, index, offset, on, itemsize, reads, writes)
     real = self._real[index] + np.where(inside, offset, 0).astype(np.uint64)
     return real
-
-  @property
-  def _tracks_writes(self) -> bool:
-    return any(b.written is not None for b in self.buffers)
 
   def _track(self, op, index, offset, on, itemsize, reads, writes):
     for k in np.unique(index[on]):

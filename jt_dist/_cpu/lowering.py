@@ -13,6 +13,7 @@ import collections
 import functools
 import logging
 import threading
+import traceback
 
 import jax
 from jax.interpreters import mlir
@@ -130,6 +131,9 @@ def run_on_host(spec, *arrays):
   try:
     return _run_on_host(spec, *arrays)
   except Exception as e:
+    # Keep the traceback's lines but not its frames' locals (the buffers):
+    # under jax.jit nobody collects a remembered exception.
+    traceback.clear_frames(e.__traceback__)
     with _FAULTS_LOCK:
       _recent_faults.append(e)
     raise

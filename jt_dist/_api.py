@@ -134,7 +134,7 @@ def triton_call(
   if empty:
     # Nothing to compute: launching would hand the kernel pointers to empty
     # buffers (and the grid usually rounds to 0 blocks).
-    outs = [jax.numpy.zeros(shape, dtype) for shape, dtype in spec.out_shapes]
+    outs = _empty_outputs(spec, arrays)
   else:
     outs = _primitive.triton_call_p.bind(*arrays, spec=spec)
   return jax.tree_util.tree_unflatten(out_tree, outs)
@@ -143,6 +143,16 @@ def triton_call(
 # Bound in place of the user's grid when there is nothing to launch, so that
 # every other binding check still runs.
 _NO_LAUNCH_GRID = (1,)
+
+
+def _empty_outputs(spec, arrays):
+  """The outputs of a call with nothing to launch, beside its inputs."""
+  outs = [jax.numpy.zeros(shape, dtype) for shape, dtype in spec.out_shapes]
+  concrete = [a for a in arrays if not isinstance(a, jax.core.Tracer)]
+  devices = concrete[0].devices() if concrete else set()
+  if len(devices) == 1:
+    outs = [jax.device_put(o, next(iter(devices))) for o in outs]
+  return outs
 
 
 def _all_outputs_empty(out_shape: Any) -> bool:

@@ -86,6 +86,14 @@ class OutputShapesTest(testing.TestCase):
       self.assertEqual(out.shape, shape)
       self.assertEqual(out.dtype, jnp.float32)
 
+  def test_empty_outputs_live_beside_the_inputs(self):
+    device = self.devices()[-1]
+    x = jax.device_put(jnp.asarray(self.random((16,))), device)
+    out = jt_dist.triton_call(
+        x, kernel=unmasked_store_kernel,
+        out_shape=jax.ShapeDtypeStruct((0,), x.dtype), grid=(1,), BLOCK=16)
+    self.assertEqual(out.devices(), {device})
+
   def test_zero_size_input_and_output(self):
     out = jax.jit(_copy)(jnp.zeros((3, 0), jnp.float32))
     self.assertEqual(out.shape, (3, 0))

@@ -69,8 +69,14 @@ def main():
                 / jnp.linalg.norm(expected.astype(jnp.float32)))
   if not error < 1e-2:
     raise SystemExit(f"{args.lib} {args.kernel}: relative error {error}")
+  # Where each autotuning choice came from: "timed" in a cold process,
+  # "disk" in a second one; none in jaxlib's mode, which times at run time.
+  autotune = ([{"source": c.source, "config": c.config, "index": c.index}
+               for c in lib.autotune_choices()]
+              if args.lib == "jt_dist" else [])
   print(json.dumps({
       "lib": args.lib, "kernel": args.kernel, "first_call_s": first,
+      "autotune": autotune,
       "second_call_s": second, "process_s": time.perf_counter() - start_process,
       **stages,
       "out_shape": list(out.shape), "rel_error": error,

@@ -9,6 +9,8 @@ import jax.numpy as jnp
 import triton
 import triton.language as tl
 
+from examples import sharded_attention
+
 ADD_BLOCK = 1024
 
 
@@ -22,10 +24,13 @@ def add_kernel(x_ptr, y_ptr, n_elements, out_ptr, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def matmul_kernel(a_ptr, b_ptr, M, N, K, c_ptr,
-                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                  BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
-  """C[M, N] = A[M, K] @ B[K, N], row-major; grouped program order for L2."""
+def _matmul_tile(a_ptr, b_ptr, c_ptr, M, N, K, BLOCK_M: tl.constexpr,
+                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                 GROUP_M: tl.constexpr):
+  """One program's tile of C[M, N] = A[M, K] @ B[K, N], row-major.
+
+  Programs run in grouped order so that neighbours share rows of A in L2.
+  """
   pid = tl.program_id(0)
   grid_m = tl.cdiv(M, BLOCK_M)
   grid_n = tl.cdiv(N, BLOCK_N)
@@ -51,6 +56,34 @@ def matmul_kernel(a_ptr, b_ptr, M, N, K, c_ptr,
   mask = (cm[:, None] < M) & (cn[None, :] < N)
   tl.store(c_ptr + cm[:, None].to(tl.int64) * N + cn[None, :],
            acc.to(c_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def matmul_kernel(a_ptr, b_ptr, M, N, K, c_ptr,
+                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                  BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
+  """The scalar-argument form: M, N and K are runtime integers."""
+  _matmul_tile(a_ptr, b_ptr, c_ptr, M, N, K, BLOCK_M, BLOCK_N, BLOCK_K,
+               GROUP_M)
+
+
+@triton.jit
+def matmul_kw_kernel(a_ptr, b_ptr, c_ptr, M: tl.constexpr, N: tl.constexpr,
+                     K: tl.constexpr, BLOCK_M: tl.constexpr,
+                     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                     GROUP_M: tl.constexpr):
+  """The keyword form of jax-triton's examples: shapes are metaparams."""
+  _matmul_tile(a_ptr, b_ptr, c_ptr, M, N, K, BLOCK_M, BLOCK_N, BLOCK_K,
+               GROUP_M)
+
+
+@triton.jit
+def attention_kw_kernel(q_ptr, k_ptr, v_ptr, o_ptr, seq_len: tl.constexpr,
+                        sm_scale: tl.constexpr, HEAD_DIM: tl.constexpr,
+                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+  """The example's attention in the keyword form: sizes are metaparams."""
+  sharded_attention.attention_block(q_ptr, k_ptr, v_ptr, o_ptr, seq_len,
+                                    sm_scale, HEAD_DIM, BLOCK_M, BLOCK_N)
 
 
 # One config known to do well on Hopper for large bf16 problems.

@@ -190,15 +190,6 @@ def _environment():
   return info
 
 
-def _print_table(results):
-  print("\n| case | impl | numbers |\n| --- | --- | --- |")
-  for row in results:
-    numbers = ", ".join(
-        f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}"
-        for k, v in row.items() if k not in ("case", "impl"))
-    print(f"| {row['case']} | {row['impl']} | {numbers} |")
-
-
 SIZES = {
     "full": dict(calls=2000, chain_iters=500, add_elements=1 << 28, iters=20, matmul=8192,
                  compile_matmul=4096, scale_add=1 << 28, scale_matmul=8192,
@@ -233,7 +224,7 @@ def main():
     except Exception as e:  # pylint: disable=broad-except
       # One failing case must not lose the others' numbers.
       _record(results, name, "FAILED", error=f"{type(e).__name__}: {e}"[:500])
-  _print_table(results)
+  timing.print_table(results)
   if args.out:
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "w") as f:

@@ -3,10 +3,12 @@
 #   1. the test suites (tests/ and tests_multigpu/) on the real GPUs,
 #   2. every example,
 #   3. the benchmarks (benchmarks/run.py), side by side with jax-triton
-#      (from .whl/ when carried) and XLA.
+#      (from .whl/ when carried) and XLA,
+#   4. the autotuning choice (benchmarks/autotune_choice.py) and, with 2 or
+#      more GPUs, one process per GPU (benchmarks/multiprocess_gpu.py).
 # Everything lands in $OUT (default benchmarks/results/latest): logs, JUnit
 # XML and benchmarks.json. Usage:
-#   bash benchmarks/run_gpu.sh [all|tests|examples|bench] [run.py args...]
+#   bash benchmarks/run_gpu.sh [all|tests|examples|bench|autotune] [run.py args...]
 set -uo pipefail
 cd "$(dirname "$0")/.."
 what=${1:-all}
@@ -38,5 +40,15 @@ fi
 if [[ $what == all || $what == bench ]]; then
   python3 benchmarks/run.py --out "$OUT/benchmarks.json" "$@" 2>&1 \
     | grep -v "cudart_stub\|absl::" | tee "$OUT/benchmarks.log" || status=1
+fi
+if [[ $what == all || $what == autotune ]]; then
+  python3 benchmarks/autotune_choice.py --out "$OUT/autotune_choice.json" 2>&1 \
+    | grep -v "cudart_stub\|absl::" | tee "$OUT/autotune_choice.log"
+  (( PIPESTATUS[0] == 0 )) || status=1
+  if (( $(nvidia-smi -L | grep -c "^GPU ") >= 2 )); then
+    python3 benchmarks/multiprocess_gpu.py --out "$OUT/multiprocess_gpu.json" 2>&1 \
+      | grep -v "cudart_stub\|absl::" | tee "$OUT/multiprocess_gpu.log"
+    (( PIPESTATUS[0] == 0 )) || status=1
+  fi
 fi
 exit $status

@@ -83,13 +83,21 @@ def interleaved_chained_seconds(fns, args, iters=500, rounds=15):
       {name: (fn, args) for name, fn in fns.items()}, iters, rounds)
 
 
-def interleaved_chained_each(calls, iters=20, rounds=15):
+def interleaved_chained_each(calls, iters=20, rounds=15, shuffle_seed=None,
+                             settle=False):
   """``interleaved_chained_seconds`` where each function has its own inputs.
 
   Args:
     calls: name -> (function, its arguments).
     iters: back-to-back calls per sample.
     rounds: samples per function, taken in turns.
+    shuffle_seed: if given, each round takes the functions in a fresh
+      random order from this seed, rather than a rotation. A GPU at its
+      power limit runs a kernel faster after a light one than after a heavy
+      one (on an H200, the same matmul measured 15% apart by what preceded
+      it), and a rotation keeps each function's predecessor fixed.
+    settle: run each function once, untimed, before its sample, so that the
+      GPU's clocks settle to that function's load first.
 
   Returns:
     name -> median seconds per call.
@@ -97,9 +105,15 @@ def interleaved_chained_each(calls, iters=20, rounds=15):
   for fn, args in calls.values():
     block(fn(*args))
   rounds = _whole_rotations(rounds, len(calls))
+  rng = None if shuffle_seed is None else np.random.default_rng(shuffle_seed)
   samples = {name: [] for name in calls}
   for r in range(rounds):
-    for name, (fn, args) in _rotated(calls, r):
+    order = _rotated(calls, r)
+    if rng is not None:
+      order = [order[i] for i in rng.permutation(len(order))]
+    for name, (fn, args) in order:
+      if settle:
+        block(fn(*args))
       start = time.perf_counter()
       out = None
       for _ in range(iters):
@@ -113,3 +127,13 @@ def relative_error(actual, expected):
   actual = np.asarray(actual, np.float64)
   expected = np.asarray(expected, np.float64)
   return float(np.linalg.norm(actual - expected) / np.linalg.norm(expected))
+
+
+def print_table(rows):
+  """Prints result rows (dicts with "case" and "impl") as a Markdown table."""
+  print("\n| case | impl | numbers |\n| --- | --- | --- |")
+  for row in rows:
+    numbers = ", ".join(
+        f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}"
+        for k, v in row.items() if k not in ("case", "impl"))
+    print(f"| {row['case']} | {row['impl']} | {numbers} |")

@@ -21,10 +21,10 @@ from jt_dist import testing
 
 
 @triton.jit
-def attention_kernel(q_ptr, k_ptr, v_ptr, seq_len, sm_scale, o_ptr,
-                     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
-                     BLOCK_N: tl.constexpr):
-  """o = softmax(q k^T * sm_scale) v for q, k, v, o of shape [B, H, S, D]."""
+def attention_block(q_ptr, k_ptr, v_ptr, o_ptr, seq_len, sm_scale,
+                    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
+                    BLOCK_N: tl.constexpr):
+  """One program's block of queries of one (batch, head) pair."""
   pid_m = tl.program_id(0)
   base = tl.program_id(1).to(tl.int64) * seq_len * HEAD_DIM
   rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -51,6 +51,15 @@ def attention_kernel(q_ptr, k_ptr, v_ptr, seq_len, sm_scale, o_ptr,
   out = acc / l_i[:, None]
   tl.store(o_ptr + base + rm[:, None] * HEAD_DIM + rd[None, :],
            out.to(o_ptr.dtype.element_ty), mask=rm[:, None] < seq_len)
+
+
+@triton.jit
+def attention_kernel(q_ptr, k_ptr, v_ptr, seq_len, sm_scale, o_ptr,
+                     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
+                     BLOCK_N: tl.constexpr):
+  """o = softmax(q k^T * sm_scale) v for q, k, v, o of shape [B, H, S, D]."""
+  attention_block(q_ptr, k_ptr, v_ptr, o_ptr, seq_len, sm_scale, HEAD_DIM,
+                  BLOCK_M, BLOCK_N)
 
 
 def _grid(meta):

@@ -8,7 +8,13 @@ interpreter), after checking where its inputs live.
 
 from jt_dist import _registration  # noqa: F401  (registers the lowerings)
 from jt_dist._api import triton_call
+from jt_dist._autotune.api import AutotuneChoice
+from jt_dist._autotune.api import autotune_choices
+from jt_dist._autotune.api import configure_autotune
+from jt_dist._autotune.api import forget_autotune_choices
+from jt_dist._autotune.api import pin_autotune_config
 from jt_dist._gpu.cache import configure as configure_cache
+from jt_dist._errors import AutotuneError
 from jt_dist._errors import DevicePlacementError
 from jt_dist._errors import KernelBindingError
 from jt_dist._errors import KernelLaunchError
@@ -22,6 +28,8 @@ from jt_dist._sharding.sharded_call import sharded_triton_call
 __version__ = "0.1.0"
 
 __all__ = [
+    "AutotuneChoice",
+    "AutotuneError",
     "DevicePlacementError",
     "KernelBindingError",
     "KernelLaunchError",
@@ -30,7 +38,11 @@ __all__ = [
     "ShardingSpecError",
     "UnwrittenOutputReadError",
     "__version__",
+    "autotune_choices",
+    "configure_autotune",
     "configure_cache",
+    "forget_autotune_choices",
+    "pin_autotune_config",
     "shard_size",
     "sharded_triton_call",
     "triton_call",

@@ -7,12 +7,12 @@ from typing import Any, Callable, Mapping, Sequence
 
 import jax
 
+from jt_dist import _batching
 from jt_dist import _binding
 from jt_dist._sharding import placement as _placement
 from jt_dist import _primitive
 from jt_dist._sharding import shard_size as _shard_size
 
-_VMAP_METHODS = (None, "sequential")
 
 
 def triton_call(
@@ -79,10 +79,16 @@ def triton_call(
       ``JT_DIST_DISK_CACHE=0`` or ``jt_dist.configure_cache`` to turn off).
     serialized_metadata: opaque bytes recorded in the custom call.
     out_type: another name for ``out_shape``.
-    vmap_method: ``None`` to refuse ``jax.vmap``, or ``"sequential"`` to run
-      a batch one element after another.
-    device: optionally, the device (index into ``jax.devices()`` or a
-      ``jax.Device``) the call must run on. Committed inputs must already be
+    vmap_method: how ``jax.vmap`` batches the call. ``None`` (the default)
+      launches the kernel once over a grid extended by the batch, reading
+      the batch index from a grid axis the kernel does not read, and falls
+      back to one launch per batch element (logged at debug level) where
+      the grid has no room. ``"grid"`` launches once or raises.
+      ``"sequential"`` launches once per batch element.
+    device: optionally, the device the call must run on: an index into
+      ``jax.local_devices()`` or a ``jax.Device`` this process addresses
+      (in a multi-process run, another process's device is refused).
+      Committed inputs must already be
       there; uncommitted ones are moved there. By default the call runs
       where its inputs are.
     **metaparams: values for the kernel's remaining parameters, by name;
@@ -97,8 +103,8 @@ def triton_call(
     jt_dist.KernelBindingError: the arguments, outputs and metaparams do not
       bind every kernel parameter exactly once.
     ValueError: a bad grid, alias, zeroed output, or an oversized scalar.
-    NotImplementedError: autotuning hooks, differentiation, or vmap without
-      ``vmap_method``.
+    NotImplementedError: autotuning hooks, differentiation, or
+      ``vmap_method="grid"`` with no room on the grid for the batch.
     jt_dist.DevicePlacementError: an input is sharded or replicated over
       several devices, inputs sit on different devices or not on ``device``,
       or the call is partitioned by XLA over several devices outside
@@ -106,10 +112,12 @@ def triton_call(
   """
   out_shape = resolve_out_shape(out_shape, out_type)
   args, metaparams = _shard_size.resolve(args, metaparams)
-  if vmap_method not in _VMAP_METHODS:
+  if vmap_method not in _batching.VMAP_METHODS:
     raise ValueError(
         f"triton_call: vmap_method={vmap_method!r} is not supported; pass"
-        " None (vmap raises) or 'sequential'."
+        " None (the default: one launch over a batched grid where the grid"
+        " has room, else one launch per element), 'grid' (one launch, or an"
+        " error) or 'sequential' (one launch per element)."
     )
   options = _binding.CallOptions(
       name=name,

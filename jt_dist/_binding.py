@@ -59,6 +59,8 @@ class CallSpec:
   serialized_metadata: bytes
   custom_call_target_name: str | None
   vmap_method: str | None
+  # A _batching.Batched when this is the batched form of a user's call.
+  batch: Any = None
 
   @property
   def info(self) -> _kernel.KernelInfo:
@@ -66,9 +68,10 @@ class CallSpec:
 
   def __repr__(self) -> str:
     grids = sorted({launch.grid for launch in self.launches})
+    batch = f", batch={self.batch.layout.sizes}" if self.batch else ""
     return (
         f"CallSpec(kernel={self.info.name}, name={self.name!r},"
-        f" configs={len(self.launches)}, grids={grids})"
+        f" configs={len(self.launches)}, grids={grids}{batch})"
     )
 
 
@@ -322,6 +325,32 @@ def _zeroed(zeroed_outputs, kwargs, n_outputs, where):
   return tuple(sorted(set(result)))
 
 
+def _reset_to_zero(info, operands, aliases) -> tuple[int, ...]:
+  """The outputs an autotuner's ``reset_to_zero`` names, as output indices."""
+  names = _kernel.reset_to_zero_names(info)
+  by_name = {op.name: op for op in operands}
+  aliased = dict(aliases)
+  outputs = []
+  for name in names:
+    op = by_name.get(name)
+    if op is not None and op.kind == "output":
+      outputs.append(op.index)
+    elif op is not None and op.kind == "array" and op.index in aliased:
+      outputs.append(aliased[op.index])
+    else:
+      what = ("not a pointer parameter bound by this call" if op is None
+              or op.kind == "scalar" else
+              f"input array {op.index}, which no output aliases")
+      raise ValueError(
+          f"triton_call: kernel {info.name!r} is autotuned with"
+          f" reset_to_zero={names!r}, and {name!r} is {what}. jt_dist zeroes"
+          " outputs, and inputs aliased to an output through"
+          " input_output_aliases, before every launch; an input JAX owns"
+          " cannot be zeroed in place. Alias it to an output or drop it"
+          " from reset_to_zero.")
+  return tuple(outputs)
+
+
 def _aliases(aliases, array_shapes, out_shapes):
   if not aliases:
     return ()
@@ -396,6 +425,9 @@ def bind_call(args, kernel, out_shape, grid, options: CallOptions, metaparams):
   configs = _kernel.expand_configs(
       info, constexprs, named, options.num_warps, options.num_stages,
       options.num_ctas)
+  aliases = _aliases(options.input_output_aliases,
+                     [(a.shape, a.dtype) for a in arrays], out_shapes)
+  reset = _reset_to_zero(info, operands, aliases)
   launches = []
   for config in configs:
     _check_complete(info, runtime_names, config, len(args), len(out_shapes))
@@ -406,11 +438,9 @@ def bind_call(args, kernel, out_shape, grid, options: CallOptions, metaparams):
     launches.append(Launch(
         config=config,
         grid=_grid.evaluate_grid(grid, grid_named, where),
-        zeroed_outputs=_zeroed(options.zeroed_outputs, kwargs,
-                               len(out_shapes), where),
+        zeroed_outputs=tuple(sorted(set(reset + _zeroed(
+            options.zeroed_outputs, kwargs, len(out_shapes), where)))),
     ))
-  aliases = _aliases(options.input_output_aliases,
-                     [(a.shape, a.dtype) for a in arrays], out_shapes)
   spec = CallSpec(
       kernel=kernel,
       name=options.name,

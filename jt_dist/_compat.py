@@ -39,11 +39,12 @@ def jit_function_of(fn: Any) -> JITFunction:
   """
   if isinstance(fn, JITFunction):
     return fn
-  return _jit_function_for_python_fn(fn.fn)
+  return jit_function_for(fn.fn)
 
 
 @functools.lru_cache(maxsize=None)
-def _jit_function_for_python_fn(python_fn) -> JITFunction:
+def jit_function_for(python_fn) -> JITFunction:
+  """A ``JITFunction`` of a plain Python function, one per function."""
   return JITFunction(python_fn)
 
 
@@ -127,17 +128,28 @@ def lowering_axis_facts(ctx) -> AxisFacts:
         name: size for name, size in mesh.shape.items()
         if name not in manual and _is_auto(types.get(name))
     }
-    try:
-      devices = tuple(mesh.devices.flat)
-    except (AttributeError, ValueError):  # An AbstractMesh has no devices.
-      devices = ()
-    return AxisFacts("spmd", mesh.size, devices, manual, auto, mesh)
+    return AxisFacts("spmd", mesh.size, mesh_devices(mesh), manual, auto,
+                     mesh)
   if hasattr(axis_ctx, "num_devices"):
     devices = tuple(getattr(axis_ctx, "device_assignment", None) or ())
     return AxisFacts("sharding", axis_ctx.num_devices, devices, frozenset(), {})
   if hasattr(axis_ctx, "axis_env"):
     return AxisFacts("replica", 1, (), frozenset(), {})
   return AxisFacts("none", 1, (), frozenset(), {})
+
+
+def mesh_devices(mesh: Any) -> tuple:
+  """A mesh's devices, flattened; () for None, an empty or abstract mesh.
+
+  ``AbstractMesh.devices`` raises ``ValueError`` rather than
+  ``AttributeError``, so ``getattr(mesh, "devices", None)`` is not safe on
+  the meshes that ``jax.typeof`` and partially manual ``shard_map`` give.
+  """
+  try:
+    devices = mesh.devices
+  except (AttributeError, ValueError):
+    return ()
+  return tuple(devices.flat) if getattr(devices, "size", 0) else ()
 
 
 def _is_auto(axis_type) -> bool:
@@ -315,6 +327,34 @@ def vary_over(x, axes: tuple):
   if hasattr(jax.lax, "pcast"):
     return jax.lax.pcast(x, axes, to="varying")
   return jax.lax.pvary(x, axes)
+
+
+# --- jax.distributed's key-value store --------------------------------------
+
+
+def distributed_client():
+  """The client of jax.distributed's coordination service, or None.
+
+  Its key-value store lets process 0 hand a value to the others without a
+  collective, in whatever order the processes get there; JAX exposes it only
+  through a private module.
+  """
+  try:
+    from jax._src import distributed  # pylint: disable=g-import-not-at-top
+  except ImportError:
+    return None
+  return getattr(distributed.global_state, "client", None)
+
+
+def key_value_set(client, key: str, value: str) -> None:
+  """Sets ``key``, replacing an earlier value where jaxlib allows it."""
+  try:
+    client.key_value_set(key, value, allow_overwrite=True)
+  except TypeError:  # Older jaxlibs take no allow_overwrite.
+    client.key_value_set(key, value)
+
+
+# --- Triton's interpreter: memory accesses ---------------------------------
 
 
 # Triton's interpreter (3.6 through 3.9) reaches memory only through four

@@ -1,12 +1,16 @@
 """Exception types raised by jt_dist.
 
 Every error subclasses a builtin (``ValueError``, ``TypeError``,
-``IndexError``, ``RuntimeError`` or ``NotImplementedError``) so that callers who catch the builtin keep working.
+``IndexError``, ``RuntimeError`` or ``NotImplementedError``) so that callers
+who catch the builtin keep working.
 """
 
 from __future__ import annotations
 
+import jax
+
 __all__ = [
+    "AutotuneError",
     "DevicePlacementError",
     "KernelBindingError",
     "KernelLaunchError",
@@ -63,3 +67,22 @@ class KernelLaunchError(RuntimeError):
   Raised by an eager ``triton_call`` around jaxlib's runtime error, naming
   the kernel and its launch (grid, config); the original error is chained.
   """
+
+
+class AutotuneError(RuntimeError):
+  """jt_dist could not choose one autotuning config for every shard.
+
+  Raised when no config of an autotuned kernel runs, or when a process of a
+  multi-process run waits in vain for process 0's choice.
+  """
+
+
+def process_note() -> str:
+  """Which process speaks, for messages only one process may see.
+
+  Returns:
+    ``" (in process 1 of 2)"`` in a multi-process run, else ``""``.
+  """
+  if jax.process_count() == 1:
+    return ""
+  return f" (in process {jax.process_index()} of {jax.process_count()})"

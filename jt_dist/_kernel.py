@@ -123,14 +123,42 @@ def _check_autotuner_hooks(info: KernelInfo, tuner: Any) -> None:
         " have no JAX equivalent. Remove the hook; to zero an output before"
         " each launch, pass zeroed_outputs=[...] to triton_call."
     )
-  if getattr(tuner, "reset_to_zero", None):
-    raise NotImplementedError(
+
+
+def reset_to_zero_names(info: KernelInfo) -> list[str]:
+  """The parameters every autotuner layer asks to zero before each launch.
+
+  Triton zeroes them between benchmark runs, for kernels that accumulate
+  into their outputs; in JAX an output is a fresh buffer at every call, so
+  jt_dist zeroes them before every launch (see ``zeroed_outputs``).
+  """
+  return [name for layer in info.layers
+          if isinstance(layer, _compat.Autotuner)
+          for name in (getattr(layer, "reset_to_zero", None) or ())]
+
+
+def _top_k(info: KernelInfo, tuner: Any, configs: list[Any],
+           named_args: Mapping[str, Any]) -> list[Any]:
+  """Keeps the ``top_k`` configs ``perf_model`` estimates fastest.
+
+  As Triton does, before any timing; array arguments reach the model as
+  ``jax.ShapeDtypeStruct``s.
+  """
+  top_k = getattr(tuner, "configs_top_k", 1.0)
+  if isinstance(top_k, float) and top_k <= 1.0:
+    top_k = max(1, int(len(configs) * top_k))
+  elif not isinstance(top_k, int):
+    raise TypeError(
         f"triton_call: kernel {info.name!r} is autotuned with"
-        f" reset_to_zero={list(tuner.reset_to_zero)!r}, which installs a"
-        " pre_hook. Remove it and pass the output indices as"
-        " zeroed_outputs=[...] to triton_call instead; the zeroing then"
-        " happens before every launch and every autotuning run."
-    )
+        f" prune_configs_by top_k={top_k!r}; it must be an int or a float"
+        " <= 1.0, as for Triton.")
+  if len(configs) <= top_k:
+    return configs
+  estimates = [
+      tuner.perf_model(**{**named_args, **config.all_kwargs()})
+      for config in configs]
+  order = sorted(range(len(configs)), key=lambda i: estimates[i])
+  return [configs[i] for i in order[:top_k]]
 
 
 def _autotune_configs(
@@ -156,6 +184,8 @@ def _autotune_configs(
   prune = getattr(tuner, "early_config_prune", None)
   if prune is not None and configs:
     configs = list(prune(configs, dict(named_args)))
+  if getattr(tuner, "perf_model", None) is not None and configs:
+    configs = _top_k(info, tuner, configs, named_args)
   if not configs:
     raise ValueError(
         f"triton_call: no autotuning config of kernel {info.name!r} is left"

@@ -13,6 +13,7 @@ from jax.extend import core as jex_core
 from jax.interpreters import ad
 from jax.interpreters import batching
 
+from jt_dist import _batching
 from jt_dist import _compat
 from jt_dist._cpu import lowering as _cpu_lowering
 from jt_dist._gpu import faults as _gpu_faults
@@ -66,28 +67,7 @@ ad.primitive_jvps[triton_call_p] = _refuse_jvp
 
 
 def _batch(args, dims, *, spec):
-  if spec.vmap_method != "sequential":
-    raise NotImplementedError(
-        f"triton_call: kernel {spec.info.name!r} cannot be batched by"
-        " jax.vmap, because its grid and pointer arithmetic are written for"
-        " unbatched shapes. Define the batched call with"
-        " jax.custom_batching.custom_vmap, or pass vmap_method='sequential'"
-        " to triton_call to run the batch one element after another."
-    )
-  # Unbatched operands have dimension None (batching.not_mapped, which
-  # jax 0.10 no longer exports).
-  mapped = [d is not None for d in dims]
-  xs = tuple(
-      jax.numpy.moveaxis(a, d, 0) for a, d in zip(args, dims) if d is not None
-  )
-
-  def one(slices):
-    it = iter(slices)
-    full = [next(it) if m else a for a, m in zip(args, mapped)]
-    return triton_call_p.bind(*full, spec=spec)
-
-  outs = jax.lax.map(one, xs)
-  return outs, [0] * len(outs)
+  return _batching.batch_rule(triton_call_p.bind, args, dims, spec)
 
 
 batching.primitive_batchers[triton_call_p] = _batch

@@ -12,6 +12,7 @@ import jax
 from jax.interpreters import mlir
 
 from jt_dist import _compat
+from jt_dist._autotune import choose as _choose
 from jt_dist._gpu import lowering as _gpu_lowering
 from jt_dist._cpu import lowering as _interpret
 from jt_dist._sharding import placement as _placement
@@ -43,7 +44,7 @@ def _manual_over_rest(ctx, args, spec, facts):
   return mlir.lower_fun(inner, multiple_results=True)(ctx, *args)
 
 
-def _checked(rule):
+def _checked(rule, platform: str):
   @functools.wraps(rule)
   def lowering(ctx, *args, spec, **kwargs):
     _placement.check_lowering(ctx, spec)
@@ -51,13 +52,17 @@ def _checked(rule):
     if facts.kind == "spmd" and facts.manual_axes != frozenset(
         facts.mesh.axis_names):
       return _manual_over_rest(ctx, args, spec, facts)
+    # An autotuned call is lowered with one config, chosen once for every
+    # shard and every process (or left to jaxlib on request).
+    spec = _choose.for_lowering(ctx, spec, platform)
     return rule(ctx, *args, spec=spec, **kwargs)
 
   return lowering
 
 
 mlir.register_lowering(
-    _primitive.triton_call_p, _checked(_interpret.cpu_lowering), platform="cpu"
+    _primitive.triton_call_p, _checked(_interpret.cpu_lowering, "cpu"),
+    platform="cpu"
 )
 
 
@@ -76,7 +81,7 @@ def _gpu_rule(platform: str):
 
 for _platform in ("cuda", "rocm"):
   mlir.register_lowering(
-      _primitive.triton_call_p, _checked(_gpu_rule(_platform)),
+      _primitive.triton_call_p, _checked(_gpu_rule(_platform), _platform),
       platform=_platform,
   )
 # The GPU target is read from the devices the call is lowered for, which

@@ -4,18 +4,42 @@ Suites written with these helpers run unchanged on real GPUs and, through
 Triton's interpreter, on virtual CPU devices: call
 ``configure_cpu_devices()`` before JAX starts, derive test classes from
 ``TestCase``, and ask for devices with ``require_devices``.
+
+``run_processes`` starts a script as several processes joined by
+``jax.distributed`` (virtual CPU devices in each, or one GPU each), and
+fails with every process's output when one of them dies or hangs; the
+script joins with ``initialize_process()``.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import os
-from typing import Any
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from typing import Any, Sequence
 
 from absl.testing import parameterized
 import jax
 import numpy as np
+import triton
+import triton.language as tl
 
-__all__ = ["TestCase", "configure_cpu_devices", "platform"]
+__all__ = [
+    "MultiProcessError",
+    "ProcessOutput",
+    "TestCase",
+    "configure_cpu_devices",
+    "free_port",
+    "initialize_process",
+    "platform",
+    "run_processes",
+    "tag_kernel",
+]
 
 _DEFAULT_CPU_DEVICES = 8
 
@@ -40,6 +64,23 @@ def configure_cpu_devices(count: int = _DEFAULT_CPU_DEVICES) -> None:
 def platform() -> str:
   """The platform tests run on: "gpu" when JAX sees GPUs, else "cpu"."""
   return "gpu" if jax.default_backend() in ("gpu", "cuda", "rocm") else "cpu"
+
+
+@triton.jit
+def tag_kernel(x_ptr, n, out_ptr, tag_ptr, BLOCK: tl.constexpr,
+               TAG: tl.constexpr):
+  """``out = 2 * x``; program 0 also writes the constexpr ``TAG`` to ``tag``.
+
+  Autotuned over configs that differ in ``TAG``, it shows which config ran
+  on each shard (one ``tag`` element per shard), which is how the tests
+  check that every shard of every process runs the same config.
+  """
+  offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+  mask = offsets < n
+  tl.store(out_ptr + offsets, tl.load(x_ptr + offsets, mask=mask) * 2,
+           mask=mask)
+  if tl.program_id(0) == 0:
+    tl.store(tag_ptr, TAG)
 
 
 class TestCase(parameterized.TestCase):
@@ -81,3 +122,226 @@ class TestCase(parameterized.TestCase):
         actual.astype(np.float64) if actual.dtype.kind == "V" else actual,
         expected, rtol=rtol, atol=atol,
         err_msg=f"{msg} (seed {self.seed})")
+
+
+# --- Several processes joined by jax.distributed --------------------------
+
+_ENV_COORDINATOR = "JT_DIST_COORDINATOR"
+_ENV_NUM_PROCESSES = "JT_DIST_NUM_PROCESSES"
+_ENV_PROCESS_ID = "JT_DIST_PROCESS_ID"
+# After one process fails, the others get this long to fail or finish too:
+# a peer blocked in a collective with a dead process would otherwise wait
+# for jax.distributed's own heartbeat timeout.
+_GRACE_S = 10.0
+_PORT_IN_USE = ("Address already in use", "address already in use",
+                "Failed to add port")
+
+
+class MultiProcessError(AssertionError):
+  """A process of ``run_processes`` failed, hung or could not start."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ProcessOutput:
+  """What one process of ``run_processes`` printed, and how it ended.
+
+  Attributes:
+    process_id: its ``jax.process_index()``.
+    returncode: its exit status; None when ``run_processes`` killed it
+      (at the timeout, or after another process failed).
+    stdout: everything it printed to stdout.
+    stderr: everything it printed to stderr.
+  """
+
+  process_id: int
+  returncode: int | None
+  stdout: str
+  stderr: str
+
+  def json_lines(self) -> list[Any]:
+    """Every stdout line that is a JSON document, parsed, in order."""
+    found = []
+    for line in self.stdout.splitlines():
+      line = line.strip()
+      if line.startswith(("{", "[")):
+        try:
+          found.append(json.loads(line))
+        except ValueError:
+          pass
+    return found
+
+
+def free_port() -> int:
+  """A TCP port on localhost that no one listens on at the moment."""
+  with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+    s.bind(("localhost", 0))
+    return s.getsockname()[1]
+
+
+def initialize_process() -> tuple[int, int]:
+  """Joins this process to a ``run_processes`` group with jax.distributed.
+
+  Call it first thing in a script started by ``run_processes``, before any
+  array is made. On the CPU it asks for the per-process device count and
+  for the CPU collectives (gloo) that cross-process computations need.
+
+  Returns:
+    ``(process_id, num_processes)``.
+
+  Raises:
+    RuntimeError: the script was not started by ``run_processes``.
+  """
+  if _ENV_COORDINATOR not in os.environ:
+    raise RuntimeError(
+        "initialize_process: JT_DIST_COORDINATOR is not set; start this"
+        " script with jt_dist.testing.run_processes(...).")
+  process_id = int(os.environ[_ENV_PROCESS_ID])
+  num_processes = int(os.environ[_ENV_NUM_PROCESSES])
+  if os.environ.get("JAX_PLATFORMS", "") == "cpu":
+    configure_cpu_devices(int(os.environ.get("JT_DIST_CPU_DEVICES", 4)))
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+  jax.distributed.initialize(
+      coordinator_address=os.environ[_ENV_COORDINATOR],
+      num_processes=num_processes, process_id=process_id)
+  return process_id, num_processes
+
+
+def _process_env(base, port, process_id, num_processes, cpu_devices,
+                 gpus_per_process):
+  env = dict(os.environ if base is None else base)
+  env.update({
+      _ENV_COORDINATOR: f"localhost:{port}",
+      _ENV_NUM_PROCESSES: str(num_processes),
+      _ENV_PROCESS_ID: str(process_id),
+      "PYTHONUNBUFFERED": "1",
+  })
+  # The children import the jt_dist this process runs, not another copy
+  # installed elsewhere.
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  env["PYTHONPATH"] = os.pathsep.join(
+      p for p in (root, env.get("PYTHONPATH")) if p)
+  if gpus_per_process:
+    first = process_id * gpus_per_process
+    env["CUDA_VISIBLE_DEVICES"] = ",".join(
+        str(first + i) for i in range(gpus_per_process))
+    env.pop("JAX_PLATFORMS", None)
+  else:
+    env["JAX_PLATFORMS"] = "cpu"
+    env["JT_DIST_CPU_DEVICES"] = str(cpu_devices)
+  return env
+
+
+def _report(outputs: Sequence[ProcessOutput], headline: str) -> str:
+  parts = [headline]
+  for out in outputs:
+    status = ("killed by run_processes" if out.returncode is None
+              else f"exit status {out.returncode}")
+    parts.append(
+        f"----- process {out.process_id} ({status}) stdout -----\n"
+        f"{out.stdout[-6000:]}\n"
+        f"----- process {out.process_id} stderr -----\n{out.stderr[-6000:]}")
+  return "\n".join(parts)
+
+
+def _wait(procs, deadline: float, grace_s: float) -> tuple[set[int], str]:
+  """Waits for every process; returns those killed, and why ("" if none)."""
+  failed_at = None
+  while True:
+    codes = [p.poll() for p in procs]
+    if all(c is not None for c in codes):
+      return set(), ""
+    now = time.monotonic()
+    if failed_at is None and any(c not in (None, 0) for c in codes):
+      failed_at = now
+    timed_out = now > deadline
+    if timed_out or (failed_at is not None and now > failed_at + grace_s):
+      killed = set()
+      for i, p in enumerate(procs):
+        if p.poll() is None:
+          os.killpg(p.pid, signal.SIGKILL)  # Its own session: see Popen.
+          p.wait()
+          killed.add(i)
+      return killed, "timeout" if timed_out else "failure"
+    time.sleep(0.05)
+
+
+def _run_once(argv, num_processes, env_for, timeout_s, grace_s, cwd):
+  with tempfile.TemporaryDirectory(prefix="jt_dist_procs_") as logs:
+    procs, files = [], []
+    for i in range(num_processes):
+      out = open(os.path.join(logs, f"{i}.out"), "w+")
+      err = open(os.path.join(logs, f"{i}.err"), "w+")
+      files.append((out, err))
+      # A session of its own, so that a hung process and anything it
+      # started can be killed together by its process group id.
+      procs.append(subprocess.Popen(
+          list(argv), env=env_for(i), cwd=cwd, stdout=out, stderr=err,
+          start_new_session=True))
+    killed, why = _wait(procs, time.monotonic() + timeout_s, grace_s)
+    outputs = []
+    for i, (p, (out, err)) in enumerate(zip(procs, files)):
+      out.seek(0)
+      err.seek(0)
+      code = None if i in killed else p.returncode
+      outputs.append(ProcessOutput(i, code, out.read(), err.read()))
+      out.close()
+      err.close()
+  return outputs, why
+
+
+def run_processes(argv: Sequence[str], *, num_processes: int = 2,
+                  cpu_devices_per_process: int = 4,
+                  gpus_per_process: int | None = None,
+                  timeout_s: float = 300.0, grace_s: float = _GRACE_S,
+                  env: dict | None = None,
+                  cwd: str | None = None) -> list[ProcessOutput]:
+  """Runs ``argv`` as ``num_processes`` processes joined by jax.distributed.
+
+  Each process gets its id, the group size and a free localhost port for
+  the coordinator through the environment; the script calls
+  ``initialize_process()`` to join. On the CPU every process has
+  ``cpu_devices_per_process`` virtual devices; with ``gpus_per_process``
+  each sees only its own GPUs (``CUDA_VISIBLE_DEVICES``).
+
+  Args:
+    argv: the command, e.g. ``[sys.executable, "worker.py"]``.
+    num_processes: how many processes to start.
+    cpu_devices_per_process: virtual CPU devices per process.
+    gpus_per_process: GPUs per process; None runs on the CPU.
+    timeout_s: the most the whole group may take.
+    grace_s: how long the others may run on once one process failed.
+    env: the base environment (default: this process's).
+    cwd: the working directory.
+
+  Returns:
+    One ``ProcessOutput`` per process, by process id.
+
+  Raises:
+    MultiProcessError: a process exited with an error (the others are
+      killed after a short grace), or the group ran past ``timeout_s``; the
+      message holds every process's stdout and stderr.
+  """
+  for _ in range(3):
+    port = free_port()
+    outputs, why = _run_once(
+        argv, num_processes,
+        lambda i, port=port: _process_env(env, port, i, num_processes,
+                                          cpu_devices_per_process,
+                                          gpus_per_process),
+        timeout_s, grace_s, cwd)
+    # The port was free when chosen but another program may take it
+    # before the coordinator binds it: then try another one.
+    if not any(m in o.stderr for o in outputs for m in _PORT_IN_USE):
+      break
+  if why == "timeout":
+    raise MultiProcessError(_report(outputs, (
+        f"run_processes: {argv} in {num_processes} processes did not finish"
+        f" within {timeout_s:.0f} s; the processes still running were"
+        " killed.")))
+  failed = [o.process_id for o in outputs if o.returncode not in (0, None)]
+  if failed:
+    raise MultiProcessError(_report(outputs, (
+        f"run_processes: {argv} failed in process(es) {failed} of"
+        f" {num_processes}; any process still running {grace_s:.0f} s later"
+        " was killed.")))
+  return outputs

@@ -19,6 +19,7 @@ import triton
 import triton.language as tl
 
 import jt_dist
+from jt_dist._autotune import settings as _autotune_settings
 from jt_dist._gpu import cache as _cache
 from jt_dist import _compat
 from jt_dist._gpu import compile as _compile
@@ -103,6 +104,13 @@ def _lower(f, *args):
 
 @unittest.skipUnless(util.HAS_TRITON_CALL, util.SKIP_REASON)
 class CudaLoweringTest(util.IsolatedCacheMixin, testing.TestCase):
+
+  def setUp(self):
+    super().setUp()
+    # These tests read jaxlib's autotuned call. On a GPU host jt_dist would
+    # otherwise time the configs itself and lower the winner alone.
+    jt_dist.configure_autotune(mode="jaxlib")
+    self.addCleanup(setattr, _autotune_settings._settings, "mode", None)
 
   def _inputs(self, n=1000, dtype=np.float32):
     return (jnp.asarray(self.random((n,), dtype)),
@@ -204,6 +212,17 @@ class CudaLoweringTest(util.IsolatedCacheMixin, testing.TestCase):
     self.assertIn("BLOCK: 64", call["descriptions"][0])
     self.assertEqual(call["aliases"], [(0, 0, 512 * 4)])
     self.assertIn("operand_index = 0", call["aliases_text"])
+
+  def test_pinned_config_is_lowered_alone_without_a_device(self):
+    # Cross-lowering has no CUDA device to time on: a pin still applies,
+    # and the call carries the pinned kernel alone, without jaxlib's tuning.
+    x, y = self._inputs(n=512)
+    jt_dist.pin_autotune_config(tuned_add_kernel, BLOCK=128)
+    self.addCleanup(jt_dist.pin_autotune_config, tuned_add_kernel, None)
+    (call,) = util.triton_custom_calls(_lower(_tuned_add, x, y))
+    self.assertFalse(call["autotuned"])
+    self.assertEqual(call["calls"][0]["num_warps"], 4)
+    self.assertEqual(call["calls"][0]["grid"][0], 4)
 
   def test_no_module_image_for_jaxlib_without_the_field(self):
     x, y = self._inputs()
@@ -410,6 +429,25 @@ class CudaLoweringTest(util.IsolatedCacheMixin, testing.TestCase):
     (call,) = util.triton_custom_calls(_lower(f, x))
     self.assertEqual(call["calls"][0]["params"][2], ("i32", 256))
 
+  @parameterized.parameters(90, None)
+  def test_partially_manual_shard_map_lowers(self, cc):
+    # The axis context of a partially manual shard_map holds an
+    # AbstractMesh, whose .devices raises ValueError, not AttributeError.
+    mesh = jax.make_mesh((2, 2), ("x", "y"), devices=jax.devices()[:4],
+                         axis_types=(jax.sharding.AxisType.Explicit,) * 2)
+    spec = jax.sharding.PartitionSpec("x")
+    x = jax.device_put(jnp.asarray(self.random((512,))),
+                       jax.sharding.NamedSharding(mesh, spec))
+    f = jax.shard_map(lambda a: _add(a, a, compute_capability=cc), mesh=mesh,
+                      in_specs=spec, out_specs=spec, axis_names={"x"})
+    if cc is None and testing.platform() != "gpu":
+      with self.assertRaisesRegex(ValueError,
+                                  r"no CUDA device.*compute_capability="):
+        _lower(f, x)
+      return
+    (call,) = util.triton_custom_calls(_lower(f, x))
+    self.assertEqual(call["calls"][0]["params"][2], ("i32", 256))
+
 
 def _fake_device(platform, cc, ident):
   return types.SimpleNamespace(platform=platform, compute_capability=cc,
@@ -418,7 +456,8 @@ def _fake_device(platform, cc, ident):
 
 def _ctx(devices):
   return types.SimpleNamespace(module_context=types.SimpleNamespace(
-      axis_context=types.SimpleNamespace(device_assignment=tuple(devices))))
+      axis_context=types.SimpleNamespace(device_assignment=tuple(devices),
+                                         num_devices=len(devices))))
 
 
 class TargetTest(testing.TestCase):

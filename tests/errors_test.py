@@ -256,7 +256,8 @@ class ErrorsTest(testing.TestCase):
       self.call(self.x, self.y, 16, out_shape=self.out, out_type=self.out)
 
   def test_bad_vmap_method(self):
-    with self.assertRaisesRegex(ValueError, r"vmap_method='parallel'"):
+    with self.assertRaisesRegex(
+        ValueError, r"vmap_method='parallel'.*None.*'grid'.*'sequential'"):
       self.call(self.x, self.y, 16, vmap_method="parallel")
 
   # --- errors inside the kernel ---------------------------------------

@@ -128,6 +128,7 @@ def triton_custom_calls(lowered) -> list[dict]:
     aliases = (str(attrs["output_operand_aliases"])
                if "output_operand_aliases" in attrs else "")
     calls.append({"target": target, "aliases_text": aliases,
+                  "opaque_bytes": len(opaque),
                   **decode_any_call(zlib.decompress(opaque))})
   return calls
 

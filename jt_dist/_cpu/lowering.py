@@ -123,8 +123,9 @@ def _kernel_args(spec, buffers, checker):
 def run_on_host(spec, *arrays):
   """Launches the kernel on host buffers; returns the output buffers.
 
-  An autotuned kernel runs its first config: every config must compute the
-  same result, and timing configs through the interpreter means nothing.
+  An autotuned call arrives with the one config ``jt_dist._autotune`` chose
+  (on the CPU the first, unless ``JT_DIST_AUTOTUNE_CPU=time`` or a pin says
+  otherwise); a spec with several runs its first.
   An exception is remembered before it leaves, so that an eager call can
   raise it as itself rather than as the runtime error jax makes of it.
   """

@@ -1,9 +1,11 @@
 """The primitive's CUDA and ROCm lowering: jaxlib's Triton custom call.
 
 Each launch of the call is compiled (through the caches) and described to
-jaxlib as a ``TritonKernelCall``; an autotuned kernel's launches go into one
-``TritonAutotunedKernelCall``, which times them on the first run and keeps
-the fastest. The call is serialised to jaxlib's proto, compressed, and
+jaxlib as a ``TritonKernelCall``. An autotuned call usually arrives here
+with the one config ``jt_dist._autotune`` chose; only in jaxlib's mode (or
+when cross-lowering without a pin) do its launches go into one
+``TritonAutotunedKernelCall``, which times them on the first run, in each
+process, and keeps the fastest. The call is serialised to jaxlib's proto, compressed, and
 emitted as a custom call: the FFI target where the plugin registers it (it
 works inside CUDA graphs), the legacy target otherwise or on request. On
 the FFI target with jaxlib 0.11.1 or later, each kernel's CUBIN goes into

@@ -91,32 +91,15 @@ def _parse_capability(text: Any) -> int | None:
     return None
 
 
-def _devices_of_context(ctx) -> list[Any]:
-  """The devices a lowering context is lowered for, where it names them."""
-  axis_context = getattr(ctx.module_context, "axis_context", None)
-  assignment = getattr(axis_context, "device_assignment", None)
-  if assignment:
-    return list(assignment)
-  mesh = getattr(axis_context, "mesh", None)
-  devices = getattr(mesh, "devices", None)
-  if devices is not None and getattr(devices, "size", 0):
-    return list(devices.flat)
-  return []
-
-
-def _devices_of_mesh() -> list[Any]:
+def _devices_of_mesh() -> tuple:
   """The devices of the concrete mesh set with ``jax.set_mesh``, if any."""
   get_mesh = getattr(jax.sharding, "get_mesh", None)
-  mesh = None
-  if get_mesh is not None:
-    try:
-      mesh = get_mesh()
-    except (RuntimeError, ValueError):
-      mesh = None
-  devices = getattr(mesh, "devices", None)
-  if devices is None or not getattr(devices, "size", 0):
-    return []
-  return list(devices.flat)
+  if get_mesh is None:
+    return ()
+  try:
+    return _compat.mesh_devices(get_mesh())
+  except (RuntimeError, ValueError):
+    return ()
 
 
 def _local_devices(platform: str) -> list[Any]:
@@ -149,7 +132,8 @@ def _rocm_arch(device: Any) -> str | None:
 
 def candidate_devices(ctx, platform: str) -> list[Any]:
   """The platform's devices the call is lowered for, best source first."""
-  for source in (lambda: _devices_of_context(ctx), _devices_of_mesh,
+  for source in (lambda: _compat.lowering_axis_facts(ctx).devices,
+                 _devices_of_mesh,
                  lambda: _local_devices(platform)):
     devices = _platform_devices(source(), platform)
     if devices:

@@ -47,21 +47,48 @@ def _device_list(devices) -> str:
 
 
 def _resolve_device(device: Any):
-  if device is None or isinstance(device, jax.Device):
+  """``device=`` as a ``jax.Device`` this process addresses, or None.
+
+  In a multi-process run a process launches kernels only on its own
+  devices, so an index counts ``jax.local_devices()``, not the global
+  ``jax.devices()``, and another process's device is refused.
+  """
+  if device is None:
+    return None
+  local = jax.local_devices()
+  if isinstance(device, jax.Device):
+    if device.process_index != jax.process_index():
+      raise _errors.DevicePlacementError(
+          f"triton_call: device={device} belongs to process"
+          f" {device.process_index}{_errors.process_note()}; a process can"
+          " only launch kernels on the devices it addresses"
+          f"{_device_list(local)}. Pass one of jax.local_devices() or its"
+          " index, or run the call over every process's devices with"
+          " jt_dist.sharded_triton_call.")
     return device
-  devices = jax.devices()
   if isinstance(device, int) and not isinstance(device, bool):
-    if 0 <= device < len(devices):
-      return devices[device]
-    raise ValueError(
-        f"triton_call: device={device} is not a device index; this host has"
-        f" {len(devices)} {devices[0].platform} devices, indices 0 to"
-        f" {len(devices) - 1}."
-    )
+    if 0 <= device < len(local):
+      return local[device]
+    raise _errors.DevicePlacementError(
+        f"triton_call: device={device} is not a local device index"
+        f"{_errors.process_note()}; this process addresses {len(local)}"
+        f" {local[0].platform} devices, indices 0 to {len(local) - 1}"
+        f"{_device_list(local)}.{_global_index_hint(device)}")
   raise TypeError(
       f"triton_call: device={device!r} of type {type(device).__name__} must"
       " be a device index (int) or a jax.Device."
   )
+
+
+def _global_index_hint(index: int) -> str:
+  devices = jax.devices()
+  if jax.process_count() == 1 or not 0 <= index < len(devices):
+    return ""
+  other = devices[index]
+  return (f" jax.devices()[{index}] is {other} of process"
+          f" {other.process_index}: device= counts this process's devices"
+          " (jax.local_devices()), and another process's device cannot run"
+          " this call.")
 
 
 def check_concrete(args: Sequence[Any], kernel_name: str, device: Any = None):
@@ -89,7 +116,8 @@ def check_concrete(args: Sequence[Any], kernel_name: str, device: Any = None):
     if len(device_set) > 1:
       raise _errors.DevicePlacementError(
           f"triton_call: {_describe_array(f'args[{i}]', x)} of kernel"
-          f" {kernel_name!r} spans {len(device_set)} devices"
+          f" {kernel_name!r}{_errors.process_note()} spans"
+          f" {len(device_set)} devices"
           f"{_device_list(device_set)} with sharding {x.sharding}; a Triton"
           f" kernel reads one device's memory.{_FIX_SHARDED}"
       )
@@ -99,7 +127,8 @@ def check_concrete(args: Sequence[Any], kernel_name: str, device: Any = None):
     if wanted is not None and dev != wanted:
       raise _errors.DevicePlacementError(
           f"triton_call: {_describe_array(f'args[{i}]', x)} of kernel"
-          f" {kernel_name!r} is on {dev}, but device={device!r} asks for"
+          f" {kernel_name!r}{_errors.process_note()} is on {dev}, but"
+          f" device={device!r} asks for"
           f" {wanted}. Move it with jax.device_put(x, {wanted}), or drop"
           " device= to run where the inputs are."
       )
@@ -108,8 +137,8 @@ def check_concrete(args: Sequence[Any], kernel_name: str, device: Any = None):
     elif dev != found[2]:
       j, y, other = found
       raise _errors.DevicePlacementError(
-          f"triton_call: the array arguments of kernel {kernel_name!r} sit on"
-          f" different devices: {_describe_array(f'args[{j}]', y)} is on"
+          f"triton_call: the array arguments of kernel {kernel_name!r}"
+          f"{_errors.process_note()} sit on different devices: {_describe_array(f'args[{j}]', y)} is on"
           f" {other} and {_describe_array(f'args[{i}]', x)} is on {dev}."
           f" Move them to one device with jax.device_put(x, {other}) before"
           " the call, or shard them over a mesh and call"

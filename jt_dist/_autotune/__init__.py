@@ -1,0 +1,1 @@
+"""One autotuning choice for every shard: chosen once, shared, persisted."""

@@ -1,0 +1,257 @@
+"""Choosing the one config every shard of an autotuned call runs.
+
+The choice is made when the call is lowered, where its device is known, and
+the call is then lowered with the chosen config alone: no shard times
+anything at run time, and every shard runs the same code. In order:
+
+1. in a multi-process run, every process but 0 takes process 0's choice,
+   handed over through jax.distributed's key-value store;
+2. a pinned config (``jt_dist.pin_autotune_config``, ``JT_DIST_AUTOTUNE_PIN``);
+3. a choice made earlier in this process, or saved on disk by another;
+4. on a GPU, timing every config on one local device (``timing``); on the
+   CPU, the first config (or the interpreter's timing, on request).
+
+With ``JT_DIST_AUTOTUNE=jaxlib``, or where no device of the platform is
+local (cross-lowering), jaxlib's Triton call times the configs on its first
+run instead, in each process separately.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import logging
+import threading
+import time
+from typing import Any
+
+import jax
+
+from jt_dist import _compat
+from jt_dist import _errors
+from jt_dist._autotune import settings as _settings
+from jt_dist._autotune import store as _store
+from jt_dist._autotune import timing as _timing
+from jt_dist._gpu import cache as _cache
+from jt_dist._gpu import target as _target
+
+logger = logging.getLogger("jt_dist")
+
+_KV_PREFIX = "jt_dist/autotune/"
+_warned_jaxlib_mode = False
+# How many choices this process has sent or received per call: process 0
+# sends its n-th choice for a call under round n, and the others read round
+# n, so a choice made again (after a pin or forget) never meets a stale one.
+_rounds: collections.Counter = collections.Counter()
+_rounds_lock = threading.Lock()
+
+
+def _kv_key(share_key: str) -> str:
+  with _rounds_lock:
+    _rounds[share_key] += 1
+    return f"{_KV_PREFIX}{share_key}/{_rounds[share_key]}"
+
+
+def _local_device(ctx, platform: str):
+  """One device of ``platform`` this process addresses, or None."""
+  me = jax.process_index()
+  if platform == "cpu":
+    found = [d for d in _compat.lowering_axis_facts(ctx).devices
+             if d.platform == "cpu" and d.process_index == me]
+    return found[0] if found else jax.local_devices(backend="cpu")[0]
+  found = [d for d in _target.candidate_devices(ctx, platform)
+           if d.process_index == me]
+  return found[0] if found else None
+
+
+def _tuner_keys(spec) -> list[str]:
+  keys = []
+  for layer in spec.info.layers:
+    if isinstance(layer, _compat.Autotuner):
+      keys.extend(layer.keys or ())
+  return keys
+
+
+def _key_parts(spec, avals, platform: str) -> dict[str, Any]:
+  """What a choice depends on, but the device kind."""
+  scalars = {op.name: op.value for op in spec.operands if op.kind == "scalar"}
+  common = dict(spec.launches[0].config.kwargs)
+  # Triton's autotuner re-tunes when the values of its `key` arguments
+  # change; shapes and dtypes are in the key regardless.
+  keyed = {name: repr(scalars.get(name, common.get(name))) for name in
+           _tuner_keys(spec)}
+  return {
+      "kernel": _compat.jit_function_of(spec.info.fn).cache_key,
+      "name": spec.info.name,
+      "arrays": [[list(a.shape), str(a.dtype)] for a in avals],
+      "outputs": [[list(s), str(d)] for s, d in spec.out_shapes],
+      "aliases": [list(a) for a in spec.input_output_aliases],
+      "keyed": sorted(keyed.items()),
+      "candidates": [[l.config.label, list(l.grid), list(l.zeroed_outputs)]
+                     for l in spec.launches],
+      "platform": platform,
+      "triton": _compat.triton.__version__,
+      "jaxlib": _compat.jaxlib_version(),
+      "format": _store.FORMAT_VERSION,
+  }
+
+
+def _labels(spec) -> tuple[str, ...]:
+  return tuple(l.config.label for l in spec.launches)
+
+
+def _made(spec, index, source, device_kind, key, timings=None):
+  return _store.AutotuneChoice(
+      kernel=spec.info.name, config=spec.launches[index].config.label,
+      index=index, candidates=_labels(spec), source=source,
+      device_kind=device_kind, key=key, timings_s=timings)
+
+
+def _decide(spec, avals, device, platform, key) -> _store.AutotuneChoice:
+  """Times the configs (or applies the CPU rule) on ``device``."""
+  kind = device.device_kind
+  if platform == "cpu" and _settings.cpu_rule() == "first":
+    return _made(spec, 0, "first config", kind, key)
+  plan = _timing.CPU_PLAN if platform == "cpu" else _timing.GPU_PLAN
+  start = time.perf_counter()
+  times = _timing.time_configs(spec, avals, device, plan)
+  ran = [(t, i) for i, t in enumerate(times) if t is not None]
+  logger.info("jt_dist: timed %d configs of kernel %r on %s in %.2f s.",
+              len(ran), spec.info.name, device, time.perf_counter() - start)
+  timings = dict(zip(_labels(spec), times))
+  return _made(spec, min(ran)[1], "timed", kind, key, timings)
+
+
+def _client(spec):
+  client = _compat.distributed_client()
+  if client is None:
+    raise _errors.AutotuneError(
+        f"triton_call: kernel {spec.info.name!r}{_errors.process_note()} is"
+        " autotuned in a multi-process run without jax.distributed's"
+        " coordination service, through which process 0 sends its choice."
+        " Start the processes with jax.distributed.initialize(...), or set"
+        " JT_DIST_AUTOTUNE=jaxlib (each process then tunes on its own), or"
+        " pin a config with JT_DIST_AUTOTUNE_PIN.")
+  return client
+
+
+def _receive(spec, share_key: str, kind: str, key: str):
+  """Process 0's choice for this call, from jax.distributed's store."""
+  client = _client(spec)
+  timeout = _settings.timeout_s()
+  try:
+    text = client.blocking_key_value_get(_kv_key(share_key),
+                                         int(timeout * 1000))
+  except Exception as e:  # pylint: disable=broad-except
+    raise _errors.AutotuneError(
+        f"triton_call: kernel {spec.info.name!r}{_errors.process_note()}"
+        f" waited {timeout:.0f} s for process 0's autotuning choice and"
+        f" got none ({type(e).__name__}: {e}). Every process must lower the"
+        " same autotuned call, with the same shapes, configs and"
+        " JT_DIST_AUTOTUNE mode; raise JT_DIST_AUTOTUNE_TIMEOUT_S if"
+        " process 0 needs longer to time the configs.") from None
+  sent = json.loads(text)
+  # The key covers the candidates, so process 0's config is one of ours.
+  index = _labels(spec).index(sent["config"])
+  return _made(spec, index, "process 0", kind, key, sent.get("timings_s"))
+
+
+def _publish(spec, choice, share_key: str) -> None:
+  client = _client(spec)
+  _compat.key_value_set(client, _kv_key(share_key), json.dumps(
+      {"config": choice.config, "timings_s": choice.timings_s}))
+
+
+def _log(choice, device) -> None:
+  timings = ""
+  if choice.timings_s:
+    timings = "; ms per launch: " + ", ".join(
+        f"[{i}] {'failed' if t is None else f'{t * 1e3:.4g}'}"
+        for i, t in enumerate(choice.timings_s.values()))
+  logger.info(
+      "jt_dist: autotuning choice for kernel %r on %s%s: [%d] %s (%s, of %d"
+      " configs%s).", choice.kernel, device, _errors.process_note(),
+      choice.index, choice.config, choice.source, len(choice.candidates),
+      timings)
+
+
+def _pinned(spec, kind, key):
+  fields = _settings.pinned_fields(spec.info.name)
+  if fields is None:
+    return None
+  index = _settings.matching_index(
+      spec.info.name, fields, [l.config for l in spec.launches])
+  return _made(spec, index, "pinned", kind, key)
+
+
+def _choose(spec, avals, device, platform) -> _store.AutotuneChoice:
+  parts = _key_parts(spec, avals, platform)
+  share_key = _cache.content_key(parts)
+  kind = device.device_kind
+  key = _cache.content_key({**parts, "device_kind": kind})
+  multi = jax.process_count() > 1
+  if multi and jax.process_index() != 0:
+    choice = _store.recalled(key)
+    if choice is None:
+      choice = _receive(spec, share_key, kind, key)
+      _store.save(choice)
+    return choice
+  choice = _pinned(spec, kind, key)
+  if choice is None:
+    choice = _store.recalled(key) or _store.load(key, _labels(spec))
+    if choice is None:
+      choice = _decide(spec, avals, device, platform, key)
+      if choice.source == "timed":
+        _store.save(choice)
+  if multi and _store.recalled(key) != choice:
+    _publish(spec, choice, share_key)
+  return choice
+
+
+def _leave_to_jaxlib(spec, platform: str, asked: bool) -> None:
+  global _warned_jaxlib_mode
+  if not asked:
+    logger.info(
+        "jt_dist: no local %s device to time kernel %r on (cross-lowering);"
+        " jaxlib will time its %d configs on the first run.", platform,
+        spec.info.name, len(spec.launches))
+  elif jax.process_count() > 1 and not _warned_jaxlib_mode:
+    _warned_jaxlib_mode = True
+    logger.warning(
+        "jt_dist: JT_DIST_AUTOTUNE=jaxlib in a run of %d processes: each"
+        " process times autotuned kernels on its own and may choose a"
+        " different config, so shards can run different code. Leave"
+        " JT_DIST_AUTOTUNE unset for one choice shared by every shard.",
+        jax.process_count())
+
+
+def for_lowering(ctx, spec, platform: str):
+  """The spec to lower: with the chosen config alone, or unchanged.
+
+  Args:
+    ctx: the lowering rule's context.
+    spec: the call's ``CallSpec``.
+    platform: "cpu", "cuda" or "rocm".
+
+  Returns:
+    ``spec`` with one launch where a choice was made; ``spec`` itself for
+    a kernel with one config, or when jaxlib is to time the configs.
+  """
+  if len(spec.launches) == 1:
+    return spec
+  jaxlib = _settings.mode() == "jaxlib" and platform != "cpu"
+  device = None if jaxlib else _local_device(ctx, platform)
+  if device is None:
+    # A pin needs no device: jaxlib's mode and cross-lowered code run the
+    # pinned config too.
+    pinned = _pinned(spec, "unknown", "")
+    if pinned is not None:
+      return _timing.single(spec, pinned.index)
+    _leave_to_jaxlib(spec, platform, jaxlib)
+    return spec
+  avals = list(ctx.avals_in)
+  choice = _choose(spec, avals, device, platform)
+  if _store.recalled(choice.key) != choice:
+    _store.remember(choice)
+    _log(choice, device)
+  return _timing.single(spec, choice.index)

@@ -1,0 +1,178 @@
+"""Autotuning choices: the record of each, in memory and on disk.
+
+A choice is filed under a content key (the kernel's source hash, the call's
+shapes and dtypes, the candidate configs, the device kind and the versions),
+so a new process finds it on disk and skips the timing. Files live beside
+the kernel cache, in ``<cache dir>/autotune/``, written atomically; one that
+fails a check is deleted and ignored, never used.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import threading
+from typing import Any
+
+from jt_dist._gpu import cache as _cache
+
+logger = logging.getLogger("jt_dist")
+
+FORMAT_VERSION = 1
+_SUBDIR = "autotune"
+
+
+@dataclasses.dataclass(frozen=True)
+class AutotuneChoice:
+  """The config every shard of an autotuned kernel call runs.
+
+  Attributes:
+    kernel: the kernel's name.
+    config: the chosen config's label, e.g. ``"BLOCK: 128, num_warps: 4,
+      num_ctas: 1, num_stages: 3"``.
+    index: its position among ``candidates``.
+    candidates: every candidate config's label, in order.
+    source: where the choice came from: ``"timed"`` (measured here),
+      ``"disk"`` (an earlier process's), ``"pinned"``, ``"process 0"``
+      (received in a multi-process run) or ``"first config"`` (the CPU rule).
+    device_kind: the device it was made for, e.g. ``"NVIDIA H200"``.
+    key: the content key it is filed under.
+    timings_s: seconds per launch by candidate label, where timed.
+  """
+
+  kernel: str
+  config: str
+  index: int
+  candidates: tuple[str, ...]
+  source: str
+  device_kind: str
+  key: str
+  timings_s: dict[str, float | None] | None = None
+
+  def to_json(self) -> dict[str, Any]:
+    return {**dataclasses.asdict(self), "candidates": list(self.candidates)}
+
+
+_memory: dict[str, AutotuneChoice] = {}
+_lock = threading.Lock()
+
+
+def remember(choice: AutotuneChoice) -> None:
+  with _lock:
+    _memory[choice.key] = choice
+
+
+def recalled(key: str) -> AutotuneChoice | None:
+  with _lock:
+    return _memory.get(key)
+
+
+def choices() -> list[AutotuneChoice]:
+  """The choices this process made or loaded, oldest first."""
+  with _lock:
+    return list(_memory.values())
+
+
+def _folder() -> str:
+  return os.path.join(_cache.cache_dir(), _SUBDIR)
+
+
+def _path(key: str) -> str:
+  return os.path.join(_folder(), key + ".json")
+
+
+def save(choice: AutotuneChoice) -> None:
+  """Writes ``choice`` to disk; failures are logged, never raised."""
+  if not _cache.disk_cache_enabled():
+    return
+  document = {"format": FORMAT_VERSION, **choice.to_json()}
+  folder = _folder()
+  try:
+    os.makedirs(folder, exist_ok=True)
+    _cache._atomic_write(  # pylint: disable=protected-access
+        folder, _path(choice.key), json.dumps(document).encode("utf-8"))
+  except OSError as e:
+    logger.warning("jt_dist: cannot save the autotuning choice in %s (%s);"
+                   " a new process will time the configs again.", folder, e)
+
+
+def load(key: str, candidates: tuple[str, ...]) -> AutotuneChoice | None:
+  """The choice saved under ``key`` for these candidates, or None."""
+  if not _cache.disk_cache_enabled():
+    return None
+  path = _path(key)
+  try:
+    with open(path, "rb") as f:
+      document = json.loads(f.read().decode("utf-8"))
+  except FileNotFoundError:
+    return None
+  except (OSError, UnicodeDecodeError, ValueError) as e:
+    _discard(path, f"unreadable: {e}")
+    return None
+  problem = _problem(document, key, candidates)
+  if problem:
+    _discard(path, problem)
+    return None
+  document.pop("format")
+  document["candidates"] = tuple(document["candidates"])
+  return AutotuneChoice(**{**document, "source": "disk"})
+
+
+def _problem(document: Any, key: str, candidates: tuple[str, ...]) -> str:
+  if not isinstance(document, dict) or document.get("format") != FORMAT_VERSION:
+    return "another format"
+  fields = {f.name for f in dataclasses.fields(AutotuneChoice)} | {"format"}
+  if set(document) != fields or document["key"] != key:
+    return "another key or malformed fields"
+  index = document["index"]
+  if (tuple(document["candidates"]) != candidates or not isinstance(index, int)
+      or not 0 <= index < len(candidates)
+      or candidates[index] != document["config"]):
+    return "its config is not one of this call's candidates"
+  return ""
+
+
+def _discard(path: str, reason: str) -> None:
+  logger.warning("jt_dist: ignoring the autotuning choice %s (%s).", path,
+                 reason)
+  try:
+    os.remove(path)
+  except OSError:
+    pass
+
+
+def forget_in_memory(name: str | None) -> int:
+  """Forgets this process's choices of kernel ``name`` (all when None)."""
+  with _lock:
+    keys = [k for k, c in _memory.items() if name in (None, c.kernel)]
+    for key in keys:
+      del _memory[key]
+  return len(keys)
+
+
+def forget(name: str | None) -> int:
+  """Forgets the choices of kernel ``name`` (all when None), here and on disk.
+
+  Returns:
+    How many choices were forgotten from memory and disk together.
+  """
+  count = forget_in_memory(name)
+  folder = _folder()
+  try:
+    files = [f for f in os.listdir(folder) if f.endswith(".json")]
+  except OSError:
+    return count
+  for file in files:
+    path = os.path.join(folder, file)
+    try:
+      if name is not None:
+        with open(path, "rb") as f:
+          if json.loads(f.read().decode("utf-8")).get("kernel") != name:
+            continue
+      os.remove(path)
+      count += 1
+    except (OSError, ValueError, AttributeError):
+      continue
+  return count

@@ -1,0 +1,241 @@
+"""The wrapper kernel that runs a batch of kernel calls in one launch.
+
+``jax.vmap`` of a ``triton_call`` (``vmap_method="grid"``, the default)
+launches a generated ``@triton.jit`` kernel over the call's grid extended by
+the batch. The wrapper takes the user kernel's parameters, reads the batch
+index from a grid axis the user kernel never reads, moves each batched
+pointer by that index times the operand's batch stride (in 64-bit integers),
+and calls the user kernel inline: Triton inlines ``@triton.jit`` callees, so
+the launch runs the user's code unchanged. The user's kernel object is never
+modified; wrappers are cached per kernel and batch layout.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import functools
+import hashlib
+import linecache
+import math
+from typing import Any
+
+import triton.language as tl
+
+from jt_dist import _compat
+
+# Functions whose axis argument names a grid axis.
+_AXIS_READERS = ("program_id", "num_programs")
+_ALL_AXES = frozenset((0, 1, 2))
+
+
+@dataclasses.dataclass(frozen=True)
+class Layout:
+  """Where a batch lives in memory and on the grid.
+
+  Attributes:
+    sizes: the batch sizes, outermost vmap first.
+    strides: ``(parameter name, element stride per level)`` for every
+      pointer parameter batched at some level; a stride of 0 shares the
+      operand across that level.
+    axes: the grid axes holding the flat batch index, least significant
+      first (two when the batch is split over y and z).
+    counts: the grid size along each of ``axes``.
+  """
+
+  sizes: tuple[int, ...]
+  strides: tuple[tuple[str, tuple[int, ...]], ...]
+  axes: tuple[int, ...]
+  counts: tuple[int, ...]
+
+  @property
+  def total(self) -> int:
+    return math.prod(self.sizes)
+
+
+def _axis_argument(call: ast.Call):
+  if call.args:
+    return call.args[0]
+  for keyword in call.keywords:
+    if keyword.arg == "axis":
+      return keyword.value
+  return None
+
+
+def _callee_name(func: ast.expr) -> str | None:
+  if isinstance(func, ast.Attribute):
+    return func.attr
+  if isinstance(func, ast.Name):
+    return func.id
+  return None
+
+
+def _resolve(node: ast.expr, scope: dict[str, Any]) -> Any:
+  """The object a name or dotted name refers to in ``scope``, or None."""
+  if isinstance(node, ast.Name):
+    return scope.get(node.id)
+  if isinstance(node, ast.Attribute):
+    owner = _resolve(node.value, scope)
+    return None if owner is None else getattr(owner, node.attr, None)
+  return None
+
+
+def used_grid_axes(kernel_fn: Any) -> frozenset[int]:
+  """The grid axes a kernel (or any ``@triton.jit`` callee) reads.
+
+  An axis is read through ``tl.program_id(axis)`` or
+  ``tl.num_programs(axis)``. An axis that is not a literal integer (a
+  constexpr parameter, say) could be any axis, so all three count as read.
+
+  Args:
+    kernel_fn: a ``JITFunction`` or an ``InterpretedFunction``.
+
+  Returns:
+    The axes, a subset of {0, 1, 2}. Calls the scan cannot resolve to a
+    function (a kernel passed as a constexpr, say) are not followed: the
+    caller scans constexpr kernels itself.
+  """
+  # Keyed by the Python function: hashing a JITFunction computes its
+  # cache_key, which fails for kernels calling interpreted helpers.
+  return _used_axes(kernel_fn.fn)
+
+
+@functools.lru_cache(maxsize=512)
+def _used_axes(python_fn) -> frozenset[int]:
+  used: set[int] = set()
+  pending, seen = [python_fn], set()
+  while pending:
+    fn = _compat.jit_function_for(pending.pop())
+    if fn.fn in seen:
+      continue
+    seen.add(fn.fn)
+    scope = dict(fn.get_capture_scope())
+    for node in ast.walk(fn.parse()):
+      if not isinstance(node, ast.Call):
+        continue
+      if _callee_name(node.func) in _AXIS_READERS:
+        axis = _axis_argument(node)
+        if not (isinstance(axis, ast.Constant) and axis.value in _ALL_AXES):
+          return _ALL_AXES
+        used.add(axis.value)
+      callee = _resolve(node.func, scope)
+      # Under TRITON_INTERPRET=1 helpers are InterpretedFunctions.
+      if isinstance(callee, (_compat.JITFunction,
+                             _compat.InterpretedFunction)):
+        pending.append(callee.fn)
+  return frozenset(used)
+
+
+def _prefix(param_names) -> str:
+  # Internal names must not shadow (or be shadowed by) a parameter.
+  prefix = "_jt_vmap_"
+  while any(name.startswith(prefix) for name in param_names):
+    prefix += "_"
+  return prefix
+
+
+def _batch_index_lines(layout: Layout, p: str) -> list[str]:
+  """Source lines computing the per-level batch indices ``{p}i0``, ..."""
+  lines = [f"{p}b = {p}tl.program_id({layout.axes[0]}).to({p}tl.int64)"]
+  if len(layout.axes) == 2:
+    lines.append(f"{p}b += {p}tl.program_id({layout.axes[1]}).to({p}tl.int64)"
+                 f" * {layout.counts[0]}")
+  rest = f"{p}b"
+  for level in range(len(layout.sizes) - 1, 0, -1):
+    lines.append(f"{p}i{level} = {rest} % {layout.sizes[level]}")
+    lines.append(f"{p}r{level} = {rest} // {layout.sizes[level]}")
+    rest = f"{p}r{level}"
+  lines.append(f"{p}i0 = {rest}")
+  return lines
+
+
+def _offset_lines(layout: Layout, p: str) -> list[str]:
+  lines = []
+  for name, strides in layout.strides:
+    terms = [f"{p}i{level} * {stride}"
+             for level, stride in enumerate(strides) if stride]
+    if terms:
+      lines.append(f"{name} += {' + '.join(terms)}")
+  return lines
+
+
+def wrapper_source(name: str, params, layout: Layout) -> str:
+  """The Python source of the wrapper kernel.
+
+  Args:
+    name: the user kernel's name, which the wrapper takes too, so that
+      error messages and profiles name the user's kernel.
+    params: the wrapper's parameters as ``(name, is_constexpr)`` pairs, in
+      the user kernel's order.
+    layout: the batch layout.
+
+  Returns:
+    The source of one ``def``.
+  """
+  p = _prefix([n for n, _ in params])
+  # Annotations are evaluated where the function is defined, so a parameter
+  # named `tl` cannot shadow this one; Triton's interpreter reads them as
+  # text, and knows `tl.constexpr` by name.
+  signature = ", ".join(
+      f"{n}: tl.constexpr" if constexpr else n for n, constexpr in params)
+  body = _batch_index_lines(layout, p) + _offset_lines(layout, p)
+  call = f"{p}kernel({', '.join(f'{n}={n}' for n, _ in params)})"
+  if math.prod(layout.counts) > layout.total:
+    # A batch split over two axes may overshoot: the spare programs idle.
+    body += [f"if {p}b < {layout.total}:", f"    {call}"]
+  else:
+    body.append(call)
+  return f"def {name}({signature}):\n" + "".join(
+      f"    {line}\n" for line in body)
+
+
+def _register_source(source: str, qualname: str) -> str:
+  """Makes ``source`` visible to ``inspect``, which Triton reads it with."""
+  digest = hashlib.sha256(source.encode("utf-8")).hexdigest()[:16]
+  filename = f"<jt_dist vmap wrapper of {qualname} {digest}>"
+  # An mtime of None keeps linecache.checkcache from dropping the entry.
+  linecache.cache[filename] = (len(source), None,
+                               source.splitlines(keepends=True), filename)
+  return filename
+
+
+@functools.lru_cache(maxsize=256)
+def wrapper_kernel(base_fn: Any, params: tuple[tuple[str, bool], ...],
+                   layout: Layout) -> Any:
+  """The cached kernel running ``base_fn`` over ``layout``'s batch.
+
+  Args:
+    base_fn: the user's kernel without its autotuning and heuristics
+      layers: a ``JITFunction``, or an ``InterpretedFunction`` made under
+      ``TRITON_INTERPRET=1``.
+    params: the wrapper's parameters as ``(name, is_constexpr)`` pairs.
+    layout: the batch layout.
+
+  Returns:
+    A ``JITFunction`` taking ``params`` (an ``InterpretedFunction`` for an
+    interpreted ``base_fn``, so that it is interpreted on GPUs too); the
+    same object for the same arguments, so that Triton's and jt_dist's
+    caches stay warm.
+  """
+  jit_fn = _compat.jit_function_of(base_fn)
+  python_fn = jit_fn.fn
+  source = wrapper_source(python_fn.__name__, params, layout)
+  p = _prefix([n for n, _ in params])
+  # The user's qualified name, which Triton makes the compiled kernel's
+  # name: profiles and errors show the user's kernel.
+  qualname = python_fn.__qualname__
+  filename = _register_source(source, qualname)
+  scope = {"tl": tl, f"{p}tl": tl, f"{p}kernel": jit_fn,
+           "__name__": python_fn.__module__}
+  # dont_inherit: this module's `from __future__ import annotations` would
+  # turn the constexpr annotations into strings, which Triton misreads.
+  code = compile(source, filename, "exec", dont_inherit=True)
+  exec(code, scope)  # pylint: disable=exec-used
+  wrapper = scope[python_fn.__name__]
+  wrapper.__qualname__ = qualname
+  if isinstance(base_fn, _compat.InterpretedFunction):
+    return _compat.InterpretedFunction(wrapper)
+  names = {n for n, _ in params}
+  pinned = [q.name for q in jit_fn.params
+            if q.do_not_specialize and q.name in names]
+  return _compat.JITFunction(wrapper, do_not_specialize=pinned or None)

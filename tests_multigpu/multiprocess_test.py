@@ -1,0 +1,166 @@
+"""jt_dist in several processes joined by jax.distributed.
+
+Two processes with four virtual CPU devices each form one global mesh of 8
+(on any host: the processes run on the CPU). Each runs
+``multiprocess_worker.py``; this test reads what they print. On a GPU host,
+``benchmarks/multiprocess_gpu.py`` runs the same worker with one process
+per GPU.
+"""
+
+import os
+import shutil
+import sys
+import tempfile
+
+from absl.testing import absltest
+import numpy as np
+
+from jt_dist import testing
+
+_WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                       "multiprocess_worker.py")
+_TAGS = (1, 2, 3, 4)
+
+
+def _run(cache_root, seed, *args, rule="time"):
+  env = {**os.environ, "JT_DIST_TEST_SEED": str(seed),
+         "JT_DIST_TEST_CACHE_ROOT": cache_root,
+         "JT_DIST_AUTOTUNE_CPU": rule}
+  env.pop("JT_DIST_AUTOTUNE_PIN", None)
+  outputs = testing.run_processes([sys.executable, _WORKER, *args],
+                                  num_processes=2, cpu_devices_per_process=4,
+                                  timeout_s=240, env=env)
+  return [{line["case"]: line for line in out.json_lines()}
+          for out in outputs]
+
+
+class MultiProcessTest(testing.TestCase):
+
+  @classmethod
+  def setUpClass(cls):
+    super().setUpClass()
+    cls.cache_root = tempfile.mkdtemp(prefix="jt_dist_multiprocess_")
+    cls.seed = int.from_bytes(os.urandom(4), "little")
+    cls.results = _run(cls.cache_root, cls.seed)
+
+  @classmethod
+  def tearDownClass(cls):
+    shutil.rmtree(cls.cache_root, ignore_errors=True)
+    super().tearDownClass()
+
+  def test_global_mesh_of_two_processes(self):
+    for p, cases in enumerate(self.results):
+      self.assertEqual(cases["start"]["devices"], 8, cases)
+      self.assertEqual(cases["start"]["local"], 4, cases)
+      self.assertIn("done", cases, f"process {p} did not finish: {cases}")
+
+  def test_sharded_add_jit_and_eager(self):
+    for cases in self.results:
+      for label in ("jit", "eager"):
+        case = cases[f"sharded_add_{label}"]
+        self.assertEqual(case["max_error"], 0.0, f"seed {self.seed}: {case}")
+        self.assertEqual((case["addressable"], case["devices"]), (4, 8))
+
+  def test_k_split_matmul_with_cross_process_sum(self):
+    for cases in self.results:
+      self.assertLess(cases["k_split_matmul"]["rel_error"], 1e-5,
+                      f"seed {self.seed}")
+
+  def test_layernorm_training_example(self):
+    for cases in self.results:
+      case = cases["layernorm_training"]
+      for name, error in case["grad_rel_error"].items():
+        self.assertLess(error, 1e-4, f"grad {name}, seed {self.seed}")
+      self.assertLess(case["losses"][-1], case["losses"][0])
+    self.assertEqual(self.results[0]["layernorm_training"]["losses"],
+                     self.results[1]["layernorm_training"]["losses"])
+
+  def test_every_shard_of_every_process_runs_process_0s_choice(self):
+    # Process 1 pinned TAG=4 for the first call and TAG=2 for the second;
+    # process 0 timed the configs, then pinned TAG=3. Process 0 decides.
+    first = [c["autotune_chosen_by_process_0"] for c in self.results]
+    pinned = [c["autotune_pinned_in_process_0"] for c in self.results]
+    self.assertEqual(first[0]["source"], "timed")
+    self.assertEqual(pinned[0]["source"], "pinned")
+    for p in (0, 1):
+      self.assertEqual(first[p]["tags"], [_TAGS[first[0]["choice_index"]]] * 8)
+      self.assertEqual(pinned[p]["tags"], [3] * 8)
+      self.assertEqual(first[p]["max_error"], 0.0)
+    self.assertEqual(first[1]["source"], "process 0")
+    self.assertEqual(pinned[1]["source"], "process 0")
+
+  def test_a_second_run_loads_the_choice_and_does_not_time(self):
+    again = _run(self.cache_root, self.seed, "autotune")
+    before = self.results[0]["autotune_chosen_by_process_0"]
+    for p in (0, 1):
+      case = again[p]["autotune_chosen_by_process_0"]
+      self.assertEqual(case["tags"], before["tags"])
+    self.assertEqual(again[0]["autotune_chosen_by_process_0"]["source"],
+                     "disk")
+
+  def test_waiting_in_vain_for_process_0_names_the_process(self):
+    self.assertRegex(
+        self.results[1]["choice_never_sent"]["message"],
+        r"kernel 'tag_kernel' \(in process 1 of 2\) waited 1 s for process"
+        r" 0's autotuning choice.*same autotuned call.*"
+        r"JT_DIST_AUTOTUNE_TIMEOUT_S")
+
+  def test_device_of_another_process_is_refused(self):
+    p0 = self.results[0]["placement_errors"]
+    self.assertRegex(
+        p0["messages"]["index"],
+        r"device=4 is not a local device index \(in process 0 of 2\).*"
+        r"addresses 4 cpu devices.*jax.devices\(\)\[4\] is cpu:\d+ of process 1")
+    for p, cases in enumerate(self.results):
+      case = cases["placement_errors"]
+      self.assertRegex(
+          case["messages"]["device"],
+          rf"device={case['other']} belongs to process {1 - p} \(in process"
+          rf" {p} of 2\).*jax.local_devices\(\)")
+      self.assertRegex(
+          case["messages"]["committed_local"],
+          rf"shape \(64,\) and dtype float32 \(in process {p} of 2\) is"
+          r" committed to cpu:\d+.*spec P\('x',\).*mesh of 8 devices in"
+          r" processes \[0, 1\].*make_array_from_process_local_data")
+      self.assertTrue(case["local_ok"])
+      self.assertEqual(case["local_device"], case["expected_device"])
+
+
+_SLEEPER = "import os, time\nif os.environ['JT_DIST_PROCESS_ID'] == '1': time.sleep(600)\nprint('{\"ok\": 1}')\n"
+_DIER = ("import os, sys, time\nprint('process', os.environ['JT_DIST_PROCESS_ID'])\n"
+         "if os.environ['JT_DIST_PROCESS_ID'] == '1': sys.exit('boom in 1')\n"
+         "time.sleep(600)\n")
+
+
+class HarnessTest(absltest.TestCase):
+
+  def test_hang_fails_with_every_log(self):
+    with self.assertRaises(testing.MultiProcessError) as cm:
+      testing.run_processes([sys.executable, "-c", _SLEEPER], timeout_s=3)
+    message = str(cm.exception)
+    for part in ("did not finish within 3 s", "process 0 (exit status 0)",
+                 '{"ok": 1}', "process 1 (killed by run_processes)"):
+      self.assertIn(part, message)
+
+  def test_death_stops_the_others_and_fails_with_every_log(self):
+    with self.assertRaises(testing.MultiProcessError) as cm:
+      testing.run_processes([sys.executable, "-c", _DIER], timeout_s=60,
+                            grace_s=0.5)
+    message = str(cm.exception)
+    for part in ("failed in process(es) [1] of 2",
+                 "process 1 (exit status 1)", "boom in 1", "process 0\n",
+                 "process 0 (killed by run_processes)"):
+      self.assertIn(part, message)
+
+  def test_outputs_and_json_lines(self):
+    outputs = testing.run_processes(
+        [sys.executable, "-c",
+         "import os; print('x'); print('{\"id\": %s}' % os.environ['JT_DIST_PROCESS_ID'])"],
+        num_processes=3, timeout_s=60)
+    self.assertEqual([o.json_lines() for o in outputs],
+                     [[{"id": 0}], [{"id": 1}], [{"id": 2}]])
+    self.assertEqual([o.returncode for o in outputs], [0, 0, 0])
+
+
+if __name__ == "__main__":
+  absltest.main()

@@ -88,6 +88,8 @@ def main():
   for name, t in kernels.items():
     print(f"{name:34} {t['on_ms']:8.1f}ms {t['off_ms']:8.1f}ms"
           f" {t['on_ms'] / t['off_ms']:6.2f}")
+  if not args.suite_runs:
+    return
   on_s, off_s = min(suites["on_s"]), min(suites["off_s"])
   print(f"{'suites (best of ' + str(args.suite_runs) + ')':34} {on_s:9.1f}s"
         f" {off_s:9.1f}s {on_s / off_s:6.2f}")

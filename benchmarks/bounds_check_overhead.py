@@ -1,4 +1,4 @@
-"""What the CPU interpreter's bounds check costs: suites and kernels, on and off.
+"""What the CPU interpreter's bounds check costs, on suites and kernels.
 
 Two measurements, interleaved so that a busy host slows both alike:
 

@@ -65,7 +65,8 @@ class MemoryChecker:
     self._real = real
     self._nbytes = np.array([b.array.nbytes for b in buffers] or [0], np.int64)
     tags = (np.arange(1, max(n, 1) + 1, dtype=np.uint64) << _REGION_BITS)
-    self._tagged = tags + np.uint64(_HALF_REGION) + (real & np.uint64(_ALIGN_MASK))
+    low_bits = real & np.uint64(_ALIGN_MASK)
+    self._tagged = tags + np.uint64(_HALF_REGION) + low_bits
     self._count = n
     self._tracks_writes = any(b.written is not None for b in buffers)
 

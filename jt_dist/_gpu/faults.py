@@ -61,7 +61,8 @@ def launch_fault(error: BaseException, spec) -> _errors.KernelLaunchError:
           f" Set {SYNC_ENV_VAR}=1 to make each eager call wait for its kernel,"
           " so that the fault is reported by the call that caused it.")
   return _errors.KernelLaunchError(
-      f"The device reported a fault in {where}. The call: {describe_launch(spec)}."
+      f"The device reported a fault in {where}. The call:"
+      f" {describe_launch(spec)}."
       f" Run the kernel on the CPU (jax.default_device(jax.devices('cpu')[0]))"
       f" to have its out-of-bounds accesses named.{hint} Device error:"
       f" {error}"

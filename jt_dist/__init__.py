@@ -17,7 +17,10 @@ from jt_dist._gpu.cache import configure as configure_cache
 from jt_dist._errors import AutotuneError
 from jt_dist._errors import DevicePlacementError
 from jt_dist._errors import KernelBindingError
+from jt_dist._errors import KernelLaunchError
+from jt_dist._errors import OutOfBoundsAccessError
 from jt_dist._errors import ShardingSpecError
+from jt_dist._errors import UnwrittenOutputReadError
 from jt_dist._sharding.shard_size import ShardSize
 from jt_dist._sharding.shard_size import shard_size
 from jt_dist._sharding.sharded_call import sharded_triton_call
@@ -29,8 +32,11 @@ __all__ = [
     "AutotuneError",
     "DevicePlacementError",
     "KernelBindingError",
+    "KernelLaunchError",
+    "OutOfBoundsAccessError",
     "ShardSize",
     "ShardingSpecError",
+    "UnwrittenOutputReadError",
     "__version__",
     "autotune_choices",
     "configure_autotune",

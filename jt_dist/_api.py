@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any, Callable, Mapping, Sequence
 
 import jax
@@ -132,12 +133,44 @@ def triton_call(
       serialized_metadata=serialized_metadata,
       vmap_method=vmap_method,
   )
+  empty = _all_outputs_empty(out_shape)
   arrays, spec, out_tree = _binding.bind_call(
-      args, kernel, out_shape, grid, options, metaparams
+      args, kernel, out_shape, _NO_LAUNCH_GRID if empty else grid, options,
+      metaparams,
   )
   arrays = _place(arrays, args, spec, device)
-  outs = _primitive.triton_call_p.bind(*arrays, spec=spec)
+  if empty:
+    # Nothing to compute: launching would hand the kernel pointers to empty
+    # buffers (and the grid usually rounds to 0 blocks).
+    outs = _empty_outputs(spec, arrays)
+  else:
+    outs = _primitive.triton_call_p.bind(*arrays, spec=spec)
   return jax.tree_util.tree_unflatten(out_tree, outs)
+
+
+# Bound in place of the user's grid when there is nothing to launch, so that
+# every other binding check still runs.
+_NO_LAUNCH_GRID = (1,)
+
+
+def _empty_outputs(spec, arrays):
+  """The outputs of a call with nothing to launch, beside its inputs."""
+  outs = [jax.numpy.zeros(shape, dtype) for shape, dtype in spec.out_shapes]
+  concrete = [a for a in arrays if not isinstance(a, jax.core.Tracer)]
+  devices = concrete[0].devices() if concrete else set()
+  if len(devices) == 1:
+    outs = [jax.device_put(o, next(iter(devices))) for o in outs]
+  return outs
+
+
+def _all_outputs_empty(out_shape: Any) -> bool:
+  """Whether every output has a dimension of 0 (and there is one at least)."""
+  leaves = jax.tree_util.tree_leaves(out_shape)
+  try:
+    sizes = [math.prod(leaf.shape) for leaf in leaves]
+  except (AttributeError, TypeError):
+    return False  # bind_call reports malformed outputs.
+  return bool(sizes) and all(size == 0 for size in sizes)
 
 
 def resolve_out_shape(out_shape: Any, out_type: Any) -> Any:

@@ -9,6 +9,7 @@ import time beyond reading version numbers and importing classes.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib
 import itertools
@@ -360,3 +361,41 @@ def key_value_set(client, key: str, value: str) -> None:
     client.key_value_set(key, value, allow_overwrite=True)
   except TypeError:  # Older jaxlibs take no allow_overwrite.
     client.key_value_set(key, value)
+
+
+# --- Triton's interpreter: memory accesses ---------------------------------
+
+
+# Triton's interpreter (3.6 through 3.9) reaches memory only through four
+# functions of its native module, which `triton.runtime.interpreter` imports
+# as `_interpreter`: load(ptrs, mask, other, dtype), store(ptrs, values,
+# mask), atomic_rmw(op, ptrs, values, mask, sem) and atomic_cas(ptrs, cmp,
+# values, sem). Plain, block-pointer (3.6) and tensor-descriptor (3.9) loads
+# and stores all end there, so it is the one place to check addresses.
+_NATIVE_MEMORY_ATTR = "_interpreter"
+
+
+def interpreter_native_memory() -> Any:
+  """The native module through which the interpreter touches memory."""
+  return getattr(_interpreter, _NATIVE_MEMORY_ATTR)
+
+
+@contextlib.contextmanager
+def interpreter_native_memory_replaced(replacement: Any):
+  """Routes the interpreter's memory accesses through ``replacement``.
+
+  Only for one launch, with the caller holding the interpreter lock.
+  """
+  original = getattr(_interpreter, _NATIVE_MEMORY_ATTR)
+  setattr(_interpreter, _NATIVE_MEMORY_ATTR, replacement)
+  try:
+    yield
+  finally:
+    setattr(_interpreter, _NATIVE_MEMORY_ATTR, original)
+
+
+def interpreter_program_id() -> tuple[int, int, int] | None:
+  """The program instance the interpreter is running, as (x, y, z)."""
+  builder = getattr(_interpreter, "interpreter_builder", None)
+  grid_idx = getattr(builder, "grid_idx", None)
+  return None if grid_idx is None else tuple(int(i) for i in grid_idx)

@@ -1,7 +1,8 @@
 """Exception types raised by jt_dist.
 
-Every error subclasses a builtin (``ValueError``, ``TypeError`` or
-``NotImplementedError``) so that callers who catch the builtin keep working.
+Every error subclasses a builtin (``ValueError``, ``TypeError``,
+``IndexError``, ``RuntimeError`` or ``NotImplementedError``) so that callers
+who catch the builtin keep working.
 """
 
 from __future__ import annotations
@@ -16,7 +17,10 @@ __all__ = [
     "call_user",
     "callable_name",
     "KernelBindingError",
+    "KernelLaunchError",
+    "OutOfBoundsAccessError",
     "ShardingSpecError",
+    "UnwrittenOutputReadError",
 ]
 
 
@@ -40,6 +44,33 @@ class DevicePlacementError(ValueError):
 
 class ShardingSpecError(ValueError):
   """The partition specs or mesh given to ``sharded_triton_call`` are invalid."""
+
+
+class OutOfBoundsAccessError(IndexError):
+  """A kernel run through the CPU interpreter accessed memory outside a buffer.
+
+  Raised before the access touches memory. The message names the kernel, the
+  parameter the pointer came from, the program id, the offending element
+  offsets, the buffer's size and the mask in force. Set
+  ``JT_DIST_BOUNDS_CHECK=0`` to run unchecked.
+  """
+
+
+class UnwrittenOutputReadError(ValueError):
+  """A kernel read output memory that nothing had written yet.
+
+  Outputs start undefined on a GPU (jaxlib does not clear them) unless they
+  are aliased to an input or listed in ``zeroed_outputs``; the CPU
+  interpreter tracks which bytes a launch wrote and refuses such reads.
+  """
+
+
+class KernelLaunchError(RuntimeError):
+  """The device reported an illegal address or failed launch for a kernel.
+
+  Raised by an eager ``triton_call`` around jaxlib's runtime error, naming
+  the kernel and its launch (grid, config); the original error is chained.
+  """
 
 
 class AutotuneError(RuntimeError):

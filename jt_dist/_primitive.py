@@ -15,6 +15,8 @@ from jax.interpreters import batching
 
 from jt_dist import _batching
 from jt_dist import _compat
+from jt_dist._cpu import lowering as _cpu_lowering
+from jt_dist._gpu import faults as _gpu_faults
 
 triton_call_p = jex_core.Primitive("jt_dist_triton_call")
 triton_call_p.multiple_results = True
@@ -35,7 +37,17 @@ def _compiled_call(spec):
 
 
 def _impl(*args, spec):
-  return _compiled_call(spec)(*args)
+  try:
+    return _gpu_faults.wait_if_synced(_compiled_call(spec)(*args))
+  except Exception as e:  # pylint: disable=broad-except
+    # On the CPU, give the caller the kernel's own exception (e.g.
+    # OutOfBoundsAccessError), not jax's wrapping of it (a JaxRuntimeError,
+    # or a ValueError for some callbacks). On a GPU, name the kernel behind
+    # an illegal address or failed launch.
+    _cpu_lowering.raise_host_fault(e)
+    if _gpu_faults.is_device_fault(e):
+      raise _gpu_faults.launch_fault(e, spec) from e
+    raise
 
 
 triton_call_p.def_impl(_impl)

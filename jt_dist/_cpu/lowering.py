@@ -9,14 +9,18 @@ a kernel gives the same results (and the same mistakes) on both.
 
 from __future__ import annotations
 
+import collections
 import functools
 import logging
+import threading
+import traceback
 
 import jax
 from jax.interpreters import mlir
 import numpy as np
 
 from jt_dist import _compat
+from jt_dist._cpu import bounds as _bounds
 from jt_dist._cpu import runtime as _interpreter_runtime
 
 logger = logging.getLogger("jt_dist")
@@ -26,6 +30,10 @@ logger = logging.getLogger("jt_dist")
 # overlap a GPU compile (which reads the module): one lock for both.
 _INTERPRETER_LOCK = _compat.LANGUAGE_LOCK
 _logged_kernels: set[str] = set()
+# Exceptions that left recent host callbacks (bounded: under jax.jit nobody
+# collects them).
+_FAULTS_LOCK = threading.Lock()
+_recent_faults: collections.deque = collections.deque(maxlen=16)
 
 # Outputs the kernel does not write come back as this byte pattern (NaN for
 # floats, -1 for signed ints) rather than zeros, which would hide the bug.
@@ -33,16 +41,21 @@ _POISON_BYTE = 0xFF
 
 
 class _HostPointer:
-  """What the interpreter needs of a tensor: an address and an element type."""
+  """What the interpreter needs of a tensor: an address and an element type.
 
-  __slots__ = ("buffer", "dtype")
+  With the bounds check on, the address is the checker's tagged address for
+  the buffer rather than its real one.
+  """
 
-  def __init__(self, buffer: np.ndarray, triton_type: str):
+  __slots__ = ("buffer", "dtype", "address")
+
+  def __init__(self, buffer: np.ndarray, triton_type: str, address=None):
     self.buffer = buffer
     self.dtype = triton_type.lstrip("*")
+    self.address = buffer.ctypes.data if address is None else address
 
   def data_ptr(self) -> int:
-    return self.buffer.ctypes.data
+    return self.address
 
 
 def _log_once(spec) -> None:
@@ -63,7 +76,8 @@ def _prepare_outputs(spec, launch, inputs):
   outputs = []
   for shape, dtype in spec.out_shapes:
     out = np.empty(shape, dtype)
-    out.view(np.uint8)[...] = _POISON_BYTE
+    # Through a flat view: a 0-d array cannot change its itemsize.
+    out.reshape(-1).view(np.uint8)[...] = _POISON_BYTE
     outputs.append(out)
   for i, o in spec.input_output_aliases:
     np.copyto(outputs[o], inputs[i])
@@ -72,16 +86,35 @@ def _prepare_outputs(spec, launch, inputs):
   return outputs
 
 
-def _kernel_args(spec, inputs, outputs):
+def _pointer_buffers(spec, launch, inputs, outputs):
+  """The buffer behind each pointer operand, in operand order."""
   aliased = {i: o for i, o in spec.input_output_aliases}
-  args = []
+  defined = set(aliased.values()) | set(launch.zeroed_outputs)
+  buffers = []
   for op in spec.operands:
-    if op.kind == "array":
-      buffer = (outputs[aliased[op.index]] if op.index in aliased
-                else inputs[op.index])
-      args.append(_HostPointer(buffer, op.type))
+    if op.kind == "array" and op.index in aliased:
+      buffers.append(_bounds.Buffer(
+          op.name, f"input {op.index}, aliased to output {aliased[op.index]}",
+          outputs[aliased[op.index]]))
+    elif op.kind == "array":
+      buffers.append(_bounds.Buffer(op.name, f"input {op.index}",
+                                    inputs[op.index]))
     elif op.kind == "output":
-      args.append(_HostPointer(outputs[op.index], op.type))
+      out = outputs[op.index]
+      written = (None if op.index in defined
+                 else np.zeros(out.nbytes, dtype=bool))
+      buffers.append(_bounds.Buffer(op.name, f"output {op.index}", out,
+                                    written))
+  return buffers
+
+
+def _kernel_args(spec, buffers, checker):
+  args, pointers = [], iter(enumerate(buffers))
+  for op in spec.operands:
+    if op.kind in ("array", "output"):
+      k, buffer = next(pointers)
+      address = None if checker is None else checker.tagged_address(k)
+      args.append(_HostPointer(buffer.array, op.type, address))
     elif op.type in ("fp32", "fp64", "i1"):
       args.append(_interpreter_runtime.interpreter_scalar(op.value, op.type))
     else:
@@ -95,15 +128,51 @@ def run_on_host(spec, *arrays):
   An autotuned call arrives with the one config ``jt_dist._autotune`` chose
   (on the CPU the first, unless ``JT_DIST_AUTOTUNE_CPU=time`` or a pin says
   otherwise); a spec with several runs its first.
+  An exception is remembered before it leaves, so that an eager call can
+  raise it as itself rather than as the runtime error jax makes of it.
   """
+  try:
+    return _run_on_host(spec, *arrays)
+  except Exception as e:
+    # Keep the traceback's lines but not its frames' locals (the buffers):
+    # under jax.jit nobody collects a remembered exception.
+    traceback.clear_frames(e.__traceback__)
+    with _FAULTS_LOCK:
+      _recent_faults.append(e)
+    raise
+
+
+def raise_host_fault(error: Exception) -> None:
+  """Re-raises the kernel's own exception behind a failed host callback.
+
+  jax reports an exception raised in a host callback as a JaxRuntimeError
+  whose message ends with the original's text. If ``error`` is one of those
+  for an exception that ``run_on_host`` remembered, that exception is raised
+  instead (chained to ``error``); otherwise this returns.
+  """
+  text = str(error)
+  with _FAULTS_LOCK:
+    found = next((f for f in reversed(_recent_faults)
+                  if str(f) and str(f) in text), None)
+    if found is not None:
+      _recent_faults.remove(found)
+  if found is not None:
+    raise found from error
+
+
+def _run_on_host(spec, *arrays):
   _log_once(spec)
   launch = spec.launches[0]
   inputs = [np.ascontiguousarray(a) for a in arrays]
   outputs = _prepare_outputs(spec, launch, inputs)
-  args = _kernel_args(spec, inputs, outputs)
+  buffers = _pointer_buffers(spec, launch, inputs, outputs)
+  checker = (_bounds.MemoryChecker(spec.info.name, buffers)
+             if _bounds.enabled() else None)
+  args = _kernel_args(spec, buffers, checker)
   with _INTERPRETER_LOCK:
     _interpreter_runtime.run(
-        spec.info.python_fn, launch.grid, args, dict(launch.config.kwargs)
+        spec.info.python_fn, launch.grid, args, dict(launch.config.kwargs),
+        checker=checker,
     )
   return tuple(outputs)
 

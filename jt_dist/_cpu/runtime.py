@@ -20,6 +20,8 @@ from triton.runtime import interpreter as _interpreter
 from triton.runtime import jit as _jit
 
 from jt_dist import _compat
+from jt_dist import _errors
+from jt_dist._cpu import bounds as _bounds
 
 JITFunction = _compat.JITFunction
 InterpretedFunction = _compat.InterpretedFunction
@@ -45,15 +47,53 @@ def interpreted_python_fn(python_fn):
   return InterpretedFunction(python_fn).rewrite()
 
 
-def run(python_fn, grid: tuple[int, int, int], args, kwargs):
+def run(python_fn, grid: tuple[int, int, int], args, kwargs, checker=None):
   """Runs ``python_fn`` over ``grid`` through Triton's interpreter.
 
   The caller must hold the interpreter lock: the interpreter patches
   ``triton.language`` globally for the duration of the launch.
+
+  Args:
+    python_fn: the kernel's Python function.
+    grid: the launch grid.
+    args: the kernel's positional arguments (pointers as ``data_ptr``
+      objects).
+    kwargs: its constexpr keyword arguments.
+    checker: a ``bounds.MemoryChecker`` whose tagged addresses ``args``
+      carry, or None to run unchecked on real addresses.
+
+  Raises:
+    OutOfBoundsAccessError, UnwrittenOutputReadError: the checker refused an
+      access (unwrapped from the interpreter's InterpreterError).
   """
   fn = interpreted_python_fn(python_fn)
   arg_names = list(_jit.inspect.signature(python_fn).parameters)
   executor = _HostBufferExecutor(fn, arg_names, tuple(grid))
+  try:
+    with _checked_memory(checker):
+      _run_patched(executor, args, kwargs)
+  except _compat.InterpreterError as e:
+    if isinstance(e.__cause__, _KERNEL_FAULTS):
+      raise e.__cause__ from None
+    raise
+
+
+_KERNEL_FAULTS = (_errors.OutOfBoundsAccessError,
+                  _errors.UnwrittenOutputReadError)
+
+
+@contextlib.contextmanager
+def _checked_memory(checker):
+  if checker is None:
+    yield
+    return
+  native = _compat.interpreter_native_memory()
+  with _compat.interpreter_native_memory_replaced(
+      _bounds.CheckedMemory(native, checker)):
+    yield
+
+
+def _run_patched(executor, args, kwargs):
   with _helpers_run_interpreted(), _bfloat16_like_compiled():
     # The executor patches only the language modules the kernel's own
     # globals name (usually `tl`). Library helpers such as tl.zeros are

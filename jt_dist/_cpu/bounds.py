@@ -1,0 +1,210 @@
+"""Bounds and initialisation checks for kernels run through the interpreter.
+
+The interpreter reads and writes raw host addresses, so a kernel that goes
+past its buffer returns garbage or kills the process. With the check on,
+each pointer parameter gets a *tagged* address instead of its buffer's real
+one: parameter ``k`` lives at ``(k + 1) << 40`` plus half a region, so any
+pointer the kernel derives from it, even with a negative or huge offset,
+still names ``k`` (its top bits) and its byte offset (the rest). Every
+access is translated back to a real address only after its masked lanes
+have been checked against the buffer's extent, so a bad access raises
+before any memory is touched.
+
+Output buffers the kernel must write before reading also carry a byte map
+of what the launch has written; a load or atomic from an unwritten byte
+raises too. Aliased outputs (they hold the input) and zeroed outputs start
+written.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+import numpy as np
+
+from jt_dist import _compat
+from jt_dist import _errors
+
+# The environment variable that turns the check off ("0", "false", "off").
+ENV_VAR = "JT_DIST_BOUNDS_CHECK"
+_REGION_BITS = 40
+_HALF_REGION = 1 << (_REGION_BITS - 1)
+# Tagged addresses keep the real address's low bits, so alignment checks in
+# the kernel (or in the interpreter's tensor descriptors) see what they
+# would see unchecked.
+_ALIGN_MASK = 0xFFF
+_SHOWN_OFFSETS = 8
+
+
+def enabled() -> bool:
+  """Whether launches on the CPU check their memory accesses (default on)."""
+  value = os.environ.get(ENV_VAR, "1").strip().lower()
+  return value not in ("0", "false", "off", "no")
+
+
+@dataclasses.dataclass
+class Buffer:
+  """One pointer parameter's buffer, as the checker sees it."""
+
+  param: str
+  role: str
+  array: np.ndarray
+  # Byte map of what the launch wrote; None where every byte starts defined.
+  written: np.ndarray | None = None
+
+
+class MemoryChecker:
+  """Checks, then performs, the interpreter's accesses for one launch."""
+
+  def __init__(self, kernel: str, buffers: list[Buffer]):
+    self.kernel = kernel
+    self.buffers = buffers
+    n = len(buffers)
+    real = np.array([b.array.ctypes.data for b in buffers] or [0], np.uint64)
+    self._real = real
+    self._nbytes = np.array([b.array.nbytes for b in buffers] or [0], np.int64)
+    tags = (np.arange(1, max(n, 1) + 1, dtype=np.uint64) << _REGION_BITS)
+    low_bits = real & np.uint64(_ALIGN_MASK)
+    self._tagged = tags + np.uint64(_HALF_REGION) + low_bits
+    self._count = n
+    self._tracks_writes = any(b.written is not None for b in buffers)
+
+  def tagged_address(self, k: int) -> int:
+    """The address the kernel sees for buffer ``k``."""
+    return int(self._tagged[k])
+
+  def translate(self, op: str, ptrs, mask, itemsize: int, *, reads: bool,
+                writes: bool):
+    """Real addresses for ``ptrs`` after checking the lanes ``mask`` enables.
+
+    Raises:
+      OutOfBoundsAccessError: an enabled lane is outside its buffer.
+      UnwrittenOutputReadError: a read of output bytes not yet written.
+    """
+    ptrs = np.asarray(ptrs, dtype=np.uint64)
+    on = np.broadcast_to(np.asarray(mask, dtype=bool), ptrs.shape)
+    index = (ptrs >> np.uint64(_REGION_BITS)).astype(np.int64) - 1
+    known = (index >= 0) & (index < self._count)
+    index = np.where(known, index, 0)
+    offset = ptrs.view(np.int64) - self._tagged[index].view(np.int64)
+    inside = known & (offset >= 0) & (offset + itemsize <= self._nbytes[index])
+    bad = on & ~inside
+    if bad.any():
+      raise self._out_of_bounds(op, index, known, offset, bad, on, itemsize)
+    if self._tracks_writes:
+      self._track(op, index, offset, on, itemsize, reads, writes)
+    real = self._real[index] + np.where(inside, offset, 0).astype(np.uint64)
+    return real
+
+  def _track(self, op, index, offset, on, itemsize, reads, writes):
+    for k in np.unique(index[on]):
+      buffer = self.buffers[k]
+      if buffer.written is None:
+        continue
+      lanes = on & (index == k)
+      starts = offset[lanes]
+      byte_index = starts[:, None] + np.arange(itemsize)
+      if reads:
+        unwritten = ~buffer.written[byte_index].all(axis=1)
+        if unwritten.any():
+          raise self._unwritten(op, k, starts[unwritten], on, itemsize)
+      if writes:
+        buffer.written[byte_index] = True
+
+  def _describe(self, k: int) -> str:
+    b = self.buffers[k]
+    return f"{b.param!r} ({b.role})"
+
+  def _where(self, op: str) -> str:
+    pid = _compat.interpreter_program_id()
+    return (f"kernel {self.kernel!r}, program id {pid}: {op} through")
+
+  def _extent(self, k: int) -> str:
+    a = self.buffers[k].array
+    return (f"holds {a.size} {a.dtype.name} elements ({a.nbytes} bytes,"
+            f" shape {tuple(a.shape)})")
+
+  def _out_of_bounds(self, op, index, known, offset, bad, on, itemsize):
+    k = int(index[bad][0])
+    if not known[bad][0]:
+      return _errors.OutOfBoundsAccessError(
+          f"{self._where(op)} a pointer that points into no buffer of the"
+          f" call ({int(bad.sum())} lanes; {_mask_text(on)}). Pointers must be"
+          " derived from a pointer parameter by adding offsets."
+      )
+    lanes = bad & (index == k)
+    elements = offset[lanes] // itemsize
+    size = self.buffers[k].array.nbytes // itemsize
+    hint = ""
+    if (elements < 0).any():
+      hint = (" Negative offsets are what 32-bit offset arithmetic gives when"
+              " it wraps past 2**31 - 1: compute offsets in int64, e.g."
+              " `tl.program_id(0).to(tl.int64) * BLOCK`.")
+    return _errors.OutOfBoundsAccessError(
+        f"{self._where(op)} {self._describe(k)} reaches {elements.size}"
+        f" element(s) outside the buffer: element offsets"
+        f" {_first(elements)} (in {itemsize}-byte elements). The buffer"
+        f" {self._extent(k)}, so offsets must lie in [0, {size}). Mask in"
+        f" force: {_mask_text(on)}. Mask the access (e.g. `mask=offsets < n`)"
+        f" or shrink the grid.{hint} Set {ENV_VAR}=0 to run unchecked."
+    )
+
+  def _unwritten(self, op, k, starts, on, itemsize):
+    return _errors.UnwrittenOutputReadError(
+        f"{self._where(op)} {self._describe(k)} reads {starts.size}"
+        f" element(s) that the kernel has not written: element offsets"
+        f" {_first(starts // itemsize)} (in {itemsize}-byte elements). The"
+        f" buffer {self._extent(k)}. Mask in force: {_mask_text(on)}. An"
+        " output starts undefined on a GPU: write it before reading it, or"
+        " pass zeroed_outputs= (starts at zero) or input_output_aliases="
+        f" (starts as the input). Set {ENV_VAR}=0 to run unchecked."
+    )
+
+
+def _first(values: np.ndarray) -> str:
+  shown = ", ".join(str(int(v)) for v in values[:_SHOWN_OFFSETS])
+  more = f", ... ({values.size} in all)" if values.size > _SHOWN_OFFSETS else ""
+  return f"[{shown}{more}]"
+
+
+def _mask_text(on: np.ndarray) -> str:
+  total, enabled_lanes = on.size, int(on.sum())
+  if enabled_lanes == total:
+    return f"all {total} lanes on (no mask, or a mask that is all true)"
+  return f"{enabled_lanes} of {total} lanes on"
+
+
+class CheckedMemory:
+  """Stands in for the interpreter's native memory module during a launch."""
+
+  def __init__(self, native, checker: MemoryChecker):
+    self._native = native
+    self._checker = checker
+
+  def __getattr__(self, name):
+    # Enums (MEM_SEMANTIC, RMW_OP) and anything else pass through.
+    return getattr(self._native, name)
+
+  def load(self, ptrs, mask, other, dtype):
+    real = self._checker.translate("load", ptrs, mask, np.dtype(dtype).itemsize,
+                                   reads=True, writes=False)
+    return self._native.load(real, mask, other, dtype)
+
+  def store(self, ptrs, values, mask):
+    itemsize = np.asarray(values).dtype.itemsize
+    real = self._checker.translate("store", ptrs, mask, itemsize,
+                                   reads=False, writes=True)
+    return self._native.store(real, values, mask)
+
+  def atomic_rmw(self, op, ptrs, values, mask, sem):
+    itemsize = np.asarray(values).dtype.itemsize
+    real = self._checker.translate("atomic", ptrs, mask, itemsize,
+                                   reads=True, writes=True)
+    return self._native.atomic_rmw(op, real, values, mask, sem)
+
+  def atomic_cas(self, ptrs, cmp, values, sem):
+    itemsize = np.asarray(values).dtype.itemsize
+    real = self._checker.translate("atomic_cas", ptrs, True, itemsize,
+                                   reads=True, writes=True)
+    return self._native.atomic_cas(real, cmp, values, sem)

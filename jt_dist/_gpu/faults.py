@@ -1,0 +1,76 @@
+"""Naming the kernel behind a device fault that jaxlib reports.
+
+jaxlib reports an illegal address or a failed launch as a bare runtime error
+("CUDA_ERROR_ILLEGAL_ADDRESS", "an illegal memory access was encountered",
+"hipErrorLaunchFailure", ...) that does not say which kernel caused it.
+jt_dist can add that where it is on the stack: an eager ``triton_call``.
+Launches are asynchronous, so an illegal address usually surfaces at a later
+synchronisation; with ``JT_DIST_SYNC_LAUNCHES=1`` every eager call waits for
+its kernel, so that the fault is reported by the call that caused it.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+
+import jax
+
+from jt_dist import _errors
+
+# The environment variable that makes eager GPU calls wait for their kernel.
+SYNC_ENV_VAR = "JT_DIST_SYNC_LAUNCHES"
+_DEVICE_FAULT = re.compile(
+    r"ILLEGAL_ADDRESS|illegal memory access|illegal address|LAUNCH_FAILED"
+    r"|launch failure|unspecified launch|hipErrorLaunchFailure"
+    r"|hipErrorIllegalAddress|misaligned address|MISALIGNED_ADDRESS",
+    re.IGNORECASE,
+)
+
+
+def sync_launches() -> bool:
+  """Whether eager calls wait for their kernel (``JT_DIST_SYNC_LAUNCHES``)."""
+  return os.environ.get(SYNC_ENV_VAR, "0").strip().lower() in (
+      "1", "true", "on", "yes")
+
+
+def is_device_fault(error: BaseException) -> bool:
+  """Whether ``error`` reads as an illegal address or a failed launch."""
+  return bool(_DEVICE_FAULT.search(str(error)))
+
+
+def describe_launch(spec) -> str:
+  """The kernel, grids and configs of a call, for an error message."""
+  launches = "; ".join(
+      f"grid {launch.grid} with {dict(launch.config.kwargs)},"
+      f" num_warps={launch.config.num_warps},"
+      f" num_stages={launch.config.num_stages}"
+      for launch in spec.launches
+  )
+  label = f" (name={spec.name!r})" if spec.name else ""
+  return f"kernel {spec.info.name!r}{label}: {launches}"
+
+
+def launch_fault(error: BaseException, spec) -> _errors.KernelLaunchError:
+  """A KernelLaunchError naming the call behind the device fault ``error``."""
+  synced = sync_launches()
+  where = ("this call's kernel" if synced else
+           "this call, or a kernel launched before it (launches are"
+           " asynchronous)")
+  hint = ("" if synced else
+          f" Set {SYNC_ENV_VAR}=1 to make each eager call wait for its kernel,"
+          " so that the fault is reported by the call that caused it.")
+  return _errors.KernelLaunchError(
+      f"The device reported a fault in {where}. The call:"
+      f" {describe_launch(spec)}."
+      f" Run the kernel on the CPU (jax.default_device(jax.devices('cpu')[0]))"
+      f" to have its out-of-bounds accesses named.{hint} Device error:"
+      f" {error}"
+  )
+
+
+def wait_if_synced(outs):
+  """Blocks until ``outs`` are ready when ``JT_DIST_SYNC_LAUNCHES`` is on."""
+  if sync_launches():
+    jax.block_until_ready(outs)
+  return outs

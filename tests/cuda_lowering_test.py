@@ -433,7 +433,7 @@ class CudaLoweringTest(util.IsolatedCacheMixin, testing.TestCase):
   def test_partially_manual_shard_map_lowers(self, cc):
     # The axis context of a partially manual shard_map holds an
     # AbstractMesh, whose .devices raises ValueError, not AttributeError.
-    mesh = jax.make_mesh((2, 2), ("x", "y"), devices=jax.devices()[:4],
+    mesh = jax.make_mesh((2, 2), ("x", "y"), devices=self.devices(4),
                          axis_types=(jax.sharding.AxisType.Explicit,) * 2)
     spec = jax.sharding.PartitionSpec("x")
     x = jax.device_put(jnp.asarray(self.random((512,))),

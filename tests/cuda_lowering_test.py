@@ -420,7 +420,7 @@ class CudaLoweringTest(util.IsolatedCacheMixin, testing.TestCase):
         self.assertIn('"shared_mem"', f.read())
 
   def test_shard_map_lowers_per_shard(self):
-    mesh = jax.make_mesh((2,), ("i",), devices=jax.devices()[:2])
+    mesh = jax.make_mesh((2,), ("i",), devices=self.devices(2))
     spec = jax.sharding.PartitionSpec("i")
     x = jax.device_put(jnp.asarray(self.random((512,))),
                        jax.sharding.NamedSharding(mesh, spec))

@@ -16,7 +16,9 @@ Implementations (rows of the README's table):
   ``jt_dist.triton_call``;
 - ``jax_triton_shard_map``: the same around ``jax_triton.triton_call``,
   shapes as keyword metaparams, as jax-triton's README and examples write it;
-- ``xla``: XLA's own op on sharded inputs;
+- ``xla``: XLA's own op on sharded inputs, behind an optimization barrier
+  so that XLA runs one op per call as the kernels do, rather than fusing the
+  chain of adds into one kernel that reads each input once;
 - matmul only, labelled variants of ``jt_dist_shard_map``: the legacy
   custom-call target, the FFI target without the CUBIN, and both libraries
   in the scalar-argument form (M, N, K as runtime integers, which jax-triton
@@ -229,6 +231,10 @@ def _shard_map(mesh, body, problem, check_vma=True):
                        out_specs=out_spec, check_vma=check_vma)
 
 
+def _unfused(reference):
+  return lambda *args: jax.lax.optimization_barrier(reference(*args))
+
+
 def _implementations(problem, mesh, jax_triton):
   """name -> (step function, lowering choices) on ``mesh``."""
   local = problem.local
@@ -237,7 +243,7 @@ def _implementations(problem, mesh, jax_triton):
       "jt_dist_shard_map": (
           _shard_map(mesh, functools.partial(local, jt_dist.triton_call),
                      problem), {}),
-      "xla": (problem.reference, {}),
+      "xla": (_unfused(problem.reference), {}),
   }
   if jax_triton is not None:
     # jax-triton gives no varying-axes types, so check_vma must be off.

@@ -19,7 +19,6 @@ import triton
 import triton.language as tl
 
 import jt_dist
-from jt_dist._autotune import settings as _autotune_settings
 from jt_dist._gpu import cache as _cache
 from jt_dist import _compat
 from jt_dist._gpu import compile as _compile
@@ -103,14 +102,8 @@ def _lower(f, *args):
 
 
 @unittest.skipUnless(util.HAS_TRITON_CALL, util.SKIP_REASON)
-class CudaLoweringTest(util.IsolatedCacheMixin, testing.TestCase):
-
-  def setUp(self):
-    super().setUp()
-    # These tests read jaxlib's autotuned call. On a GPU host jt_dist would
-    # otherwise time the configs itself and lower the winner alone.
-    jt_dist.configure_autotune(mode="jaxlib")
-    self.addCleanup(setattr, _autotune_settings._settings, "mode", None)
+class CudaLoweringTest(util.JaxlibAutotuningMixin, util.IsolatedCacheMixin,
+                       testing.TestCase):
 
   def _inputs(self, n=1000, dtype=np.float32):
     return (jnp.asarray(self.random((n,), dtype)),

@@ -13,6 +13,7 @@ import zlib
 
 from jax._src.lib.mlir import ir
 
+from jt_dist._autotune import settings as _autotune_settings
 from jt_dist._gpu import cache as _cache
 from jt_dist import _compat
 from jt_dist._gpu import proto_wire as _proto_wire
@@ -150,3 +151,17 @@ class IsolatedCacheMixin(unittest.TestCase):
       self._tmp.cleanup()
 
     self.addCleanup(restore)
+
+
+class JaxlibAutotuningMixin(unittest.TestCase):
+  """Lowers autotuned kernels with every config, for jaxlib to time.
+
+  Tests that read jaxlib's autotuned call need this: on a GPU host jt_dist
+  would otherwise time the configs itself and lower the winner alone.
+  """
+
+  def setUp(self):
+    super().setUp()
+    saved = _autotune_settings._settings.mode  # pylint: disable=protected-access
+    _autotune_settings.configure(mode="jaxlib")
+    self.addCleanup(setattr, _autotune_settings._settings, "mode", saved)  # pylint: disable=protected-access

@@ -132,8 +132,15 @@ def _sequential(fn):
   return lambda *args: fn(*args, vmap_method="sequential")
 
 
-def _host_callbacks(lowered_text):
-  return lowered_text.count("stablehlo.custom_call @xla_ffi_python_cpu_callback")
+def _launch_marker():
+  # The CPU runs kernels through a host callback, GPUs through jaxlib's
+  # Triton custom call (FFI or legacy target: both names start alike).
+  return ("xla_ffi_python_cpu_callback" if testing.platform() == "cpu"
+          else "triton_kernel_call")
+
+
+def _launches(lowered_text):
+  return lowered_text.count(f"stablehlo.custom_call @{_launch_marker()}")
 
 
 class VmapGridTest(testing.TestCase):
@@ -211,7 +218,7 @@ class VmapGridTest(testing.TestCase):
     self.assertAllClose(out, xs + ys[None])
     (eqn,) = jax.make_jaxpr(outer)(xs, ys).eqns
     self.assertIn("batch=(2, 3)", str(eqn.params["spec"]))
-    self.assertEqual(_host_callbacks(jax.jit(outer).lower(xs, ys).as_text()),
+    self.assertEqual(_launches(jax.jit(outer).lower(xs, ys).as_text()),
                      1)
 
   @parameterized.parameters((0, None), (None, 0), (1, 0))
@@ -278,7 +285,7 @@ class VmapGridTest(testing.TestCase):
     self.assertAllClose(grads, 4 * xs, rtol=1e-5, atol=1e-5)
     self.assertAllClose(values, 2 * (xs**2).sum(axis=1), rtol=1e-5)
     text = per_example.lower(xs).as_text()
-    self.assertEqual(_host_callbacks(text), 2)  # The forward and the backward.
+    self.assertEqual(_launches(text), 2)  # The forward and the backward.
     self.assertNotIn("stablehlo.while", text)
 
 
@@ -297,10 +304,6 @@ def _double_with_flag(x_ptr, n, out_ptr, BLOCK: tl.constexpr,
 class OneLaunchTest(testing.TestCase):
   """The lowered program has one kernel call and no loop."""
 
-  def _marker(self):
-    return ("xla_ffi_python_cpu_callback" if testing.platform() == "cpu"
-            else "triton_kernel_call")
-
   @parameterized.named_parameters(
       ("add", lambda: (add_example.add, add), ((3, 40), (3, 40))),
       ("softmax", lambda: (softmax_example.softmax, softmax), ((3, 4, 33),)),
@@ -310,7 +313,7 @@ class OneLaunchTest(testing.TestCase):
     example, same_call = make_fns()
     args = [self.random(s) for s in shapes]
     text = jax.jit(jax.vmap(example)).lower(*args).as_text()
-    self.assertEqual(text.count(f"custom_call @{self._marker()}"), 1, text)
+    self.assertEqual(_launches(text), 1, text)
     self.assertNotIn("stablehlo.while", text)
     seq = jax.jit(jax.vmap(_sequential(same_call))).lower(*args).as_text()
     self.assertIn("stablehlo.while", seq)
@@ -470,7 +473,8 @@ def _lower_for_cuda(fn, *args):
 
 
 @unittest.skipUnless(util.HAS_TRITON_CALL, util.SKIP_REASON)
-class CudaLoweringTest(util.IsolatedCacheMixin, testing.TestCase):
+class CudaLoweringTest(util.JaxlibAutotuningMixin, util.IsolatedCacheMixin,
+                       testing.TestCase):
   """Cross-lowered for sm_90: one Triton custom call, the batch on the grid."""
 
   def _calls(self, fn, *shapes, in_axes=0):

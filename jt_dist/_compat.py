@@ -146,6 +146,16 @@ def lowering_axis_facts(ctx) -> AxisFacts:
   return AxisFacts("none", 1, (), frozenset(), {})
 
 
+def lowering_for_export(ctx) -> bool:
+  """Whether the lowering is ``jax.export``'s, whose module is serialised.
+
+  JAX marks it in the lowering parameters of the module context (a field
+  present from jax 0.4.30 on); a missing field means a plain lowering.
+  """
+  params = getattr(ctx.module_context, "lowering_parameters", None)
+  return bool(getattr(params, "for_export", False))
+
+
 def mesh_devices(mesh: Any) -> tuple:
   """A mesh's devices, flattened; () for None, an empty or abstract mesh.
 

@@ -156,6 +156,16 @@ def lowering_for_export(ctx) -> bool:
   return bool(getattr(params, "for_export", False))
 
 
+def jit_cache_context(default: Any = None) -> Any:
+  """A context whose value is part of JAX's tracing and lowering cache keys.
+
+  ``jax.make_user_context`` (public since jax 0.6): a value changed inside
+  ``with ctx(value):`` makes ``jit`` trace and lower again, where a plain
+  context variable would let it reuse a lowering made under another value.
+  """
+  return jax.make_user_context(default_value=default)
+
+
 def mesh_devices(mesh: Any) -> tuple:
   """A mesh's devices, flattened; () for None, an empty or abstract mesh.
 

@@ -12,8 +12,8 @@ them back.
 from __future__ import annotations
 
 import contextlib
-import contextvars
 import dataclasses
+import threading
 from typing import Any, Sequence
 
 import jax
@@ -40,23 +40,35 @@ class ExportSettings:
   cubin: bool = False
 
 
-_settings: contextvars.ContextVar[ExportSettings] = contextvars.ContextVar(
-    "jt_dist_export_settings", default=ExportSettings())
+# Created on first use, not at import: it registers state with JAX.
+_context: Any = None
+_context_lock = threading.Lock()
+
+
+def _settings_context() -> Any:
+  global _context
+  with _context_lock:
+    if _context is None:
+      _context = _compat.jit_cache_context(None)
+    return _context
 
 
 def current() -> ExportSettings:
-  """The settings in force in this thread (or task)."""
-  return _settings.get()
+  """The settings in force in this thread."""
+  if _context is None:
+    return ExportSettings()
+  return _context.value or ExportSettings()
 
 
 @contextlib.contextmanager
 def scoped(settings: ExportSettings):
-  """Puts ``settings`` in force for lowerings inside the block."""
-  token = _settings.set(settings)
-  try:
+  """Puts ``settings`` in force for lowerings inside the block.
+
+  The settings are part of JAX's cache keys, so a function exported before
+  under other settings is lowered again, not taken from JAX's caches.
+  """
+  with _settings_context()(settings):
     yield settings
-  finally:
-    _settings.reset(token)
 
 
 def is_export(ctx) -> bool:

@@ -166,6 +166,14 @@ def jit_cache_context(default: Any = None) -> Any:
   return jax.make_user_context(default_value=default)
 
 
+def platform_version(device: Any) -> str:
+  """The runtime a device's backend reports (e.g. its CUDA version)."""
+  try:
+    return str(device.client.platform_version)
+  except AttributeError:
+    return "unknown"
+
+
 def mesh_devices(mesh: Any) -> tuple:
   """A mesh's devices, flattened; () for None, an empty or abstract mesh.
 

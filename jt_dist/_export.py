@@ -91,9 +91,9 @@ class ExportedKernelCall:
   Attributes:
     target: jaxlib's custom-call target.
     kernels: the compiled kernels' names (several for an autotuned call).
-    platform: "cuda" or "rocm".
-    compute_capability: e.g. 90 on CUDA; the gfx arch (a str) on ROCm.
-    binary: "ptx", "cubin" (a CUBIN besides the PTX) or "hsaco".
+    platform: "cuda" (the one platform jt_dist exports for).
+    compute_capability: e.g. 90.
+    binary: "ptx", or "cubin" (a CUBIN besides the PTX).
     jt_dist: the jt_dist version that lowered the call.
     jax: the jax version.
     jaxlib: the jaxlib version, whose Triton call format the call uses.
@@ -103,7 +103,7 @@ class ExportedKernelCall:
   target: str
   kernels: tuple[str, ...]
   platform: str
-  compute_capability: int | str
+  compute_capability: int
   binary: str
   jt_dist: str
   jax: str
@@ -134,13 +134,11 @@ def _recorded(op) -> dict[str, str] | None:
 
 
 def _as_call(recorded: dict[str, str]) -> ExportedKernelCall:
-  capability: int | str = recorded["compute_capability"]
-  if recorded["platform"] == "cuda":
-    capability = int(capability)
   return ExportedKernelCall(
       target=recorded["target"],
       kernels=tuple(k for k in recorded["kernels"].split(",") if k),
-      platform=recorded["platform"], compute_capability=capability,
+      platform=recorded["platform"],
+      compute_capability=int(recorded["compute_capability"]),
       binary=recorded["binary"], jt_dist=recorded["jt_dist"],
       jax=recorded["jax"], jaxlib=recorded["jaxlib"],
       triton=recorded["triton"])

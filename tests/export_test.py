@@ -245,6 +245,16 @@ class ExportOptionsTest(testing.TestCase):
           compute_capability=capability, cubin=True))
     self.assertEqual(_gpu_export.current(), _gpu_export.ExportSettings())
 
+  def test_rocm_export_errors(self):
+    x = jnp.asarray(self.random(int(self.np_rng.integers(64, 512))))
+    f = lambda a, b: _add(a, b, compute_capability=90)
+    with self.assertRaises(NotImplementedError) as caught:
+      _export(f, x, x, platforms=("rocm",))
+    message = str(caught.exception)
+    for part in ("add_kernel", "for rocm", "platforms=['cuda']",
+                 "compute_capability="):
+      self.assertIn(part, message)
+
   def test_cpu_export_errors(self):
     x = jnp.asarray(self.random(int(self.np_rng.integers(64, 512))))
     with self.assertRaises(NotImplementedError) as caught:

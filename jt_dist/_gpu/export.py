@@ -76,22 +76,31 @@ def is_export(ctx) -> bool:
   return _compat.lowering_for_export(ctx)
 
 
-def export_capability(spec, platform: str) -> int | None:
+def export_capability(spec, platform: str) -> int:
   """The CUDA capability an exported call is compiled for.
 
   Args:
     spec: the call's ``CallSpec``.
-    platform: "cuda" or "rocm" (ROCm takes its gfx arch from the devices).
+    platform: "cuda" or "rocm".
 
   Returns:
-    The call's own ``compute_capability``, else the export settings' one;
-    None on ROCm.
+    The call's own ``compute_capability``, else the export settings' one.
 
   Raises:
-    ExportError: on CUDA, neither names a capability.
+    ExportError: neither names a capability.
+    NotImplementedError: the platform is ROCm.
   """
   if platform != "cuda":
-    return None
+    # jaxlib's ROCm call names the HSACO by a file path on the lowering
+    # host, so the serialised module would point at a file that is not
+    # there when it runs.
+    raise NotImplementedError(
+        f"triton_call: kernel {spec.info.name!r} cannot be exported with"
+        f" jax.export for {platform}: jaxlib's ROCm Triton call loads the"
+        " kernel from a file on the host that lowered it, which a"
+        " serialised module cannot carry. Export for CUDA"
+        " (platforms=['cuda'] with compute_capability=), or lower and run"
+        " on the ROCm host without exporting.")
   capability = spec.compute_capability
   if capability is None:
     capability = current().compute_capability

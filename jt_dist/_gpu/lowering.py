@@ -240,14 +240,13 @@ def gpu_lowering(ctx, *args, spec, platform: str):
   Returns:
     The custom call's results.
   """
-  lib = plugin(platform)
-  name = custom_call_target(spec, platform)
   exporting = _export.is_export(ctx)
   capability = spec.compute_capability
-  cubin = None
   if exporting:
     capability = _export.export_capability(spec, platform)
-    cubin = _export.wants_cubin(name, FFI_TARGET)
+  lib = plugin(platform)
+  name = custom_call_target(spec, platform)
+  cubin = _export.wants_cubin(name, FFI_TARGET) if exporting else None
   target = _target.resolve_target(ctx, platform, capability)
   for launch in spec.launches:
     _target.check_num_ctas(target, launch.config.num_ctas, launch.config.label)
@@ -268,8 +267,7 @@ def gpu_lowering(ctx, *args, spec, platform: str):
         _PADDING_FIELD, os.urandom(choices.padding_bytes))
   results = _emit(ctx, args, spec, name, zlib.compress(serialized))
   if exporting:
-    binary = ("hsaco" if platform == "rocm"
-              else "cubin" if with_images else "ptx")
+    binary = "cubin" if with_images else "ptx"
     _export.record(results, _export.versions(target, name, kernels, binary))
   return results
 

@@ -10,6 +10,8 @@ emitted as a custom call: the FFI target where the plugin registers it (it
 works inside CUDA graphs), the legacy target otherwise or on request. On
 the FFI target with jaxlib 0.11.1 or later, each kernel's CUBIN goes into
 the call too, so that jaxlib loads it instead of assembling the PTX.
+Under ``jax.export`` (``export.py``) the GPU is named explicitly, CUBINs go
+in only on request, and the versions are recorded on the custom call.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ import numpy as np
 
 from jt_dist import _compat
 from jt_dist._gpu import compile as _compile
-from jt_dist._gpu import export as _export
+from jt_dist._gpu import export as _gpu_export
 from jt_dist._gpu import proto_wire as _proto_wire
 from jt_dist._gpu import target as _target
 
@@ -240,13 +242,13 @@ def gpu_lowering(ctx, *args, spec, platform: str):
   Returns:
     The custom call's results.
   """
-  exporting = _export.is_export(ctx)
+  exporting = _gpu_export.is_export(ctx)
   capability = spec.compute_capability
   if exporting:
-    capability = _export.export_capability(spec, platform)
+    capability = _gpu_export.export_capability(spec, platform)
   lib = plugin(platform)
   name = custom_call_target(spec, platform)
-  cubin = _export.wants_cubin(name, FFI_TARGET) if exporting else None
+  cubin = _gpu_export.wants_cubin(name, FFI_TARGET) if exporting else None
   target = _target.resolve_target(ctx, platform, capability)
   for launch in spec.launches:
     _target.check_num_ctas(target, launch.config.num_ctas, launch.config.label)
@@ -256,8 +258,9 @@ def gpu_lowering(ctx, *args, spec, platform: str):
           else _autotuned_call(lib, spec, calls, launches, ctx))
   serialized = call.to_proto(spec.name, spec.serialized_metadata)
   choices = _proto_choices
-  with_images = (cubin if exporting else choices.module_images
-                 and name == FFI_TARGET and bool(kernels[0].object_file))
+  with_images = cubin if exporting else (
+      choices.module_images and name == FFI_TARGET
+      and bool(kernels[0].object_file))
   if with_images:
     serialized = _proto_wire.with_module_images(serialized, [
         _proto_wire.ModuleImage(k.name, k.shared_mem, k.object_file)
@@ -268,7 +271,8 @@ def gpu_lowering(ctx, *args, spec, platform: str):
   results = _emit(ctx, args, spec, name, zlib.compress(serialized))
   if exporting:
     binary = "cubin" if with_images else "ptx"
-    _export.record(results, _export.versions(target, name, kernels, binary))
+    _gpu_export.record(
+        results, _gpu_export.versions(target, name, kernels, binary))
   return results
 
 

@@ -102,8 +102,12 @@ def _driver_version() -> str:
   return ", ".join(versions) or "unknown"
 
 
-def versions(report: Report) -> None:
-  """The versions section; an untested Triton is noted, not a problem."""
+def versions(report: Report) -> str:
+  """The versions section; an untested Triton is noted, not a problem.
+
+  Returns:
+    The NVIDIA driver's version, "-" where there is no nvidia-smi.
+  """
   from jt_dist import __version__  # pylint: disable=g-import-not-at-top
 
   report.section("versions")
@@ -118,7 +122,9 @@ def versions(report: Report) -> None:
       f" (jt_dist is tested with Triton {tested})")
   report.line("triton", triton.__version__ + note)
   report.line("gpu plugins", ", ".join(_gpu_plugins()) or "none")
-  report.line("driver", _driver_version())
+  driver = _driver_version()
+  report.line("driver", driver)
+  return driver
 
 
 def _capability(device: Any) -> str:
@@ -126,7 +132,24 @@ def _capability(device: Any) -> str:
   return str(value) if value else "-"
 
 
-def devices(report: Report) -> list[Any]:
+def _unseen_gpus(report: Report, driver: str) -> None:
+  """A problem if the NVIDIA driver has GPUs and JAX fell back to the CPU."""
+  if driver == "-" or driver.startswith("unknown"):
+    return
+  try:
+    jax.devices("cuda")
+    why = "JAX's default backend is the CPU"
+  except RuntimeError as e:
+    why = " ".join(str(e).split())[:300]
+  report.problem(
+      f"nvidia-smi reports a driver ({driver}), but JAX runs on the CPU:"
+      f" {why}",
+      "install JAX's CUDA plugin at jaxlib's version (pip install -U"
+      " 'jax[cuda12]' or 'jax[cuda13]' to match the driver), and unset"
+      " JAX_PLATFORMS / CUDA_VISIBLE_DEVICES if they hide the GPUs")
+
+
+def devices(report: Report, driver: str = "-") -> list[Any]:
   """The devices section: every local device, with its capability."""
   found = jax.local_devices()
   backend = jax.default_backend()
@@ -138,6 +161,7 @@ def devices(report: Report) -> list[Any]:
                 f" {_capability(device)}; runtime {runtime}")
   if backend == "cpu":
     report.line("note", "no GPU: kernels run through Triton's interpreter")
+    _unseen_gpus(report, driver)
   return found
 
 
@@ -315,8 +339,8 @@ def main(argv: list[str] | None = None, out: TextIO | None = None) -> int:
   args = parser.parse_args(argv)
   report = Report(out or sys.stdout)
   print("jt_dist doctor", file=report.out)
-  versions(report)
-  found = devices(report)
+  driver = versions(report)
+  found = devices(report, driver)
   if not args.skip_kernels:
     kernels(report, found)
   disk_cache(report)

@@ -133,6 +133,16 @@ class DoctorInProcessTest(testing.TestCase):
     self.assertIn("the test kernel failed: RuntimeError: simulated launch"
                   " failure", out)
 
+  def test_gpus_unseen_by_jax_are_a_problem(self):
+    if jax.default_backend() != "cpu":
+      self.skipTest("JAX sees the GPUs here")
+    with mock.patch.object(_doctor, "_driver_version", lambda: "570.86"):
+      status, out = self._run("--skip-kernels")
+    self.assertEqual(status, 1, out)
+    self.assertIn("PROBLEM: nvidia-smi reports a driver (570.86), but JAX"
+                  " runs on the CPU", out)
+    self.assertIn("FIX: install JAX's CUDA plugin at jaxlib's version", out)
+
   def test_skip_kernels_skips_the_check(self):
     with mock.patch.object(_doctor, "check_kernel",
                            side_effect=AssertionError("called")):

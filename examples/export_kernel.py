@@ -125,7 +125,11 @@ def main(argv=None) -> int:
   if not paths:
     print(f"no *{SUFFIX} files in {args.run}", file=sys.stderr)
     return 1
-  errors = [run(path) for path in paths]
+  try:
+    errors = [run(path) for path in paths]
+  except jt_dist.ExportError as e:  # E.g. no CUDA GPU, or another one.
+    print(f"error: {e}", file=sys.stderr)
+    return 2
   # A fused multiply-add rounds once where NumPy rounds twice: |error| stays
   # within an ulp of the result (< 1e-5 for these magnitudes).
   return 0 if max(errors) < 1e-5 else 1

@@ -13,9 +13,15 @@ from jt_dist._autotune.api import autotune_choices
 from jt_dist._autotune.api import configure_autotune
 from jt_dist._autotune.api import forget_autotune_choices
 from jt_dist._autotune.api import pin_autotune_config
+from jt_dist._export import ExportedKernelCall
+from jt_dist._export import check_exported
+from jt_dist._export import export_options
+from jt_dist._export import export_safety_checks
+from jt_dist._export import exported_versions
 from jt_dist._gpu.cache import configure as configure_cache
 from jt_dist._errors import AutotuneError
 from jt_dist._errors import DevicePlacementError
+from jt_dist._errors import ExportError
 from jt_dist._errors import KernelBindingError
 from jt_dist._errors import KernelLaunchError
 from jt_dist._errors import OutOfBoundsAccessError
@@ -31,6 +37,8 @@ __all__ = [
     "AutotuneChoice",
     "AutotuneError",
     "DevicePlacementError",
+    "ExportError",
+    "ExportedKernelCall",
     "KernelBindingError",
     "KernelLaunchError",
     "OutOfBoundsAccessError",
@@ -39,8 +47,12 @@ __all__ = [
     "UnwrittenOutputReadError",
     "__version__",
     "autotune_choices",
+    "check_exported",
     "configure_autotune",
     "configure_cache",
+    "export_options",
+    "export_safety_checks",
+    "exported_versions",
     "forget_autotune_choices",
     "pin_autotune_config",
     "shard_size",

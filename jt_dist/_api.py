@@ -65,7 +65,9 @@ def triton_call(
     num_stages: software-pipelining stages; 3 by default.
     num_ctas: CTAs per cluster (Hopper and later); 1 by default.
     compute_capability: the CUDA compute capability to compile for, e.g. 90;
-      by default that of the devices the call is lowered for.
+      by default that of the devices the call is lowered for. Under
+      ``jax.export`` it must be given, here or through
+      ``jt_dist.export_options``.
     enable_fp_fusion: whether Triton may fuse multiplies and adds into FMAs.
     input_output_aliases: maps an input (its index among the array
       arguments, scalars not counted) to the output that reuses its buffer.

@@ -146,6 +146,34 @@ def lowering_axis_facts(ctx) -> AxisFacts:
   return AxisFacts("none", 1, (), frozenset(), {})
 
 
+def lowering_for_export(ctx) -> bool:
+  """Whether the lowering is ``jax.export``'s, whose module is serialised.
+
+  JAX marks it in the lowering parameters of the module context (a field
+  present from jax 0.4.30 on); a missing field means a plain lowering.
+  """
+  params = getattr(ctx.module_context, "lowering_parameters", None)
+  return bool(getattr(params, "for_export", False))
+
+
+def jit_cache_context(default: Any = None) -> Any:
+  """A context whose value is part of JAX's tracing and lowering cache keys.
+
+  ``jax.make_user_context`` (public since jax 0.6): a value changed inside
+  ``with ctx(value):`` makes ``jit`` trace and lower again, where a plain
+  context variable would let it reuse a lowering made under another value.
+  """
+  return jax.make_user_context(default_value=default)
+
+
+def platform_version(device: Any) -> str:
+  """The runtime a device's backend reports (e.g. its CUDA version)."""
+  try:
+    return str(device.client.platform_version)
+  except AttributeError:
+    return "unknown"
+
+
 def mesh_devices(mesh: Any) -> tuple:
   """A mesh's devices, flattened; () for None, an empty or abstract mesh.
 

@@ -14,6 +14,7 @@ import jax
 __all__ = [
     "AutotuneError",
     "DevicePlacementError",
+    "ExportError",
     "call_user",
     "callable_name",
     "KernelBindingError",
@@ -39,6 +40,15 @@ class DevicePlacementError(ValueError):
   sharded or replicated over several devices, or that sit on different
   devices, have to go through ``jt_dist.sharded_triton_call`` or
   ``jax.shard_map`` instead.
+  """
+
+
+class ExportError(ValueError):
+  """A kernel call cannot be exported, or an exported one cannot run here.
+
+  Raised when ``jax.export`` lowers a call for CUDA without a
+  ``compute_capability``, and by ``jt_dist.check_exported`` when an
+  artifact's kernels were compiled for a GPU unlike the one at hand.
   """
 
 

@@ -112,7 +112,20 @@ def _walk(operation):
 
 def triton_custom_calls(lowered) -> list[dict]:
   """The Triton custom calls of a ``jax.stages.Lowered``, decoded."""
-  module = lowered.compiler_ir("stablehlo")
+  return module_triton_custom_calls(lowered.compiler_ir("stablehlo"))
+
+
+def exported_triton_custom_calls(exported) -> list[dict]:
+  """The Triton custom calls of a ``jax.export.Exported``, decoded."""
+  from jax.interpreters import mlir  # pylint: disable=g-import-not-at-top
+
+  with mlir.make_ir_context() as context:
+    return module_triton_custom_calls(
+        ir.Module.parse(exported.mlir_module(), context=context))
+
+
+def module_triton_custom_calls(module) -> list[dict]:
+  """The Triton custom calls of a StableHLO ``ir.Module``, decoded."""
   calls = []
   for op in _walk(module.operation):
     if op.name != "stablehlo.custom_call":

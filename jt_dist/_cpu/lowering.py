@@ -185,7 +185,24 @@ def _host_call(*arrays, spec):
 
 
 def cpu_lowering(ctx, *args, spec):
-  """The primitive's CPU lowering: a host callback into the interpreter."""
+  """The primitive's CPU lowering: a host callback into the interpreter.
+
+  Raises:
+    NotImplementedError: the lowering is ``jax.export``'s; a host callback
+      into this process cannot be serialised.
+  """
+  if _compat.lowering_for_export(ctx):
+    platforms = ", ".join(getattr(ctx.module_context, "platforms", ()) or ())
+    raise NotImplementedError(
+        f"triton_call: kernel {spec.info.name!r} cannot be exported with"
+        f" jax.export for the CPU (platforms: {platforms}): on the CPU it"
+        " runs through Triton's interpreter in a host callback into this"
+        " process, which JAX cannot serialise. Export for the GPU instead:"
+        " jax.export.export(fn, platforms=['cuda'],"
+        " disabled_checks=jt_dist.export_safety_checks()) with"
+        " compute_capability= (e.g. 90) on the call or in"
+        " jt_dist.export_options; a kernel made under TRITON_INTERPRET=1"
+        " is interpreted on GPUs too and cannot be exported either.")
   rule = mlir.lower_fun(
       functools.partial(_host_call, spec=spec), multiple_results=True
   )

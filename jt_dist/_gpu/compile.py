@@ -168,7 +168,7 @@ def _value_key(value: Any) -> str:
 
 
 def cache_key(jit_fn, spec_: Specialization, options, backend,
-              target: _target.Target) -> str:
+              target: _target.Target, object_file: bool = False) -> str:
   """The content hash that identifies a compiled kernel."""
   return _cache.content_key({
       "kernel": jit_fn.cache_key,  # Source and every @triton.jit callee.
@@ -183,7 +183,7 @@ def cache_key(jit_fn, spec_: Specialization, options, backend,
       "jaxlib": _compat.jaxlib_version(),
       "env": sorted(_compat.cache_invalidating_env_vars().items()),
       "format": _cache.FORMAT_VERSION,
-      "object_file": wants_object_file(target),
+      "object_file": object_file,
   })
 
 
@@ -192,15 +192,14 @@ def wants_object_file(target: _target.Target) -> bool:
   return target.platform == "cuda" and _compat.jaxlib_takes_module_image()
 
 
-def _run_stages(jit_fn, spec_, target, backend, options):
+def _run_stages(jit_fn, spec_, target, backend, options, object_file):
   """Runs Triton's pipeline to the final stage; returns (IRs, metadata)."""
   module, context = _compat.ast_to_ttir(
       jit_fn, backend, target.triton_target, options, spec_.signature,
       spec_.constexprs, spec_.attrs)
   irs = {"source": str(module)}
   metadata: dict[str, Any] = {}
-  final = (_OBJECT_STAGE if wants_object_file(target)
-           else _FINAL_STAGE[target.platform])
+  final = _OBJECT_STAGE if object_file else _FINAL_STAGE[target.platform]
   for stage, run in _compat.compiler_stages(backend, options).items():
     module = run(module, metadata)
     irs[stage] = module if isinstance(module, bytes) else str(module)
@@ -210,13 +209,21 @@ def _run_stages(jit_fn, spec_, target, backend, options):
   return irs, metadata
 
 
-def run_triton(spec, launch, target: _target.Target) -> CompiledKernel:
-  """Compiles ``launch`` of ``spec`` with Triton, bypassing every cache."""
+def run_triton(spec, launch, target: _target.Target,
+               object_file: bool | None = None) -> CompiledKernel:
+  """Compiles ``launch`` of ``spec`` with Triton, bypassing every cache.
+
+  ``object_file``: whether to assemble a CUBIN too; by default where the
+  installed jaxlib loads one (``wants_object_file``).
+  """
+  if object_file is None:
+    object_file = wants_object_file(target)
   backend = _compat.make_backend(target.triton_target)
   options = backend.parse_options(compile_options(spec, launch))
   spec_ = specialize(spec, launch, backend)
   jit_fn = _compat.jit_function_of(spec.info.fn)
-  irs, metadata = _run_stages(jit_fn, spec_, target, backend, options)
+  irs, metadata = _run_stages(jit_fn, spec_, target, backend, options,
+                              object_file)
   binary = irs[_FINAL_STAGE[target.platform]]
   compiled = CompiledKernel(
       object_file=irs.get(_OBJECT_STAGE, b""),
@@ -270,21 +277,26 @@ def _dump(dump_dir: str, compiled: CompiledKernel, irs, launch, target):
     json.dump(launch_metadata, f, indent=2, sort_keys=True)
 
 
-def compiled_kernel(spec, launch, target: _target.Target
+def compiled_kernel(spec, launch, target: _target.Target,
+                    object_file: bool | None = None
                     ) -> tuple[CompiledKernel, Specialization]:
   """The compiled kernel of ``launch``, from the caches or from Triton.
 
   ``debug=True`` and ``JT_DIST_DUMP_DIR`` force a compilation, so that the
   IRs are printed or dumped even for a kernel already cached.
+  ``object_file=True`` assembles a CUBIN whatever the installed jaxlib
+  (``jax.export`` does, for the jaxlib that will run the artifact).
   """
+  if object_file is None:
+    object_file = wants_object_file(target)
   backend = _compat.make_backend(target.triton_target)
   options = backend.parse_options(compile_options(spec, launch))
   spec_ = specialize(spec, launch, backend)
   jit_fn = _compat.jit_function_of(spec.info.fn)
-  key = cache_key(jit_fn, spec_, options, backend, target)
+  key = cache_key(jit_fn, spec_, options, backend, target, object_file)
 
   def create():
-    compiled = run_triton(spec, launch, target)
+    compiled = run_triton(spec, launch, target, object_file)
     return (compiled, *compiled.to_entry())
 
   use_cached = not (spec.debug or os.environ.get("JT_DIST_DUMP_DIR"))

@@ -10,6 +10,8 @@ emitted as a custom call: the FFI target where the plugin registers it (it
 works inside CUDA graphs), the legacy target otherwise or on request. On
 the FFI target with jaxlib 0.11.1 or later, each kernel's CUBIN goes into
 the call too, so that jaxlib loads it instead of assembling the PTX.
+Under ``jax.export`` (``export.py``) the GPU is named explicitly, CUBINs go
+in only on request, and the versions are recorded on the custom call.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ import numpy as np
 
 from jt_dist import _compat
 from jt_dist._gpu import compile as _compile
+from jt_dist._gpu import export as _gpu_export
 from jt_dist._gpu import proto_wire as _proto_wire
 from jt_dist._gpu import target as _target
 
@@ -148,9 +151,10 @@ def _parameters(lib, spec, launch, specialization):
   return params
 
 
-def _kernel_call(lib, spec, launch, target):
+def _kernel_call(lib, spec, launch, target, object_file):
   """jaxlib's ``TritonKernelCall`` of one launch, and the compiled kernel."""
-  compiled, specialization = _compile.compiled_kernel(spec, launch, target)
+  compiled, specialization = _compile.compiled_kernel(
+      spec, launch, target, object_file)
   if compiled.profile_scratch_size:
     raise NotImplementedError(
         f"triton_call: kernel {compiled.name!r} was compiled with profiling"
@@ -166,7 +170,7 @@ def _kernel_call(lib, spec, launch, target):
   return lib.TritonKernelCall(kernel, *launch.grid, params), compiled
 
 
-def _fitting_calls(lib, spec, target):
+def _fitting_calls(lib, spec, target, object_file=None):
   """One kernel call per launch; autotuning drops configs that cannot run.
 
   As Triton's own autotuner skips configs that run out of resources, a
@@ -176,7 +180,7 @@ def _fitting_calls(lib, spec, target):
   calls, launches, kernels, errors = [], [], [], []
   for launch in spec.launches:
     try:
-      call, compiled = _kernel_call(lib, spec, launch, target)
+      call, compiled = _kernel_call(lib, spec, launch, target, object_file)
     except _compile.SharedMemoryError as e:
       if len(spec.launches) == 1:
         raise
@@ -225,6 +229,10 @@ def custom_call_target(spec, platform: str) -> str:
 def gpu_lowering(ctx, *args, spec, platform: str):
   """Lowers one ``triton_call`` to jaxlib's Triton custom call.
 
+  Under ``jax.export`` the GPU must be named (``compute_capability``), the
+  call carries PTX unless ``jt_dist.export_options(cubin=True)``, and the
+  versions it was made with are recorded on the custom call.
+
   Args:
     ctx: the lowering context.
     *args: the array operands.
@@ -234,24 +242,42 @@ def gpu_lowering(ctx, *args, spec, platform: str):
   Returns:
     The custom call's results.
   """
+  exporting = _gpu_export.is_export(ctx)
+  capability = spec.compute_capability
+  if exporting:
+    capability = _gpu_export.export_capability(spec, platform)
   lib = plugin(platform)
   name = custom_call_target(spec, platform)
-  target = _target.resolve_target(ctx, platform, spec.compute_capability)
+  cubin = _gpu_export.wants_cubin(name, FFI_TARGET) if exporting else None
+  target = _target.resolve_target(ctx, platform, capability)
   for launch in spec.launches:
     _target.check_num_ctas(target, launch.config.num_ctas, launch.config.label)
-  calls, launches, kernels = _fitting_calls(lib, spec, target)
+  calls, launches, kernels = _fitting_calls(
+      lib, spec, target, cubin or None)
   call = (calls[0] if len(calls) == 1
           else _autotuned_call(lib, spec, calls, launches, ctx))
   serialized = call.to_proto(spec.name, spec.serialized_metadata)
   choices = _proto_choices
-  if choices.module_images and name == FFI_TARGET and kernels[0].object_file:
+  with_images = cubin if exporting else (
+      choices.module_images and name == FFI_TARGET
+      and bool(kernels[0].object_file))
+  if with_images:
     serialized = _proto_wire.with_module_images(serialized, [
         _proto_wire.ModuleImage(k.name, k.shared_mem, k.object_file)
         for k in kernels])
   if choices.padding_bytes:
     serialized += _proto_wire.length_delimited(
         _PADDING_FIELD, os.urandom(choices.padding_bytes))
-  opaque = zlib.compress(serialized)
+  results = _emit(ctx, args, spec, name, zlib.compress(serialized))
+  if exporting:
+    binary = "cubin" if with_images else "ptx"
+    _gpu_export.record(
+        results, _gpu_export.versions(target, name, kernels, binary))
+  return results
+
+
+def _emit(ctx, args, spec, name: str, opaque: bytes):
+  """The custom call on ``name``, with the serialised call as its config."""
   aliases = dict(spec.input_output_aliases) or None
   if name == FFI_TARGET:
     rule = jax.ffi.ffi_lowering(

@@ -116,7 +116,8 @@ def _platform_devices(devices: Iterable[Any], platform: str) -> list[Any]:
   return [d for d in devices if getattr(d, "platform", None) in aliases]
 
 
-def _cuda_capability(device: Any) -> int | None:
+def cuda_capability(device: Any) -> int | None:
+  """A CUDA device's compute capability as an int (90), or None."""
   return _parse_capability(getattr(device, "compute_capability", None))
 
 
@@ -181,7 +182,7 @@ def resolve_target(ctx, platform: str, compute_capability: int | None
     return Target("cuda", int(compute_capability))
   devices = candidate_devices(ctx, platform)
   if platform == "cuda":
-    pairs = [(d, _cuda_capability(d)) for d in devices]
+    pairs = [(d, cuda_capability(d)) for d in devices]
     pairs = [(d, cc) for d, cc in pairs if cc is not None]
     what = "compute capability"
   else:

@@ -1,0 +1,264 @@
+"""``jax.export`` of functions that call Triton kernels: the public side.
+
+jaxlib's Triton custom calls carry compiled GPU code whose format has no
+compatibility guarantee across jaxlib releases, so ``jax.export`` refuses
+them unless told otherwise: ``export_safety_checks()`` says so for jt_dist's
+targets. ``export_options`` names the GPU to compile for and the kind of
+code to carry; ``exported_versions`` and ``check_exported`` read back what
+an artifact was made with, and whether it can run here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import numbers
+from typing import Any
+
+import jax
+from jax.interpreters import mlir
+
+from jt_dist import _compat
+from jt_dist._errors import ExportError
+from jt_dist._gpu import export as _gpu_export
+from jt_dist._gpu import lowering as _gpu_lowering
+from jt_dist._gpu import target as _target
+
+_TARGETS = (_gpu_lowering.FFI_TARGET, _gpu_lowering.LEGACY_TARGET)
+
+
+def export_safety_checks() -> list[Any]:
+  """The ``jax.export`` safety checks to disable for jt_dist's kernels.
+
+  Pass them as ``disabled_checks=`` to ``jax.export.export``. They allow
+  jaxlib's Triton custom calls (the FFI ``triton_kernel_call_ffi`` and the
+  legacy ``triton_kernel_call``), whose serialised form JAX does not promise
+  to keep readable across jaxlib releases: run an artifact under the jaxlib
+  it was made with, or check it with ``jt_dist.check_exported``.
+
+  Returns:
+    A list of ``jax.export.DisabledSafetyCheck``.
+  """
+  return [jax.export.DisabledSafetyCheck.custom_call(t) for t in _TARGETS]
+
+
+def export_options(*, compute_capability: int | None = None,
+                   cubin: bool = False):
+  """Sets how calls are compiled when ``jax.export`` lowers them.
+
+  A context manager: the settings hold for exports inside the block, in
+  this thread. A call's own ``compute_capability=`` takes precedence.
+
+  Args:
+    compute_capability: the CUDA capability to compile for (major * 10 +
+      minor, e.g. 90 for H100/H200) where a call names none. Exporting a
+      call for CUDA without one raises ``jt_dist.ExportError``.
+    cubin: also put each kernel's CUBIN into the call. jaxlib 0.11.1 and
+      later then load it instead of assembling the PTX; a CUBIN runs only
+      on the architecture it was made for, and older jaxlibs ignore it and
+      use the PTX, which every call carries.
+
+  Returns:
+    A context manager.
+
+  Raises:
+    TypeError: ``compute_capability`` is not an int, or ``cubin`` not a bool.
+    ValueError: ``compute_capability`` is below 1.
+  """
+  if compute_capability is not None:
+    if (not isinstance(compute_capability, numbers.Integral)
+        or isinstance(compute_capability, bool)):
+      raise TypeError(
+          f"export_options: compute_capability={compute_capability!r} of"
+          f" type {type(compute_capability).__name__} must be an int, major"
+          " * 10 + minor, e.g. 90 for H100/H200.")
+    if compute_capability < 1:
+      raise ValueError(
+          f"export_options: compute_capability={compute_capability!r} must"
+          " be at least 1, e.g. 90 for H100/H200.")
+    compute_capability = int(compute_capability)
+  if not isinstance(cubin, bool):
+    raise TypeError(
+        f"export_options: cubin={cubin!r} of type {type(cubin).__name__}"
+        " must be True or False.")
+  return _gpu_export.scoped(_gpu_export.ExportSettings(
+      compute_capability=compute_capability, cubin=cubin))
+
+
+@dataclasses.dataclass(frozen=True)
+class ExportedKernelCall:
+  """What one exported Triton custom call was made with.
+
+  Attributes:
+    target: jaxlib's custom-call target.
+    kernels: the compiled kernels' names (several for an autotuned call).
+    platform: "cuda" (the one platform jt_dist exports for).
+    compute_capability: e.g. 90.
+    binary: "ptx", or "cubin" (a CUBIN besides the PTX).
+    jt_dist: the jt_dist version that lowered the call.
+    jax: the jax version.
+    jaxlib: the jaxlib version, whose Triton call format the call uses.
+    triton: the Triton version that compiled the kernels.
+  """
+
+  target: str
+  kernels: tuple[str, ...]
+  platform: str
+  compute_capability: int
+  binary: str
+  jt_dist: str
+  jax: str
+  jaxlib: str
+  triton: str
+
+
+def _walk(operation):
+  yield operation
+  for region in operation.regions:
+    for block in region.blocks:
+      for op in block.operations:
+        yield from _walk(op.operation)
+
+
+def _recorded(op) -> dict[str, str] | None:
+  """The jt_dist frontend attributes of a custom call, or None."""
+  if _gpu_export.FRONTEND_ATTRIBUTES not in op.attributes:
+    return None
+  attrs = mlir.ir.DictAttr(op.attributes[_gpu_export.FRONTEND_ATTRIBUTES])
+  prefix = _gpu_export.ATTRIBUTE_PREFIX
+  found = {}
+  for i in range(len(attrs)):
+    named = attrs[i]
+    if named.name.startswith(prefix):
+      found[named.name[len(prefix):]] = mlir.ir.StringAttr(named.attr).value
+  return found or None
+
+
+def _as_call(recorded: dict[str, str]) -> ExportedKernelCall:
+  return ExportedKernelCall(
+      target=recorded["target"],
+      kernels=tuple(k for k in recorded["kernels"].split(",") if k),
+      platform=recorded["platform"],
+      compute_capability=int(recorded["compute_capability"]),
+      binary=recorded["binary"], jt_dist=recorded["jt_dist"],
+      jax=recorded["jax"], jaxlib=recorded["jaxlib"],
+      triton=recorded["triton"])
+
+
+def exported_versions(exported: Any) -> list[ExportedKernelCall]:
+  """What each Triton kernel call in an exported function was made with.
+
+  Args:
+    exported: a ``jax.export.Exported`` (e.g. from
+      ``jax.export.deserialize``).
+
+  Returns:
+    One ``ExportedKernelCall`` per Triton custom call, in module order;
+    empty when the function calls no kernel through jt_dist.
+
+  Raises:
+    TypeError: ``exported`` is not a ``jax.export.Exported``.
+    ExportError: a Triton custom call records no versions (it was exported
+      by something other than jt_dist, or by an older jt_dist).
+  """
+  if not isinstance(exported, jax.export.Exported):
+    raise TypeError(
+        f"exported_versions: got {type(exported).__name__}; pass a"
+        " jax.export.Exported, e.g. jax.export.deserialize(data).")
+  with mlir.make_ir_context() as context:
+    module = mlir.ir.Module.parse(exported.mlir_module(), context=context)
+    calls = []
+    for op in _walk(module.operation):
+      if op.name != "stablehlo.custom_call":
+        continue
+      name = mlir.ir.StringAttr(op.attributes["call_target_name"]).value
+      if name not in _TARGETS:
+        continue
+      recorded = _recorded(op)
+      if recorded is None:
+        raise ExportError(
+            f"exported_versions: the module has a {name!r} custom call that"
+            " records no versions: it was not exported by this jt_dist."
+            " Export it again with jt_dist to record them.")
+      calls.append(_as_call(recorded))
+  return calls
+
+
+def _local_capabilities() -> list[int]:
+  try:
+    devices = jax.devices("cuda")
+  except RuntimeError:  # No CUDA backend on this host.
+    return []
+  found = (_target.cuda_capability(d) for d in devices)
+  return sorted({cc for cc in found if cc is not None})
+
+
+def _runs_on(call: ExportedKernelCall, capability: int) -> bool:
+  """Whether ``call``'s code runs on a GPU of ``capability``."""
+  made_for = call.compute_capability
+  if call.binary == "cubin" or made_for >= 90:
+    # A CUBIN is machine code for one architecture; Triton compiles for
+    # the architecture-specific sm_90a / sm_100a from Hopper on, whose PTX
+    # no other GPU takes.
+    return capability == made_for
+  return capability >= made_for  # Plain PTX is JIT-compiled forward.
+
+
+def check_exported(exported: Any, *,
+                   compute_capability: int | None = None) -> list[str]:
+  """Checks that an exported function's kernels can run on this host's GPUs.
+
+  Args:
+    exported: a ``jax.export.Exported``.
+    compute_capability: the GPU to check against; by default every CUDA
+      device of this process.
+
+  Returns:
+    Notes on versions that differ from the running ones without preventing
+    the run (a jaxlib or Triton other than the exporting one); empty when
+    everything matches.
+
+  Raises:
+    ExportError: a kernel was compiled for a GPU unlike the one(s) it would
+      run on, or no CUDA device is visible and no ``compute_capability``
+      was given.
+  """
+  calls = exported_versions(exported)
+  cuda_calls = [c for c in calls if c.platform == "cuda"]
+  capabilities = ([int(compute_capability)] if compute_capability is not None
+                  else _local_capabilities())
+  if cuda_calls and not capabilities:
+    raise ExportError(
+        "check_exported: the artifact's kernels are compiled for CUDA"
+        f" (sm_{cuda_calls[0].compute_capability}), and this process sees no"
+        " CUDA device. Run it on the GPU host, or pass compute_capability="
+        " (e.g. 90) to check against a GPU that is not here.")
+  for call in cuda_calls:
+    refused = [cc for cc in capabilities if not _runs_on(call, cc)]
+    if refused:
+      raise ExportError(
+          f"check_exported: kernel(s) {', '.join(call.kernels)} were compiled"
+          f" for sm_{call.compute_capability} as {call.binary.upper()},"
+          f" which does not run on sm_{refused[0]}. Export again with"
+          f" compute_capability={refused[0]} (and cubin=False for code that"
+          " older GPUs of the same family cannot take either).")
+  return _version_notes(calls)
+
+
+def _version_notes(calls: list[ExportedKernelCall]) -> list[str]:
+  running = {"jaxlib": _compat.jaxlib_version(),
+             "triton": _compat.triton.__version__}
+  notes = []
+  for call in calls:
+    if call.jaxlib != running["jaxlib"]:
+      notes.append(
+          f"kernel(s) {', '.join(call.kernels)} were exported under jaxlib"
+          f" {call.jaxlib} and run under {running['jaxlib']}: jaxlib's Triton"
+          " call format has no compatibility guarantee; if the call fails,"
+          " export again under this jaxlib.")
+    if call.triton != running["triton"] and call.binary == "ptx":
+      notes.append(
+          f"kernel(s) {', '.join(call.kernels)} carry PTX from Triton"
+          f" {call.triton} (this host has {running['triton']}); if jaxlib"
+          " refuses its PTX ISA version, export again with this host's"
+          " Triton.")
+  return notes

@@ -1,0 +1,167 @@
+"""What the GPU lowering does differently when ``jax.export`` lowers a call.
+
+An exported module is serialised and may run months later, on another
+host, under another jaxlib. So an exported call is compiled for a GPU
+named explicitly (``compute_capability=``), carries PTX unless a CUBIN is
+asked for, and records on its custom call the versions it was made with,
+as frontend attributes: XLA passes them through, jaxlib never reads them,
+and they survive serialisation, where ``jt_dist.exported_versions`` reads
+them back.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import threading
+from typing import Any, Sequence
+
+import jax
+from jax.interpreters import mlir
+
+from jt_dist import _compat
+from jt_dist._errors import ExportError
+
+# Frontend attribute names, all under one prefix; read back by _export.py.
+ATTRIBUTE_PREFIX = "jt_dist_"
+FRONTEND_ATTRIBUTES = "mhlo.frontend_attributes"
+
+
+@dataclasses.dataclass(frozen=True)
+class ExportSettings:
+  """How calls lowered by ``jax.export`` are compiled.
+
+  Attributes:
+    compute_capability: the CUDA capability for calls that name none.
+    cubin: whether to put each kernel's CUBIN into the call besides its PTX.
+  """
+
+  compute_capability: int | None = None
+  cubin: bool = False
+
+
+# Created on first use, not at import: it registers state with JAX.
+_context: Any = None
+_context_lock = threading.Lock()
+
+
+def _settings_context() -> Any:
+  global _context
+  with _context_lock:
+    if _context is None:
+      _context = _compat.jit_cache_context(None)
+    return _context
+
+
+def current() -> ExportSettings:
+  """The settings in force in this thread."""
+  if _context is None:
+    return ExportSettings()
+  return _context.value or ExportSettings()
+
+
+@contextlib.contextmanager
+def scoped(settings: ExportSettings):
+  """Puts ``settings`` in force for lowerings inside the block.
+
+  The settings are part of JAX's cache keys, so a function exported before
+  under other settings is lowered again, not taken from JAX's caches.
+  """
+  with _settings_context()(settings):
+    yield settings
+
+
+def is_export(ctx) -> bool:
+  """Whether ``ctx`` is the lowering context of a ``jax.export``."""
+  return _compat.lowering_for_export(ctx)
+
+
+def export_capability(spec, platform: str) -> int:
+  """The CUDA capability an exported call is compiled for.
+
+  Args:
+    spec: the call's ``CallSpec``.
+    platform: "cuda" or "rocm".
+
+  Returns:
+    The call's own ``compute_capability``, else the export settings' one.
+
+  Raises:
+    ExportError: neither names a capability.
+    NotImplementedError: the platform is ROCm.
+  """
+  if platform != "cuda":
+    # jaxlib's ROCm call names the HSACO by a file path on the lowering
+    # host, so the serialised module would point at a file that is not
+    # there when it runs.
+    raise NotImplementedError(
+        f"triton_call: kernel {spec.info.name!r} cannot be exported with"
+        f" jax.export for {platform}: jaxlib's ROCm Triton call loads the"
+        " kernel from a file on the host that lowered it, which a"
+        " serialised module cannot carry. Export for CUDA"
+        " (platforms=['cuda'] with compute_capability=), or lower and run"
+        " on the ROCm host without exporting.")
+  capability = spec.compute_capability
+  if capability is None:
+    capability = current().compute_capability
+  if capability is None:
+    raise ExportError(
+        f"triton_call: kernel {spec.info.name!r} is being exported with"
+        " jax.export for CUDA, but no compute_capability was given. An"
+        " exported kernel is compiled for one GPU, which must be named, not"
+        " taken from whatever GPU (if any) this host has. Pass"
+        " compute_capability= to triton_call / sharded_triton_call, or"
+        " export inside `with jt_dist.export_options(compute_capability=90):`"
+        " (90: H100/H200).")
+  return int(capability)
+
+
+def wants_cubin(target_name: str, ffi_target: str) -> bool:
+  """Whether an exported call carries CUBINs; ExportError where it cannot."""
+  if not current().cubin:
+    return False
+  if target_name != ffi_target:
+    raise ExportError(
+        f"jt_dist.export_options(cubin=True): CUBINs go only into jaxlib's"
+        f" FFI target {ffi_target!r}, and this call uses {target_name!r}"
+        " (custom_call_target_name, or a jaxlib without the FFI target)."
+        " Export with cubin=False (PTX), or use the FFI target.")
+  return True
+
+
+def versions(target, target_name: str, kernels: Sequence[Any],
+             binary: str) -> dict[str, str]:
+  """What an exported call records: versions, target GPU, binary kind."""
+  from jt_dist import __version__  # pylint: disable=g-import-not-at-top
+
+  return {
+      "jt_dist": __version__,
+      "jax": jax.__version__,
+      "jaxlib": _compat.jaxlib_version(),
+      "triton": _compat.triton.__version__,
+      "platform": target.platform,
+      "compute_capability": str(target.arch),
+      "binary": binary,
+      "target": target_name,
+      "kernels": ",".join(k.name for k in kernels),
+  }
+
+
+def record(results: Sequence[Any], recorded: dict[str, str]) -> None:
+  """Writes ``recorded`` as frontend attributes of the call's custom call.
+
+  ``results`` are the custom call's results; a call without results (all
+  outputs empty) has nothing to run and records nothing.
+  """
+  if not results:
+    return
+  op = results[0].owner
+  op = getattr(op, "operation", op)
+  attributes = {}
+  if FRONTEND_ATTRIBUTES in op.attributes:
+    existing = mlir.ir.DictAttr(op.attributes[FRONTEND_ATTRIBUTES])
+    attributes = {existing[i].name: existing[i].attr
+                  for i in range(len(existing))}
+  for key, value in recorded.items():
+    attributes[ATTRIBUTE_PREFIX + key] = mlir.ir.StringAttr.get(value)
+  op.attributes[FRONTEND_ATTRIBUTES] = mlir.ir.DictAttr.get(attributes)

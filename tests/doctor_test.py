@@ -1,0 +1,155 @@
+"""``python -m jt_dist``, the doctor: a clean report, and forced problems."""
+
+import io
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from unittest import mock
+
+from absl.testing import absltest
+import jax
+import triton
+import triton.language as tl
+
+from jt_dist import _doctor
+from jt_dist import testing
+
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@triton.jit
+def _sub_kernel(x_ptr, y_ptr, n, out_ptr, BLOCK: tl.constexpr):
+  offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+  mask = offsets < n
+  x = tl.load(x_ptr + offsets, mask=mask)
+  y = tl.load(y_ptr + offsets, mask=mask)
+  tl.store(out_ptr + offsets, x - y, mask=mask)
+
+
+def _doctor_process(*args, **env):
+  """Runs ``python -m jt_dist`` on this tree's jt_dist; (status, output)."""
+  full_env = dict(os.environ)
+  full_env["PYTHONPATH"] = os.pathsep.join(
+      [_ROOT] + [p for p in [os.environ.get("PYTHONPATH")] if p])
+  full_env.update(env)
+  result = subprocess.run(
+      [sys.executable, "-m", "jt_dist", *args], cwd=_ROOT, env=full_env,
+      capture_output=True, text=True, timeout=600)
+  return result.returncode, result.stdout, result.stderr
+
+
+class DoctorProcessTest(testing.TestCase):
+
+  def setUp(self):
+    super().setUp()
+    tmp = tempfile.TemporaryDirectory()
+    self.addCleanup(tmp.cleanup)
+    self.tmp = tmp.name
+
+  def test_clean_report_exits_0(self):
+    cache_dir = os.path.join(self.tmp, "cache")
+    status, out, err = _doctor_process(JT_DIST_CACHE_DIR=cache_dir)
+    self.assertEqual(status, 0, out + err)
+    for part in (f"jax            {jax.__version__}",
+                 f"triton         {triton.__version__}", "gpu plugins",
+                 "driver", f"{cache_dir} (writable)", "CUBIN path",
+                 "none: jt_dist works on this machine."):
+      self.assertIn(part, out)
+    # The child process has its own devices: every one it lists is checked.
+    count = int(re.search(r"devices \((\d+), default backend", out)[1])
+    self.assertGreaterEqual(count, 1)
+    self.assertLen(re.findall(r"\n  \w+:\d+ +ok; first call", out), count)
+    self.assertNotIn("PROBLEM", out)
+
+  def test_unwritable_cache_dir_exits_1_with_its_fix(self):
+    blocker = os.path.join(self.tmp, "a_file")
+    with open(blocker, "w") as f:
+      f.write("not a directory")
+    cache_dir = os.path.join(blocker, "cache")
+    status, out, err = _doctor_process(
+        "--skip-kernels", JT_DIST_CACHE_DIR=cache_dir)
+    self.assertEqual(status, 1, out + err)
+    self.assertIn(f"PROBLEM: the disk cache directory {cache_dir} cannot be"
+                  " written", out)
+    self.assertIn("FIX: set JT_DIST_CACHE_DIR to a writable directory", out)
+
+  def test_invalid_disk_cache_setting_exits_1(self):
+    status, out, err = _doctor_process(
+        "--skip-kernels", JT_DIST_DISK_CACHE="sometimes")
+    self.assertEqual(status, 1, out + err)
+    self.assertIn("JT_DIST_DISK_CACHE='sometimes'", out)
+    self.assertIn("FIX: fix or unset JT_DIST_DISK_CACHE", out)
+
+  def test_help(self):
+    status, out, err = _doctor_process("--help")
+    self.assertEqual(status, 0, out + err)
+    self.assertIn("usage: python -m jt_dist", out)
+    self.assertIn("--skip-kernels", out)
+
+  def test_importing_main_runs_nothing(self):
+    result = subprocess.run(
+        [sys.executable, "-c", "import jt_dist.__main__"], cwd=_ROOT,
+        env={**os.environ, "PYTHONPATH": _ROOT}, capture_output=True,
+        text=True, timeout=600)
+    self.assertEqual(result.returncode, 0, result.stderr)
+    self.assertEqual(result.stdout, "")
+
+
+class DoctorInProcessTest(testing.TestCase):
+
+  def _run(self, *argv):
+    out = io.StringIO()
+    with tempfile.TemporaryDirectory() as cache_dir, mock.patch.dict(
+        os.environ, {"JT_DIST_CACHE_DIR": cache_dir}):
+      status = _doctor.main(list(argv), out=out)
+    return status, out.getvalue()
+
+  def test_wrong_kernel_result_exits_1_with_its_fix(self):
+    # The check compares with NumPy: a kernel computing x - y must fail it.
+    with mock.patch.object(_doctor, "_doctor_add_kernel", _sub_kernel):
+      status, out = self._run()
+    self.assertEqual(status, 1, out)
+    device = jax.local_devices()[0]
+    self.assertIn(f"{device.platform}:{device.id}          FAILED:"
+                  " AssertionError:", out)
+    self.assertRegex(out, r"PROBLEM: .*the test kernel failed: AssertionError:"
+                     r" \d+ of 4099 elements differ")
+    fix = "reinstall Triton" if device.platform == "cpu" else "nvidia-smi"
+    self.assertRegex(out, rf"FIX: .*{fix}")
+
+  def test_failing_device_names_the_device_and_error(self):
+    seen = []
+
+    def failing(device):
+      seen.append(device)
+      raise RuntimeError("simulated launch failure")
+
+    with mock.patch.object(_doctor, "check_kernel", failing):
+      status, out = self._run()
+    self.assertEqual(status, 1, out)
+    self.assertEqual(seen, jax.local_devices())
+    self.assertIn("the test kernel failed: RuntimeError: simulated launch"
+                  " failure", out)
+
+  def test_gpus_unseen_by_jax_are_a_problem(self):
+    if jax.default_backend() != "cpu":
+      self.skipTest("JAX sees the GPUs here")
+    with mock.patch.object(_doctor, "_driver_version", lambda: "570.86"):
+      status, out = self._run("--skip-kernels")
+    self.assertEqual(status, 1, out)
+    self.assertIn("PROBLEM: nvidia-smi reports a driver (570.86), but JAX"
+                  " runs on the CPU", out)
+    self.assertIn("FIX: install JAX's CUDA plugin at jaxlib's version", out)
+
+  def test_skip_kernels_skips_the_check(self):
+    with mock.patch.object(_doctor, "check_kernel",
+                           side_effect=AssertionError("called")):
+      status, out = self._run("--skip-kernels")
+    self.assertEqual(status, 0, out)
+    self.assertNotIn("kernel check", out)
+
+
+if __name__ == "__main__":
+  absltest.main()

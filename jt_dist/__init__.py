@@ -14,6 +14,7 @@ from jt_dist._autotune.api import configure_autotune
 from jt_dist._autotune.api import forget_autotune_choices
 from jt_dist._autotune.api import pin_autotune_config
 from jt_dist._gpu.cache import configure as configure_cache
+from jt_dist._errors import AutoAxesError
 from jt_dist._errors import AutotuneError
 from jt_dist._errors import DevicePlacementError
 from jt_dist._errors import KernelBindingError
@@ -21,6 +22,7 @@ from jt_dist._errors import KernelLaunchError
 from jt_dist._errors import OutOfBoundsAccessError
 from jt_dist._errors import ShardingSpecError
 from jt_dist._errors import UnwrittenOutputReadError
+from jt_dist._sharding.rule import ShardingRule
 from jt_dist._sharding.shard_size import ShardSize
 from jt_dist._sharding.shard_size import shard_size
 from jt_dist._sharding.sharded_call import sharded_triton_call
@@ -28,6 +30,7 @@ from jt_dist._sharding.sharded_call import sharded_triton_call
 __version__ = "0.1.0"
 
 __all__ = [
+    "AutoAxesError",
     "AutotuneChoice",
     "AutotuneError",
     "DevicePlacementError",
@@ -35,6 +38,7 @@ __all__ = [
     "KernelLaunchError",
     "OutOfBoundsAccessError",
     "ShardSize",
+    "ShardingRule",
     "ShardingSpecError",
     "UnwrittenOutputReadError",
     "__version__",

@@ -12,6 +12,7 @@ from typing import Any, Callable
 import jax
 
 __all__ = [
+    "AutoAxesError",
     "AutotuneError",
     "DevicePlacementError",
     "call_user",
@@ -39,6 +40,17 @@ class DevicePlacementError(ValueError):
   sharded or replicated over several devices, or that sit on different
   devices, have to go through ``jt_dist.sharded_triton_call`` or
   ``jax.shard_map`` instead.
+  """
+
+
+class AutoAxesError(DevicePlacementError, NotImplementedError):
+  """A call with a sharding rule is traced over automatic mesh axes.
+
+  On ``AxisType.Auto`` axes XLA chooses the layout after tracing, and
+  jt_dist does not hand Triton calls to XLA's partitioner; make the axes
+  explicit (``jax.make_mesh(..., axis_types=(AxisType.Explicit,) * n)``).
+  It is a ``DevicePlacementError`` (the call cannot run where its inputs
+  are) and a ``NotImplementedError``.
   """
 
 

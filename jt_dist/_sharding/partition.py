@@ -43,10 +43,6 @@ class Layout:
 
   mesh: Any
   specs: tuple[P, ...]
-  # Whether the specs come from the operands' types (explicit axes) or
-  # their concrete shardings, so that resharding is exact; False when they
-  # were given by the caller (sharded_triton_call's in_specs).
-  from_types: bool = True
 
 
 @dataclasses.dataclass(frozen=True)

@@ -91,16 +91,16 @@ def _manual_axes(mesh) -> frozenset:
 
 
 def _split_axes(mesh) -> dict[str, int]:
-  """The mesh axes of size > 1 that a call could still be split over."""
+  """The mesh axes a call could still be split over: those not manual."""
   manual = _manual_axes(mesh)
-  return {a: n for a, n in mesh.shape.items() if a not in manual and n > 1}
+  return {a: n for a, n in mesh.shape.items() if a not in manual}
 
 
 def find_layout(args: Sequence[Any], rule, where: str) -> Layout | None:
   """The layout a call with ``rule`` is partitioned over, or None.
 
   None means there is nothing to split: no operand lives on a mesh with an
-  axis of size > 1 that is not already manual, so the call runs as a plain
+  axis that is not already manual, so the call runs as a plain
   ``triton_call`` (whose own placement checks then apply).
 
   Raises:

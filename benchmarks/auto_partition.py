@@ -19,6 +19,7 @@ the all-gathers and all-reduces in the compiled program.
 
     python benchmarks/auto_partition.py --out auto_partition.json
     python benchmarks/auto_partition.py --smoke   # tiny sizes, any host
+    python benchmarks/auto_partition.py --smoke --counts 2 --problems matmul
 """
 
 import argparse
@@ -130,6 +131,8 @@ def main(argv=None):
   parser.add_argument("--smoke", action="store_true")
   parser.add_argument("--problems", default="matmul,attention")
   parser.add_argument("--rounds", type=int, default=None)
+  parser.add_argument("--counts", default="1,2,4,8",
+                      help="device counts to run, those present only")
   args = parser.parse_args(argv)
   sizes = dict(scaling.SIZES["smoke" if args.smoke else "full"])
   if args.rounds:
@@ -140,7 +143,8 @@ def main(argv=None):
     jax_triton = None
   if jax.devices()[0].platform != "gpu":
     jax_triton = None  # jax-triton lowers for GPUs only.
-  counts = [c for c in (1, 2, 4, 8) if c <= len(jax.devices())]
+  counts = [int(c) for c in args.counts.split(",")
+            if int(c) <= len(jax.devices())]
   results = []
 
   def record(case, impl, devices, **fields):

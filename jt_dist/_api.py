@@ -10,6 +10,7 @@ import jax
 from jt_dist import _batching
 from jt_dist import _binding
 from jt_dist import _errors
+from jt_dist._sharding import auto_axes as _auto_axes
 from jt_dist._sharding import partition as _partition
 from jt_dist._sharding import placement as _placement
 from jt_dist import _primitive
@@ -201,6 +202,9 @@ def _partitioned(args, kernel, out_shape, grid, rule, device, kwargs):
         " operands are sharded there). Drop device=, or move the operands"
         " to that device with jax.device_put(x, device) first."
     )
+  if layout.auto:
+    return _auto_axes.run(args, triton_call, kernel, out_shapes, out_tree,
+                          grid, rule, kwargs, "triton_call")
   return _partition.run(args, triton_call, kernel, out_shapes, out_tree,
                         grid, rule, layout, kwargs, "triton_call")
 

@@ -160,6 +160,18 @@ def mesh_devices(mesh: Any) -> tuple:
   return tuple(devices.flat) if getattr(devices, "size", 0) else ()
 
 
+def mesh_platform(mesh: Any) -> str | None:
+  """The platform of a mesh's devices ("cpu", "cuda", ...), or None.
+
+  An ``AbstractMesh`` (from ``jax.typeof``) has no devices, only an
+  abstract device that names the platform.
+  """
+  devices = mesh_devices(mesh)
+  if devices:
+    return devices[0].platform
+  return getattr(getattr(mesh, "abstract_device", None), "platform", None)
+
+
 def is_auto_axis(axis_type) -> bool:
   """Whether a mesh axis type is ``AxisType.Auto`` (XLA chooses layouts)."""
   # Meshes made before axis types existed behave as Auto.

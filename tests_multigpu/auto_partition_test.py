@@ -25,7 +25,9 @@ import numpy as np
 import triton
 
 import jt_dist
+from jt_dist import _binding
 from jt_dist import _compat
+from jt_dist._sharding import auto_axes as _auto_axes
 from jt_dist import testing
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -306,7 +308,9 @@ class AutoPartitionTest(testing.TestCase):
                                 r"ShardingRule"):
       jax.jit(no_rule)(xs)
 
-  def test_auto_axes_raise_a_clear_error(self):
+  def test_auto_axes_raise_a_clear_error_on_the_cpu(self):
+    if testing.platform() == "gpu":
+      self.skipTest("on GPUs automatic axes go through custom_partitioning")
     mesh = self.mesh((self.count,), ("x",), explicit=False)
     shape = (2 * self.count, 8)
     xs = self.put(self.random(shape), mesh, P("x"))
@@ -314,7 +318,8 @@ class AutoPartitionTest(testing.TestCase):
       jax.jit(add)(xs, xs)
     self.assertIsInstance(ctx.exception, jt_dist.AutoAxesError)
     message = str(ctx.exception)
-    for part in ("ShardingRule('i j, i j -> i j')", "['x']",
+    for part in ("ShardingRule('i j, i j -> i j')", "['x']", "on cpu",
+                 "custom_partitioning crashes the process",
                  "AxisType.Explicit", "sharded_triton_call"):
       self.assertIn(part, message)
 
@@ -326,8 +331,21 @@ class AutoPartitionTest(testing.TestCase):
     with self.assertRaisesRegex(
         jt_dist.AutoAxesError,
         rf"add_kernel.*lowered under jax.jit for {self.count} devices.*"
-        r"AxisType.Explicit"):
+        r"given only to jax.jit.*AxisType.Explicit.*jax.set_mesh"):
       f(x, x)
+
+  def test_auto_axes_on_gpus_are_partitioned_by_xla(self):
+    if testing.platform() != "gpu":
+      self.skipTest("needs GPUs: on the CPU automatic axes are refused")
+    mesh = self.mesh((self.count,), ("k",), explicit=False)
+    m, k, n = 32, 32 * self.count, 32
+    a, b = self.random((m, k)), self.random((k, n))
+    args = (self.put(a, mesh, P(None, "k")), self.put(b, mesh, P("k")))
+    with jax.set_mesh(mesh):
+      out = jax.jit(matmul)(*args)
+      found = collectives(matmul, *args)
+    self.assertAllClose(out, a.astype(np.float64) @ b, rtol=1e-2, atol=1e-2)
+    self.assertEqual(found, collections.Counter({"all-reduce": 1}))
 
   def test_auto_axes_eagerly_split_by_the_arrays_shardings(self):
     mesh = self.mesh((self.count,), ("x",), explicit=False)
@@ -370,6 +388,43 @@ class AutoPartitionTest(testing.TestCase):
     self.assertAllClose(out, x + y)
     self.assertEqual(spec_of(out), P("x", "y"))
     self.assertEqual(collectives(f, xs, ys), collections.Counter())
+
+
+class AutoAxesPlumbingTest(testing.TestCase):
+  """The custom_partitioning route with a jnp body in place of the kernel.
+
+  The route is for GPUs; on the CPU the kernel itself cannot run inside
+  custom_partitioning, but the partitioner's plan, its per-device body and
+  the reductions can, with XLA's own ops standing in for the kernel.
+  """
+
+  def _matmul(self, a, b):
+    def stand_in(x, y, *, kernel, out_shape, grid):
+      del kernel, grid
+      self.assertEqual(out_shape.shape, (x.shape[0], y.shape[1]))
+      return jnp.dot(x, y, preferred_element_type=jnp.float32)
+
+    out = jax.ShapeDtypeStruct((a.shape[0], b.shape[1]), jnp.float32)
+    shapes, tree = _binding.flatten_out_shape(out)
+    return _auto_axes.run((a, b), stand_in, None, shapes, tree, None,
+                          auto_partitioned_matmul.MATMUL_RULE, {}, "test")
+
+  @parameterized.named_parameters(
+      ("k_split", P(None, "x"), P("x"), P(), {"all-reduce": 1}),
+      ("rows", P("x"), P(), P("x"), {}),
+  )
+  def test_partitioned_by_the_rule(self, spec_a, spec_b, out_spec, expected):
+    self.devices(2)
+    count = min(len(jax.devices()), 8)
+    mesh = jax.make_mesh((count,), ("x",), devices=jax.devices()[:count],
+                         axis_types=(AxisType.Auto,))
+    a, b = self.random((8 * count, 16 * count)), self.random((16 * count, 8))
+    f = jax.jit(self._matmul, in_shardings=(NamedSharding(mesh, spec_a),
+                                            NamedSharding(mesh, spec_b)))
+    out = f(a, b)
+    self.assertAllClose(out, a.astype(np.float64) @ b, rtol=1e-4, atol=1e-4)
+    self.assertEqual(spec_of(out), out_spec)
+    self.assertEqual(collectives(f, a, b), collections.Counter(expected))
 
 
 def _can_lower_for_cuda():

@@ -10,9 +10,10 @@ factors are combined with the collective the rule names. The result is an
 ordinary JAX program, so it exports with ``jax.export``.
 
 On meshes with automatic axes the types say nothing about the layout XLA
-will choose, and a kernel cannot be handed to XLA's partitioner from the
-CPU (a host callback inside ``custom_partitioning`` crashes the process), so
-those calls are refused with ``AutoAxesError``.
+will choose. On GPUs such calls are handed to XLA's partitioner
+(``auto_axes.py``); elsewhere a kernel cannot be (on the CPU a host callback
+inside ``custom_partitioning`` crashes the process), so those calls are
+refused with ``AutoAxesError``.
 """
 
 from __future__ import annotations
@@ -43,6 +44,9 @@ class Layout:
 
   mesh: Any
   specs: tuple[P, ...]
+  # Whether XLA lays the operands out (automatic axes, on GPUs): the call
+  # then goes through custom_partitioning (auto_axes.py).
+  auto: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -130,35 +134,51 @@ def find_layout(args: Sequence[Any], rule, where: str) -> Layout | None:
     mesh = None if ambient.empty else ambient
   if mesh is None or not _split_axes(mesh):
     return None
-  if traced:
-    _refuse_auto_axes(mesh, rule, where)
   specs = []
   for i, x in arrays:
     sharding = _sharding_of(x)
     same = isinstance(sharding, NamedSharding) and not sharding.mesh.empty
     specs.append(sharding.spec if same else P())
-  return Layout(mesh, tuple(specs))
+  auto = traced and _auto_axes(mesh, rule, where)
+  return Layout(mesh, tuple(specs), auto=auto)
 
 
-def _refuse_auto_axes(mesh, rule, where: str) -> None:
+_GPU_PLATFORMS = ("cuda", "gpu", "rocm")
+
+
+def _auto_axes(mesh, rule, where: str) -> bool:
+  """Whether XLA lays the call out; refused where it cannot be handed over."""
   manual = _manual_axes(mesh)
   types = dict(zip(mesh.axis_names, getattr(mesh, "axis_types", ())))
   auto = sorted(a for a, n in mesh.shape.items()
                 if a not in manual and n > 1 and _compat.is_auto_axis(
                     types.get(a)))
-  if auto:
-    raise _errors.AutoAxesError(auto_axes_message(where, rule, auto, mesh))
+  if not auto:
+    return False
+  platform = _compat.mesh_platform(mesh)
+  if platform in _GPU_PLATFORMS and not manual:
+    return True
+  raise _errors.AutoAxesError(auto_axes_message(where, rule, auto, mesh,
+                                                platform, manual))
 
 
-def auto_axes_message(where: str, rule, auto: Sequence[str], mesh) -> str:
+def auto_axes_message(where, rule, auto, mesh, platform, manual) -> str:
   n = len(mesh.axis_names)
+  if platform in _GPU_PLATFORMS:
+    why = (" inside a shard_map manual over"
+           f" {sorted(manual)}, where jt_dist does not hand Triton calls to"
+           " XLA's partitioner")
+  else:
+    why = (f" on {platform or 'an unknown platform'}, where jt_dist cannot"
+           " hand them to XLA's partitioner: the kernel runs as a host"
+           " callback there, and a host callback inside"
+           " jax.experimental.custom_partitioning crashes the process (on"
+           " GPUs such calls are partitioned by XLA)")
   return (
       f"{where}: the call with {rule!r} is traced over mesh axes {list(auto)}"
       f" of mesh {dict(mesh.shape)}, which are automatic (AxisType.Auto):"
-      " their layout is XLA's choice, invisible when the call is traced, and"
-      " jt_dist does not hand Triton calls to XLA's partitioner"
-      " (custom_partitioning is not implemented; on the CPU a host callback"
-      " inside it crashes the process). Make the mesh axes explicit, e.g."
+      " their layout is XLA's choice, unknown when the call is traced,"
+      f"{why}. Make the mesh axes explicit, e.g."
       f" jax.make_mesh({tuple(mesh.shape.values())}, {tuple(mesh.axis_names)},"
       f" axis_types=(jax.sharding.AxisType.Explicit,) * {n}), or call"
       " jt_dist.sharded_triton_call(..., mesh=mesh, sharding_rule=rule)."
@@ -216,7 +236,7 @@ def _describe_move(name, factors, current, target) -> list[str]:
   return moves
 
 
-def _log_plan(where, rule, kernel, positions, layout, plan) -> None:
+def log_plan(where, rule, kernel, positions, layout, plan) -> None:
   """Names, at debug level, every collective the plan adds around the call."""
   if not logger.isEnabledFor(logging.DEBUG):
     return
@@ -251,6 +271,36 @@ def _local_shape(shape, spec, mesh) -> tuple:
       for d, axes in zip(shape, _entries(spec, len(shape))))
 
 
+def shard_body(args, call, kernel, out_shapes, out_tree, grid, kwargs, plan,
+               mesh) -> Callable[..., tuple]:
+  """The function one device runs: the kernel on its shard, then reductions.
+
+  It takes the array arguments' shards, in order, and returns the outputs'
+  shards, flat, each reduced over the mesh axes of the split factors it
+  lacks.
+  """
+  positions = [i for i, a in enumerate(args) if _specs.is_array(a)]
+  local_out = jax.tree_util.tree_unflatten(out_tree, [
+      jax.ShapeDtypeStruct(_local_shape(shape, spec, mesh), dtype)
+      for (shape, dtype), spec in zip(out_shapes, plan.out_specs)])
+
+  def per_shard(*local_arrays):
+    it = iter(local_arrays)
+    local_args = [next(it) if i in positions else a
+                  for i, a in enumerate(args)]
+    outs = jax.tree_util.tree_leaves(
+        call(*local_args, kernel=kernel, out_shape=local_out, grid=grid,
+             **kwargs))
+    reduced = []
+    for x, steps in zip(outs, plan.reductions):
+      for op, axes in steps:
+        x = _COLLECTIVES[op](x, axes)
+      reduced.append(x)
+    return tuple(reduced)
+
+  return per_shard
+
+
 def run(args: Sequence[Any], call: Callable[..., Any], kernel: Any,
         out_shapes, out_tree, grid: Any, rule, layout: Layout, kwargs: dict,
         where: str) -> Any:
@@ -277,27 +327,11 @@ def run(args: Sequence[Any], call: Callable[..., Any], kernel: Any,
       [(f"args[{i}]", tuple(args[i].shape)) for i in positions],
       [shape for shape, _ in out_shapes])
   plan = make_plan(rule, sizes, layout)
-  _log_plan(where, rule, kernel, positions, layout, plan)
+  log_plan(where, rule, kernel, positions, layout, plan)
   placed = [_reshard(x, target, layout)
             for x, target in zip(arrays, plan.in_specs)]
-  local_out = jax.tree_util.tree_unflatten(out_tree, [
-      jax.ShapeDtypeStruct(_local_shape(shape, spec, layout.mesh), dtype)
-      for (shape, dtype), spec in zip(out_shapes, plan.out_specs)])
-
-  def per_shard(*local_arrays):
-    it = iter(local_arrays)
-    local_args = [next(it) if i in positions else a
-                  for i, a in enumerate(args)]
-    outs = jax.tree_util.tree_leaves(
-        call(*local_args, kernel=kernel, out_shape=local_out, grid=grid,
-             **kwargs))
-    reduced = []
-    for x, steps in zip(outs, plan.reductions):
-      for op, axes in steps:
-        x = _COLLECTIVES[op](x, axes)
-      reduced.append(x)
-    return tuple(reduced)
-
+  per_shard = shard_body(args, call, kernel, out_shapes, out_tree, grid,
+                         kwargs, plan, layout.mesh)
   manual = _manual_axes(layout.mesh)
   mapped = jax.shard_map(
       per_shard, mesh=layout.mesh, in_specs=plan.in_specs,

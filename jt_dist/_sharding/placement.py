@@ -252,15 +252,16 @@ def _check_rule_lowering(facts, spec) -> None:
   raise _errors.AutoAxesError(
       f"triton_call: kernel {spec.info.name!r} with {spec.sharding_rule!r}"
       f" is lowered under jax.jit for {axes}, but its operands' types named"
-      " no explicit mesh axes when it was traced, so it could not be split"
-      " per shard: the mesh axes are automatic (AxisType.Auto) or the"
-      " shardings were given only to jax.jit. jt_dist does not hand Triton"
-      " calls to XLA's partitioner (custom_partitioning is not implemented;"
-      " on the CPU a host callback inside it crashes the process). Use a"
-      " mesh with explicit axes, jax.make_mesh(shape, names,"
+      " no mesh when it was traced (the shardings were given only to"
+      " jax.jit), so it could not be split per shard. Use a mesh with"
+      " explicit axes, jax.make_mesh(shape, names,"
       " axis_types=(jax.sharding.AxisType.Explicit,) * len(names)), and"
-      " jax.device_put the inputs onto it, or call"
-      " jt_dist.sharded_triton_call(..., mesh=mesh, sharding_rule=rule)."
+      " jax.device_put the inputs onto it; or, on GPUs, trace under"
+      " jax.set_mesh(mesh) so that XLA partitions the call over automatic"
+      " axes (on the CPU, automatic axes are refused: the kernel is a host"
+      " callback, and one inside custom_partitioning crashes the process);"
+      " or call jt_dist.sharded_triton_call(..., mesh=mesh,"
+      " sharding_rule=rule)."
   )
 
 

@@ -101,8 +101,10 @@ def triton_call(
       axes (or eagerly on sharded arrays) the call then runs once per
       device on its shard: operands that disagree with the rule are
       resharded, split contracted factors are reduced as the rule says,
-      and the outputs come back sharded. ``out_shape`` stays global;
-      ``jt_dist.shard_size`` and a callable grid see shard-local sizes.
+      and the outputs come back sharded. On GPUs, automatic mesh axes go
+      through XLA's partitioner (``custom_partitioning``). ``out_shape``
+      stays global; ``jt_dist.shard_size`` and a callable grid see
+      shard-local sizes.
     **metaparams: values for the kernel's remaining parameters, by name;
       usually its ``tl.constexpr`` parameters.
 
@@ -123,7 +125,8 @@ def triton_call(
       ``jax.shard_map``, with no ``sharding_rule``.
     jt_dist.ShardingSpecError: the shapes do not fit ``sharding_rule``.
     jt_dist.AutoAxesError: a call with ``sharding_rule`` is traced over
-      automatic mesh axes.
+      automatic mesh axes on the CPU, or its shardings were given only to
+      ``jax.jit``.
   """
   out_shape = resolve_out_shape(out_shape, out_type)
   if sharding_rule is not None:

@@ -44,13 +44,15 @@ class DevicePlacementError(ValueError):
 
 
 class AutoAxesError(DevicePlacementError, NotImplementedError):
-  """A call with a sharding rule is traced over automatic mesh axes.
+  """A call with a sharding rule cannot be split over automatic mesh axes.
 
-  On ``AxisType.Auto`` axes XLA chooses the layout after tracing, and
-  jt_dist does not hand Triton calls to XLA's partitioner; make the axes
-  explicit (``jax.make_mesh(..., axis_types=(AxisType.Explicit,) * n)``).
-  It is a ``DevicePlacementError`` (the call cannot run where its inputs
-  are) and a ``NotImplementedError``.
+  On ``AxisType.Auto`` axes XLA chooses the layout after tracing. On GPUs
+  jt_dist hands such calls to XLA's partitioner; on the CPU it cannot (the
+  kernel is a host callback), nor anywhere when the shardings were given
+  only to ``jax.jit``. Make the axes explicit
+  (``jax.make_mesh(..., axis_types=(AxisType.Explicit,) * n)``). It is a
+  ``DevicePlacementError`` (the call cannot run where its inputs are) and a
+  ``NotImplementedError``.
   """
 
 

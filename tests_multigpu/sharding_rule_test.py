@@ -194,7 +194,7 @@ class CallTest(testing.TestCase):
   def test_rule_fits_and_runs_on_one_device(self):
     a, b = self.random((16, 8)), self.random((8, 16))
     out = _matmul_call(a, b)
-    self.assertAllClose(out, a.astype(np.float64) @ b, rtol=1e-4, atol=1e-4)
+    self.assertDotClose(out, a.astype(np.float64) @ b)
 
 
 if __name__ == "__main__":

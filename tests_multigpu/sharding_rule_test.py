@@ -12,7 +12,6 @@ from jax.sharding import AxisType
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 import numpy as np
-import triton
 
 import jt_dist
 from jt_dist import testing

@@ -67,12 +67,13 @@ SIZES = {
 }
 
 
-def _mesh(count):
+def make_mesh(count, axis_type=AxisType.Explicit):
+  """A 1-D mesh "x" over the first ``count`` devices."""
   return jax.make_mesh((count,), ("x",), devices=jax.devices()[:count],
-                       axis_types=(AxisType.Explicit,))
+                       axis_types=(axis_type,))
 
 
-def _chain(step):
+def chain(step):
   """``CHAIN`` calls of ``step(x, *rest)``, each output the next ``x``."""
   def run(x, *rest):
     for _ in range(CHAIN):
@@ -213,7 +214,7 @@ class Add:
         BLOCK=kernels.ADD_BLOCK)
 
 
-def _global_extent(problem):
+def global_extent(problem):
   """The extent the mesh splits: rows, heads or elements."""
   if isinstance(problem, Matmul):
     return problem.m
@@ -261,19 +262,19 @@ def _implementations(problem, mesh, jax_triton):
   return impls
 
 
-def _compiled(step, choices, args):
+def compiled(step, choices, args):
   """The chained function, compiled with ``choices`` for the serialised call."""
-  fn = jax.jit(_chain(step))
+  fn = jax.jit(chain(step))
   with _gpu_lowering.proto_choices(**choices):
     return fn.trace(*args).lower().compile()
 
 
-def _place(args, mesh, spec):
+def place(args, mesh, spec):
   return tuple(jax.device_put(a, NamedSharding(mesh, s))
                for a, s in zip(args, spec))
 
 
-def _check(fn, args, reference, label):
+def check(fn, args, reference, label):
   out = np.asarray(fn(*args), np.float32)
   error = timing.relative_error(out, np.asarray(reference, np.float32))
   if not error < 2e-2:
@@ -286,27 +287,27 @@ def _check(fn, args, reference, label):
 def _placement_calls(problem, extent, mesh, where, jax_triton, key):
   """Every implementation on ``mesh`` over ``extent``, compiled and checked."""
   inputs = problem.inputs(extent, key)
-  placed = _place(inputs, mesh, problem.spec)
-  reference = jax.jit(_chain(problem.reference))(*inputs)
+  placed = place(inputs, mesh, problem.spec)
+  reference = jax.jit(chain(problem.reference))(*inputs)
   calls = {}
   for name, (step, choices) in _implementations(
       problem, mesh, jax_triton).items():
-    fn = _compiled(step, choices, placed)
-    _check(fn, placed, reference, f"{name}, {where}, {mesh.size} device(s)")
+    fn = compiled(step, choices, placed)
+    check(fn, placed, reference, f"{name}, {where}, {mesh.size} device(s)")
     calls[(name, where)] = (fn, placed, problem.work(extent))
   return calls
 
 
 def _calls_for(problem, count, jax_triton, key):
   """Every function to time at ``count`` devices: label -> (fn, args, work)."""
-  extent = _global_extent(problem)
-  calls = _placement_calls(problem, extent, _mesh(count), "mesh", jax_triton,
-                           key)
+  extent = global_extent(problem)
+  calls = _placement_calls(problem, extent, make_mesh(count), "mesh",
+                           jax_triton, key)
   # The headline function once more, as its own entry: the spread between
   # the two is the run's noise, against which differences are read.
   calls[(_AGAIN, "mesh")] = calls[("jt_dist_sharded", "mesh")]
   if count > 1:
-    calls.update(_placement_calls(problem, extent // count, _mesh(1),
+    calls.update(_placement_calls(problem, extent // count, make_mesh(1),
                                   "shard_alone", jax_triton,
                                   jax.random.fold_in(key, count)))
   return calls
@@ -321,11 +322,11 @@ def _scalar_form_calls(problem, jax_triton, key):
     libs["jax_triton"] = jax_triton.triton_call
   args = problem.inputs(problem.m, key)
   args = tuple(jax.device_put(a, jax.devices()[0]) for a in args)
-  reference = jax.jit(_chain(problem.reference))(*args)
+  reference = jax.jit(chain(problem.reference))(*args)
   calls = {}
   for lib, call in libs.items():
-    fn = jax.jit(_chain(functools.partial(problem.scalar_form, call)))
-    _check(fn, args, reference, f"{lib} scalar form")
+    fn = jax.jit(chain(functools.partial(problem.scalar_form, call)))
+    check(fn, args, reference, f"{lib} scalar form")
     calls[(f"{lib}[scalar-argument form]", "mesh")] = (
         fn, args, problem.work(problem.m))
   return calls

@@ -19,6 +19,7 @@ from jt_dist._export import export_options
 from jt_dist._export import export_safety_checks
 from jt_dist._export import exported_versions
 from jt_dist._gpu.cache import configure as configure_cache
+from jt_dist._errors import AutoAxesError
 from jt_dist._errors import AutotuneError
 from jt_dist._errors import DevicePlacementError
 from jt_dist._errors import ExportError
@@ -27,6 +28,7 @@ from jt_dist._errors import KernelLaunchError
 from jt_dist._errors import OutOfBoundsAccessError
 from jt_dist._errors import ShardingSpecError
 from jt_dist._errors import UnwrittenOutputReadError
+from jt_dist._sharding.rule import ShardingRule
 from jt_dist._sharding.shard_size import ShardSize
 from jt_dist._sharding.shard_size import shard_size
 from jt_dist._sharding.sharded_call import sharded_triton_call
@@ -34,6 +36,7 @@ from jt_dist._sharding.sharded_call import sharded_triton_call
 __version__ = "0.1.0"
 
 __all__ = [
+    "AutoAxesError",
     "AutotuneChoice",
     "AutotuneError",
     "DevicePlacementError",
@@ -43,6 +46,7 @@ __all__ = [
     "KernelLaunchError",
     "OutOfBoundsAccessError",
     "ShardSize",
+    "ShardingRule",
     "ShardingSpecError",
     "UnwrittenOutputReadError",
     "__version__",

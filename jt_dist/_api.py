@@ -9,10 +9,14 @@ import jax
 
 from jt_dist import _batching
 from jt_dist import _binding
+from jt_dist import _errors
+from jt_dist._sharding import auto_axes as _auto_axes
+from jt_dist._sharding import partition as _partition
 from jt_dist._sharding import placement as _placement
 from jt_dist import _primitive
+from jt_dist import _types
+from jt_dist._sharding import rule as _rule
 from jt_dist._sharding import shard_size as _shard_size
-
 
 
 def triton_call(
@@ -34,6 +38,7 @@ def triton_call(
     out_type: Any = None,
     vmap_method: str | None = None,
     device: Any = None,
+    sharding_rule: Any = None,
     **metaparams: Any,
 ) -> Any:
   """Calls a ``@triton.jit`` kernel on ``jax.Array`` arguments.
@@ -93,6 +98,15 @@ def triton_call(
       Committed inputs must already be
       there; uncommitted ones are moved there. By default the call runs
       where its inputs are.
+    sharding_rule: a ``jt_dist.ShardingRule`` saying how the kernel's
+      dimensions may be split. Under ``jax.jit`` over a mesh with explicit
+      axes (or eagerly on sharded arrays) the call then runs once per
+      device on its shard: operands that disagree with the rule are
+      resharded, split contracted factors are reduced as the rule says,
+      and the outputs come back sharded. On GPUs, automatic mesh axes go
+      through XLA's partitioner (``custom_partitioning``). ``out_shape``
+      stays global; ``jt_dist.shard_size`` and a callable grid see
+      shard-local sizes.
     **metaparams: values for the kernel's remaining parameters, by name;
       usually its ``tl.constexpr`` parameters.
 
@@ -110,9 +124,27 @@ def triton_call(
     jt_dist.DevicePlacementError: an input is sharded or replicated over
       several devices, inputs sit on different devices or not on ``device``,
       or the call is partitioned by XLA over several devices outside
-      ``jax.shard_map``.
+      ``jax.shard_map``, with no ``sharding_rule``.
+    jt_dist.ShardingSpecError: the shapes do not fit ``sharding_rule``.
+    jt_dist.AutoAxesError: a call with ``sharding_rule`` is traced over
+      automatic mesh axes on the CPU, or its shardings were given only to
+      ``jax.jit``.
   """
   out_shape = resolve_out_shape(out_shape, out_type)
+  if sharding_rule is not None:
+    sharding_rule = _rule.check(sharding_rule, "triton_call")
+    options = dict(
+        name=name, custom_call_target_name=custom_call_target_name,
+        num_warps=num_warps, num_stages=num_stages, num_ctas=num_ctas,
+        compute_capability=compute_capability,
+        enable_fp_fusion=enable_fp_fusion,
+        input_output_aliases=input_output_aliases,
+        zeroed_outputs=zeroed_outputs, debug=debug,
+        serialized_metadata=serialized_metadata, vmap_method=vmap_method)
+    outs = _partitioned(args, kernel, out_shape, grid, sharding_rule, device,
+                        {**options, **metaparams})
+    if outs is not _NOT_PARTITIONED:
+      return outs
   args, metaparams = _shard_size.resolve(args, metaparams)
   if vmap_method not in _batching.VMAP_METHODS:
     raise ValueError(
@@ -134,6 +166,7 @@ def triton_call(
       debug=debug,
       serialized_metadata=serialized_metadata,
       vmap_method=vmap_method,
+      sharding_rule=sharding_rule,
   )
   empty = _all_outputs_empty(out_shape)
   arrays, spec, out_tree = _binding.bind_call(
@@ -148,6 +181,37 @@ def triton_call(
   else:
     outs = _primitive.triton_call_p.bind(*arrays, spec=spec)
   return jax.tree_util.tree_unflatten(out_tree, outs)
+
+
+_NOT_PARTITIONED = object()
+
+
+def _partitioned(args, kernel, out_shape, grid, rule, device, kwargs):
+  """Runs a call with a rule once per shard; ``_NOT_PARTITIONED`` if unsplit.
+
+  The shapes are checked against the rule first, so that a rule that does
+  not fit fails on one device as on many.
+  """
+  out_shapes, out_tree = _binding.flatten_out_shape(out_shape)
+  positions = [i for i, a in enumerate(args)
+               if not _types.is_scalar(a) and hasattr(a, "shape")]
+  rule.factor_sizes([(f"args[{i}]", tuple(args[i].shape)) for i in positions],
+                    [shape for shape, _ in out_shapes])
+  layout = _partition.find_layout(args, rule, "triton_call")
+  if layout is None:
+    return _NOT_PARTITIONED
+  if device is not None:
+    raise _errors.DevicePlacementError(
+        f"triton_call: device={device!r} asks for one device, but the call"
+        f" with {rule!r} is split over mesh {dict(layout.mesh.shape)} (its"
+        " operands are sharded there). Drop device=, or move the operands"
+        " to that device with jax.device_put(x, device) first."
+    )
+  if layout.auto:
+    return _auto_axes.run(args, triton_call, kernel, out_shapes, out_tree,
+                          grid, rule, kwargs, "triton_call")
+  return _partition.run(args, triton_call, kernel, out_shapes, out_tree,
+                        grid, rule, layout, kwargs, "triton_call")
 
 
 # Bound in place of the user's grid when there is nothing to launch, so that

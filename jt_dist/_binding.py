@@ -62,6 +62,9 @@ class CallSpec:
   vmap_method: str | None
   # A _batching.Batched when this is the batched form of a user's call.
   batch: Any = None
+  # The call's ShardingRule: the lowering refuses it over several devices
+  # with a message about partitioning rather than misplacement.
+  sharding_rule: Any = None
 
   @property
   def info(self) -> _kernel.KernelInfo:
@@ -92,6 +95,7 @@ class CallOptions:
   debug: bool = False
   serialized_metadata: bytes = b""
   vmap_method: str | None = None
+  sharding_rule: Any = None
 
 
 def _is_shape_dtype(x: Any) -> bool:
@@ -518,5 +522,6 @@ def bind_call(args, kernel, out_shape, grid, options: CallOptions, metaparams):
       serialized_metadata=options.serialized_metadata,
       custom_call_target_name=options.custom_call_target_name,
       vmap_method=options.vmap_method,
+      sharding_rule=options.sharding_rule,
   )
   return arrays, spec, out_tree

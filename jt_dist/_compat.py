@@ -134,7 +134,7 @@ def lowering_axis_facts(ctx) -> AxisFacts:
     types = dict(zip(mesh.axis_names, getattr(mesh, "axis_types", ())))
     auto = {
         name: size for name, size in mesh.shape.items()
-        if name not in manual and _is_auto(types.get(name))
+        if name not in manual and is_auto_axis(types.get(name))
     }
     return AxisFacts("spmd", mesh.size, mesh_devices(mesh), manual, auto,
                      mesh)
@@ -188,7 +188,20 @@ def mesh_devices(mesh: Any) -> tuple:
   return tuple(devices.flat) if getattr(devices, "size", 0) else ()
 
 
-def _is_auto(axis_type) -> bool:
+def mesh_platform(mesh: Any) -> str | None:
+  """The platform of a mesh's devices ("cpu", "cuda", ...), or None.
+
+  An ``AbstractMesh`` (from ``jax.typeof``) has no devices, only an
+  abstract device that names the platform.
+  """
+  devices = mesh_devices(mesh)
+  if devices:
+    return devices[0].platform
+  return getattr(getattr(mesh, "abstract_device", None), "platform", None)
+
+
+def is_auto_axis(axis_type) -> bool:
+  """Whether a mesh axis type is ``AxisType.Auto`` (XLA chooses layouts)."""
   # Meshes made before axis types existed behave as Auto.
   return axis_type is None or getattr(axis_type, "name", "") == "Auto"
 

@@ -12,6 +12,7 @@ from typing import Any, Callable
 import jax
 
 __all__ = [
+    "AutoAxesError",
     "AutotuneError",
     "DevicePlacementError",
     "ExportError",
@@ -40,6 +41,19 @@ class DevicePlacementError(ValueError):
   sharded or replicated over several devices, or that sit on different
   devices, have to go through ``jt_dist.sharded_triton_call`` or
   ``jax.shard_map`` instead.
+  """
+
+
+class AutoAxesError(DevicePlacementError, NotImplementedError):
+  """A call with a sharding rule cannot be split over automatic mesh axes.
+
+  On ``AxisType.Auto`` axes XLA chooses the layout after tracing. On GPUs
+  jt_dist hands such calls to XLA's partitioner; on the CPU it cannot (the
+  kernel is a host callback), nor anywhere when the shardings were given
+  only to ``jax.jit``. Make the axes explicit
+  (``jax.make_mesh(..., axis_types=(AxisType.Explicit,) * n)``). It is a
+  ``DevicePlacementError`` (the call cannot run where its inputs are) and a
+  ``NotImplementedError``.
   """
 
 

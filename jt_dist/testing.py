@@ -123,6 +123,22 @@ class TestCase(parameterized.TestCase):
         expected, rtol=rtol, atol=atol,
         err_msg=f"{msg} (seed {self.seed})")
 
+  def assertDotClose(self, actual, expected, *, cpu_rtol=1e-4, cpu_atol=1e-3,
+                     gpu_error=1e-2):
+    """Compares a result of dot products with ``expected`` (say, NumPy's).
+
+    On the CPU element by element; on GPUs, which compute a float32
+    ``tl.dot`` in TF32 (10-bit mantissa), by the relative Frobenius error.
+    """
+    if platform() != "gpu":
+      self.assertAllClose(actual, expected, rtol=cpu_rtol, atol=cpu_atol)
+      return
+    actual = np.asarray(actual, np.float64)
+    expected = np.asarray(expected, np.float64)
+    self.assertEqual(actual.shape, expected.shape)
+    error = np.linalg.norm(actual - expected) / np.linalg.norm(expected)
+    self.assertLess(error, gpu_error, f"(seed {self.seed})")
+
 
 # --- Several processes joined by jax.distributed --------------------------
 

@@ -25,7 +25,8 @@ def _load(name):
 
 class ExamplesTest(testing.TestCase):
 
-  @parameterized.parameters("add", "matmul", "softmax")
+  @parameterized.parameters("add", "auto_partitioned_matmul", "matmul",
+                            "softmax")
   def test_example_main(self, name):
     module = _load(name)
     error = module.main()

@@ -13,6 +13,13 @@ JAX itself reports through public APIs:
 * at lowering: the computation must not be partitioned over several devices
   by XLA (the lowering context's axis context), because XLA would all-gather
   the inputs and run the whole kernel on every device.
+
+A call with a ``jt_dist.ShardingRule`` is traced globally on its way to
+being partitioned: ``_partition`` splits it into per-shard calls inside a
+``shard_map`` before these checks run, so they only ever see its shards. If
+it reaches the lowering over several devices anyway (its mesh axes were
+automatic, so its layout was unknown when it was traced) the error is an
+``AutoAxesError`` about partitioning, not a misplacement.
 """
 
 from __future__ import annotations
@@ -27,10 +34,12 @@ from jt_dist import _errors
 from jt_dist._sharding import specs as _specs
 
 _FIX_SHARDED = (
-    " To run the kernel once per shard, call jt_dist.sharded_triton_call(...,"
-    " in_specs=..., out_specs=...) or wrap the call in jax.shard_map; to run"
-    " it on one device, move the inputs there first with"
-    " jax.device_put(x, device)."
+    " To run the kernel once per shard, declare how it splits with"
+    " triton_call(..., sharding_rule=jt_dist.ShardingRule('i k, k j -> i j',"
+    " reductions={'k': 'sum'})) (on a mesh with explicit axes), call"
+    " jt_dist.sharded_triton_call(..., in_specs=..., out_specs=...) or wrap"
+    " the call in jax.shard_map; to run it on one device, move the inputs"
+    " there first with jax.device_put(x, device)."
 )
 
 
@@ -205,6 +214,8 @@ def check_lowering(ctx, spec) -> None:
   facts = _compat.lowering_axis_facts(ctx)
   name = spec.info.name
   arrays = [op.name for op in spec.operands if op.kind == "array"]
+  if spec.sharding_rule is not None:
+    _check_rule_lowering(facts, spec)
   if facts.kind == "sharding" and facts.num_devices > 1:
     raise _errors.DevicePlacementError(
         f"triton_call: kernel {name!r} is lowered under jax.jit for"
@@ -226,6 +237,32 @@ def check_lowering(ctx, spec) -> None:
           " kernel. Make the shard_map manual over every mesh axis of size"
           " > 1 (leave out axis_names=, or list those axes in it)."
       )
+
+
+def _check_rule_lowering(facts, spec) -> None:
+  """A call with a rule lowered over devices it was not split for."""
+  if facts.kind == "sharding" and facts.num_devices > 1:
+    axes = f"{facts.num_devices} devices{_device_list(facts.devices)}"
+  elif facts.kind == "spmd" and any(
+      n > 1 for n in facts.auto_axis_sizes.values()):
+    axes = "automatic mesh axes " + ", ".join(
+        f"{a}={n}" for a, n in sorted(facts.auto_axis_sizes.items()))
+  else:
+    return
+  raise _errors.AutoAxesError(
+      f"triton_call: kernel {spec.info.name!r} with {spec.sharding_rule!r}"
+      f" is lowered under jax.jit for {axes}, but its operands' types named"
+      " no mesh when it was traced (the shardings were given only to"
+      " jax.jit), so it could not be split per shard. Use a mesh with"
+      " explicit axes, jax.make_mesh(shape, names,"
+      " axis_types=(jax.sharding.AxisType.Explicit,) * len(names)), and"
+      " jax.device_put the inputs onto it; or, on GPUs, trace under"
+      " jax.set_mesh(mesh) so that XLA partitions the call over automatic"
+      " axes (on the CPU, automatic axes are refused: the kernel is a host"
+      " callback, and one inside custom_partitioning crashes the process);"
+      " or call jt_dist.sharded_triton_call(..., mesh=mesh,"
+      " sharding_rule=rule)."
+  )
 
 
 def unify_varying_axes(arrays: Sequence[Any]) -> list[Any]:

@@ -10,6 +10,8 @@ from jax.sharding import PartitionSpec as P
 from jt_dist import _api
 from jt_dist import _binding
 from jt_dist import _errors
+from jt_dist._sharding import partition as _partition
+from jt_dist._sharding import rule as _rule
 from jt_dist._sharding import shard_size as _shard_size
 from jt_dist._sharding import specs as _specs
 
@@ -85,6 +87,24 @@ def _check_placeholders(args, metaparams) -> None:
   _shard_size.resolve(args, metaparams)
 
 
+def _by_rule(args, kernel, out_shapes, out_tree, grid, mesh, arg_specs, rule,
+             out_specs, out_reduce, kwargs):
+  """``sharded_triton_call`` with a ``ShardingRule``: the rule picks specs."""
+  rule = _rule.check(rule, "sharded_triton_call")
+  given = [name for name, value in (("out_specs", out_specs),
+                                    ("out_reduce", out_reduce))
+           if value is not None]
+  if given:
+    raise _errors.ShardingSpecError(
+        f"sharded_triton_call: got sharding_rule={rule!r} and {given}; the"
+        " rule decides how outputs are split and reduced. Leave"
+        f" {' and '.join(given)} out, or drop sharding_rule."
+    )
+  layout = _partition.Layout(mesh, tuple(arg_specs))
+  return _partition.run(args, _api.triton_call, kernel, out_shapes, out_tree,
+                        grid, rule, layout, kwargs, "sharded_triton_call")
+
+
 def sharded_triton_call(
     *args: Any,
     kernel: Any,
@@ -95,6 +115,7 @@ def sharded_triton_call(
     out_specs: Any = None,
     out_reduce: Any = None,
     out_type: Any = None,
+    sharding_rule: Any = None,
     **kwargs: Any,
 ) -> Any:
   """Runs a Triton kernel once per shard of a device mesh, via ``shard_map``.
@@ -122,6 +143,10 @@ def sharded_triton_call(
       them: ``(op, axes)`` with op ``"sum"``, ``"max"`` or ``"min"``, for
       every output, or a pytree matching ``out_shape`` of such pairs or None.
     out_type: another name for ``out_shape``.
+    sharding_rule: a ``jt_dist.ShardingRule``; it decides the specs, so
+      ``out_specs`` and ``out_reduce`` must be left out. ``in_specs`` (or
+      the arguments' shardings) then give where the operands are now;
+      those that disagree with the rule are resharded.
     **kwargs: every other ``triton_call`` keyword (``num_warps``,
       ``input_output_aliases``, ...) and the kernel's metaparams.
 
@@ -141,6 +166,9 @@ def sharded_triton_call(
   mesh = _specs.resolve_mesh(mesh, args)
   _check_placeholders(args, {k: v for k, v in kwargs.items()})
   arg_specs = _specs.in_specs_for(in_specs, args, mesh)
+  if sharding_rule is not None:
+    return _by_rule(args, kernel, out_shapes, out_tree, grid, mesh, arg_specs,
+                    sharding_rule, out_specs, out_reduce, kwargs)
   o_specs = _out_specs_for(out_specs, out_tree, len(out_shapes), out_shapes,
                            mesh)
   reductions = _reductions_for(out_reduce, out_tree, len(out_shapes), mesh)

@@ -1,0 +1,98 @@
+"""Calls with a ``ShardingRule`` over automatic mesh axes, on GPUs.
+
+On ``AxisType.Auto`` axes the layout is XLA's choice, made after tracing.
+The call is therefore handed to XLA's partitioner through
+``jax.experimental.custom_partitioning``: an outer op that Shardy propagates
+shardings through by the rule (reductions as reduction factors, whole
+factors as need-replication factors), and, once the partitioner has chosen
+the operands' shardings, a per-device body (``partition.shard_body``) built
+from them with the same plan as on explicit axes.
+
+Only for GPUs: on the CPU the kernel is a host callback, and a host callback
+inside a ``custom_partitioning`` partition crashes the process (jax PR
+#23620), so CPU calls are refused before they get here. A program holding a
+``custom_partitioning`` op cannot be exported with ``jax.export``; use
+explicit axes for that.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+import jax
+from jax.experimental.custom_partitioning import custom_partitioning
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from jt_dist._sharding import partition as _partition
+from jt_dist._sharding import specs as _specs
+
+def _shardy_rule(rule) -> dict:
+  """``def_partition`` keywords stating ``rule`` for Shardy's propagation."""
+  return dict(
+      sharding_rule=rule.rule,
+      reduction_factors=tuple(f for f, _ in rule.reductions),
+      need_replication_factors=tuple(rule.whole))
+
+
+def _specs_of(shapes: Sequence[Any], mesh) -> tuple[P, ...]:
+  """The specs the partitioner chose, on ``mesh`` (replicated if none)."""
+  out = []
+  for shape in shapes:
+    sharding = getattr(shape, "sharding", None)
+    spec = getattr(sharding, "spec", None)
+    out.append(spec if isinstance(sharding, NamedSharding) else P())
+  return tuple(out)
+
+
+def run(args: Sequence[Any], call: Callable[..., Any], kernel: Any,
+        out_shapes, out_tree, grid: Any, rule, kwargs: dict,
+        where: str) -> Any:
+  """Runs the call through ``custom_partitioning`` with ``rule``.
+
+  Arguments are those of ``partition.run``, without a layout: the layout is
+  the partitioner's, known only when it calls back.
+
+  Returns:
+    The global outputs, in the structure of ``out_tree``.
+  """
+  positions = [i for i, a in enumerate(args) if _specs.is_array(a)]
+  sizes = rule.factor_sizes(
+      [(f"args[{i}]", tuple(args[i].shape)) for i in positions],
+      [shape for shape, _ in out_shapes])
+  global_out = jax.tree_util.tree_unflatten(
+      out_tree, [jax.ShapeDtypeStruct(s, d) for s, d in out_shapes])
+
+  def whole_call(*arrays):
+    # Traced once with global shapes for the op's types, and run as is
+    # where nothing is split (one device).
+    it = iter(arrays)
+    full = [next(it) if i in positions else a for i, a in enumerate(args)]
+    return tuple(jax.tree_util.tree_leaves(
+        call(*full, kernel=kernel, out_shape=global_out, grid=grid,
+             **kwargs)))
+
+  def plan_for(mesh, arg_shapes):
+    layout = _partition.Layout(mesh, _specs_of(arg_shapes, mesh))
+    return layout, _partition.make_plan(rule, sizes, layout)
+
+  def infer(mesh, arg_shapes, result_shape):
+    del result_shape
+    _, plan = plan_for(mesh, arg_shapes)
+    return tuple(NamedSharding(mesh, s) for s in plan.out_specs)
+
+  def partition(mesh, arg_shapes, result_shape):
+    del result_shape
+    layout, plan = plan_for(mesh, arg_shapes)
+    _partition.log_plan(where, rule, kernel, positions, layout, plan)
+    body = _partition.shard_body(args, call, kernel, out_shapes, out_tree,
+                                 grid, kwargs, plan, mesh)
+    return (mesh, body,
+            tuple(NamedSharding(mesh, s) for s in plan.out_specs),
+            tuple(NamedSharding(mesh, s) for s in plan.in_specs))
+
+  op = custom_partitioning(whole_call)
+  op.def_partition(partition, infer_sharding_from_operands=infer,
+                   **_shardy_rule(rule))
+  outs = op(*[args[i] for i in positions])
+  return jax.tree_util.tree_unflatten(out_tree, list(outs))

@@ -1,0 +1,340 @@
+"""Automatic partitioning: a call with a ``ShardingRule`` runs once per shard.
+
+Under ``jax.jit`` over a mesh with explicit axes, every traced array's type
+carries its sharding (``jax.typeof(x).sharding.spec``). A call with a rule
+reads those specs at trace time, decides which mesh axes split which factor
+of the rule, reshards the operands that disagree (as XLA reshards the
+operands of its own ops), and runs the kernel inside a ``jax.shard_map`` it
+builds itself: each device computes its own block, and split contracted
+factors are combined with the collective the rule names. The result is an
+ordinary JAX program, so it exports with ``jax.export``.
+
+On meshes with automatic axes the types say nothing about the layout XLA
+will choose. On GPUs such calls are handed to XLA's partitioner
+(``auto_axes.py``); elsewhere a kernel cannot be (on the CPU a host callback
+inside ``custom_partitioning`` crashes the process), so those calls are
+refused with ``AutoAxesError``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+from typing import Any, Callable, Sequence
+
+import jax
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from jt_dist import _compat
+from jt_dist import _errors
+from jt_dist._sharding import specs as _specs
+
+logger = logging.getLogger("jt_dist")
+
+_COLLECTIVES = {"sum": jax.lax.psum, "max": jax.lax.pmax, "min": jax.lax.pmin}
+_COLLECTIVE_NAMES = {"sum": "all-reduce (sum)", "max": "all-reduce (max)",
+                     "min": "all-reduce (min)"}
+
+
+@dataclasses.dataclass(frozen=True)
+class Layout:
+  """The mesh a call runs on and the current spec of each array operand."""
+
+  mesh: Any
+  specs: tuple[P, ...]
+  # Whether XLA lays the operands out (automatic axes, on GPUs): the call
+  # then goes through custom_partitioning (auto_axes.py).
+  auto: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+  """Which mesh axes split which factor, and the specs that follow."""
+
+  factor_axes: dict
+  in_specs: tuple[P, ...]
+  out_specs: tuple[P, ...]
+  # Per output: ((op, axes), ...) to apply to the shard's partial result.
+  reductions: tuple[tuple[tuple[str, tuple[str, ...]], ...], ...]
+
+
+def _entries(spec: Any, rank: int) -> list[tuple[str, ...]]:
+  entries = list(spec or ())[:rank]
+  entries += [None] * (rank - len(entries))
+  out = []
+  for entry in entries:
+    if entry is None or entry is P.UNCONSTRAINED:
+      out.append(())
+    else:
+      out.append(tuple(entry) if isinstance(entry, tuple) else (entry,))
+  return out
+
+
+def _spec_of(groups: Sequence[tuple[str, ...]]) -> P:
+  entries = [None if not g else g[0] if len(g) == 1 else tuple(g)
+             for g in groups]
+  while entries and entries[-1] is None:
+    entries.pop()
+  return P(*entries)
+
+
+def _sharding_of(x: Any):
+  if isinstance(x, jax.core.Tracer):
+    return getattr(jax.typeof(x), "sharding", None)
+  return getattr(x, "sharding", None)
+
+
+def _mesh_key(mesh) -> tuple:
+  return tuple(mesh.shape.items())
+
+
+def _manual_axes(mesh) -> frozenset:
+  return frozenset(getattr(mesh, "manual_axes", ()) or ())
+
+
+def _split_axes(mesh) -> dict[str, int]:
+  """The mesh axes a call could still be split over: those not manual."""
+  manual = _manual_axes(mesh)
+  return {a: n for a, n in mesh.shape.items() if a not in manual}
+
+
+def find_layout(args: Sequence[Any], rule, where: str) -> Layout | None:
+  """The layout a call with ``rule`` is partitioned over, or None.
+
+  None means there is nothing to split: no operand lives on a mesh with an
+  axis that is not already manual, so the call runs as a plain
+  ``triton_call`` (whose own placement checks then apply).
+
+  Raises:
+    jt_dist.ShardingSpecError: operands on different meshes.
+    jt_dist.AutoAxesError: traced operands on a mesh with automatic axes.
+  """
+  arrays = [(i, x) for i, x in enumerate(args) if _specs.is_array(x)]
+  mesh, first = None, None
+  for i, x in arrays:
+    sharding = _sharding_of(x)
+    candidate = getattr(sharding, "mesh", None)
+    if not isinstance(sharding, NamedSharding) or candidate is None or (
+        candidate.empty):
+      continue
+    if mesh is None:
+      mesh, first = candidate, i
+    elif _mesh_key(candidate) != _mesh_key(mesh):
+      raise _errors.ShardingSpecError(
+          f"{where}: args[{first}] lives on mesh {dict(mesh.shape)} but"
+          f" args[{i}] on mesh {dict(candidate.shape)}; one call runs on one"
+          " mesh. Put every operand on the same mesh with jax.device_put(x,"
+          " NamedSharding(mesh, spec)) or jax.sharding.reshard."
+      )
+  traced = any(isinstance(x, jax.core.Tracer) for _, x in arrays)
+  if mesh is None and traced:
+    ambient = jax.sharding.get_abstract_mesh()
+    mesh = None if ambient.empty else ambient
+  if mesh is None or not _split_axes(mesh):
+    return None
+  specs = []
+  for i, x in arrays:
+    sharding = _sharding_of(x)
+    same = isinstance(sharding, NamedSharding) and not sharding.mesh.empty
+    specs.append(sharding.spec if same else P())
+  auto = traced and _auto_axes(mesh, rule, where)
+  return Layout(mesh, tuple(specs), auto=auto)
+
+
+_GPU_PLATFORMS = ("cuda", "gpu", "rocm")
+
+
+def _auto_axes(mesh, rule, where: str) -> bool:
+  """Whether XLA lays the call out; refused where it cannot be handed over."""
+  manual = _manual_axes(mesh)
+  types = dict(zip(mesh.axis_names, getattr(mesh, "axis_types", ())))
+  auto = sorted(a for a, n in mesh.shape.items()
+                if a not in manual and n > 1 and _compat.is_auto_axis(
+                    types.get(a)))
+  if not auto:
+    return False
+  platform = _compat.mesh_platform(mesh)
+  if platform in _GPU_PLATFORMS and not manual:
+    return True
+  raise _errors.AutoAxesError(auto_axes_message(where, rule, auto, mesh,
+                                                platform, manual))
+
+
+def auto_axes_message(where, rule, auto, mesh, platform, manual) -> str:
+  n = len(mesh.axis_names)
+  if platform in _GPU_PLATFORMS:
+    why = (" inside a shard_map manual over"
+           f" {sorted(manual)}, where jt_dist does not hand Triton calls to"
+           " XLA's partitioner")
+  else:
+    why = (f" on {platform or 'an unknown platform'}, where jt_dist cannot"
+           " hand them to XLA's partitioner: the kernel runs as a host"
+           " callback there, and a host callback inside"
+           " jax.experimental.custom_partitioning crashes the process (on"
+           " GPUs such calls are partitioned by XLA)")
+  return (
+      f"{where}: the call with {rule!r} is traced over mesh axes {list(auto)}"
+      f" of mesh {dict(mesh.shape)}, which are automatic (AxisType.Auto):"
+      " their layout is XLA's choice, unknown when the call is traced,"
+      f"{why}. Make the mesh axes explicit, e.g."
+      f" jax.make_mesh({tuple(mesh.shape.values())}, {tuple(mesh.axis_names)},"
+      f" axis_types=(jax.sharding.AxisType.Explicit,) * {n}), or call"
+      " jt_dist.sharded_triton_call(..., mesh=mesh, sharding_rule=rule)."
+  )
+
+
+def make_plan(rule, sizes: dict[str, int], layout: Layout) -> Plan:
+  """Assigns mesh axes to factors, first come first served, as XLA does.
+
+  Operands are read in order, dimensions left to right. A dimension's axes
+  are taken for its factor unless the factor is whole, already has axes, or
+  one of its axes already splits another factor; operands that then
+  disagree with the assignment are resharded.
+  """
+  split = _split_axes(layout.mesh)
+  factor_axes: dict[str, tuple[str, ...]] = {}
+  used: set[str] = set()
+  for factors, spec in zip(rule.operands, layout.specs):
+    for factor, axes in zip(factors, _entries(spec, len(factors))):
+      axes = tuple(a for a in axes if a in split)
+      if (not axes or factor in rule.whole or factor in factor_axes
+          or used & set(axes)
+          or sizes[factor] % math.prod(split[a] for a in axes)):
+        continue
+      factor_axes[factor] = axes
+      used.update(axes)
+  in_specs = tuple(_spec_of([factor_axes.get(f, ()) for f in factors])
+                   for factors in rule.operands)
+  out_specs = tuple(_spec_of([factor_axes.get(f, ()) for f in factors])
+                    for factors in rule.outputs)
+  reductions = tuple(
+      tuple((op, factor_axes[f]) for f, op in rule.reductions
+            if f not in out and f in factor_axes)
+      for out in rule.outputs)
+  return Plan(factor_axes, in_specs, out_specs, reductions)
+
+
+def _describe_move(name, factors, current, target) -> list[str]:
+  """What resharding one operand takes, dimension by dimension."""
+  now = _entries(current, len(factors))
+  then = _entries(target, len(factors))
+  leaving = {a for n, t in zip(now, then) for a in n if a not in t}
+  moves = []
+  for dim, (factor, n, t) in enumerate(zip(factors, now, then)):
+    gone = [a for a in n if a not in t]
+    new = [a for a in t if a not in n]
+    if gone:
+      moves.append(f"{name} dimension {dim} (factor {factor!r}): all-gather"
+                   f" over mesh axes {gone}")
+    if new:
+      how = ("all-to-all" if set(new) & leaving
+             else "local slice, no communication")
+      moves.append(f"{name} dimension {dim} (factor {factor!r}): split over"
+                   f" mesh axes {new} ({how})")
+  return moves
+
+
+def log_plan(where, rule, kernel, positions, layout, plan) -> None:
+  """Names, at debug level, every collective the plan adds around the call."""
+  if not logger.isEnabledFor(logging.DEBUG):
+    return
+  name = getattr(kernel, "__name__", None) or getattr(
+      getattr(kernel, "fn", None), "__name__", repr(kernel))
+  steps = []
+  for i, factors, current, target in zip(positions, rule.operands,
+                                         layout.specs, plan.in_specs):
+    steps += _describe_move(f"args[{i}]", factors, current, target)
+  for k, reductions in enumerate(plan.reductions):
+    steps += [f"output {k}: {_COLLECTIVE_NAMES[op]} over mesh axes"
+              f" {list(axes)}" for op, axes in reductions]
+  for step in steps:
+    logger.debug("%s: kernel %s with %s: %s", where, name, rule, step)
+
+
+def _reshard(x: Any, spec: P, layout: Layout):
+  """Lays an operand out as the plan wants; XLA adds the collective."""
+  if not isinstance(x, jax.core.Tracer) and isinstance(
+      layout.mesh, jax.sharding.Mesh):
+    return _specs.place(x, spec, layout.mesh)
+  explicit = tuple(getattr(layout.mesh, "explicit_axes", ()) or ())
+  if not explicit:
+    return x  # shard_map's in_specs lay it out.
+  return jax.sharding.reshard(x, NamedSharding(layout.mesh, spec))
+
+
+def _local_shape(shape, spec, mesh) -> tuple:
+  sizes = dict(mesh.shape)
+  return tuple(
+      d // math.prod(sizes[a] for a in axes)
+      for d, axes in zip(shape, _entries(spec, len(shape))))
+
+
+def shard_body(args, call, kernel, out_shapes, out_tree, grid, kwargs, plan,
+               mesh) -> Callable[..., tuple]:
+  """The function one device runs: the kernel on its shard, then reductions.
+
+  It takes the array arguments' shards, in order, and returns the outputs'
+  shards, flat, each reduced over the mesh axes of the split factors it
+  lacks.
+  """
+  positions = [i for i, a in enumerate(args) if _specs.is_array(a)]
+  local_out = jax.tree_util.tree_unflatten(out_tree, [
+      jax.ShapeDtypeStruct(_local_shape(shape, spec, mesh), dtype)
+      for (shape, dtype), spec in zip(out_shapes, plan.out_specs)])
+
+  def per_shard(*local_arrays):
+    it = iter(local_arrays)
+    local_args = [next(it) if i in positions else a
+                  for i, a in enumerate(args)]
+    outs = jax.tree_util.tree_leaves(
+        call(*local_args, kernel=kernel, out_shape=local_out, grid=grid,
+             **kwargs))
+    reduced = []
+    for x, steps in zip(outs, plan.reductions):
+      for op, axes in steps:
+        x = _COLLECTIVES[op](x, axes)
+      reduced.append(x)
+    return tuple(reduced)
+
+  return per_shard
+
+
+def run(args: Sequence[Any], call: Callable[..., Any], kernel: Any,
+        out_shapes, out_tree, grid: Any, rule, layout: Layout, kwargs: dict,
+        where: str) -> Any:
+  """Runs ``call`` (``triton_call``) once per shard of ``layout.mesh``.
+
+  Args:
+    args: the call's positional arguments (arrays global).
+    call: ``jt_dist.triton_call``, given to avoid an import cycle.
+    kernel: the Triton kernel.
+    out_shapes: ``((shape, dtype), ...)``, global.
+    out_tree: the structure of ``out_shape``.
+    grid: the per-shard grid.
+    rule: the checked ``ShardingRule``.
+    layout: from ``find_layout`` or ``sharded_triton_call``'s specs.
+    kwargs: every other keyword of ``triton_call``, metaparams included.
+    where: the public function's name, for messages.
+
+  Returns:
+    The global outputs, in the structure of ``out_tree``.
+  """
+  positions = [i for i, a in enumerate(args) if _specs.is_array(a)]
+  arrays = [args[i] for i in positions]
+  sizes = rule.factor_sizes(
+      [(f"args[{i}]", tuple(args[i].shape)) for i in positions],
+      [shape for shape, _ in out_shapes])
+  plan = make_plan(rule, sizes, layout)
+  log_plan(where, rule, kernel, positions, layout, plan)
+  placed = [_reshard(x, target, layout)
+            for x, target in zip(arrays, plan.in_specs)]
+  per_shard = shard_body(args, call, kernel, out_shapes, out_tree, grid,
+                         kwargs, plan, layout.mesh)
+  manual = _manual_axes(layout.mesh)
+  mapped = jax.shard_map(
+      per_shard, mesh=layout.mesh, in_specs=plan.in_specs,
+      out_specs=plan.out_specs,
+      axis_names=frozenset(layout.mesh.axis_names) - manual, check_vma=True)
+  return jax.tree_util.tree_unflatten(out_tree, list(mapped(*placed)))

@@ -480,10 +480,14 @@ class ExportTest(testing.TestCase):
     out = again.call(put(x), put(y))
     self.assertAllClose(out, x + y)
 
-  def test_export_for_cpu_is_refused_by_jax(self):
+  def test_export_for_cpu_is_refused_per_shard(self):
     # The CPU path is a host callback, which jax.export cannot serialize;
     # the explicit-axes program itself is exportable (see the CUDA test).
-    with self.assertRaisesRegex(NotImplementedError, "host_callbacks"):
+    # jt_dist refuses inside the split, naming the kernel and the fix.
+    with self.assertRaisesRegex(
+        NotImplementedError,
+        r"kernel 'add_kernel' cannot be exported .* for the CPU.*"
+        r"platforms=\['cuda'\]"):
       self._exported("cpu", None)
 
 

@@ -1,10 +1,10 @@
 """Imports jax without the CUDA plugin's start-up lines on hosts without GPUs.
 
-With JAX's CUDA plugin installed on a host without NVIDIA GPUs (the
-``cuda-lowering`` extra, for cross-lowering), ``import jax`` loads three of
-the plugin's extension modules, and each writes two lines to file
-descriptor 2 from C++: absl's "All log messages before
-absl::InitializeLog() is called are written to STDERR" and tsl's
+With JAX's CUDA plugin installed on a host without NVIDIA GPUs (for
+cross-lowering, as the README's test command installs it), ``import jax``
+loads the plugin's extension modules (three with jaxlib 0.10.2), and each
+writes two lines to file descriptor 2 from C++: absl's "All log messages
+before absl::InitializeLog() is called are written to STDERR" and tsl's
 "cudart_stub.cc:31] Could not find cuda drivers on your machine, GPU will
 not be used.". They come before absl is initialised, so no setting turns
 them off (``TF_CPP_MIN_LOG_LEVEL`` does not), and on such a host they say

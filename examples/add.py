@@ -6,13 +6,15 @@ through Triton's interpreter, with a smaller input so that it takes seconds.
     python examples/add.py
 """
 
+# jt_dist first: it imports jax without the CUDA plugin's start-up lines
+# on hosts without GPUs (README, "Quiet start-up").
+import jt_dist  # pylint: disable=g-bad-import-order
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import triton
 import triton.language as tl
-
-import jt_dist
 
 
 @triton.jit
@@ -34,11 +36,11 @@ def add(x: jax.Array, y: jax.Array, block: int = 1024) -> jax.Array:
       BLOCK=block)
 
 
-def main(n=None):
+def main(n=None, seed=0):
   on_cpu = jax.default_backend() == "cpu"
   if n is None:
     n = 10_000 if on_cpu else 1 << 24
-  rng = np.random.default_rng()
+  rng = np.random.default_rng(seed)
   x = rng.standard_normal(n, dtype=np.float32)
   y = rng.standard_normal(n, dtype=np.float32)
   out = jax.jit(add, static_argnames="block")(

@@ -10,6 +10,10 @@ summed across shards with ``out_reduce`` before they leave them.
     python examples/layernorm_training.py
 """
 
+# jt_dist first: it imports jax without the CUDA plugin's start-up lines
+# on hosts without GPUs (README, "Quiet start-up").
+import jt_dist  # pylint: disable=g-bad-import-order
+
 import functools
 
 import jax
@@ -19,7 +23,6 @@ import triton
 import triton.language as tl
 from jax.sharding import PartitionSpec as P
 
-import jt_dist
 from jt_dist import testing
 
 EPS = 1e-5
@@ -143,14 +146,14 @@ def train(x, target, params, mesh, steps=20, lr=0.2, remat=False):
   return params, losses
 
 
-def main(rows=None, d=None):
+def main(rows=None, d=None, seed=0):
   devices = jax.devices()
   on_cpu = devices[0].platform == "cpu"
   count = 2 if len(devices) >= 2 else 1
   mesh = jax.make_mesh((count,), ("data",), devices=devices[:count])
   rows = rows or (16 if on_cpu else 8192)
   d = d or (32 if on_cpu else 1024)
-  rng = np.random.default_rng()
+  rng = np.random.default_rng(seed)
   x = rng.standard_normal((rows, d), dtype=np.float32) * 3 + 1
   true_w = rng.uniform(0.5, 1.5, d).astype(np.float32)
   true_b = rng.standard_normal(d, dtype=np.float32)

@@ -8,13 +8,15 @@ through Triton's interpreter, on small matrices.
     python examples/matmul.py
 """
 
+# jt_dist first: it imports jax without the CUDA plugin's start-up lines
+# on hosts without GPUs (README, "Quiet start-up").
+import jt_dist  # pylint: disable=g-bad-import-order
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import triton
 import triton.language as tl
-
-import jt_dist
 
 
 # The first config is small: on the CPU, where timing configs through the
@@ -68,12 +70,12 @@ def matmul(a: jax.Array, b: jax.Array) -> jax.Array:
                          triton.cdiv(meta["N"], meta["BLOCK_N"])))
 
 
-def main(m=None, n=None, k=None):
+def main(m=None, n=None, k=None, seed=0):
   on_cpu = jax.default_backend() == "cpu"
   m = m or (48 if on_cpu else 4096)
   n = n or (40 if on_cpu else 4096)
   k = k or (32 if on_cpu else 4096)
-  rng = np.random.default_rng()
+  rng = np.random.default_rng(seed)
   a = rng.standard_normal((m, k), dtype=np.float32)
   b = rng.standard_normal((k, n), dtype=np.float32)
   out = jax.jit(matmul)(jnp.asarray(a), jnp.asarray(b))

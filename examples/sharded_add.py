@@ -6,6 +6,10 @@ GPUs it runs Triton's interpreter on 8 virtual CPU devices.
     python examples/sharded_add.py
 """
 
+# jt_dist first: it imports jax without the CUDA plugin's start-up lines
+# on hosts without GPUs (README, "Quiet start-up").
+import jt_dist  # pylint: disable=g-bad-import-order
+
 import jax
 import numpy as np
 import triton
@@ -13,7 +17,6 @@ import triton.language as tl
 
 from jax.sharding import PartitionSpec as P
 
-import jt_dist
 from jt_dist import testing
 
 
@@ -37,13 +40,13 @@ def sharded_add(x, y, mesh, block=1024):
       BLOCK=block)
 
 
-def main(elements_per_device=None):
+def main(elements_per_device=None, seed=0):
   devices = jax.devices()
   on_cpu = devices[0].platform == "cpu"
   if elements_per_device is None:
     elements_per_device = 2048 if on_cpu else 1 << 24
   mesh = jax.make_mesh((len(devices),), ("x",), devices=devices)
-  rng = np.random.default_rng()
+  rng = np.random.default_rng(seed)
   n = elements_per_device * len(devices)
   x = rng.standard_normal(n, dtype=np.float32)
   y = rng.standard_normal(n, dtype=np.float32)

@@ -8,6 +8,10 @@ communication.
     python examples/sharded_attention.py
 """
 
+# jt_dist first: it imports jax without the CUDA plugin's start-up lines
+# on hosts without GPUs (README, "Quiet start-up").
+import jt_dist  # pylint: disable=g-bad-import-order
+
 import math
 
 import jax
@@ -16,7 +20,6 @@ import triton
 import triton.language as tl
 from jax.sharding import PartitionSpec as P
 
-import jt_dist
 from jt_dist import testing
 
 
@@ -87,7 +90,7 @@ def reference(q, k, v):
   return (p / p.sum(-1, keepdims=True)) @ v
 
 
-def main(shape=None):
+def main(shape=None, seed=0):
   devices = jax.devices()
   on_cpu = devices[0].platform == "cpu"
   count = len(devices)
@@ -98,7 +101,7 @@ def main(shape=None):
     shape = ((count // heads_axis, heads_axis, 32, 16) if on_cpu
              else (4 * count, 16, 4096, 64))
   blocks = (16, 16) if on_cpu else (64, 64)
-  rng = np.random.default_rng()
+  rng = np.random.default_rng(seed)
   q, k, v = (rng.standard_normal(shape, dtype=np.float32) for _ in range(3))
   out = jax.jit(lambda a, b, c: attention(a, b, c, mesh, *blocks))(q, k, v)
   ref = reference(q, k, v)

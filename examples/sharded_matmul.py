@@ -9,13 +9,16 @@
     python examples/sharded_matmul.py
 """
 
+# jt_dist first: it imports jax without the CUDA plugin's start-up lines
+# on hosts without GPUs (README, "Quiet start-up").
+import jt_dist  # pylint: disable=g-bad-import-order
+
 import jax
 import numpy as np
 import triton
 import triton.language as tl
 from jax.sharding import PartitionSpec as P
 
-import jt_dist
 from jt_dist import testing
 
 
@@ -73,7 +76,7 @@ def matmul_k_split(a, b, mesh, blocks=(64, 64, 32)):
                blocks, np.float32)
 
 
-def main(size=None):
+def main(size=None, seed=0):
   devices = jax.devices()
   on_cpu = devices[0].platform == "cpu"
   size = size or (64 if on_cpu else 4096)
@@ -82,7 +85,7 @@ def main(size=None):
   rows = 2 if count % 2 == 0 and count > 1 else 1
   mesh2d = jax.make_mesh((rows, count // rows), ("x", "y"), devices=devices)
   mesh_k = jax.make_mesh((count,), ("k",), devices=devices)
-  rng = np.random.default_rng()
+  rng = np.random.default_rng(seed)
   a = rng.standard_normal((size, size), dtype=np.float32)
   b = rng.standard_normal((size, size), dtype=np.float32)
   reference = a.astype(np.float64) @ b.astype(np.float64)

@@ -6,6 +6,13 @@ interpreter), after checking where its inputs live.
 ``sharded_triton_call`` runs it once per shard of a device mesh.
 """
 
+# jax first, so that on a host without GPUs the CUDA plugin's start-up lines
+# are dropped (see _jax_import); every module below imports jax.
+from jt_dist import _jax_import
+
+_jax_import.import_jax()
+
+# pylint: disable=g-import-not-at-top,wrong-import-position
 from jt_dist import _registration  # noqa: F401  (registers the lowerings)
 from jt_dist._api import triton_call
 from jt_dist._autotune.api import AutotuneChoice

@@ -130,6 +130,10 @@ class ReadmeTest(absltest.TestCase):
     with tempfile.TemporaryDirectory() as cache:
       env = dict(os.environ, JT_DIST_CACHE_DIR=cache)
       env.pop("JT_DIST_CPU_DEVICES", None)
+      # This test process already holds most of a GPU's memory (JAX's
+      # preallocation); a child that preallocates too retries smaller
+      # blocks and logs each failure to stderr.
+      env["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"
       result = subprocess.run(
           [sys.executable, "-c", _RUNNER], input=json.dumps(runnable),
           capture_output=True, text=True, cwd=_ROOT, env=env, timeout=600,

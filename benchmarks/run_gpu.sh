@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The whole GPU verification in one call, for a lent GPU machine:
 #   1. the test suites (tests/ and tests_multigpu/) on the real GPUs,
-#   2. every example,
+#   2. every example, and the doctor (python -m jt_dist),
 #   3. the benchmarks (benchmarks/run.py), side by side with jax-triton
 #      (from .whl/ when carried) and XLA,
 #   4. the autotuning choice (benchmarks/autotune_choice.py) and, with 2 or
@@ -34,8 +34,15 @@ fi
 if [[ $what == all || $what == examples ]]; then
   for example in examples/*.py; do
     echo "== $example"
-    python3 "$example" || status=1
+    case $example in
+      # Its command line is the interface: run the artifacts made on a CPU.
+      examples/export_kernel.py) python3 "$example" --run examples/artifacts ;;
+      *) python3 "$example" ;;
+    esac || status=1
   done 2>&1 | grep -v "cudart_stub\|absl::" | tee "$OUT/examples.log"
+  echo "== python -m jt_dist"
+  python3 -m jt_dist 2>&1 | tee "$OUT/doctor.log"
+  (( PIPESTATUS[0] == 0 )) || status=1
 fi
 if [[ $what == all || $what == bench ]]; then
   python3 benchmarks/run.py --out "$OUT/benchmarks.json" "$@" 2>&1 \

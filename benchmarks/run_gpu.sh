@@ -32,14 +32,21 @@ if [[ $what == all || $what == tests ]]; then
   tail -n 60 "$OUT/tests.log"
 fi
 if [[ $what == all || $what == examples ]]; then
-  for example in examples/*.py; do
-    echo "== $example"
-    case $example in
-      # Its command line is the interface: run the artifacts made on a CPU.
-      examples/export_kernel.py) python3 "$example" --run examples/artifacts ;;
-      *) python3 "$example" ;;
-    esac || status=1
-  done 2>&1 | grep -v "cudart_stub\|absl::" | tee "$OUT/examples.log"
+  # A function, not a piped loop: a loop's assignments die in its subshell.
+  run_examples() {
+    local failed=0 example
+    for example in examples/*.py; do
+      echo "== $example"
+      case $example in
+        # Its command line is the interface: run the artifacts made on a CPU.
+        examples/export_kernel.py) python3 "$example" --run examples/artifacts ;;
+        *) python3 "$example" ;;
+      esac || failed=1
+    done
+    return $failed
+  }
+  run_examples 2>&1 | grep -v "cudart_stub\|absl::" | tee "$OUT/examples.log"
+  (( PIPESTATUS[0] == 0 )) || status=1
   echo "== python -m jt_dist"
   python3 -m jt_dist 2>&1 | tee "$OUT/doctor.log"
   (( PIPESTATUS[0] == 0 )) || status=1

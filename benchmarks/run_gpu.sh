@@ -5,10 +5,12 @@
 #   3. the benchmarks (benchmarks/run.py), side by side with jax-triton
 #      (from .whl/ when carried) and XLA,
 #   4. the autotuning choice (benchmarks/autotune_choice.py) and, with 2 or
-#      more GPUs, one process per GPU (benchmarks/multiprocess_gpu.py).
+#      more GPUs, one process per GPU (benchmarks/multiprocess_gpu.py),
+#   5. scaling.py and auto_partition.py at 1, 2, 4 and 8 GPUs (as many as
+#      the host has).
 # Everything lands in $OUT (default benchmarks/results/latest): logs, JUnit
-# XML and benchmarks.json. Usage:
-#   bash benchmarks/run_gpu.sh [all|tests|examples|bench|autotune] [run.py args...]
+# XML and the benchmarks' JSON. Usage:
+#   bash benchmarks/run_gpu.sh [all|tests|examples|bench|autotune|scaling] [run.py args...]
 set -uo pipefail
 cd "$(dirname "$0")/.."
 what=${1:-all}
@@ -64,5 +66,12 @@ if [[ $what == all || $what == autotune ]]; then
       | grep -v "cudart_stub\|absl::" | tee "$OUT/multiprocess_gpu.log"
     (( PIPESTATUS[0] == 0 )) || status=1
   fi
+fi
+if [[ $what == all || $what == scaling ]]; then
+  for script in scaling auto_partition; do
+    python3 "benchmarks/$script.py" --out "$OUT/$script.json" 2>&1 \
+      | grep -v "cudart_stub\|absl::" | tee "$OUT/$script.log"
+    (( PIPESTATUS[0] == 0 )) || status=1
+  done
 fi
 exit $status

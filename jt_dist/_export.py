@@ -111,12 +111,13 @@ class ExportedKernelCall:
   triton: str
 
 
-def _walk(operation):
+def walk_operations(operation):
+  """Yields ``operation`` and every operation nested in its regions."""
   yield operation
   for region in operation.regions:
     for block in region.blocks:
       for op in block.operations:
-        yield from _walk(op.operation)
+        yield from walk_operations(op.operation)
 
 
 def _recorded(op) -> dict[str, str] | None:
@@ -167,7 +168,7 @@ def exported_versions(exported: Any) -> list[ExportedKernelCall]:
   with mlir.make_ir_context() as context:
     module = mlir.ir.Module.parse(exported.mlir_module(), context=context)
     calls = []
-    for op in _walk(module.operation):
+    for op in walk_operations(module.operation):
       if op.name != "stablehlo.custom_call":
         continue
       name = mlir.ir.StringAttr(op.attributes["call_target_name"]).value

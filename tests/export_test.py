@@ -20,7 +20,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import triton
-import triton.language as tl
 
 import jt_dist
 from jt_dist import _compat
@@ -33,22 +32,15 @@ _ARTIFACTS = sorted(glob.glob(
     os.path.join(_ROOT, "examples", "artifacts", "*.jax_exported")))
 
 
-def _load_example():
+def _load_example(name="export_kernel"):
   spec = importlib.util.spec_from_file_location(
-      "jt_dist_example_export_kernel",
-      os.path.join(_ROOT, "examples", "export_kernel.py"))
+      f"jt_dist_example_{name}", os.path.join(_ROOT, "examples", f"{name}.py"))
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
   return module
 
 
-@triton.jit
-def add_kernel(x_ptr, y_ptr, n, out_ptr, BLOCK: tl.constexpr):
-  offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-  mask = offsets < n
-  x = tl.load(x_ptr + offsets, mask=mask)
-  y = tl.load(y_ptr + offsets, mask=mask)
-  tl.store(out_ptr + offsets, x + y, mask=mask)
+add_kernel = _load_example("add").add_kernel
 
 
 def _add(x, y, **kwargs):

@@ -13,6 +13,7 @@ import zlib
 
 from jax._src.lib.mlir import ir
 
+from jt_dist import _export
 from jt_dist._autotune import settings as _autotune_settings
 from jt_dist._gpu import cache as _cache
 from jt_dist import _compat
@@ -102,14 +103,6 @@ def decode_any_call(data: bytes) -> dict:
   return result
 
 
-def _walk(operation):
-  yield operation
-  for region in operation.regions:
-    for block in region.blocks:
-      for op in block.operations:
-        yield from _walk(op.operation)
-
-
 def triton_custom_calls(lowered) -> list[dict]:
   """The Triton custom calls of a ``jax.stages.Lowered``, decoded."""
   return module_triton_custom_calls(lowered.compiler_ir("stablehlo"))
@@ -127,7 +120,7 @@ def exported_triton_custom_calls(exported) -> list[dict]:
 def module_triton_custom_calls(module) -> list[dict]:
   """The Triton custom calls of a StableHLO ``ir.Module``, decoded."""
   calls = []
-  for op in _walk(module.operation):
+  for op in _export.walk_operations(module.operation):
     if op.name != "stablehlo.custom_call":
       continue
     attrs = op.attributes

@@ -292,6 +292,24 @@ class AutoPartitionTest(testing.TestCase):
     self.assertEqual(collectives(grad, *args),
                      collections.Counter({"all-reduce": 1}))
 
+  def test_vmap_over_a_sharded_batch_names_the_fix(self):
+    x = self.random((self.count, 4, 8))
+    xs = self.put(x, self.mesh1d, P("x", None, None))
+    with self.assertRaisesRegex(
+        NotImplementedError,
+        r"kernel 'add_kernel' with sharding_rule .* cannot be split over mesh"
+        r" \{'x': \d+\}: under jax.vmap, the batch dimension is sharded.*"
+        r"batch as a factor of its own.*jax.sharding.reshard"):
+      jax.jit(jax.vmap(add))(xs, xs)
+
+  def test_vmap_over_a_replicated_batch_runs(self):
+    shape = (3, 2 * self.count, 8)
+    x, y = self.random(shape), self.random(shape)
+    spec = P(None, "x", None)
+    out = jax.jit(jax.vmap(add))(self.put(x, self.mesh1d, spec),
+                                 self.put(y, self.mesh1d, spec))
+    self.assertAllClose(out, x + y)
+
   def test_without_a_rule_the_placement_error_points_to_it(self):
     shape = (2 * self.count,)
     xs = self.put(self.random(shape), self.mesh1d, P("x"))

@@ -236,12 +236,33 @@ def _describe_move(name, factors, current, target) -> list[str]:
   return moves
 
 
+def _kernel_name(kernel) -> str:
+  return getattr(kernel, "__name__", None) or getattr(
+      getattr(kernel, "fn", None), "__name__", repr(kernel))
+
+
+# jax.shard_map's words when it is batched by jax.vmap over a dimension that
+# is itself sharded over the mesh axes the split needs.
+_BATCHED_OVER_MESH_AXES = "jax.shard_map requires axis_names"
+
+
+def _vmapped_over_mesh_axes(where, kernel, rule, mesh) -> str:
+  return (
+      f"{where}: kernel {_kernel_name(kernel)!r} with sharding_rule {rule}"
+      f" cannot be split over mesh {dict(mesh.shape)}: under jax.vmap, the"
+      " batch dimension is sharded over mesh axes that the split needs too."
+      " Give the rule the batch as a factor of its own (e.g. \"b i, b i -> b"
+      " i\" for an add) and call it on the batched arrays without jax.vmap,"
+      " or make the batch dimension replicated before jax.vmap"
+      " (jax.sharding.reshard(x, P(None, ...)))."
+  )
+
+
 def log_plan(where, rule, kernel, positions, layout, plan) -> None:
   """Names, at debug level, every collective the plan adds around the call."""
   if not logger.isEnabledFor(logging.DEBUG):
     return
-  name = getattr(kernel, "__name__", None) or getattr(
-      getattr(kernel, "fn", None), "__name__", repr(kernel))
+  name = _kernel_name(kernel)
   steps = []
   for i, factors, current, target in zip(positions, rule.operands,
                                          layout.specs, plan.in_specs):
@@ -337,4 +358,11 @@ def run(args: Sequence[Any], call: Callable[..., Any], kernel: Any,
       per_shard, mesh=layout.mesh, in_specs=plan.in_specs,
       out_specs=plan.out_specs,
       axis_names=frozenset(layout.mesh.axis_names) - manual, check_vma=True)
-  return jax.tree_util.tree_unflatten(out_tree, list(mapped(*placed)))
+  try:
+    outs = mapped(*placed)
+  except ValueError as e:
+    if _BATCHED_OVER_MESH_AXES not in str(e):
+      raise
+    raise NotImplementedError(_vmapped_over_mesh_axes(
+        where, kernel, rule, layout.mesh)) from e
+  return jax.tree_util.tree_unflatten(out_tree, list(outs))

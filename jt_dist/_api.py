@@ -14,7 +14,6 @@ from jt_dist._sharding import auto_axes as _auto_axes
 from jt_dist._sharding import partition as _partition
 from jt_dist._sharding import placement as _placement
 from jt_dist import _primitive
-from jt_dist import _types
 from jt_dist._sharding import rule as _rule
 from jt_dist._sharding import shard_size as _shard_size
 
@@ -193,10 +192,7 @@ def _partitioned(args, kernel, out_shape, grid, rule, device, kwargs):
   not fit fails on one device as on many.
   """
   out_shapes, out_tree = _binding.flatten_out_shape(out_shape)
-  positions = [i for i, a in enumerate(args)
-               if not _types.is_scalar(a) and hasattr(a, "shape")]
-  rule.factor_sizes([(f"args[{i}]", tuple(args[i].shape)) for i in positions],
-                    [shape for shape, _ in out_shapes])
+  _partition.factor_sizes(rule, args, out_shapes)
   layout = _partition.find_layout(args, rule, "triton_call")
   if layout is None:
     return _NOT_PARTITIONED

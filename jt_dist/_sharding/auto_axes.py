@@ -25,7 +25,6 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from jt_dist._sharding import partition as _partition
-from jt_dist._sharding import specs as _specs
 
 def _shardy_rule(rule) -> dict:
   """``def_partition`` keywords stating ``rule`` for Shardy's propagation."""
@@ -56,10 +55,8 @@ def run(args: Sequence[Any], call: Callable[..., Any], kernel: Any,
   Returns:
     The global outputs, in the structure of ``out_tree``.
   """
-  positions = [i for i, a in enumerate(args) if _specs.is_array(a)]
-  sizes = rule.factor_sizes(
-      [(f"args[{i}]", tuple(args[i].shape)) for i in positions],
-      [shape for shape, _ in out_shapes])
+  positions = _partition.array_positions(args)
+  sizes = _partition.factor_sizes(rule, args, out_shapes)
   global_out = jax.tree_util.tree_unflatten(
       out_tree, [jax.ShapeDtypeStruct(s, d) for s, d in out_shapes])
 

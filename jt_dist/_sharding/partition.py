@@ -258,6 +258,22 @@ def _vmapped_over_mesh_axes(where, kernel, rule, mesh) -> str:
   )
 
 
+def array_positions(args: Sequence[Any]) -> list[int]:
+  """Where the array arguments are among ``args`` (scalars are not)."""
+  return [i for i, a in enumerate(args) if _specs.is_array(a)]
+
+
+def factor_sizes(rule, args: Sequence[Any], out_shapes) -> dict[str, int]:
+  """``rule``'s factor sizes from the call's arrays and ``out_shapes``.
+
+  Raises:
+    jt_dist.ShardingSpecError: the shapes do not fit the rule.
+  """
+  return rule.factor_sizes(
+      [(f"args[{i}]", tuple(args[i].shape)) for i in array_positions(args)],
+      [shape for shape, _ in out_shapes])
+
+
 def log_plan(where, rule, kernel, positions, layout, plan) -> None:
   """Names, at debug level, every collective the plan adds around the call."""
   if not logger.isEnabledFor(logging.DEBUG):
@@ -300,7 +316,7 @@ def shard_body(args, call, kernel, out_shapes, out_tree, grid, kwargs, plan,
   shards, flat, each reduced over the mesh axes of the split factors it
   lacks.
   """
-  positions = [i for i, a in enumerate(args) if _specs.is_array(a)]
+  positions = array_positions(args)
   local_out = jax.tree_util.tree_unflatten(out_tree, [
       jax.ShapeDtypeStruct(_local_shape(shape, spec, mesh), dtype)
       for (shape, dtype), spec in zip(out_shapes, plan.out_specs)])
@@ -342,11 +358,9 @@ def run(args: Sequence[Any], call: Callable[..., Any], kernel: Any,
   Returns:
     The global outputs, in the structure of ``out_tree``.
   """
-  positions = [i for i, a in enumerate(args) if _specs.is_array(a)]
+  positions = array_positions(args)
   arrays = [args[i] for i in positions]
-  sizes = rule.factor_sizes(
-      [(f"args[{i}]", tuple(args[i].shape)) for i in positions],
-      [shape for shape, _ in out_shapes])
+  sizes = factor_sizes(rule, args, out_shapes)
   plan = make_plan(rule, sizes, layout)
   log_plan(where, rule, kernel, positions, layout, plan)
   placed = [_reshard(x, target, layout)

@@ -109,11 +109,10 @@ def _calls_for(problem, count, jax_triton, key):
 def bench_problem(problem, counts, sizes, jax_triton, record):
   key = jax.random.key(11)
   for count in counts:
-    try:
-      calls = _calls_for(problem, count, jax_triton, key)
-    except Exception as e:  # pylint: disable=broad-except
-      record(problem.name, "FAILED", count,
-             error=f"{type(e).__name__}: {e}"[:500])
+    calls = scaling.calls_or_failure(
+        lambda: _calls_for(problem, count, jax_triton, key),  # pylint: disable=cell-var-from-loop
+        problem, count, record)
+    if calls is None:
       continue
     seconds = timing.interleaved_chained_each(
         {name: (fn, args) for name, (fn, args, _, _) in calls.items()},

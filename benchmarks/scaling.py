@@ -353,16 +353,32 @@ def _timed(calls, sizes):
   return seconds
 
 
+def calls_or_failure(make, problem, count, record):
+  """``make()``; or, where it raises, None and the failure as a result row.
+
+  One device count that cannot be built or checked (say, out of memory)
+  leaves the other counts' rows standing.
+  """
+  try:
+    return make()
+  except Exception as e:  # pylint: disable=broad-except
+    record(problem.name, "FAILED", count,
+           error=f"{type(e).__name__}: {e}"[:500])
+    return None
+
+
 def bench_problem(problem, counts, sizes, jax_triton, record):
   key = jax.random.key(11)
+
+  def make(count):
+    calls = _calls_for(problem, count, jax_triton, key)
+    if count == 1:
+      calls.update(_scalar_form_calls(problem, jax_triton, key))
+    return calls
+
   for count in counts:
-    try:
-      calls = _calls_for(problem, count, jax_triton, key)
-      if count == 1:
-        calls.update(_scalar_form_calls(problem, jax_triton, key))
-    except Exception as e:  # pylint: disable=broad-except
-      record(problem.name, "FAILED", count,
-             error=f"{type(e).__name__}: {e}"[:500])
+    calls = calls_or_failure(lambda: make(count), problem, count, record)  # pylint: disable=cell-var-from-loop
+    if calls is None:
       continue
     seconds = _timed(calls, sizes)
     for (name, where), (_, _, work) in calls.items():

@@ -48,6 +48,11 @@ def content_key(parts: Mapping[str, Any]) -> str:
   return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
+def is_content_key(text: str) -> bool:
+  """Whether ``text`` has the form of a ``content_key``."""
+  return bool(_KEY_PATTERN.match(text))
+
+
 class LRUCache:
   """A thread-safe, bounded map that evicts the least recently used entry."""
 

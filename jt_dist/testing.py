@@ -7,20 +7,23 @@ Triton's interpreter, on virtual CPU devices: call
 
 ``run_processes`` starts a script as several processes joined by
 ``jax.distributed`` (virtual CPU devices in each, or one GPU each), and
-fails with every process's output when one of them dies or hangs; the
-script joins with ``initialize_process()``.
+fails with every process's output when one of them dies, raises or hangs;
+the script joins with ``initialize_process()``.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import operator
 import os
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
+import traceback
 from typing import Any, Sequence
 
 from absl.testing import parameterized
@@ -145,6 +148,9 @@ class TestCase(parameterized.TestCase):
 _ENV_COORDINATOR = "JT_DIST_COORDINATOR"
 _ENV_NUM_PROCESSES = "JT_DIST_NUM_PROCESSES"
 _ENV_PROCESS_ID = "JT_DIST_PROCESS_ID"
+# Where a process writes the traceback of an exception it did not catch.
+_ENV_FAILURE_FILE = "JT_DIST_FAILURE_FILE"
+_TRACEBACK_START = "Traceback (most recent call last):"
 # After one process fails, the others get this long to fail or finish too:
 # a peer blocked in a collective with a dead process would otherwise wait
 # for jax.distributed's own heartbeat timeout.
@@ -201,6 +207,12 @@ def initialize_process() -> tuple[int, int]:
   array is made. On the CPU it asks for the per-process device count and
   for the CPU collectives (gloo) that cross-process computations need.
 
+  It also wraps ``sys.excepthook`` (the previous hook still runs) so that
+  an exception the script does not catch reaches ``run_processes`` with its
+  traceback at once: the process may never exit by itself, as
+  ``jax.distributed``'s shutdown waits for peers that may be blocked in a
+  collective.
+
   Returns:
     ``(process_id, num_processes)``.
 
@@ -213,6 +225,7 @@ def initialize_process() -> tuple[int, int]:
         " script with jt_dist.testing.run_processes(...).")
   process_id = int(os.environ[_ENV_PROCESS_ID])
   num_processes = int(os.environ[_ENV_NUM_PROCESSES])
+  _report_uncaught_exceptions(os.environ.get(_ENV_FAILURE_FILE))
   if os.environ.get("JAX_PLATFORMS", "") == "cpu":
     configure_cpu_devices(int(os.environ.get("JT_DIST_CPU_DEVICES", 4)))
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
@@ -220,6 +233,26 @@ def initialize_process() -> tuple[int, int]:
       coordinator_address=os.environ[_ENV_COORDINATOR],
       num_processes=num_processes, process_id=process_id)
   return process_id, num_processes
+
+
+def _report_uncaught_exceptions(path: str | None) -> None:
+  """Writes an uncaught exception's traceback to ``path`` for the parent."""
+  if not path:
+    return
+  previous = sys.excepthook
+
+  def hook(kind, value, tb):
+    previous(kind, value, tb)
+    text = "".join(traceback.format_exception(kind, value, tb))
+    try:
+      # Renamed into place: the parent never reads half a traceback.
+      with open(path + ".tmp", "w") as f:
+        f.write(text)
+      os.replace(path + ".tmp", path)
+    except OSError:
+      pass  # The exit status and stderr still tell the parent.
+
+  sys.excepthook = hook
 
 
 def _process_env(base, port, process_id, num_processes, cpu_devices,
@@ -247,11 +280,14 @@ def _process_env(base, port, process_id, num_processes, cpu_devices,
   return env
 
 
-def _report(outputs: Sequence[ProcessOutput], headline: str) -> str:
+def _report(outputs: Sequence[ProcessOutput], headline: str,
+            failed: Sequence[int] = ()) -> str:
   parts = [headline]
   for out in outputs:
     status = ("killed by run_processes" if out.returncode is None
               else f"exit status {out.returncode}")
+    if out.returncode is None and out.process_id in failed:
+      status = "raised, then " + status
     parts.append(
         f"----- process {out.process_id} ({status}) stdout -----\n"
         f"{out.stdout[-6000:]}\n"
@@ -259,15 +295,25 @@ def _report(outputs: Sequence[ProcessOutput], headline: str) -> str:
   return "\n".join(parts)
 
 
-def _wait(procs, deadline: float, grace_s: float) -> tuple[set[int], str]:
-  """Waits for every process; returns those killed, and why ("" if none)."""
+def _wait(procs, markers, deadline: float,
+          grace_s: float) -> tuple[set[int], str, list[int]]:
+  """Waits for every process.
+
+  Returns:
+    The processes killed, why ("timeout", "failure" or "" if none), and
+    those that failed (exited with an error or wrote a traceback to their
+    marker), in the order they were seen to fail.
+  """
+  failed: list[int] = []
   failed_at = None
   while True:
     codes = [p.poll() for p in procs]
+    failed += [i for i, c in enumerate(codes) if i not in failed and (
+        c not in (None, 0) or os.path.exists(markers[i]))]
     if all(c is not None for c in codes):
-      return set(), ""
+      return set(), "", failed
     now = time.monotonic()
-    if failed_at is None and any(c not in (None, 0) for c in codes):
+    if failed_at is None and failed:
       failed_at = now
     timed_out = now > deadline
     if timed_out or (failed_at is not None and now > failed_at + grace_s):
@@ -277,13 +323,26 @@ def _wait(procs, deadline: float, grace_s: float) -> tuple[set[int], str]:
           os.killpg(p.pid, signal.SIGKILL)  # Its own session: see Popen.
           p.wait()
           killed.add(i)
-      return killed, "timeout" if timed_out else "failure"
+      return killed, "timeout" if timed_out else "failure", failed
     time.sleep(0.05)
 
 
+def _traceback(marker: str, stderr: str) -> str:
+  """The traceback a process reported, else the last one in its stderr."""
+  try:
+    with open(marker) as f:
+      return f.read()
+  except OSError:
+    start = stderr.rfind(_TRACEBACK_START)
+    return stderr[start:] if start >= 0 else ""
+
+
 def _run_once(argv, num_processes, env_for, timeout_s, grace_s, cwd):
+  """Runs the group once: outputs, why it was killed, failed, tracebacks."""
   with tempfile.TemporaryDirectory(prefix="jt_dist_procs_") as logs:
     procs, files = [], []
+    markers = [os.path.join(logs, f"{i}.traceback")
+               for i in range(num_processes)]
     for i in range(num_processes):
       out = open(os.path.join(logs, f"{i}.out"), "w+")
       err = open(os.path.join(logs, f"{i}.err"), "w+")
@@ -291,9 +350,10 @@ def _run_once(argv, num_processes, env_for, timeout_s, grace_s, cwd):
       # A session of its own, so that a hung process and anything it
       # started can be killed together by its process group id.
       procs.append(subprocess.Popen(
-          list(argv), env=env_for(i), cwd=cwd, stdout=out, stderr=err,
-          start_new_session=True))
-    killed, why = _wait(procs, time.monotonic() + timeout_s, grace_s)
+          list(argv), env={**env_for(i), _ENV_FAILURE_FILE: markers[i]},
+          cwd=cwd, stdout=out, stderr=err, start_new_session=True))
+    killed, why, failed = _wait(procs, markers, time.monotonic() + timeout_s,
+                                grace_s)
     outputs = []
     for i, (p, (out, err)) in enumerate(zip(procs, files)):
       out.seek(0)
@@ -302,7 +362,9 @@ def _run_once(argv, num_processes, env_for, timeout_s, grace_s, cwd):
       outputs.append(ProcessOutput(i, code, out.read(), err.read()))
       out.close()
       err.close()
-  return outputs, why
+    tracebacks = {i: _traceback(markers[i], outputs[i].stderr)
+                  for i in failed}
+  return outputs, why, failed, tracebacks
 
 
 def run_processes(argv: Sequence[str], *, num_processes: int = 2,
@@ -321,7 +383,7 @@ def run_processes(argv: Sequence[str], *, num_processes: int = 2,
 
   Args:
     argv: the command, e.g. ``[sys.executable, "worker.py"]``.
-    num_processes: how many processes to start.
+    num_processes: how many processes to start (at least 1).
     cpu_devices_per_process: virtual CPU devices per process.
     gpus_per_process: GPUs per process; None runs on the CPU.
     timeout_s: the most the whole group may take.
@@ -333,13 +395,21 @@ def run_processes(argv: Sequence[str], *, num_processes: int = 2,
     One ``ProcessOutput`` per process, by process id.
 
   Raises:
-    MultiProcessError: a process exited with an error (the others are
-      killed after a short grace), or the group ran past ``timeout_s``; the
-      message holds every process's stdout and stderr.
+    MultiProcessError: a process exited with an error or raised an
+      exception it did not catch (seen when it raises if it joined with
+      ``initialize_process()``, else when it exits), or the group ran past
+      ``timeout_s``. After a failure the others, and the failed process
+      if it has not exited (``jax.distributed``'s shutdown can wait
+      forever), are killed ``grace_s`` later at the latest. The message
+      names the first process seen to fail and gives its traceback, then
+      every process's stdout and stderr.
+    TypeError: ``num_processes`` is not an int.
+    ValueError: ``num_processes`` is below 1.
   """
+  num_processes = _checked_count(num_processes)
   for _ in range(3):
     port = free_port()
-    outputs, why = _run_once(
+    outputs, why, failed, tracebacks = _run_once(
         argv, num_processes,
         lambda i, port=port: _process_env(env, port, i, num_processes,
                                           cpu_devices_per_process,
@@ -349,15 +419,40 @@ def run_processes(argv: Sequence[str], *, num_processes: int = 2,
     # before the coordinator binds it: then try another one.
     if not any(m in o.stderr for o in outputs for m in _PORT_IN_USE):
       break
+  if failed:
+    first = failed[0]
+    headline = (
+        f"run_processes: {argv} failed in process(es) {sorted(failed)} of"
+        f" {num_processes}; process {first} failed first, and any process"
+        f" still running {grace_s:g} s later was killed.")
+    if why == "timeout":
+      headline += f" The group also ran past timeout_s={timeout_s:g}."
+    text = tracebacks.get(first) or "(none printed)"
+    headline += f"\n----- process {first} traceback -----\n{text[-6000:]}"
+    raise MultiProcessError(_report(outputs, headline, failed))
   if why == "timeout":
     raise MultiProcessError(_report(outputs, (
         f"run_processes: {argv} in {num_processes} processes did not finish"
         f" within {timeout_s:.0f} s; the processes still running were"
         " killed.")))
-  failed = [o.process_id for o in outputs if o.returncode not in (0, None)]
-  if failed:
-    raise MultiProcessError(_report(outputs, (
-        f"run_processes: {argv} failed in process(es) {failed} of"
-        f" {num_processes}; any process still running {grace_s:.0f} s later"
-        " was killed.")))
   return outputs
+
+
+def _checked_count(num_processes: Any) -> int:
+  if isinstance(num_processes, bool):
+    count = None
+  else:
+    try:
+      count = operator.index(num_processes)
+    except TypeError:
+      count = None
+  if count is None:
+    raise TypeError(
+        f"run_processes: num_processes={num_processes!r} of type"
+        f" {type(num_processes).__name__} must be an int, e.g. 2.")
+  if count < 1:
+    raise ValueError(
+        f"run_processes: num_processes={count} must be at least 1; with"
+        " none, nothing would run and a test built on it would pass"
+        " without running anything.")
+  return count

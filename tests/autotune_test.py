@@ -444,6 +444,46 @@ class AutotuneChoiceTest(testing.TestCase):
     self._run(kernel)
     self.assertEqual(jt_dist.autotune_choices(kernel)[0].source, "timed")
 
+  @parameterized.named_parameters(("by_kernel", True), ("all", False))
+  def test_forget_leaves_files_it_did_not_write(self, by_kernel):
+    kernel = _tagged_kernel()
+    self._run(kernel)
+    folder = os.path.join(self.cache_dir, "autotune")
+    (own,) = os.listdir(folder)
+    with open(os.path.join(folder, own)) as f:
+      lookalike = json.load(f)
+    del lookalike["source"]  # A field short of jt_dist's own format.
+    others = {
+        "unparsable.json": b'{"format": 1, "kernel": "tag_kernel", ',
+        "foreign.json": json.dumps({"kernel": "tag_kernel",
+                                    "seed": self.seed}).encode(),
+        os.urandom(32).hex() + ".json": json.dumps(lookalike).encode(),
+        "array.json": b"[1, 2]",
+        "notes.txt": b"not JSON at all"}
+    for name, data in others.items():
+      with open(os.path.join(folder, name), "wb") as f:
+        f.write(data)
+    with self.assertLogs("jt_dist", level="WARNING") as logs:
+      forgotten = jt_dist.forget_autotune_choices(
+          kernel if by_kernel else None)
+    self.assertEqual(forgotten, 2)  # In memory and on disk.
+    self.assertEqual(sorted(os.listdir(folder)), sorted(others))
+    for name, data in others.items():
+      with open(os.path.join(folder, name), "rb") as f:
+        self.assertEqual(f.read(), data, name)
+    self.assertLen(logs.records, 1, logs.output)
+    message = logs.output[0]
+    self.assertRegex(message, rf"left 4 files in {folder} alone")
+    for name in others:
+      if name.endswith(".json"):
+        self.assertIn(name, message)
+    self.assertNotIn("notes.txt", message)
+    self.assertRegex(message, r"unparsable.json \(not valid JSON")
+    # Nothing left to forget; the others are still reported, still kept.
+    with self.assertLogs("jt_dist", level="WARNING"):
+      self.assertEqual(jt_dist.forget_autotune_choices(), 0)
+    self.assertEqual(sorted(os.listdir(folder)), sorted(others))
+
   def test_damaged_choice_file_is_ignored(self):
     kernel = _tagged_kernel()
     self._run(kernel)

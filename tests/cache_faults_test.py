@@ -38,6 +38,25 @@ def _ptx(module, x) -> str:
   return call["calls"][0]["ptx"]
 
 
+def _call(module, x) -> dict:
+  """The whole lowered custom call: kernel, launch metadata and binaries."""
+  (call,) = util.triton_custom_calls(cache_util.lower(module, x))
+  return call["calls"][0]
+
+
+def _edit_document(entry: str, edit) -> None:
+  """Rewrites the entry's JSON document, well formed, as ``edit`` changes it."""
+  with open(entry) as f:
+    document = json.load(f)
+  edit(document)
+  with open(entry, "w") as f:
+    json.dump(document, f)
+
+
+def _set_metadata(field, value):
+  return lambda document: document["metadata"].__setitem__(field, value)
+
+
 def _copy(source: str, target: str) -> None:
   with open(source, "rb") as f:
     data = f.read()
@@ -127,6 +146,33 @@ class DiskFaultTest(cache_util.CountingCompilesMixin, testing.TestCase):
     _copy(mul_binary, add_binary)
     self._assert_recovers_logging_once(add_path, add_ptx,
                                        "discarding.*does not match")
+
+  @parameterized.named_parameters(
+      ("num_warps_4_to_8", _set_metadata("num_warps", 8)),
+      ("shared_mem_0_to_1024", _set_metadata("shared_mem", 1024)),
+      ("global_scratch_size", _set_metadata("global_scratch_size", 512)),
+      ("profile_scratch_size", _set_metadata("profile_scratch_size", 64)),
+      ("name", _set_metadata("name", "another_kernel")),
+      ("num_ctas", _set_metadata("num_ctas", 2)),
+      ("extra_field", lambda d: d.__setitem__("note", "edited by hand")))
+  def test_edited_but_well_formed_entry_is_recompiled(self, edit):
+    path, _, entry, _ = self._cached()
+    expected = _call(cache_util.import_file(path), self.x)
+    self.assertEqual((expected["num_warps"], expected["shared_mem"]), (4, 0))
+    _cache.memory_cache.clear()
+    _edit_document(entry, edit)
+    compiles = self.compiles
+    with self.assertLogs("jt_dist", "WARNING") as logs:
+      self.assertEqual(_call(cache_util.import_file(path), self.x), expected)
+      _call(cache_util.import_file(path), self.x)  # A memory hit: no new log.
+    self.assertEqual(self.compiles, compiles + 1)
+    self.assertLen(logs.records, 1, logs.output)
+    self.assertRegex(logs.output[0],
+                     "discarding.*does not match its recorded sha256")
+    _cache.memory_cache.clear()  # The rewritten entry is whole again.
+    with self.assertNoLogs("jt_dist", "WARNING"):
+      self.assertEqual(_call(cache_util.import_file(path), self.x), expected)
+    self.assertEqual(self.compiles, compiles + 1)
 
   def _write_fails_once_logged(self, patch, reason):
     """Two kernels compile under ``patch``: right, unstored, logged once."""
@@ -233,6 +279,47 @@ class DiskFaultTest(cache_util.CountingCompilesMixin, testing.TestCase):
     self.assertTrue(os.path.exists(binary))
 
 
+class EntryDigestTest(util.IsolatedCacheMixin, testing.TestCase):
+  """The entry's own checks, without Triton: on every host and jax."""
+
+  def _stored(self):
+    key = os.urandom(32).hex()
+    metadata = {"name": "kernel", "num_warps": 4, "shared_mem": 0,
+                "scratch": [int(v) for v in self.np_rng.integers(0, 9, 3)]}
+    binary = self.np_rng.bytes(int(self.np_rng.integers(16, 64)))
+    _cache.store(key, metadata, binary)
+    (entry,) = glob.glob(os.path.join(self.cache_dir, key[:2], key + ".json"))
+    return key, metadata, binary, entry
+
+  def test_whole_entry_loads_back(self):
+    key, metadata, binary, _ = self._stored()
+    with self.assertNoLogs("jt_dist", "WARNING"):
+      self.assertEqual(_cache.load(key), (metadata, binary))
+
+  @parameterized.named_parameters(
+      ("num_warps", "num_warps", 8), ("shared_mem", "shared_mem", 1024),
+      ("scratch", "scratch", [0, 0, 0]), ("name", "name", "other"))
+  def test_edited_metadata_is_discarded_with_one_warning(self, field, value):
+    key, _, _, entry = self._stored()
+    _edit_document(entry, _set_metadata(field, value))
+    with self.assertLogs("jt_dist", "WARNING") as logs:
+      self.assertIsNone(_cache.load(key))
+    self.assertLen(logs.records, 1, logs.output)
+    self.assertRegex(
+        logs.output[0],
+        f"discarding the disk cache entry {key[:16]}.*does not match its"
+        " recorded sha256")
+    self.assertFalse(os.path.exists(entry))
+
+  def test_entry_of_the_previous_format_is_discarded(self):
+    key, _, _, entry = self._stored()
+    _edit_document(entry, lambda d: (d.pop("entry_sha256"),
+                                     d.__setitem__("format", 2)))
+    with self.assertLogs("jt_dist", "WARNING") as logs:
+      self.assertIsNone(_cache.load(key))
+    self.assertRegex(logs.output[0], "another key or cache format")
+
+
 _RACERS = 6
 
 
@@ -282,11 +369,25 @@ class RacingProcessesTest(testing.TestCase):
     self.assertGreaterEqual(sum(r["compiled"] for r, _ in results), 1)
     self._assert_one_whole_entry(results[0][0]["digest"])
 
+  def test_edited_metadata_is_recompiled_in_a_new_process(self):
+    ((first, _),) = self._race(1)
+    (entry,) = self._files("*.json")
+    _edit_document(entry, _set_metadata("num_warps", 8))
+    ((second, err),) = self._race(1)
+    self.assertEqual(second["compiled"], 1)
+    self.assertEqual(second["digest"], first["digest"])
+    self.assertEqual(err.count("discarding the disk cache entry"), 1, err)
+    self.assertIn("does not match its recorded sha256", err)
+    ((third, err),) = self._race(1)  # The rewritten entry is used as is.
+    self.assertEqual((third["compiled"], third["digest"]),
+                     (0, first["digest"]))
+    self.assertNotIn("discarding", err)
+
   def test_racing_processes_over_a_corrupt_entry(self):
     ((first, _),) = self._race(1)
     (entry,) = self._files("*.json")
     with open(entry, "w") as f:
-      f.write('{"format": 2, "key": "trunc')
+      f.write('{"format": 3, "key": "trunc')
     results = self._race()
     self.assertLen({r["digest"] for r, _ in results} | {first["digest"]}, 1)
     # Whoever read the damage said so, once; nobody crashed on it.

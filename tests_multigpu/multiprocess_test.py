@@ -11,8 +11,10 @@ import os
 import shutil
 import sys
 import tempfile
+import time
 
 from absl.testing import absltest
+from absl.testing import parameterized
 import numpy as np
 
 from jt_dist import testing
@@ -132,7 +134,60 @@ _DIER = ("import os, sys, time\nprint('process', os.environ['JT_DIST_PROCESS_ID'
          "time.sleep(600)\n")
 
 
-class HarnessTest(absltest.TestCase):
+# Process 1 raises after the group's first collective while process 0 waits
+# in the next one; jax.distributed's shutdown in process 1 then waits for
+# process 0, so neither exits by itself.
+_RAISER = """
+from jt_dist import testing
+pid, _ = testing.initialize_process()
+import numpy as np
+from jax.experimental import multihost_utils
+multihost_utils.process_allgather(np.arange(2) + pid)
+print("first collective done", flush=True)
+def broken_step():
+  raise RuntimeError(f"worker {pid} broke after the first collective")
+if pid == 1:
+  broken_step()
+multihost_utils.process_allgather(np.arange(2))
+"""
+
+
+class HarnessTest(parameterized.TestCase):
+
+  def test_raise_after_a_collective_is_reported_with_its_traceback(self):
+    start = time.monotonic()
+    with self.assertRaises(testing.MultiProcessError) as cm:
+      testing.run_processes([sys.executable, "-c", _RAISER],
+                            cpu_devices_per_process=1, timeout_s=150,
+                            grace_s=1)
+    elapsed = time.monotonic() - start
+    message = str(cm.exception)
+    self.assertNotIn("did not finish", message)
+    self.assertIn("failed in process(es) [1] of 2", message)
+    headline, _, logs = message.partition("----- process 0 (")
+    self.assertRegex(
+        headline, r"(?s)process 1 failed first.*\n----- process 1 traceback"
+        r" -----\nTraceback \(most recent call last\):.*in broken_step\n.*"
+        r"RuntimeError: worker 1 broke after the first collective")
+    self.assertIn("first collective done", logs)
+    self.assertIn("process 1 (raised, then killed by run_processes)", logs)
+    self.assertLess(elapsed, 150)
+
+  @parameterized.parameters(0, -1)
+  def test_no_processes_is_refused(self, count):
+    with self.assertRaisesRegex(
+        ValueError, rf"run_processes: num_processes={count} must be at"
+        r" least 1"):
+      testing.run_processes([sys.executable, "-c", "pass"],
+                            num_processes=count)
+
+  @parameterized.parameters("2", 2.0, True)
+  def test_num_processes_of_another_type_is_refused(self, count):
+    with self.assertRaisesRegex(
+        TypeError, rf"run_processes: num_processes={count!r} of type"
+        rf" {type(count).__name__} must be an int"):
+      testing.run_processes([sys.executable, "-c", "pass"],
+                            num_processes=count)
 
   def test_hang_fails_with_every_log(self):
     with self.assertRaises(testing.MultiProcessError) as cm:

@@ -79,11 +79,20 @@ def forget_autotune_choices(kernel: Any = None) -> int:
 
   Calls lowered afterwards choose again (timing the configs on a GPU).
 
+  On disk it removes only files that jt_dist wrote: those in
+  ``<cache dir>/autotune/`` that parse as an autotuning choice of this
+  jt_dist's format, with its fields, named by their own key. Any other
+  ``*.json`` there (unparsable, or foreign even if its ``"kernel"`` field
+  names this kernel) is left in place, and one WARNING on the ``jt_dist``
+  logger names each such file and why it was kept. Other files are not
+  read.
+
   Args:
     kernel: a kernel object or name; None forgets every kernel's choices.
 
   Returns:
-    How many choices were forgotten, in memory and on disk together.
+    How many choices were forgotten, in memory and on disk together (files
+    left alone are not counted).
   """
   name = None if kernel is None else _settings.kernel_name(kernel)
   count = _store.forget(name)

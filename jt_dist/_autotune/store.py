@@ -22,6 +22,9 @@ logger = logging.getLogger("jt_dist")
 
 FORMAT_VERSION = 1
 _SUBDIR = "autotune"
+_STRING_FIELDS = ("kernel", "config", "source", "device_kind", "key")
+# How many left-alone files forget's warning names.
+_LISTED = 8
 
 
 @dataclasses.dataclass(frozen=True)
@@ -155,24 +158,61 @@ def forget_in_memory(name: str | None) -> int:
 def forget(name: str | None) -> int:
   """Forgets the choices of kernel ``name`` (all when None), here and on disk.
 
+  Only files that parse as choices jt_dist wrote (this format, its fields,
+  named by their own key) are removed. Any other ``*.json`` in the folder,
+  unparsable or foreign (whatever its ``"kernel"`` field says), is left in
+  place and named in one warning on the ``jt_dist`` logger.
+
   Returns:
     How many choices were forgotten from memory and disk together.
   """
   count = forget_in_memory(name)
   folder = _folder()
   try:
-    files = [f for f in os.listdir(folder) if f.endswith(".json")]
+    files = sorted(f for f in os.listdir(folder) if f.endswith(".json"))
   except OSError:
     return count
+  left_alone = []
   for file in files:
     path = os.path.join(folder, file)
-    try:
-      if name is not None:
-        with open(path, "rb") as f:
-          if json.loads(f.read().decode("utf-8")).get("kernel") != name:
-            continue
-      os.remove(path)
-      count += 1
-    except (OSError, ValueError, AttributeError):
-      continue
+    kernel, problem = _own_choice_kernel(path, file)
+    if problem:
+      left_alone.append(f"{file} ({problem})")
+    elif name in (None, kernel):
+      try:
+        os.remove(path)
+        count += 1
+      except OSError as e:
+        left_alone.append(f"{file} (cannot remove it: {e.strerror})")
+  if left_alone:
+    more = len(left_alone) - _LISTED
+    logger.warning(
+        "jt_dist: forget_autotune_choices left %d file%s in %s alone: %s%s."
+        " It removes only the autotuning choices jt_dist wrote; delete the"
+        " others by hand if they are not needed.", len(left_alone),
+        "" if len(left_alone) == 1 else "s", folder,
+        ", ".join(left_alone[:_LISTED]), f" and {more} more" * (more > 0))
   return count
+
+
+def _own_choice_kernel(path: str, file: str) -> tuple[str, str]:
+  """``(kernel, "")`` for a choice jt_dist wrote, else ``("", why not)``."""
+  try:
+    with open(path, "rb") as f:
+      document = json.loads(f.read().decode("utf-8"))
+  except (UnicodeDecodeError, ValueError):
+    return "", "not valid JSON"
+  except OSError as e:
+    return "", f"unreadable: {e.strerror}"
+  if not isinstance(document, dict) or document.get("format") != FORMAT_VERSION:
+    return "", f"not a jt_dist autotuning choice of format {FORMAT_VERSION}"
+  fields = {f.name for f in dataclasses.fields(AutotuneChoice)} | {"format"}
+  key = file[:-len(".json")]
+  if (set(document) != fields or document["key"] != key
+      or not _cache.is_content_key(key)
+      or not all(isinstance(document[f], str) for f in _STRING_FIELDS)
+      or not isinstance(document["candidates"], list)
+      or not isinstance(document["index"], int)
+      or isinstance(document["index"], bool)):
+    return "", "not the fields of a jt_dist autotuning choice, or misnamed"
+  return document["kernel"], ""

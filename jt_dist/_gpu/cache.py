@@ -5,7 +5,11 @@ cache cannot spare it: every new process would recompile every kernel and
 every autotuning config. The disk cache here keeps Triton's output across
 processes. Entries are keyed by a content hash (never by object identity),
 stored as JSON metadata plus the binary (no pickle), written atomically, and
-checked on load: a damaged entry is discarded and recompiled, never used.
+checked on load as a whole: the JSON document records a sha256 over its key,
+its launch metadata and the binary's size and sha256, so a damaged entry (in
+its binary, or in any field of a well-formed document) is discarded and
+recompiled, never used. The checks catch damage and stale entries, not a
+deliberate forgery by someone who can write the cache directory.
 
 Environment:
   ``JT_DIST_CACHE_DIR``: the disk cache's directory (default
@@ -31,7 +35,7 @@ logger = logging.getLogger("jt_dist")
 
 # Bumped whenever the entry layout or the meaning of its metadata changes,
 # so that an older jt_dist's entries are never read as this one's.
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
 DEFAULT_MEMORY_ENTRIES = 256
 _KEY_PATTERN = re.compile(r"^[0-9a-f]{64}$")
 _OFF_VALUES = ("0", "false", "off", "no")
@@ -42,6 +46,11 @@ def content_key(parts: Mapping[str, Any]) -> str:
   """The sha256 of ``parts`` serialised canonically (sorted JSON)."""
   text = json.dumps(parts, sort_keys=True, default=repr, separators=(",", ":"))
   return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def is_content_key(text: str) -> bool:
+  """Whether ``text`` has the form of a ``content_key``."""
+  return bool(_KEY_PATTERN.match(text))
 
 
 class LRUCache:
@@ -191,6 +200,13 @@ def _entry_paths(key: str) -> tuple[str, str]:
   return folder, os.path.join(folder, key + ".json")
 
 
+def _entry_digest(document: Mapping[str, Any]) -> str:
+  """The sha256 of every field of a document but the digest itself."""
+  fields = {k: v for k, v in document.items() if k != "entry_sha256"}
+  text = json.dumps(fields, sort_keys=True, separators=(",", ":"))
+  return hashlib.sha256(b"jt_dist cache entry\n" + text.encode()).hexdigest()
+
+
 def _binary_name(key: str, digest: str) -> str:
   # The binary is named by its own hash too: two processes writing the same
   # key with different binaries never overwrite each other's file, so a JSON
@@ -213,7 +229,8 @@ def load(key: str) -> tuple[dict[str, Any], bytes] | None:
   """Reads the entry for ``key``: ``(metadata, binary)``, or None.
 
   A missing entry, or the disk cache being off, returns None. An entry that
-  fails any check (unparsable JSON, another key or format, a binary whose
+  fails any check (unparsable JSON, another key or format, a document whose
+  fields differ from the ones its sha256 was recorded over, a binary whose
   size or sha256 differ from the recorded ones) is deleted, logged, and
   reported as missing.
   """
@@ -259,6 +276,8 @@ def _parse_document(key: str, raw: bytes) -> dict[str, Any] | str:
     return "its JSON metadata is not an object"
   if document.get("format") != FORMAT_VERSION or document.get("key") != key:
     return "it was written for another key or cache format"
+  if document.get("entry_sha256") != _entry_digest(document):
+    return "its JSON metadata does not match its recorded sha256"
   digest = document.get("binary_sha256")
   if (not isinstance(digest, str) or not _KEY_PATTERN.match(digest)
       or document.get("binary_file") != _binary_name(key, digest)
@@ -301,6 +320,9 @@ def store(key: str, metadata: Mapping[str, Any], binary: bytes) -> None:
       "binary_sha256": digest,
       "metadata": dict(metadata),
   }
+  # Digested as a reader will parse it (tuples read back as lists).
+  document = json.loads(json.dumps(document))
+  document["entry_sha256"] = _entry_digest(document)
   try:
     os.makedirs(folder, exist_ok=True)
     # The binary first: a JSON document is only ever visible once the

@@ -169,17 +169,18 @@ def resolve_target(ctx, platform: str, compute_capability: int | None
   Args:
     ctx: the lowering rule's context.
     platform: "cuda" or "rocm".
-    compute_capability: the caller's override, e.g. 90; CUDA only.
+    compute_capability: the caller's override: e.g. 90 on CUDA, "gfx942"
+      on ROCm.
 
   Returns:
     The target.
 
   Raises:
     ValueError: no device of the platform is known and no
-      ``compute_capability`` was given.
+      ``compute_capability`` was given, or it names the other platform's GPU.
   """
-  if platform == "cuda" and compute_capability is not None:
-    return Target("cuda", int(compute_capability))
+  if compute_capability is not None:
+    return _named_target(platform, compute_capability)
   devices = candidate_devices(ctx, platform)
   if platform == "cuda":
     pairs = [(d, cuda_capability(d)) for d in devices]
@@ -194,6 +195,21 @@ def resolve_target(ctx, platform: str, compute_capability: int | None
   return Target(platform, _lowest(pairs, platform, what))
 
 
+def _named_target(platform: str, named: int | str) -> Target:
+  """The target ``compute_capability=`` names; ValueError on a mismatch."""
+  if platform == "rocm" and isinstance(named, str):
+    return Target("rocm", named)
+  if platform == "cuda" and not isinstance(named, str):
+    return Target("cuda", int(named))
+  expected = ("a ROCm GPU arch such as 'gfx942'" if platform == "rocm"
+              else "a CUDA compute capability such as 90")
+  raise ValueError(
+      f"triton_call: compute_capability={named!r} names a GPU of the other"
+      f" platform, but the call is lowered for {platform}. Pass {expected},"
+      " or lower for the platform it names (jax.jit(...).trace(...)"
+      ".lower(lowering_platforms=(...,)).")
+
+
 def _no_device_message(platform: str) -> str:
   if platform == "cuda":
     return (
@@ -205,8 +221,10 @@ def _no_device_message(platform: str) -> str:
     )
   return (
       "triton_call: cannot tell which ROCm GPU arch (gfx...) to compile for:"
-      " the computation is lowered for ROCm, but no ROCm device is visible."
-      " Lower it on a host with the AMD GPU."
+      " the computation is lowered for ROCm, but no ROCm device is visible"
+      " (e.g. cross-lowering on a host without a GPU). Pass"
+      " compute_capability= to triton_call with the arch, e.g."
+      " compute_capability='gfx942' for MI300X or 'gfx90a' for MI250X."
   )
 
 

@@ -300,6 +300,6 @@ def _status_message(status) -> str:
   return ctypes.string_at(pointer, size).decode(errors="replace")
 
 
-def compressed(serialized: bytes) -> bytes:
-  """A serialised call as the legacy target's backend config holds it."""
-  return zlib.compress(serialized)
+def decompressed(opaque: bytes) -> bytes:
+  """The serialised call in a Triton custom call's backend config."""
+  return zlib.decompress(opaque)

@@ -108,6 +108,24 @@ class RocmLoweringTest(util.JaxlibAutotuningMixin, util.IsolatedCacheMixin,
   def _inputs(self, n=1000):
     return (jnp.asarray(self.random((n,))), jnp.asarray(self.random((n,))))
 
+  def hsaco(self, kernel) -> bytes:
+    """The HSACO a decoded kernel call gives jaxlib, inline or in a file.
+
+    jaxlib 0.11.1 and later take it inline (``module_image``), and the
+    ``ptx`` field names its content; older ones read the file named there.
+    """
+    image = kernel["module_image"]
+    if _gpu_lowering.rocm_binary_inline():
+      self.assertEqual(image["kernel_name"], kernel["name"])
+      self.assertEqual(image["shared_mem"], kernel["shared_mem"])
+      self.assertStartsWith(kernel["ptx"],
+                            f"jt_dist-inline-hsaco:{kernel['name']}-")
+      self.assertFalse(os.path.exists(kernel["ptx"]))
+      return image["object_file"]
+    self.assertIsNone(image)
+    with open(kernel["ptx"], "rb") as f:
+      return f.read()
+
   def assertHsacoFor(self, image, arch, name, num_warps, shared_mem):
     """``image`` is an AMDGPU code object of kernel ``name`` for ``arch``."""
     hsaco = amdgpu_elf.parse(image)
@@ -137,22 +155,16 @@ class RocmLoweringTest(util.JaxlibAutotuningMixin, util.IsolatedCacheMixin,
     (kernel,) = call["calls"]
     reference = _triton_reference(add_kernel, _ADD_SIGNATURE, {"BLOCK": 128},
                                   arch, 4)
-    image = kernel["module_image"]
-    self.assertEqual(image["object_file"], reference.asm["hsaco"])
+    image = self.hsaco(kernel)
+    self.assertEqual(image, reference.asm["hsaco"])
     self.assertEqual(kernel["name"], reference.metadata.name)
-    self.assertEqual(image["kernel_name"], reference.metadata.name)
     self.assertEqual(kernel["num_warps"], reference.metadata.num_warps)
     self.assertEqual(kernel["shared_mem"], reference.metadata.shared)
-    self.assertEqual(image["shared_mem"], reference.metadata.shared)
     self.assertEqual(kernel["grid"], (8, 1, 1))
     self.assertEqual(kernel["params"], [
         ("array", 0, 16), ("array", 0, 16), ("i32", 1000), ("array", 0, 16)])
     self.assertEqual(kernel["compute_capability"], 0)
-    self.assertHsacoFor(image["object_file"], arch, "add_kernel", 4,
-                        kernel["shared_mem"])
-    # The ptx field names the HSACO's content and is no file.
-    self.assertStartsWith(kernel["ptx"], "jt_dist-inline-hsaco:add_kernel-")
-    self.assertFalse(os.path.exists(kernel["ptx"]))
+    self.assertHsacoFor(image, arch, "add_kernel", 4, kernel["shared_mem"])
 
   @parameterized.parameters(*ARCHS)
   def test_jaxlib_loads_and_launches_what_triton_reports(self, arch):
@@ -165,10 +177,11 @@ class RocmLoweringTest(util.JaxlibAutotuningMixin, util.IsolatedCacheMixin,
     lowered = util.lower(f, x, y, platform="rocm")
     (call,) = util.triton_custom_calls(lowered)
     (kernel,) = call["calls"]
+    image = self.hsaco(kernel)  # Before jaxlib deletes a file holding it.
     launch = hip_stub.launch_legacy_call(
         _gpu_lowering.plugin("rocm"), _legacy_opaque(lowered), 3)
     self.assertEqual(launch.launches, 1)
-    self.assertEqual(launch.image, kernel["module_image"]["object_file"])
+    self.assertEqual(launch.image, image)
     self.assertEqual(launch.kernel_name, "add_kernel")
     self.assertEqual(launch.grid, (12, 1, 1))
     self.assertEqual(launch.block, (8 * 64, 1, 1))  # 64-wide wavefronts.
@@ -189,16 +202,16 @@ class RocmLoweringTest(util.JaxlibAutotuningMixin, util.IsolatedCacheMixin,
     self.assertTrue(call["autotuned"])
     self.assertEqual([c["num_warps"] for c in call["calls"]], [2, 4, 8])
     self.assertEqual([c["grid"][0] for c in call["calls"]], [8, 4, 2])
-    images = [c["module_image"]["object_file"] for c in call["calls"]]
+    images = [self.hsaco(c) for c in call["calls"]]
     self.assertLen(set(images), 3)
     # jaxlib caches loaded modules by name, shared memory and this field.
     self.assertLen({c["ptx"] for c in call["calls"]}, 3)
     for kernel, config in zip(call["calls"], _CONFIGS):
       reference = _triton_reference(add_kernel, _ADD_SIGNATURE,
                                     config.kwargs, arch, config.num_warps)
-      self.assertEqual(kernel["module_image"]["object_file"],
+      self.assertEqual(self.hsaco(kernel),
                        reference.asm["hsaco"])
-      self.assertHsacoFor(kernel["module_image"]["object_file"], arch,
+      self.assertHsacoFor(self.hsaco(kernel), arch,
                           "add_kernel", config.num_warps, kernel["shared_mem"])
     self.assertIn("BLOCK: 64", call["descriptions"][0])
     self.assertEqual(call["aliases"], [(0, 0, 512 * 4)])
@@ -223,7 +236,7 @@ class RocmLoweringTest(util.JaxlibAutotuningMixin, util.IsolatedCacheMixin,
     (kernel,) = call["calls"]
     self.assertEqual(kernel["grid"], (3, 1, 1))
     self.assertEqual(kernel["params"][2], ("i32", 384))
-    self.assertHsacoFor(kernel["module_image"]["object_file"], arch,
+    self.assertHsacoFor(self.hsaco(kernel), arch,
                         "add_kernel", 4, kernel["shared_mem"])
 
   @parameterized.parameters(*ARCHS)
@@ -247,7 +260,7 @@ class RocmLoweringTest(util.JaxlibAutotuningMixin, util.IsolatedCacheMixin,
     (kernel,) = call["calls"]
     self.assertEqual(kernel["grid"], (4, 1, 1))
     self.assertEqual(kernel["params"][2], ("i32", 256))
-    self.assertHsacoFor(kernel["module_image"]["object_file"], arch,
+    self.assertHsacoFor(self.hsaco(kernel), arch,
                         "add_kernel", 4, kernel["shared_mem"])
 
   @parameterized.parameters(*ARCHS)
@@ -259,7 +272,7 @@ class RocmLoweringTest(util.JaxlibAutotuningMixin, util.IsolatedCacheMixin,
     (kernel,) = call["calls"]
     self.assertEqual(kernel["grid"], (8, 5, 1))
     self.assertLen([p for p in kernel["params"] if p[0] == "array"], 3)
-    self.assertHsacoFor(kernel["module_image"]["object_file"], arch,
+    self.assertHsacoFor(self.hsaco(kernel), arch,
                         kernel["name"], 4, kernel["shared_mem"])
 
   @parameterized.parameters(*ARCHS)
@@ -328,9 +341,15 @@ class RocmLoweringTest(util.JaxlibAutotuningMixin, util.IsolatedCacheMixin,
         opaque = f.read()
     # The child's caches and temporary files are gone with ``work``.
     (call,) = util.decode_any_call(hip_stub.decompressed(opaque))["calls"]
+    plugin = _gpu_lowering.plugin("rocm")
+    if not _gpu_lowering.rocm_binary_inline():
+      # This jaxlib reads the HSACO from a file, which went with the child.
+      self.assertIsNone(call["module_image"])
+      with self.assertRaisesRegex(RuntimeError, re.escape(call["ptx"])):
+        hip_stub.launch_legacy_call(plugin, opaque, 3)
+      return
     self.assertStartsWith(call["ptx"], "jt_dist-inline-hsaco:")
-    launch = hip_stub.launch_legacy_call(_gpu_lowering.plugin("rocm"),
-                                         opaque, 3)
+    launch = hip_stub.launch_legacy_call(plugin, opaque, 3)
     self.assertEqual(launch.kernel_name, "add_kernel")
     self.assertEqual((launch.grid, launch.block), ((16, 1, 1), (128, 1, 1)))
     self.assertHsacoFor(launch.image, arch, "add_kernel", 2, launch.shared_mem)

@@ -121,7 +121,8 @@ def cuda_capability(device: Any) -> int | None:
   return _parse_capability(getattr(device, "compute_capability", None))
 
 
-def _rocm_arch(device: Any) -> str | None:
+def rocm_arch(device: Any) -> str | None:
+  """A ROCm device's gfx arch without feature flags ("gfx942"), or None."""
   arch = str(getattr(device, "compute_capability", "") or "")
   if not arch.startswith("gfx"):
     lib = _compat.gpu_triton_module()
@@ -187,7 +188,7 @@ def resolve_target(ctx, platform: str, compute_capability: int | None
     pairs = [(d, cc) for d, cc in pairs if cc is not None]
     what = "compute capability"
   else:
-    pairs = [(d, _rocm_arch(d)) for d in devices]
+    pairs = [(d, rocm_arch(d)) for d in devices]
     pairs = [(d, arch) for d, arch in pairs if arch]
     what = "GPU arch"
   if not pairs:

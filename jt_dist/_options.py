@@ -14,7 +14,7 @@ from typing import Any
 
 # A ROCm GPU arch as Triton's HIP backend takes it: "gfx" and the hex
 # digits of its version, without feature flags (":sramecc+").
-_GFX_ARCH = re.compile(r"gfx[0-9a-f]{3,4}")
+GFX_ARCH = re.compile(r"gfx[0-9a-f]{3,4}")
 
 
 def _is_int(value: Any) -> bool:
@@ -50,7 +50,7 @@ def check_compute_capability(value: Any) -> None:
     TypeError: neither an int, a gfx arch nor None.
     ValueError: an int below 1.
   """
-  if value is None or (isinstance(value, str) and _GFX_ARCH.fullmatch(value)):
+  if value is None or (isinstance(value, str) and GFX_ARCH.fullmatch(value)):
     return
   _check_int("compute_capability", value, 1,
              "Pass major * 10 + minor for CUDA, e.g. 90 for an H100, or a"

@@ -377,6 +377,54 @@ class RocmLoweringTest(util.JaxlibAutotuningMixin, util.IsolatedCacheMixin,
     self.assertEqual(launch.block, (64, 1, 1))
     self.assertFalse(os.path.exists(path))
 
+  @parameterized.parameters(*ARCHS)
+  def test_export_carries_the_hsaco(self, arch):
+    if not _gpu_lowering.rocm_binary_inline():
+      self.skipTest("jaxlib before 0.11.1 cannot take the HSACO inline;"
+                    " export_test.py checks the refusal")
+    x = jax.ShapeDtypeStruct((1000,), jnp.float32)
+    with jt_dist.export_options(compute_capability=arch):
+      exported = jax.export.export(
+          jax.jit(lambda a, b: _add(a, b, None)), platforms=["rocm"],
+          disabled_checks=jt_dist.export_safety_checks())(x, x)
+    again = jax.export.deserialize(exported.serialize())
+    (call,) = util.exported_triton_custom_calls(again)
+    (kernel,) = call["calls"]
+    self.assertHsacoFor(self.hsaco(kernel), arch, "add_kernel", 4,
+                        kernel["shared_mem"])
+    (recorded,) = jt_dist.exported_versions(again)
+    self.assertEqual(
+        (recorded.platform, recorded.compute_capability, recorded.binary,
+         recorded.kernels), ("rocm", arch, "hsaco", ("add_kernel",)))
+    self.assertEqual(jt_dist.check_exported(again, compute_capability=arch),
+                     [])
+    other = ARCHS[1 - ARCHS.index(arch)]
+    with self.assertRaisesRegex(
+        jt_dist.ExportError, rf"add_kernel were compiled for {arch}.*not on"
+        rf" {other}.*compute_capability='{other}'"):
+      jt_dist.check_exported(again, compute_capability=other)
+    if testing.platform() != "gpu":
+      with self.assertRaisesRegex(
+          jt_dist.ExportError, rf"compiled for ROCm \({arch}\).*sees no"
+          " ROCm device.*'gfx942'"):
+        jt_dist.check_exported(again)
+    with mock.patch.object(_compat, "jaxlib_takes_module_image",
+                           lambda: False):
+      with self.assertRaisesRegex(jt_dist.ExportError,
+                                  r"add_kernel carry their HSACO.*0\.11\.1"):
+        jt_dist.check_exported(again, compute_capability=arch)
+
+  def test_export_without_arch_errors(self):
+    if not _gpu_lowering.rocm_binary_inline():
+      self.skipTest("jaxlib before 0.11.1 refuses ROCm exports first")
+    x = jax.ShapeDtypeStruct((1000,), jnp.float32)
+    with self.assertRaisesRegex(
+        jt_dist.ExportError, r"'add_kernel' is being exported with jax.export"
+        r" for rocm.*compute_capability='gfx942'"):
+      jax.export.export(
+          jax.jit(lambda a, b: _add(a, b, None)), platforms=["rocm"],
+          disabled_checks=jt_dist.export_safety_checks())(x, x)
+
   def test_cuda_capability_for_rocm_errors(self):
     x, y = self._inputs()
     with self.assertRaisesRegex(

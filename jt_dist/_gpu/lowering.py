@@ -255,8 +255,8 @@ def custom_call_target(spec, platform: str) -> str:
 def gpu_lowering(ctx, *args, spec, platform: str):
   """Lowers one ``triton_call`` to jaxlib's Triton custom call.
 
-  Under ``jax.export`` the GPU must be named (``compute_capability``), the
-  call carries PTX unless ``jt_dist.export_options(cubin=True)``, and the
+  Under ``jax.export`` the GPU must be named (``compute_capability``), a
+  CUDA call carries PTX unless ``jt_dist.export_options(cubin=True)``, and the
   versions it was made with are recorded on the custom call.
 
   Args:
@@ -274,7 +274,8 @@ def gpu_lowering(ctx, *args, spec, platform: str):
     capability = _gpu_export.export_capability(spec, platform)
   lib = plugin(platform)
   name = custom_call_target(spec, platform)
-  cubin = _gpu_export.wants_cubin(name, FFI_TARGET) if exporting else None
+  cubin = (_gpu_export.wants_cubin(name, FFI_TARGET)
+           if exporting and platform == "cuda" else None)
   target = _target.resolve_target(ctx, platform, capability)
   for launch in spec.launches:
     _target.check_num_ctas(target, launch.config.num_ctas, launch.config.label)
@@ -299,7 +300,8 @@ def gpu_lowering(ctx, *args, spec, platform: str):
         _PADDING_FIELD, os.urandom(choices.padding_bytes))
   results = _emit(ctx, args, spec, name, zlib.compress(serialized))
   if exporting:
-    binary = "cubin" if with_images else "ptx"
+    binary = ("hsaco" if platform == "rocm"
+              else "cubin" if with_images else "ptx")
     _gpu_export.record(
         results, _gpu_export.versions(target, name, kernels, binary))
   return results

@@ -185,7 +185,8 @@ class DoctorRocmTest(testing.TestCase):
 
   def test_arch_from_jaxlib_when_the_device_has_none(self):
     device = _amd_device(3, arch=None)
-    lib = types.SimpleNamespace(get_arch_details=lambda i: f"gfx950:sramecc+:{i}")
+    lib = types.SimpleNamespace(_hip_triton=types.SimpleNamespace(
+        get_arch_details=lambda i: f"gfx950:sramecc+:{i}"))
     with mock.patch.object(_compat, "gpu_triton_module", return_value=lib):
       self.assertEqual(_doctor._target_text(device), "arch gfx950")  # pylint: disable=protected-access
 

@@ -110,15 +110,17 @@ def export_capability(spec, platform: str) -> int | str:
   if capability is None:
     capability = current().compute_capability
   if capability is None:
-    example = ("compute_capability='gfx942' (MI300)" if platform == "rocm"
-               else "compute_capability=90 (H100/H200)")
+    example, note = (("compute_capability='gfx942'", "gfx942: MI300")
+                     if platform == "rocm"
+                     else ("compute_capability=90", "90: H100/H200"))
     raise ExportError(
         f"triton_call: kernel {spec.info.name!r} is being exported with"
         f" jax.export for {platform}, but no compute_capability was given."
         " An exported kernel is compiled for one GPU, which must be named,"
         " not taken from whatever GPU (if any) this host has. Pass"
         " compute_capability= to triton_call / sharded_triton_call, or"
-        f" export inside `with jt_dist.export_options({example}):`.")
+        f" export inside `with jt_dist.export_options({example}):`"
+        f" ({note}).")
   return capability
 
 

@@ -125,7 +125,9 @@ def rocm_arch(device: Any) -> str | None:
   """A ROCm device's gfx arch without feature flags ("gfx942"), or None."""
   arch = str(getattr(device, "compute_capability", "") or "")
   if not arch.startswith("gfx"):
-    lib = _compat.gpu_triton_module()
+    # The ROCm plugin's own bindings: with the CUDA plugin installed too,
+    # jaxlib's module-level names may be either plugin's.
+    lib = getattr(_compat.gpu_triton_module(), "_hip_triton", None)
     if lib is None or not hasattr(lib, "get_arch_details"):
       return None
     arch = str(lib.get_arch_details(device.local_hardware_id))

@@ -124,6 +124,18 @@ def triton_custom_calls(lowered) -> list[dict]:
   return module_triton_custom_calls(lowered.compiler_ir("stablehlo"))
 
 
+def legacy_opaque(lowered) -> bytes:
+  """The backend config of the one legacy Triton custom call in ``lowered``."""
+  module = lowered.compiler_ir("stablehlo")
+  (opaque,) = [
+      ir.StringAttr(op.attributes["backend_config"]).value_bytes
+      for op in _export.walk_operations(module.operation)
+      if op.name == "stablehlo.custom_call"
+      and ir.StringAttr(op.attributes["call_target_name"]).value
+      == "triton_kernel_call"]
+  return opaque
+
+
 def exported_triton_custom_calls(exported) -> list[dict]:
   """The Triton custom calls of a ``jax.export.Exported``, decoded."""
   from jax.interpreters import mlir  # pylint: disable=g-import-not-at-top

@@ -179,7 +179,7 @@ class RocmLoweringTest(util.JaxlibAutotuningMixin, util.IsolatedCacheMixin,
     (kernel,) = call["calls"]
     image = self.hsaco(kernel)  # Before jaxlib deletes a file holding it.
     launch = hip_stub.launch_legacy_call(
-        _gpu_lowering.plugin("rocm"), _legacy_opaque(lowered), 3)
+        _gpu_lowering.plugin("rocm"), util.legacy_opaque(lowered), 3)
     self.assertEqual(launch.launches, 1)
     self.assertEqual(launch.image, image)
     self.assertEqual(launch.kernel_name, "add_kernel")
@@ -373,7 +373,7 @@ class RocmLoweringTest(util.JaxlibAutotuningMixin, util.IsolatedCacheMixin,
     if hip_stub.stub_path() is None:
       return
     launch = hip_stub.launch_legacy_call(_gpu_lowering.plugin("rocm"),
-                                         _legacy_opaque(lowered), 3)
+                                         util.legacy_opaque(lowered), 3)
     self.assertEqual(launch.block, (64, 1, 1))
     self.assertFalse(os.path.exists(path))
 
@@ -447,21 +447,6 @@ class RocmLoweringTest(util.JaxlibAutotuningMixin, util.IsolatedCacheMixin,
         _rocm_calls(lambda a, b: _add(a, b, "gfx942"), x, y)
 
 
-def _legacy_opaque(lowered) -> bytes:
-  """The backend config of the one legacy Triton custom call in ``lowered``."""
-  from jax._src.lib.mlir import ir  # pylint: disable=g-import-not-at-top
-  from jt_dist import _export  # pylint: disable=g-import-not-at-top
-
-  module = lowered.compiler_ir("stablehlo")
-  (opaque,) = [
-      ir.StringAttr(op.attributes["backend_config"]).value_bytes
-      for op in _export.walk_operations(module.operation)
-      if op.name == "stablehlo.custom_call"
-      and ir.StringAttr(op.attributes["call_target_name"]).value
-      == "triton_kernel_call"]
-  return opaque
-
-
 # Lowers a call for ROCm (legacy target) and writes its backend config.
 _CHILD = """
 import os
@@ -474,7 +459,7 @@ f = lambda a, b: t._add(a, b, os.environ["ARCH"], num_warps=2,
                         custom_call_target_name="triton_kernel_call")
 lowered = jax.jit(f).trace(x, x).lower(lowering_platforms=("rocm",))
 with open(os.environ["OPAQUE_OUT"], "wb") as out:
-  out.write(t._legacy_opaque(lowered))
+  out.write(t.util.legacy_opaque(lowered))
 """
 
 

@@ -21,6 +21,7 @@ import ctypes
 import dataclasses
 import hashlib
 import importlib
+import importlib.util
 import os
 import shutil
 import subprocess

@@ -68,8 +68,10 @@ def triton_call(
     num_warps: warps per program; 4 by default. Ignored when autotuned.
     num_stages: software-pipelining stages; 3 by default.
     num_ctas: CTAs per cluster (Hopper and later); 1 by default.
-    compute_capability: the CUDA compute capability to compile for, e.g. 90;
-      by default that of the devices the call is lowered for. Under
+    compute_capability: the GPU to compile for: a CUDA compute capability,
+      e.g. 90, or a ROCm arch, e.g. ``"gfx942"``; by default that of the
+      devices the call is lowered for (cross-lowering on a host without
+      the GPU must name it). Under
       ``jax.export`` it must be given, here or through
       ``jt_dist.export_options``.
     enable_fp_fusion: whether Triton may fuse multiplies and adds into FMAs.

@@ -280,6 +280,16 @@ def compiler_stages(backend, options) -> dict[str, Any]:
   return stages
 
 
+def initial_metadata(target, options) -> dict[str, Any]:
+  """The metadata the first compiler stage receives, as in triton.compile.
+
+  ``triton.compile`` starts it with the target and every backend option;
+  the HIP backend's LLIR stage reads ``num_ctas`` from it (3.6 to 3.9),
+  where the CUDA stages only write to it.
+  """
+  return {"target": target, **options.__dict__}
+
+
 def pointer_divisibility_attr(backend) -> Any:
   """The per-parameter attribute saying a pointer is 16-byte aligned."""
   return backend.parse_attr("D")

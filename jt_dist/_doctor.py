@@ -1,9 +1,10 @@
 """``python -m jt_dist``: checks that this machine can run Triton kernels.
 
 Prints the versions that matter (jax, jaxlib, Triton, the GPU plugin, the
-driver), every local device with its compute capability, compiles and runs
-a small kernel on each device (checked against NumPy, one launch timed),
-shows the disk cache and whether CUBINs are loaded, and ends with one line
+driver), every local device with its compute capability (its gfx arch on
+ROCm), compiles and runs a small kernel on each device (checked against
+NumPy, one launch timed), shows the disk cache, whether CUBINs are loaded
+and how ROCm kernels reach jaxlib, and ends with one line
 per problem saying how to fix it. Exits 0 only when there is none.
 """
 
@@ -29,6 +30,7 @@ import triton.language as tl
 from jt_dist import _compat
 from jt_dist._gpu import cache as _cache
 from jt_dist._gpu import lowering as _gpu_lowering
+from jt_dist._gpu import target as _target
 
 _PLUGIN_PREFIXES = ("jax-cuda", "jax-rocm")
 _TESTED_TRITON = ((3, 6), (3, 9))
@@ -132,6 +134,21 @@ def _capability(device: Any) -> str:
   return str(value) if value else "-"
 
 
+def _is_rocm(device: Any) -> bool:
+  return getattr(device, "platform", None) == "rocm"
+
+
+def _target_text(device: Any) -> str:
+  """ "compute capability 9.0" on CUDA, "arch gfx942" on ROCm."""
+  if not _is_rocm(device):
+    return f"compute capability {_capability(device)}"
+  try:
+    arch = _target.rocm_arch(device)
+  except Exception as e:  # pylint: disable=broad-except
+    arch = f"unknown ({type(e).__name__}: {e})"
+  return f"arch {arch or 'unknown'}"
+
+
 def _unseen_gpus(report: Report, driver: str) -> None:
   """A problem if the NVIDIA driver has GPUs and JAX fell back to the CPU."""
   if driver == "-" or driver.startswith("unknown"):
@@ -157,8 +174,8 @@ def devices(report: Report, driver: str = "-") -> list[Any]:
   for device in found:
     runtime = _compat.platform_version(device)
     report.line(f"{device.platform}:{device.id}",
-                f"{device.device_kind}; compute capability"
-                f" {_capability(device)}; runtime {runtime}")
+                f"{device.device_kind}; {_target_text(device)}; runtime"
+                f" {runtime}")
   if backend == "cpu":
     report.line("note", "no GPU: kernels run through Triton's interpreter")
     _unseen_gpus(report, driver)
@@ -235,6 +252,11 @@ def _kernel_fix(device: Any) -> str:
   if device.platform == "cpu":
     return ("reinstall Triton (pip install 'triton>=3.6'); its interpreter"
             " runs kernels on the CPU")
+  if _is_rocm(device):
+    return ("make JAX's ROCm plugin match jaxlib (jax-rocm7-plugin and"
+            " jax-rocm7-pjrt at jaxlib's version), check the GPU with"
+            " rocm-smi, and rerun with"
+            " JT_DIST_DUMP_DIR=/tmp/dump to inspect the kernel's IR")
   return ("make the JAX GPU plugin match jaxlib (pip install -U"
           " 'jax[cuda12]' or 'jax[cuda13]' for your driver), check the"
           " driver with nvidia-smi, and rerun with JT_DIST_DUMP_DIR=/tmp/dump"
@@ -315,6 +337,30 @@ def cubin_path(report: Report, found: list[Any]) -> None:
                 f" target; this is {_compat.jaxlib_version()})")
 
 
+def hsaco_path(report: Report, found: list[Any]) -> None:
+  """On ROCm: the plugin, and how jaxlib gets each kernel's HSACO."""
+  if not any(_is_rocm(d) for d in found):
+    report.line("HSACO path", "n/a (no ROCm device)")
+    return
+  try:
+    _gpu_lowering.plugin("rocm")
+  except RuntimeError as e:
+    report.line("HSACO path", "n/a (no Triton custom call for ROCm)")
+    report.problem(str(e), "install JAX's ROCm plugin at jaxlib's version"
+                   " (pip install jax-rocm7-plugin==<jaxlib's version>)")
+    return
+  if _gpu_lowering.rocm_binary_inline():
+    report.line("HSACO path", "inline: each call carries its HSACO, which"
+                " jaxlib loads as is (executables from JAX's persistent"
+                " compilation cache load in any process)")
+  else:
+    report.line("HSACO path", "file: jaxlib reads each HSACO from a"
+                " temporary file and deletes it, so an executable from"
+                " JAX's persistent compilation cache cannot load in another"
+                f" process (inline needs jaxlib >= 0.11.1; this is"
+                f" {_compat.jaxlib_version()})")
+
+
 def _summary(report: Report) -> int:
   report.section("problems")
   if not report.problems:
@@ -345,4 +391,5 @@ def main(argv: list[str] | None = None, out: TextIO | None = None) -> int:
     kernels(report, found)
   disk_cache(report)
   cubin_path(report, found)
+  hsaco_path(report, found)
   return _summary(report)

@@ -18,6 +18,7 @@ import jax
 from jax.interpreters import mlir
 
 from jt_dist import _compat
+from jt_dist import _options
 from jt_dist._errors import ExportError
 from jt_dist._gpu import export as _gpu_export
 from jt_dist._gpu import lowering as _gpu_lowering
@@ -41,7 +42,7 @@ def export_safety_checks() -> list[Any]:
   return [jax.export.DisabledSafetyCheck.custom_call(t) for t in _TARGETS]
 
 
-def export_options(*, compute_capability: int | None = None,
+def export_options(*, compute_capability: int | str | None = None,
                    cubin: bool = False):
   """Sets how calls are compiled when ``jax.export`` lowers them.
 
@@ -49,9 +50,10 @@ def export_options(*, compute_capability: int | None = None,
   this thread. A call's own ``compute_capability=`` takes precedence.
 
   Args:
-    compute_capability: the CUDA capability to compile for (major * 10 +
-      minor, e.g. 90 for H100/H200) where a call names none. Exporting a
-      call for CUDA without one raises ``jt_dist.ExportError``.
+    compute_capability: the GPU to compile for where a call names none:
+      a CUDA capability (major * 10 + minor, e.g. 90 for H100/H200) or a
+      ROCm arch (e.g. "gfx942"). Exporting a call without one raises
+      ``jt_dist.ExportError``.
     cubin: also put each kernel's CUBIN into the call. jaxlib 0.11.1 and
       later then load it instead of assembling the PTX; a CUBIN runs only
       on the architecture it was made for, and older jaxlibs ignore it and
@@ -64,13 +66,17 @@ def export_options(*, compute_capability: int | None = None,
     TypeError: ``compute_capability`` is not an int, or ``cubin`` not a bool.
     ValueError: ``compute_capability`` is below 1.
   """
-  if compute_capability is not None:
+  if isinstance(compute_capability, str) and _options.GFX_ARCH.fullmatch(
+      compute_capability):
+    pass  # A ROCm arch.
+  elif compute_capability is not None:
     if (not isinstance(compute_capability, numbers.Integral)
         or isinstance(compute_capability, bool)):
       raise TypeError(
           f"export_options: compute_capability={compute_capability!r} of"
           f" type {type(compute_capability).__name__} must be an int, major"
-          " * 10 + minor, e.g. 90 for H100/H200.")
+          " * 10 + minor, e.g. 90 for H100/H200, or a ROCm arch such as"
+          " 'gfx942'.")
     if compute_capability < 1:
       raise ValueError(
           f"export_options: compute_capability={compute_capability!r} must"
@@ -91,9 +97,9 @@ class ExportedKernelCall:
   Attributes:
     target: jaxlib's custom-call target.
     kernels: the compiled kernels' names (several for an autotuned call).
-    platform: "cuda" (the one platform jt_dist exports for).
-    compute_capability: e.g. 90.
-    binary: "ptx", or "cubin" (a CUBIN besides the PTX).
+    platform: "cuda" or "rocm".
+    compute_capability: e.g. 90 on CUDA, "gfx942" on ROCm.
+    binary: "ptx", "cubin" (a CUBIN besides the PTX) or "hsaco" (ROCm).
     jt_dist: the jt_dist version that lowered the call.
     jax: the jax version.
     jaxlib: the jaxlib version, whose Triton call format the call uses.
@@ -103,7 +109,7 @@ class ExportedKernelCall:
   target: str
   kernels: tuple[str, ...]
   platform: str
-  compute_capability: int
+  compute_capability: int | str
   binary: str
   jt_dist: str
   jax: str
@@ -134,12 +140,16 @@ def _recorded(op) -> dict[str, str] | None:
   return found or None
 
 
+def _recorded_gpu(text: str) -> int | str:
+  return int(text) if text.isdigit() else text  # 90, or "gfx942".
+
+
 def _as_call(recorded: dict[str, str]) -> ExportedKernelCall:
   return ExportedKernelCall(
       target=recorded["target"],
       kernels=tuple(k for k in recorded["kernels"].split(",") if k),
       platform=recorded["platform"],
-      compute_capability=int(recorded["compute_capability"]),
+      compute_capability=_recorded_gpu(recorded["compute_capability"]),
       binary=recorded["binary"], jt_dist=recorded["jt_dist"],
       jax=recorded["jax"], jaxlib=recorded["jaxlib"],
       triton=recorded["triton"])
@@ -205,13 +215,13 @@ def _runs_on(call: ExportedKernelCall, capability: int) -> bool:
 
 
 def check_exported(exported: Any, *,
-                   compute_capability: int | None = None) -> list[str]:
+                   compute_capability: int | str | None = None) -> list[str]:
   """Checks that an exported function's kernels can run on this host's GPUs.
 
   Args:
     exported: a ``jax.export.Exported``.
-    compute_capability: the GPU to check against; by default every CUDA
-      device of this process.
+    compute_capability: the GPU to check against, e.g. 90 or "gfx942"; by
+      default every CUDA or ROCm device of this process.
 
   Returns:
     Notes on versions that differ from the running ones without preventing
@@ -220,10 +230,17 @@ def check_exported(exported: Any, *,
 
   Raises:
     ExportError: a kernel was compiled for a GPU unlike the one(s) it would
-      run on, or no CUDA device is visible and no ``compute_capability``
-      was given.
+      run on, or no device of its platform is visible and no
+      ``compute_capability`` was given, or a ROCm kernel meets a jaxlib
+      before 0.11.1.
   """
   calls = exported_versions(exported)
+  rocm_calls = [c for c in calls if c.platform == "rocm"]
+  if rocm_calls:
+    _check_rocm(rocm_calls, compute_capability
+                if isinstance(compute_capability, str) else None)
+  if isinstance(compute_capability, str):
+    compute_capability = None  # A ROCm arch says nothing about CUDA GPUs.
   cuda_calls = [c for c in calls if c.platform == "cuda"]
   capabilities = ([int(compute_capability)] if compute_capability is not None
                   else _local_capabilities())
@@ -243,6 +260,39 @@ def check_exported(exported: Any, *,
           f" compute_capability={refused[0]} (and cubin=False for code that"
           " older GPUs of the same family cannot take either).")
   return _version_notes(calls)
+
+
+def _local_rocm_archs() -> list[str]:
+  try:
+    devices = jax.devices("rocm")
+  except RuntimeError:  # No ROCm backend on this host.
+    return []
+  return sorted({a for a in map(_target.rocm_arch, devices) if a})
+
+
+def _check_rocm(calls: list[ExportedKernelCall], arch: str | None) -> None:
+  """Refuses ROCm kernels this jaxlib or these GPUs cannot load."""
+  names = ", ".join(k for c in calls for k in c.kernels)
+  if not _compat.jaxlib_takes_module_image():
+    raise ExportError(
+        f"check_exported: kernel(s) {names} carry their HSACO in the"
+        " module, which jaxlib loads from 0.11.1 on; this is jaxlib"
+        f" {_compat.jaxlib_version()}. Upgrade jax and jaxlib.")
+  archs = [arch] if arch else _local_rocm_archs()
+  if not archs:
+    raise ExportError(
+        "check_exported: the artifact's kernels are compiled for ROCm"
+        f" ({calls[0].compute_capability}), and this process sees no ROCm"
+        " device. Run it on the GPU host, or pass compute_capability= (e.g."
+        " 'gfx942') to check against a GPU that is not here.")
+  for call in calls:
+    refused = [a for a in archs if a != call.compute_capability]
+    if refused:
+      raise ExportError(
+          f"check_exported: kernel(s) {', '.join(call.kernels)} were"
+          f" compiled for {call.compute_capability}, and an HSACO runs only"
+          f" on the arch it was compiled for, not on {refused[0]}. Export"
+          f" again with compute_capability={refused[0]!r}.")
 
 
 def _version_notes(calls: list[ExportedKernelCall]) -> list[str]:

@@ -9,7 +9,12 @@ from __future__ import annotations
 
 import collections.abc
 import numbers
+import re
 from typing import Any
+
+# A ROCm GPU arch as Triton's HIP backend takes it: "gfx" and the hex
+# digits of its version, without feature flags (":sramecc+").
+GFX_ARCH = re.compile(r"gfx[0-9a-f]{3,4}")
 
 
 def _is_int(value: Any) -> bool:
@@ -38,6 +43,20 @@ def _check_type(name: str, value: Any, types: tuple, expected: str) -> None:
     )
 
 
+def check_compute_capability(value: Any) -> None:
+  """Checks ``compute_capability``: a CUDA int, a ROCm "gfx..." or None.
+
+  Raises:
+    TypeError: neither an int, a gfx arch nor None.
+    ValueError: an int below 1.
+  """
+  if value is None or (isinstance(value, str) and GFX_ARCH.fullmatch(value)):
+    return
+  _check_int("compute_capability", value, 1,
+             "Pass major * 10 + minor for CUDA, e.g. 90 for an H100, or a"
+             " ROCm arch without feature flags, e.g. 'gfx942' for an MI300.")
+
+
 def check(options: Any) -> None:
   """Checks the fields of a ``_binding.CallOptions``.
 
@@ -54,9 +73,7 @@ def check(options: Any) -> None:
                "Pass the number of pipeline stages, e.g. 2 or 3 (the default).")
   _check_int("num_ctas", options.num_ctas, 1,
              "Pass 1 (the default), or a cluster size on Hopper or later.")
-  if options.compute_capability is not None:
-    _check_int("compute_capability", options.compute_capability, 1,
-               "Pass major * 10 + minor, e.g. 90 for an H100.")
+  check_compute_capability(options.compute_capability)
   _check_type("name", options.name, (str,), "a str")
   _check_type("serialized_metadata", options.serialized_metadata,
               (bytes,), "bytes (e.g. b'...' or text.encode())")

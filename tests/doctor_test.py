@@ -6,6 +6,7 @@ import re
 import subprocess
 import sys
 import tempfile
+import types
 from unittest import mock
 
 from absl.testing import absltest
@@ -13,8 +14,10 @@ import jax
 import triton
 import triton.language as tl
 
+from jt_dist import _compat
 from jt_dist import _doctor
 from jt_dist import testing
+from jt_dist._gpu import lowering as _gpu_lowering
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -55,6 +58,7 @@ class DoctorProcessTest(testing.TestCase):
     for part in (f"jax            {jax.__version__}",
                  f"triton         {triton.__version__}", "gpu plugins",
                  "driver", f"{cache_dir} (writable)", "CUBIN path",
+                 "HSACO path",
                  "none: jt_dist works on this machine."):
       self.assertIn(part, out)
     # The child process has its own devices: every one it lists is checked.
@@ -149,6 +153,72 @@ class DoctorInProcessTest(testing.TestCase):
       status, out = self._run("--skip-kernels")
     self.assertEqual(status, 0, out)
     self.assertNotIn("kernel check", out)
+
+
+def _amd_device(ident, arch="gfx942:sramecc+:xnack-"):
+  """A ROCm device as JAX describes one (no AMD GPU exists here)."""
+  return types.SimpleNamespace(
+      platform="rocm", id=ident, local_hardware_id=ident,
+      device_kind="AMD Instinct MI300X",
+      compute_capability=arch,
+      client=types.SimpleNamespace(platform_version="rocm 7.0.2"))
+
+
+class DoctorRocmTest(testing.TestCase):
+  """The doctor on an AMD host, with JAX's device description faked."""
+
+  def _report(self, step, found):
+    out = io.StringIO()
+    report = _doctor.Report(out)
+    step(report, found)
+    return report, out.getvalue()
+
+  def test_devices_show_the_gfx_arch(self):
+    found = [_amd_device(0), _amd_device(1, "gfx90a")]
+    with mock.patch.object(jax, "local_devices", return_value=found), \
+         mock.patch.object(jax, "default_backend", return_value="gpu"):
+      report, out = self._report(lambda r, _: _doctor.devices(r), None)
+    self.assertIn("rocm:0         AMD Instinct MI300X; arch gfx942; runtime"
+                  " rocm 7.0.2", out)
+    self.assertIn("rocm:1         AMD Instinct MI300X; arch gfx90a;", out)
+    self.assertEqual(report.problems, [])
+
+  def test_arch_from_jaxlib_when_the_device_has_none(self):
+    device = _amd_device(3, arch=None)
+    lib = types.SimpleNamespace(_hip_triton=types.SimpleNamespace(
+        get_arch_details=lambda i: f"gfx950:sramecc+:{i}"))
+    with mock.patch.object(_compat, "gpu_triton_module", return_value=lib):
+      self.assertEqual(_doctor._target_text(device), "arch gfx950")  # pylint: disable=protected-access
+
+  @absltest.skipUnless(hasattr(getattr(_compat.gpu_triton_module(),
+                                       "_hip_triton", None), "TritonKernel"),
+                       "needs jaxlib's ROCm Triton bindings"
+                       " (jax-rocm7-plugin)")
+  def test_hsaco_path_with_the_plugin(self):
+    for inline, words in ((True, "inline: each call carries its HSACO"),
+                          (False, "file: jaxlib reads each HSACO")):
+      with mock.patch.object(_gpu_lowering, "rocm_binary_inline",
+                             return_value=inline):
+        report, out = self._report(_doctor.hsaco_path, [_amd_device(0)])
+      self.assertIn(f"HSACO path     {words}", out)
+      self.assertEqual(report.problems, [])
+
+  def test_missing_rocm_plugin_is_a_problem_with_its_fix(self):
+    with mock.patch.object(_compat, "gpu_triton_module", return_value=None):
+      report, out = self._report(_doctor.hsaco_path, [_amd_device(0)])
+    self.assertIn("n/a (no Triton custom call for ROCm)", out)
+    (problem,) = report.problems
+    self.assertIn("lowering for rocm needs jaxlib's Triton custom call",
+                  problem.what)
+    self.assertIn("jax-rocm7-plugin", problem.fix)
+
+  def test_no_rocm_device(self):
+    report, out = self._report(_doctor.hsaco_path, [jax.devices("cpu")[0]])
+    self.assertIn("HSACO path     n/a (no ROCm device)", out)
+    self.assertEqual(report.problems, [])
+
+  def test_kernel_failure_on_rocm_names_the_rocm_fix(self):
+    self.assertIn("jax-rocm7-plugin", _doctor._kernel_fix(_amd_device(0)))  # pylint: disable=protected-access
 
 
 if __name__ == "__main__":

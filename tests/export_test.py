@@ -237,14 +237,17 @@ class ExportOptionsTest(testing.TestCase):
           compute_capability=capability, cubin=True))
     self.assertEqual(_gpu_export.current(), _gpu_export.ExportSettings())
 
-  def test_rocm_export_errors(self):
+  def test_rocm_export_under_jaxlib_without_module_image_errors(self):
+    # tests/rocm_lowering_test.py exports for ROCm where jaxlib can.
     x = jnp.asarray(self.random(int(self.np_rng.integers(64, 512))))
-    f = lambda a, b: _add(a, b, compute_capability=90)
-    with self.assertRaises(NotImplementedError) as caught:
-      _export(f, x, x, platforms=("rocm",))
+    f = lambda a, b: _add(a, b, compute_capability="gfx942")
+    with mock.patch.object(_compat, "jaxlib_takes_module_image",
+                           lambda: False):
+      with self.assertRaises(NotImplementedError) as caught:
+        _export(f, x, x, platforms=("rocm",))
     message = str(caught.exception)
-    for part in ("add_kernel", "for rocm", "platforms=['cuda']",
-                 "compute_capability="):
+    for part in ("add_kernel", "for rocm under jaxlib", "before 0.11.1",
+                 "platforms=['cuda']", "compute_capability="):
       self.assertIn(part, message)
 
   def test_cpu_export_errors(self):

@@ -11,6 +11,7 @@ import tempfile
 import unittest
 import zlib
 
+import jax
 from jax._src.lib.mlir import ir
 
 from jt_dist import _export
@@ -20,11 +21,26 @@ from jt_dist import _compat
 from jt_dist._gpu import proto_wire as _proto_wire
 
 HAS_TRITON_CALL = _compat.gpu_triton_module() is not None and hasattr(
-    _compat.gpu_triton_module(), "TritonKernel")
+    getattr(_compat.gpu_triton_module(), "_cuda_triton", None), "TritonKernel")
 SKIP_REASON = (
-    "jaxlib's Triton custom call (jax._src.lib.gpu_triton.TritonKernel) is"
+    "jaxlib's Triton custom call for CUDA (jaxlib.gpu_triton._cuda_triton) is"
     " missing: install jax-cuda12-plugin (--no-deps, at the jax version) to"
     " cross-lower for CUDA on this host.")
+HAS_ROCM_TRITON_CALL = _compat.gpu_triton_module() is not None and hasattr(
+    getattr(_compat.gpu_triton_module(), "_hip_triton", None), "TritonKernel")
+ROCM_SKIP_REASON = (
+    "jaxlib's Triton custom call for ROCm (jaxlib.gpu_triton._hip_triton) is"
+    " missing: install jax-rocm7-plugin (--no-deps, at the jax version; on a"
+    " host without ROCm, conftest.py loads a stub HIP runtime for it, which"
+    " needs a C compiler).")
+
+
+def lower(f, *args, platform: str = "cuda"):
+  """``jax.jit(f)`` traced and lowered for ``platform`` on this host."""
+  # A fresh function each time: jit caches lowerings per function, and a
+  # cached lowering would not run the lowering rule under test.
+  fresh = lambda *a: f(*a)
+  return jax.jit(fresh).trace(*args).lower(lowering_platforms=(platform,))
 
 
 def decode(data: bytes) -> dict[int, list]:
@@ -106,6 +122,18 @@ def decode_any_call(data: bytes) -> dict:
 def triton_custom_calls(lowered) -> list[dict]:
   """The Triton custom calls of a ``jax.stages.Lowered``, decoded."""
   return module_triton_custom_calls(lowered.compiler_ir("stablehlo"))
+
+
+def legacy_opaque(lowered) -> bytes:
+  """The backend config of the one legacy Triton custom call in ``lowered``."""
+  module = lowered.compiler_ir("stablehlo")
+  (opaque,) = [
+      ir.StringAttr(op.attributes["backend_config"]).value_bytes
+      for op in _export.walk_operations(module.operation)
+      if op.name == "stablehlo.custom_call"
+      and ir.StringAttr(op.attributes["call_target_name"]).value
+      == "triton_kernel_call"]
+  return opaque
 
 
 def exported_triton_custom_calls(exported) -> list[dict]:

@@ -28,7 +28,7 @@ testing.configure_cpu_devices()
 
 def _can_lower_for_cuda():
   module = _compat.gpu_triton_module()
-  return module is not None and hasattr(module, "TritonKernel")
+  return hasattr(getattr(module, "_cuda_triton", None), "TritonKernel")
 
 
 def _export(f, *args, **options):

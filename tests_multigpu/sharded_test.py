@@ -39,7 +39,7 @@ def _gpu():
 
 def _can_lower_for_cuda():
   module = _compat.gpu_triton_module()
-  return module is not None and hasattr(module, "TritonKernel")
+  return hasattr(getattr(module, "_cuda_triton", None), "TritonKernel")
 
 
 def _program_text(f, args, platform):

@@ -198,7 +198,7 @@ def _run_stages(jit_fn, spec_, target, backend, options, object_file):
       jit_fn, backend, target.triton_target, options, spec_.signature,
       spec_.constexprs, spec_.attrs)
   irs = {"source": str(module)}
-  metadata: dict[str, Any] = {}
+  metadata = _compat.initial_metadata(target.triton_target, options)
   final = _OBJECT_STAGE if object_file else _FINAL_STAGE[target.platform]
   for stage, run in _compat.compiler_stages(backend, options).items():
     module = run(module, metadata)

@@ -3,7 +3,8 @@
 An exported module is serialised and may run months later, on another
 host, under another jaxlib. So an exported call is compiled for a GPU
 named explicitly (``compute_capability=``), carries PTX unless a CUBIN is
-asked for, and records on its custom call the versions it was made with,
+asked for (on ROCm, its HSACO, which needs jaxlib 0.11.1 or later), and
+records on its custom call the versions it was made with,
 as frontend attributes: XLA passes them through, jaxlib never reads them,
 and they survive serialisation, where ``jt_dist.exported_versions`` reads
 them back.
@@ -32,11 +33,12 @@ class ExportSettings:
   """How calls lowered by ``jax.export`` are compiled.
 
   Attributes:
-    compute_capability: the CUDA capability for calls that name none.
+    compute_capability: the GPU for calls that name none: a CUDA
+      capability (90) or a ROCm arch ("gfx942").
     cubin: whether to put each kernel's CUBIN into the call besides its PTX.
   """
 
-  compute_capability: int | None = None
+  compute_capability: int | str | None = None
   cubin: bool = False
 
 
@@ -76,44 +78,50 @@ def is_export(ctx) -> bool:
   return _compat.lowering_for_export(ctx)
 
 
-def export_capability(spec, platform: str) -> int:
-  """The CUDA capability an exported call is compiled for.
+def export_capability(spec, platform: str) -> int | str:
+  """The GPU an exported call is compiled for.
 
   Args:
     spec: the call's ``CallSpec``.
     platform: "cuda" or "rocm".
 
   Returns:
-    The call's own ``compute_capability``, else the export settings' one.
+    The call's own ``compute_capability``, else the export settings' one:
+    e.g. 90 on CUDA, "gfx942" on ROCm.
 
   Raises:
-    ExportError: neither names a capability.
-    NotImplementedError: the platform is ROCm.
+    ExportError: neither names a GPU.
+    NotImplementedError: the platform is ROCm and jaxlib predates 0.11.1.
   """
-  if platform != "cuda":
-    # jaxlib's ROCm call names the HSACO by a file path on the lowering
-    # host, so the serialised module would point at a file that is not
-    # there when it runs.
+  if platform != "cuda" and not _compat.jaxlib_takes_module_image():
+    # Such a jaxlib's ROCm call names the HSACO by a file path on the
+    # lowering host, so the serialised module would point at a file that
+    # is not there when it runs.
     raise NotImplementedError(
         f"triton_call: kernel {spec.info.name!r} cannot be exported with"
-        f" jax.export for {platform}: jaxlib's ROCm Triton call loads the"
+        f" jax.export for {platform} under jaxlib"
+        f" {_compat.jaxlib_version()}: jaxlib before 0.11.1 loads a ROCm"
         " kernel from a file on the host that lowered it, which a"
-        " serialised module cannot carry. Export for CUDA"
-        " (platforms=['cuda'] with compute_capability=), or lower and run"
-        " on the ROCm host without exporting.")
+        " serialised module cannot carry. Upgrade jax and jaxlib to 0.11.1"
+        " or later (the kernel then travels in the module), export for"
+        " CUDA (platforms=['cuda'] with compute_capability=), or lower and"
+        " run on the ROCm host without exporting.")
   capability = spec.compute_capability
   if capability is None:
     capability = current().compute_capability
   if capability is None:
+    example, note = (("compute_capability='gfx942'", "gfx942: MI300")
+                     if platform == "rocm"
+                     else ("compute_capability=90", "90: H100/H200"))
     raise ExportError(
         f"triton_call: kernel {spec.info.name!r} is being exported with"
-        " jax.export for CUDA, but no compute_capability was given. An"
-        " exported kernel is compiled for one GPU, which must be named, not"
-        " taken from whatever GPU (if any) this host has. Pass"
+        f" jax.export for {platform}, but no compute_capability was given."
+        " An exported kernel is compiled for one GPU, which must be named,"
+        " not taken from whatever GPU (if any) this host has. Pass"
         " compute_capability= to triton_call / sharded_triton_call, or"
-        " export inside `with jt_dist.export_options(compute_capability=90):`"
-        " (90: H100/H200).")
-  return int(capability)
+        f" export inside `with jt_dist.export_options({example}):`"
+        f" ({note}).")
+  return capability
 
 
 def wants_cubin(target_name: str, ffi_target: str) -> bool:

@@ -9,7 +9,9 @@ process, and keeps the fastest. The call is serialised to jaxlib's proto, compre
 emitted as a custom call: the FFI target where the plugin registers it (it
 works inside CUDA graphs), the legacy target otherwise or on request. On
 the FFI target with jaxlib 0.11.1 or later, each kernel's CUBIN goes into
-the call too, so that jaxlib loads it instead of assembling the PTX.
+the call too, so that jaxlib loads it instead of assembling the PTX. On
+ROCm with jaxlib 0.11.1 or later the HSACO goes in on either target,
+where older jaxlibs read it from a file (``rocm_binary_inline``).
 Under ``jax.export`` (``export.py``) the GPU is named explicitly, CUBINs go
 in only on request, and the versions are recorded on the custom call.
 """
@@ -114,21 +116,45 @@ def plugin(platform: str):
   return found
 
 
+def rocm_binary_inline() -> bool:
+  """Whether a ROCm call carries its HSACO inline (``module_image``).
+
+  jaxlib's ROCm call otherwise reads the HSACO from the file whose path is
+  in the ``ptx`` field, and deletes the file once read: an executable
+  restored from JAX's persistent compilation cache in another process
+  would name a file that is gone. jaxlib 0.11.1 and later load a
+  ``module_image`` as is, on ROCm as on CUDA, and never open the path.
+  """
+  return _compat.jaxlib_takes_module_image()
+
+
 def _binary_argument(compiled: _compile.CompiledKernel, platform: str) -> str:
-  """What jaxlib takes as the kernel image: PTX text, or an HSACO path."""
+  """What jaxlib takes in the ``ptx`` field: PTX text, or an HSACO's name.
+
+  On ROCm with the HSACO inline the field is never read as a path, but it
+  is part of the key under which jaxlib caches loaded modules in-process,
+  so it names the HSACO's content: two configs of one kernel differ there.
+  """
   if platform == "cuda":
     return compiled.binary.decode("utf-8")
-  # jaxlib's ROCm path loads the HSACO from a file named in the proto. The
-  # name is the content hash, so rewriting an existing file is harmless.
+  digest = hashlib.sha256(compiled.binary).hexdigest()
+  if rocm_binary_inline():
+    return f"jt_dist-inline-hsaco:{compiled.name}-{digest[:32]}"
+  # Older jaxlibs read, then delete, the file: one per process and content.
   global _hsaco_dir
   if _hsaco_dir is None:
     _hsaco_dir = tempfile.TemporaryDirectory(prefix="jt_dist_hsaco_")
-  digest = hashlib.sha256(compiled.binary).hexdigest()
   path = os.path.join(_hsaco_dir.name, f"{compiled.name}-{digest[:16]}.hsaco")
   if not os.path.exists(path):
     with open(path, "wb") as f:
       f.write(compiled.binary)
   return path
+
+
+def _module_image(compiled: _compile.CompiledKernel, platform: str):
+  """The machine code jaxlib loads as is: the CUBIN, or the HSACO."""
+  code = compiled.binary if platform == "rocm" else compiled.object_file
+  return _proto_wire.ModuleImage(compiled.name, compiled.shared_mem, code)
 
 
 def _nbytes(shape, dtype) -> int:
@@ -229,8 +255,8 @@ def custom_call_target(spec, platform: str) -> str:
 def gpu_lowering(ctx, *args, spec, platform: str):
   """Lowers one ``triton_call`` to jaxlib's Triton custom call.
 
-  Under ``jax.export`` the GPU must be named (``compute_capability``), the
-  call carries PTX unless ``jt_dist.export_options(cubin=True)``, and the
+  Under ``jax.export`` the GPU must be named (``compute_capability``), a
+  CUDA call carries PTX unless ``jt_dist.export_options(cubin=True)``, and the
   versions it was made with are recorded on the custom call.
 
   Args:
@@ -248,7 +274,8 @@ def gpu_lowering(ctx, *args, spec, platform: str):
     capability = _gpu_export.export_capability(spec, platform)
   lib = plugin(platform)
   name = custom_call_target(spec, platform)
-  cubin = _gpu_export.wants_cubin(name, FFI_TARGET) if exporting else None
+  cubin = (_gpu_export.wants_cubin(name, FFI_TARGET)
+           if exporting and platform == "cuda" else None)
   target = _target.resolve_target(ctx, platform, capability)
   for launch in spec.launches:
     _target.check_num_ctas(target, launch.config.num_ctas, launch.config.label)
@@ -258,19 +285,23 @@ def gpu_lowering(ctx, *args, spec, platform: str):
           else _autotuned_call(lib, spec, calls, launches, ctx))
   serialized = call.to_proto(spec.name, spec.serialized_metadata)
   choices = _proto_choices
-  with_images = cubin if exporting else (
-      choices.module_images and name == FFI_TARGET
-      and bool(kernels[0].object_file))
+  if platform == "rocm":
+    with_images = rocm_binary_inline()
+  elif exporting:
+    with_images = cubin
+  else:
+    with_images = (choices.module_images and name == FFI_TARGET
+                   and bool(kernels[0].object_file))
   if with_images:
-    serialized = _proto_wire.with_module_images(serialized, [
-        _proto_wire.ModuleImage(k.name, k.shared_mem, k.object_file)
-        for k in kernels])
+    serialized = _proto_wire.with_module_images(
+        serialized, [_module_image(k, platform) for k in kernels])
   if choices.padding_bytes:
     serialized += _proto_wire.length_delimited(
         _PADDING_FIELD, os.urandom(choices.padding_bytes))
   results = _emit(ctx, args, spec, name, zlib.compress(serialized))
   if exporting:
-    binary = "cubin" if with_images else "ptx"
+    binary = ("hsaco" if platform == "rocm"
+              else "cubin" if with_images else "ptx")
     _gpu_export.record(
         results, _gpu_export.versions(target, name, kernels, binary))
   return results

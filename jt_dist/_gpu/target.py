@@ -121,10 +121,13 @@ def cuda_capability(device: Any) -> int | None:
   return _parse_capability(getattr(device, "compute_capability", None))
 
 
-def _rocm_arch(device: Any) -> str | None:
+def rocm_arch(device: Any) -> str | None:
+  """A ROCm device's gfx arch without feature flags ("gfx942"), or None."""
   arch = str(getattr(device, "compute_capability", "") or "")
   if not arch.startswith("gfx"):
-    lib = _compat.gpu_triton_module()
+    # The ROCm plugin's own bindings: with the CUDA plugin installed too,
+    # jaxlib's module-level names may be either plugin's.
+    lib = getattr(_compat.gpu_triton_module(), "_hip_triton", None)
     if lib is None or not hasattr(lib, "get_arch_details"):
       return None
     arch = str(lib.get_arch_details(device.local_hardware_id))
@@ -169,29 +172,45 @@ def resolve_target(ctx, platform: str, compute_capability: int | None
   Args:
     ctx: the lowering rule's context.
     platform: "cuda" or "rocm".
-    compute_capability: the caller's override, e.g. 90; CUDA only.
+    compute_capability: the caller's override: e.g. 90 on CUDA, "gfx942"
+      on ROCm.
 
   Returns:
     The target.
 
   Raises:
     ValueError: no device of the platform is known and no
-      ``compute_capability`` was given.
+      ``compute_capability`` was given, or it names the other platform's GPU.
   """
-  if platform == "cuda" and compute_capability is not None:
-    return Target("cuda", int(compute_capability))
+  if compute_capability is not None:
+    return _named_target(platform, compute_capability)
   devices = candidate_devices(ctx, platform)
   if platform == "cuda":
     pairs = [(d, cuda_capability(d)) for d in devices]
     pairs = [(d, cc) for d, cc in pairs if cc is not None]
     what = "compute capability"
   else:
-    pairs = [(d, _rocm_arch(d)) for d in devices]
+    pairs = [(d, rocm_arch(d)) for d in devices]
     pairs = [(d, arch) for d, arch in pairs if arch]
     what = "GPU arch"
   if not pairs:
     raise ValueError(_no_device_message(platform))
   return Target(platform, _lowest(pairs, platform, what))
+
+
+def _named_target(platform: str, named: int | str) -> Target:
+  """The target ``compute_capability=`` names; ValueError on a mismatch."""
+  if platform == "rocm" and isinstance(named, str):
+    return Target("rocm", named)
+  if platform == "cuda" and not isinstance(named, str):
+    return Target("cuda", int(named))
+  expected = ("a ROCm GPU arch such as 'gfx942'" if platform == "rocm"
+              else "a CUDA compute capability such as 90")
+  raise ValueError(
+      f"triton_call: compute_capability={named!r} names a GPU of the other"
+      f" platform, but the call is lowered for {platform}. Pass {expected},"
+      " or lower for the platform it names (jax.jit(...).trace(...)"
+      ".lower(lowering_platforms=(...,)).")
 
 
 def _no_device_message(platform: str) -> str:
@@ -205,8 +224,10 @@ def _no_device_message(platform: str) -> str:
     )
   return (
       "triton_call: cannot tell which ROCm GPU arch (gfx...) to compile for:"
-      " the computation is lowered for ROCm, but no ROCm device is visible."
-      " Lower it on a host with the AMD GPU."
+      " the computation is lowered for ROCm, but no ROCm device is visible"
+      " (e.g. cross-lowering on a host without a GPU). Pass"
+      " compute_capability= to triton_call with the arch, e.g."
+      " compute_capability='gfx942' for MI300X or 'gfx90a' for MI250X."
   )
 
 

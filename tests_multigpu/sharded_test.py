@@ -386,6 +386,18 @@ class ShardedErrorsTest(testing.TestCase):
         " out_specs entry", "out_reduce=('sum', 'k')"))
     self.assertNotIn("out_specs=P(", str(cm.exception))
 
+  def test_reduced_output_still_varying_over_another_axis(self):
+    mesh = jax.make_mesh((2, 1), ("k", "y"), devices=self.devices(2)[:2])
+    m, k, n = 16, 32, 48
+    a, b = self.random((m, k)), self.random((k, n))
+    with self.assertRaises(jt_dist.ShardingSpecError) as cm:
+      sharded_matmul._call(a, b, mesh, (P("y", "k"), P("k", None)), P(),
+                           ("sum", "k"), (16, 16, 16), jnp.float32)
+    self._assert_names(cm, (
+        "varies over mesh axes ['y']", "args[0] with spec P('y', 'k')",
+        "its out_specs entry is P()", "pass out_specs=P('y')",
+        "partial over ['y'] too", "out_reduce=('sum', ('k', 'y'))"))
+
   def test_pytree_output_names_its_path(self):
     x = self.random((8,))
     with self.assertRaises(jt_dist.ShardingSpecError) as cm:

@@ -82,6 +82,14 @@ def _check_reduction(k: int, entry, mesh):
   return _COLLECTIVES[op], axes
 
 
+def _reduction_named(reduction):
+  """``(collective, axes)`` as the user wrote it: ``(op, axes)``, or None."""
+  if reduction is None:
+    return None
+  op = next(name for name, f in _COLLECTIVES.items() if f is reduction[0])
+  return op, tuple(reduction[1])
+
+
 def _check_placeholders(args, metaparams) -> None:
   # Resolving against the global arguments checks indices early, at the
   # caller's line; the values used are resolved again inside each shard.
@@ -186,7 +194,8 @@ def sharded_triton_call(
   outputs = _varying.Outputs(
       names=_varying.output_names(out_tree),
       shapes=tuple(shape for shape, _ in out_shapes), specs=tuple(o_specs),
-      given=out_specs is not None, out_tree=out_tree)
+      given=out_specs is not None, out_tree=out_tree,
+      reduced=tuple(_reduction_named(r) for r in reductions))
   operands = [_varying.Operand(f"args[{i}]", tuple(args[i].shape), spec)
               for i, spec in zip([i for i, f in enumerate(is_array) if f],
                                  arg_specs)]

@@ -44,6 +44,7 @@ class Outputs:
     specs: each output's checked spec.
     given: whether the user passed ``out_specs``.
     out_tree: the treedef of ``out_shape``.
+    reduced: each output's ``out_reduce`` as ``(op, axes)``, or None.
   """
 
   names: tuple[str, ...]
@@ -51,6 +52,7 @@ class Outputs:
   specs: tuple[P, ...]
   given: bool
   out_tree: Any
+  reduced: tuple[tuple[str, tuple[str, ...]] | None, ...]
 
 
 def output_names(out_tree) -> tuple[str, ...]:
@@ -94,25 +96,33 @@ def _message(k: int, varying: list, missing: list, outputs: Outputs,
   how = (f"its out_specs entry is {_fmt(spec)}" if outputs.given else
          "out_specs was left out, so it is P() (replicated)")
   needed = needed_spec(shape, varying, operands, mesh)
-  axes = missing[0] if len(missing) == 1 else tuple(missing)
-  reduction = ("sum", axes)
-  if len(outputs.names) == 1:
-    reduce_fix = f"pass out_reduce={reduction!r}"
-  else:
-    reduce_fix = (f"give {name} the pair {reduction!r} in out_reduce (a"
-                  " pytree matching out_shape, None for outputs not reduced)")
-  if needed is None:
-    slice_fix = (f"name mesh axes {varying} in its out_specs entry, on the"
-                 " dimensions of the output they split")
-  else:
-    slice_fix = f"pass {_suggest_specs(outputs, k, needed)}"
+  slice_fix = (
+      f"name mesh axes {varying} in its out_specs entry, on the dimensions"
+      " of the output they split" if needed is None
+      else f"pass {_suggest_specs(outputs, k, needed)}")
   return (
       f"sharded_triton_call: output {k} ({name}, global shape {shape}) varies"
       f" over mesh axes {varying} of mesh {dict(mesh.shape)}{why}, but {how},"
-      f" which does not name {missing}. If each shard computes its own slice of the output,"
-      f" {slice_fix}. If each shard computes a partial result to be summed,"
-      f" {reduce_fix} (or 'max' / 'min')."
+      f" which does not name {missing}. If each shard computes its own slice"
+      f" of the output, {slice_fix}. {_reduce_fix(outputs, k, missing)}"
   )
+
+
+def _reduce_fix(outputs: Outputs, k: int, missing: list) -> str:
+  """The sentence suggesting ``out_reduce`` for output ``k``."""
+  op, axes = outputs.reduced[k] or ("sum", ())
+  axes = (*axes, *missing)
+  pair = (op, axes[0] if len(axes) == 1 else axes)
+  if len(outputs.names) == 1:
+    fix = f"pass out_reduce={pair!r}"
+  else:
+    fix = (f"give {outputs.names[k]} the pair {pair!r} in out_reduce (a"
+           " pytree matching out_shape, None for outputs not reduced)")
+  if outputs.reduced[k]:
+    return (f"If each shard's result is partial over {missing} too, reduce"
+            f" over them as well: {fix}.")
+  return (f"If each shard computes a partial result (a sum, maximum or"
+          f" minimum over its part of the inputs), {fix} (or 'max' / 'min').")
 
 
 def needed_spec(shape: tuple, varying: list, operands: Sequence[Operand],

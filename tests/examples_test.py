@@ -91,10 +91,15 @@ class ScriptsTest(parameterized.TestCase):
       return
     if not gpu_lowering_util.HAS_TRITON_CALL:
       self.skipTest(gpu_lowering_util.SKIP_REASON)
+    on_gpu = testing.platform() == "gpu"
+    # For this host's GPU, which then runs them; else for sm_90.
+    capability = (int(float(jax.devices()[0].compute_capability) * 10)
+                  if on_gpu else 90)
     with tempfile.TemporaryDirectory() as folder:
-      self._run_quietly(name, "--save", folder)
+      self._run_quietly(name, "--save", folder, "--compute-capability",
+                        str(capability))
       self.assertLen(os.listdir(folder), 2)  # PTX, and PTX with a CUBIN.
-      if testing.platform() == "gpu":
+      if on_gpu:
         self._run_quietly(name, "--run", folder)
 
 

@@ -18,9 +18,9 @@ from typing import Sequence
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def run_python(argv: Sequence[str], *, stdin: str | None = None,
-               timeout: float = 600,
-               env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+def run_python(
+    argv: Sequence[str], *, stdin: str | None = None, timeout: float = 600,
+    env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
   """Runs ``python *argv`` from the tree's root, with this tree's jt_dist.
 
   The child gets an empty jt_dist disk cache of its own, the device count

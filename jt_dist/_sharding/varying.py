@@ -1,4 +1,4 @@
-"""Outputs of ``sharded_triton_call`` whose spec leaves out an axis they vary over.
+"""``sharded_triton_call`` outputs whose spec leaves out an axis they vary on.
 
 Inside ``shard_map`` JAX types every value with the mesh axes it varies over
 (``check_vma``); a kernel's outputs vary over every axis one of its inputs

@@ -82,9 +82,9 @@ class ScriptsTest(parameterized.TestCase):
     script_util.assert_quiet_success(
         self, result, " ".join(["python", path, *args]))
 
-  @parameterized.parameters(*sorted(
+  @parameterized.named_parameters(*((name, name) for name in sorted(
       os.path.splitext(f)[0] for f in os.listdir(_EXAMPLES)
-      if f.endswith(".py")))
+      if f.endswith(".py"))))
   def test_script_writes_nothing_to_stderr(self, name):
     if name != "export_kernel":
       self._run_quietly(name)

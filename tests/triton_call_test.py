@@ -21,6 +21,7 @@ from jt_dist import testing
 testing.configure_cpu_devices()
 
 import jt_dist  # pylint: disable=g-import-not-at-top,wrong-import-position
+from variants_util import VariantsTestCase  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 
 @triton.jit
@@ -168,10 +169,6 @@ def add(x, y, kernel=add_kernel, block=32):
       x, y, x.size, kernel=kernel,
       out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
       grid=_cdiv_grid, BLOCK=block)
-
-
-class VariantsTestCase(testing.TestCase, chex.TestCase):
-  """Fresh random inputs (jt_dist.testing), and chex's variants."""
 
 
 class AddTest(VariantsTestCase):

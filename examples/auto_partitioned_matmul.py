@@ -14,6 +14,10 @@ once per device on its shard, with no ``shard_map`` in user code:
     python examples/auto_partitioned_matmul.py
 """
 
+# jt_dist first: it imports jax without the CUDA plugin's start-up lines
+# on hosts without GPUs (README, "Quiet start-up").
+import jt_dist  # pylint: disable=g-bad-import-order
+
 import jax
 from jax.sharding import AxisType
 from jax.sharding import NamedSharding
@@ -22,7 +26,6 @@ import numpy as np
 import triton
 import triton.language as tl
 
-import jt_dist
 from jt_dist import testing
 
 

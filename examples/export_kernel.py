@@ -16,6 +16,10 @@ PTX the jaxlib of a Triton 3.6 host assembles), for sm_90.
 
 from __future__ import annotations
 
+# jt_dist first: it imports jax without the CUDA plugin's start-up lines
+# on hosts without GPUs (README, "Quiet start-up").
+import jt_dist  # pylint: disable=g-bad-import-order
+
 import argparse
 import glob
 import os
@@ -26,8 +30,6 @@ import jax.numpy as jnp
 import numpy as np
 import triton
 import triton.language as tl
-
-import jt_dist
 
 N = 4096
 ALPHA = 2.5

@@ -67,7 +67,13 @@ class ExportError(ValueError):
 
 
 class ShardingSpecError(ValueError):
-  """The partition specs or mesh given to ``sharded_triton_call`` are invalid."""
+  """The partition specs or mesh given to ``sharded_triton_call`` are invalid.
+
+  Among them: an output that varies over a mesh axis (an input is split
+  over it) whose ``out_specs`` entry does not name it, ``P()`` by default;
+  the message gives the spec it needs, or ``out_reduce`` for partial
+  results.
+  """
 
 
 class OutOfBoundsAccessError(IndexError):

@@ -36,6 +36,13 @@ def export_safety_checks() -> list[Any]:
   to keep readable across jaxlib releases: run an artifact under the jaxlib
   it was made with, or check it with ``jt_dist.check_exported``.
 
+  Without them ``jax.export.export`` raises JAX's own ``ValueError``
+  ("Cannot serialize code with custom calls whose targets have no
+  compatibility guarantees"), after lowering and so out of jt_dist's reach:
+  jt_dist cannot see ``disabled_checks`` and does not patch JAX. The call
+  that error prints carries an attribute, ``jt_dist.export``, naming this
+  function; on the FFI target it comes before the kernel's binary.
+
   Returns:
     A list of ``jax.export.DisabledSafetyCheck``.
   """

@@ -2,17 +2,22 @@
 
 Each runs on the devices ``python examples/<name>.py`` uses: every GPU, or
 8 virtual CPU devices on a host without GPUs; with a fresh seed here (the
-scripts default to seed 0).
+scripts default to seed 0). Each script also runs as a user runs it, in a
+fresh process, and must write nothing to stderr (on a host with JAX's CUDA
+plugin and no GPU, importing jax before jt_dist would).
 """
 
 import importlib.util
 import os
+import tempfile
 
 from absl.testing import absltest
 from absl.testing import parameterized
 import jax
 
 from jt_dist import testing
+import gpu_lowering_util
+import script_util
 
 testing.configure_cpu_devices()
 
@@ -66,6 +71,36 @@ class ExamplesTest(testing.TestCase):
 
   def test_softmax_on_ragged_shape(self):
     self.assertLess(_load("softmax").main(n_rows=3, n_cols=33, seed=self.seed), 1e-6)
+
+
+class ScriptsTest(parameterized.TestCase):
+  """``python examples/<name>.py``, as the examples' docstrings say."""
+
+  def _run_quietly(self, name, *args):
+    path = os.path.join("examples", f"{name}.py")
+    result = script_util.run_python([path, *args])
+    script_util.assert_quiet_success(
+        self, result, " ".join(["python", path, *args]))
+
+  @parameterized.named_parameters(*((name, name) for name in sorted(
+      os.path.splitext(f)[0] for f in os.listdir(_EXAMPLES)
+      if f.endswith(".py"))))
+  def test_script_writes_nothing_to_stderr(self, name):
+    if name != "export_kernel":
+      self._run_quietly(name)
+      return
+    if not gpu_lowering_util.HAS_TRITON_CALL:
+      self.skipTest(gpu_lowering_util.SKIP_REASON)
+    on_gpu = testing.platform() == "gpu"
+    # For this host's GPU, which then runs them; else for sm_90.
+    capability = (int(float(jax.devices()[0].compute_capability) * 10)
+                  if on_gpu else 90)
+    with tempfile.TemporaryDirectory() as folder:
+      self._run_quietly(name, "--save", folder, "--compute-capability",
+                        str(capability))
+      self.assertLen(os.listdir(folder), 2)  # PTX, and PTX with a CUBIN.
+      if on_gpu:
+        self._run_quietly(name, "--run", folder)
 
 
 if __name__ == "__main__":

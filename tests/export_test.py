@@ -111,11 +111,34 @@ class ExportForCudaTest(testing.TestCase):
     (call,) = jt_dist.exported_versions(loaded)
     self.assertEqual((call.target, call.binary), ("triton_kernel_call", "ptx"))
 
-  def test_safety_checks_name_both_targets(self):
+  @parameterized.parameters("triton_kernel_call_ffi", "triton_kernel_call")
+  def test_export_without_safety_checks_names_jt_dists_helper(self, target):
+    # JAX refuses the call after lowering, where jt_dist cannot raise; the
+    # call it prints carries jt_dist's note, before the kernel's binary on
+    # the FFI target (whose binary is not in backend_config).
     x, y = self._inputs()
+    f = lambda a, b: _add(a, b, custom_call_target_name=target)
     with jt_dist.export_options(compute_capability=90):
-      with self.assertRaisesRegex(ValueError, "compatibility guarantees"):
-        jax.export.export(jax.jit(_add), platforms=("cuda",))(x, y)
+      with self.assertRaises(ValueError) as caught:
+        jax.export.export(jax.jit(f), platforms=("cuda",))(x, y)
+    message = str(caught.exception)
+    self.assertIn("compatibility guarantees", message)
+    self.assertIn(f"@{target}", message)
+    note = ("jt_dist.export = \"jax.export.export takes this Triton call only"
+            " with disabled_checks=jt_dist.export_safety_checks()\"")
+    self.assertIn(note, message)
+    if target == "triton_kernel_call_ffi":
+      self.assertLess(message.index(note), message.index("opaque = "))
+      self.assertLess(message.index(note), 600)
+
+  def test_exported_call_keeps_the_note_and_runs_its_checks(self):
+    x, y = self._inputs()
+    exported = jax.export.deserialize(
+        _export(_add, x, y, compute_capability=90).serialize())
+    self.assertIn("jt_dist.export = ", exported.mlir_module())
+    self.assertLen(jt_dist.exported_versions(exported), 1)
+
+  def test_safety_checks_name_both_targets(self):
     self.assertLen(jt_dist.export_safety_checks(), 2)
     for target in ("triton_kernel_call_ffi", "triton_kernel_call"):
       self.assertIn(jax.export.DisabledSafetyCheck.custom_call(target),
@@ -163,6 +186,7 @@ class ExportForCudaTest(testing.TestCase):
     lowered = jax.jit(lambda a, b: _add(a, b, compute_capability=90)).trace(
         x, y).lower(lowering_platforms=("cuda",))
     self.assertNotIn("jt_dist_", lowered.as_text())
+    self.assertNotIn("jt_dist.export", lowered.as_text())
 
   def test_versions_missing_errors(self):
     x, y = self._inputs()

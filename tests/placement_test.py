@@ -2,6 +2,7 @@
 
 from absl.testing import absltest
 from absl.testing import parameterized
+import chex
 import jax
 from jax.sharding import AxisType
 from jax.sharding import NamedSharding
@@ -14,6 +15,8 @@ import jt_dist
 from jt_dist import testing
 
 testing.configure_cpu_devices()
+
+from variants_util import VariantsTestCase  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 
 @triton.jit
@@ -33,7 +36,7 @@ def add(x, y, **kwargs):
       BLOCK=32, **kwargs)
 
 
-class PlacementTest(testing.TestCase):
+class PlacementTest(VariantsTestCase):
 
   def setUp(self):
     super().setUp()
@@ -46,12 +49,12 @@ class PlacementTest(testing.TestCase):
     kwargs = {} if axis_types is None else {"axis_types": axis_types}
     return jax.make_mesh(shape, names, devices=devices, **kwargs)
 
-  @parameterized.parameters(False, True)
-  def test_single_device_call_stays_on_its_device(self, jit):
+  @chex.variants(with_jit=True, without_jit=True)
+  def test_single_device_call_stays_on_its_device(self):
     # Regression: device 3 of a multi-device host, not device 0.
     device = self.devices(4)[3]
     x, y = jax.device_put(self.x, device), jax.device_put(self.y, device)
-    out = (jax.jit(add) if jit else add)(x, y)
+    out = self.variant(add)(x, y)
     self.assertEqual(out.devices(), {device})
     self.assertAllClose(out, self.x + self.y)
 
@@ -114,15 +117,14 @@ class PlacementTest(testing.TestCase):
     self.assertEqual(out.devices(), {device})
     self.assertAllClose(out, self.x + self.y)
 
-  @parameterized.parameters(False, True)
-  def test_shard_map_1d(self, jit):
+  @chex.variants(with_jit=True, without_jit=True)
+  def test_shard_map_1d(self):
     mesh = self._mesh((4,), ("x",))
     f = jax.shard_map(add, mesh=mesh, in_specs=(P("x"), P("x")),
                       out_specs=P("x"))
     sharding = NamedSharding(mesh, P("x"))
     x, y = (jax.device_put(a, sharding) for a in (self.x, self.y))
-    out = (jax.jit(f) if jit else f)(x, y)
-    self.assertAllClose(out, self.x + self.y)
+    self.assertAllClose(self.variant(f)(x, y), self.x + self.y)
 
   def test_shard_map_2d(self):
     mesh = self._mesh((2, 2), ("x", "y"))

@@ -9,7 +9,7 @@ import textwrap
 import threading
 
 from absl.testing import absltest
-from absl.testing import parameterized
+import chex
 import jax
 from jax._src.interpreters import partial_eval as pe  # DCE has no public API.
 import jax.numpy as jnp
@@ -23,6 +23,7 @@ from jt_dist import testing
 testing.configure_cpu_devices()
 
 import jt_dist  # pylint: disable=g-import-not-at-top,wrong-import-position
+from variants_util import VariantsTestCase  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 _REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -57,30 +58,33 @@ def add(x, y, kernel=add_kernel, **kwargs):
       **kwargs)
 
 
-class VmapTest(testing.TestCase):
+class VmapTest(VariantsTestCase):
 
-  @parameterized.parameters(False, True)
-  def test_vmap_sequential_matches_loop(self, jit):
+  @chex.variants(with_jit=True, without_jit=True)
+  def test_vmap_sequential_matches_loop(self):
     xs, ys = self.random((4, 20)), self.random((4, 20))
     fn = jax.vmap(lambda x, y: add(x, y, vmap_method="sequential"))
-    out = (jax.jit(fn) if jit else fn)(xs, ys)
+    out = self.variant(fn)(xs, ys)
     expected = np.stack([np.asarray(add(x, y)) for x, y in zip(xs, ys)])
     self.assertAllClose(out, expected, rtol=0, atol=0)
 
+  @chex.variants(with_jit=True, without_jit=True)
   def test_vmap_sequential_unbatched_operand_and_axis(self):
     xs, y = self.random((20, 3)), self.random((20,))
-    out = jax.vmap(lambda x: add(x, jnp.asarray(y), vmap_method="sequential"),
-                   in_axes=1, out_axes=1)(xs)
+    out = self.variant(jax.vmap(
+        lambda x: add(x, jnp.asarray(y), vmap_method="sequential"),
+        in_axes=1, out_axes=1))(xs)
     self.assertAllClose(out, xs + y[:, None])
 
+  @chex.variants(with_jit=True, without_jit=True)
   def test_nested_vmap_sequential(self):
     xs, ys = self.random((2, 3, 8)), self.random((2, 3, 8))
-    out = jax.vmap(jax.vmap(
-        lambda x, y: add(x, y, vmap_method="sequential")))(xs, ys)
+    out = self.variant(jax.vmap(jax.vmap(
+        lambda x, y: add(x, y, vmap_method="sequential"))))(xs, ys)
     self.assertAllClose(out, xs + ys)
 
 
-class DifferentiationTest(testing.TestCase):
+class DifferentiationTest(VariantsTestCase):
 
   def test_grad_refused(self):
     x, y = self.random((16,)), self.random((16,))
@@ -94,12 +98,13 @@ class DifferentiationTest(testing.TestCase):
                                 r"'_add_fn'.*jax\.custom_vjp"):
       jax.jvp(lambda x: add(x, y), (x,), (jnp.ones_like(x),))
 
+  @chex.variants(with_jit=True, without_jit=True)
   def test_grad_through_other_inputs_is_fine(self):
     # Differentiating with respect to something the kernel does not see
     # treats the kernel's output as a constant.
     x, y = self.random((16,)), self.random((16,))
-    g = jax.grad(lambda a: (a * add(jnp.asarray(x), jnp.asarray(y))).sum())(
-        1.0)
+    g = self.variant(jax.grad(
+        lambda a: (a * add(jnp.asarray(x), jnp.asarray(y))).sum()))(1.0)
     self.assertAllClose(g, (x + y).sum(), rtol=1e-5)
 
 

@@ -1,11 +1,15 @@
 """Correctness of ``triton_call`` through Triton's interpreter, against NumPy.
 
-Every kernel runs eagerly and under ``jax.jit`` on fresh random inputs.
-Sizes are small on purpose: the interpreter runs Python per program instance.
+Every kernel runs eagerly and under ``jax.jit`` on fresh random inputs: chex
+variants make one test of each (``self.variant`` is ``jax.jit`` or not), and
+``chex.assert_trees_all_close`` compares pytree results whole, structure
+included. Sizes are small on purpose: the interpreter runs Python per program
+instance.
 """
 
 from absl.testing import absltest
 from absl.testing import parameterized
+import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -17,6 +21,7 @@ from jt_dist import testing
 testing.configure_cpu_devices()
 
 import jt_dist  # pylint: disable=g-import-not-at-top,wrong-import-position
+from variants_util import VariantsTestCase  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 
 @triton.jit
@@ -166,26 +171,27 @@ def add(x, y, kernel=add_kernel, block=32):
       grid=_cdiv_grid, BLOCK=block)
 
 
-class AddTest(testing.TestCase):
+class AddTest(VariantsTestCase):
 
-  @parameterized.product(
-      dtype=[np.float32, np.float16, np.int32], jit=[False, True])
-  def test_add(self, dtype, jit):
+  # Without jit: NumPy inputs as given, and inputs already on the device.
+  @chex.variants(with_jit=True, without_jit=True, with_device=True,
+                 without_device=True)
+  @parameterized.named_parameters(
+      ("float32", np.float32), ("float16", np.float16), ("int32", np.int32))
+  def test_add(self, dtype):
     x = self.random((100,), dtype)
     y = self.random((100,), dtype)
-    fn = jax.jit(add) if jit else add
-    out = fn(jnp.asarray(x), jnp.asarray(y))
+    out = self.variant(add)(x, y)
     self.assertEqual(out.dtype, dtype)
     self.assertAllClose(out, x + y, rtol=0, atol=0)
 
-  @parameterized.parameters(False, True)
-  def test_add_bfloat16(self, jit):
+  @chex.variants(with_jit=True, without_jit=True)
+  def test_add_bfloat16(self):
     # The interpreter stores bf16 as raw uint16 bits and cannot add them
     # natively, so this kernel upcasts, as bf16 kernels usually do anyway.
     x = jnp.asarray(self.random((70,)), jnp.bfloat16)
     y = jnp.asarray(self.random((70,)), jnp.bfloat16)
-    fn = jax.jit(add, static_argnums=2) if jit else add
-    out = fn(x, y, add_fp32_kernel)
+    out = self.variant(add, static_argnums=2)(x, y, add_fp32_kernel)
     self.assertEqual(out.dtype, jnp.bfloat16)
     expected = (np.asarray(x, np.float32) + np.asarray(y, np.float32)).astype(
         jnp.bfloat16)
@@ -205,11 +211,11 @@ class AddTest(testing.TestCase):
     self.assertAllClose(add(x2, y), x2 + y)
 
 
-class ScalarTest(testing.TestCase):
+class ScalarTest(VariantsTestCase):
 
-  @parameterized.product(
-      alpha=[3, -2.5, np.float32(0.75), True], jit=[False, True])
-  def test_axpy(self, alpha, jit):
+  @chex.variants(with_jit=True, without_jit=True)
+  @parameterized.parameters(3, -2.5, np.float32(0.75), True)
+  def test_axpy(self, alpha):
     x, y = self.random((50,)), self.random((50,))
 
     def axpy(x, y):
@@ -218,8 +224,7 @@ class ScalarTest(testing.TestCase):
           out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype), grid=_cdiv_grid,
           BLOCK=16)
 
-    fn = jax.jit(axpy) if jit else axpy
-    out = fn(jnp.asarray(x), jnp.asarray(y))
+    out = self.variant(axpy)(jnp.asarray(x), jnp.asarray(y))
     self.assertAllClose(out, np.float32(alpha) * x + y, rtol=1e-6)
 
   @parameterized.parameters(1.0 / 3.0, np.float32(1.0 / 3.0))
@@ -253,8 +258,9 @@ class ScalarTest(testing.TestCase):
     self.assertAllClose(out, x + 5, rtol=0, atol=0)
 
 
-class GridTest(testing.TestCase):
+class GridTest(VariantsTestCase):
 
+  @chex.variants(with_jit=True, without_jit=True)
   @parameterized.named_parameters(
       ("int", 4), ("tuple", (4,)), ("tuple3", (4, 1, 1)),
       ("callable", lambda meta: (triton.cdiv(meta["n"], meta["BLOCK"]),)),
@@ -267,9 +273,7 @@ class GridTest(testing.TestCase):
           out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype), grid=grid,
           BLOCK=16)
 
-    for fn in (call, jax.jit(call)):
-      out = fn(x, y)
-      self.assertAllClose(out, x + y)
+    self.assertAllClose(self.variant(call)(x, y), x + y)
 
   def test_grid_callable_sees_scalar_args_and_metaparams(self):
     seen = []
@@ -293,10 +297,10 @@ class GridTest(testing.TestCase):
     self.assertAllClose(out, 2 * x)
 
 
-class KernelTest(testing.TestCase):
+class KernelTest(VariantsTestCase):
 
-  @parameterized.parameters(False, True)
-  def test_matmul(self, jit):
+  @chex.variants(with_jit=True, without_jit=True)
+  def test_matmul(self):
     m, n, k = 32, 32, 48
     a, b = self.random((m, k)), self.random((k, n))
 
@@ -308,11 +312,11 @@ class KernelTest(testing.TestCase):
                              triton.cdiv(n, meta["BLOCK_N"])),
           M=m, N=n, K=k, BLOCK_M=16, BLOCK_N=16, BLOCK_K=16)
 
-    fn = jax.jit(matmul) if jit else matmul
-    self.assertAllClose(fn(a, b), a @ b, rtol=1e-4, atol=1e-4)
+    self.assertAllClose(self.variant(matmul)(a, b), a @ b, rtol=1e-4,
+                        atol=1e-4)
 
-  @parameterized.parameters(False, True)
-  def test_softmax(self, jit):
+  @chex.variants(with_jit=True, without_jit=True)
+  def test_softmax(self):
     x = self.random((6, 20), low=-5, high=5)
 
     def softmax(x):
@@ -320,14 +324,13 @@ class KernelTest(testing.TestCase):
           x, kernel=softmax_kernel, out_shape=x, grid=x.shape[0],
           n_cols=x.shape[1], BLOCK=triton.next_power_of_2(x.shape[1]))
 
-    fn = jax.jit(softmax) if jit else softmax
     e = np.exp(x - x.max(axis=1, keepdims=True))
-    self.assertAllClose(fn(jnp.asarray(x)), e / e.sum(axis=1, keepdims=True),
-                        rtol=1e-5, atol=1e-6)
+    self.assertAllClose(self.variant(softmax)(jnp.asarray(x)),
+                        e / e.sum(axis=1, keepdims=True), rtol=1e-5, atol=1e-6)
 
-  @parameterized.product(
-      zeroed=["sequence", "callable"], jit=[False, True])
-  def test_two_outputs_atomic_add_into_zeroed_output(self, zeroed, jit):
+  @chex.variants(with_jit=True, without_jit=True)
+  @parameterized.parameters("sequence", "callable")
+  def test_two_outputs_atomic_add_into_zeroed_output(self, zeroed):
     x = self.random((70,))
     zeroed_outputs = [1] if zeroed == "sequence" else (
         lambda meta: [1] if meta["BLOCK"] else [])
@@ -339,29 +342,29 @@ class KernelTest(testing.TestCase):
                      jax.ShapeDtypeStruct((1,), np.float32)),
           grid=_cdiv_grid, zeroed_outputs=zeroed_outputs, BLOCK=16)
 
-    fn = jax.jit(copy_and_sum) if jit else copy_and_sum
-    copy, total = fn(jnp.asarray(x))
-    self.assertAllClose(copy, x, rtol=0, atol=0)
-    self.assertAllClose(total, [x.sum()], rtol=1e-5, atol=1e-5)
+    fn = self.variant(copy_and_sum)
+    expected = (x, np.array([x.sum()], np.float32))
+    chex.assert_trees_all_close(fn(jnp.asarray(x)), expected, rtol=1e-5,
+                                atol=1e-5)
     # Zeroed before every launch, not once: a second call gives the same.
-    _, total = fn(jnp.asarray(x))
-    self.assertAllClose(total, [x.sum()], rtol=1e-5, atol=1e-5)
+    chex.assert_trees_all_close(fn(jnp.asarray(x)), expected, rtol=1e-5,
+                                atol=1e-5)
 
+  @chex.variants(with_jit=True, without_jit=True)
   def test_two_outputs(self):
     x, y = self.random((33,)), self.random((33,))
-    s, d = jax.jit(lambda x, y: jt_dist.triton_call(
+    out = self.variant(lambda x, y: jt_dist.triton_call(
         x, y, x.size, kernel=add_sub_kernel, out_shape=(x, x),
         grid=_cdiv_grid, BLOCK=16))(x, y)
-    self.assertAllClose(s, x + y)
-    self.assertAllClose(d, x - y)
+    chex.assert_trees_all_close(out, (x + y, x - y), rtol=1e-6)
 
+  @chex.variants(with_jit=True, without_jit=True)
   def test_kernel_calling_jit_helper(self):
     x = self.random((40,))
-    for fn in (lambda x: jt_dist.triton_call(
+    fn = lambda x: jt_dist.triton_call(
         x, x.size, kernel=square_kernel, out_shape=x, grid=_cdiv_grid,
-        BLOCK=16),):
-      self.assertAllClose(fn(x), x * x)
-      self.assertAllClose(jax.jit(fn)(x), x * x)
+        BLOCK=16)
+    self.assertAllClose(self.variant(fn)(x), x * x)
 
   @parameterized.named_parameters(
       ("all_defaults", {}, 16, 3),
@@ -430,30 +433,29 @@ class AliasTest(testing.TestCase):
     self.assertAllClose(out, x + 2)
 
 
-class PytreeTest(testing.TestCase):
+class PytreeTest(VariantsTestCase):
 
+  @chex.variants(with_jit=True, without_jit=True)
   def test_dict_out_shape(self):
     x, y = self.random((24,)), self.random((24,))
-    out = jt_dist.triton_call(
+    out = self.variant(lambda x, y: jt_dist.triton_call(
         x, y, x.size, kernel=add_sub_kernel,
         out_shape={"sum": jax.ShapeDtypeStruct(x.shape, x.dtype),
                    "diff": jax.ShapeDtypeStruct(x.shape, x.dtype)},
-        grid=_cdiv_grid, BLOCK=16)
-    self.assertEqual(set(out), {"sum", "diff"})
+        grid=_cdiv_grid, BLOCK=16))(x, y)
     # Dict leaves flatten in sorted key order: diff first, then sum.
-    self.assertAllClose(out["diff"], x + y)
-    self.assertAllClose(out["sum"], x - y)
+    chex.assert_trees_all_close(out, {"diff": x + y, "sum": x - y},
+                                rtol=1e-6)
 
+  @chex.variants(with_jit=True, without_jit=True)
   def test_nested_out_shape(self):
     x, y = self.random((24,)), self.random((24,))
     sds = jax.ShapeDtypeStruct(x.shape, x.dtype)
-    out = jax.jit(lambda x, y: jt_dist.triton_call(
+    out = self.variant(lambda x, y: jt_dist.triton_call(
         x, y, x.size, kernel=add_sub_kernel, out_shape=[(sds,), {"d": sds}],
         grid=_cdiv_grid, BLOCK=16))(x, y)
-    self.assertIsInstance(out, list)
-    self.assertIsInstance(out[0], tuple)
-    self.assertAllClose(out[0][0], x + y)
-    self.assertAllClose(out[1]["d"], x - y)
+    # The structure is compared too: a list holding a tuple and a dict.
+    chex.assert_trees_all_close(out, [(x + y,), {"d": x - y}], rtol=1e-6)
 
   def test_single_leaf_returns_leaf(self):
     x, y = self.random((24,)), self.random((24,))

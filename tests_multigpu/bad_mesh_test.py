@@ -55,6 +55,15 @@ _CASES = (
     ("out_spec_unknown_axis", lambda t: _call(t, out_specs=P("y")),
      jt_dist.ShardingSpecError, r"spec P\('y',\) of output 0"
      r" names mesh axes \['y'\].*x=2"),
+    ("out_specs_left_out_on_split_inputs", lambda t: _call(t, out_specs=None),
+     jt_dist.ShardingSpecError, r"output 0 \(out_shape, global shape \(8,\)\)"
+     r" varies over mesh axes \['x'\].*out_specs was left out.*pass"
+     r" out_specs=P\('x'\).*out_reduce=\('sum', 'x'\)"),
+    ("out_spec_on_another_axis", lambda t: _call(
+        t, mesh=jax.make_mesh((2, 1), ("x", "y"), devices=t.devices(2)),
+        out_specs=P("y")),
+     jt_dist.ShardingSpecError, r"its out_specs entry is P\('y'\), which"
+     r" does not name \['x'\].*pass out_specs=P\('x'\)"),
     ("out_reduce_unknown_axis", lambda t: _call(
         t, in_specs=(P(), P()), out_specs=P(), out_reduce=("sum", "y")),
      jt_dist.ShardingSpecError, r"out_reduce of output 0 reduces over mesh"

@@ -67,6 +67,17 @@ def scale_rows_kernel(x_ptr, s_ptr, n_cols, out_ptr, BLOCK: tl.constexpr):
   tl.store(out_ptr + row * n_cols + cols, x * s, mask=mask)
 
 
+@triton.jit
+def double_and_shift_kernel(x_ptr, n, doubled_ptr, shifted_ptr,
+                            BLOCK: tl.constexpr):
+  """Two outputs: doubled = 2 * x, shifted = x + 1."""
+  offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+  mask = offsets < n
+  x = tl.load(x_ptr + offsets, mask=mask)
+  tl.store(doubled_ptr + offsets, x * 2, mask=mask)
+  tl.store(shifted_ptr + offsets, x + 1, mask=mask)
+
+
 class ShardedTest(testing.TestCase):
 
   def setUp(self):
@@ -121,6 +132,17 @@ class ShardedTest(testing.TestCase):
         in_specs=(P(), P()), out_specs=P(), BLOCK=32)
     self.assertAllClose(out, x + y)
     self.assertEqual(len(out.sharding.device_set), self.count)
+
+  def test_replicated_inputs_default_to_a_replicated_output(self):
+    # P() is right when no input is split: the output varies over nothing.
+    n = 96
+    x, y = self.random((n,)), self.random((n,))
+    out = jt_dist.sharded_triton_call(
+        x, y, n, kernel=sharded_add.add_kernel,
+        out_shape=jax.ShapeDtypeStruct((n,), jnp.float32),
+        grid=(triton.cdiv(n, 32),), mesh=self.mesh1d, BLOCK=32)
+    self.assertAllClose(out, x + y)
+    self.assertEqual(out.sharding.spec, P())
 
   def test_ambient_mesh(self):
     n = 32 * self.count
@@ -316,6 +338,77 @@ class ShardedErrorsTest(testing.TestCase):
     with self.assertRaisesRegex(ValueError, "'mean'.*one of"):
       self._call(x, x, 8, out_shape=self._out(8), in_specs=(P(), P()),
                  out_reduce=("mean", "x"))
+
+  def _assert_names(self, caught, parts):
+    message = str(caught.exception)
+    for part in parts:
+      self.assertIn(part, message)
+    # Neither shard_map's internals nor its advice, which would be wrong.
+    for part in ("per_shard", "_rem_singleton", "check_vma"):
+      self.assertNotIn(part, message)
+
+  @parameterized.parameters(False, True)
+  def test_split_inputs_without_out_specs(self, jit):
+    x = jax.device_put(self.random((8,)), NamedSharding(self.mesh, P("x")))
+    call = lambda a: self._call(a, a, jt_dist.shard_size(0),
+                                out_shape=self._out(8))
+    with self.assertRaises(jt_dist.ShardingSpecError) as cm:
+      (jax.jit(call) if jit else call)(x)
+    self._assert_names(cm, (
+        "output 0 (out_shape, global shape (8,))", "mesh axes ['x']",
+        "args[0] with spec P('x')", "args[1] with spec P('x')",
+        "out_specs was left out", "out_specs=P('x')",
+        "out_reduce=('sum', 'x')"))
+
+  def test_out_spec_missing_an_axis_names_the_inferred_spec(self):
+    mesh = jax.make_mesh((2, 1), ("x", "y"), devices=self.devices(2)[:2])
+    m, k, n = 32, 16, 48  # M != N: each axis maps to one output dimension.
+    a, b = self.random((m, k)), self.random((k, n))
+    with self.assertRaises(jt_dist.ShardingSpecError) as cm:
+      sharded_matmul._call(a, b, mesh, (P("x", None), P(None, "y")), P("x"),
+                           None, (16, 16, 16), jnp.float32)
+    self._assert_names(cm, (
+        "global shape (32, 48)", "mesh axes ['x', 'y']",
+        "its out_specs entry is P('x')", "does not name ['y']",
+        "args[1] with spec P(None, 'y')", "out_specs=P('x', 'y')",
+        "out_reduce=('sum', 'y')"))
+
+  def test_k_split_without_out_reduce(self):
+    mesh = jax.make_mesh((2,), ("k",), devices=self.devices(2)[:2])
+    m, k, n = 16, 32, 16
+    a, b = self.random((m, k)), self.random((k, n))
+    with self.assertRaises(jt_dist.ShardingSpecError) as cm:
+      sharded_matmul._call(a, b, mesh, (P(None, "k"), P("k", None)), P(),
+                           None, (16, 16, 16), jnp.float32)
+    # No output dimension has K's size: no spec is guessed.
+    self._assert_names(cm, (
+        "its out_specs entry is P()", "name mesh axes ['k'] in its"
+        " out_specs entry", "out_reduce=('sum', 'k')"))
+    self.assertNotIn("out_specs=P(", str(cm.exception))
+
+  def test_reduced_output_still_varying_over_another_axis(self):
+    mesh = jax.make_mesh((2, 1), ("k", "y"), devices=self.devices(2)[:2])
+    m, k, n = 16, 32, 48
+    a, b = self.random((m, k)), self.random((k, n))
+    with self.assertRaises(jt_dist.ShardingSpecError) as cm:
+      sharded_matmul._call(a, b, mesh, (P("y", "k"), P("k", None)), P(),
+                           ("sum", "k"), (16, 16, 16), jnp.float32)
+    self._assert_names(cm, (
+        "varies over mesh axes ['y']", "args[0] with spec P('y', 'k')",
+        "its out_specs entry is P()", "pass out_specs=P('y')",
+        "partial over ['y'] too", "out_reduce=('sum', ('k', 'y'))"))
+
+  def test_pytree_output_names_its_path(self):
+    x = self.random((8,))
+    with self.assertRaises(jt_dist.ShardingSpecError) as cm:
+      self._call(x, jt_dist.shard_size(0), kernel=double_and_shift_kernel,
+                 out_shape={"doubled": self._out(8), "shifted": self._out(8)},
+                 in_specs=(P("x"),),
+                 out_specs={"doubled": P("x"), "shifted": P()})
+    self._assert_names(cm, (
+        "output 1 (out_shape['shifted']", "its out_specs entry is P()",
+        "out_specs={'doubled': P('x'), 'shifted': P('x')}",
+        "give out_shape['shifted'] the pair ('sum', 'x') in out_reduce"))
 
   def test_no_mesh(self):
     x = self.random((8,))

@@ -27,6 +27,15 @@ from jt_dist._errors import ExportError
 ATTRIBUTE_PREFIX = "jt_dist_"
 FRONTEND_ATTRIBUTES = "mhlo.frontend_attributes"
 
+# jax.export checks its disabled_checks after lowering, where jt_dist cannot
+# see them, and refuses a Triton call it was not told to allow with a
+# ValueError that prints the call's attributes, in name order: this one,
+# a discardable attribute that XLA ignores, comes before the call's binary.
+SAFETY_CHECKS_ATTRIBUTE = "jt_dist.export"
+SAFETY_CHECKS_NOTE = (
+    "jax.export.export takes this Triton call only with"
+    " disabled_checks=jt_dist.export_safety_checks()")
+
 
 @dataclasses.dataclass(frozen=True)
 class ExportSettings:
@@ -158,6 +167,8 @@ def versions(target, target_name: str, kernels: Sequence[Any],
 def record(results: Sequence[Any], recorded: dict[str, str]) -> None:
   """Writes ``recorded`` as frontend attributes of the call's custom call.
 
+  With them goes ``SAFETY_CHECKS_NOTE``, which JAX's refusal of the call
+  (exported without ``disabled_checks``) prints near its start.
   ``results`` are the custom call's results; a call without results (all
   outputs empty) has nothing to run and records nothing.
   """
@@ -173,3 +184,5 @@ def record(results: Sequence[Any], recorded: dict[str, str]) -> None:
   for key, value in recorded.items():
     attributes[ATTRIBUTE_PREFIX + key] = mlir.ir.StringAttr.get(value)
   op.attributes[FRONTEND_ATTRIBUTES] = mlir.ir.DictAttr.get(attributes)
+  op.attributes[SAFETY_CHECKS_ATTRIBUTE] = mlir.ir.StringAttr.get(
+      SAFETY_CHECKS_NOTE)

@@ -14,6 +14,7 @@ from jt_dist._sharding import partition as _partition
 from jt_dist._sharding import rule as _rule
 from jt_dist._sharding import shard_size as _shard_size
 from jt_dist._sharding import specs as _specs
+from jt_dist._sharding import varying as _varying
 
 _COLLECTIVES = {"sum": jax.lax.psum, "max": jax.lax.pmax, "min": jax.lax.pmin}
 
@@ -81,6 +82,14 @@ def _check_reduction(k: int, entry, mesh):
   return _COLLECTIVES[op], axes
 
 
+def _reduction_named(reduction):
+  """``(collective, axes)`` as the user wrote it: ``(op, axes)``, or None."""
+  if reduction is None:
+    return None
+  op = next(name for name, f in _COLLECTIVES.items() if f is reduction[0])
+  return op, tuple(reduction[1])
+
+
 def _check_placeholders(args, metaparams) -> None:
   # Resolving against the global arguments checks indices early, at the
   # caller's line; the values used are resolved again inside each shard.
@@ -138,7 +147,10 @@ def sharded_triton_call(
     in_specs: one ``PartitionSpec`` per array argument, in order; by default
       each argument's own sharding spec (replicated when it has none).
     out_specs: one ``PartitionSpec`` for all outputs, or a pytree of them
-      matching ``out_shape``; replicated (``P()``) by default.
+      matching ``out_shape``; replicated (``P()``) by default, which is
+      right only for outputs that vary over no mesh axis (all inputs
+      replicated) or that ``out_reduce`` reduces over every axis they vary
+      over.
     out_reduce: partial results to reduce across shards before they leave
       them: ``(op, axes)`` with op ``"sum"``, ``"max"`` or ``"min"``, for
       every output, or a pytree matching ``out_shape`` of such pairs or None.
@@ -156,8 +168,10 @@ def sharded_triton_call(
 
   Raises:
     jt_dist.ShardingSpecError: no mesh, the wrong number of ``in_specs``,
-      unknown or repeated axes, a spec longer than an array's rank, or a
-      dimension its axes do not divide.
+      unknown or repeated axes, a spec longer than an array's rank, a
+      dimension its axes do not divide, or an output that varies over a
+      mesh axis (as an input split over it does) that neither its
+      ``out_specs`` entry names nor ``out_reduce`` reduces over.
     ValueError: a ``shard_size`` pointing at a scalar or a missing argument.
     TypeError, jt_dist.KernelBindingError: as for ``triton_call``.
   """
@@ -177,6 +191,14 @@ def sharded_triton_call(
       for (shape, dtype), spec in zip(out_shapes, o_specs)
   ])
   is_array = [_specs.is_array(a) for a in args]
+  outputs = _varying.Outputs(
+      names=_varying.output_names(out_tree),
+      shapes=tuple(shape for shape, _ in out_shapes), specs=tuple(o_specs),
+      given=out_specs is not None, out_tree=out_tree,
+      reduced=tuple(_reduction_named(r) for r in reductions))
+  operands = [_varying.Operand(f"args[{i}]", tuple(args[i].shape), spec)
+              for i, spec in zip([i for i, f in enumerate(is_array) if f],
+                                 arg_specs)]
 
   def per_shard(*local_arrays):
     it = iter(local_arrays)
@@ -185,6 +207,7 @@ def sharded_triton_call(
                             grid=grid, **kwargs)
     flat = jax.tree_util.tree_leaves(outs)
     flat = [x if r is None else r[0](x, r[1]) for x, r in zip(flat, reductions)]
+    _varying.check(flat, outputs, operands, mesh)
     return tuple(flat)
 
   arrays = [

@@ -1,0 +1,65 @@
+"""Runs Python as a user would, in a fresh process, and checks it was quiet.
+
+For tests of what users run whole: the examples (tests/examples_test.py)
+and pasted documentation blocks. A run passes when it exits 0 and writes
+nothing to stderr: on a host without GPUs that has JAX's CUDA plugin,
+importing jax before jt_dist writes the plugin's start-up lines there, and
+a warning a user would see is a failure too.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+from typing import Sequence
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def run_python(
+    argv: Sequence[str], *, stdin: str | None = None, timeout: float = 600,
+    env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+  """Runs ``python *argv`` from the tree's root, with this tree's jt_dist.
+
+  The child gets an empty jt_dist disk cache of its own, the device count
+  a user's plain run gets (``JT_DIST_CPU_DEVICES`` is dropped), and no GPU
+  memory preallocation: a test process may already hold most of a GPU,
+  and a child that preallocates too logs each failed attempt to stderr.
+
+  Args:
+    argv: the interpreter's arguments, e.g. ``["examples/add.py"]`` or
+      ``["-c", code]``.
+    stdin: text to feed the child.
+    timeout: seconds before the child is killed (the test then fails).
+    env: variables to set on top of this process's environment.
+
+  Returns:
+    The finished process, with stdout and stderr as text.
+  """
+  with tempfile.TemporaryDirectory() as cache:
+    path = os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH"))
+                           if p)
+    child = dict(os.environ, JT_DIST_CACHE_DIR=cache, PYTHONPATH=path,
+                 XLA_PYTHON_CLIENT_PREALLOCATE="false")
+    child.pop("JT_DIST_CPU_DEVICES", None)
+    child.update(env or {})
+    return subprocess.run(
+        [sys.executable, *argv], input=stdin, capture_output=True, text=True,
+        cwd=ROOT, env=child, timeout=timeout, check=False)
+
+
+def assert_quiet_success(test, result: subprocess.CompletedProcess,
+                         what: str) -> None:
+  """Fails ``test`` unless ``result`` exited 0 with an empty stderr.
+
+  Args:
+    test: the ``unittest.TestCase`` to fail.
+    result: from ``run_python``.
+    what: what ran, for the failure message (e.g. "examples/add.py").
+  """
+  test.assertEqual(result.returncode, 0,
+                   f"{what} exited with {result.returncode}:\n{result.stderr}")
+  test.assertEqual(result.stderr, "",
+                   f"{what} wrote to stderr (import jt_dist before jax?)")

@@ -61,6 +61,15 @@ class DocsTest(parameterized.TestCase):
     if len(skipped) == len(chains):
       self.skipTest(f"{path}: every block needs a GPU: {'; '.join(skipped)}")
 
+  def test_the_examples_page_lists_every_example(self):
+    path = os.path.join("docs", "examples.md")
+    if not os.path.exists(os.path.join(_ROOT, path)):
+      self.skipTest(f"{path} is not in this tree")
+    text = _read(path)
+    for example in sorted(glob.glob(os.path.join(_ROOT, "examples", "*.py"))):
+      name = f"`examples/{os.path.basename(example)}`"
+      self.assertIn(name, text, f"{path} does not list {name}")
+
   def test_the_benchmarks_page_types_no_figure(self):
     path = os.path.join("docs", "benchmarks.md")
     if not os.path.exists(os.path.join(_ROOT, path)):

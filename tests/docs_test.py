@@ -11,6 +11,7 @@ benchmarks/results/ through benchmarks/doc_tables.py.
 from __future__ import annotations
 
 import glob
+import importlib.util
 import os
 import re
 
@@ -27,6 +28,15 @@ _DOCS = os.path.join(_ROOT, "docs")
 def _pages() -> list[str]:
   return sorted(os.path.relpath(p, _ROOT) for p in glob.glob(
       os.path.join(_DOCS, "**", "*.md"), recursive=True))
+
+
+def _doc_tables():
+  """benchmarks/doc_tables.py, the MkDocs hook that renders results."""
+  path = os.path.join(_ROOT, "benchmarks", "doc_tables.py")
+  spec = importlib.util.spec_from_file_location("doc_tables", path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
 
 
 def _read(path: str) -> str:
@@ -82,11 +92,15 @@ class DocsTest(parameterized.TestCase):
     self.assertEqual(figures, [], f"{path} types figures by hand; render"
                      " them from benchmarks/results/ with a"
                      " `<!-- results: FILE -->` mark")
-    marks = re.findall(r"<!--\s*results:\s*(\S+)\s*-->", text)
+    marks = re.findall(r"^<!--\s*results:\s*(\S+)\s*-->\s*$", text, re.M)
     self.assertNotEmpty(marks)
+    doc_tables = _doc_tables()
     for mark in marks:
       self.assertTrue(os.path.exists(
           os.path.join(_ROOT, "benchmarks", "results", mark)), mark)
+      self.assertIn("| --- |", doc_tables.render_file(mark), mark)
+    rendered = doc_tables.expand(text)
+    self.assertEqual(rendered.count("*Rendered from"), len(marks))
 
 
 if __name__ == "__main__":

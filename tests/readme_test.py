@@ -115,6 +115,12 @@ class ReadmeTest(absltest.TestCase):
           # devices, which the snippet asks for itself.
           self.assertIn("'x': 8", result.stdout)
 
+  def test_the_readme_is_short(self):
+    # The reference material lives on the docs site (docs/).
+    lines = _readme().count("\n")
+    self.assertLessEqual(lines, 200, f"README.md has {lines} lines; move"
+                         " reference material to a page under docs/")
+
   def test_ci_runs_the_readme_commands(self):
     path = os.path.join(_ROOT, ".ci", "run")
     if not os.path.exists(path):

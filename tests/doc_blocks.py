@@ -15,6 +15,9 @@ lines between them are allowed) say how:
   multi-process script); the reason is required;
 * ``<!-- gpu only: REASON -->`` runs the block's chain only on a host with
   NVIDIA GPUs; elsewhere it is skipped with the reason;
+* ``<!-- on cpu: REASON -->`` runs the block's chain on the CPU platform
+  (``JAX_PLATFORMS=cpu``) even on a GPU host: for blocks about the CPU
+  interpreter, or that need 8 devices;
 * ``<!-- stdout has: TEXT -->`` requires TEXT in the chain's standard output.
 """
 
@@ -31,7 +34,8 @@ import textwrap
 
 _FENCE = re.compile(r"^(\s*)(`{3,})\s*([\w+-]*)\s*$")
 _MARK = re.compile(r"^\s*<!--\s*([a-z][a-z ]*?)\s*:(.*?)-->\s*$")
-_KINDS = ("block", "continues", "not run", "gpu only", "stdout has")
+_KINDS = ("block", "continues", "not run", "gpu only", "on cpu",
+          "stdout has")
 
 # Runs the blocks given as JSON on stdin, in one namespace; each keeps its
 # page's line numbers in tracebacks.
@@ -53,6 +57,7 @@ class Block:
   continues: str | None = None
   gpu_only: str | None = None  # The reason, when marked "gpu only".
   stdout_has: tuple[str, ...] = ()
+  on_cpu: str | None = None  # The reason, when marked "on cpu".
 
 
 @dataclasses.dataclass
@@ -63,6 +68,10 @@ class Chain:
   @property
   def gpu_only(self) -> str | None:
     return next((b.gpu_only for b in self.blocks if b.gpu_only), None)
+
+  @property
+  def on_cpu(self) -> str | None:
+    return next((b.on_cpu for b in self.blocks if b.on_cpu), None)
 
   @property
   def first_line(self) -> int:
@@ -105,7 +114,7 @@ def code_blocks(text: str, where: str = "README") -> list[Block]:
         i + 1, language, code, marks.get("not run"), marks.get("block"),
         marks.get("continues"), marks.get("gpu only"),
         tuple(marks.get("stdout has", "").split("\0")) if "stdout has" in marks
-        else ()))
+        else (), marks.get("on cpu")))
     i = end + 1
   return blocks
 
@@ -206,6 +215,8 @@ def run_chain(chain: Chain, path: str, cwd: str) -> Result:
     # preallocation); a child that preallocates too retries smaller blocks
     # and logs each failure to stderr.
     env["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"
+    if chain.on_cpu:
+      env["JAX_PLATFORMS"] = "cpu"
     result = subprocess.run(
         [sys.executable, "-c", _RUNNER], input=payload, capture_output=True,
         text=True, cwd=cwd, env=env, timeout=600, check=False)

@@ -64,12 +64,16 @@ class CodeBlocksTest(absltest.TestCase):
             "<!-- continues: setup -->\n\n<!-- block: next -->\n"
             "<!-- stdout has: 2 -->\n```python\nprint(a + 1)\n```\n"
             "<!-- continues: next -->\n<!-- gpu only: needs sm_90 -->\n"
-            "```python\nb = a\n```\n")
+            "```python\nb = a\n```\n"
+            "<!-- on cpu: the interpreter -->\n```python\nc = 1\n```\n")
     found = doc_blocks.chains(code_blocks(text))
     self.assertEqual([[b.code for b in c.blocks] for c in found],
-                     [["a = 1\n", "print(a + 1)\n", "b = a\n"], ["z = 0\n"]])
+                     [["a = 1\n", "print(a + 1)\n", "b = a\n"], ["z = 0\n"],
+                      ["c = 1\n"]])
     self.assertEqual(found[0].gpu_only, "needs sm_90")
     self.assertIsNone(found[1].gpu_only)
+    self.assertEqual([c.on_cpu for c in found],
+                     [None, None, "the interpreter"])
     self.assertEqual(found[0].blocks[1].stdout_has, ("2",))
 
   def test_continuing_an_unknown_or_skipped_block_is_refused(self):

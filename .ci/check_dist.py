@@ -20,7 +20,7 @@ _SDIST_FOLDERS = ("jt_dist", "tests", "tests_multigpu", "examples",
                   "benchmarks", "docs")
 _SDIST_FILES = ("pyproject.toml", "README.md", "LICENSE", "CHANGELOG.md",
                 "CONTRIBUTING.md", "mkdocs.yml", "BUILD", "WORKSPACE",
-                "conftest.py")
+                "conftest.py", ".ci/run", ".ci/check_dist.py")
 
 
 def _one(pattern: str) -> str:

@@ -1,4 +1,4 @@
-"""Renders ``scaling.py``'s JSON as the README's Markdown tables.
+"""Renders ``scaling.py``'s JSON as Markdown tables, with the run's noise.
 
     python benchmarks/readme_table.py benchmarks/results/h200x4/scaling.json
 """

@@ -8,7 +8,7 @@ turns (``timing.interleaved_chained_each``), in a random order each round
 and each after one untimed call of its own, so drifts in clocks and host
 load, and the power state a previous function leaves, fall on all alike.
 
-Implementations (rows of the README's table):
+Implementations (columns of the benchmarks page's tables, docs/benchmarks.md):
 
 - ``jt_dist_sharded``: ``jt_dist.sharded_triton_call`` with
   ``jt_dist.shard_size`` metaparams;

@@ -7,7 +7,7 @@ GPUs it runs Triton's interpreter on 8 virtual CPU devices.
 """
 
 # jt_dist first: it imports jax without the CUDA plugin's start-up lines
-# on hosts without GPUs (README, "Quiet start-up").
+# on hosts without GPUs (docs/installation.md, "Quiet start-up").
 import jt_dist  # pylint: disable=g-bad-import-order
 
 import jax

@@ -1,92 +1,24 @@
 """Every ```python block of README.md runs, as pasted, with nothing on stderr.
 
-The blocks run in order in one fresh process, sharing one namespace, as a
-reader pasting them into one interpreter would. A block preceded by a line
-``<!-- not run: <reason> -->`` is left out; the reason is required.
+The blocks run as tests/doc_blocks.py says: a block is self-contained (a
+fresh process of its own) or says which block it continues
+(``<!-- continues: NAME -->``); ``<!-- not run: <reason> -->`` leaves one
+out, with its reason. The README's install and test commands are those
+.ci/run runs.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import json
 import os
 import re
-import subprocess
-import sys
-import tempfile
-import textwrap
 
 from absl.testing import absltest
 
+import doc_blocks
+from doc_blocks import code_blocks
 from jt_dist import _jax_import
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-_FENCE = re.compile(r"^(\s*)(`{3,})\s*([\w+-]*)\s*$")
-_NOT_RUN = re.compile(r"^\s*<!--\s*not run\s*:(.*?)-->\s*$")
-
-# Runs the blocks given as JSON on stdin; each keeps its README line numbers
-# in tracebacks.
-_RUNNER = """
-import json, sys
-namespace = {"__name__": "__main__"}
-for line, code in json.load(sys.stdin):
-  exec(compile("\\n" * line + code, "README.md", "exec"), namespace)
-"""
-
-
-@dataclasses.dataclass(frozen=True)
-class Block:
-  line: int  # 0-based index of the block's first code line.
-  language: str
-  code: str
-  not_run: str | None  # The reason, when marked "not run".
-
-
-def code_blocks(text: str) -> list[Block]:
-  """The fenced code blocks of a Markdown text, with their "not run" marks.
-
-  Args:
-    text: Markdown.
-
-  Returns:
-    Every fenced block, in order.
-
-  Raises:
-    ValueError: a fence is never closed, or a "not run" mark gives no reason.
-  """
-  lines = text.splitlines()
-  blocks = []
-  i = 0
-  while i < len(lines):
-    opening = _FENCE.match(lines[i])
-    if not opening:
-      i += 1
-      continue
-    indent, ticks, language = opening.groups()
-    end = next((j for j in range(i + 1, len(lines))
-                if lines[j].strip() == ticks), None)
-    if end is None:
-      raise ValueError(f"README line {i + 1}: the {ticks}{language} fence is"
-                       " never closed.")
-    code = textwrap.dedent("\n".join(lines[i + 1:end])) + "\n"
-    if indent:
-      code = textwrap.dedent(code)
-    blocks.append(Block(i + 1, language, code, _not_run_reason(lines, i)))
-    i = end + 1
-  return blocks
-
-
-def _not_run_reason(lines: list[str], fence: int) -> str | None:
-  previous = next((lines[j] for j in range(fence - 1, -1, -1)
-                   if lines[j].strip()), "")
-  mark = _NOT_RUN.match(previous)
-  if not mark:
-    return None
-  reason = mark.group(1).strip()
-  if not reason:
-    raise ValueError(f"README line {fence}: `<!-- not run: -->` gives no"
-                     " reason; write why the block below cannot run.")
-  return reason
 
 
 def _readme() -> str:
@@ -113,37 +45,85 @@ class CodeBlocksTest(absltest.TestCase):
                       (17, "bash", "echo\n", None)])
 
   def test_a_mark_without_reason_is_refused(self):
-    with self.assertRaisesRegex(ValueError, r"line 2: .*gives no reason"):
+    with self.assertRaisesRegex(ValueError, r"line 2: .*gives no value"):
       code_blocks("x\n<!-- not run: -->\n```python\na = 1\n```\n")
+
+  def test_an_unknown_mark_is_refused(self):
+    with self.assertRaisesRegex(ValueError, r"page.md line 2: unknown mark"
+                                r" `<!-- contnues: -->`"):
+      code_blocks("x\n<!-- contnues: a -->\n```python\na = 1\n```\n",
+                  "page.md")
 
   def test_an_unclosed_fence_is_refused(self):
     with self.assertRaisesRegex(ValueError, r"line 2: the ```python fence"):
       code_blocks("x\n```python\na = 1\n")
+
+  def test_blocks_join_the_chain_they_continue(self):
+    text = ("<!-- block: setup -->\n```python\na = 1\n```\n"
+            "```python\nz = 0\n```\n"
+            "<!-- continues: setup -->\n\n<!-- block: next -->\n"
+            "<!-- stdout has: 2 -->\n```python\nprint(a + 1)\n```\n"
+            "<!-- continues: next -->\n<!-- gpu only: needs sm_90 -->\n"
+            "```python\nb = a\n```\n"
+            "<!-- on cpu: the interpreter -->\n```python\nc = 1\n```\n")
+    found = doc_blocks.chains(code_blocks(text))
+    self.assertEqual([[b.code for b in c.blocks] for c in found],
+                     [["a = 1\n", "print(a + 1)\n", "b = a\n"], ["z = 0\n"],
+                      ["c = 1\n"]])
+    self.assertEqual(found[0].gpu_only, "needs sm_90")
+    self.assertIsNone(found[1].gpu_only)
+    self.assertEqual([c.on_cpu for c in found],
+                     [None, None, "the interpreter"])
+    self.assertEqual(found[0].blocks[1].stdout_has, ("2",))
+
+  def test_continuing_an_unknown_or_skipped_block_is_refused(self):
+    with self.assertRaisesRegex(ValueError, r"continues 'setup', which no"
+                                r" earlier block is named"):
+      doc_blocks.chains(code_blocks(
+          "<!-- continues: setup -->\n```python\na = 1\n```\n"))
+    with self.assertRaisesRegex(ValueError, r"continues 'setup', which is"
+                                r" marked not to run"):
+      doc_blocks.chains(code_blocks(
+          "<!-- block: setup -->\n<!-- not run: a sketch -->\n"
+          "```python\na = 1\n```\n"
+          "<!-- continues: setup -->\n```python\nb = a\n```\n"))
+
+  def test_a_chain_that_fails_or_writes_to_stderr_is_reported(self):
+    chain = doc_blocks.Chain(list(code_blocks(
+        "<!-- stdout has: done -->\n```python\nprint('do')\n```\n")))
+    passed = doc_blocks.Result(0, "done\n", "")
+    self.assertIsNone(doc_blocks.failure(chain, "p.md", passed))
+    self.assertIn("stdout lacks 'done'", doc_blocks.failure(
+        chain, "p.md", doc_blocks.Result(0, "do\n", "")))
+    self.assertIn("wrote to stderr", doc_blocks.failure(
+        chain, "p.md", doc_blocks.Result(0, "done\n", "W")))
+    self.assertIn("failed", doc_blocks.failure(
+        chain, "p.md", doc_blocks.Result(1, "", "NameError")))
 
 
 class ReadmeTest(absltest.TestCase):
 
   def test_python_blocks_run_with_nothing_on_stderr(self):
     blocks = [b for b in code_blocks(_readme()) if b.language == "python"]
-    self.assertGreaterEqual(len(blocks), 3)  # Quickstart, mesh, vmap.
-    runnable = [(b.line, b.code) for b in blocks if b.not_run is None]
-    with tempfile.TemporaryDirectory() as cache:
-      env = dict(os.environ, JT_DIST_CACHE_DIR=cache)
-      env.pop("JT_DIST_CPU_DEVICES", None)
-      # This test process already holds most of a GPU's memory (JAX's
-      # preallocation); a child that preallocates too retries smaller
-      # blocks and logs each failure to stderr.
-      env["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"
-      result = subprocess.run(
-          [sys.executable, "-c", _RUNNER], input=json.dumps(runnable),
-          capture_output=True, text=True, cwd=_ROOT, env=env, timeout=600,
-          check=False)
-    self.assertEqual(result.returncode, 0,
-                     f"README blocks failed:\n{result.stderr}")
-    self.assertEqual(result.stderr, "", "README blocks wrote to stderr")
-    if not _jax_import.has_nvidia_devices():
-      # The mesh snippet spans every local device: 8 virtual CPU devices.
-      self.assertIn("'x': 8", result.stdout)
+    self.assertGreaterEqual(len(blocks), 2)  # Quickstart, mesh.
+    for chain in doc_blocks.chains(blocks):
+      if chain.gpu_only and not _jax_import.has_nvidia_devices():
+        continue
+      with self.subTest(line=chain.first_line):
+        result = doc_blocks.run_chain(chain, "README.md", _ROOT)
+        problem = doc_blocks.failure(chain, "README.md", result)
+        self.assertIsNone(problem, problem)
+        if not _jax_import.has_nvidia_devices() and any(
+            "make_mesh" in b.code for b in chain.blocks):
+          # The mesh snippet spans every local device: 8 virtual CPU
+          # devices, which the snippet asks for itself.
+          self.assertIn("'x': 8", result.stdout)
+
+  def test_the_readme_is_short(self):
+    # The reference material lives on the docs site (docs/).
+    lines = _readme().count("\n")
+    self.assertLessEqual(lines, 200, f"README.md has {lines} lines; move"
+                         " reference material to a page under docs/")
 
   def test_ci_runs_the_readme_commands(self):
     path = os.path.join(_ROOT, ".ci", "run")

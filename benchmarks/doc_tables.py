@@ -1,0 +1,192 @@
+"""Renders the committed benchmark results as the docs' Markdown tables.
+
+The benchmarks page (docs/benchmarks.md) types no figure. Each line
+``<!-- results: h200x1/vmap_grid.json -->`` is followed, when MkDocs builds
+the site, by the tables this module renders from that file under
+benchmarks/results/ (mkdocs.yml lists this file among its hooks). From the
+command line it prints one file's tables:
+
+    python benchmarks/doc_tables.py benchmarks/results/h200x1/vmap_grid.json
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+from typing import Any
+
+_RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
+_MARK = re.compile(r"^<!--\s*results:\s*(\S+)\s*-->\s*$", re.M)
+
+# How a metric's column is titled; metrics not named here keep their key.
+_TITLES = {
+    "TFLOPs": "TFLOP/s", "GBps": "GB/s", "us": "µs", "ms": "ms",
+    "us_per_call": "µs per call", "cold_s": "cold process, s",
+    "second_s": "second process, s", "second_process_s": "second process, s",
+}
+# Keys that describe a row rather than measure it.
+_LABELS = ("case", "impl", "devices", "where", "batch")
+
+
+def _number(value: Any) -> str:
+  if isinstance(value, bool) or not isinstance(value, (int, float)):
+    return str(value)
+  if isinstance(value, int):
+    return f"{value:,}"
+  magnitude = abs(value)
+  digits = 0 if magnitude >= 100 else 1 if magnitude >= 10 else (
+      2 if magnitude >= 1 else 3 if magnitude >= 0.01 else 5)
+  return f"{value:,.{digits}f}"
+
+
+def _table(header: list[str], rows: list[list[Any]]) -> str:
+  lines = ["| " + " | ".join(header) + " |",
+           "| " + " | ".join("---" for _ in header) + " |"]
+  lines += ["| " + " | ".join(_number(c) for c in row) + " |" for row in rows]
+  return "\n".join(lines)
+
+
+def _environment(data: dict[str, Any]) -> str:
+  env = data.get("environment")
+  if not isinstance(env, dict):
+    return ""
+  parts = [f"{key} {value}" for key, value in env.items()
+           if key not in ("devices",) and isinstance(value, str)
+           and len(value) < 40]
+  if isinstance(env.get("devices"), list):
+    parts.append(f"{len(env['devices'])} device(s)")
+  return "Environment: " + ", ".join(parts) + ".\n\n"
+
+
+def _metrics(rows: list[dict[str, Any]]) -> list[str]:
+  keys: list[str] = []
+  for row in rows:
+    for key, value in row.items():
+      if (key not in _LABELS and key not in keys
+          and isinstance(value, (int, float, str))
+          and not (isinstance(value, str) and len(value) > 60)):
+        keys.append(key)
+  return keys
+
+
+def _by_case(results: list[dict[str, Any]]) -> str:
+  """One table per case: a row per implementation, a column per metric."""
+  cases: dict[str, list[dict[str, Any]]] = {}
+  for row in results:
+    cases.setdefault(str(row.get("case", "")), []).append(row)
+  out = []
+  for case, rows in cases.items():
+    metrics = _metrics(rows)
+    labels = [k for k in _LABELS[1:] if any(k in r for r in rows)]
+    header = labels + [_TITLES.get(m, m) for m in metrics]
+    body = [[r.get(k, "") for k in labels + metrics] for r in rows]
+    out.append(f"**{case}**\n\n{_table(header, body)}")
+  return "\n\n".join(out)
+
+
+def _by_batch(results: list[dict[str, Any]]) -> str:
+  """vmap_grid.py: µs per batch, a row per kernel and batch size."""
+  impls = list(dict.fromkeys(r["impl"] for r in results))
+  table: dict[tuple[str, int], dict[str, float]] = {}
+  for r in results:
+    kernel = r["case"].split()[1] if len(r["case"].split()) > 1 else r["case"]
+    table.setdefault((kernel, r["batch"]), {})[r["impl"]] = r["us"]
+  header = ["kernel", "batch"] + [f"{i}, µs" for i in impls]
+  if {"grid", "sequential"} <= set(impls):
+    header.append("sequential / grid")
+  body = []
+  for (kernel, batch), cells in sorted(table.items()):
+    row = [kernel, batch] + [cells.get(i, "") for i in impls]
+    if {"grid", "sequential"} <= set(impls):
+      row.append(f"{cells['sequential'] / cells['grid']:.1f}×")
+    body.append(row)
+  return _table(header, body)
+
+
+def _kernel_diff(data: dict[str, Any]) -> str:
+  """kernel_diff.py: what each library hands jaxlib, and its speed."""
+  out = []
+  for case, impls in data.items():
+    if not (isinstance(impls, dict) and "timing" in impls):
+      continue
+    header = ["library", "target", "call bytes", "PTX bytes", "CUBIN bytes",
+              "warps", "shared memory", "TFLOP/s"]
+    body = [[name, d["target"], d["opaque_bytes"], d["ptx_bytes"],
+             d["cubin_bytes"], d["num_warps"], d["shared_mem"],
+             impls["timing"].get(name, {}).get("TFLOPs", "")]
+            for name, d in impls.items()
+            if isinstance(d, dict) and "target" in d]
+    same = "the same" if impls.get("ptx_same_text") else "different"
+    out.append(f"**{case}** (PTX text: {same})\n\n{_table(header, body)}")
+  return "\n\n".join(out)
+
+
+def _bounds_check(data: dict[str, Any]) -> str:
+  """bounds_check_overhead.py: the CPU memory check, on and off."""
+  out = []
+  for key in ("kernels", "kernels_second_run"):
+    if key in data:
+      body = [[name, t["on_ms"], t["off_ms"], t["on_ms"] / t["off_ms"]]
+              for name, t in data[key].items()]
+      out.append(f"**{key.replace('_', ' ')}** (eager calls)\n\n" + _table(
+          ["kernel", "check on, ms", "check off, ms", "on / off"], body))
+  if "suites" in data:
+    on, off = min(data["suites"]["on_s"]), min(data["suites"]["off_s"])
+    out.append("**the test suites**, best run\n\n" + _table(
+        ["check on, s", "check off, s", "on / off"], [[on, off, on / off]]))
+  if "note" in data:
+    out.append(f"Note recorded with the results: {data['note']}")
+  return "\n\n".join(out)
+
+
+def render(data: dict[str, Any]) -> str:
+  """A results file's tables, as Markdown.
+
+  Args:
+    data: a benchmark's JSON output.
+
+  Returns:
+    The tables, preceded by the environment the file records.
+  """
+  results = data.get("results")
+  if isinstance(results, list) and results:
+    if all("batch" in r and "us" in r for r in results):
+      body = _by_batch(results)
+    elif all("where" in r for r in results if "error" not in r):
+      body = _by_case([r for r in results if "error" not in r])
+    else:
+      body = _by_case(results)
+  elif any(isinstance(v, dict) and "timing" in v for v in data.values()):
+    body = _kernel_diff(data)
+  elif "suites" in data or "kernels" in data:
+    body = _bounds_check(data)
+  else:
+    raise ValueError(f"no renderer for a results file with keys {list(data)}")
+  return _environment(data) + body
+
+
+def render_file(name: str) -> str:
+  """The tables of benchmarks/results/`name`, with where they come from."""
+  path = os.path.join(_RESULTS, name)
+  with open(path, encoding="utf-8") as f:
+    data = json.load(f)
+  return (f"{render(data)}\n\n*Rendered from"
+          f" `benchmarks/results/{name}`.*\n")
+
+
+def expand(markdown: str) -> str:
+  """Adds, after each ``<!-- results: FILE -->`` line, FILE's tables."""
+  return _MARK.sub(lambda m: f"{m.group(0)}\n\n{render_file(m.group(1))}",
+                   markdown)
+
+
+def on_page_markdown(markdown: str, **_: Any) -> str:
+  """MkDocs hook: every page's results marks become tables."""
+  return expand(markdown)
+
+
+if __name__ == "__main__":
+  with open(sys.argv[1], encoding="utf-8") as f:
+    print(render(json.load(f)))

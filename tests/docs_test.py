@@ -1,0 +1,118 @@
+"""Every ```python block of every page under docs/ runs, with nothing on stderr.
+
+Each page's blocks run as tests/doc_blocks.py says: a self-contained block
+in a fresh process of its own, a block marked ``<!-- continues: NAME -->``
+after the block it continues. Blocks marked ``<!-- gpu only: ... -->`` run
+on hosts with NVIDIA GPUs; ``<!-- not run: ... -->`` blocks never run.
+The benchmarks page types no figure: its tables come from
+benchmarks/results/ through benchmarks/doc_tables.py.
+"""
+
+from __future__ import annotations
+
+import glob
+import importlib.util
+import os
+import re
+
+from absl.testing import absltest
+from absl.testing import parameterized
+
+import doc_blocks
+from jt_dist import _jax_import
+
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_DOCS = os.path.join(_ROOT, "docs")
+
+
+def _pages() -> list[str]:
+  return sorted(os.path.relpath(p, _ROOT) for p in glob.glob(
+      os.path.join(_DOCS, "**", "*.md"), recursive=True))
+
+
+def _pages_with_python() -> list[str]:
+  """The pages with at least one python block (run or marked not to)."""
+  return [path for path in _pages()
+          if any(b.language == "python"
+                 for b in doc_blocks.code_blocks(_read(path), path))]
+
+
+def _doc_tables():
+  """benchmarks/doc_tables.py, the MkDocs hook that renders results."""
+  path = os.path.join(_ROOT, "benchmarks", "doc_tables.py")
+  spec = importlib.util.spec_from_file_location("doc_tables", path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
+
+
+def _read(path: str) -> str:
+  with open(os.path.join(_ROOT, path), encoding="utf-8") as f:
+    return f.read()
+
+
+class DocsTest(parameterized.TestCase):
+
+  def test_there_are_pages(self):
+    if not os.path.isdir(_DOCS):
+      self.skipTest(f"{_DOCS} is not in this tree")
+    self.assertGreaterEqual(len(_pages()), 10)
+
+  @parameterized.named_parameters(
+      (re.sub(r"\W", "_", path[len("docs/"):-len(".md")]), path)
+      # A tree without docs/ (Bazel runfiles without data) gets one test
+      # that skips, not a NoTestsError.
+      for path in _pages_with_python() or ["docs/missing.md"])
+  def test_page_blocks_run_with_nothing_on_stderr(self, path):
+    if not os.path.exists(os.path.join(_ROOT, path)):
+      self.skipTest(f"{path} is not in this tree")
+    blocks = doc_blocks.code_blocks(_read(path), path)
+    chains = doc_blocks.chains(blocks, path)
+    if not chains:
+      self.skipTest(f"{path}: every python block is marked not to run")
+    skipped = []
+    for chain in chains:
+      if chain.gpu_only and not _jax_import.has_nvidia_devices():
+        skipped.append(f"line {chain.first_line}: {chain.gpu_only}")
+        continue
+      with self.subTest(line=chain.first_line):
+        result = doc_blocks.run_chain(chain, path, _ROOT)
+        problem = doc_blocks.failure(chain, path, result)
+        self.assertIsNone(problem, problem)
+    if len(skipped) == len(chains):
+      self.skipTest(f"{path}: every block needs a GPU: {'; '.join(skipped)}")
+
+  def test_the_examples_page_lists_every_example(self):
+    path = os.path.join("docs", "examples.md")
+    if not os.path.exists(os.path.join(_ROOT, path)):
+      self.skipTest(f"{path} is not in this tree")
+    text = _read(path)
+    for example in sorted(glob.glob(os.path.join(_ROOT, "examples", "*.py"))):
+      name = f"`examples/{os.path.basename(example)}`"
+      self.assertIn(name, text, f"{path} does not list {name}")
+
+  def test_the_benchmarks_page_types_no_figure(self):
+    path = os.path.join("docs", "benchmarks.md")
+    if not os.path.exists(os.path.join(_ROOT, path)):
+      self.skipTest(f"{path} is not in this tree")
+    text = _read(path)
+    prose = re.sub(r"```.*?```|`[^`]*`|<!--.*?-->", "", text, flags=re.S)
+    # A measured figure has a decimal point, or a unit of time or rate.
+    figures = re.findall(
+        r"\d+\.\d+|\d[\d,]*\s*(?:µs|us|ms|s\b|TFLOP/s|GB/s|×|%)", prose)
+    self.assertEqual(figures, [], f"{path} types figures by hand; render"
+                     " them from benchmarks/results/ with a"
+                     " `<!-- results: FILE -->` mark")
+    marks = re.findall(r"^<!--\s*results:\s*(\S+)\s*-->\s*$", text, re.M)
+    self.assertNotEmpty(marks)
+    doc_tables = _doc_tables()
+    for mark in marks:
+      self.assertTrue(os.path.exists(
+          os.path.join(_ROOT, "benchmarks", "results", mark)), mark)
+      self.assertIn("| --- |", doc_tables.render_file(mark), mark)
+    rendered = doc_tables.expand(text)
+    self.assertEqual(rendered.count("*Rendered from"), len(marks))
+
+
+if __name__ == "__main__":
+  absltest.main()

@@ -121,10 +121,13 @@ def _bind(*args, spec):
 
 def executable(spec) -> Callable[..., Any]:
   """The ``jax.jit`` callable that runs ``spec`` (one per spec, bounded)."""
-  fn = executables.get(spec)
+  # An autotuned call's config is chosen when it is lowered, from settings
+  # the spec does not hold.
+  key = (spec, _env_key(True)) if spec.info.layers else spec
+  fn = executables.get(key)
   if fn is None:
     fn = jax.jit(functools.partial(_bind, spec=spec))
-    executables.put(spec, fn)
+    executables.put(key, fn)
   return fn
 
 
@@ -354,8 +357,10 @@ class GridRecorder:
   def __init__(self, grid):
     self.grid = grid
     self.seen = []
-    # Error notes name the caller's function, not this wrapper.
+    # Error notes name the caller's function and line, not this wrapper.
     functools.update_wrapper(self, grid, updated=())
+    if hasattr(grid, "__code__"):
+      self.__code__ = grid.__code__
 
   def __call__(self, named):
     value = self.grid(named)
@@ -393,7 +398,7 @@ def make_entry(args, resolved_args, arrays, spec, out_tree, grid,
   fn = executable(_cpu_scalars.runtime_spec(spec) if runtime else spec)
   puts = () if device is None or device_target is None else tuple(
       k for k, i in enumerate(array_positions)
-      if not getattr(args[i], "committed", True))
+      if not (isinstance(args[i], jax.Array) and args[i].committed))
   recorder = grid if isinstance(grid, GridRecorder) else None
   return Entry(
       fn=fn, spec=spec, array_positions=array_positions,

@@ -140,10 +140,9 @@ def triton_call(
        _frozen(zeroed_outputs), debug, serialized_metadata, vmap_method,
        device, sharding_rule),
       metaparams, sharding_rule is not None)
-  if key is not None:
-    entry = _dispatch.lookup(key, grid)
-    if entry is not None:
-      return entry(args)
+  entry, key = _dispatch.lookup(key, grid)
+  if entry is not None:
+    return entry(args)
   options = dict(
       name=name, custom_call_target_name=custom_call_target_name,
       num_warps=num_warps, num_stages=num_stages, num_ctas=num_ctas,

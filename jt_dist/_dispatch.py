@@ -159,7 +159,9 @@ def _leaf_key(leaf: Any):
 
 def _out_key(out_shape: Any):
   if type(out_shape) is jax.ShapeDtypeStruct:  # pylint: disable=unidiomatic-typecheck
-    return out_shape
+    # Its own __hash__ is Python; a tuple of these hashes in C.
+    return (out_shape.shape, out_shape.dtype, out_shape.sharding,
+            out_shape.weak_type)
   leaves, tree = jax.tree_util.tree_flatten(
       out_shape, is_leaf=lambda x: hasattr(x, "shape") and hasattr(x, "dtype"))
   return tree, tuple(_leaf_key(leaf) for leaf in leaves)
@@ -252,12 +254,10 @@ def signature(args: Sequence[Any], kernel: Any, out_shape: Any, grid: Any,
     if metaparams:
       parts.append(tuple(metaparams))
       parts.append(_typed(list(metaparams.values())))
-    key = tuple(parts)
-    hash(key)
   except Exception:  # pylint: disable=broad-except
-    # Not a kernel, unhashable or odd input: the slow path reports it.
+    # Not a kernel, or odd input: the slow path reports it.
     return None
-  return key
+  return tuple(parts)
 
 
 @dataclasses.dataclass(eq=False)
@@ -294,6 +294,7 @@ class Entry:
   sync: bool
   kernel: Any = None  # Held: the key has its id.
   layout: Any = None  # The scalars' struct, when ``runtime``.
+  single: bool = False  # Whether out_shape is one leaf.
 
   def matches(self, grid: Any) -> bool:
     """Whether what the key cannot see is as it was when bound."""
@@ -330,6 +331,8 @@ class Entry:
       if _gpu_faults.is_device_fault(e):
         raise _gpu_faults.launch_fault(e, self.spec) from e
       raise
+    if self.single:
+      return outs[0]  # One output, not in a container: no unflattening.
     return jax.tree_util.tree_unflatten(self.out_tree, outs)
 
 
@@ -408,7 +411,8 @@ def make_entry(args, resolved_args, arrays, spec, out_tree, grid,
       grid_checks=() if recorder is None else tuple(recorder.seen),
       source=source_of(info), sync=_gpu_faults.sync_launches(),
       kernel=spec.kernel,
-      layout=_cpu_scalars.layout(spec) if runtime else None)
+      layout=_cpu_scalars.layout(spec) if runtime else None,
+      single=out_tree.num_leaves == 1 and out_tree.num_nodes == 1)
 
 
 def source_of(info) -> tuple:
@@ -460,8 +464,17 @@ def replay_recorder(key, kernel, grid):
 
 
 def lookup(key, grid):
-  """The entry for ``key`` if it is still good, else None."""
-  entry = entries.get(key)
+  """``(entry, key)``: the entry for ``key`` if it is still good, else None.
+
+  The key comes back None when it cannot be hashed (an unhashable
+  metaparam, say): such a call takes the slow path, which reports it.
+  """
+  if key is None:
+    return None, None
+  try:
+    entry = entries.get(key)
+  except TypeError:
+    return None, None
   if entry is None or not entry.matches(grid):
-    return None
-  return entry
+    return None, key
+  return entry, key

@@ -191,10 +191,9 @@ def sharded_triton_call(
   out_shape = _api.resolve_out_shape(out_shape, out_type)
   key = _signature(args, kernel, out_shape, grid, mesh, in_specs, out_specs,
                    out_reduce, sharding_rule, kwargs)
-  if key is not None:
-    entry = _dispatch.lookup(key, grid)
-    if entry is not None:
-      return entry(args)
+  entry, key = _dispatch.lookup(key, grid)
+  if entry is not None:
+    return entry(args)
   recorder = (None if key is None
               else _dispatch.replay_recorder(key, kernel, grid))
   out_shapes, out_tree = _binding.flatten_out_shape(out_shape)

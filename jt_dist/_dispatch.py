@@ -423,12 +423,16 @@ def source_of(info) -> tuple:
 
 @dataclasses.dataclass(eq=False)
 class ReplayEntry:
-  """A call run once per shard: a jitted ``shard_map`` and its operands."""
+  """A call run once per shard: a jitted ``shard_map`` and its operands.
+
+  ``targets`` holds, per array operand, the sharding it is moved to, or
+  None where it is laid out already (the key holds its sharding, so that
+  is so on every call with this signature).
+  """
 
   fn: Callable[..., Any]
   array_positions: tuple[int, ...]
-  in_specs: tuple
-  mesh: Any
+  targets: tuple
   out_tree: Any
   grid: Any
   source: tuple
@@ -440,23 +444,27 @@ class ReplayEntry:
         not callable(grid) or grid is self.grid)
 
   def __call__(self, args: Sequence[Any]) -> Any:
-    arrays = [_specs.place(args[i], spec, self.mesh)
-              for i, spec in zip(self.array_positions, self.in_specs)]
+    arrays = [args[i] if target is None else jax.device_put(args[i], target)
+              for i, target in zip(self.array_positions, self.targets)]
     return jax.tree_util.tree_unflatten(self.out_tree, list(self.fn(*arrays)))
 
 
 def replay_recorder(key, kernel, grid):
   """A function that files a per-shard call's entry and returns its jit.
 
-  The partitioning code calls it with the array positions, their specs,
-  the mesh, the ``shard_map``-ed function and the outputs' structure.
+  The partitioning code calls it with the call's arguments, the array
+  positions, their specs, the mesh, the ``shard_map``-ed function and the
+  outputs' structure, once the operands have been laid out (so that a
+  layout that cannot be made has raised already).
   """
 
-  def record(positions, in_specs, mesh, mapped, out_tree):
+  def record(args, positions, in_specs, mesh, mapped, out_tree):
     fn = jax.jit(mapped)
+    targets = tuple(_specs.move_target(args[i], spec, mesh)
+                    for i, spec in zip(positions, in_specs))
     entries.put(key, ReplayEntry(
-        fn=fn, array_positions=tuple(positions), in_specs=tuple(in_specs),
-        mesh=mesh, out_tree=out_tree, grid=grid,
+        fn=fn, array_positions=tuple(positions), targets=targets,
+        out_tree=out_tree, grid=grid,
         source=source_of(_kernel.kernel_info(kernel)), kernel=kernel))
     return fn
 

@@ -73,6 +73,12 @@ def tagged_kernel(x_ptr, out_ptr, TAG: tl.constexpr, BLOCK: tl.constexpr):
 
 
 @triton.jit
+def five_scalars_kernel(a, b, c, d, e, out_ptr, BLOCK: tl.constexpr):
+  offsets = tl.arange(0, BLOCK)
+  tl.store(out_ptr + offsets, tl.zeros((BLOCK,), tl.float32))
+
+
+@triton.jit
 def over_read_kernel(x_ptr, out_ptr, BLOCK: tl.constexpr):
   offsets = tl.arange(0, BLOCK)
   tl.store(out_ptr + offsets, tl.load(x_ptr + offsets + 1))
@@ -94,6 +100,35 @@ def _copy_call(kernel, x, **metaparams):
   return jt_dist.triton_call(
       x, kernel=kernel, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
       grid=(1,), BLOCK=x.size, **metaparams)
+
+
+class ScalarOperandTest(parameterized.TestCase):
+  """The CPU's runtime scalar operand carries every value bit for bit."""
+
+  @parameterized.parameters(
+      (2**31 - 1, 2**31, 2**32 - 1, 2**63 - 1, -(2**31) - 1),
+      (2**64 - 1, -(2**63), 0, 1, 17),
+      (1e300, -2.5, np.float32(3.25), 5e-324, float("inf")),
+      (True, False, np.int64(-7), np.uint32(4_000_000_000), np.float64(0.1)),
+  )
+  def test_round_trip(self, *values):
+    from jt_dist._cpu import scalars as _cpu_scalars  # pylint: disable=g-import-not-at-top
+    out = jax.ShapeDtypeStruct((16,), np.float32)
+    _, spec, _ = _binding.bind_call(
+        values, five_scalars_kernel, out, (1,), _binding.CallOptions(),
+        {"BLOCK": 16})
+    runtime = _cpu_scalars.runtime_spec(spec)
+    self.assertTrue(all(op.value is None for op in runtime.operands
+                        if op.kind == "scalar"))
+    words = _cpu_scalars.pack(runtime, values)
+    self.assertEqual(words.dtype, np.uint32)
+    back, arrays = _cpu_scalars.unpack(runtime, [words])
+    self.assertEqual(arrays, [])
+    self.assertFalse(back.runtime_scalars)
+    got = [op.value for op in back.operands if op.kind == "scalar"]
+    want = [op.value for op in spec.operands if op.kind == "scalar"]
+    self.assertEqual(got, want)
+    self.assertEqual([type(v) for v in got], [type(v) for v in want])
 
 
 class _Counting:

@@ -377,7 +377,8 @@ def run(args: Sequence[Any], call: Callable[..., Any], kernel: Any,
       axis_names=frozenset(layout.mesh.axis_names) - manual, check_vma=True)
   if recorder is not None and isinstance(layout.mesh, jax.sharding.Mesh) and (
       not any(isinstance(x, jax.core.Tracer) for x in placed)):
-    mapped = recorder(positions, plan.in_specs, layout.mesh, mapped, out_tree)
+    mapped = recorder(args, positions, plan.in_specs, layout.mesh, mapped,
+                      out_tree)
   try:
     outs = mapped(*placed)
   except ValueError as e:

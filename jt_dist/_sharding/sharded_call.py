@@ -231,5 +231,5 @@ def sharded_triton_call(
   if recorder is not None and isinstance(mesh, jax.sharding.Mesh) and not any(
       isinstance(a, jax.core.Tracer) for a in arrays):
     positions = [i for i, flag in enumerate(is_array) if flag]
-    mapped = recorder(positions, arg_specs, mesh, mapped, out_tree)
+    mapped = recorder(args, positions, arg_specs, mesh, mapped, out_tree)
   return jax.tree_util.tree_unflatten(out_tree, list(mapped(*arrays)))

@@ -12,7 +12,6 @@ from jt_dist import _batching
 from jt_dist import _binding
 from jt_dist import _dispatch
 from jt_dist import _errors
-from jt_dist import _kernel
 from jt_dist._sharding import auto_axes as _auto_axes
 from jt_dist._sharding import partition as _partition
 from jt_dist._sharding import placement as _placement

@@ -30,7 +30,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
-import threading
 from typing import Any, Callable, Sequence
 
 import jax
@@ -62,7 +61,6 @@ _SCALAR_TYPES = _INT_TYPES | {bool, float, np.bool_, np.float16, np.float32,
 # signature -> Entry; spec -> jitted callable.
 entries = _cache.LRUCache(DEFAULT_ENTRIES)
 executables = _cache.LRUCache(DEFAULT_ENTRIES)
-_state = threading.local()
 _generation = [0]
 _array_type: list[type] = []
 

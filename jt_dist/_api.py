@@ -49,7 +49,11 @@ def triton_call(
   leaf of ``out_shape`` (outputs follow inputs), then by name from
   ``metaparams``. On GPUs the kernel is compiled by Triton and launched by
   jaxlib's Triton custom call; on the CPU it runs through Triton's
-  interpreter.
+  interpreter. An eager call is checked and bound once per signature
+  (kernel, shapes, dtypes, shardings, scalar types, metaparams, grid and
+  options); later calls with that signature go straight to a cached,
+  compiled executable (``jt_dist.configure_cache(dispatch_entries=...)``
+  bounds how many are kept).
 
   Args:
     *args: the inputs: ``jax.Array``s (passed as pointers) and Python

@@ -7,10 +7,11 @@
 #   4. the autotuning choice (benchmarks/autotune_choice.py) and, with 2 or
 #      more GPUs, one process per GPU (benchmarks/multiprocess_gpu.py),
 #   5. scaling.py and auto_partition.py at 1, 2, 4 and 8 GPUs (as many as
-#      the host has).
+#      the host has),
+#   6. eager and jitted dispatch (benchmarks/dispatch.py) on one GPU.
 # Everything lands in $OUT (default benchmarks/results/latest): logs, JUnit
 # XML and the benchmarks' JSON. Usage:
-#   bash benchmarks/run_gpu.sh [all|tests|examples|bench|autotune|scaling] [run.py args...]
+#   bash benchmarks/run_gpu.sh [all|tests|examples|bench|autotune|scaling|dispatch] [run.py args...]
 set -uo pipefail
 cd "$(dirname "$0")/.."
 what=${1:-all}
@@ -73,5 +74,11 @@ if [[ $what == all || $what == scaling ]]; then
       | grep -v "cudart_stub\|absl::" | tee "$OUT/$script.log"
     (( PIPESTATUS[0] == 0 )) || status=1
   done
+fi
+if [[ $what == all || $what == dispatch ]]; then
+  CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0} python3 benchmarks/dispatch.py \
+    --out "$OUT/dispatch.json" 2>&1 \
+    | grep -v "cudart_stub\|absl::" | tee "$OUT/dispatch.log"
+  (( PIPESTATUS[0] == 0 )) || status=1
 fi
 exit $status

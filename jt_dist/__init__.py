@@ -25,7 +25,7 @@ from jt_dist._export import check_exported
 from jt_dist._export import export_options
 from jt_dist._export import export_safety_checks
 from jt_dist._export import exported_versions
-from jt_dist._gpu.cache import configure as configure_cache
+from jt_dist._dispatch import configure_cache
 from jt_dist._errors import AutoAxesError
 from jt_dist._errors import AutotuneError
 from jt_dist._errors import DevicePlacementError

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections.abc
 import math
 from typing import Any, Callable, Mapping, Sequence
 
@@ -9,6 +10,7 @@ import jax
 
 from jt_dist import _batching
 from jt_dist import _binding
+from jt_dist import _dispatch
 from jt_dist import _errors
 from jt_dist._sharding import auto_axes as _auto_axes
 from jt_dist._sharding import partition as _partition
@@ -47,7 +49,11 @@ def triton_call(
   leaf of ``out_shape`` (outputs follow inputs), then by name from
   ``metaparams``. On GPUs the kernel is compiled by Triton and launched by
   jaxlib's Triton custom call; on the CPU it runs through Triton's
-  interpreter.
+  interpreter. An eager call is checked and bound once per signature
+  (kernel, shapes, dtypes, shardings, scalar types, metaparams, grid and
+  options); later calls with that signature go straight to a cached,
+  compiled executable (``jt_dist.configure_cache(dispatch_entries=...)``
+  bounds how many are kept).
 
   Args:
     *args: the inputs: ``jax.Array``s (passed as pointers) and Python
@@ -132,62 +138,86 @@ def triton_call(
       ``jax.jit``.
   """
   out_shape = resolve_out_shape(out_shape, out_type)
-  if sharding_rule is not None:
-    sharding_rule = _rule.check(sharding_rule, "triton_call")
-    options = dict(
-        name=name, custom_call_target_name=custom_call_target_name,
-        num_warps=num_warps, num_stages=num_stages, num_ctas=num_ctas,
-        compute_capability=compute_capability,
-        enable_fp_fusion=enable_fp_fusion,
-        input_output_aliases=input_output_aliases,
-        zeroed_outputs=zeroed_outputs, debug=debug,
-        serialized_metadata=serialized_metadata, vmap_method=vmap_method)
-    outs = _partitioned(args, kernel, out_shape, grid, sharding_rule, device,
-                        {**options, **metaparams})
-    if outs is not _NOT_PARTITIONED:
-      return outs
-  args, metaparams = _shard_size.resolve(args, metaparams)
-  if vmap_method not in _batching.VMAP_METHODS:
-    raise ValueError(
-        f"triton_call: vmap_method={vmap_method!r} is not supported; pass"
-        " None (the default: one launch over a batched grid where the grid"
-        " has room, else one launch per element), 'grid' (one launch, or an"
-        " error) or 'sequential' (one launch per element)."
-    )
-  options = _binding.CallOptions(
-      name=name,
-      custom_call_target_name=custom_call_target_name,
-      num_warps=num_warps,
-      num_stages=num_stages,
-      num_ctas=num_ctas,
+  key = _dispatch.signature(
+      args, kernel, out_shape, grid,
+      (name, custom_call_target_name, num_warps, num_stages, num_ctas,
+       compute_capability, enable_fp_fusion, _frozen(input_output_aliases),
+       _frozen(zeroed_outputs), debug, serialized_metadata, vmap_method,
+       device, sharding_rule),
+      metaparams, sharding_rule is not None)
+  entry, key = _dispatch.lookup(key, grid)
+  if entry is not None:
+    return entry(args)
+  options = dict(
+      name=name, custom_call_target_name=custom_call_target_name,
+      num_warps=num_warps, num_stages=num_stages, num_ctas=num_ctas,
       compute_capability=compute_capability,
       enable_fp_fusion=enable_fp_fusion,
       input_output_aliases=input_output_aliases,
-      zeroed_outputs=zeroed_outputs,
-      debug=debug,
-      serialized_metadata=serialized_metadata,
-      vmap_method=vmap_method,
-      sharding_rule=sharding_rule,
-  )
+      zeroed_outputs=zeroed_outputs, debug=debug,
+      serialized_metadata=serialized_metadata, vmap_method=vmap_method)
+  if sharding_rule is not None:
+    sharding_rule = _rule.check(sharding_rule, "triton_call")
+    recorder = (None if key is None
+                else _dispatch.replay_recorder(key, kernel, grid))
+    outs = _partitioned(args, kernel, out_shape, grid, sharding_rule, device,
+                        {**options, **metaparams}, recorder)
+    if outs is not _NOT_PARTITIONED:
+      return outs
+  return _single_device(args, kernel, out_shape, grid, options, device,
+                        sharding_rule, metaparams, key)
+
+
+def _frozen(option: Any) -> Any:
+  """A dict or list option as a hashable key part (a tuple)."""
+  if option is None or type(option) is tuple:  # pylint: disable=unidiomatic-typecheck
+    return option
+  if isinstance(option, collections.abc.Mapping):
+    return tuple(option.items())
+  if isinstance(option, list):
+    return tuple(option)
+  return option
+
+
+def _single_device(args, kernel, out_shape, grid, options, device, rule,
+                   metaparams, key):
+  """Binds, places and launches a call on one device; records its entry."""
+  given_args = args
+  args, metaparams = _shard_size.resolve(args, metaparams)
+  if options["vmap_method"] not in _batching.VMAP_METHODS:
+    raise ValueError(
+        f"triton_call: vmap_method={options['vmap_method']!r} is not"
+        " supported; pass None (the default: one launch over a batched grid"
+        " where the grid has room, else one launch per element), 'grid' (one"
+        " launch, or an error) or 'sequential' (one launch per element)."
+    )
+  call_options = _binding.CallOptions(**options, sharding_rule=rule)
   empty = _all_outputs_empty(out_shape)
+  seen = (_dispatch.GridRecorder(grid) if key is not None and callable(grid)
+          else grid)
   arrays, spec, out_tree = _binding.bind_call(
-      args, kernel, out_shape, _NO_LAUNCH_GRID if empty else grid, options,
-      metaparams,
+      args, kernel, out_shape, _NO_LAUNCH_GRID if empty else seen,
+      call_options, metaparams,
   )
-  arrays = _place(arrays, args, spec, device)
+  arrays, target = _place(arrays, args, spec, device)
   if empty:
     # Nothing to compute: launching would hand the kernel pointers to empty
     # buffers (and the grid usually rounds to 0 blocks).
-    outs = _empty_outputs(spec, arrays)
-  else:
+    return jax.tree_util.tree_unflatten(out_tree, _empty_outputs(spec, arrays))
+  if key is None:
     outs = _primitive.triton_call_p.bind(*arrays, spec=spec)
-  return jax.tree_util.tree_unflatten(out_tree, outs)
+    return jax.tree_util.tree_unflatten(out_tree, outs)
+  entry = _dispatch.make_entry(given_args, args, arrays, spec, out_tree, seen,
+                               target, device)
+  _dispatch.entries.put(key, entry)
+  return entry(given_args)
 
 
 _NOT_PARTITIONED = object()
 
 
-def _partitioned(args, kernel, out_shape, grid, rule, device, kwargs):
+def _partitioned(args, kernel, out_shape, grid, rule, device, kwargs,
+                 recorder=None):
   """Runs a call with a rule once per shard; ``_NOT_PARTITIONED`` if unsplit.
 
   The shapes are checked against the rule first, so that a rule that does
@@ -209,7 +239,8 @@ def _partitioned(args, kernel, out_shape, grid, rule, device, kwargs):
     return _auto_axes.run(args, triton_call, kernel, out_shapes, out_tree,
                           grid, rule, kwargs, "triton_call")
   return _partition.run(args, triton_call, kernel, out_shapes, out_tree,
-                        grid, rule, layout, kwargs, "triton_call")
+                        grid, rule, layout, kwargs, "triton_call",
+                        recorder=recorder)
 
 
 # Bound in place of the user's grid when there is nothing to launch, so that
@@ -247,17 +278,22 @@ def resolve_out_shape(out_shape: Any, out_type: Any) -> Any:
 
 
 def _place(arrays, args, spec, device):
-  """Runs the device-validation layer; moves uncommitted inputs to device."""
+  """Runs the device-validation layer; moves uncommitted inputs to device.
+
+  Returns:
+    ``(arrays, target)``: the arrays, placed, and the device ``device=``
+    resolved to (None without ``device=``, or under a trace).
+  """
   name = spec.info.name
   if any(isinstance(a, jax.core.Tracer) for a in arrays):
     _placement.check_traced(args, name)
-    return _placement.unify_varying_axes(arrays)
+    return _placement.unify_varying_axes(arrays), None
   target = _placement.check_concrete(args, name, device)
   if device is None or target is None:
-    return arrays
+    return arrays, None
   return [
       jax.device_put(a, target)
       if not isinstance(a, jax.core.Tracer)
       and not getattr(a, "committed", False) else a
       for a in arrays
-  ]
+  ], target

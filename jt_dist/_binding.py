@@ -65,6 +65,9 @@ class CallSpec:
   # The call's ShardingRule: the lowering refuses it over several devices
   # with a message about partitioning rather than misplacement.
   sharding_rule: Any = None
+  # On the CPU, an eager call's scalars may arrive as a runtime operand
+  # after the arrays (jt_dist._cpu.scalars) rather than in ``operands``.
+  runtime_scalars: bool = False
 
   @property
   def info(self) -> _kernel.KernelInfo:
@@ -525,3 +528,12 @@ def bind_call(args, kernel, out_shape, grid, options: CallOptions, metaparams):
       sharding_rule=options.sharding_rule,
   )
   return arrays, spec, out_tree
+
+
+def with_scalar_values(spec: CallSpec, values: Sequence[Any]) -> CallSpec:
+  """``spec`` with its scalar operands' values replaced, in order."""
+  it = iter(values)
+  operands = tuple(
+      dataclasses.replace(op, value=_types.python_scalar(next(it)))
+      if op.kind == "scalar" else op for op in spec.operands)
+  return dataclasses.replace(spec, operands=operands)

@@ -6,8 +6,6 @@ defines the primitive and its platform-independent rules.
 
 from __future__ import annotations
 
-import functools
-
 import jax
 from jax.extend import core as jex_core
 from jax.interpreters import ad
@@ -29,16 +27,13 @@ def _abstract_eval(*in_avals, spec):
 triton_call_p.def_abstract_eval(_abstract_eval)
 
 
-@functools.lru_cache(maxsize=1024)
-def _compiled_call(spec):
-  # One jitted callable per static call, so that eager calls with the same
-  # kernel, shapes and metaparams reuse one executable.
-  return jax.jit(functools.partial(triton_call_p.bind, spec=spec))
-
-
 def _impl(*args, spec):
+  # Reached when the primitive is bound eagerly outside triton_call's fast
+  # path (jt_dist._dispatch), e.g. by a transformation's rule: one bounded
+  # cache of jitted callables serves both.
+  from jt_dist import _dispatch  # pylint: disable=g-import-not-at-top
   try:
-    return _gpu_faults.wait_if_synced(_compiled_call(spec)(*args))
+    return _gpu_faults.wait_if_synced(_dispatch.executable(spec)(*args))
   except Exception as e:  # pylint: disable=broad-except
     # On the CPU, give the caller the kernel's own exception (e.g.
     # OutOfBoundsAccessError), not jax's wrapping of it (a JaxRuntimeError,

@@ -13,7 +13,7 @@ import triton
 import triton.language as tl
 
 import jt_dist
-from jt_dist import _primitive
+from jt_dist import _dispatch
 from jt_dist import testing
 
 testing.configure_cpu_devices()
@@ -47,12 +47,18 @@ def _failing_executable(message):
 class LaunchFaultTest(testing.TestCase):
   """jaxlib's runtime error is simulated: a real one needs a faulty GPU run."""
 
+  def setUp(self):
+    super().setUp()
+    # Entries keep the executable they were made with, mocked or not.
+    _dispatch.invalidate()
+    self.addCleanup(_dispatch.invalidate)
+
   @parameterized.parameters(
       _ILLEGAL, "INTERNAL: hipErrorLaunchFailure: unspecified launch failure",
       "INTERNAL: CUDA_ERROR_MISALIGNED_ADDRESS: misaligned address")
   def test_device_fault_names_kernel_and_launch(self, message):
     x = jnp.asarray(self.random((100,)))
-    with mock.patch.object(_primitive, "_compiled_call",
+    with mock.patch.object(_dispatch, "executable",
                            _failing_executable(message)):
       with self.assertRaises(jt_dist.KernelLaunchError) as caught:
         _scale(x)
@@ -66,7 +72,7 @@ class LaunchFaultTest(testing.TestCase):
 
   def test_other_errors_pass_through(self):
     x = jnp.asarray(self.random((100,)))
-    with mock.patch.object(_primitive, "_compiled_call",
+    with mock.patch.object(_dispatch, "executable",
                            _failing_executable("RESOURCE_EXHAUSTED: oom")):
       with self.assertRaisesRegex(jax.errors.JaxRuntimeError,
                                   "RESOURCE_EXHAUSTED"):

@@ -7,7 +7,7 @@ from typing import Any, Mapping
 import jax
 
 from jt_dist import _compat
-from jt_dist import _primitive
+from jt_dist import _dispatch
 from jt_dist._autotune import settings as _settings
 from jt_dist._autotune import store as _store
 
@@ -18,7 +18,7 @@ configure_autotune = _settings.configure
 def _relower() -> None:
   # A choice is made when a call is lowered; dropping JAX's compiled
   # functions (and the eager calls' cache) makes later calls lower again.
-  _primitive._compiled_call.cache_clear()  # pylint: disable=protected-access
+  _dispatch.invalidate()
   jax.clear_caches()
 
 

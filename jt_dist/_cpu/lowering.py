@@ -22,6 +22,7 @@ import numpy as np
 from jt_dist import _compat
 from jt_dist._cpu import bounds as _bounds
 from jt_dist._cpu import runtime as _interpreter_runtime
+from jt_dist._cpu import scalars as _scalars
 
 logger = logging.getLogger("jt_dist")
 
@@ -132,6 +133,8 @@ def run_on_host(spec, *arrays):
   raise it as itself rather than as the runtime error jax makes of it.
   """
   try:
+    if spec.runtime_scalars:  # The eager fast path's scalars: see scalars.py.
+      spec, arrays = _scalars.unpack(spec, arrays)
     return _run_on_host(spec, *arrays)
   except Exception as e:
     # Keep the traceback's lines but not its frames' locals (the buffers):

@@ -9,6 +9,7 @@ from jax.sharding import PartitionSpec as P
 
 from jt_dist import _api
 from jt_dist import _binding
+from jt_dist import _dispatch
 from jt_dist import _errors
 from jt_dist._sharding import partition as _partition
 from jt_dist._sharding import rule as _rule
@@ -97,7 +98,7 @@ def _check_placeholders(args, metaparams) -> None:
 
 
 def _by_rule(args, kernel, out_shapes, out_tree, grid, mesh, arg_specs, rule,
-             out_specs, out_reduce, kwargs):
+             out_specs, out_reduce, kwargs, recorder):
   """``sharded_triton_call`` with a ``ShardingRule``: the rule picks specs."""
   rule = _rule.check(rule, "sharded_triton_call")
   given = [name for name, value in (("out_specs", out_specs),
@@ -111,7 +112,33 @@ def _by_rule(args, kernel, out_shapes, out_tree, grid, mesh, arg_specs, rule,
     )
   layout = _partition.Layout(mesh, tuple(arg_specs))
   return _partition.run(args, _api.triton_call, kernel, out_shapes, out_tree,
-                        grid, rule, layout, kwargs, "sharded_triton_call")
+                        grid, rule, layout, kwargs, "sharded_triton_call",
+                        recorder=recorder)
+
+
+def _signature(args, kernel, out_shape, grid, mesh, in_specs, out_specs,
+               out_reduce, rule, kwargs):
+  """The eager call's cache key (``_dispatch.signature``), or None.
+
+  Scalar values are in it exactly: each shard's body is traced with them.
+  """
+  if any(isinstance(a, jax.core.Tracer) for a in args):
+    return None
+  fixed = tuple(_hashable(x) for x in (mesh, in_specs, out_specs, out_reduce))
+  # With no mesh given or found on the arguments, the ambient one is used.
+  fixed += (jax.sharding.get_abstract_mesh(),)
+  return _dispatch.signature(args, kernel, out_shape, grid, fixed + (rule,),
+                             kwargs, True)
+
+
+def _hashable(x: Any) -> Any:
+  """A pytree of specs as a hashable key: its structure and leaves."""
+  if isinstance(x, list):
+    return tuple(x)
+  if isinstance(x, dict):
+    leaves, tree = jax.tree_util.tree_flatten(x, is_leaf=_is_spec_leaf)
+    return tree, tuple(leaves)
+  return x
 
 
 def sharded_triton_call(
@@ -176,13 +203,20 @@ def sharded_triton_call(
     TypeError, jt_dist.KernelBindingError: as for ``triton_call``.
   """
   out_shape = _api.resolve_out_shape(out_shape, out_type)
+  key = _signature(args, kernel, out_shape, grid, mesh, in_specs, out_specs,
+                   out_reduce, sharding_rule, kwargs)
+  entry, key = _dispatch.lookup(key, grid)
+  if entry is not None:
+    return entry(args)
+  recorder = (None if key is None
+              else _dispatch.replay_recorder(key, kernel, grid))
   out_shapes, out_tree = _binding.flatten_out_shape(out_shape)
   mesh = _specs.resolve_mesh(mesh, args)
   _check_placeholders(args, {k: v for k, v in kwargs.items()})
   arg_specs = _specs.in_specs_for(in_specs, args, mesh)
   if sharding_rule is not None:
     return _by_rule(args, kernel, out_shapes, out_tree, grid, mesh, arg_specs,
-                    sharding_rule, out_specs, out_reduce, kwargs)
+                    sharding_rule, out_specs, out_reduce, kwargs, recorder)
   o_specs = _out_specs_for(out_specs, out_tree, len(out_shapes), out_shapes,
                            mesh)
   reductions = _reductions_for(out_reduce, out_tree, len(out_shapes), mesh)
@@ -217,4 +251,8 @@ def sharded_triton_call(
   mapped = jax.shard_map(
       per_shard, mesh=mesh, in_specs=tuple(arg_specs),
       out_specs=tuple(o_specs), check_vma=True)
+  if recorder is not None and isinstance(mesh, jax.sharding.Mesh) and not any(
+      isinstance(a, jax.core.Tracer) for a in arrays):
+    positions = [i for i, flag in enumerate(is_array) if flag]
+    mapped = recorder(args, positions, arg_specs, mesh, mapped, out_tree)
   return jax.tree_util.tree_unflatten(out_tree, list(mapped(*arrays)))

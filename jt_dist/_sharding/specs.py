@@ -194,15 +194,22 @@ def place(x: Any, spec: P, mesh):
     return x
   if not isinstance(mesh, jax.sharding.Mesh):
     return x
-  target = NamedSharding(mesh, spec)
-  current = getattr(x, "sharding", None)
-  if isinstance(current, NamedSharding) and current.mesh == mesh and (
-      _trimmed(current.spec) == _trimmed(spec)):
+  target = move_target(x, spec, mesh)
+  if target is None:
     return x
   if (isinstance(x, jax.Array) and getattr(x, "committed", False)
       and not target.is_fully_addressable):
     _refuse_local_array(x, spec, mesh)
   return jax.device_put(x, target)
+
+
+def move_target(x: Any, spec: P, mesh) -> NamedSharding | None:
+  """Where ``place`` moves a concrete ``x``: None if it is laid out already."""
+  current = getattr(x, "sharding", None)
+  if isinstance(current, NamedSharding) and current.mesh == mesh and (
+      _trimmed(current.spec) == _trimmed(spec)):
+    return None
+  return NamedSharding(mesh, spec)
 
 
 def _refuse_local_array(x, spec, mesh):

@@ -1,0 +1,361 @@
+"""Eager and jitted dispatch of a 1,024-float add: XLA, jax-triton, jt_dist.
+
+Each case is one call followed by a sync, on two fresh random vectors of
+1,024 float32. The cases take turns in a fresh random order every round, in
+one process, and the medians (with quartiles) of every call are reported:
+
+- ``xla``: ``a + b``, eagerly and inside ``jax.jit``;
+- ``jax_triton``: ``jax_triton.triton_call`` as its docs call it (the size
+  as a keyword metaparam), eagerly and jitted (skipped, with a note, where
+  jax_triton cannot be imported);
+- ``jt_dist``: the same call through ``jt_dist.triton_call``, and
+  ``jt_dist_scalar_n`` with the size as a runtime scalar argument;
+- ``jt_dist_sharded_1dev``: ``jt_dist.sharded_triton_call`` over a mesh of
+  one device, eagerly.
+
+Then, for jt_dist's eager call:
+
+- ``python_wall_us`` / ``python_cpu_us``: jt_dist's own Python per call, the kernel excluded. The
+  call's cached executable is swapped for a jitted ``a + b`` and timed
+  against that jitted ``a + b`` alone, interleaved; the difference is
+  jt_dist's key, lookup and entry. On the CPU this is the number the
+  interpreter would otherwise drown.
+- ``profile``: a cProfile of repeated calls, split by stage (signature,
+  lookup, binding, placement, entry, dispatch), for the fast path and for
+  the bind path (the signature cache emptied before each call);
+- ``per_step_scalar``: an eager ``x * s`` with the same ``s`` every call,
+  and with a new ``s`` every call (what a learning rate or a step count
+  passed as a scalar costs per step).
+
+    python benchmarks/dispatch.py --out benchmarks/results/dispatch.json
+    python benchmarks/dispatch.py --smoke      # tiny, any host (CI sanity)
+"""
+
+import argparse
+import cProfile
+import json
+import os
+import platform
+import pstats
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import jax  # pylint: disable=g-import-not-at-top
+import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+import numpy as np  # pylint: disable=g-import-not-at-top
+import triton  # pylint: disable=g-import-not-at-top
+import triton.language as tl  # pylint: disable=g-import-not-at-top
+
+import jt_dist  # pylint: disable=g-import-not-at-top
+from jt_dist import _dispatch  # pylint: disable=g-import-not-at-top
+import kernels  # pylint: disable=g-import-not-at-top
+
+try:
+  import jax_triton  # pylint: disable=g-import-not-at-top
+except Exception as e:  # pylint: disable=broad-except
+  jax_triton = None
+  JAX_TRITON_NOTE = f"jax_triton not importable: {type(e).__name__}: {e}"
+else:
+  JAX_TRITON_NOTE = None
+
+SIZE = 1024
+BLOCK = 1024
+SIZES = {
+    "full": dict(rounds=600, calls=5, python_rounds=200, python_calls=50,
+                 profile_calls=2000, scalar_calls=300),
+    "smoke": dict(rounds=6, calls=2, python_rounds=10, python_calls=20,
+                  profile_calls=20, scalar_calls=5),
+}
+
+
+@triton.jit
+def add_kw_kernel(x_ptr, y_ptr, out_ptr, n_elements: tl.constexpr,
+                  BLOCK_SIZE: tl.constexpr):
+  """jax-triton's documented form: the size is a keyword metaparam."""
+  offsets = tl.program_id(0) * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
+  mask = offsets < n_elements
+  x = tl.load(x_ptr + offsets, mask=mask)
+  y = tl.load(y_ptr + offsets, mask=mask)
+  tl.store(out_ptr + offsets, x + y, mask=mask)
+
+
+@triton.jit
+def scale_kernel(x_ptr, s, out_ptr, n_elements: tl.constexpr,
+                 BLOCK_SIZE: tl.constexpr):
+  """``x * s``: ``s`` is the per-step scalar (a learning rate, a step)."""
+  offsets = tl.program_id(0) * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
+  mask = offsets < n_elements
+  tl.store(out_ptr + offsets, tl.load(x_ptr + offsets, mask=mask) * s,
+           mask=mask)
+
+
+def scale(x, s):
+  return jt_dist.triton_call(
+      x, s, kernel=scale_kernel,
+      out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
+      grid=(triton.cdiv(x.size, BLOCK),), n_elements=x.size,
+      BLOCK_SIZE=BLOCK)
+
+
+def per_step_scalar(x, calls):
+  """Eager ``x * s`` with one float ``s`` throughout, or a new ``s`` per call.
+
+  On the CPU a new value is a new runtime operand of one executable; on
+  GPUs jaxlib's custom call carries the value, so each new one is traced,
+  lowered (the compiled Triton kernel comes from the cache) and compiled
+  by XLA again, once.
+  """
+  _dispatch.invalidate()
+  jax.block_until_ready(scale(x, 0.5))
+  timings = {}
+  for name, values in (("same_value", [0.5] * calls),
+                       ("new_value_each_call",
+                        [1.0 + 1e-4 * (i + 1) for i in range(calls)])):
+    each = []
+    for s in values:
+      start = time.perf_counter()
+      jax.block_until_ready(scale(x, s))
+      each.append(time.perf_counter() - start)
+    timings[f"{name}_us"] = float(np.median(each)) * 1e6
+  timings["executables_kept"] = len(_dispatch.executables)
+  _dispatch.invalidate()
+  return timings
+
+
+def add_kw(call, x, y):
+  return call(x, y, kernel=add_kw_kernel,
+              out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
+              grid=(triton.cdiv(x.size, BLOCK),), n_elements=x.size,
+              BLOCK_SIZE=BLOCK)
+
+
+def _sharded(mesh):
+  spec = jax.sharding.PartitionSpec()
+
+  def call(x, y):
+    return jt_dist.sharded_triton_call(
+        x, y, kernel=add_kw_kernel,
+        out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
+        grid=(triton.cdiv(x.size, BLOCK),), mesh=mesh, in_specs=(spec, spec),
+        out_specs=spec, n_elements=x.size, BLOCK_SIZE=BLOCK)
+
+  return call
+
+
+def _cases():
+  """name -> function of (x, y); eager ones are plain Python functions."""
+  jt = jt_dist.triton_call
+  cases = {
+      "xla_eager": lambda a, b: a + b,
+      "xla_jit": jax.jit(lambda a, b: a + b),
+      "jt_dist_eager": lambda a, b: add_kw(jt, a, b),
+      "jt_dist_jit": jax.jit(lambda a, b: add_kw(jt, a, b)),
+      "jt_dist_scalar_n_eager": lambda a, b: kernels.add(jt, a, b),
+      "jt_dist_scalar_n_jit": jax.jit(lambda a, b: kernels.add(jt, a, b)),
+  }
+  if jax_triton is not None:
+    jxt = jax_triton.triton_call
+    cases["jax_triton_eager"] = lambda a, b: add_kw(jxt, a, b)
+    cases["jax_triton_jit"] = jax.jit(lambda a, b: add_kw(jxt, a, b))
+  mesh = jax.make_mesh((1,), ("x",), devices=jax.devices()[:1])
+  cases["jt_dist_sharded_1dev_eager"] = _sharded(mesh)
+  return cases
+
+
+def _inputs(seed):
+  key = jax.random.key(seed)
+  x = jax.random.normal(key, (SIZE,), jnp.float32)
+  y = jax.random.normal(jax.random.fold_in(key, 1), (SIZE,), jnp.float32)
+  return x, y
+
+
+def _check(cases):
+  x, y = _inputs(int.from_bytes(os.urandom(4), "little"))
+  expected = np.asarray(x) + np.asarray(y)
+  for name, fn in cases.items():
+    np.testing.assert_allclose(np.asarray(fn(x, y)), expected, rtol=1e-6,
+                               err_msg=name)
+
+
+def _interleaved(cases, args, rounds, calls, seed=0):
+  """Seconds of every call + sync per case, cases in a random order per round."""
+  rng = np.random.default_rng(seed)
+  names = list(cases)
+  samples = {name: [] for name in names}
+  for _ in range(rounds):
+    for k in rng.permutation(len(names)):
+      fn = cases[names[k]]
+      for _ in range(calls):
+        start = time.perf_counter()
+        jax.block_until_ready(fn(*args))
+        samples[names[k]].append(time.perf_counter() - start)
+  return samples
+
+
+def _newest_entry():
+  # The benchmark reads the cache's internals to swap one executable.
+  return next(reversed(_dispatch.entries._entries.values()))  # pylint: disable=protected-access
+
+
+def _batches(cases, args, rounds, calls, clock, seed):
+  """Seconds per call of ``calls`` back-to-back calls, per case and round."""
+  rng = np.random.default_rng(seed)
+  names = list(cases)
+  samples = {name: [] for name in names}
+  for _ in range(rounds):
+    for k in rng.permutation(len(names)):
+      fn = cases[names[k]]
+      start = clock()
+      for _ in range(calls):
+        fn(*args)
+      samples[names[k]].append((clock() - start) / calls)
+  return {name: float(np.median(v)) * 1e6 for name, v in samples.items()}
+
+
+def python_overhead(args, rounds, calls):
+  """jt_dist's own Python per eager call: its kernel swapped for ``a + b``.
+
+  Timed by the wall clock and by the process's CPU time (which a busy,
+  shared host does not inflate), in batches of back-to-back calls.
+  """
+  _dispatch.invalidate()
+  jt = jt_dist.triton_call
+  jax.block_until_ready(kernels.add(jt, *args))
+  entry = _newest_entry()
+  assert len(_dispatch.entries) == 1
+  stub = jax.jit(lambda a, b, *scalars: [a + b])
+  extra = [np.zeros(2, np.uint32)] if entry.runtime else []
+  entry.fn = stub
+  # The call's own arguments are made once, as a loop that calls the same
+  # kernel would: what is timed is jt_dist's, not the caller's, Python.
+  sds = jax.ShapeDtypeStruct(args[0].shape, args[0].dtype)
+  grid = (triton.cdiv(SIZE, kernels.ADD_BLOCK),)
+  cases = {"jt_dist_fast_path": lambda a, b: jt(
+               a, b, SIZE, kernel=kernels.add_kernel, out_shape=sds,
+               grid=grid, BLOCK=kernels.ADD_BLOCK),
+           "stub_alone": lambda a, b: stub(a, b, *extra)}
+  for fn in cases.values():
+    for _ in range(20):
+      jax.block_until_ready(fn(*args))
+  out = {}
+  for clock_name, clock in (("wall", time.perf_counter),
+                            ("cpu", time.process_time)):
+    medians = _batches(cases, args, rounds, calls, clock, seed=1)
+    out.update({f"{k}_{clock_name}_us": v for k, v in medians.items()})
+    out[f"python_{clock_name}_us"] = (medians["jt_dist_fast_path"]
+                                      - medians["stub_alone"])
+  jax.block_until_ready(stub(*args, *extra))
+  _dispatch.invalidate()
+  return out
+
+
+_STAGES = {
+    "signature": ("_dispatch.py", "signature"),
+    "lookup": ("_dispatch.py", "lookup"),
+    "bind": ("_binding.py", "bind_call"),
+    "place": ("_api.py", "_place"),
+    "entry": ("_dispatch.py", "make_entry"),
+    "dispatch": ("_dispatch.py", "__call__"),
+}
+
+
+def _profile(fn, args, calls, before=None):
+  profiler = cProfile.Profile()
+  profiler.enable()
+  for _ in range(calls):
+    if before is not None:
+      before()
+    jax.block_until_ready(fn(*args))
+  profiler.disable()
+  stats = pstats.Stats(profiler).stats
+  # Each value: (primitive calls, calls, own time, cumulative time, callers).
+  total = sum(own for (_, _, own, _, _) in stats.values())
+  out = {"total_us": total / calls * 1e6}
+  for stage, (file_end, name) in _STAGES.items():
+    cum = sum(ct for (path, _, fname), (_, _, _, ct, _) in stats.items()
+              if fname == name and path.endswith(file_end))
+    out[f"{stage}_us"] = cum / calls * 1e6
+  return out
+
+
+def profiles(args, calls):
+  """cProfile stage breakdown of the eager call, fast path and bind path."""
+  fn = lambda a, b: kernels.add(jt_dist.triton_call, a, b)
+  jax.block_until_ready(fn(*args))
+  return {
+      "fast_path": _profile(fn, args, calls),
+      "bind_path": _profile(fn, args, max(1, calls // 10),
+                            before=_dispatch.entries.clear),
+  }
+
+
+def _environment():
+  return {
+      "python": platform.python_version(), "jax": jax.__version__,
+      "jaxlib": jax.lib.__version__ if hasattr(jax.lib, "__version__")
+      else None, "triton": triton.__version__,
+      "jax_triton": getattr(jax_triton, "__version__", None),
+      "jax_triton_note": JAX_TRITON_NOTE,
+      "devices": [str(d) for d in jax.devices()],
+      "device_kind": jax.devices()[0].device_kind,
+  }
+
+
+def main(argv=None):
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--out", help="where to write the JSON results")
+  parser.add_argument("--smoke", action="store_true",
+                      help="tiny sizes: a sanity check on any host")
+  flags = parser.parse_args(argv)
+  sizes = SIZES["smoke" if flags.smoke else "full"]
+  cases = _cases()
+  _check(cases)
+  args = _inputs(7)
+  for fn in cases.values():  # Warm up: compile, fill every cache.
+    for _ in range(3):
+      jax.block_until_ready(fn(*args))
+  samples = _interleaved(cases, args, sizes["rounds"], sizes["calls"])
+  rows = []
+  for name, values in samples.items():
+    p25, p50, p75 = np.percentile(values, [25, 50, 75]) * 1e6
+    rows.append({"case": name, "median_us": p50, "p25_us": p25,
+                 "p75_us": p75, "samples": len(values)})
+  xla = {r["case"]: r["median_us"] for r in rows}
+  ratios = {f"{r['case']}_over_xla_{'jit' if 'jit' in r['case'] else 'eager'}":
+            r["median_us"] / xla["xla_jit" if "jit" in r["case"]
+                                 else "xla_eager"] for r in rows}
+  result = {
+      "environment": _environment(), "sizes": sizes, "results": rows,
+      "ratios": ratios,
+      "python_overhead": python_overhead(args, sizes["python_rounds"],
+                                         sizes["python_calls"]),
+      "profile": profiles(args, sizes["profile_calls"]),
+      "per_step_scalar": per_step_scalar(args[0], sizes["scalar_calls"]),
+  }
+  print("\n| case | median µs | p25 | p75 |\n| --- | --- | --- | --- |")
+  for r in rows:
+    print(f"| {r['case']} | {r['median_us']:.1f} | {r['p25_us']:.1f} |"
+          f" {r['p75_us']:.1f} |")
+  print("\nratios:", json.dumps({k: round(v, 3) for k, v in ratios.items()}))
+  print("jt_dist python per eager call:",
+        json.dumps({k: round(v, 2)
+                    for k, v in result["python_overhead"].items()}))
+  print("profile (µs per call):", json.dumps(
+      {k: {s: round(v, 1) for s, v in p.items()}
+       for k, p in result["profile"].items()}))
+  print("per-step scalar:", json.dumps(
+      {k: round(v, 1) for k, v in result["per_step_scalar"].items()}))
+  if JAX_TRITON_NOTE:
+    print("note:", JAX_TRITON_NOTE)
+  if flags.out:
+    os.makedirs(os.path.dirname(os.path.abspath(flags.out)), exist_ok=True)
+    with open(flags.out, "w") as f:
+      json.dump(result, f, indent=2)
+  return result
+
+
+if __name__ == "__main__":
+  main()

@@ -142,7 +142,9 @@ class ShardedTest(testing.TestCase):
         out_shape=jax.ShapeDtypeStruct((n,), jnp.float32),
         grid=(triton.cdiv(n, 32),), mesh=self.mesh1d, BLOCK=32)
     self.assertAllClose(out, x + y)
-    self.assertEqual(out.sharding.spec, P())
+    # Replicated over the whole mesh: P() or its spelling P(None,).
+    self.assertTrue(out.sharding.is_fully_replicated, out.sharding)
+    self.assertEqual(len(out.sharding.device_set), self.count)
 
   def test_ambient_mesh(self):
     n = 32 * self.count

@@ -172,7 +172,7 @@ def _run_on_host(spec, *arrays):
   with _INTERPRETER_LOCK:
     _interpreter_runtime.run(
         spec.info.python_fn, launch.grid, args, dict(launch.config.kwargs),
-        checker=checker,
+        checker=checker, debug=spec.debug,
     )
   return tuple(outputs)
 

@@ -115,10 +115,8 @@ def _kernel_args(spec, buffers, checker):
       k, buffer = next(pointers)
       address = None if checker is None else checker.tagged_address(k)
       args.append(_HostPointer(buffer.array, op.type, address))
-    elif op.type in ("fp32", "fp64", "i1"):
-      args.append(_interpreter_runtime.interpreter_scalar(op.value, op.type))
     else:
-      args.append(op.value)
+      args.append(_interpreter_runtime.interpreter_scalar(op.value, op.type))
   return args
 
 

@@ -251,17 +251,19 @@ def _bf16_binary_op(original):
 
 
 def interpreter_scalar(value, triton_type: str):
-  """A float or bool scalar argument, typed as a compiled kernel types it.
+  """A scalar argument, typed as a compiled kernel types it.
 
   The interpreter treats a bare Python float as a weakly typed constant, so
   ``x_fp16 * alpha`` would stay fp16; a compiled kernel receives an fp32 (or
   fp64) parameter and promotes. Triton 3.6's interpreter also stores a bool
-  argument in an int32 buffer under the i1 type, which it then rejects.
-  Passing a typed tensor keeps both alike on every Triton version.
+  argument in an int32 buffer under the i1 type, which it then rejects, and
+  Triton 3.9's types an int in [2**31, 2**32) i64 but stores it in 4 bytes.
+  Passing a typed tensor keeps all alike on every Triton version.
 
   Args:
     value: the Python scalar.
-    triton_type: "fp32", "fp64" or "i1".
+    triton_type: its type, "fp32", "fp64", "i1", "i32", "u32", "i64" or
+      "u64".
 
   Returns:
     A ``tl.tensor`` holding the one value.
@@ -270,6 +272,10 @@ def interpreter_scalar(value, triton_type: str):
       "fp32": (np.float32, tl.float32),
       "fp64": (np.float64, tl.float64),
       "i1": (np.bool_, tl.int1),
+      "i32": (np.int32, tl.int32),
+      "u32": (np.uint32, tl.uint32),
+      "i64": (np.int64, tl.int64),
+      "u64": (np.uint64, tl.uint64),
   }[triton_type]
   handle = _interpreter.TensorHandle(np.array([value], dtype=np_dtype), tl_dtype)
   return tl.tensor(handle, tl_dtype)

@@ -50,10 +50,10 @@ _MLIR_TYPES = {"i1": "i1", "i32": "i32", "u32": "i32", "i64": "i64",
 # the tests need no jax_enable_x64.
 @triton.jit
 def store_int_kernel(n, out_ptr, times4_ptr):
-  zero = tl.zeros((1,), dtype=tl.int64)
-  offset = tl.arange(0, 1)
-  tl.store(out_ptr.to(tl.pointer_type(tl.int64)) + offset, n + zero)
-  tl.store(times4_ptr.to(tl.pointer_type(tl.int64)) + offset, n * 4 + zero)
+  # Stored as they are: the store converts them to int64 as the kernel's
+  # type says (sign-extending an i32), and writes all 8 bytes.
+  tl.store(out_ptr.to(tl.pointer_type(tl.int64)), n)
+  tl.store(times4_ptr.to(tl.pointer_type(tl.int64)), n * 4)
 
 
 @triton.jit

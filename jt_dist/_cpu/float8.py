@@ -8,8 +8,11 @@ has no float8 arithmetic), so a kernel casts to a wider type first. For one
 launch (the caller holds the interpreter lock) the interpreter does the same:
 such an operation raises ``KernelTypeError`` naming the kernel, the operation
 and the dtype. Minimum, maximum and clamp, which the GPU backends do compile,
-are computed on the values. Loads, stores, casts, selects, ``tl.abs`` and
-``tl.dot`` already work on values upstream and are left alone.
+are computed on the values. Conversions to float8 round to nearest even and
+saturate at the largest finite value, as NVIDIA GPUs convert to
+float8_e4m3fn and float8_e5m2 (``cvt.rn.satfinite``); upstream, ties round
+up and large values come out wrong. Loads, stores, selects, ``tl.abs``, ``tl.dot`` and
+conversions from float8 already work on values upstream and are left alone.
 """
 
 from __future__ import annotations
@@ -30,6 +33,10 @@ _VALUE_TYPES = {
     "fp8e4b8": ml_dtypes.float8_e4m3fnuz,
     "fp8e5b16": ml_dtypes.float8_e5m2fnuz,
 }
+# Float types whose values convert to float8 exactly through float32 or
+# float64.
+_FLOAT_SOURCES = {"fp16": np.float16, "bf16": ml_dtypes.bfloat16,
+                  "fp32": np.float32, "fp64": np.float64}
 # Operations the GPU backends compile on float8 operands.
 _BY_VALUE = (np.minimum, np.maximum, np.fmin, np.fmax, np.clip)
 # How a kernel spells the refused operations.
@@ -98,6 +105,33 @@ def _by_value(kernel, op, handles, result_type):
   return _interpreter.TensorHandle(bits, result_type)
 
 
+def _source_values(handle):
+  """A float handle's values as NumPy floats, or None for other types."""
+  name = handle.dtype.scalar.name
+  twin = _FLOAT_SOURCES.get(name) or _VALUE_TYPES.get(name)
+  if twin is None:
+    return None
+  values = np.asarray(handle.data).view(twin)
+  return values if name == "fp64" else values.astype(np.float32)
+
+
+def _saturating_conversion(src, dst_type, rounding_mode):
+  """``src`` converted to float8 as NVIDIA GPUs convert, or None."""
+  dst = dst_type.scalar
+  if (dst.name not in _VALUE_TYPES
+      or getattr(rounding_mode, "name", None) != "RTNE"):
+    return None
+  values = _source_values(src)
+  if values is None:
+    return None
+  twin = _VALUE_TYPES[dst.name]
+  largest = float(ml_dtypes.finfo(twin).max)
+  # NaN stays NaN; anything beyond the largest finite value becomes it.
+  clipped = np.clip(values, -largest, largest)
+  bits = np.asarray(clipped).astype(twin).view(np.uint8)
+  return _interpreter.TensorHandle(bits, dst)
+
+
 @contextlib.contextmanager
 def float8_like_compiled(kernel: str):
   """Routes the interpreter's float8 arithmetic for one launch (see above).
@@ -107,7 +141,8 @@ def float8_like_compiled(kernel: str):
   """
   builder = _interpreter.InterpreterBuilder
   saved = {name: getattr(builder, name)
-           for name in ("binary_op", "unary_op", "ternary_op", "create_fma")}
+           for name in ("binary_op", "unary_op", "ternary_op", "create_fma",
+                        "create_fp_to_fp")}
 
   def binary_op(self, lhs, rhs, op):
     scalar = _float8_type(lhs, rhs)
@@ -138,8 +173,15 @@ def float8_like_compiled(kernel: str):
       return saved["create_fma"](self, x, y, z)
     raise _refusal(kernel, "tl.fma", scalar)
 
+  def create_fp_to_fp(self, src, dst_type, rounding_mode):
+    converted = _saturating_conversion(src, dst_type, rounding_mode)
+    if converted is None:
+      return saved["create_fp_to_fp"](self, src, dst_type, rounding_mode)
+    return converted
+
   patches = {"binary_op": binary_op, "unary_op": unary_op,
-             "ternary_op": ternary_op, "create_fma": create_fma}
+             "ternary_op": ternary_op, "create_fma": create_fma,
+             "create_fp_to_fp": create_fp_to_fp}
   for name, fn in patches.items():
     setattr(builder, name, fn)
   try:

@@ -246,16 +246,20 @@ def _bind_positional(info, args, kinds, n_outputs):
       )
     else:
       _check_declared_scalar(info, i, param, payload)
+      scalar_type = _scalar_type(info, i, param, payload)
       operands.append(
-          Operand(param.name, "scalar", -1, _types.python_scalar(payload),
-                  _scalar_type(info, i, param, payload))
+          Operand(param.name, "scalar", -1,
+                  _types.python_scalar(payload, scalar_type), scalar_type)
       )
   return operands, constexprs
 
 
 def _scalar_type(info, i, param, value) -> str:
-  """The parameter's type as Triton's launcher gives it: its annotation's,
-  else the value's (``_types.scalar_type``); a float32 must not overflow."""
+  """The type Triton's launcher gives the scalar ``value`` of ``param``.
+
+  The parameter's annotation decides where it names a type jaxlib can carry,
+  else the value does (``_types.scalar_type``). A float32 must not overflow.
+  """
   scalar_type = (_types.annotated_scalar_type(param.annotation)
                  or _types.scalar_type(value))
   if scalar_type == "fp32" and _types.overflows_float32(value):

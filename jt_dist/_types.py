@@ -111,13 +111,26 @@ def overflows_float32(value: Any) -> bool:
   magnitude = abs(float(value))
   return magnitude != float("inf") and magnitude >= FLOAT32_OVERFLOW
 
-def python_scalar(value: Any) -> bool | int | float:
-  """A NumPy scalar as the Python scalar jaxlib's nanobind casters accept."""
-  if isinstance(value, (bool, np.bool_)):
+def python_scalar(value: Any, as_type: str | None = None) -> bool | int | float:
+  """A scalar as the Python scalar jaxlib's nanobind casters accept.
+
+  Args:
+    value: a Python or NumPy scalar.
+    as_type: the Triton type it is passed as, since jaxlib picks the caster
+      by the Python type (a bool for i1, an int for integer types, a float
+      for fp32 and fp64); by default the value's own kind.
+  """
+  if as_type is None:
+    if isinstance(value, (bool, np.bool_)):
+      return bool(value)
+    if isinstance(value, (int, np.integer)):
+      return int(value)
+    return float(value)
+  if as_type == "i1":
     return bool(value)
-  if isinstance(value, (int, np.integer)):
-    return int(value)
-  return float(value)
+  if as_type.startswith("fp"):
+    return float(value)
+  return int(value)
 
 
 def plain_constexpr(value: Any) -> Any:

@@ -69,6 +69,12 @@ def store_double_kernel(alpha: tl.float64, out_ptr):
 
 
 @triton.jit
+def store_annotated_kernel(n: tl.int64, alpha: tl.float32, out_ptr, f_ptr):
+  tl.store(out_ptr.to(tl.pointer_type(tl.int64)), n * 2**31)
+  tl.store(f_ptr.to(tl.pointer_type(tl.float64)), alpha.to(tl.float64))
+
+
+@triton.jit
 def scale_kernel(x_ptr, n, out_ptr, BLOCK: tl.constexpr, NEGATE: tl.constexpr,
                  SCALE: tl.constexpr):
   offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
@@ -213,6 +219,18 @@ class CpuScalarValuesTest(testing.TestCase):
     self.assertEqual(_store_float(value, store_double_kernel), value)
 
 
+  def test_annotations_type_as_triton_does(self):
+    # n: tl.int64 holds a small int in 64 bits; alpha: tl.float32 takes an
+    # int as a float.
+    n = int(self.np_rng.integers(2, 2**20))
+    alpha = int(self.np_rng.integers(2, 2**20))
+    stored, scaled = jt_dist.triton_call(
+        n, alpha, kernel=store_annotated_kernel, out_shape=[_WORDS, _WORDS],
+        grid=(1,))
+    self.assertEqual(_int64_of(stored), n * 2**31)
+    self.assertEqual(_float64_of(scaled), float(alpha))
+
+
 def _ttir_type(kernel, name):
   match = re.search(rf"%{name}: (\w+)", kernel["ttir"])
   return match.group(1)
@@ -268,6 +286,17 @@ class CudaSignatureTest(util.IsolatedCacheMixin, testing.TestCase):
     kernel = self._lower(f)
     self.assertEqual(_ttir_type(kernel, "alpha"), "f64")
     self.assertEqual(_param_type(kernel["params"][0]), "fp64")
+
+  def test_annotation_signature(self):
+    def f():
+      return jt_dist.triton_call(
+          5, 7, kernel=store_annotated_kernel, out_shape=[_WORDS, _WORDS],
+          grid=(1,), compute_capability=90)
+    kernel = self._lower(f)
+    self.assertEqual(_ttir_type(kernel, "n"), "i64")
+    self.assertEqual(_ttir_type(kernel, "alpha"), "f32")
+    self.assertEqual([_param_type(p) for p in kernel["params"][:2]],
+                     ["i64", "fp32"])
 
   def test_numpy_metaparams_lower_as_python_ones(self):
     x = jnp.asarray(self.random((200,)))

@@ -113,9 +113,10 @@ class KernelAssertionError(KernelLaunchError, AssertionError):
 class KernelTypeError(TypeError):
   """A kernel applies an operation to a dtype Triton cannot compile it for.
 
-  Raised on the CPU interpreter, for example for arithmetic or comparisons
-  on float8 values, which Triton's GPU backends refuse to compile too. The
-  message names the kernel, the operation and the dtype.
+  Raised on the CPU interpreter for arithmetic, comparisons, minimum,
+  maximum or math functions on float8 values, which Triton's GPU backends
+  refuse to compile too. The message names the kernel, the program id, the
+  operation and the dtype.
   """
 
 

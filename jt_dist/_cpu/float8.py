@@ -3,16 +3,16 @@
 The interpreter keeps float8 values as raw uint8 bits, and upstream it adds,
 multiplies and compares those bits as integers: ``x + x`` on float8_e4m3fn
 ``[0.5, 1.0]`` gives ``[32.0, 128.0]``. Triton's GPU backends refuse to
-compile arithmetic, comparisons and math functions on float8 operands (LLVM
-has no float8 arithmetic), so a kernel casts to a wider type first. For one
-launch (the caller holds the interpreter lock) the interpreter does the same:
-such an operation raises ``KernelTypeError`` naming the kernel, the operation
-and the dtype. Minimum, maximum and clamp, which the GPU backends do compile,
-are computed on the values. Conversions to float8 round to nearest even and
-saturate at the largest finite value, as NVIDIA GPUs convert to
-float8_e4m3fn and float8_e5m2 (``cvt.rn.satfinite``); upstream, ties round
-up and large values come out wrong. Loads, stores, selects, ``tl.abs``, ``tl.dot`` and
-conversions from float8 already work on values upstream and are left alone.
+compile arithmetic, comparisons, minimum, maximum, clamp or math functions
+on float8 operands (LLVM has no float8 arithmetic), so a kernel casts to a
+wider type first. For one launch (the caller holds the interpreter lock) the
+interpreter does the same: such an operation raises ``KernelTypeError``
+naming the kernel, the operation and the dtype. Conversions to float8 round
+to nearest even and saturate at the largest finite value, as NVIDIA GPUs
+convert to float8_e4m3fn and float8_e5m2 (``cvt.rn.satfinite``); upstream,
+ties round up and large values come out wrong. Loads, stores, selects,
+``tl.abs``, ``tl.dot`` and conversions from float8 already work on values
+upstream and are left alone.
 """
 
 from __future__ import annotations
@@ -37,14 +37,13 @@ _VALUE_TYPES = {
 # float64.
 _FLOAT_SOURCES = {"fp16": np.float16, "bf16": ml_dtypes.bfloat16,
                   "fp32": np.float32, "fp64": np.float64}
-# Operations the GPU backends compile on float8 operands.
-_BY_VALUE = (np.minimum, np.maximum, np.fmin, np.fmax, np.clip)
 # How a kernel spells the refused operations.
 _SPELLING = {
     "add": "+", "subtract": "-", "multiply": "*", "divide": "/",
     "fmod": "%", "less": "<", "greater": ">", "less_equal": "<=",
     "greater_equal": ">=", "equal": "==", "not_equal": "!=",
-    "negative": "unary -",
+    "negative": "unary -", "minimum": "tl.minimum", "maximum": "tl.maximum",
+    "fmin": "tl.minimum", "fmax": "tl.maximum", "clip": "tl.clamp",
 }
 
 
@@ -70,9 +69,9 @@ def _refusal(kernel: str, what: str, scalar) -> _errors.KernelTypeError:
   return _errors.KernelTypeError(
       f"triton_call: kernel {kernel!r}, program id"
       f" {_compat.interpreter_program_id()}: {op} on {_type_name(scalar)}"
-      " operands. Triton does not compile arithmetic, comparisons or math"
-      " functions on float8 values for GPUs, and the CPU interpreter would"
-      " apply them to the raw bits. Cast to a wider type first, e.g."
+      " operands. Triton does not compile arithmetic, comparisons, minimum,"
+      " maximum or math functions on float8 values for GPUs, and the CPU"
+      " interpreter would apply them to the raw bits. Cast to a wider type first, e.g."
       " `x.to(tl.float32)`, and back with"
       f" `.to(tl.{_language_name(scalar)})` for a float8 result.")
 
@@ -81,28 +80,6 @@ def _language_name(scalar) -> str:
   return {"fp8e4nv": "float8e4nv", "fp8e5": "float8e5",
           "fp8e4b8": "float8e4b8", "fp8e5b16": "float8e5b16",
           "fp8e4b15": "float8e4b15"}.get(scalar.name, scalar.name)
-
-
-def _values(handle) -> np.ndarray:
-  """A handle's elements as float32 values (float8 bits decoded)."""
-  twin = _VALUE_TYPES.get(handle.dtype.scalar.name)
-  data = np.asarray(handle.data)
-  if twin is None:
-    return data
-  return data.view(twin).astype(np.float32)
-
-
-def _by_value(kernel, op, handles, result_type):
-  """``op`` applied to the operands' values, as ``result_type`` bits."""
-  twin = _VALUE_TYPES.get(result_type.name)
-  if twin is None or any(
-      h.dtype.scalar.is_fp8() and h.dtype.scalar.name not in _VALUE_TYPES
-      for h in handles):
-    raise _refusal(kernel, op.__name__, _float8_type(*handles))
-  result = op(*(_values(h) for h in handles))
-  # The result is one of the operands' values, so the rounding is exact.
-  bits = np.asarray(result).astype(twin).view(np.uint8)
-  return _interpreter.TensorHandle(bits, result_type)
 
 
 def _source_values(handle):
@@ -148,8 +125,6 @@ def float8_like_compiled(kernel: str):
     scalar = _float8_type(lhs, rhs)
     if scalar is None:
       return saved["binary_op"](self, lhs, rhs, op)
-    if op in _BY_VALUE:
-      return _by_value(kernel, op, (lhs, rhs), lhs.dtype.scalar)
     raise _refusal(kernel, op.__name__, scalar)
 
   def unary_op(self, arg, op):
@@ -163,8 +138,6 @@ def float8_like_compiled(kernel: str):
     scalar = _float8_type(lhs, rhs, other)
     if scalar is None or op is np.where:
       return saved["ternary_op"](self, lhs, rhs, other, op)
-    if op in _BY_VALUE:
-      return _by_value(kernel, op, (lhs, rhs, other), other.dtype.scalar)
     raise _refusal(kernel, op.__name__, scalar)
 
   def create_fma(self, x, y, z):

@@ -30,8 +30,10 @@ from jt_dist._errors import AutoAxesError
 from jt_dist._errors import AutotuneError
 from jt_dist._errors import DevicePlacementError
 from jt_dist._errors import ExportError
+from jt_dist._errors import KernelAssertionError
 from jt_dist._errors import KernelBindingError
 from jt_dist._errors import KernelLaunchError
+from jt_dist._errors import KernelTypeError
 from jt_dist._errors import OutOfBoundsAccessError
 from jt_dist._errors import ShardingSpecError
 from jt_dist._errors import UnwrittenOutputReadError
@@ -49,8 +51,10 @@ __all__ = [
     "DevicePlacementError",
     "ExportError",
     "ExportedKernelCall",
+    "KernelAssertionError",
     "KernelBindingError",
     "KernelLaunchError",
+    "KernelTypeError",
     "OutOfBoundsAccessError",
     "ShardSize",
     "ShardingRule",

@@ -242,19 +242,38 @@ def _bind_positional(info, args, kinds, n_outputs):
         )
       constexprs[param.name] = payload
       continue
-    if kind == "scalar":
-      _check_declared_scalar(info, i, param, payload)
     if kind == "array":
       dtype = np.dtype(args[i].dtype)
       operands.append(
           Operand(param.name, "array", payload, None, _types.pointer_type(dtype))
       )
     else:
+      _check_declared_scalar(info, i, param, payload)
+      scalar_type = _scalar_type(info, i, param, payload)
       operands.append(
-          Operand(param.name, "scalar", -1, _types.python_scalar(payload),
-                  _types.scalar_type(payload))
+          Operand(param.name, "scalar", -1,
+                  _types.python_scalar(payload, scalar_type), scalar_type)
       )
   return operands, constexprs
+
+
+def _scalar_type(info, i, param, value) -> str:
+  """The type Triton's launcher gives the scalar ``value`` of ``param``.
+
+  The parameter's annotation decides where it names a type jaxlib can carry,
+  else the value does (``_types.scalar_type``). A float32 must not overflow.
+  """
+  scalar_type = (_types.annotated_scalar_type(param.annotation)
+                 or _types.scalar_type(value))
+  if scalar_type == "fp32" and _types.overflows_float32(value):
+    raise ValueError(
+        f"triton_call: args[{i}] = {float(value)!r} binds parameter"
+        f" {param.name!r} of kernel {info.name!r} as a float32, the type"
+        " Triton's launcher gives a float, and overflows it (the largest"
+        f" float32 is {float(np.finfo(np.float32).max)!r}). Declare the"
+        f" parameter `{param.name}: tl.float64` to pass a double, or scale"
+        " the value.")
+  return scalar_type
 
 
 def _check_declared_scalar(info, i, param, value) -> None:

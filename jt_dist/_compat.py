@@ -50,6 +50,22 @@ def jit_function_of(fn: Any) -> JITFunction:
   return jit_function_for(fn.fn)
 
 
+def triton_launcher_scalar_type(value: Any) -> str | None:
+  """The type Triton's own launcher gives an unannotated scalar argument.
+
+  ``triton.runtime.jit.mangle_type``, native code in Triton 3.6 and 3.9.
+  Triton 3.9 names bools "u1", earlier releases "i1";
+  jaxlib's Triton call takes "i1", so both read "i1" here. None where the
+  launcher refuses the value (an int beyond 64 bits, a NumPy int).
+  jt_dist's own typing (``_types.scalar_type``) is tested against this.
+  """
+  try:
+    mangled = _jit.mangle_type(value)
+  except (OverflowError, TypeError, ValueError):
+    return None
+  return "i1" if mangled in ("u1", "i1") else mangled
+
+
 @functools.lru_cache(maxsize=None)
 def jit_function_for(python_fn) -> JITFunction:
   """A ``JITFunction`` of a plain Python function, one per function."""

@@ -18,8 +18,10 @@ __all__ = [
     "ExportError",
     "call_user",
     "callable_name",
+    "KernelAssertionError",
     "KernelBindingError",
     "KernelLaunchError",
+    "KernelTypeError",
     "OutOfBoundsAccessError",
     "ShardingSpecError",
     "UnwrittenOutputReadError",
@@ -100,6 +102,27 @@ class KernelLaunchError(RuntimeError):
 
   Raised by an eager ``triton_call`` around jaxlib's runtime error, naming
   the kernel and its launch (grid, config); the original error is chained.
+  """
+
+
+class KernelAssertionError(KernelLaunchError, AssertionError):
+  """A kernel's ``tl.device_assert`` or ``tl.static_assert`` failed.
+
+  Raised on the CPU interpreter, where ``debug=True`` turns device-side
+  asserts on (``tl.static_assert`` is always on, as when compiling). The
+  message names the kernel, the program id and the assert's own message.
+  It is a ``KernelLaunchError`` (on a GPU a failed device assert surfaces as
+  one) and an ``AssertionError``.
+  """
+
+
+class KernelTypeError(TypeError):
+  """A kernel applies an operation to a dtype Triton cannot compile it for.
+
+  Raised on the CPU interpreter for arithmetic, comparisons, minimum,
+  maximum or math functions on float8 values, which Triton's GPU backends
+  refuse to compile too. The message names the kernel, the program id, the
+  operation and the dtype.
   """
 
 

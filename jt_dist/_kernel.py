@@ -15,6 +15,7 @@ from typing import Any, Mapping, Sequence
 
 from jt_dist import _compat
 from jt_dist import _errors
+from jt_dist import _types
 
 
 @dataclasses.dataclass(frozen=True)
@@ -241,6 +242,7 @@ def expand_configs(
   Returns:
     One ``Config`` per launch candidate; more than one only when autotuned.
   """
+  metaparams = _plain(metaparams)
   base = _compat.Config(
       {},
       num_warps=4 if num_warps is None else num_warps,
@@ -254,18 +256,19 @@ def expand_configs(
       for extra, _ in partial:
         fixed = {**metaparams, **extra}
         for config in _autotune_configs(info, layer, fixed, named_args):
-          expanded.append(({**extra, **config.kwargs}, config))
+          expanded.append(({**extra, **_plain(config.kwargs)}, config))
       partial = expanded
     else:
       for extra, _ in partial:
         for name, heuristic in layer.values.items():
-          extra[name] = _errors.call_user(
+          extra[name] = _types.plain_constexpr(_errors.call_user(
               heuristic, f"the heuristic for {name!r} of kernel {info.name!r}",
-              {**named_args, **metaparams, **extra})
+              {**named_args, **metaparams, **extra}))
   out = []
   for extra, config in partial:
     kwargs = {**metaparams, **extra}
-    warps, stages, ctas = config.num_warps, config.num_stages, config.num_ctas
+    warps, stages, ctas = (_types.plain_constexpr(n) for n in (
+        config.num_warps, config.num_stages, config.num_ctas))
     out.append(
         Config(
             kwargs=tuple(kwargs.items()),
@@ -277,6 +280,12 @@ def expand_configs(
         )
     )
   return tuple(out)
+
+
+def _plain(kwargs: Mapping[str, Any]) -> dict[str, Any]:
+  # NumPy scalars among constexprs become Python scalars, which Triton's
+  # code generator (and the interpreter) take.
+  return {k: _types.plain_constexpr(v) for k, v in kwargs.items()}
 
 
 def missing_and_extra(

@@ -29,8 +29,14 @@ _POINTER_ELEMENT_TYPES = {
 
 SUPPORTED_DTYPES = tuple(_POINTER_ELEMENT_TYPES)
 
-_F32 = np.finfo(np.float32)
-
+# A float of at least this magnitude rounds to infinity as a float32: the
+# largest finite float32 is 2**128 - 2**104, and its ulp 2**104.
+FLOAT32_OVERFLOW = 2.0**128 - 2.0**103
+# The scalar types jaxlib's Triton call can carry, which a parameter's
+# annotation may choose (Triton 3.9 spells bool "u1").
+_ANNOTATED_TYPES = {"i1": "i1", "u1": "i1", "i32": "i32", "u32": "u32",
+                    "i64": "i64", "u64": "u64", "fp32": "fp32",
+                    "fp64": "fp64"}
 
 def checked_dtype(dtype: Any, where: str) -> np.dtype:
   """``dtype`` as a NumPy dtype; TypeError naming ``where`` if it is none."""
@@ -58,15 +64,17 @@ def is_scalar(value: Any) -> bool:
 def scalar_type(value: Any) -> str | None:
   """Triton's type for a scalar argument, or None if it cannot be typed.
 
-  Integers take the narrowest of i32, u32, i64 and u64 that holds them, as
-  Triton's own launcher does; floats are fp32 unless their magnitude needs
-  fp64.
+  As Triton's launcher types an unannotated argument
+  (``triton.runtime.jit.mangle_type``): bools are i1; integers are i32 in
+  [-2**31, 2**31), else i64 down to -2**63, else u64 up to 2**64 - 1; floats
+  are fp32 whatever their magnitude. NumPy scalars are typed as the Python
+  scalar of the same value (Triton's launcher refuses them).
 
   Args:
     value: a Python or NumPy scalar.
 
   Returns:
-    The Triton type name, or None for an integer that overflows 64 bits.
+    The Triton type name, or None for an integer that fits no 64-bit type.
   """
   if isinstance(value, (bool, np.bool_)):
     return "i1"
@@ -74,30 +82,69 @@ def scalar_type(value: Any) -> str | None:
     value = int(value)
     if -(2**31) <= value < 2**31:
       return "i32"
-    if 2**31 <= value < 2**32:
-      return "u32"
     if -(2**63) <= value < 2**63:
       return "i64"
     if 2**63 <= value < 2**64:
       return "u64"
     return None
-  if isinstance(value, np.float32):
-    return "fp32"
+  return "fp32"
+
+
+def annotated_scalar_type(annotation: str) -> str | None:
+  """The type a parameter's annotation gives its scalar, as Triton's launcher.
+
+  Args:
+    annotation: Triton's name for the declared type (from ``x: tl.float64``
+      or ``n: "i64"``), or "".
+
+  Returns:
+    The type name jaxlib carries, or None when the annotation does not fix
+    one that jaxlib can carry (the value's own type is used then).
+  """
+  return _ANNOTATED_TYPES.get(annotation)
+
+
+def overflows_float32(value: Any) -> bool:
+  """Whether a finite float scalar rounds to infinity as a float32."""
+  if isinstance(value, (bool, np.bool_, int, np.integer)):
+    return False
   magnitude = abs(float(value))
-  if not np.isfinite(magnitude) or magnitude == 0.0:
-    return "fp32"
-  if _F32.tiny <= magnitude <= _F32.max:
-    return "fp32"
-  return "fp64"
+  return magnitude != float("inf") and magnitude >= FLOAT32_OVERFLOW
 
+def python_scalar(value: Any, as_type: str | None = None) -> bool | int | float:
+  """A scalar as the Python scalar jaxlib's nanobind casters accept.
 
-def python_scalar(value: Any) -> bool | int | float:
-  """A NumPy scalar as the Python scalar jaxlib's nanobind casters accept."""
-  if isinstance(value, (bool, np.bool_)):
+  Args:
+    value: a Python or NumPy scalar.
+    as_type: the Triton type it is passed as, since jaxlib picks the caster
+      by the Python type (a bool for i1, an int for integer types, a float
+      for fp32 and fp64); by default the value's own kind.
+  """
+  if as_type is None:
+    if isinstance(value, (bool, np.bool_)):
+      return bool(value)
+    if isinstance(value, (int, np.integer)):
+      return int(value)
+    return float(value)
+  if as_type == "i1":
     return bool(value)
-  if isinstance(value, (int, np.integer)):
-    return int(value)
-  return float(value)
+  if as_type.startswith("fp"):
+    return float(value)
+  return int(value)
+
+
+def plain_constexpr(value: Any) -> Any:
+  """A constexpr value with NumPy scalars as Python scalars.
+
+  ``BLOCK=np.int64(16)`` (what NumPy shape arithmetic gives) must reach
+  Triton as ``16``: its code generator takes only Python scalars. Tuples are
+  converted element by element; anything else is returned unchanged.
+  """
+  if isinstance(value, (np.bool_, np.integer, np.floating)):
+    return python_scalar(value)
+  if type(value) is tuple:  # pylint: disable=unidiomatic-typecheck
+    return tuple(plain_constexpr(v) for v in value)
+  return value
 
 
 _INT_BITS = {"i8": 8, "i16": 16, "i32": 32, "i64": 64,

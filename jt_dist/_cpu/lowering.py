@@ -116,10 +116,8 @@ def _kernel_args(spec, buffers, checker):
       k, buffer = next(pointers)
       address = None if checker is None else checker.tagged_address(k)
       args.append(_HostPointer(buffer.array, op.type, address))
-    elif op.type in ("fp32", "fp64", "i1"):
-      args.append(_interpreter_runtime.interpreter_scalar(op.value, op.type))
     else:
-      args.append(op.value)
+      args.append(_interpreter_runtime.interpreter_scalar(op.value, op.type))
   return args
 
 
@@ -175,7 +173,7 @@ def _run_on_host(spec, *arrays):
   with _INTERPRETER_LOCK:
     _interpreter_runtime.run(
         spec.info.python_fn, launch.grid, args, dict(launch.config.kwargs),
-        checker=checker,
+        checker=checker, debug=spec.debug,
     )
   return tuple(outputs)
 

@@ -21,7 +21,9 @@ from triton.runtime import jit as _jit
 
 from jt_dist import _compat
 from jt_dist import _errors
+from jt_dist._cpu import asserts as _asserts
 from jt_dist._cpu import bounds as _bounds
+from jt_dist._cpu import float8 as _float8
 
 JITFunction = _compat.JITFunction
 InterpretedFunction = _compat.InterpretedFunction
@@ -47,7 +49,8 @@ def interpreted_python_fn(python_fn):
   return InterpretedFunction(python_fn).rewrite()
 
 
-def run(python_fn, grid: tuple[int, int, int], args, kwargs, checker=None):
+def run(python_fn, grid: tuple[int, int, int], args, kwargs, checker=None,
+        debug: bool = False):
   """Runs ``python_fn`` over ``grid`` through Triton's interpreter.
 
   The caller must hold the interpreter lock: the interpreter patches
@@ -61,17 +64,21 @@ def run(python_fn, grid: tuple[int, int, int], args, kwargs, checker=None):
     kwargs: its constexpr keyword arguments.
     checker: a ``bounds.MemoryChecker`` whose tagged addresses ``args``
       carry, or None to run unchecked on real addresses.
+    debug: the call's ``debug`` flag: turns on ``tl.device_assert``.
 
   Raises:
     OutOfBoundsAccessError, UnwrittenOutputReadError: the checker refused an
       access (unwrapped from the interpreter's InterpreterError).
+    KernelAssertionError: a ``tl.device_assert`` (with ``debug``) or a
+      ``tl.static_assert`` failed.
+    KernelTypeError: the kernel computes on float8 values.
   """
   fn = interpreted_python_fn(python_fn)
   arg_names = list(_jit.inspect.signature(python_fn).parameters)
   executor = _HostBufferExecutor(fn, arg_names, tuple(grid))
   try:
     with _checked_memory(checker):
-      _run_patched(executor, args, kwargs)
+      _run_patched(executor, args, kwargs, python_fn.__name__, debug)
   except _compat.InterpreterError as e:
     if isinstance(e.__cause__, _KERNEL_FAULTS):
       raise e.__cause__ from None
@@ -79,7 +86,9 @@ def run(python_fn, grid: tuple[int, int, int], args, kwargs, checker=None):
 
 
 _KERNEL_FAULTS = (_errors.OutOfBoundsAccessError,
-                  _errors.UnwrittenOutputReadError)
+                  _errors.UnwrittenOutputReadError,
+                  _errors.KernelAssertionError,
+                  _errors.KernelTypeError)
 
 
 @contextlib.contextmanager
@@ -93,8 +102,10 @@ def _checked_memory(checker):
     yield
 
 
-def _run_patched(executor, args, kwargs):
-  with _helpers_run_interpreted(), _bfloat16_like_compiled():
+def _run_patched(executor, args, kwargs, kernel, debug):
+  with _helpers_run_interpreted(), _bfloat16_like_compiled(), \
+      _float8.float8_like_compiled(kernel), \
+      _asserts.kernel_asserts(kernel, debug):
     # The executor patches only the language modules the kernel's own
     # globals name (usually `tl`). Library helpers such as tl.zeros are
     # @triton.jit functions that call builtins through `triton.language.core`,
@@ -240,17 +251,19 @@ def _bf16_binary_op(original):
 
 
 def interpreter_scalar(value, triton_type: str):
-  """A float or bool scalar argument, typed as a compiled kernel types it.
+  """A scalar argument, typed as a compiled kernel types it.
 
   The interpreter treats a bare Python float as a weakly typed constant, so
   ``x_fp16 * alpha`` would stay fp16; a compiled kernel receives an fp32 (or
   fp64) parameter and promotes. Triton 3.6's interpreter also stores a bool
-  argument in an int32 buffer under the i1 type, which it then rejects.
-  Passing a typed tensor keeps both alike on every Triton version.
+  argument in an int32 buffer under the i1 type, which it then rejects, and
+  Triton 3.9's types an int in [2**31, 2**32) i64 but stores it in 4 bytes.
+  Passing a typed tensor keeps all alike on every Triton version.
 
   Args:
     value: the Python scalar.
-    triton_type: "fp32", "fp64" or "i1".
+    triton_type: its type, "fp32", "fp64", "i1", "i32", "u32", "i64" or
+      "u64".
 
   Returns:
     A ``tl.tensor`` holding the one value.
@@ -259,6 +272,10 @@ def interpreter_scalar(value, triton_type: str):
       "fp32": (np.float32, tl.float32),
       "fp64": (np.float64, tl.float64),
       "i1": (np.bool_, tl.int1),
+      "i32": (np.int32, tl.int32),
+      "u32": (np.uint32, tl.uint32),
+      "i64": (np.int64, tl.int64),
+      "u64": (np.uint64, tl.uint64),
   }[triton_type]
   handle = _interpreter.TensorHandle(np.array([value], dtype=np_dtype), tl_dtype)
   return tl.tensor(handle, tl_dtype)

@@ -1,0 +1,78 @@
+"""Kernel asserts on Triton's interpreter, as ``debug=True`` promises.
+
+Triton compiles ``tl.device_assert`` only in debug mode, and fails a
+compilation at a false ``tl.static_assert`` whatever the mode. The
+interpreter's builder always runs with ``debug=False``, so upstream a
+device assert is skipped, and a failing assert of either kind surfaces as a
+bare ``AssertionError`` wrapped in an ``InterpreterError``. For one launch
+(the caller holds the interpreter lock) the builder takes the call's
+``debug`` flag, and a failing assert raises ``KernelAssertionError`` naming
+the kernel, the program id and the assert's message.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+
+import numpy as np
+import triton.language as tl
+from triton.language import core as tl_core
+from triton.runtime import interpreter as _interpreter
+
+from jt_dist import _compat
+from jt_dist import _errors
+
+
+def _failure(kernel: str, which: str, message, detail: str = ""):
+  text = message.value if isinstance(message, tl.constexpr) else message
+  return _errors.KernelAssertionError(
+      f"triton_call: kernel {kernel!r}, program id"
+      f" {_compat.interpreter_program_id()}: {which} failed{detail}:"
+      f" {text!s}")
+
+
+@contextlib.contextmanager
+def kernel_asserts(kernel: str, debug: bool):
+  """Turns the interpreter's asserts on (``debug``) and names failures.
+
+  Args:
+    kernel: the kernel's name, for the messages.
+    debug: the call's ``debug`` flag; device asserts run only when set.
+  """
+  builder = _interpreter.interpreter_builder
+  saved_options = builder.options
+  saved_assert = _interpreter.InterpreterBuilder.create_assert
+  original_patch_lang = _interpreter._patch_lang  # pylint: disable=protected-access
+
+  def create_assert(self, condition, message):
+    del self
+    holds = np.asarray(condition.data, dtype=bool)
+    if not holds.all():
+      detail = f" in {int((~holds).sum())} of {holds.size} lanes"
+      raise _failure(kernel, "tl.device_assert", message, detail)
+
+  def static_assert(cond, msg="", **kwargs):
+    del kwargs
+    if isinstance(cond, tl.constexpr):
+      cond = cond.value
+    if not cond:
+      raise _failure(kernel, "tl.static_assert", msg)
+
+  def patch_lang(fn):
+    # The executor patches the language modules per launch; static_assert
+    # is among what it patches, so it is replaced after it.
+    scope = original_patch_lang(fn)
+    for lang in (tl, tl_core):
+      scope.set_attr(lang, "static_assert", static_assert)
+    return scope
+
+  builder.options = dataclasses.replace(saved_options, debug=bool(debug))
+  _interpreter.InterpreterBuilder.create_assert = create_assert
+  _interpreter._patch_lang = patch_lang  # pylint: disable=protected-access
+  try:
+    yield
+  finally:
+    _interpreter._patch_lang = original_patch_lang  # pylint: disable=protected-access
+    _interpreter.InterpreterBuilder.create_assert = saved_assert
+    builder.options = saved_options

@@ -1,0 +1,164 @@
+"""Float8 on Triton's interpreter: computed on values, or refused by name.
+
+The interpreter keeps float8 values as raw uint8 bits, and upstream it adds,
+multiplies and compares those bits as integers: ``x + x`` on float8_e4m3fn
+``[0.5, 1.0]`` gives ``[32.0, 128.0]``. Triton's GPU backends refuse to
+compile arithmetic, comparisons, minimum, maximum, clamp or math functions
+on float8 operands (LLVM has no float8 arithmetic), so a kernel casts to a
+wider type first. For one launch (the caller holds the interpreter lock) the
+interpreter does the same: such an operation raises ``KernelTypeError``
+naming the kernel, the operation and the dtype. Conversions to float8 round
+to nearest even and saturate at the largest finite value, as NVIDIA GPUs
+convert to float8_e4m3fn and float8_e5m2 (``cvt.rn.satfinite``); upstream,
+ties round up and large values come out wrong. Loads, stores, selects,
+``tl.abs``, ``tl.dot`` and conversions from float8 already work on values
+upstream and are left alone.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import ml_dtypes
+import numpy as np
+from triton.runtime import interpreter as _interpreter
+
+from jt_dist import _compat
+from jt_dist import _errors
+
+# Triton's float8 types with a NumPy twin, by Triton name.
+_VALUE_TYPES = {
+    "fp8e4nv": ml_dtypes.float8_e4m3fn,
+    "fp8e5": ml_dtypes.float8_e5m2,
+    "fp8e4b8": ml_dtypes.float8_e4m3fnuz,
+    "fp8e5b16": ml_dtypes.float8_e5m2fnuz,
+}
+# Float types whose values convert to float8 exactly through float32 or
+# float64.
+_FLOAT_SOURCES = {"fp16": np.float16, "bf16": ml_dtypes.bfloat16,
+                  "fp32": np.float32, "fp64": np.float64}
+# How a kernel spells the refused operations.
+_SPELLING = {
+    "add": "+", "subtract": "-", "multiply": "*", "divide": "/",
+    "fmod": "%", "less": "<", "greater": ">", "less_equal": "<=",
+    "greater_equal": ">=", "equal": "==", "not_equal": "!=",
+    "negative": "unary -", "minimum": "tl.minimum", "maximum": "tl.maximum",
+    "fmin": "tl.minimum", "fmax": "tl.maximum", "clip": "tl.clamp",
+}
+
+
+def _float8_type(*handles):
+  """The first float8 element type among ``handles``, or None."""
+  for handle in handles:
+    scalar = handle.dtype.scalar
+    if scalar.is_fp8():
+      return scalar
+  return None
+
+
+def _type_name(scalar) -> str:
+  numpy_twin = _VALUE_TYPES.get(scalar.name)
+  if numpy_twin is None:
+    return scalar.name
+  return f"{scalar.name} ({np.dtype(numpy_twin).name})"
+
+
+def _refusal(kernel: str, what: str, scalar) -> _errors.KernelTypeError:
+  spelled = _SPELLING.get(what)
+  op = f"`{spelled}` ({what})" if spelled else f"{what}"
+  return _errors.KernelTypeError(
+      f"triton_call: kernel {kernel!r}, program id"
+      f" {_compat.interpreter_program_id()}: {op} on {_type_name(scalar)}"
+      " operands. Triton does not compile arithmetic, comparisons, minimum,"
+      " maximum or math functions on float8 values for GPUs, and the CPU"
+      " interpreter would apply them to the raw bits. Cast to a wider type first, e.g."
+      " `x.to(tl.float32)`, and back with"
+      f" `.to(tl.{_language_name(scalar)})` for a float8 result.")
+
+
+def _language_name(scalar) -> str:
+  return {"fp8e4nv": "float8e4nv", "fp8e5": "float8e5",
+          "fp8e4b8": "float8e4b8", "fp8e5b16": "float8e5b16",
+          "fp8e4b15": "float8e4b15"}.get(scalar.name, scalar.name)
+
+
+def _source_values(handle):
+  """A float handle's values as NumPy floats, or None for other types."""
+  name = handle.dtype.scalar.name
+  twin = _FLOAT_SOURCES.get(name) or _VALUE_TYPES.get(name)
+  if twin is None:
+    return None
+  values = np.asarray(handle.data).view(twin)
+  return values if name == "fp64" else values.astype(np.float32)
+
+
+def _saturating_conversion(src, dst_type, rounding_mode):
+  """``src`` converted to float8 as NVIDIA GPUs convert, or None."""
+  dst = dst_type.scalar
+  if (dst.name not in _VALUE_TYPES
+      or getattr(rounding_mode, "name", None) != "RTNE"):
+    return None
+  values = _source_values(src)
+  if values is None:
+    return None
+  twin = _VALUE_TYPES[dst.name]
+  largest = float(ml_dtypes.finfo(twin).max)
+  # NaN stays NaN; anything beyond the largest finite value becomes it.
+  clipped = np.clip(values, -largest, largest)
+  bits = np.asarray(clipped).astype(twin).view(np.uint8)
+  return _interpreter.TensorHandle(bits, dst)
+
+
+@contextlib.contextmanager
+def float8_like_compiled(kernel: str):
+  """Routes the interpreter's float8 arithmetic for one launch (see above).
+
+  Args:
+    kernel: the kernel's name, for the messages.
+  """
+  builder = _interpreter.InterpreterBuilder
+  saved = {name: getattr(builder, name)
+           for name in ("binary_op", "unary_op", "ternary_op", "create_fma",
+                        "create_fp_to_fp")}
+
+  def binary_op(self, lhs, rhs, op):
+    scalar = _float8_type(lhs, rhs)
+    if scalar is None:
+      return saved["binary_op"](self, lhs, rhs, op)
+    raise _refusal(kernel, op.__name__, scalar)
+
+  def unary_op(self, arg, op):
+    scalar = _float8_type(arg)
+    if scalar is None:
+      return saved["unary_op"](self, arg, op)
+    raise _refusal(kernel, op.__name__, scalar)
+
+  def ternary_op(self, lhs, rhs, other, op):
+    # A select (np.where) moves bits unchanged; a clamp compares values.
+    scalar = _float8_type(lhs, rhs, other)
+    if scalar is None or op is np.where:
+      return saved["ternary_op"](self, lhs, rhs, other, op)
+    raise _refusal(kernel, op.__name__, scalar)
+
+  def create_fma(self, x, y, z):
+    scalar = _float8_type(x, y, z)
+    if scalar is None:
+      return saved["create_fma"](self, x, y, z)
+    raise _refusal(kernel, "tl.fma", scalar)
+
+  def create_fp_to_fp(self, src, dst_type, rounding_mode):
+    converted = _saturating_conversion(src, dst_type, rounding_mode)
+    if converted is None:
+      return saved["create_fp_to_fp"](self, src, dst_type, rounding_mode)
+    return converted
+
+  patches = {"binary_op": binary_op, "unary_op": unary_op,
+             "ternary_op": ternary_op, "create_fma": create_fma,
+             "create_fp_to_fp": create_fp_to_fp}
+  for name, fn in patches.items():
+    setattr(builder, name, fn)
+  try:
+    yield
+  finally:
+    for name, fn in saved.items():
+      setattr(builder, name, fn)

@@ -1,0 +1,137 @@
+"""``debug=True`` turns on kernel asserts on the CPU interpreter.
+
+A failing ``tl.device_assert`` (with ``debug=True``) or ``tl.static_assert``
+(always, as when compiling) raises ``KernelAssertionError`` naming the
+kernel, the program id and the assert's message, eagerly; under ``jax.jit``
+its text reaches the caller in jax's error.
+"""
+
+from __future__ import annotations
+
+from absl.testing import absltest
+from absl.testing import parameterized
+import jax
+import jax.numpy as jnp
+import numpy as np
+import triton
+import triton.language as tl
+
+from jt_dist import testing
+
+testing.configure_cpu_devices()
+
+import jt_dist  # pylint: disable=g-import-not-at-top,wrong-import-position
+
+_BLOCK = 16
+
+
+@triton.jit
+def checked_copy_kernel(x_ptr, limit, out_ptr, BLOCK: tl.constexpr):
+  offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+  x = tl.load(x_ptr + offsets)
+  tl.device_assert(x < limit, "x must stay below the limit")
+  tl.store(out_ptr + offsets, x)
+
+
+@triton.jit
+def static_checked_kernel(x_ptr, out_ptr, BLOCK: tl.constexpr):
+  tl.static_assert(BLOCK % 32 == 0, "BLOCK must be a multiple of 32")
+  offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+  tl.store(out_ptr + offsets, tl.load(x_ptr + offsets))
+
+
+@triton.jit
+def add_one_kernel(x_ptr, out_ptr, BLOCK: tl.constexpr):
+  offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+  tl.store(out_ptr + offsets, tl.load(x_ptr + offsets) + 1)
+
+
+def _copy(x, limit, debug, jit=False, kernel=checked_copy_kernel, **meta):
+  args = (limit,) if kernel is checked_copy_kernel else ()
+
+  def f(a):
+    return jt_dist.triton_call(
+        a, *args, kernel=kernel,
+        out_shape=jax.ShapeDtypeStruct(a.shape, a.dtype),
+        grid=(a.size // meta.get("BLOCK", _BLOCK),), debug=debug,
+        **{"BLOCK": _BLOCK, **meta})
+  return jax.block_until_ready((jax.jit(f) if jit else f)(x))
+
+
+class KernelAssertTest(testing.TestCase):
+
+  def setUp(self):
+    super().setUp()
+    if testing.platform() != "cpu":
+      self.skipTest("tests the CPU interpreter's asserts; on a GPU a failed"
+                    " device assert is a launch failure")
+
+  def _input(self, programs, bad_program):
+    """Values in [0, 1), one of them 2.0 in ``bad_program``."""
+    x = self.np_rng.uniform(0.0, 1.0, size=programs * _BLOCK).astype(
+        np.float32)
+    lane = int(self.np_rng.integers(_BLOCK))
+    x[bad_program * _BLOCK + lane] = 2.0
+    return jnp.asarray(x)
+
+  def test_failing_device_assert_raises_with_kernel_program_and_message(self):
+    bad = int(self.np_rng.integers(4))
+    x = self._input(4, bad)
+    with self.assertRaisesRegex(
+        jt_dist.KernelAssertionError,
+        rf"kernel 'checked_copy_kernel', program id \({bad}, 0, 0\):"
+        r" tl\.device_assert failed in 1 of 16 lanes: x must stay below the"
+        r" limit"):
+      _copy(x, 1.5, debug=True)
+
+  def test_failing_device_assert_under_jit(self):
+    bad = int(self.np_rng.integers(4))
+    x = self._input(4, bad)
+    with self.assertRaises((jax.errors.JaxRuntimeError, ValueError)) as caught:
+      _copy(x, 1.5, debug=True, jit=True)
+    self.assertRegex(
+        str(caught.exception),
+        rf"KernelAssertionError.*'checked_copy_kernel', program id"
+        rf" \({bad}, 0, 0\).*x must stay below the limit")
+
+  def test_device_assert_is_off_without_debug(self):
+    # As in Triton: device asserts are compiled only in debug mode.
+    x = self._input(2, 1)
+    np.testing.assert_array_equal(_copy(x, 1.5, debug=False), x)
+
+  def test_holding_device_assert_lets_the_kernel_run(self):
+    x = self._input(3, 0)
+    np.testing.assert_array_equal(_copy(x, 3.0, debug=True), x)
+
+  @parameterized.parameters(True, False)
+  def test_failing_static_assert_raises(self, debug):
+    x = jnp.asarray(self.random((_BLOCK * 2,)))
+    with self.assertRaisesRegex(
+        jt_dist.KernelAssertionError,
+        r"kernel 'static_checked_kernel', program id \(0, 0, 0\):"
+        r" tl\.static_assert failed: BLOCK must be a multiple of 32"):
+      _copy(x, None, debug=debug, kernel=static_checked_kernel)
+
+  def test_holding_static_assert_lets_the_kernel_run(self):
+    x = jnp.asarray(self.random((64,)))
+    np.testing.assert_array_equal(
+        _copy(x, None, debug=True, kernel=static_checked_kernel, BLOCK=32), x)
+
+  def test_debug_turns_on_overflow_checks_as_triton_does(self):
+    # Triton's debug mode also checks integer arithmetic for overflow.
+    x = jnp.asarray(np.full((_BLOCK,), 2**31 - 1, np.int32))
+    with self.assertRaisesRegex(
+        jt_dist.KernelAssertionError,
+        r"'add_one_kernel'.*int32 overflow detected for operation add"):
+      _copy(x, None, debug=True, kernel=add_one_kernel)
+    wrapped = _copy(x, None, debug=False, kernel=add_one_kernel)
+    np.testing.assert_array_equal(wrapped, np.full((_BLOCK,), -(2**31)))
+
+  def test_error_types(self):
+    self.assertTrue(issubclass(jt_dist.KernelAssertionError, AssertionError))
+    self.assertTrue(issubclass(jt_dist.KernelAssertionError,
+                               jt_dist.KernelLaunchError))
+
+
+if __name__ == "__main__":
+  absltest.main()

@@ -388,6 +388,27 @@ def mark_requires_devices(primitive) -> None:
 # --- Varying manual axes (shard_map's check_vma) ---------------------------
 
 
+def at_top_level() -> bool:
+  """Whether a call runs eagerly: no ``jax.jit``, vmap or grad trace is on.
+
+  JAX has no public query for this. An all-concrete call inside a trace
+  (arrays closed over by a jitted function) must not take the eager fast
+  path, whose executable may be lowered for another platform there. Where
+  jax's trace context is not found, this answers False: the slow path is
+  always right.
+  """
+  try:
+    return bool(_trace_context().is_top_level())
+  except Exception:  # pylint: disable=broad-except
+    return False
+
+
+@functools.cache
+def _trace_context() -> Any:
+  from jax._src import core as _core  # pylint: disable=g-import-not-at-top
+  return _core.trace_ctx
+
+
 def varying_axes(aval) -> frozenset:
   """The manual mesh axes a value varies over inside ``shard_map``."""
   vma = getattr(aval, "vma", None)

@@ -236,6 +236,8 @@ def signature(args: Sequence[Any], kernel: Any, out_shape: Any, grid: Any,
       those the binding reads (constexprs, declared types, heuristics and
       autotuning, a callable grid) are, and the others' classes.
   """
+  if not _compat.at_top_level():
+    return None
   try:
     _, exact, autotuned = _kernel_facts(kernel)
     if exact_all or callable(grid):

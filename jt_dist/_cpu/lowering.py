@@ -72,18 +72,19 @@ def _log_once(spec) -> None:
   )
 
 
-def _prepare_outputs(spec, launch, inputs):
-  outputs = []
-  for shape, dtype in spec.out_shapes:
-    out = np.empty(shape, dtype)
+def _new_outputs(spec):
+  return [np.empty(shape, dtype) for shape, dtype in spec.out_shapes]
+
+
+def _prepare_outputs(spec, launch, inputs, outputs):
+  """Sets each output's starting bytes, in place, as jaxlib does on a GPU."""
+  for out in outputs:
     # Through a flat view: a 0-d array cannot change its itemsize.
     out.reshape(-1).view(np.uint8)[...] = _POISON_BYTE
-    outputs.append(out)
   for i, o in spec.input_output_aliases:
     np.copyto(outputs[o], inputs[i])
   for o in launch.zeroed_outputs:
     outputs[o][...] = 0
-  return outputs
 
 
 def _pointer_buffers(spec, launch, inputs, outputs):
@@ -125,15 +126,46 @@ def _kernel_args(spec, buffers, checker):
 def run_on_host(spec, *arrays):
   """Launches the kernel on host buffers; returns the output buffers.
 
-  An autotuned call arrives with the one config ``jt_dist._autotune`` chose
-  (on the CPU the first, unless ``JT_DIST_AUTOTUNE_CPU=time`` or a pin says
-  otherwise); a spec with several runs its first.
-  An exception is remembered before it leaves, so that an eager call can
-  raise it as itself rather than as the runtime error jax makes of it.
+  The ``jax.pure_callback`` route (GPU platforms running an interpreted
+  kernel, or a jax without buffer callbacks). An autotuned call arrives with
+  the one config ``jt_dist._autotune`` chose (on the CPU the first, unless
+  ``JT_DIST_AUTOTUNE_CPU=time`` or a pin says otherwise); a spec with
+  several runs its first.
+  """
+  inputs = [np.ascontiguousarray(a) for a in arrays]
+  outputs = _new_outputs(spec)
+  _remembering_faults(_launch, spec, inputs, outputs)
+  return tuple(outputs)
+
+
+def _fill_buffers(spec, ctx, outputs, *inputs):
+  """The buffer-callback route: the kernel writes XLA's output buffers.
+
+  Inputs are copied first: a kernel that stores through an input pointer
+  (a bug the GPU would not catch either) must not change an XLA buffer that
+  may be the caller's array.
+  """
+  del ctx
+  try:
+    host_inputs = [np.array(np.asarray(b), order="C") for b in inputs]
+    host_outputs = [np.asarray(b) for b in outputs]
+    _remembering_faults(_launch, spec, host_inputs, host_outputs)
+  except BaseException as e:  # pylint: disable=broad-except
+    # jax puts the frames above the raise in front of the message, so raise
+    # from here, with none of the kernel's frames.
+    raise e.with_traceback(None) from None
+
+
+def _remembering_faults(fn, *args):
+  """Calls ``fn``, remembering an exception before it leaves.
+
+  An eager call then raises it as itself rather than as the runtime error
+  jax makes of it. KeyboardInterrupt is remembered too, so that Ctrl-C
+  during an eager launch reaches the caller as KeyboardInterrupt.
   """
   try:
-    return _run_on_host(spec, *arrays)
-  except Exception as e:
+    return fn(*args)
+  except BaseException as e:  # pylint: disable=broad-except
     # Keep the traceback's lines but not its frames' locals (the buffers):
     # under jax.jit nobody collects a remembered exception.
     traceback.clear_frames(e.__traceback__)
@@ -147,24 +179,29 @@ def raise_host_fault(error: Exception) -> None:
 
   jax reports an exception raised in a host callback as a JaxRuntimeError
   whose message ends with the original's text. If ``error`` is one of those
-  for an exception that ``run_on_host`` remembered, that exception is raised
+  for an exception that a launch remembered, that exception is raised
   instead (chained to ``error``); otherwise this returns.
   """
   text = str(error)
   with _FAULTS_LOCK:
     found = next((f for f in reversed(_recent_faults)
-                  if str(f) and str(f) in text), None)
+                  if _fault_text(f) in text), None)
     if found is not None:
       _recent_faults.remove(found)
   if found is not None:
     raise found from error
 
 
-def _run_on_host(spec, *arrays):
+def _fault_text(fault: BaseException) -> str:
+  # How jax's message ends for this fault ("KeyboardInterrupt" alone has
+  # no text of its own).
+  return str(fault) or type(fault).__name__
+
+
+def _launch(spec, inputs, outputs):
   _log_once(spec)
   launch = spec.launches[0]
-  inputs = [np.ascontiguousarray(a) for a in arrays]
-  outputs = _prepare_outputs(spec, launch, inputs)
+  _prepare_outputs(spec, launch, inputs, outputs)
   buffers = _pointer_buffers(spec, launch, inputs, outputs)
   checker = (_bounds.MemoryChecker(spec.info.name, buffers)
              if _bounds.enabled() else None)
@@ -174,11 +211,14 @@ def _run_on_host(spec, *arrays):
         spec.info.python_fn, launch.grid, args, dict(launch.config.kwargs),
         checker=checker,
     )
-  return tuple(outputs)
 
 
-def _host_call(*arrays, spec):
+def _host_call(*arrays, spec, platform):
   result_shapes = [jax.ShapeDtypeStruct(s, d) for s, d in spec.out_shapes]
+  buffer_callback = _compat.host_buffer_callback()
+  if platform == "cpu" and buffer_callback is not None:
+    return buffer_callback(functools.partial(_fill_buffers, spec),
+                           result_shapes)(*arrays)
   return jax.pure_callback(
       functools.partial(run_on_host, spec), result_shapes, *arrays
   )
@@ -203,7 +243,10 @@ def cpu_lowering(ctx, *args, spec):
         " compute_capability= (e.g. 90) on the call or in"
         " jt_dist.export_options; a kernel made under TRITON_INTERPRET=1"
         " is interpreted on GPUs too and cannot be exported either.")
+  platforms = tuple(getattr(ctx.module_context, "platforms", ()) or ())
+  platform = platforms[0] if len(platforms) == 1 else None
   rule = mlir.lower_fun(
-      functools.partial(_host_call, spec=spec), multiple_results=True
+      functools.partial(_host_call, spec=spec, platform=platform),
+      multiple_results=True,
   )
   return rule(ctx, *args)

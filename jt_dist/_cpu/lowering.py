@@ -9,9 +9,13 @@ a kernel gives the same results (and the same mistakes) on both.
 
 from __future__ import annotations
 
+import _thread
 import collections
+import contextlib
 import functools
 import logging
+import os
+import sys
 import threading
 import traceback
 
@@ -134,7 +138,8 @@ def run_on_host(spec, *arrays):
   """
   inputs = [np.ascontiguousarray(a) for a in arrays]
   outputs = _new_outputs(spec)
-  _remembering_faults(_launch, spec, inputs, outputs)
+  with _interrupt_after_return():
+    _remembering_faults(_launch, spec, inputs, outputs)
   return tuple(outputs)
 
 
@@ -147,25 +152,76 @@ def _fill_buffers(spec, ctx, outputs, *inputs):
   """
   del ctx
   try:
-    host_inputs = [np.array(np.asarray(b), order="C") for b in inputs]
-    host_outputs = [np.asarray(b) for b in outputs]
-    _remembering_faults(_launch, spec, host_inputs, host_outputs)
-  except BaseException as e:  # pylint: disable=broad-except
+    with _interrupt_after_return():
+      host_inputs = [np.array(np.asarray(b), order="C") for b in inputs]
+      host_outputs = [np.asarray(b) for b in outputs]
+      _remembering_faults(_launch, spec, host_inputs, host_outputs)
+  except Exception as e:  # pylint: disable=broad-except
     # jax puts the frames above the raise in front of the message, so raise
     # from here, with none of the kernel's frames.
     raise e.with_traceback(None) from None
+
+
+@contextlib.contextmanager
+def _interrupt_after_return():
+  """Hands a Ctrl-C that stopped the kernel back to the caller, as itself.
+
+  jax turns an exception that leaves a host callback into its own runtime
+  error, so ``except KeyboardInterrupt`` would never see it. When the
+  callback runs on the main thread (an eager call, or jax.jit on one
+  device), the kernel stops, the callback returns (outputs unfinished) and
+  the interrupt is signalled again, to be raised in the first Python frame
+  outside the callback: the caller's, before it can use the outputs. On an
+  XLA worker thread (several devices) Ctrl-C never reaches the kernel:
+  Python raises it in the main thread once the computation returns.
+  """
+  try:
+    yield
+  except KeyboardInterrupt:
+    if threading.current_thread() is not threading.main_thread():
+      raise
+    logger.debug("jt_dist: a kernel launch was interrupted (Ctrl-C).")
+    _signal_after_callback()
+
+
+# Files of the callback's own frames: an interrupt raised while one of them
+# runs would be wrapped by jax again.
+_CALLBACK_FILES = (os.path.join("jax", "_src", "buffer_callback.py"),
+                   os.path.join("jax", "_src", "callback.py"),
+                   os.path.join("jt_dist", "_cpu", "lowering.py"),
+                   "contextlib.py")
+
+
+def _signal_after_callback() -> None:
+  """Re-signals SIGINT once the main thread runs a frame outside the callback.
+
+  A profile hook (the main thread's, for a few events) watches for the
+  first such frame. With another profiler installed, the interrupt is
+  re-raised at once, and jax reports it as its runtime error.
+  """
+  if sys.getprofile() is not None:
+    raise KeyboardInterrupt
+
+  def hook(frame, event, arg):
+    del event, arg
+    if frame is not None and frame.f_code.co_filename.endswith(
+        _CALLBACK_FILES):
+      return
+    sys.setprofile(None)
+    _thread.interrupt_main()
+
+  sys.setprofile(hook)
 
 
 def _remembering_faults(fn, *args):
   """Calls ``fn``, remembering an exception before it leaves.
 
   An eager call then raises it as itself rather than as the runtime error
-  jax makes of it. KeyboardInterrupt is remembered too, so that Ctrl-C
-  during an eager launch reaches the caller as KeyboardInterrupt.
+  jax makes of it.
   """
   try:
     return fn(*args)
-  except BaseException as e:  # pylint: disable=broad-except
+  except Exception as e:  # pylint: disable=broad-except
     # Keep the traceback's lines but not its frames' locals (the buffers):
     # under jax.jit nobody collects a remembered exception.
     traceback.clear_frames(e.__traceback__)
@@ -192,9 +248,9 @@ def raise_host_fault(error: Exception) -> None:
     raise found from error
 
 
-def _fault_text(fault: BaseException) -> str:
-  # How jax's message ends for this fault ("KeyboardInterrupt" alone has
-  # no text of its own).
+def _fault_text(fault: Exception) -> str:
+  # How jax's message ends for this fault (the type's name alone for an
+  # exception without text).
   return str(fault) or type(fault).__name__
 
 

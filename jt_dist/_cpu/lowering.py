@@ -9,7 +9,6 @@ a kernel gives the same results (and the same mistakes) on both.
 
 from __future__ import annotations
 
-import _thread
 import collections
 import contextlib
 import functools
@@ -138,8 +137,11 @@ def run_on_host(spec, *arrays):
   """
   inputs = [np.ascontiguousarray(a) for a in arrays]
   outputs = _new_outputs(spec)
-  with _interrupt_after_return():
+  try:
     _remembering_faults(_launch, spec, inputs, outputs)
+  except BaseException as e:  # pylint: disable=broad-except
+    if not _raise_in_caller(e):
+      raise
   return tuple(outputs)
 
 
@@ -152,65 +154,65 @@ def _fill_buffers(spec, ctx, outputs, *inputs):
   """
   del ctx
   try:
-    with _interrupt_after_return():
-      host_inputs = [np.array(np.asarray(b), order="C") for b in inputs]
-      host_outputs = [np.asarray(b) for b in outputs]
-      _remembering_faults(_launch, spec, host_inputs, host_outputs)
-  except Exception as e:  # pylint: disable=broad-except
+    host_inputs = [np.array(np.asarray(b), order="C") for b in inputs]
+    host_outputs = [np.asarray(b) for b in outputs]
+    _remembering_faults(_launch, spec, host_inputs, host_outputs)
+  except BaseException as e:  # pylint: disable=broad-except
+    if _raise_in_caller(e):
+      return
+    if not isinstance(e, Exception):
+      raise
     # jax puts the frames above the raise in front of the message, so raise
     # from here, with none of the kernel's frames.
     raise e.with_traceback(None) from None
 
 
-@contextlib.contextmanager
-def _interrupt_after_return():
-  """Hands a Ctrl-C that stopped the kernel back to the caller, as itself.
-
-  jax turns an exception that leaves a host callback into its own runtime
-  error, so ``except KeyboardInterrupt`` would never see it. When the
-  callback runs on the main thread (an eager call, or jax.jit on one
-  device), the kernel stops, the callback returns (outputs unfinished) and
-  the interrupt is signalled again, to be raised in the first Python frame
-  outside the callback: the caller's, before it can use the outputs. On an
-  XLA worker thread (several devices) Ctrl-C never reaches the kernel:
-  Python raises it in the main thread once the computation returns.
-  """
-  try:
-    yield
-  except KeyboardInterrupt:
-    if threading.current_thread() is not threading.main_thread():
-      raise
-    logger.debug("jt_dist: a kernel launch was interrupted (Ctrl-C).")
-    _signal_after_callback()
-
-
-# Files of the callback's own frames: an interrupt raised while one of them
-# runs would be wrapped by jax again.
+# Files of the callback's own frames, between the callback and the Python
+# frame that started the computation.
 _CALLBACK_FILES = (os.path.join("jax", "_src", "buffer_callback.py"),
                    os.path.join("jax", "_src", "callback.py"),
                    os.path.join("jt_dist", "_cpu", "lowering.py"),
                    "contextlib.py")
 
 
-def _signal_after_callback() -> None:
-  """Re-signals SIGINT once the main thread runs a frame outside the callback.
+def _raise_in_caller(error: BaseException) -> bool:
+  """Raises ``error`` in the Python frame that started the computation.
 
-  A profile hook (the main thread's, for a few events) watches for the
-  first such frame. With another profiler installed, the interrupt is
-  re-raised at once, and jax reports it as its runtime error.
+  jax turns an exception that leaves a host callback into its own runtime
+  error: a 3 KB message with the kernel's words last, and
+  ``except KeyboardInterrupt`` never sees Ctrl-C. When the callback runs on
+  the main thread (an eager call, or jax.jit on one device), it returns
+  instead (outputs unfinished) and a profile hook raises ``error`` at the
+  first event of the frame that called into jax, or of a function it calls:
+  the caller's, before it can use the outputs.
+
+  Returns:
+    False where that cannot be done (not the main thread, another profiler
+    installed, no Python caller); the callback then raises as usual.
   """
-  if sys.getprofile() is not None:
-    raise KeyboardInterrupt
+  if (threading.current_thread() is not threading.main_thread()
+      or sys.getprofile() is not None):
+    return False
+  caller = sys._getframe(1)  # pylint: disable=protected-access
+  while caller is not None and caller.f_code.co_filename.endswith(
+      _CALLBACK_FILES):
+    caller = caller.f_back
+  if caller is None:
+    return False
+  error.__traceback__ = None
 
   def hook(frame, event, arg):
-    del event, arg
-    if frame is not None and frame.f_code.co_filename.endswith(
-        _CALLBACK_FILES):
+    del arg
+    if frame is not caller and (
+        frame.f_back is not caller
+        or frame.f_code.co_filename.endswith(_CALLBACK_FILES)):
       return
     sys.setprofile(None)
-    _thread.interrupt_main()
+    if event != "c_exception":  # Else jax's own error is on its way.
+      raise error
 
   sys.setprofile(hook)
+  return True
 
 
 def _remembering_faults(fn, *args):
@@ -244,7 +246,7 @@ def raise_host_fault(error: Exception) -> None:
                   if _fault_text(f) in text), None)
     if found is not None:
       _recent_faults.remove(found)
-  if found is not None:
+  if found is not None and found is not error:
     raise found from error
 
 
@@ -263,10 +265,32 @@ def _launch(spec, inputs, outputs):
              if _bounds.enabled() else None)
   args = _kernel_args(spec, buffers, checker)
   with _INTERPRETER_LOCK:
-    _interpreter_runtime.run(
-        spec.info.python_fn, launch.grid, args, dict(launch.config.kwargs),
-        checker=checker,
-    )
+    try:
+      _interpreter_runtime.run(
+          spec.info.python_fn, launch.grid, args, dict(launch.config.kwargs),
+          checker=checker,
+      )
+    except _compat.InterpreterError as e:
+      _name_the_kernel(e, spec)
+      raise
+
+
+def _name_the_kernel(error, spec) -> None:
+  """Puts the kernel, program id and source line before Triton's message.
+
+  Triton's interpreter reports a failing kernel as ``repr`` of the original
+  exception alone; the program that raised it is still the interpreter's
+  current one.
+  """
+  message = getattr(error, "error_message", None)
+  if not isinstance(message, str):
+    return
+  cause = error.__cause__ if error.__cause__ is not None else error
+  where = _bounds.kernel_location(traceback.walk_tb(cause.__traceback__))
+  pid = _compat.interpreter_program_id()
+  error.error_message = (
+      f"kernel {spec.info.name!r}, program id {pid}"
+      f"{', at ' + where if where else ''}: {message}")
 
 
 def _host_call(*arrays, spec, platform):

@@ -215,7 +215,9 @@ def case_processes(rng):
           np.asarray(eager.addressable_shards[0].data), expected)
   f = jax.jit(jax.shard_map(lambda a: jax.lax.psum(_scale(a), "x"),
                             mesh=mesh, in_specs=P("x"), out_specs=P("x")))
-  gathered = multihost_utils.process_allgather(f(x), tiled=True)
+  # Every process holds the same x (same seed): each places its shards.
+  xs = jax.device_put(x, NamedSharding(mesh, P("x")))
+  gathered = multihost_utils.process_allgather(f(xs), tiled=True)
   _report("processes_psum", np.asarray(gathered)[:SHARD], expected)
 
 

@@ -10,7 +10,6 @@ a kernel gives the same results (and the same mistakes) on both.
 from __future__ import annotations
 
 import collections
-import contextlib
 import functools
 import logging
 import os
@@ -171,8 +170,7 @@ def _fill_buffers(spec, ctx, outputs, *inputs):
 # frame that started the computation.
 _CALLBACK_FILES = (os.path.join("jax", "_src", "buffer_callback.py"),
                    os.path.join("jax", "_src", "callback.py"),
-                   os.path.join("jt_dist", "_cpu", "lowering.py"),
-                   "contextlib.py")
+                   os.path.join("jt_dist", "_cpu", "lowering.py"))
 
 
 def _raise_in_caller(error: BaseException) -> bool:

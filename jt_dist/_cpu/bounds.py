@@ -134,7 +134,7 @@ class MemoryChecker:
       return _errors.OutOfBoundsAccessError(
           f"{self._where(op)} a pointer that points into no buffer of the"
           f" call ({int(bad.sum())} lanes; {_mask_text(on)}). Pointers must be"
-          f" derived from a pointer parameter by adding offsets."
+          " derived from a pointer parameter by adding offsets."
           f"{_stack_location()}"
       )
     lanes = bad & (index == k)
@@ -168,10 +168,13 @@ class MemoryChecker:
     )
 
 
-# Frames from these packages are the interpreter's, not the kernel's.
-_LIBRARY_DIRS = tuple(
-    os.path.dirname(os.path.abspath(m.__file__)) + os.sep
-    for m in (triton, np, sys.modules["jt_dist"]))
+# Frames from these folders are the interpreter's, not the kernel's.
+_TRITON_DIR = os.path.dirname(os.path.abspath(triton.__file__)) + os.sep
+_INTERPRETER_DIRS = (
+    _TRITON_DIR,
+    os.path.dirname(os.path.abspath(np.__file__)) + os.sep,
+    os.path.dirname(os.path.abspath(__file__)) + os.sep,  # jt_dist/_cpu
+)
 
 
 def kernel_location(frames) -> str:
@@ -179,14 +182,17 @@ def kernel_location(frames) -> str:
 
   Args:
     frames: ``(frame, line number)`` pairs, outermost first (as
-      ``traceback.walk_tb`` or ``walk_stack`` reversed give them); the
-      deepest one outside Triton, NumPy and jt_dist is the kernel's line
-      (or a ``@triton.jit`` helper's).
+      ``traceback.walk_tb`` gives them). Below Triton's first frame (the
+      interpreter's), the deepest frame outside Triton, NumPy and
+      jt_dist._cpu is the kernel's line (or a ``@triton.jit`` helper's).
   """
-  found = None
+  found, inside = None, False
   for frame, lineno in frames:
     filename = frame.f_code.co_filename
-    if not os.path.abspath(filename).startswith(_LIBRARY_DIRS):
+    path = os.path.abspath(filename)
+    if path.startswith(_TRITON_DIR):
+      inside = True
+    elif inside and not path.startswith(_INTERPRETER_DIRS):
       found = (filename, lineno)
   if found is None:
     return ""
@@ -196,7 +202,7 @@ def kernel_location(frames) -> str:
 
 
 def _stack_location() -> str:
-  """" The access is at FILE:LINE (`SOURCE`)." for the running kernel."""
+  """The sentence naming the running kernel's line, or "" if none is found."""
   frames = []
   frame = sys._getframe(1)  # pylint: disable=protected-access
   while frame is not None:

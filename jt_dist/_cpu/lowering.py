@@ -1,8 +1,11 @@
 """The CPU platform: kernels run through Triton's interpreter.
 
-The primitive's CPU lowering is a host callback. On the host the inputs
-arrive as NumPy buffers; the kernel reads and writes them through raw
-pointers exactly as it would device memory, one program instance at a time.
+The primitive's CPU lowering is a host callback: jax's buffer callback,
+which hands over XLA's own buffers (``jax.pure_callback`` copied its operands
+on XLA's thread pool first, which deadlocked beside collectives on jaxlib
+0.10). On the host the buffers are NumPy arrays; the kernel reads and writes
+them through raw pointers exactly as it would device memory, one program
+instance at a time.
 Aliased and zeroed outputs are prepared as jaxlib prepares them on a GPU, so
 a kernel gives the same results (and the same mistakes) on both.
 """

@@ -451,6 +451,33 @@ def key_value_set(client, key: str, value: str) -> None:
     client.key_value_set(key, value)
 
 
+# --- Host callbacks on the CPU --------------------------------------------
+
+
+@functools.lru_cache(maxsize=None)
+def host_buffer_callback():
+  """``jax.experimental.buffer_callback.buffer_callback``, or None.
+
+  It hands the callback the computation's own host buffers (jax >= 0.7;
+  the support floor, 0.10.2, has it). ``jax.pure_callback`` instead
+  ``device_put``s every operand to CPU device 0 before calling back; on
+  jaxlib 0.10 an operand of 102,400 bytes or more is then copied
+  asynchronously on the thread pool that runs the devices' programs, and
+  with a collective after the callback every thread of that pool can end up
+  waiting (XLA aborts the process after its rendezvous timeout).
+
+  Returns:
+    The function, or None where this jax lacks it (callers fall back to
+    ``jax.pure_callback``).
+  """
+  try:
+    module = importlib.import_module("jax.experimental.buffer_callback")
+  except ImportError:
+    return None
+  fn = getattr(module, "buffer_callback", None)
+  return fn if callable(fn) else None
+
+
 # --- Triton's interpreter: memory accesses ---------------------------------
 
 

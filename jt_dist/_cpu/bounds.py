@@ -19,9 +19,12 @@ written.
 from __future__ import annotations
 
 import dataclasses
+import linecache
 import os
+import sys
 
 import numpy as np
+import triton
 
 from jt_dist import _compat
 from jt_dist import _errors
@@ -132,6 +135,7 @@ class MemoryChecker:
           f"{self._where(op)} a pointer that points into no buffer of the"
           f" call ({int(bad.sum())} lanes; {_mask_text(on)}). Pointers must be"
           " derived from a pointer parameter by adding offsets."
+          f"{_stack_location()}"
       )
     lanes = bad & (index == k)
     elements = offset[lanes] // itemsize
@@ -148,6 +152,7 @@ class MemoryChecker:
         f" {self._extent(k)}, so offsets must lie in [0, {size}). Mask in"
         f" force: {_mask_text(on)}. Mask the access (e.g. `mask=offsets < n`)"
         f" or shrink the grid.{hint} Set {ENV_VAR}=0 to run unchecked."
+        f"{_stack_location()}"
     )
 
   def _unwritten(self, op, k, starts, on, itemsize):
@@ -159,7 +164,52 @@ class MemoryChecker:
         " output starts undefined on a GPU: write it before reading it, or"
         " pass zeroed_outputs= (starts at zero) or input_output_aliases="
         f" (starts as the input). Set {ENV_VAR}=0 to run unchecked."
+        f"{_stack_location()}"
     )
+
+
+# Frames from these folders are the interpreter's, not the kernel's.
+_TRITON_DIR = os.path.dirname(os.path.abspath(triton.__file__)) + os.sep
+_INTERPRETER_DIRS = (
+    _TRITON_DIR,
+    os.path.dirname(os.path.abspath(np.__file__)) + os.sep,
+    os.path.dirname(os.path.abspath(__file__)) + os.sep,  # jt_dist/_cpu
+)
+
+
+def kernel_location(frames) -> str:
+  """The kernel's line: ``"FILE:LINE (`SOURCE`)"``, or "" if none is found.
+
+  Args:
+    frames: ``(frame, line number)`` pairs, outermost first (as
+      ``traceback.walk_tb`` gives them). Below Triton's first frame (the
+      interpreter's), the deepest frame outside Triton, NumPy and
+      jt_dist._cpu is the kernel's line (or a ``@triton.jit`` helper's).
+  """
+  found, inside = None, False
+  for frame, lineno in frames:
+    filename = frame.f_code.co_filename
+    path = os.path.abspath(filename)
+    if path.startswith(_TRITON_DIR):
+      inside = True
+    elif inside and not path.startswith(_INTERPRETER_DIRS):
+      found = (filename, lineno)
+  if found is None:
+    return ""
+  filename, lineno = found
+  source = linecache.getline(filename, lineno).strip()
+  return f"{filename}:{lineno}" + (f" (`{source}`)" if source else "")
+
+
+def _stack_location() -> str:
+  """The sentence naming the running kernel's line, or "" if none is found."""
+  frames = []
+  frame = sys._getframe(1)  # pylint: disable=protected-access
+  while frame is not None:
+    frames.append((frame, frame.f_lineno))
+    frame = frame.f_back
+  where = kernel_location(reversed(frames))
+  return f" The access is at {where}." if where else ""
 
 
 def _first(values: np.ndarray) -> str:

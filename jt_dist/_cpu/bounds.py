@@ -74,6 +74,10 @@ class MemoryChecker:
     """The address the kernel sees for buffer ``k``."""
     return int(self._tagged[k])
 
+  def address_window(self, k: int) -> tuple[int, int]:
+    """The [start, end) of the addresses that name buffer ``k``."""
+    return (k + 1) << _REGION_BITS, (k + 2) << _REGION_BITS
+
   def translate(self, op: str, ptrs, mask, itemsize: int, *, reads: bool,
                 writes: bool):
     """Real addresses for ``ptrs`` after checking the lanes ``mask`` enables.

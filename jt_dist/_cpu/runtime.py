@@ -22,6 +22,7 @@ from triton.runtime import jit as _jit
 from jt_dist import _compat
 from jt_dist import _errors
 from jt_dist._cpu import bounds as _bounds
+from jt_dist._cpu import vector_launch as _vector_launch
 
 JITFunction = _compat.JITFunction
 InterpretedFunction = _compat.InterpretedFunction
@@ -71,7 +72,7 @@ def run(python_fn, grid: tuple[int, int, int], args, kwargs, checker=None):
   executor = _HostBufferExecutor(fn, arg_names, tuple(grid))
   try:
     with _checked_memory(checker):
-      _run_patched(executor, args, kwargs)
+      _run_patched(executor, args, kwargs, checker)
   except _compat.InterpreterError as e:
     if isinstance(e.__cause__, _KERNEL_FAULTS):
       raise e.__cause__ from None
@@ -93,7 +94,7 @@ def _checked_memory(checker):
     yield
 
 
-def _run_patched(executor, args, kwargs):
+def _run_patched(executor, args, kwargs, checker=None):
   with _helpers_run_interpreted(), _bfloat16_like_compiled():
     # The executor patches only the language modules the kernel's own
     # globals name (usually `tl`). Library helpers such as tl.zeros are
@@ -103,7 +104,10 @@ def _run_patched(executor, args, kwargs):
     scope = _interpreter._patch_lang(_language_modules_probe)  # pylint: disable=protected-access
     try:
       with _scalar_index_squeezes():
-        executor(*args, **kwargs)
+        # All programs at once where the kernel allows; otherwise (memory
+        # restored) one at a time, as Triton's interpreter runs them.
+        if not _vector_launch.run(executor, args, kwargs, checker):
+          executor(*args, **kwargs)
     finally:
       scope.restore()
 

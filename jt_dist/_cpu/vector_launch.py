@@ -31,8 +31,8 @@ logger = logging.getLogger("jt_dist")
 
 # The environment variable that turns vectorised launches off ("0", ...).
 ENV_VAR = "JT_DIST_VECTORIZE"
-_ONE_AT_A_TIME = "one program at a time"
-_VECTORISED = "vectorised"
+ONE_AT_A_TIME = "one program at a time"
+VECTORISED = "vectorised"
 # Decisions per kernel signature; read and written under the interpreter lock.
 _decisions: dict = {}
 
@@ -68,7 +68,7 @@ def run(executor, args, kwargs, checker) -> bool:
   if grid is None or not enabled():
     return False
   key = kernel_key(executor.fn, args, kwargs)
-  if _decisions.get(key) == _ONE_AT_A_TIME:
+  if _decisions.get(key) == ONE_AT_A_TIME:
     return False
   journal = _journal(args, checker)
   if journal is None:
@@ -78,9 +78,9 @@ def run(executor, args, kwargs, checker) -> bool:
       _run_vectorised(executor, args, kwargs, grid)
   except Exception as e:  # pylint: disable=broad-except
     journal.restore()
-    _decide(key, _ONE_AT_A_TIME, f"{type(e).__name__}: {e}")
+    _decide(key, ONE_AT_A_TIME, f"{type(e).__name__}: {e}")
     return False
-  _decide(key, _VECTORISED, f"{int(np.prod(grid))} programs at once")
+  _decide(key, VECTORISED, f"{int(np.prod(grid))} programs at once")
   return True
 
 
@@ -220,3 +220,8 @@ def one_program_at_a_time():
       del os.environ[ENV_VAR]
     else:
       os.environ[ENV_VAR] = previous
+
+
+def decisions_of(kernel_name: str) -> set[str]:
+  """How launches of kernels named ``kernel_name`` ran (for tests)."""
+  return {how for key, how in _decisions.items() if key[2] == kernel_name}

@@ -180,7 +180,7 @@ def block_pointer_kernel(x_ptr, m, n, out_ptr, BM: tl.constexpr,
   row = tl.program_id(0) * BM
   src = tl.make_block_ptr(x_ptr, shape=(m, n), strides=(n, 1),
                           offsets=(row, 0), block_shape=(BM, BN), order=(1, 0))
-  dst = tl.make_block_ptr(out_ptr, shape=(m, n), strides=(n, 1),
+  dst = tl.make_block_ptr(out_ptr, shape=(m, BN), strides=(BN, 1),
                           offsets=(row, 0), block_shape=(BM, BN), order=(1, 0))
   acc = tl.zeros((BM, BN), tl.float32)
   for _ in range(2):

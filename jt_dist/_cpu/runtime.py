@@ -95,6 +95,17 @@ def _checked_memory(checker):
 
 
 def _run_patched(executor, args, kwargs, checker=None):
+  # All programs at once where the kernel allows; otherwise (memory
+  # restored) one at a time, as Triton's interpreter runs them.
+  if _vector_launch.run(executor, args, kwargs, checker, _patched_language):
+    return
+  with _patched_language():
+    executor(*args, **kwargs)
+
+
+@contextlib.contextmanager
+def _patched_language():
+  """``triton.language`` and the interpreter as jt_dist runs a launch."""
   with _helpers_run_interpreted(), _bfloat16_like_compiled():
     # The executor patches only the language modules the kernel's own
     # globals name (usually `tl`). Library helpers such as tl.zeros are
@@ -104,10 +115,7 @@ def _run_patched(executor, args, kwargs, checker=None):
     scope = _interpreter._patch_lang(_language_modules_probe)  # pylint: disable=protected-access
     try:
       with _scalar_index_squeezes():
-        # All programs at once where the kernel allows; otherwise (memory
-        # restored) one at a time, as Triton's interpreter runs them.
-        if not _vector_launch.run(executor, args, kwargs, checker):
-          executor(*args, **kwargs)
+        yield
     finally:
       scope.restore()
 

@@ -48,17 +48,21 @@ def decision(key) -> str | None:
   return _decisions.get(key)
 
 
-def run(executor, args, kwargs, checker) -> bool:
+def run(executor, args, kwargs, checker, patched_language) -> bool:
   """Runs the launch vectorised if it can.
 
-  The caller holds the interpreter lock, with ``triton.language`` and
-  memory patched as for a one-program-at-a-time launch.
+  The caller holds the interpreter lock, with memory patched as for a
+  one-program-at-a-time launch.
 
   Args:
     executor: the launch's ``GridExecutor`` (function, grid, constexprs).
     args: the kernel's positional arguments.
     kwargs: its constexpr keyword arguments.
     checker: the launch's ``bounds.MemoryChecker``, or None.
+    patched_language: a context manager factory that patches
+      ``triton.language`` as for a one-program-at-a-time launch; entered
+      once the vectorised builder is in place (Triton 3.6 binds each
+      patched builtin to the builder in place when it patches).
 
   Returns:
     True if the launch ran; False if the caller must run it one program at
@@ -74,8 +78,9 @@ def run(executor, args, kwargs, checker) -> bool:
   if journal is None:
     return False
   try:
-    with _compat.interpreter_native_memory_replaced(journal):
-      _run_vectorised(executor, args, kwargs, grid)
+    with _compat.interpreter_native_memory_replaced(journal), \
+        _vector_builder_installed(grid), patched_language():
+      _run_vectorised(executor, args, kwargs)
   except Exception as e:  # pylint: disable=broad-except
     journal.restore()
     _decide(key, ONE_AT_A_TIME, f"{type(e).__name__}: {e}")
@@ -117,15 +122,12 @@ def _grid(executor):
   return grid if int(np.prod(grid)) > 1 else None
 
 
-def _run_vectorised(executor, args, kwargs, grid):
+def _run_vectorised(executor, args, kwargs):
   fn = executor.fn
   spec = inspect.getfullargspec(fn)
   kwargs = {k: v for k, v in kwargs.items()
             if k in spec.args or k in spec.kwonlyargs}
-  semantic = _interpreter.interpreter_semantic
-  stock_builder = semantic.builder
   scope = _interpreter._patch_lang(fn)  # pylint: disable=protected-access
-  semantic.builder = _vb.VectorBuilder(grid)
   try:
     _vl.patch(scope)
     call_args = inspect.getcallargs(fn, *args, **kwargs)
@@ -136,8 +138,21 @@ def _run_vectorised(executor, args, kwargs, grid):
     }
     fn(**call_args)
   finally:
-    semantic.builder = stock_builder
     scope.restore()
+
+
+@contextlib.contextmanager
+def _vector_builder_installed(grid):
+  """Makes a ``VectorBuilder`` the interpreter's builder for one launch."""
+  semantic = _interpreter.interpreter_semantic
+  stock = (_interpreter.interpreter_builder, semantic.builder)
+  builder = _vb.VectorBuilder(grid)
+  _interpreter.interpreter_builder = builder
+  semantic.builder = builder
+  try:
+    yield builder
+  finally:
+    _interpreter.interpreter_builder, semantic.builder = stock
 
 
 def _journal(args, checker):

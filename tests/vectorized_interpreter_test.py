@@ -214,7 +214,9 @@ class VectorisedMatchesOneAtATimeTest(testing.TestCase):
       np.testing.assert_array_equal(v, s)
 
   def assertRan(self, kernel, how):
-    self.assertEqual(vector_launch.decisions_of(kernel.fn.__name__), {how})
+    while not hasattr(kernel, "__code__"):  # Autotuner, JITFunction.
+      kernel = kernel.fn
+    self.assertEqual(vector_launch.decisions_of(kernel), {how})
 
   def test_add(self):
     x, y = self.random((3000,)), self.random((3000,))

@@ -24,6 +24,7 @@ import triton.language as tl
 from triton.runtime import interpreter as _interpreter
 
 from jt_dist import _compat
+from jt_dist import _errors
 from jt_dist._cpu import vector_builder as _vb
 from jt_dist._cpu import vector_lang as _vl
 
@@ -33,6 +34,9 @@ logger = logging.getLogger("jt_dist")
 ENV_VAR = "JT_DIST_VECTORIZE"
 ONE_AT_A_TIME = "one program at a time"
 VECTORISED = "vectorised"
+# A kernel's own faults, which say nothing about whether it vectorises.
+_KERNEL_FAULTS = (_errors.OutOfBoundsAccessError,
+                  _errors.UnwrittenOutputReadError, AssertionError)
 # Decisions per kernel signature; read and written under the interpreter lock.
 _decisions: dict = {}
 
@@ -81,6 +85,13 @@ def run(executor, args, kwargs, checker, patched_language) -> bool:
     with _compat.interpreter_native_memory_replaced(journal), \
         _vector_builder_installed(grid), patched_language():
       _run_vectorised(executor, args, kwargs)
+  except _KERNEL_FAULTS as e:
+    # The kernel's own fault: the one-program path reports it as always
+    # (program id included); later, correct launches may still vectorise.
+    journal.restore()
+    logger.debug("jt_dist: kernel %s faulted vectorised; rerunning it one"
+                 " program at a time to report it: %s", key[2], e)
+    return False
   except Exception as e:  # pylint: disable=broad-except
     journal.restore()
     _decide(key, ONE_AT_A_TIME, f"{type(e).__name__}: {e}")
@@ -237,6 +248,7 @@ def one_program_at_a_time():
       os.environ[ENV_VAR] = previous
 
 
-def decisions_of(kernel_name: str) -> set[str]:
-  """How launches of kernels named ``kernel_name`` ran (for tests)."""
-  return {how for key, how in _decisions.items() if key[2] == kernel_name}
+def decisions_of(python_fn) -> set[str]:
+  """How launches of the kernel function ``python_fn`` ran (for tests)."""
+  where = (python_fn.__code__.co_filename, python_fn.__name__)
+  return {how for key, how in _decisions.items() if (key[0], key[2]) == where}

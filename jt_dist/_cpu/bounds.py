@@ -110,8 +110,8 @@ class MemoryChecker:
     """The buffer every lane of ``ptrs`` names, or None if not just one."""
     if not ptrs.size:
       return None
-    regions = ptrs >> np.uint64(_REGION_BITS)
-    lo, hi = int(regions.min()), int(regions.max())
+    lo = int(ptrs.min()) >> _REGION_BITS
+    hi = int(ptrs.max()) >> _REGION_BITS
     return lo - 1 if lo == hi and 1 <= lo <= self._count else None
 
   def _translate_one(self, op, k, ptrs, on, itemsize, reads, writes):
@@ -121,7 +121,17 @@ class MemoryChecker:
     path to describe.
     """
     offset = ptrs.view(np.int64) - self._tagged[k].view(np.int64)
-    inside = (offset >= 0) & (offset <= self._nbytes[k] - itemsize)
+    last = self._nbytes[k] - itemsize
+    if on.all():
+      if offset.min() < 0 or offset.max() > last:
+        return None
+      real = offset.view(np.uint64)
+      if self.buffers[k].written is not None:
+        self._track_buffer(op, k, offset.reshape(-1), on, itemsize, reads,
+                           writes)
+      real += self._real[k]
+      return real
+    inside = (offset >= 0) & (offset <= last)
     if (on & ~inside).any():
       return None
     if self.buffers[k].written is not None:

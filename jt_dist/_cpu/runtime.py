@@ -22,6 +22,7 @@ from triton.runtime import jit as _jit
 from jt_dist import _compat
 from jt_dist import _errors
 from jt_dist._cpu import bounds as _bounds
+from jt_dist._cpu import host_memory as _host_memory
 from jt_dist._cpu import vector_launch as _vector_launch
 
 JITFunction = _compat.JITFunction
@@ -88,7 +89,10 @@ def _checked_memory(checker):
   if checker is None:
     yield
     return
-  native = _compat.interpreter_native_memory()
+  # Checked accesses reach real addresses in the launch's own buffers,
+  # which NumPy can gather from and scatter into.
+  native = _host_memory.HostMemory(_compat.interpreter_native_memory(),
+                                   [b.array for b in checker.buffers])
   with _compat.interpreter_native_memory_replaced(
       _bounds.CheckedMemory(native, checker)):
     yield

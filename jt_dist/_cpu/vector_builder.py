@@ -101,6 +101,11 @@ class VectorBuilder(_interpreter.InterpreterBuilder):
 
   def create_atomic_rmw(self, rmwOp, ptr, val, mask, *args, **kwargs):  # pylint: disable=invalid-name
     mask_data = np.ones(1, bool) if mask is None else mask.data
+    if rmwOp in _ADD_OPS and _lead(ptr.data) == 1 and _lead(mask_data) == 1:
+      old = _shared_address_add(ptr.data[0], val.data, mask_data[0],
+                                self.programs)
+      if old is not None:
+        return TensorHandle(old, val.dtype.scalar)
     p, v, m = _with_programs([ptr.data, val.data, mask_data], self.programs)
     return super().create_atomic_rmw(
         rmwOp, TensorHandle(p, ptr.dtype), TensorHandle(v, val.dtype),
@@ -211,6 +216,46 @@ class VectorBuilder(_interpreter.InterpreterBuilder):
         ptr.base, ptr.shape, ptr.strides, moved, ptr.block_shape, ptr.order)
     ret.__class__ = _vector_subclass(type(ret), _block_pointers)
     return ret
+
+
+_ADD_OPS = (_interpreter._ir.ATOMIC_OP.ADD, _interpreter._ir.ATOMIC_OP.FADD)  # pylint: disable=protected-access
+# Types whose NumPy addition rounds (or wraps) as the native atomic's does.
+_ADDABLE = tuple(np.dtype(t) for t in (np.float32, np.float64, np.int32,
+                                       np.int64, np.uint32, np.uint64))
+
+
+def _shared_address_add(row_ptrs, values, row_mask, programs: int):
+  """Every program's atomic add into the same addresses, in program order.
+
+  Where each program adds into the same distinct addresses (a gradient
+  accumulated over rows, say), program ``p`` sees the initial values plus
+  programs ``0..p-1``'s values added one after another: a cumulative sum
+  down the program axis, which NumPy adds sequentially, as the native
+  atomics would. The memory is read and written once, through the
+  interpreter's (checked) memory module.
+
+  Returns:
+    The old values per program and lane (0 where masked), or None where
+    this does not apply (the caller then runs the native atomics).
+  """
+  values = np.asarray(values)
+  row_mask = np.broadcast_to(np.asarray(row_mask, dtype=bool), row_ptrs.shape)
+  ptrs = row_ptrs[row_mask]
+  if (values.dtype not in _ADDABLE or ptrs.size == 0
+      or (ptrs.size > 1 and not (np.diff(ptrs) > 0).all())):
+    return None
+  shape = (programs,) + row_ptrs.shape
+  added = np.broadcast_to(values, shape)[:, row_mask]
+  memory = _compat.interpreter_native_memory()
+  on = np.ones(ptrs.shape, dtype=bool)
+  initial = memory.load(ptrs, on, np.zeros(ptrs.shape, values.dtype),
+                        values.dtype)
+  sums = np.cumsum(np.concatenate([initial[None], added]), axis=0,
+                   dtype=values.dtype)
+  memory.store(ptrs, np.ascontiguousarray(sums[-1]), on)
+  old = np.zeros(shape, dtype=values.dtype)
+  old[:, row_mask] = sums[:-1]
+  return old
 
 
 def _column(data, ndim: int):

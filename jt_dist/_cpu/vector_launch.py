@@ -138,7 +138,9 @@ def _run_vectorised(executor, args, kwargs):
   spec = inspect.getfullargspec(fn)
   kwargs = {k: v for k, v in kwargs.items()
             if k in spec.args or k in spec.kwonlyargs}
-  scope = _interpreter._patch_lang(fn)  # pylint: disable=protected-access
+  # ``patched_language`` has patched triton.language and its core, the only
+  # modules upstream's ``_patch_lang(fn)`` would patch again.
+  scope = _interpreter._LangPatchScope()  # pylint: disable=protected-access
   try:
     _vl.patch(scope)
     call_args = inspect.getcallargs(fn, *args, **kwargs)

@@ -245,14 +245,19 @@ def _shared_address_add(row_ptrs, values, row_mask, programs: int):
       or (ptrs.size > 1 and not (np.diff(ptrs) > 0).all())):
     return None
   shape = (programs,) + row_ptrs.shape
-  added = np.broadcast_to(values, shape)[:, row_mask]
+  every_lane = bool(row_mask.all())
+  added = np.broadcast_to(values, shape)
+  added = added.reshape(programs, -1) if every_lane else added[:, row_mask]
   memory = _compat.interpreter_native_memory()
   on = np.ones(ptrs.shape, dtype=bool)
-  initial = memory.load(ptrs, on, np.zeros(ptrs.shape, values.dtype),
+  sums = np.empty((programs + 1,) + ptrs.shape, dtype=values.dtype)
+  sums[0] = memory.load(ptrs, on, np.zeros(ptrs.shape, values.dtype),
                         values.dtype)
-  sums = np.cumsum(np.concatenate([initial[None], added]), axis=0,
-                   dtype=values.dtype)
+  sums[1:] = added
+  np.cumsum(sums, axis=0, dtype=values.dtype, out=sums)
   memory.store(ptrs, np.ascontiguousarray(sums[-1]), on)
+  if every_lane:
+    return sums[:-1].reshape(shape)
   old = np.zeros(shape, dtype=values.dtype)
   old[:, row_mask] = sums[:-1]
   return old

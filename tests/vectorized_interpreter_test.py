@@ -7,6 +7,7 @@ the vectorised path keeps upstream's order of operations, atomics included.
 Each test also checks which path the kernel took.
 """
 
+import contextlib
 import importlib.util
 import os
 
@@ -382,6 +383,25 @@ class VectorisedMatchesOneAtATimeTest(testing.TestCase):
     np.testing.assert_array_equal(vectorised[0], io + np.float32(1))
     np.testing.assert_array_equal(vectorised[1], [4, 2])
     self.assertRan(store_then_branch_kernel, ONE_AT_A_TIME)
+
+  def test_out_of_bounds_names_the_same_program_as_before(self):
+    x, y = self.random((64,)), self.random((64,))
+
+    def fn(x, y):
+      return jt_dist.triton_call(
+          x, y, 100, kernel=_add.add_kernel, out_shape=_spec((64,)),
+          grid=(7,), BLOCK=16)
+
+    messages = []
+    for one_at_a_time in (False, True):
+      with (vector_launch.one_program_at_a_time() if one_at_a_time
+            else contextlib.nullcontext()):
+        with self.assertRaises(jt_dist.OutOfBoundsAccessError) as e:
+          jax.block_until_ready(fn(jnp.asarray(x), jnp.asarray(y)))
+      messages.append(str(e.exception))
+    self.assertIn("program id (4, 0, 0): load through 'x_ptr'", messages[0])
+    self.assertIn("element offsets [64, 65,", messages[0])
+    self.assertEqual(messages[0], messages[1])
 
   def test_tensor_descriptor(self):
     if not hasattr(tl, "make_tensor_descriptor"):

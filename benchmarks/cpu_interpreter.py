@@ -254,6 +254,8 @@ def main():
   parser.add_argument("--repeats", type=int, default=5)
   parser.add_argument("--stock-repeats", type=int, default=2)
   parser.add_argument("--small", action="store_true")
+  parser.add_argument("--only", default="",
+                      help="time only the kernels whose name contains this")
   args = parser.parse_args()
   rng = np.random.default_rng(0)
   results = {"host": {"cpus": os.cpu_count(), "python": platform.python_version(),
@@ -262,6 +264,8 @@ def main():
              "kernels": {}}
   print(f"{'kernel':44} {'programs':>8} {'stock':>10} {'jt_dist':>10} {'x':>6}")
   for name, programs, call in _kernel_cases(args.small, rng):
+    if args.only not in name:
+      continue
     _with_env("1", _seconds, call, 1)  # Compile and decide outside timing.
     stock = _with_env("0", _seconds, call, args.stock_repeats)
     ours = _with_env("1", _seconds, call, args.repeats)
@@ -269,6 +273,9 @@ def main():
                                 "jt_dist_s": ours, "speedup": stock / ours}
     print(f"{name:44} {programs:8d} {stock * 1e3:8.1f}ms {ours * 1e3:8.1f}ms"
           f" {stock / ours:6.1f}")
+  if args.only and args.only not in "RMSNorm":
+    _write(results, args.out)
+    return
   name, params, x, y = _rms_case(args.small, rng)
   triton_step, jnp_step = _train_step(triton_rms_norm), _train_step(jnp_rms_norm)
   np.testing.assert_allclose(triton_step(params, x, y)["g"],
@@ -287,8 +294,12 @@ def main():
         f" {timed['stock_s'] * 1e3:.1f}ms ({timed['stock_over_jnp']:.0f}x jnp),"
         f" jt_dist {timed['jt_dist_s'] * 1e3:.1f}ms"
         f" ({timed['jt_dist_over_jnp']:.1f}x jnp)")
-  os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-  with open(args.out, "w") as f:
+  _write(results, args.out)
+
+
+def _write(results, out):
+  os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+  with open(out, "w") as f:
     json.dump(results, f, indent=2)
 
 

@@ -4,10 +4,12 @@ Each kernel is launched eagerly on one CPU device, with the bounds check on
 (the default), two ways that differ only in ``JT_DIST_VECTORIZE``:
 
 - ``stock``: ``=0``, Triton's interpreter running one program instance at a
-  time (jt_dist's CPU path before the vectorised interpreter);
+  time through its native memory module (jt_dist's CPU path before the
+  vectorised interpreter);
 - ``jt_dist``: the default, all program instances at once where the kernel
   allows, one at a time otherwise (the causal attention: its key loop's
-  bound depends on the program id).
+  bound depends on the program id), with loads and stores as NumPy
+  gathers and scatters either way.
 
 The RMSNorm training step (a 2-layer MLP whose RMSNorm forward and backward
 are Triton kernels under ``jax.custom_vjp``) is timed jitted against the

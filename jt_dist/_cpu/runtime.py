@@ -89,10 +89,13 @@ def _checked_memory(checker):
   if checker is None:
     yield
     return
-  # Checked accesses reach real addresses in the launch's own buffers,
-  # which NumPy can gather from and scatter into.
-  native = _host_memory.HostMemory(_compat.interpreter_native_memory(),
-                                   [b.array for b in checker.buffers])
+  native = _compat.interpreter_native_memory()
+  if _vector_launch.enabled():
+    # Checked accesses reach real addresses in the launch's own buffers,
+    # which NumPy can gather from and scatter into. (Off, launches run as
+    # Triton's interpreter runs them, native memory module included.)
+    native = _host_memory.HostMemory(native,
+                                     [b.array for b in checker.buffers])
   with _compat.interpreter_native_memory_replaced(
       _bounds.CheckedMemory(native, checker)):
     yield

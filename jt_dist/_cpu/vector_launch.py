@@ -42,7 +42,11 @@ _decisions: dict = {}
 
 
 def enabled() -> bool:
-  """Whether CPU launches try the vectorised interpreter (default on)."""
+  """Whether CPU launches try the vectorised interpreter (default on).
+
+  Off, launches run exactly as Triton's interpreter runs them: one program
+  at a time, memory through its native module.
+  """
   value = os.environ.get(ENV_VAR, "1").strip().lower()
   return value not in ("0", "false", "off", "no")
 

@@ -51,11 +51,6 @@ def enabled() -> bool:
   return value not in ("0", "false", "off", "no")
 
 
-def decision(key) -> str | None:
-  """How launches of the kernel signature ``key`` run, once decided."""
-  return _decisions.get(key)
-
-
 def run(executor, args, kwargs, checker, patched_language) -> bool:
   """Runs the launch vectorised if it can.
 

@@ -514,3 +514,13 @@ def interpreter_program_id() -> tuple[int, int, int] | None:
   builder = getattr(_interpreter, "interpreter_builder", None)
   grid_idx = getattr(builder, "grid_idx", None)
   return None if grid_idx is None else tuple(int(i) for i in grid_idx)
+
+
+def interpreter_block_pointer(base, shape, strides, offsets, block_shape,
+                              order) -> Any:
+  """A block pointer handle of Triton's interpreter (Triton 3.6 has them)."""
+  cls = getattr(_interpreter, "BlockPointerHandle", None)
+  if cls is None:
+    raise NotImplementedError(
+        f"Triton {triton.__version__}'s interpreter has no block pointers")
+  return cls(base, shape, strides, offsets, block_shape, order)

@@ -232,6 +232,12 @@ class Float8Test(testing.TestCase):
     except jt_dist.KernelTypeError as e:
       self.assertRegex(str(e), rf"`/` \(divide\) on {triton_name} ")
       return
+    except (RuntimeError, triton.compiler.errors.CompilationError):
+      # Where Triton divides the float8 values (3.6), the GPU compiler
+      # refuses the kernel as the interpreter does; on the CPU it must not.
+      if testing.platform() == "cpu":
+        raise
+      return
     quotient = x.astype(np.float32) / y.astype(np.float32)
     reference = _to_float8(quotient, jnp_dtype).astype(np.float32)
     np.testing.assert_array_equal(out.astype(np.float32), reference,
@@ -267,7 +273,8 @@ class Float8Test(testing.TestCase):
 
   @parameterized.parameters(jnp.float8_e4m3fn, jnp.float8_e5m2)
   def test_dot_multiplies_values(self, jnp_dtype):
-    m = n = k = 16
+    m = n = 16
+    k = 32  # Triton's smallest K for a float8 dot on GPUs.
     a = np.asarray(self.random((m, k), low=-2, high=2)).astype(jnp_dtype)
     b = np.asarray(self.random((k, n), low=-2, high=2)).astype(jnp_dtype)
     out = jt_dist.triton_call(

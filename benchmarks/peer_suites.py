@@ -124,6 +124,7 @@ def run_pytest(args, stand_in: str, junit: str) -> int:
   command = [args.python, "-m", "pytest", "-c", ini, "--rootdir", root,
              "--confcutdir", root, "-p", "_peer_suite_plugin",
              "-p", "no:cacheprovider", "-q", "-rs", f"--junitxml={junit}",
+             "--continue-on-collection-errors",
              *args.pytest_args, *args.paths]
   try:
     return subprocess.run(command, env=env, cwd=stand_in,
@@ -133,8 +134,15 @@ def run_pytest(args, stand_in: str, junit: str) -> int:
     return 124
 
 
-def _first_line(text: str) -> str:
-  for line in (text or "").splitlines():
+def _first_line(element) -> str:
+  """The error's first line; for a collection error, its first "E" line."""
+  message = element.get("message") or ""
+  lines = (element.text or "").splitlines()
+  if message == "collection failure":
+    lines = [line[1:] for line in lines if line.startswith("E ")] or lines
+  else:
+    lines = message.splitlines() or lines
+  for line in lines:
     if line.strip():
       return line.strip()[:300]
   return ""
@@ -149,7 +157,7 @@ def summarize(junit: str) -> dict:
     entry = files.setdefault(name, {"passed": 0, "failed": 0, "skipped": 0,
                                     "failures": []})
     cls = case.get("classname", "").split(".")[-1]
-    test_id = f"{name}::{cls}::{case.get('name')}"
+    test_id = "::".join(p for p in (name, cls, case.get("name")) if p)
     bad = case.find("failure")
     if bad is None:
       bad = case.find("error")
@@ -158,7 +166,7 @@ def summarize(junit: str) -> dict:
       entry["failures"].append({
           "id": test_id,
           "kind": bad.tag,
-          "error": _first_line(bad.get("message") or bad.text)})
+          "error": _first_line(bad)})
     elif case.find("skipped") is not None:
       entry["skipped"] += 1
     else:

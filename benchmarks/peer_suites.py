@@ -21,10 +21,13 @@ line of its error.
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
 import xml.etree.ElementTree as ET
+
+_REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # jax-triton's public names across its releases (0.1 .. 0.4): the stand-in
 # forwards those that jt_dist also exports publicly, under the same name.
@@ -41,7 +44,9 @@ _JAX_TRITON_NAMES = (
 )
 
 # Loaded by pytest (-p) before any test module: asks JAX for virtual CPU
-# devices before its backends start, and bounds each test's time.
+# devices before its backends start, and bounds each test's time. The alarm
+# is handled when the main thread next runs Python, so a test blocked in C
+# (waiting on an interpreted kernel) stops only once that call returns.
 _PLUGIN = '''\
 """pytest plugin written by benchmarks/peer_suites.py."""
 import os
@@ -77,8 +82,10 @@ def pytest_runtest_call(item):
 def forwarded_names(python: str) -> list[str]:
   """jax-triton's names that jt_dist exports publicly, asked of ``python``."""
   code = "import json, jt_dist; print(json.dumps(sorted(jt_dist.__all__)))"
+  env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+      p for p in (_REPO, os.environ.get("PYTHONPATH")) if p))
   out = subprocess.run([python, "-c", code], check=True, capture_output=True,
-                       text=True).stdout
+                       text=True, env=env).stdout
   public = json.loads(out.strip().splitlines()[-1])
   return sorted(set(public) & set(_JAX_TRITON_NAMES))
 
@@ -109,9 +116,8 @@ def build_stand_in(folder: str, names: list[str]) -> None:
 def run_pytest(args, stand_in: str, junit: str) -> int:
   """Runs pytest on ``args.paths`` with the stand-in first on the path."""
   env = dict(os.environ)
-  repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
   env["PYTHONPATH"] = os.pathsep.join(
-      p for p in (stand_in, repo, env.get("PYTHONPATH")) if p)
+      p for p in (stand_in, _REPO, env.get("PYTHONPATH")) if p)
   env.setdefault("JT_DIST_CPU_DEVICES", str(args.cpu_devices))
   env["JT_PEER_TEST_TIMEOUT"] = str(args.per_test_timeout)
   first = args.paths[0]
@@ -126,11 +132,19 @@ def run_pytest(args, stand_in: str, junit: str) -> int:
              "-p", "no:cacheprovider", "-q", "-rs", f"--junitxml={junit}",
              "--continue-on-collection-errors",
              *args.pytest_args, *args.paths]
+  process = subprocess.Popen(command, env=env, cwd=stand_in)
   try:
-    return subprocess.run(command, env=env, cwd=stand_in,
-                          timeout=args.timeout or None).returncode
+    return process.wait(timeout=args.timeout or None)
   except subprocess.TimeoutExpired:
     print(f"pytest ran past --timeout={args.timeout}s", file=sys.stderr)
+    # SIGINT first: pytest then still writes the JUnit report of the tests
+    # it finished.
+    process.send_signal(signal.SIGINT)
+    try:
+      process.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+      process.kill()
+      process.wait()
     return 124
 
 
@@ -152,11 +166,14 @@ def summarize(junit: str) -> dict:
   """Per-file counts and failing test ids from a JUnit XML report."""
   files = {}
   for case in ET.parse(junit).getroot().iter("testcase"):
+    if not case.get("name"):
+      continue  # The test running when --timeout interrupted pytest.
     path = case.get("file") or case.get("classname", "").split(".")[0] + ".py"
     name = os.path.basename(path)
     entry = files.setdefault(name, {"passed": 0, "failed": 0, "skipped": 0,
                                     "failures": []})
     cls = case.get("classname", "").split(".")[-1]
+    cls = "" if cls == name[:-3] else cls  # A module-level test function.
     test_id = "::".join(p for p in (name, cls, case.get("name")) if p)
     bad = case.find("failure")
     if bad is None:

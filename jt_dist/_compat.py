@@ -487,3 +487,43 @@ def interpreter_program_id() -> tuple[int, int, int] | None:
   builder = getattr(_interpreter, "interpreter_builder", None)
   grid_idx = getattr(builder, "grid_idx", None)
   return None if grid_idx is None else tuple(int(i) for i in grid_idx)
+
+
+def is_ref(x: Any) -> bool:
+  """Whether ``x`` is a ``jax.Ref`` (``jax.new_ref``), concrete or traced.
+
+  jax 0.10.2 and 0.12 both export ``jax.Ref``, and a tracer of a Ref is an
+  instance of it; a Ref view (``ref.at[...]``) is not.
+  """
+  ref_type = getattr(jax, "Ref", None)
+  return ref_type is not None and isinstance(x, ref_type)
+
+
+def is_ref_view(x: Any) -> bool:
+  """Whether ``x`` is a view of a Ref (``ref.at[...]``): jax's TransformedRef.
+
+  jax has no public name for it, so it is recognised by its class name and
+  its ``ref`` attribute, both of which jax 0.10.2 and 0.12 have.
+  """
+  if type(x).__name__ != "TransformedRef":
+    return False
+  try:
+    return is_ref(x.ref)
+  except Exception:  # pylint: disable=broad-except
+    return False
+
+
+def keep_when_dead(primitive) -> None:
+  """Makes jax's dead-code elimination keep every equation of ``primitive``.
+
+  ``jax.interpreters.partial_eval.dce_rules`` is the registry; its rules
+  take ``(used_outputs, eqn)`` on jax 0.10 and
+  ``(used_outputs, live_inputs, eqn)`` on jax 0.12, the equation last in both.
+  """
+  from jax.interpreters import partial_eval  # pylint: disable=g-import-not-at-top
+
+  def rule(*args):
+    eqn = args[-1]
+    return [True] * len(eqn.invars), eqn
+
+  partial_eval.dce_rules[primitive] = rule

@@ -26,6 +26,12 @@ def _abstract_eval(*in_avals, spec):
 
 triton_call_p.def_abstract_eval(_abstract_eval)
 
+# jax cannot see what a kernel writes besides its outputs (a pointer it
+# computes, a device print), so its dead-code elimination keeps every call,
+# as jax-triton 0.4 does; XLA still drops an unused call that is not marked
+# has_side_effect=True.
+_compat.keep_when_dead(triton_call_p)
+
 
 def _impl(*args, spec):
   # Reached when the primitive is bound eagerly outside triton_call's fast

@@ -17,6 +17,7 @@ import traceback
 
 import jax
 from jax.interpreters import mlir
+from jax.experimental import io_callback
 import numpy as np
 
 from jt_dist import _compat
@@ -180,6 +181,12 @@ def _run_on_host(spec, *arrays):
 
 def _host_call(*arrays, spec):
   result_shapes = [jax.ShapeDtypeStruct(s, d) for s, d in spec.out_shapes]
+  if spec.has_side_effect:
+    # An io_callback's custom call is marked as having side effects, so XLA
+    # keeps it when its results are unused.
+    return io_callback(
+        functools.partial(run_on_host, spec), result_shapes, *arrays,
+        ordered=False)
   return jax.pure_callback(
       functools.partial(run_on_host, spec), result_shapes, *arrays
   )

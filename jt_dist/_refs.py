@@ -1,0 +1,102 @@
+"""``jax.Ref`` arguments: buffers a kernel mutates in place.
+
+A Ref argument is read, its value is passed to the kernel as an input that
+the call's extra, hidden output aliases (the output binds no kernel
+parameter: the kernel writes through the input's own pointer), and that
+output is written back to the Ref. The primitive therefore never sees a Ref:
+eagerly, under ``jax.jit``, inside ``jax.shard_map`` and under ``jax.vmap``
+jax's own state handling (its discharge of Ref reads and writes) carries the
+update, and XLA reuses the buffer where the old value is dead.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import jax
+
+from jt_dist import _compat
+from jt_dist import _types
+
+
+def has_refs(args) -> bool:
+  """Whether any positional argument is a Ref or a view of one."""
+  return any(_compat.is_ref(a) or _compat.is_ref_view(a) for a in args)
+
+
+def check(args, options: dict, rule: Any, where: str) -> None:
+  """Refuses what Ref arguments cannot be combined with.
+
+  Raises:
+    NotImplementedError: a view of a Ref (``ref.at[...]``), or a
+      ``sharding_rule``.
+    ValueError: ``input_output_aliases`` given too.
+  """
+  for i, a in enumerate(args):
+    if _compat.is_ref_view(a):
+      raise NotImplementedError(
+          f"{where}: args[{i}] is a view of a jax.Ref (ref.at[...]), which"
+          " a kernel cannot take: it would need the view's strides. Pass the"
+          " whole Ref and index inside the kernel, or pass the view's value"
+          " (ref.at[...][...]) as an array and write the result back.")
+  refs = [i for i, a in enumerate(args) if _compat.is_ref(a)]
+  if options.get("input_output_aliases"):
+    raise ValueError(
+        f"{where}: input_output_aliases={options['input_output_aliases']!r}"
+        f" cannot be combined with Ref arguments (args{refs}): a Ref is"
+        " already updated in place. Drop input_output_aliases and pass every"
+        " buffer the kernel updates as a Ref (jax.new_ref(x)).")
+  if rule is not None:
+    raise NotImplementedError(
+        f"{where}: sharding_rule={rule!r} cannot be combined with Ref"
+        f" arguments (args{refs}): the rule describes outputs listed in"
+        " out_shape, and a Ref's update is not one. Pass the Ref's value as"
+        " an array and list the updated buffer in out_shape (with"
+        " input_output_aliases), or drop sharding_rule.")
+
+
+def array_positions(args) -> tuple[list[int], list[int]]:
+  """The array indices of the Ref arguments, and the Refs' argument indices.
+
+  An array index counts the array (and Ref) arguments, scalars not counted,
+  as ``input_output_aliases`` does.
+  """
+  array_index, ref_arrays, ref_args = 0, [], []
+  for i, a in enumerate(args):
+    if _compat.is_ref(a):
+      ref_arrays.append(array_index)
+      ref_args.append(i)
+      array_index += 1
+    elif not _types.is_scalar(a):
+      array_index += 1
+  return ref_arrays, ref_args
+
+
+def call(args, kernel, out_shape, grid, options: dict, device, rule,
+         metaparams, single_device: Callable) -> Any:
+  """``triton_call`` with Ref arguments: reads them, calls, writes them."""
+  check(args, options, rule, "triton_call")
+  ref_arrays, ref_args = array_positions(args)
+  values = list(args)
+  for i in ref_args:
+    values[i] = args[i][...]
+  outs, updated = single_device(
+      tuple(values), kernel, out_shape, grid, options, device, None,
+      metaparams, None, ref_inputs=ref_arrays)
+  for i, new in zip(ref_args, updated):
+    args[i][...] = new
+  return outs
+
+
+def with_fresh_refs(args, ref_args, fn: Callable):
+  """Calls ``fn`` on ``args`` with new Refs of the values at ``ref_args``.
+
+  Returns:
+    ``(fn's result, the Refs' values afterwards)``: how a per-shard body
+    gives back its shard of a Ref as an output.
+  """
+  local = list(args)
+  for i in ref_args:
+    local[i] = jax.new_ref(args[i])
+  result = fn(*local)
+  return result, [local[i][...] for i in ref_args]

@@ -16,6 +16,7 @@ from typing import Any, Callable
 import jax
 
 from jt_dist import _compat
+from jt_dist import _errors
 from jt_dist import _types
 
 
@@ -84,8 +85,29 @@ def call(args, kernel, out_shape, grid, options: dict, device, rule,
       tuple(values), kernel, out_shape, grid, options, device, None,
       metaparams, None, ref_inputs=ref_arrays)
   for i, new in zip(ref_args, updated):
+    _check_varying(i, values[i], new)
     args[i][...] = new
   return outs
+
+
+def _check_varying(i: int, value, new) -> None:
+  """Refuses an update that would make a Ref's copies differ in a shard_map.
+
+  Raises:
+    jt_dist.ShardingSpecError: inside ``jax.shard_map``, the update varies
+      over a manual mesh axis that the Ref's value does not vary over.
+  """
+  extra = sorted(_compat.varying_axes(jax.typeof(new))
+                 - _compat.varying_axes(jax.typeof(value)))
+  if extra:
+    raise _errors.ShardingSpecError(
+        f"triton_call: the Ref args[{i}] holds the same value on every"
+        f" device along mesh axes {extra}, but the kernel's update of it"
+        " reads inputs that differ along them, so the Ref's copies would"
+        " differ. Split the Ref over those axes too (its in_specs entry, in"
+        " sharded_triton_call or jax.shard_map), or make its value vary over"
+        " them (jax.lax.pcast(x, axes, to='varying')) before jax.new_ref, or"
+        " pass it as an array and return the update as an output.")
 
 
 def with_fresh_refs(args, ref_args, fn: Callable):
@@ -100,3 +122,4 @@ def with_fresh_refs(args, ref_args, fn: Callable):
     local[i] = jax.new_ref(args[i])
   result = fn(*local)
   return result, [local[i][...] for i in ref_args]
+

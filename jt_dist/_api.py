@@ -121,9 +121,9 @@ def triton_call(
       stays global; ``jt_dist.shard_size`` and a callable grid see
       shard-local sizes.
     has_side_effect: whether the kernel does more than write its outputs
-      (e.g. writes through a pointer it computes): the call then runs even
-      when its outputs are unused (XLA keeps it). jax's own dead-code
-      elimination keeps every call either way, as jax-triton 0.4 does.
+      (e.g. writes through a pointer it computes, or prints): the call then
+      runs even when its outputs are unused; jax's and XLA's dead-code
+      elimination keep it. By default an unused call is dropped.
     cost_estimate: a dict with ``flops``, ``bytes_accessed`` and/or
       ``transcendentals`` (non-negative ints, for the whole call), recorded
       on GPUs in the custom call's ``cost_estimate_json`` attribute, as

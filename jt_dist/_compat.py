@@ -14,7 +14,7 @@ import functools
 import importlib
 import itertools
 import threading
-from typing import Any, NamedTuple
+from typing import Any, Callable, NamedTuple
 
 import jax
 import triton
@@ -513,17 +513,20 @@ def is_ref_view(x: Any) -> bool:
     return False
 
 
-def keep_when_dead(primitive) -> None:
-  """Makes jax's dead-code elimination keep every equation of ``primitive``.
+def register_dce_rule(primitive, keep: Callable[[Any], bool]) -> None:
+  """jax's dead-code elimination of ``primitive``'s equations.
 
-  ``jax.interpreters.partial_eval.dce_rules`` is the registry; its rules
-  take ``(used_outputs, eqn)`` on jax 0.10 and
+  An equation with no used output is dropped unless ``keep(eqn)``; one that
+  is kept keeps all its inputs. ``jax.interpreters.partial_eval.dce_rules``
+  is the registry; its rules take ``(used_outputs, eqn)`` on jax 0.10 and
   ``(used_outputs, live_inputs, eqn)`` on jax 0.12, the equation last in both.
   """
   from jax.interpreters import partial_eval  # pylint: disable=g-import-not-at-top
 
-  def rule(*args):
-    eqn = args[-1]
+  def rule(used_outputs, *rest):
+    eqn = rest[-1]
+    if not any(used_outputs) and not keep(eqn):
+      return [False] * len(eqn.invars), None
     return [True] * len(eqn.invars), eqn
 
   partial_eval.dce_rules[primitive] = rule

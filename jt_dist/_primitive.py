@@ -26,11 +26,11 @@ def _abstract_eval(*in_avals, spec):
 
 triton_call_p.def_abstract_eval(_abstract_eval)
 
-# jax cannot see what a kernel writes besides its outputs (a pointer it
-# computes, a device print), so its dead-code elimination keeps every call,
-# as jax-triton 0.4 does; XLA still drops an unused call that is not marked
-# has_side_effect=True.
-_compat.keep_when_dead(triton_call_p)
+# A call marked has_side_effect=True does more than write its outputs (a
+# pointer it computes, a device print): jax keeps it with its outputs unused,
+# as XLA does. An unused pure call is dropped, as XLA would drop it too.
+_compat.register_dce_rule(triton_call_p,
+                          lambda eqn: eqn.params["spec"].has_side_effect)
 
 
 def _impl(*args, spec):

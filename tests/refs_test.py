@@ -279,6 +279,16 @@ class RefErrorTest(testing.TestCase):
              out_shape=jax.ShapeDtypeStruct((8,), jnp.float32), grid=(1,),
              BLOCK=_BLOCK, sharding_rule=rule)
 
+  def test_ref_inside_a_tuple_refused_by_sharded_triton_call(self):
+    mesh = jax.make_mesh((2,), ("i",), devices=self.devices(2))
+    ref = jax.new_ref(jnp.asarray(self.random((8,))))
+    with self.assertRaisesRegex(
+        NotImplementedError, r"the Ref args\[0\]\[1\] sits inside a pytree"):
+      jt_dist.sharded_triton_call(
+          (jnp.asarray(self.random((8,))), ref), 8, kernel=two_refs_kernel,
+          out_shape=(), grid=(1,), mesh=mesh, in_specs=(P(), P()),
+          BLOCK=_BLOCK)
+
   def test_ref_view_refused(self):
     ref = jax.new_ref(jnp.asarray(self.random((2, 8))))
     with self.assertRaisesRegex(
@@ -303,13 +313,16 @@ def _call_eqns(jaxpr):
 class SideEffectTest(testing.TestCase):
 
   @parameterized.parameters(True, False)
-  def test_jax_dce_keeps_the_call(self, has_side_effect):
+  def test_jax_dce_keeps_only_a_side_effecting_call(self, has_side_effect):
     x, y = jnp.asarray(self.random((8,))), jnp.asarray(self.random((8,)))
     closed = jax.make_jaxpr(
         lambda x, y: _add(x, y, has_side_effect=has_side_effect))(x, y)
     (eqn,) = _call_eqns(closed.jaxpr)
     self.assertEqual(eqn.params["spec"].has_side_effect, has_side_effect)
     kept, used_inputs = pe.dce_jaxpr(closed.jaxpr, [False])
+    self.assertLen(_call_eqns(kept), 1 if has_side_effect else 0)
+    self.assertEqual(used_inputs, [has_side_effect] * 2)
+    kept, used_inputs = pe.dce_jaxpr(closed.jaxpr, [True])
     self.assertLen(_call_eqns(kept), 1)
     self.assertEqual(used_inputs, [True, True])
 

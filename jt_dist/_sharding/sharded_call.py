@@ -223,7 +223,7 @@ def _with_refs(args, kernel, out_shape, grid, mesh, in_specs, out_specs,
   the Ref's input is; the new global values are written back.
   """
   _refs.check(args, kwargs, rule, "sharded_triton_call")
-  _, ref_args = _refs.array_positions(args)
+  ref_args = _refs.top_level(args, "sharded_triton_call")
   values = list(args)
   for i in ref_args:
     values[i] = args[i][...]

@@ -530,3 +530,30 @@ def register_dce_rule(primitive, keep: Callable[[Any], bool]) -> None:
     return [True] * len(eqn.invars), eqn
 
   partial_eval.dce_rules[primitive] = rule
+
+
+@functools.cache
+def kernel_side_effect() -> Any:
+  """The effect of a call marked ``has_side_effect=True``, registered once.
+
+  An equation with an effect is kept by every enclosing jaxpr's dead-code
+  elimination (a nested ``jax.jit``, ``shard_map``, ``cond``), which a DCE
+  rule of the primitive alone cannot do. It is unordered: calls need no
+  tokens. jax has no public registry of effects, so ``jax._src.effects``'
+  sets are used, on jax 0.10.2 and 0.12 alike.
+  """
+  from jax._src import effects  # pylint: disable=g-import-not-at-top
+  from jax.extend import core as jex_core  # pylint: disable=g-import-not-at-top
+
+  class KernelSideEffect(jex_core.Effect):
+    """A Triton kernel call that does more than write its outputs."""
+
+    def __repr__(self) -> str:
+      return "TritonKernelSideEffect"
+
+  for registry in (effects.lowerable_effects,
+                   effects.control_flow_allowed_effects,
+                   effects.custom_derivatives_allowed_effects,
+                   effects.remat_allowed_effects):
+    registry.add_type(KernelSideEffect)
+  return KernelSideEffect()

@@ -340,6 +340,31 @@ class SideEffectTest(testing.TestCase):
     self.assertEqual("custom-call" in hlo, has_side_effect)
     self.assertAllClose(jax.jit(f)(x, y), np.asarray(x) * 2)
 
+  @parameterized.parameters("jit", "shard_map", "cond", "vmap")
+  def test_kept_inside_nested_jaxprs(self, where):
+    if testing.platform() != "cpu":
+      self.skipTest("reads the CPU's compiled host callback")
+    mesh = jax.make_mesh((2,), ("i",), devices=self.devices(2))
+    x, y = jnp.asarray(self.random((16,))), jnp.asarray(self.random((16,)))
+    call = lambda x, y: _add(x, y, has_side_effect=True)
+    inner = {
+        "jit": jax.jit(call),
+        "shard_map": jax.shard_map(call, mesh=mesh, in_specs=P(),
+                                   out_specs=P(), check_vma=False),
+        "cond": lambda x, y: jax.lax.cond(True, call, lambda x, y: x, x, y),
+        "vmap": lambda x, y: jax.vmap(call)(x[None], y[None]),
+    }[where]
+
+    def f(x, y):
+      inner(x, y)  # Unused.
+      return x * 2
+
+    closed = jax.make_jaxpr(f)(x, y)
+    kept, _ = pe.dce_jaxpr(closed.jaxpr, [True])
+    self.assertIn("jt_dist_triton_call", str(kept))
+    self.assertIn("custom-call", jax.jit(f).lower(x, y).compile().as_text())
+    self.assertAllClose(jax.jit(f)(x, y), np.asarray(x) * 2)
+
   def test_side_effecting_call_still_computes(self):
     x, y = self.random((20,)), self.random((20,))
     out = jax.jit(lambda x, y: _add(x, y, has_side_effect=True))(x, y)

@@ -366,6 +366,30 @@ class SideEffectTest(testing.TestCase):
     self.assertIn(_marker(), jax.jit(f).lower(x, y).compile().as_text())
     self.assertAllClose(jax.jit(f)(x, y), np.asarray(x) * 2)
 
+  def test_kept_through_sharded_triton_call(self):
+    mesh = jax.make_mesh((2,), ("i",), devices=self.devices(2))
+    sharding = NamedSharding(mesh, P("i"))
+    x, y = self.random((32,)), self.random((32,))
+
+    def f(x, y, keep):
+      jt_dist.sharded_triton_call(
+          x, y, jt_dist.shard_size(0), kernel=add_kernel,
+          out_shape=jax.ShapeDtypeStruct((32,), jnp.float32), grid=_grid(16),
+          mesh=mesh, in_specs=(P("i"), P("i")), out_specs=P("i"),
+          BLOCK=_BLOCK, has_side_effect=keep)
+      return x * 2
+
+    args = (jax.device_put(x, sharding), jax.device_put(y, sharding))
+    for keep in (True, False):
+      compiled = jax.jit(lambda x, y: f(x, y, keep)).lower(*args).compile()
+      self.assertEqual(_marker() in compiled.as_text(), keep)
+    out = jt_dist.sharded_triton_call(
+        *args, jt_dist.shard_size(0), kernel=add_kernel,
+        out_shape=jax.ShapeDtypeStruct((32,), jnp.float32), grid=_grid(16),
+        mesh=mesh, in_specs=(P("i"), P("i")), out_specs=P("i"),
+        BLOCK=_BLOCK, has_side_effect=True)
+    self.assertAllClose(out, x + y)
+
   def test_side_effecting_call_still_computes(self):
     x, y = self.random((20,)), self.random((20,))
     out = jax.jit(lambda x, y: _add(x, y, has_side_effect=True))(x, y)
@@ -431,6 +455,18 @@ class CostEstimateTest(testing.TestCase):
                        x, x).compiler_ir("hlo").as_hlo_text()
     self.assertNotIn("cost_estimate_json", plain)
     self.assertNotIn("custom_call_has_side_effect=true", plain)
+
+  @parameterized.parameters("grid", "sequential")
+  @absltest.skipUnless(util.HAS_TRITON_CALL, util.SKIP_REASON)
+  def test_cuda_cost_and_side_effect_survive_vmap(self, vmap_method):
+    flops = int(np.random.default_rng().integers(1, 10**9))
+    xs = jnp.asarray(self.random((2, 16)))
+    f = jax.vmap(lambda x, y: _add(
+        x, y, compute_capability=90, has_side_effect=True,
+        vmap_method=vmap_method, cost_estimate={"flops": flops}))
+    hlo = util.lower(f, xs, xs).compiler_ir("hlo").as_hlo_text()
+    self.assertRegex(hlo, rf"cost_estimate_json\s*=.*flops\\22\s*:\s*{flops}")
+    self.assertIn("custom_call_has_side_effect=true", hlo)
 
   @absltest.skipUnless(util.HAS_TRITON_CALL, util.SKIP_REASON)
   def test_cuda_ref_is_an_aliased_output_with_no_parameter(self):

@@ -39,7 +39,15 @@ def _leaves(args):
 
 def has_refs(args) -> bool:
   """Whether any argument is, or holds, a Ref or a view of one."""
-  return any(_ref_like(leaf) for leaf in _leaves(args)[0])
+  # Every eager call asks, before its fast-path lookup: flatten only
+  # containers, which plain calls do not pass.
+  for a in args:
+    if _ref_like(a):
+      return True
+    if isinstance(a, (tuple, list, dict)) and any(
+        _ref_like(leaf) for leaf in _leaves((a,))[0]):
+      return True
+  return False
 
 
 def check(args, options: dict, rule: Any, where: str) -> None:

@@ -107,9 +107,6 @@ def cost_items(cost: Any) -> tuple[tuple[str, int], ...]:
   """
   if cost is None:
     return ()
-  if isinstance(cost, tuple) and all(
-      isinstance(item, tuple) and len(item) == 2 for item in cost):
-    cost = dict(cost)  # The frozen form, as the dispatch key holds it.
   if not isinstance(cost, collections.abc.Mapping):
     raise TypeError(
         f"triton_call: cost_estimate={cost!r} of type {type(cost).__name__}"

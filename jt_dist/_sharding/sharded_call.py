@@ -246,8 +246,9 @@ def _sharded(args, kernel, out_shape, grid, mesh, in_specs, out_specs,
   ``ref_args``: argument indices whose arrays are Refs' values; the call
   then returns ``(outputs, those arrays' new values)`` and records nothing.
   """
-  key = None if ref_args else _signature(args, kernel, out_shape, grid, mesh, in_specs, out_specs,
-                   out_reduce, sharding_rule, kwargs)
+  key = None if ref_args else _signature(
+      args, kernel, out_shape, grid, mesh, in_specs, out_specs, out_reduce,
+      sharding_rule, kwargs)
   entry, key = _dispatch.lookup(key, grid)
   if entry is not None:
     return entry(args)

@@ -16,6 +16,7 @@ from jt_dist._sharding import auto_axes as _auto_axes
 from jt_dist._sharding import partition as _partition
 from jt_dist._sharding import placement as _placement
 from jt_dist import _primitive
+from jt_dist import _refs
 from jt_dist._sharding import rule as _rule
 from jt_dist._sharding import shard_size as _shard_size
 
@@ -40,6 +41,8 @@ def triton_call(
     vmap_method: str | None = None,
     device: Any = None,
     sharding_rule: Any = None,
+    has_side_effect: bool = False,
+    cost_estimate: Mapping[str, int] | None = None,
     **metaparams: Any,
 ) -> Any:
   """Calls a ``@triton.jit`` kernel on ``jax.Array`` arguments.
@@ -56,8 +59,11 @@ def triton_call(
   bounds how many are kept).
 
   Args:
-    *args: the inputs: ``jax.Array``s (passed as pointers) and Python
-      ``bool``/``int``/``float`` or ``np.float32`` scalars (passed by value).
+    *args: the inputs: ``jax.Array``s (passed as pointers), ``jax.Ref``s
+      (``jax.new_ref(x)``; passed as pointers and mutated in place: the
+      kernel's writes land in the Ref, which no ``out_shape`` entry names)
+      and Python ``bool``/``int``/``float`` or ``np.float32`` scalars
+      (passed by value).
       ``jt_dist.shard_size(i)`` stands for the size of array ``args[i]``.
     kernel: a ``@triton.jit`` function, optionally wrapped by
       ``@triton.autotune`` and/or ``@triton.heuristics``.
@@ -114,6 +120,14 @@ def triton_call(
       through XLA's partitioner (``custom_partitioning``). ``out_shape``
       stays global; ``jt_dist.shard_size`` and a callable grid see
       shard-local sizes.
+    has_side_effect: whether the kernel does more than write its outputs
+      (e.g. writes through a pointer it computes, or prints): the call then
+      runs even when its outputs are unused; jax's and XLA's dead-code
+      elimination keep it. By default an unused call is dropped.
+    cost_estimate: a dict with ``flops``, ``bytes_accessed`` and/or
+      ``transcendentals`` (non-negative ints, for the whole call), recorded
+      on GPUs in the custom call's ``cost_estimate_json`` attribute, as
+      jax-triton 0.4 does, for XLA's scheduler and cost analysis.
     **metaparams: values for the kernel's remaining parameters, by name;
       usually its ``tl.constexpr`` parameters.
 
@@ -138,16 +152,6 @@ def triton_call(
       ``jax.jit``.
   """
   out_shape = resolve_out_shape(out_shape, out_type)
-  key = _dispatch.signature(
-      args, kernel, out_shape, grid,
-      (name, custom_call_target_name, num_warps, num_stages, num_ctas,
-       compute_capability, enable_fp_fusion, _frozen(input_output_aliases),
-       _frozen(zeroed_outputs), debug, serialized_metadata, vmap_method,
-       device, sharding_rule),
-      metaparams, sharding_rule is not None)
-  entry, key = _dispatch.lookup(key, grid)
-  if entry is not None:
-    return entry(args)
   options = dict(
       name=name, custom_call_target_name=custom_call_target_name,
       num_warps=num_warps, num_stages=num_stages, num_ctas=num_ctas,
@@ -155,7 +159,22 @@ def triton_call(
       enable_fp_fusion=enable_fp_fusion,
       input_output_aliases=input_output_aliases,
       zeroed_outputs=zeroed_outputs, debug=debug,
-      serialized_metadata=serialized_metadata, vmap_method=vmap_method)
+      serialized_metadata=serialized_metadata, vmap_method=vmap_method,
+      has_side_effect=has_side_effect, cost_estimate=cost_estimate)
+  if _refs.has_refs(args):
+    # Never the eager fast path: its entries take arrays, not Refs.
+    return _refs.call(args, kernel, out_shape, grid, options, device,
+                      sharding_rule, metaparams, _single_device)
+  key = _dispatch.signature(
+      args, kernel, out_shape, grid,
+      (name, custom_call_target_name, num_warps, num_stages, num_ctas,
+       compute_capability, enable_fp_fusion, _frozen(input_output_aliases),
+       _frozen(zeroed_outputs), debug, serialized_metadata, vmap_method,
+       device, sharding_rule, has_side_effect, _frozen(cost_estimate)),
+      metaparams, sharding_rule is not None)
+  entry, key = _dispatch.lookup(key, grid)
+  if entry is not None:
+    return entry(args)
   if sharding_rule is not None:
     sharding_rule = _rule.check(sharding_rule, "triton_call")
     recorder = (None if key is None
@@ -180,8 +199,12 @@ def _frozen(option: Any) -> Any:
 
 
 def _single_device(args, kernel, out_shape, grid, options, device, rule,
-                   metaparams, key):
-  """Binds, places and launches a call on one device; records its entry."""
+                   metaparams, key, ref_inputs=()):
+  """Binds, places and launches a call on one device; records its entry.
+
+  With ``ref_inputs`` (array indices of Refs' values), returns
+  ``(outputs, new values of those arrays)`` instead, and records nothing.
+  """
   given_args = args
   args, metaparams = _shard_size.resolve(args, metaparams)
   if options["vmap_method"] not in _batching.VMAP_METHODS:
@@ -191,8 +214,10 @@ def _single_device(args, kernel, out_shape, grid, options, device, rule,
         " where the grid has room, else one launch per element), 'grid' (one"
         " launch, or an error) or 'sequential' (one launch per element)."
     )
-  call_options = _binding.CallOptions(**options, sharding_rule=rule)
-  empty = _all_outputs_empty(out_shape)
+  call_options = _binding.CallOptions(**options, sharding_rule=rule,
+                                      ref_inputs=tuple(ref_inputs))
+  # A Ref argument is written even when every output is empty.
+  empty = not ref_inputs and _all_outputs_empty(out_shape)
   seen = (_dispatch.GridRecorder(grid) if key is not None and callable(grid)
           else grid)
   arrays, spec, out_tree = _binding.bind_call(
@@ -206,6 +231,9 @@ def _single_device(args, kernel, out_shape, grid, options, device, rule,
     return jax.tree_util.tree_unflatten(out_tree, _empty_outputs(spec, arrays))
   if key is None:
     outs = _primitive.triton_call_p.bind(*arrays, spec=spec)
+    if ref_inputs:
+      n = len(outs) - spec.ref_outputs
+      return jax.tree_util.tree_unflatten(out_tree, outs[:n]), outs[n:]
     return jax.tree_util.tree_unflatten(out_tree, outs)
   entry = _dispatch.make_entry(given_args, args, arrays, spec, out_tree, seen,
                                target, device)

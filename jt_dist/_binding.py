@@ -68,6 +68,13 @@ class CallSpec:
   # On the CPU, an eager call's scalars may arrive as a runtime operand
   # after the arrays (jt_dist._cpu.scalars) rather than in ``operands``.
   runtime_scalars: bool = False
+  # The call must run even when its outputs are unused (has_side_effect=).
+  has_side_effect: bool = False
+  # ``cost_estimate=`` as sorted (key, int) pairs; () when not given.
+  cost_estimate: tuple[tuple[str, int], ...] = ()
+  # How many trailing outputs are the new values of ``jax.Ref`` arguments:
+  # each aliases its input and binds no kernel parameter of its own.
+  ref_outputs: int = 0
 
   @property
   def info(self) -> _kernel.KernelInfo:
@@ -99,14 +106,25 @@ class CallOptions:
   serialized_metadata: bytes = b""
   vmap_method: str | None = None
   sharding_rule: Any = None
+  has_side_effect: bool = False
+  cost_estimate: Any = None
+  # The array indices of the call's ``jax.Ref`` arguments (their values are
+  # passed in their place); each gets an output aliased to it.
+  ref_inputs: tuple[int, ...] = ()
 
 
 def _is_shape_dtype(x: Any) -> bool:
   return hasattr(x, "shape") and hasattr(x, "dtype")
 
 
-def flatten_out_shape(out_shape: Any):
-  """Flattens ``out_shape`` into (shape, dtype) pairs and its treedef."""
+def flatten_out_shape(out_shape: Any, allow_empty: bool = False):
+  """Flattens ``out_shape`` into (shape, dtype) pairs and its treedef.
+
+  Args:
+    out_shape: as given to the call.
+    allow_empty: whether no outputs at all is legal (a call whose ``jax.Ref``
+      arguments carry its results).
+  """
   if out_shape is None:
     raise TypeError(
         "triton_call: `out_shape` (or `out_type`) is required: pass a"
@@ -116,10 +134,11 @@ def flatten_out_shape(out_shape: Any):
   leaves, tree = jax.tree_util.tree_flatten_with_path(
       out_shape, is_leaf=_is_shape_dtype
   )
-  if not leaves:
+  if not leaves and not allow_empty:
     raise ValueError(
         f"triton_call: `out_shape` {out_shape!r} holds no outputs. A kernel"
-        " call must produce at least one output."
+        " call must produce at least one output, or mutate a jax.Ref"
+        " argument (jax.new_ref(x)) in place."
     )
   flat = []
   for path, leaf in leaves:
@@ -497,7 +516,8 @@ def bind_call(args, kernel, out_shape, grid, options: CallOptions, metaparams):
   """
   info = _kernel.kernel_info(kernel)
   _options.check(options)
-  out_shapes, out_tree = flatten_out_shape(out_shape)
+  out_shapes, out_tree = flatten_out_shape(
+      out_shape, allow_empty=bool(options.ref_inputs))
   kinds, _ = _classify_args(args)
   operands, constexprs = _bind_positional(info, args, kinds, len(out_shapes))
   operands += _bind_outputs(info, len(args), out_shapes)
@@ -531,13 +551,16 @@ def bind_call(args, kernel, out_shape, grid, options: CallOptions, metaparams):
         zeroed_outputs=tuple(sorted(set(reset + _zeroed(
             options.zeroed_outputs, kwargs, len(out_shapes), where)))),
     ))
+  refs = options.ref_inputs
   spec = CallSpec(
       kernel=kernel,
       name=options.name,
       operands=tuple(operands),
-      out_shapes=out_shapes,
+      out_shapes=out_shapes + tuple((arrays[i].shape, np.dtype(arrays[i].dtype))
+                                    for i in refs),
       launches=tuple(launches),
-      input_output_aliases=aliases,
+      input_output_aliases=aliases + tuple(
+          (i, len(out_shapes) + k) for k, i in enumerate(refs)),
       compute_capability=options.compute_capability,
       enable_fp_fusion=options.enable_fp_fusion,
       debug=options.debug,
@@ -545,6 +568,9 @@ def bind_call(args, kernel, out_shape, grid, options: CallOptions, metaparams):
       custom_call_target_name=options.custom_call_target_name,
       vmap_method=options.vmap_method,
       sharding_rule=options.sharding_rule,
+      has_side_effect=options.has_side_effect,
+      cost_estimate=_options.cost_items(options.cost_estimate),
+      ref_outputs=len(refs),
   )
   return arrays, spec, out_tree
 

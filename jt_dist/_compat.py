@@ -14,7 +14,7 @@ import functools
 import importlib
 import itertools
 import threading
-from typing import Any, NamedTuple
+from typing import Any, Callable, NamedTuple
 
 import jax
 import triton
@@ -524,3 +524,73 @@ def interpreter_block_pointer(base, shape, strides, offsets, block_shape,
     raise NotImplementedError(
         f"Triton {triton.__version__}'s interpreter has no block pointers")
   return cls(base, shape, strides, offsets, block_shape, order)
+
+
+def is_ref(x: Any) -> bool:
+  """Whether ``x`` is a ``jax.Ref`` (``jax.new_ref``), concrete or traced.
+
+  jax 0.10.2 and 0.12 both export ``jax.Ref``, and a tracer of a Ref is an
+  instance of it; a Ref view (``ref.at[...]``) is not.
+  """
+  ref_type = getattr(jax, "Ref", None)
+  return ref_type is not None and isinstance(x, ref_type)
+
+
+def is_ref_view(x: Any) -> bool:
+  """Whether ``x`` is a view of a Ref (``ref.at[...]``): jax's TransformedRef.
+
+  jax has no public name for it, so it is recognised by its class name and
+  its ``ref`` attribute, both of which jax 0.10.2 and 0.12 have.
+  """
+  if type(x).__name__ != "TransformedRef":
+    return False
+  try:
+    return is_ref(x.ref)
+  except Exception:  # pylint: disable=broad-except
+    return False
+
+
+def register_dce_rule(primitive, keep: Callable[[Any], bool]) -> None:
+  """jax's dead-code elimination of ``primitive``'s equations.
+
+  An equation with no used output is dropped unless ``keep(eqn)``; one that
+  is kept keeps all its inputs. ``jax.interpreters.partial_eval.dce_rules``
+  is the registry; its rules take ``(used_outputs, eqn)`` on jax 0.10 and
+  ``(used_outputs, live_inputs, eqn)`` on jax 0.12, the equation last in both.
+  """
+  from jax.interpreters import partial_eval  # pylint: disable=g-import-not-at-top
+
+  def rule(used_outputs, *rest):
+    eqn = rest[-1]
+    if not any(used_outputs) and not keep(eqn):
+      return [False] * len(eqn.invars), None
+    return [True] * len(eqn.invars), eqn
+
+  partial_eval.dce_rules[primitive] = rule
+
+
+@functools.cache
+def kernel_side_effect() -> Any:
+  """The effect of a call marked ``has_side_effect=True``, registered once.
+
+  An equation with an effect is kept by every enclosing jaxpr's dead-code
+  elimination (a nested ``jax.jit``, ``shard_map``, ``cond``), which a DCE
+  rule of the primitive alone cannot do. It is unordered: calls need no
+  tokens. jax has no public registry of effects, so ``jax._src.effects``'
+  sets are used, on jax 0.10.2 and 0.12 alike.
+  """
+  from jax._src import effects  # pylint: disable=g-import-not-at-top
+  from jax.extend import core as jex_core  # pylint: disable=g-import-not-at-top
+
+  class KernelSideEffect(jex_core.Effect):
+    """A Triton kernel call that does more than write its outputs."""
+
+    def __repr__(self) -> str:
+      return "TritonKernelSideEffect"
+
+  for registry in (effects.lowerable_effects,
+                   effects.control_flow_allowed_effects,
+                   effects.custom_derivatives_allowed_effects,
+                   effects.remat_allowed_effects):
+    registry.add_type(KernelSideEffect)
+  return KernelSideEffect()

@@ -77,7 +77,7 @@ def check(options: Any) -> None:
   _check_type("name", options.name, (str,), "a str")
   _check_type("serialized_metadata", options.serialized_metadata,
               (bytes,), "bytes (e.g. b'...' or text.encode())")
-  for flag in ("enable_fp_fusion", "debug"):
+  for flag in ("enable_fp_fusion", "debug", "has_side_effect"):
     _check_type(flag, getattr(options, flag), (bool,), "True or False")
   aliases = options.input_output_aliases
   if aliases is not None and not isinstance(aliases, collections.abc.Mapping):
@@ -92,3 +92,34 @@ def check(options: Any) -> None:
           f"triton_call: input_output_aliases entry {key!r}: {value!r} must"
           " map an int input index to an int output index, e.g. {0: 0}."
       )
+
+
+# jax-triton 0.4's CostEstimate keys; XLA reads them from the custom call.
+COST_KEYS = ("bytes_accessed", "flops", "transcendentals")
+
+
+def cost_items(cost: Any) -> tuple[tuple[str, int], ...]:
+  """Checks ``cost_estimate`` and returns it as sorted (key, int) pairs.
+
+  Raises:
+    TypeError: not a mapping (or None), or a value that is not an int.
+    ValueError: an unknown key, or a negative value.
+  """
+  if cost is None:
+    return ()
+  if not isinstance(cost, collections.abc.Mapping):
+    raise TypeError(
+        f"triton_call: cost_estimate={cost!r} of type {type(cost).__name__}"
+        " must be a dict, e.g. {'flops': 2 * n, 'bytes_accessed': 12 * n}."
+    )
+  items = []
+  for key, value in cost.items():
+    if key not in COST_KEYS:
+      raise ValueError(
+          f"triton_call: cost_estimate has the key {key!r}; the known keys"
+          f" are {', '.join(COST_KEYS)}."
+      )
+    _check_int(f"cost_estimate[{key!r}]", value, 0,
+               "Pass an estimate of the whole call, as a non-negative int.")
+    items.append((key, int(value)))
+  return tuple(sorted(items))

@@ -21,10 +21,19 @@ triton_call_p.multiple_results = True
 
 
 def _abstract_eval(*in_avals, spec):
-  return _compat.output_avals(in_avals, spec.out_shapes)
+  outs = _compat.output_avals(in_avals, spec.out_shapes)
+  if spec.has_side_effect:
+    return outs, {_compat.kernel_side_effect()}
+  return outs, jex_core.no_effects
 
 
-triton_call_p.def_abstract_eval(_abstract_eval)
+triton_call_p.def_effectful_abstract_eval(_abstract_eval)
+
+# A call marked has_side_effect=True does more than write its outputs (a
+# pointer it computes, a device print): jax keeps it with its outputs unused,
+# as XLA does. An unused pure call is dropped, as XLA would drop it too.
+_compat.register_dce_rule(triton_call_p,
+                          lambda eqn: eqn.params["spec"].has_side_effect)
 
 
 def _impl(*args, spec):

@@ -22,6 +22,7 @@ import traceback
 
 import jax
 from jax.interpreters import mlir
+from jax.experimental import io_callback
 import numpy as np
 
 from jt_dist import _compat
@@ -299,8 +300,17 @@ def _host_call(*arrays, spec, platform):
   result_shapes = [jax.ShapeDtypeStruct(s, d) for s, d in spec.out_shapes]
   buffer_callback = _compat.host_buffer_callback()
   if platform == "cpu" and buffer_callback is not None:
+    # has_side_effect marks the custom call so that XLA keeps it when its
+    # results are unused.
     return buffer_callback(functools.partial(_fill_buffers, spec),
-                           result_shapes)(*arrays)
+                           result_shapes,
+                           has_side_effect=spec.has_side_effect)(*arrays)
+  if spec.has_side_effect:
+    # An io_callback's custom call is marked as having side effects, so XLA
+    # keeps it when its results are unused.
+    return io_callback(
+        functools.partial(run_on_host, spec), result_shapes, *arrays,
+        ordered=False)
   return jax.pure_callback(
       functools.partial(run_on_host, spec), result_shapes, *arrays
   )

@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import hashlib
+import json
 import logging
 import os
 import tempfile
@@ -312,9 +313,20 @@ def _emit(ctx, args, spec, name: str, opaque: bytes):
   aliases = dict(spec.input_output_aliases) or None
   if name == FFI_TARGET:
     rule = jax.ffi.ffi_lowering(
-        name, api_version=4, operand_output_aliases=aliases)
-    return rule(ctx, *args, opaque=opaque)
+        name, api_version=4, operand_output_aliases=aliases,
+        has_side_effect=spec.has_side_effect)
+    attributes = {"opaque": opaque}
+    if spec.cost_estimate:
+      # The key and JSON form jax-triton 0.4 gives XLA.
+      attributes["cost_estimate_json"] = json.dumps(dict(spec.cost_estimate))
+    return rule(ctx, *args, **attributes)
+  if spec.cost_estimate:
+    raise ValueError(
+        f"triton_call: kernel {spec.info.name!r} has cost_estimate="
+        f"{dict(spec.cost_estimate)!r}, which only the FFI custom call"
+        f" ({FFI_TARGET!r}) can carry, but custom_call_target_name={name!r}"
+        " was chosen. Drop cost_estimate, or use the FFI target.")
   rule = jax.ffi.ffi_lowering(
       name, api_version=2, backend_config=opaque,
-      operand_output_aliases=aliases)
+      operand_output_aliases=aliases, has_side_effect=spec.has_side_effect)
   return rule(ctx, *args)

@@ -11,6 +11,7 @@ from jt_dist import _api
 from jt_dist import _binding
 from jt_dist import _dispatch
 from jt_dist import _errors
+from jt_dist import _refs
 from jt_dist._sharding import partition as _partition
 from jt_dist._sharding import rule as _rule
 from jt_dist._sharding import shard_size as _shard_size
@@ -164,6 +165,9 @@ def sharded_triton_call(
 
   Args:
     *args: the kernel's inputs, as for ``triton_call``; arrays are global.
+      A ``jax.Ref`` is split by its ``in_specs`` entry like an array, and
+      each shard's kernel updates its shard of it in place; a Ref must be
+      split over every mesh axis its new value varies over.
     kernel: a ``@triton.jit`` kernel, optionally autotuned.
     out_shape: the global outputs: an object with ``.shape`` and ``.dtype``,
       or a pytree of them.
@@ -203,14 +207,55 @@ def sharded_triton_call(
     TypeError, jt_dist.KernelBindingError: as for ``triton_call``.
   """
   out_shape = _api.resolve_out_shape(out_shape, out_type)
-  key = _signature(args, kernel, out_shape, grid, mesh, in_specs, out_specs,
-                   out_reduce, sharding_rule, kwargs)
+  if _refs.has_refs(args):
+    return _with_refs(args, kernel, out_shape, grid, mesh, in_specs,
+                      out_specs, out_reduce, sharding_rule, kwargs)
+  return _sharded(args, kernel, out_shape, grid, mesh, in_specs, out_specs,
+                  out_reduce, sharding_rule, kwargs)
+
+
+def _with_refs(args, kernel, out_shape, grid, mesh, in_specs, out_specs,
+               out_reduce, rule, kwargs):
+  """A sharded call with Ref arguments: each shard updates its shard of them.
+
+  The Refs' values go in as arrays; each shard wraps its piece in a fresh
+  Ref for the kernel, and hands the piece back as an extra output split as
+  the Ref's input is; the new global values are written back.
+  """
+  _refs.check(args, kwargs, rule, "sharded_triton_call")
+  ref_args = _refs.top_level(args, "sharded_triton_call")
+  values = list(args)
+  for i in ref_args:
+    values[i] = args[i][...]
+  outs, updated = _sharded(values, kernel, out_shape, grid, mesh, in_specs,
+                           out_specs, out_reduce, None, kwargs,
+                           ref_args=ref_args)
+  for i, new in zip(ref_args, updated):
+    if not isinstance(new, jax.core.Tracer):
+      # An eager Ref keeps its placement; the update comes back as the
+      # shard_map placed it.
+      new = jax.device_put(new, values[i].sharding)
+    args[i][...] = new
+  return outs
+
+
+def _sharded(args, kernel, out_shape, grid, mesh, in_specs, out_specs,
+             out_reduce, sharding_rule, kwargs, ref_args=()):
+  """``sharded_triton_call`` on arrays; with ``ref_args``, also their updates.
+
+  ``ref_args``: argument indices whose arrays are Refs' values; the call
+  then returns ``(outputs, those arrays' new values)`` and records nothing.
+  """
+  key = None if ref_args else _signature(
+      args, kernel, out_shape, grid, mesh, in_specs, out_specs, out_reduce,
+      sharding_rule, kwargs)
   entry, key = _dispatch.lookup(key, grid)
   if entry is not None:
     return entry(args)
   recorder = (None if key is None
               else _dispatch.replay_recorder(key, kernel, grid))
-  out_shapes, out_tree = _binding.flatten_out_shape(out_shape)
+  out_shapes, out_tree = _binding.flatten_out_shape(
+      out_shape, allow_empty=bool(ref_args))
   mesh = _specs.resolve_mesh(mesh, args)
   _check_placeholders(args, {k: v for k, v in kwargs.items()})
   arg_specs = _specs.in_specs_for(in_specs, args, mesh)
@@ -234,15 +279,20 @@ def sharded_triton_call(
               for i, spec in zip([i for i, f in enumerate(is_array) if f],
                                  arg_specs)]
 
+  array_of = {i: k for k, i in enumerate(
+      i for i, flag in enumerate(is_array) if flag)}
+  ref_specs = tuple(arg_specs[array_of[i]] for i in ref_args)
+
   def per_shard(*local_arrays):
     it = iter(local_arrays)
     local_args = [next(it) if flag else a for a, flag in zip(args, is_array)]
-    outs = _api.triton_call(*local_args, kernel=kernel, out_shape=local_out,
-                            grid=grid, **kwargs)
+    outs, updated = _refs.with_fresh_refs(
+        local_args, ref_args, lambda *a: _api.triton_call(
+            *a, kernel=kernel, out_shape=local_out, grid=grid, **kwargs))
     flat = jax.tree_util.tree_leaves(outs)
     flat = [x if r is None else r[0](x, r[1]) for x, r in zip(flat, reductions)]
     _varying.check(flat, outputs, operands, mesh)
-    return tuple(flat)
+    return tuple(flat) + tuple(updated)
 
   arrays = [
       _specs.place(a, spec, mesh)
@@ -250,9 +300,17 @@ def sharded_triton_call(
   ]
   mapped = jax.shard_map(
       per_shard, mesh=mesh, in_specs=tuple(arg_specs),
-      out_specs=tuple(o_specs), check_vma=True)
+      out_specs=tuple(o_specs) + ref_specs, check_vma=True)
+  if ref_args:
+    # The shards' Refs live inside the shard_map, which jax allows only
+    # under a trace.
+    mapped = jax.jit(mapped)
   if recorder is not None and isinstance(mesh, jax.sharding.Mesh) and not any(
       isinstance(a, jax.core.Tracer) for a in arrays):
     positions = [i for i, flag in enumerate(is_array) if flag]
     mapped = recorder(args, positions, arg_specs, mesh, mapped, out_tree)
-  return jax.tree_util.tree_unflatten(out_tree, list(mapped(*arrays)))
+  flat = list(mapped(*arrays))
+  if ref_args:
+    n = len(flat) - len(ref_args)
+    return jax.tree_util.tree_unflatten(out_tree, flat[:n]), flat[n:]
+  return jax.tree_util.tree_unflatten(out_tree, flat)

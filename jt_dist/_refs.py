@@ -1,0 +1,180 @@
+"""``jax.Ref`` arguments: buffers a kernel mutates in place.
+
+A Ref argument is read, its value is passed to the kernel as an input that
+the call's extra, hidden output aliases (the output binds no kernel
+parameter: the kernel writes through the input's own pointer), and that
+output is written back to the Ref. The primitive therefore never sees a Ref:
+eagerly, under ``jax.jit``, inside ``jax.shard_map`` and under ``jax.vmap``
+jax's own state handling (its discharge of Ref reads and writes) carries the
+update, and XLA reuses the buffer where the old value is dead.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import jax
+
+from jt_dist import _compat
+from jt_dist import _errors
+from jt_dist import _types
+
+
+def _ref_like(x: Any) -> bool:
+  return _compat.is_ref(x) or _compat.is_ref_view(x)
+
+
+def _leaves(args):
+  """``args``' leaves (Refs are leaves), their names and the treedef.
+
+  Operands may be pytrees (tuples of arrays reaching tuple parameters), so
+  a Ref may sit inside one; it counts in flattened order, as the binding
+  counts arrays.
+  """
+  flat, tree = jax.tree_util.tree_flatten_with_path(
+      tuple(args), is_leaf=_ref_like)
+  names = ["args" + jax.tree_util.keystr(path) for path, _ in flat]
+  return [leaf for _, leaf in flat], names, tree
+
+
+def has_refs(args) -> bool:
+  """Whether any argument is, or holds, a Ref or a view of one."""
+  # Every eager call asks, before its fast-path lookup: flatten only
+  # containers, which plain calls do not pass.
+  for a in args:
+    if _ref_like(a):
+      return True
+    if isinstance(a, (tuple, list, dict)) and any(
+        _ref_like(leaf) for leaf in _leaves((a,))[0]):
+      return True
+  return False
+
+
+def check(args, options: dict, rule: Any, where: str) -> None:
+  """Refuses what Ref arguments cannot be combined with.
+
+  Raises:
+    NotImplementedError: a view of a Ref (``ref.at[...]``), or a
+      ``sharding_rule``.
+    ValueError: ``input_output_aliases`` given too.
+  """
+  leaves, names, _ = _leaves(args)
+  for leaf, name in zip(leaves, names):
+    if _compat.is_ref_view(leaf):
+      raise NotImplementedError(
+          f"{where}: {name} is a view of a jax.Ref (ref.at[...]), which"
+          " a kernel cannot take: it would need the view's strides. Pass the"
+          " whole Ref and index inside the kernel, or pass the view's value"
+          " (ref.at[...][...]) as an array and write the result back.")
+  refs = ", ".join(n for leaf, n in zip(leaves, names) if _compat.is_ref(leaf))
+  if options.get("input_output_aliases"):
+    raise ValueError(
+        f"{where}: input_output_aliases={options['input_output_aliases']!r}"
+        f" cannot be combined with Ref arguments ({refs}): a Ref is"
+        " already updated in place. Drop input_output_aliases and pass every"
+        " buffer the kernel updates as a Ref (jax.new_ref(x)).")
+  if rule is not None:
+    raise NotImplementedError(
+        f"{where}: sharding_rule={rule!r} cannot be combined with Ref"
+        f" arguments ({refs}): the rule describes outputs listed in"
+        " out_shape, and a Ref's update is not one. Pass the Ref's value as"
+        " an array and list the updated buffer in out_shape (with"
+        " input_output_aliases), or drop sharding_rule.")
+
+
+def array_positions(args) -> tuple[list[int], list[int]]:
+  """The Refs' array indices, and their positions among ``args``' leaves.
+
+  An array index counts the array (and Ref) leaves, scalars not counted,
+  as ``input_output_aliases`` does.
+  """
+  array_index, ref_arrays, ref_leaves = 0, [], []
+  for k, leaf in enumerate(_leaves(args)[0]):
+    if _compat.is_ref(leaf):
+      ref_arrays.append(array_index)
+      ref_leaves.append(k)
+      array_index += 1
+    elif not _types.is_scalar(leaf):
+      array_index += 1
+  return ref_arrays, ref_leaves
+
+
+def read(args, ref_leaves):
+  """``args`` with the Refs at ``ref_leaves`` replaced by their values."""
+  leaves, _, tree = _leaves(args)
+  for k in ref_leaves:
+    leaves[k] = leaves[k][...]
+  return tuple(jax.tree_util.tree_unflatten(tree, leaves)), leaves
+
+
+def write(args, ref_leaves, updated, values) -> None:
+  """Writes the new values back into the Refs at ``ref_leaves``."""
+  leaves, names, _ = _leaves(args)
+  for k, new in zip(ref_leaves, updated):
+    _check_varying(names[k], values[k], new)
+    leaves[k][...] = new
+
+
+def top_level(args, where: str) -> list[int]:
+  """The argument indices of the Refs; refuses one inside a pytree.
+
+  Raises:
+    NotImplementedError: a Ref inside a tuple (or other pytree) argument.
+  """
+  leaves, names, _ = _leaves(args)
+  nested = [n for leaf, n in zip(leaves, names)
+            if _compat.is_ref(leaf) and n.count("[") > 1]
+  if nested:
+    raise NotImplementedError(
+        f"{where}: the Ref {nested[0]} sits inside a pytree argument; here"
+        " Refs must be arguments of their own. Pass it as a separate"
+        " argument (and take it as a separate kernel parameter).")
+  return [i for i, a in enumerate(args) if _compat.is_ref(a)]
+
+
+def call(args, kernel, out_shape, grid, options: dict, device, rule,
+         metaparams, single_device: Callable) -> Any:
+  """``triton_call`` with Ref arguments: reads them, calls, writes them."""
+  check(args, options, rule, "triton_call")
+  ref_arrays, ref_leaves = array_positions(args)
+  values, value_leaves = read(args, ref_leaves)
+  outs, updated = single_device(
+      values, kernel, out_shape, grid, options, device, None,
+      metaparams, None, ref_inputs=ref_arrays)
+  write(args, ref_leaves, updated, value_leaves)
+  return outs
+
+
+def with_fresh_refs(args, ref_args, fn: Callable):
+  """Calls ``fn`` on ``args`` with new Refs of the values at ``ref_args``.
+
+  Returns:
+    ``(fn's result, the Refs' values afterwards)``: how a per-shard body
+    gives back its shard of a Ref as an output.
+  """
+  local = list(args)
+  for i in ref_args:
+    local[i] = jax.new_ref(args[i])
+  result = fn(*local)
+  return result, [local[i][...] for i in ref_args]
+
+
+def _check_varying(name: str, value, new) -> None:
+  """Refuses an update that would make a Ref's copies differ in a shard_map.
+
+  Raises:
+    jt_dist.ShardingSpecError: inside ``jax.shard_map``, the update varies
+      over a manual mesh axis that the Ref's value does not vary over.
+  """
+  extra = sorted(_compat.varying_axes(jax.typeof(new))
+                 - _compat.varying_axes(jax.typeof(value)))
+  if extra:
+    raise _errors.ShardingSpecError(
+        f"triton_call: the Ref {name} holds the same value on every"
+        f" device along mesh axes {extra}, but the kernel's update of it"
+        " reads inputs that differ along them, so the Ref's copies would"
+        " differ. Split the Ref over those axes too (its in_specs entry, in"
+        " sharded_triton_call or jax.shard_map), or make its value vary over"
+        " them (jax.lax.pcast(x, axes, to='varying')) before jax.new_ref, or"
+        " pass it as an array and return the update as an output.")
+

@@ -41,11 +41,13 @@ from jt_dist._sharding.rule import ShardingRule
 from jt_dist._sharding.shard_size import ShardSize
 from jt_dist._sharding.shard_size import shard_size
 from jt_dist._sharding.sharded_call import sharded_triton_call
+from jt_dist._gpu.lowering import CUSTOM_CALL_TARGET_NAME
 
 __version__ = "0.1.0"
 
 __all__ = [
     "AutoAxesError",
+    "CUSTOM_CALL_TARGET_NAME",
     "AutotuneChoice",
     "AutotuneError",
     "DevicePlacementError",

@@ -8,6 +8,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import jax
 
+from jt_dist import _backend_options
 from jt_dist import _batching
 from jt_dist import _binding
 from jt_dist import _dispatch
@@ -29,9 +30,10 @@ def triton_call(
     custom_call_target_name: str | None = None,
     num_warps: int | None = None,
     num_stages: int | None = None,
-    num_ctas: int = 1,
+    num_ctas: int | None = None,
     compute_capability: int | None = None,
     enable_fp_fusion: bool = True,
+    backend_options: Mapping[str, Any] | None = None,
     input_output_aliases: Mapping[int, int] | None = None,
     zeroed_outputs: Sequence[int] | Callable[[dict], Sequence[int]] = (),
     debug: bool = False,
@@ -73,7 +75,9 @@ def triton_call(
       By default the FFI target, where the installed jaxlib has it.
     num_warps: warps per program; 4 by default. Ignored when autotuned.
     num_stages: software-pipelining stages; 3 by default.
-    num_ctas: CTAs per cluster (Hopper and later); 1 by default.
+    num_ctas: CTAs per cluster (Hopper and later); 1 by default. Above 1,
+      a ValueError where the target has no clusters: CUDA before sm_90,
+      and the CPU interpreter.
     compute_capability: the GPU to compile for: a CUDA compute capability,
       e.g. 90, or a ROCm arch, e.g. ``"gfx942"``; by default that of the
       devices the call is lowered for (cross-lowering on a host without
@@ -81,6 +85,11 @@ def triton_call(
       ``jax.export`` it must be given, here or through
       ``jt_dist.export_options``.
     enable_fp_fusion: whether Triton may fuse multiplies and adds into FMAs.
+    backend_options: more Triton compiler options for GPUs, by name (e.g.
+      ``{"maxnreg": 128}``); values must be hashable. ``num_warps``,
+      ``num_stages``, ``num_ctas``, ``debug`` and ``enable_fp_fusion`` may be
+      given here instead of as arguments, but not both ways. The CPU
+      interpreter ignores the rest.
     input_output_aliases: maps an input (its index among the array
       arguments, scalars not counted) to the output that reuses its buffer.
     zeroed_outputs: output indices to zero before each launch, or a callable
@@ -138,12 +147,19 @@ def triton_call(
       ``jax.jit``.
   """
   out_shape = resolve_out_shape(out_shape, out_type)
+  merged = _backend_options.merge(
+      backend_options, num_warps=num_warps, num_stages=num_stages,
+      num_ctas=num_ctas, debug=debug, enable_fp_fusion=enable_fp_fusion)
+  num_warps, num_stages, debug = (
+      merged.num_warps, merged.num_stages, merged.debug)
+  num_ctas = 1 if merged.num_ctas is None else merged.num_ctas
+  enable_fp_fusion = merged.enable_fp_fusion
   key = _dispatch.signature(
       args, kernel, out_shape, grid,
       (name, custom_call_target_name, num_warps, num_stages, num_ctas,
        compute_capability, enable_fp_fusion, _frozen(input_output_aliases),
        _frozen(zeroed_outputs), debug, serialized_metadata, vmap_method,
-       device, sharding_rule),
+       device, sharding_rule, merged.extra),
       metaparams, sharding_rule is not None)
   entry, key = _dispatch.lookup(key, grid)
   if entry is not None:
@@ -155,7 +171,8 @@ def triton_call(
       enable_fp_fusion=enable_fp_fusion,
       input_output_aliases=input_output_aliases,
       zeroed_outputs=zeroed_outputs, debug=debug,
-      serialized_metadata=serialized_metadata, vmap_method=vmap_method)
+      serialized_metadata=serialized_metadata, vmap_method=vmap_method,
+      backend_options=dict(merged.extra))
   if sharding_rule is not None:
     sharding_rule = _rule.check(sharding_rule, "triton_call")
     recorder = (None if key is None

@@ -68,6 +68,8 @@ class CallSpec:
   # On the CPU, an eager call's scalars may arrive as a runtime operand
   # after the arrays (jt_dist._cpu.scalars) rather than in ``operands``.
   runtime_scalars: bool = False
+  # Triton compiler options besides the named ones: sorted (name, value).
+  backend_options: tuple[tuple[str, Any], ...] = ()
 
   @property
   def info(self) -> _kernel.KernelInfo:
@@ -99,6 +101,8 @@ class CallOptions:
   serialized_metadata: bytes = b""
   vmap_method: str | None = None
   sharding_rule: Any = None
+  # Further Triton compiler options (``_backend_options.merge``'s extra).
+  backend_options: Mapping[str, Any] | None = None
 
 
 def _is_shape_dtype(x: Any) -> bool:
@@ -545,6 +549,7 @@ def bind_call(args, kernel, out_shape, grid, options: CallOptions, metaparams):
       custom_call_target_name=options.custom_call_target_name,
       vmap_method=options.vmap_method,
       sharding_rule=options.sharding_rule,
+      backend_options=tuple(sorted((options.backend_options or {}).items())),
   )
   return arrays, spec, out_tree
 

@@ -267,7 +267,13 @@ def ast_to_ttir(jit_fn, backend, target, options, signature, constexprs,
   from triton._C.libtriton import ir  # pylint: disable=g-import-not-at-top
   from triton.compiler import compiler as triton_compiler  # pylint: disable=g-import-not-at-top
 
-  source = triton_compiler.ASTSource(jit_fn, signature, constexprs, attrs)
+  source_class = triton_compiler.ASTSource
+  if is_gluon(jit_fn):
+    # Gluon kernels carry their layouts from the source: their own AST
+    # source sets the module's target attributes and skips TTIR.
+    from triton.experimental.gluon import _runtime as gluon_runtime  # pylint: disable=g-import-not-at-top
+    source_class = gluon_runtime.GluonASTSource
+  source = source_class(jit_fn, signature, constexprs, attrs)
   context = ir.context()
   ir.load_dialects(context)
   backend.load_dialects(context)
@@ -278,7 +284,19 @@ def ast_to_ttir(jit_fn, backend, target, options, signature, constexprs,
   return module, context
 
 
-def compiler_stages(backend, options) -> dict[str, Any]:
+def is_gluon(fn: Any) -> bool:
+  """Whether ``fn`` is a Gluon kernel (``triton.experimental.gluon.jit``).
+
+  Triton 3.6 to 3.9 mark them by ``JITFunction.is_gluon()``.
+  """
+  marker = getattr(fn, "is_gluon", None)
+  try:
+    return bool(marker()) if callable(marker) else False
+  except Exception:  # pylint: disable=broad-except
+    return False
+
+
+def compiler_stages(backend, options, gluon: bool = False) -> dict[str, Any]:
   """Triton's ordered compiler stages after source: ttir, ttgir, llir, ...
 
   Each stage maps ``(module, metadata) -> next module`` and fills
@@ -290,7 +308,8 @@ def compiler_stages(backend, options) -> dict[str, Any]:
   stages: dict[str, Any] = {}
   language = getattr(backend_compiler, "Language", None)
   if language is not None:
-    backend.add_stages(stages, options, language.TRITON)
+    backend.add_stages(stages, options,
+                       language.GLUON if gluon else language.TRITON)
   else:  # Releases before the Gluon frontend took no language argument.
     backend.add_stages(stages, options)
   return stages

@@ -23,6 +23,7 @@ from jt_dist import _compat
 from jt_dist._cpu import bounds as _bounds
 from jt_dist._cpu import runtime as _interpreter_runtime
 from jt_dist._cpu import scalars as _scalars
+from jt_dist._cpu import unsupported as _unsupported
 
 logger = logging.getLogger("jt_dist")
 
@@ -189,8 +190,9 @@ def cpu_lowering(ctx, *args, spec):
   """The primitive's CPU lowering: a host callback into the interpreter.
 
   Raises:
-    NotImplementedError: the lowering is ``jax.export``'s; a host callback
-      into this process cannot be serialised.
+    NotImplementedError: the lowering is ``jax.export``'s (a host callback
+      into this process cannot be serialised), or the kernel is Gluon.
+    ValueError: the call asks for clusters (``num_ctas > 1``).
   """
   if _compat.lowering_for_export(ctx):
     platforms = ", ".join(getattr(ctx.module_context, "platforms", ()) or ())
@@ -204,6 +206,7 @@ def cpu_lowering(ctx, *args, spec):
         " compute_capability= (e.g. 90) on the call or in"
         " jt_dist.export_options; a kernel made under TRITON_INTERPRET=1"
         " is interpreted on GPUs too and cannot be exported either.")
+  _unsupported.check(spec)
   rule = mlir.lower_fun(
       functools.partial(_host_call, spec=spec), multiple_results=True
   )

@@ -40,6 +40,9 @@ logger = logging.getLogger("jt_dist")
 
 FFI_TARGET = "triton_kernel_call_ffi"
 LEGACY_TARGET = "triton_kernel_call"
+# jax-triton 0.4's public name for the custom-call target it emits: jaxlib's
+# FFI Triton call, which jt_dist also emits by default where jaxlib has it.
+CUSTOM_CALL_TARGET_NAME = FFI_TARGET
 _PLUGIN_ATTRIBUTE = {"cuda": "_cuda_triton", "rocm": "_hip_triton"}
 _hsaco_dir: tempfile.TemporaryDirectory | None = None
 

@@ -19,6 +19,7 @@ from jt_dist._sharding import placement as _placement
 from jt_dist import _primitive
 from jt_dist._sharding import rule as _rule
 from jt_dist._sharding import shard_size as _shard_size
+from jt_dist import _tensordesc
 
 
 def triton_call(
@@ -58,7 +59,8 @@ def triton_call(
   bounds how many are kept).
 
   Args:
-    *args: the inputs: ``jax.Array``s (passed as pointers) and Python
+    *args: the inputs: ``jax.Array``s (passed as pointers),
+      ``jt_dist.TensorDescriptor``s (host-side TMA descriptors) and Python
       ``bool``/``int``/``float`` or ``np.float32`` scalars (passed by value).
       ``jt_dist.shard_size(i)`` stands for the size of array ``args[i]``.
     kernel: a ``@triton.jit`` function, optionally wrapped by
@@ -147,6 +149,13 @@ def triton_call(
       ``jax.jit``.
   """
   out_shape = resolve_out_shape(out_shape, out_type)
+  args, descriptors = _tensordesc.split(args)
+  if descriptors and sharding_rule is not None:
+    raise NotImplementedError(
+        f"triton_call: args[{descriptors[0][0]}] is a TensorDescriptor, and"
+        " a call with sharding_rule= cannot split one: its shape and strides"
+        " are those of the global array. Build it per shard instead, inside"
+        " jax.shard_map: TensorDescriptor.from_array(local_x, block_shape).")
   merged = _backend_options.merge(
       backend_options, num_warps=num_warps, num_stages=num_stages,
       num_ctas=num_ctas, debug=debug, enable_fp_fusion=enable_fp_fusion)
@@ -159,7 +168,7 @@ def triton_call(
       (name, custom_call_target_name, num_warps, num_stages, num_ctas,
        compute_capability, enable_fp_fusion, _frozen(input_output_aliases),
        _frozen(zeroed_outputs), debug, serialized_metadata, vmap_method,
-       device, sharding_rule, merged.extra),
+       device, sharding_rule, merged.extra, descriptors),
       metaparams, sharding_rule is not None)
   entry, key = _dispatch.lookup(key, grid)
   if entry is not None:
@@ -172,7 +181,7 @@ def triton_call(
       input_output_aliases=input_output_aliases,
       zeroed_outputs=zeroed_outputs, debug=debug,
       serialized_metadata=serialized_metadata, vmap_method=vmap_method,
-      backend_options=dict(merged.extra))
+      backend_options=dict(merged.extra), tensor_descriptors=descriptors)
   if sharding_rule is not None:
     sharding_rule = _rule.check(sharding_rule, "triton_call")
     recorder = (None if key is None

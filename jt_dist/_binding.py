@@ -103,6 +103,9 @@ class CallOptions:
   sharding_rule: Any = None
   # Further Triton compiler options (``_backend_options.merge``'s extra).
   backend_options: Mapping[str, Any] | None = None
+  # (position in args, _tensordesc.Info) of each host-side TMA descriptor,
+  # whose array stands in args in its place.
+  tensor_descriptors: tuple = ()
 
 
 def _is_shape_dtype(x: Any) -> bool:
@@ -203,6 +206,26 @@ def _classify_args(args: Sequence[Any]):
           " for pointer parameters and Python scalars for value parameters."
       )
   return kinds, n_arrays
+
+
+def _typed_descriptors(operands, kinds, descriptors):
+  """Array operands standing for TMA descriptors, typed as descriptors.
+
+  A descriptor's operand keeps kind "array" (its array is the buffer
+  passed), with Triton's ``tensordesc<...>`` type and its ``Info`` as value.
+  """
+  if not descriptors:
+    return operands
+  by_index = {kinds[i][1]: desc for i, desc in descriptors}
+  return [dataclasses.replace(op, type=by_index[op.index].triton_type,
+                              value=by_index[op.index])
+          if op.kind == "array" and op.index in by_index else op
+          for op in operands]
+
+
+def is_descriptor(op: Operand) -> bool:
+  """Whether ``op`` is a host-side TMA descriptor's array operand."""
+  return op.kind == "array" and op.type.startswith("tensordesc")
 
 
 def _dtype_hint(dtype: np.dtype) -> str:
@@ -504,6 +527,7 @@ def bind_call(args, kernel, out_shape, grid, options: CallOptions, metaparams):
   out_shapes, out_tree = flatten_out_shape(out_shape)
   kinds, _ = _classify_args(args)
   operands, constexprs = _bind_positional(info, args, kinds, len(out_shapes))
+  operands = _typed_descriptors(operands, kinds, options.tensor_descriptors)
   operands += _bind_outputs(info, len(args), out_shapes)
   positional_names = [op.name for op in operands] + list(constexprs)
   _check_metaparams(info, metaparams, positional_names)

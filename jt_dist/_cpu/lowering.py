@@ -20,6 +20,7 @@ from jax.interpreters import mlir
 import numpy as np
 
 from jt_dist import _compat
+from jt_dist import _types
 from jt_dist._cpu import bounds as _bounds
 from jt_dist._cpu import runtime as _interpreter_runtime
 from jt_dist._cpu import scalars as _scalars
@@ -116,6 +117,13 @@ def _kernel_args(spec, buffers, checker):
     if op.kind in ("array", "output"):
       k, buffer = next(pointers)
       address = None if checker is None else checker.tagged_address(k)
+      if op.type.startswith("tensordesc"):
+        # A host TMA descriptor: Triton's own, over the (tagged) buffer, so
+        # the interpreter's descriptor accesses are checked like any other.
+        pointer = _HostPointer(buffer.array,
+                               _types.pointer_type(op.value.dtype), address)
+        args.append(_compat.interpreter_descriptor(pointer, op.value))
+        continue
       args.append(_HostPointer(buffer.array, op.type, address))
     else:
       args.append(_interpreter_runtime.interpreter_scalar(op.value, op.type))

@@ -15,7 +15,8 @@ def check(spec) -> None:
   """Refuses a call the interpreter cannot run.
 
   Raises:
-    NotImplementedError: the kernel is a Gluon kernel.
+    NotImplementedError: the kernel is a Gluon kernel, or a descriptor
+      rounds to TF32 on a Triton without it.
     ValueError: a launch asks for thread-block clusters (``num_ctas > 1``).
   """
   name = spec.info.name
@@ -27,6 +28,9 @@ def check(spec) -> None:
         " on GPUs. Run the call on a GPU (jax.jit(...).lower(...,"
         " lowering_platforms=('cuda',)) compiles it here without one), or"
         " write a @triton.jit version of the kernel for the CPU.")
+  for op in spec.operands:
+    if op.kind == "array" and op.type.startswith("tensordesc"):
+      _compat.check_tf32_descriptor(op.value, name)
   for launch in spec.launches:
     if launch.config.num_ctas > 1:
       raise ValueError(

@@ -70,6 +70,9 @@ class CompiledKernel:
   profile_scratch_size: int
   # The CUBIN assembled from ``binary`` where jaxlib can load one, else b"".
   object_file: bytes = b""
+  # Triton's metadata of each host TMA descriptor parameter, in order;
+  # empty where Triton lowered them to pointer arithmetic (or has none).
+  tensordesc_meta: tuple = ()
 
   def metadata(self) -> dict[str, Any]:
     """Everything but the binaries, as JSON-able values."""
@@ -97,6 +100,8 @@ class CompiledKernel:
       raise TypeError(f"object_file_size {object_size!r} does not fit the"
                       f" {len(blob)}-byte binary")
     split = len(blob) - object_size
+    metadata["tensordesc_meta"] = tuple(
+        dict(m) for m in metadata.get("tensordesc_meta") or ())
     return cls(binary=blob[:split], object_file=blob[split:], **metadata)
 
 
@@ -261,6 +266,8 @@ def run_triton(spec, launch, target: _target.Target,
       global_scratch_size=int(metadata.get("global_scratch_size") or 0),
       global_scratch_align=int(metadata.get("global_scratch_align") or 1),
       profile_scratch_size=int(metadata.get("profile_scratch_size") or 0),
+      tensordesc_meta=tuple(
+          dict(m) for m in metadata.get("tensordesc_meta") or ()),
   )
   if int(metadata.get("tmem_size") or 0) > _TMEM_LIMIT:
     raise ValueError(

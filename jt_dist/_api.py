@@ -181,7 +181,7 @@ def triton_call(
       input_output_aliases=input_output_aliases,
       zeroed_outputs=zeroed_outputs, debug=debug,
       serialized_metadata=serialized_metadata, vmap_method=vmap_method,
-      backend_options=dict(merged.extra), tensor_descriptors=descriptors)
+      backend_options=dict(merged.extra))
   if sharding_rule is not None:
     sharding_rule = _rule.check(sharding_rule, "triton_call")
     recorder = (None if key is None
@@ -191,7 +191,7 @@ def triton_call(
     if outs is not _NOT_PARTITIONED:
       return outs
   return _single_device(args, kernel, out_shape, grid, options, device,
-                        sharding_rule, metaparams, key)
+                        sharding_rule, metaparams, key, descriptors)
 
 
 def _frozen(option: Any) -> Any:
@@ -206,7 +206,7 @@ def _frozen(option: Any) -> Any:
 
 
 def _single_device(args, kernel, out_shape, grid, options, device, rule,
-                   metaparams, key):
+                   metaparams, key, descriptors=()):
   """Binds, places and launches a call on one device; records its entry."""
   given_args = args
   args, metaparams = _shard_size.resolve(args, metaparams)
@@ -217,7 +217,8 @@ def _single_device(args, kernel, out_shape, grid, options, device, rule,
         " where the grid has room, else one launch per element), 'grid' (one"
         " launch, or an error) or 'sequential' (one launch per element)."
     )
-  call_options = _binding.CallOptions(**options, sharding_rule=rule)
+  call_options = _binding.CallOptions(**options, sharding_rule=rule,
+                                      tensor_descriptors=descriptors)
   empty = _all_outputs_empty(out_shape)
   seen = (_dispatch.GridRecorder(grid) if key is not None and callable(grid)
           else grid)

@@ -10,6 +10,7 @@ import jax
 
 from jt_dist import _backend_options
 from jt_dist import _batching
+from jt_dist._cpu import unsupported as _unsupported
 from jt_dist import _binding
 from jt_dist import _dispatch
 from jt_dist import _errors
@@ -209,6 +210,7 @@ def _single_device(args, kernel, out_shape, grid, options, device, rule,
                    metaparams, key, descriptors=()):
   """Binds, places and launches a call on one device; records its entry."""
   given_args = args
+  _unsupported.check_eager(kernel, args)
   args, metaparams = _shard_size.resolve(args, metaparams)
   if options["vmap_method"] not in _batching.VMAP_METHODS:
     raise ValueError(

@@ -22,7 +22,9 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
 import jt_dist
+from jt_dist import _binding
 from jt_dist import _dispatch
+from jt_dist._gpu import lowering as _gpu_lowering
 from jt_dist import testing
 from jt_dist._cpu import runtime as _cpu_runtime
 import gpu_lowering_util as util
@@ -41,6 +43,30 @@ def copy_kernel(in_ptr, size, out_ptr, BLOCK: tl.constexpr):
   offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
   mask = offsets < size
   tl.store(out_ptr + offsets, tl.load(in_ptr + offsets, mask=mask), mask=mask)
+
+
+def _host_tma_copy_kernel():
+  """A Gluon copy through a host TMA descriptor, where Triton has it."""
+  from triton.experimental.gluon.language.nvidia import hopper  # pylint: disable=g-import-not-at-top
+  if not hasattr(hopper.mbarrier, "allocate_mbarrier"):
+    return None  # Triton 3.6.
+
+  @gluon.jit
+  def tma_copy(in_desc, out_ptr, M: gl.constexpr, N: gl.constexpr):
+    out_desc = hopper.tma.make_tensor_descriptor(
+        out_ptr, shape=[M, N], strides=[N, 1], block_shape=[M, N],
+        layout=in_desc.layout)
+    smem = gl.allocate_shared_memory(in_desc.dtype, [M, N], in_desc.layout)
+    bar = hopper.mbarrier.allocate_mbarrier()
+    hopper.mbarrier.init(bar, count=1)
+    hopper.mbarrier.expect(bar, bytes_per_cta=in_desc.nbytes_per_cta)
+    hopper.tma.async_load(in_desc, [0, 0], bar, smem)
+    hopper.mbarrier.wait(bar, phase=0)
+    hopper.mbarrier.invalidate(bar)
+    hopper.tma.async_store(out_desc, [0, 0], smem)
+    hopper.tma.store_wait(0)
+
+  return tma_copy
 
 
 def _gluon_copy(x, **options):
@@ -76,6 +102,13 @@ class CpuRefusalTest(testing.TestCase):
         r"kernel 'gluon_copy_kernel' is a Gluon kernel.*interpreter cannot"
         r" run Gluon"):
       f(x)
+
+  def test_eager_gluon_call_is_refused_before_binding(self):
+    x = jnp.asarray(self.random((100,)))
+    with mock.patch.object(_binding, "bind_call",
+                           side_effect=AssertionError("bound")), \
+        self.assertRaisesRegex(NotImplementedError, "'gluon_copy_kernel'"):
+      _gluon_copy(x)
 
   def test_gluon_kernel_is_refused_under_vmap_and_shard_map(self):
     x = jnp.asarray(self.random((2, 64)))
@@ -145,6 +178,26 @@ class CudaTest(util.IsolatedCacheMixin, testing.TestCase):
                                 r"'gluon_copy_kernel'.*Gluon kernel"):
       util.lower(jax.vmap(lambda a: _gluon_copy(
           a, compute_capability=90, vmap_method="grid")), x)
+
+  def test_gluon_host_tma_descriptor(self):
+    kernel = _host_tma_copy_kernel()
+    if kernel is None:
+      self.skipTest(f"Triton {triton.__version__} has no"
+                    " mbarrier.allocate_mbarrier for Gluon")
+    if not hasattr(_gpu_lowering.plugin("cuda"),
+                   "create_tma_descriptor_parameter"):
+      self.skipTest("the installed jaxlib takes no host TMA descriptors")
+    x = jnp.asarray(self.random((16, 32)))
+    layout = gl.NVMMASharedLayout(128, element_bitwidth=32, rank=2)
+    (call,) = util.triton_custom_calls(util.lower(
+        lambda a: jt_dist.triton_call(
+            jt_dist.TensorDescriptor.from_array(a, (16, 32), layout=layout),
+            kernel=kernel, out_shape=a, grid=1, M=16, N=32,
+            compute_capability=90), x))
+    params = call["calls"][0]["params"]
+    self.assertEqual(params[0][0], "tma")
+    self.assertEqual(params[1:], [("i32", 16), ("i32", 32), ("i64", 32),
+                                  ("i64", 1), ("array", 0, 16)])
 
   @parameterized.parameters(2, 4)
   def test_cluster_size_reaches_jaxlib(self, num_ctas):

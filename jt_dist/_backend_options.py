@@ -43,7 +43,8 @@ def merge(backend_options: Any, *, num_warps: Any, num_stages: Any,
   """Merges ``backend_options`` into the named options.
 
   ``debug=False`` and ``enable_fp_fusion=True`` are triton_call's defaults,
-  so only ``debug=True`` and ``enable_fp_fusion=False`` count as given.
+  so they do not count as given; anything else (even a wrong type, which
+  ``_options.check`` reports) does.
 
   Raises:
     TypeError: ``backend_options`` is not a mapping with str keys, or one
@@ -51,8 +52,9 @@ def merge(backend_options: Any, *, num_warps: Any, num_stages: Any,
     ValueError: an option is given both as an argument and in
       ``backend_options``.
   """
-  if backend_options is None:
-    backend_options = {}
+  if backend_options is None:  # The eager fast path's usual case.
+    return Merged(num_warps, num_stages, num_ctas, debug, enable_fp_fusion,
+                  ())
   if not isinstance(backend_options, collections.abc.Mapping):
     raise TypeError(
         f"triton_call: backend_options={backend_options!r} of type"
@@ -72,12 +74,14 @@ def merge(backend_options: Any, *, num_warps: Any, num_stages: Any,
           f" {value!r} of type {type(value).__name__}. Pass a tuple instead"
           " of a list, or a tuple of (key, value) pairs instead of a dict."
       ) from None
+  # What each argument is when not given: those equal to it are not "given".
+  defaults = {"num_warps": None, "num_stages": None, "num_ctas": None,
+              "debug": False, "enable_fp_fusion": True}
   given = {"num_warps": num_warps, "num_stages": num_stages,
-           "num_ctas": num_ctas, "debug": debug or None,
-           "enable_fp_fusion": None if enable_fp_fusion is True
-           else enable_fp_fusion}
-  both = sorted(k for k, v in given.items()
-                if v is not None and k in backend_options)
+           "num_ctas": num_ctas, "debug": debug,
+           "enable_fp_fusion": enable_fp_fusion}
+  both = sorted(k for k in NAMED if k in backend_options
+                and given[k] is not defaults[k])
   if both:
     raise ValueError(
         f"triton_call: {', '.join(both)} given both as an argument and in"
@@ -88,8 +92,4 @@ def merge(backend_options: Any, *, num_warps: Any, num_stages: Any,
   named = {k: backend_options.get(k, given[k]) for k in NAMED}
   extra = tuple(sorted((k, v) for k, v in backend_options.items()
                        if k not in NAMED))
-  if named["debug"] is None:
-    named["debug"] = False
-  if named["enable_fp_fusion"] is None:
-    named["enable_fp_fusion"] = True
   return Merged(extra=extra, **named)

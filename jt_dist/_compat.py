@@ -278,10 +278,38 @@ def ast_to_ttir(jit_fn, backend, target, options, signature, constexprs,
   ir.load_dialects(context)
   backend.load_dialects(context)
   with LANGUAGE_LOCK:
-    module = source.make_ir(
-        target, options, backend.get_codegen_implementation(options),
-        backend.get_module_map(), context)
+    try:
+      module = source.make_ir(
+          target, options, backend.get_codegen_implementation(options),
+          backend.get_module_map(), context)
+    except Exception as e:  # pylint: disable=broad-except
+      # Triton's code generator wraps the AttributeError it meets in a
+      # CompilationError that keeps only its text.
+      missing = missing_gluon_api(jit_fn, e)
+      if missing is None:
+        raise
+      raise missing from e
   return module, context
+
+
+def missing_gluon_api(fn: Any, error: Exception):
+  """A clear error for a Gluon kernel using what this Triton lacks, or None.
+
+  Gluon's API grows with each release (Triton 3.6 has no
+  ``mbarrier.allocate_mbarrier``, for one); Triton reports the gap as an
+  AttributeError on a ``triton.experimental.gluon`` module, from hashing
+  the kernel (3.6), or as a CompilationError quoting it (generating IR).
+  """
+  text = str(error)
+  if (not is_gluon(fn) or "has no attribute" not in text
+      or "module 'triton.experimental.gluon" not in text):
+    return None
+  error = text.strip().splitlines()[-1]
+  return NotImplementedError(
+      f"triton_call: Gluon kernel {fn.fn.__name__!r} uses a Gluon API that"
+      f" Triton {triton.__version__} does not have: {error}. Upgrade Triton"
+      " (3.9 has the Gluon API of jax-triton 0.4's tests), or write the"
+      " kernel for this Triton's Gluon.")
 
 
 def is_gluon(fn: Any) -> bool:

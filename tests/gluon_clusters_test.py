@@ -8,6 +8,7 @@ cross-lowering for CUDA where jaxlib's CUDA plugin is installed.
 from __future__ import annotations
 
 import os
+import re
 import tempfile
 import unittest
 from unittest import mock
@@ -36,6 +37,12 @@ def gluon_copy_kernel(in_ptr, out_ptr, size: gl.constexpr,
   start = gl.program_id(0) * block
   for i in range(start, min(start + block, size)):
     gl.store(out_ptr + i, gl.load(in_ptr + i))
+
+
+@gluon.jit
+def gluon_future_api_kernel(in_ptr, out_ptr):
+  value = gl.jt_dist_test_api_from_the_future(gl.load(in_ptr))
+  gl.store(out_ptr, value)
 
 
 @triton.jit
@@ -163,6 +170,17 @@ class CudaTest(util.IsolatedCacheMixin, testing.TestCase):
     self.assertEqual((kernel["num_warps"], kernel["grid"]), (1, (2, 1, 1)))
     self.assertIn(f".target sm_{cc}", kernel["ptx"])
     self.assertEqual(kernel["params"], [("array", 0, 16)] * 2)
+
+  def test_gluon_api_this_triton_lacks_names_the_version(self):
+    x = jnp.asarray(self.random((1,)))
+    with self.assertRaisesRegex(
+        NotImplementedError,
+        rf"Gluon kernel 'gluon_future_api_kernel' uses a Gluon API that"
+        rf" Triton {re.escape(triton.__version__)} does not have.*"
+        r"jt_dist_test_api_from_the_future"):
+      util.lower(lambda a: jt_dist.triton_call(
+          a, kernel=gluon_future_api_kernel, out_shape=a, grid=1,
+          compute_capability=90), x)
 
   def test_gluon_kernel_under_vmap_lowers_one_launch_per_element(self):
     x = jnp.asarray(self.random((3, 64)))

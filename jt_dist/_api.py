@@ -137,9 +137,13 @@ def triton_call(
       an unsupported type or dtype, or ``out_shape`` is malformed.
     jt_dist.KernelBindingError: the arguments, outputs and metaparams do not
       bind every kernel parameter exactly once.
-    ValueError: a bad grid, alias, zeroed output, or an oversized scalar.
-    NotImplementedError: autotuning hooks, differentiation, or
-      ``vmap_method="grid"`` with no room on the grid for the batch.
+    ValueError: a bad grid, alias, zeroed output, or an oversized scalar;
+      an option given both as an argument and in ``backend_options``;
+      ``num_ctas > 1`` where there are no clusters (before sm_90, the CPU);
+      a ``TensorDescriptor`` larger than its array.
+    NotImplementedError: autotuning hooks, differentiation,
+      ``vmap_method="grid"`` with no room on the grid for the batch, a Gluon
+      kernel on the CPU, or a ``TensorDescriptor`` with ``sharding_rule``.
     jt_dist.DevicePlacementError: an input is sharded or replicated over
       several devices, inputs sit on different devices or not on ``device``,
       or the call is partitioned by XLA over several devices outside

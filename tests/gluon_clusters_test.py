@@ -228,6 +228,13 @@ class CudaTest(util.IsolatedCacheMixin, testing.TestCase):
     self.assertEqual((kernel["num_ctas"], kernel["grid"]),
                      (num_ctas, (4, 1, 1)))
 
+  @parameterized.parameters((3, "a power of two"), (16, "at most 8"))
+  def test_cluster_size_must_be_portable(self, num_ctas, message):
+    x = jnp.asarray(self.random((100,)))
+    with self.assertRaisesRegex(ValueError, rf"num_ctas={num_ctas} .*{message}"):
+      util.lower(lambda a: _copy(a, compute_capability=90, num_ctas=num_ctas),
+                 x)
+
   def test_cluster_before_hopper_errors(self):
     x = jnp.asarray(self.random((100,)))
     with self.assertRaisesRegex(ValueError, r"num_ctas=2.*sm_80"):

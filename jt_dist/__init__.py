@@ -41,11 +41,14 @@ from jt_dist._sharding.rule import ShardingRule
 from jt_dist._sharding.shard_size import ShardSize
 from jt_dist._sharding.shard_size import shard_size
 from jt_dist._sharding.sharded_call import sharded_triton_call
+from jt_dist._gpu.lowering import CUSTOM_CALL_TARGET_NAME
+from jt_dist._tensordesc import TensorDescriptor
 
 __version__ = "0.1.0"
 
 __all__ = [
     "AutoAxesError",
+    "CUSTOM_CALL_TARGET_NAME",
     "AutotuneChoice",
     "AutotuneError",
     "DevicePlacementError",
@@ -59,6 +62,7 @@ __all__ = [
     "ShardSize",
     "ShardingRule",
     "ShardingSpecError",
+    "TensorDescriptor",
     "UnwrittenOutputReadError",
     "__version__",
     "autotune_choices",

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import collections.abc
+import functools
 import math
 from typing import Any, Callable, Mapping, Sequence
 
 import jax
 
+from jt_dist import _backend_options
 from jt_dist import _batching
+from jt_dist._cpu import unsupported as _unsupported
 from jt_dist import _binding
 from jt_dist import _dispatch
 from jt_dist import _errors
@@ -19,6 +22,7 @@ from jt_dist import _primitive
 from jt_dist import _refs
 from jt_dist._sharding import rule as _rule
 from jt_dist._sharding import shard_size as _shard_size
+from jt_dist import _tensordesc
 
 
 def triton_call(
@@ -30,9 +34,10 @@ def triton_call(
     custom_call_target_name: str | None = None,
     num_warps: int | None = None,
     num_stages: int | None = None,
-    num_ctas: int = 1,
+    num_ctas: int | None = None,
     compute_capability: int | None = None,
     enable_fp_fusion: bool = True,
+    backend_options: Mapping[str, Any] | None = None,
     input_output_aliases: Mapping[int, int] | None = None,
     zeroed_outputs: Sequence[int] | Callable[[dict], Sequence[int]] = (),
     debug: bool = False,
@@ -61,9 +66,9 @@ def triton_call(
   Args:
     *args: the inputs: ``jax.Array``s (passed as pointers), ``jax.Ref``s
       (``jax.new_ref(x)``; passed as pointers and mutated in place: the
-      kernel's writes land in the Ref, which no ``out_shape`` entry names)
-      and Python ``bool``/``int``/``float`` or ``np.float32`` scalars
-      (passed by value).
+      kernel's writes land in the Ref, which no ``out_shape`` entry names),
+      ``jt_dist.TensorDescriptor``s (host-side TMA descriptors) and Python
+      ``bool``/``int``/``float`` or ``np.float32`` scalars (passed by value).
       ``jt_dist.shard_size(i)`` stands for the size of array ``args[i]``.
     kernel: a ``@triton.jit`` function, optionally wrapped by
       ``@triton.autotune`` and/or ``@triton.heuristics``.
@@ -79,7 +84,9 @@ def triton_call(
       By default the FFI target, where the installed jaxlib has it.
     num_warps: warps per program; 4 by default. Ignored when autotuned.
     num_stages: software-pipelining stages; 3 by default.
-    num_ctas: CTAs per cluster (Hopper and later); 1 by default.
+    num_ctas: CTAs per cluster (Hopper and later); 1 by default. Above 1,
+      a ValueError where the target has no clusters: CUDA before sm_90,
+      and the CPU interpreter.
     compute_capability: the GPU to compile for: a CUDA compute capability,
       e.g. 90, or a ROCm arch, e.g. ``"gfx942"``; by default that of the
       devices the call is lowered for (cross-lowering on a host without
@@ -87,6 +94,11 @@ def triton_call(
       ``jax.export`` it must be given, here or through
       ``jt_dist.export_options``.
     enable_fp_fusion: whether Triton may fuse multiplies and adds into FMAs.
+    backend_options: more Triton compiler options for GPUs, by name (e.g.
+      ``{"maxnreg": 128}``); values must be hashable. ``num_warps``,
+      ``num_stages``, ``num_ctas``, ``debug`` and ``enable_fp_fusion`` may be
+      given here instead of as arguments, but not both ways. The CPU
+      interpreter ignores the rest.
     input_output_aliases: maps an input (its index among the array
       arguments, scalars not counted) to the output that reuses its buffer.
     zeroed_outputs: output indices to zero before each launch, or a callable
@@ -139,9 +151,13 @@ def triton_call(
       an unsupported type or dtype, or ``out_shape`` is malformed.
     jt_dist.KernelBindingError: the arguments, outputs and metaparams do not
       bind every kernel parameter exactly once.
-    ValueError: a bad grid, alias, zeroed output, or an oversized scalar.
-    NotImplementedError: autotuning hooks, differentiation, or
-      ``vmap_method="grid"`` with no room on the grid for the batch.
+    ValueError: a bad grid, alias, zeroed output, or an oversized scalar;
+      an option given both as an argument and in ``backend_options``;
+      ``num_ctas > 1`` where there are no clusters (before sm_90, the CPU);
+      a ``TensorDescriptor`` larger than its array.
+    NotImplementedError: autotuning hooks, differentiation,
+      ``vmap_method="grid"`` with no room on the grid for the batch, a Gluon
+      kernel on the CPU, or a ``TensorDescriptor`` with ``sharding_rule``.
     jt_dist.DevicePlacementError: an input is sharded or replicated over
       several devices, inputs sit on different devices or not on ``device``,
       or the call is partitioned by XLA over several devices outside
@@ -152,6 +168,20 @@ def triton_call(
       ``jax.jit``.
   """
   out_shape = resolve_out_shape(out_shape, out_type)
+  args, descriptors = _tensordesc.split(args)
+  if descriptors and sharding_rule is not None:
+    raise NotImplementedError(
+        f"triton_call: args[{descriptors[0][0]}] is a TensorDescriptor, and"
+        " a call with sharding_rule= cannot split one: its shape and strides"
+        " are those of the global array. Build it per shard instead, inside"
+        " jax.shard_map: TensorDescriptor.from_array(local_x, block_shape).")
+  merged = _backend_options.merge(
+      backend_options, num_warps=num_warps, num_stages=num_stages,
+      num_ctas=num_ctas, debug=debug, enable_fp_fusion=enable_fp_fusion)
+  num_warps, num_stages, debug = (
+      merged.num_warps, merged.num_stages, merged.debug)
+  num_ctas = 1 if merged.num_ctas is None else merged.num_ctas
+  enable_fp_fusion = merged.enable_fp_fusion
   options = dict(
       name=name, custom_call_target_name=custom_call_target_name,
       num_warps=num_warps, num_stages=num_stages, num_ctas=num_ctas,
@@ -160,17 +190,21 @@ def triton_call(
       input_output_aliases=input_output_aliases,
       zeroed_outputs=zeroed_outputs, debug=debug,
       serialized_metadata=serialized_metadata, vmap_method=vmap_method,
-      has_side_effect=has_side_effect, cost_estimate=cost_estimate)
+      has_side_effect=has_side_effect, cost_estimate=cost_estimate,
+      backend_options=dict(merged.extra))
   if _refs.has_refs(args):
     # Never the eager fast path: its entries take arrays, not Refs.
     return _refs.call(args, kernel, out_shape, grid, options, device,
-                      sharding_rule, metaparams, _single_device)
+                      sharding_rule, metaparams,
+                      functools.partial(_single_device,
+                                        descriptors=descriptors))
   key = _dispatch.signature(
       args, kernel, out_shape, grid,
       (name, custom_call_target_name, num_warps, num_stages, num_ctas,
        compute_capability, enable_fp_fusion, _frozen(input_output_aliases),
        _frozen(zeroed_outputs), debug, serialized_metadata, vmap_method,
-       device, sharding_rule, has_side_effect, _frozen(cost_estimate)),
+       device, sharding_rule, has_side_effect, _frozen(cost_estimate),
+       merged.extra, descriptors),
       metaparams, sharding_rule is not None)
   entry, key = _dispatch.lookup(key, grid)
   if entry is not None:
@@ -184,7 +218,8 @@ def triton_call(
     if outs is not _NOT_PARTITIONED:
       return outs
   return _single_device(args, kernel, out_shape, grid, options, device,
-                        sharding_rule, metaparams, key)
+                        sharding_rule, metaparams, key,
+                        descriptors=descriptors)
 
 
 def _frozen(option: Any) -> Any:
@@ -199,13 +234,16 @@ def _frozen(option: Any) -> Any:
 
 
 def _single_device(args, kernel, out_shape, grid, options, device, rule,
-                   metaparams, key, ref_inputs=()):
+                   metaparams, key, ref_inputs=(), descriptors=()):
   """Binds, places and launches a call on one device; records its entry.
 
   With ``ref_inputs`` (array indices of Refs' values), returns
   ``(outputs, new values of those arrays)`` instead, and records nothing.
+  ``descriptors`` are the call's host-side TMA descriptors, whose arrays
+  stand in ``args`` in their place.
   """
   given_args = args
+  _unsupported.check_eager(kernel, args)
   args, metaparams = _shard_size.resolve(args, metaparams)
   if options["vmap_method"] not in _batching.VMAP_METHODS:
     raise ValueError(
@@ -215,7 +253,8 @@ def _single_device(args, kernel, out_shape, grid, options, device, rule,
         " launch, or an error) or 'sequential' (one launch per element)."
     )
   call_options = _binding.CallOptions(**options, sharding_rule=rule,
-                                      ref_inputs=tuple(ref_inputs))
+                                      ref_inputs=tuple(ref_inputs),
+                                      tensor_descriptors=descriptors)
   # A Ref argument is written even when every output is empty.
   empty = not ref_inputs and _all_outputs_empty(out_shape)
   seen = (_dispatch.GridRecorder(grid) if key is not None and callable(grid)

@@ -102,6 +102,15 @@ def _sequential(bind, args, batched, spec):
 def _on_grid(bind, args, batched, spec, size):
   """One launch of the wrapper kernel over the batched grid."""
   base = spec.batch.base if spec.batch else spec
+  if _compat.is_gluon(base.info.fn):
+    # The wrapper is a @triton.jit kernel, which cannot inline Gluon code.
+    raise _NoRoom("it is a Gluon kernel, which the generated @triton.jit"
+                  " wrapper that reads the batch index cannot call.")
+  if any(op.kind == "array" and op.type.startswith("tensordesc")
+         for op in base.operands):
+    # The wrapper moves pointers by the batch index; a descriptor is not one.
+    raise _NoRoom("it takes a TensorDescriptor, which the wrapper cannot"
+                  " move to a batch element.")
   args, batched = list(args), list(batched)
   for i, _ in spec.input_output_aliases:
     # An aliased input becomes its output's buffer, which is batched.

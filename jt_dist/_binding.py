@@ -75,6 +75,8 @@ class CallSpec:
   # How many trailing outputs are the new values of ``jax.Ref`` arguments:
   # each aliases its input and binds no kernel parameter of its own.
   ref_outputs: int = 0
+  # Triton compiler options besides the named ones: sorted (name, value).
+  backend_options: tuple[tuple[str, Any], ...] = ()
 
   @property
   def info(self) -> _kernel.KernelInfo:
@@ -111,6 +113,11 @@ class CallOptions:
   # The array indices of the call's ``jax.Ref`` arguments (their values are
   # passed in their place); each gets an output aliased to it.
   ref_inputs: tuple[int, ...] = ()
+  # Further Triton compiler options (``_backend_options.merge``'s extra).
+  backend_options: Mapping[str, Any] | None = None
+  # (position in args, _tensordesc.Info) of each host-side TMA descriptor,
+  # whose array stands in args in its place.
+  tensor_descriptors: tuple = ()
 
 
 def _is_shape_dtype(x: Any) -> bool:
@@ -218,6 +225,26 @@ def _classify_args(args: Sequence[Any]):
           " for pointer parameters and Python scalars for value parameters."
       )
   return kinds, n_arrays
+
+
+def _typed_descriptors(operands, kinds, descriptors):
+  """Array operands standing for TMA descriptors, typed as descriptors.
+
+  A descriptor's operand keeps kind "array" (its array is the buffer
+  passed), with Triton's ``tensordesc<...>`` type and its ``Info`` as value.
+  """
+  if not descriptors:
+    return operands
+  by_index = {kinds[i][1]: desc for i, desc in descriptors}
+  return [dataclasses.replace(op, type=by_index[op.index].triton_type,
+                              value=by_index[op.index])
+          if op.kind == "array" and op.index in by_index else op
+          for op in operands]
+
+
+def is_descriptor(op: Operand) -> bool:
+  """Whether ``op`` is a host-side TMA descriptor's array operand."""
+  return op.kind == "array" and op.type.startswith("tensordesc")
 
 
 def _dtype_hint(dtype: np.dtype) -> str:
@@ -520,6 +547,7 @@ def bind_call(args, kernel, out_shape, grid, options: CallOptions, metaparams):
       out_shape, allow_empty=bool(options.ref_inputs))
   kinds, _ = _classify_args(args)
   operands, constexprs = _bind_positional(info, args, kinds, len(out_shapes))
+  operands = _typed_descriptors(operands, kinds, options.tensor_descriptors)
   operands += _bind_outputs(info, len(args), out_shapes)
   positional_names = [op.name for op in operands] + list(constexprs)
   _check_metaparams(info, metaparams, positional_names)
@@ -571,6 +599,7 @@ def bind_call(args, kernel, out_shape, grid, options: CallOptions, metaparams):
       has_side_effect=options.has_side_effect,
       cost_estimate=_options.cost_items(options.cost_estimate),
       ref_outputs=len(refs),
+      backend_options=tuple(sorted((options.backend_options or {}).items())),
   )
   return arrays, spec, out_tree
 

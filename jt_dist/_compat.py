@@ -267,18 +267,64 @@ def ast_to_ttir(jit_fn, backend, target, options, signature, constexprs,
   from triton._C.libtriton import ir  # pylint: disable=g-import-not-at-top
   from triton.compiler import compiler as triton_compiler  # pylint: disable=g-import-not-at-top
 
-  source = triton_compiler.ASTSource(jit_fn, signature, constexprs, attrs)
+  source_class = triton_compiler.ASTSource
+  if is_gluon(jit_fn):
+    # Gluon kernels carry their layouts from the source: their own AST
+    # source sets the module's target attributes and skips TTIR.
+    from triton.experimental.gluon import _runtime as gluon_runtime  # pylint: disable=g-import-not-at-top
+    source_class = gluon_runtime.GluonASTSource
+  source = source_class(jit_fn, signature, constexprs, attrs)
   context = ir.context()
   ir.load_dialects(context)
   backend.load_dialects(context)
   with LANGUAGE_LOCK:
-    module = source.make_ir(
-        target, options, backend.get_codegen_implementation(options),
-        backend.get_module_map(), context)
+    try:
+      module = source.make_ir(
+          target, options, backend.get_codegen_implementation(options),
+          backend.get_module_map(), context)
+    except Exception as e:  # pylint: disable=broad-except
+      # Triton's code generator wraps the AttributeError it meets in a
+      # CompilationError that keeps only its text.
+      missing = missing_gluon_api(jit_fn, e)
+      if missing is None:
+        raise
+      raise missing from e
   return module, context
 
 
-def compiler_stages(backend, options) -> dict[str, Any]:
+def missing_gluon_api(fn: Any, error: Exception):
+  """A clear error for a Gluon kernel using what this Triton lacks, or None.
+
+  Gluon's API grows with each release (Triton 3.6 has no
+  ``mbarrier.allocate_mbarrier``, for one); Triton reports the gap as an
+  AttributeError on a ``triton.experimental.gluon`` module, from hashing
+  the kernel (3.6), or as a CompilationError quoting it (generating IR).
+  """
+  text = str(error)
+  if (not is_gluon(fn) or "has no attribute" not in text
+      or "module 'triton.experimental.gluon" not in text):
+    return None
+  error = text.strip().splitlines()[-1]
+  return NotImplementedError(
+      f"triton_call: Gluon kernel {fn.fn.__name__!r} uses a Gluon API that"
+      f" Triton {triton.__version__} does not have: {error}. Upgrade Triton"
+      " (3.9 has the Gluon API of jax-triton 0.4's tests), or write the"
+      " kernel for this Triton's Gluon.")
+
+
+def is_gluon(fn: Any) -> bool:
+  """Whether ``fn`` is a Gluon kernel (``triton.experimental.gluon.jit``).
+
+  Triton 3.6 to 3.9 mark them by ``JITFunction.is_gluon()``.
+  """
+  marker = getattr(fn, "is_gluon", None)
+  try:
+    return bool(marker()) if callable(marker) else False
+  except Exception:  # pylint: disable=broad-except
+    return False
+
+
+def compiler_stages(backend, options, gluon: bool = False) -> dict[str, Any]:
   """Triton's ordered compiler stages after source: ttir, ttgir, llir, ...
 
   Each stage maps ``(module, metadata) -> next module`` and fills
@@ -290,7 +336,8 @@ def compiler_stages(backend, options) -> dict[str, Any]:
   stages: dict[str, Any] = {}
   language = getattr(backend_compiler, "Language", None)
   if language is not None:
-    backend.add_stages(stages, options, language.TRITON)
+    backend.add_stages(stages, options,
+                       language.GLUON if gluon else language.TRITON)
   else:  # Releases before the Gluon frontend took no language argument.
     backend.add_stages(stages, options)
   return stages
@@ -514,6 +561,96 @@ def interpreter_program_id() -> tuple[int, int, int] | None:
   builder = getattr(_interpreter, "interpreter_builder", None)
   grid_idx = getattr(builder, "grid_idx", None)
   return None if grid_idx is None else tuple(int(i) for i in grid_idx)
+
+
+# --- Host-side TMA descriptors ---------------------------------------------
+
+
+def descriptors_round_to_tf32() -> bool:
+  """Whether Triton's host descriptors take ``round_f32_to_tf32`` (3.9)."""
+  from triton.tools import tensor_descriptor  # pylint: disable=g-import-not-at-top
+  fields = getattr(tensor_descriptor.TensorDescriptor,
+                   "__dataclass_fields__", {})
+  return "round_f32_to_tf32" in fields
+
+
+def check_tf32_descriptor(info, kernel: str) -> None:
+  """Refuses ``round_f32_to_tf32`` where the installed Triton lacks it.
+
+  Raises:
+    NotImplementedError: Triton before 3.9 (3.6 has no such option).
+  """
+  if info.round_f32_to_tf32 and not descriptors_round_to_tf32():
+    raise NotImplementedError(
+        f"triton_call: kernel {kernel!r} takes a TensorDescriptor with"
+        " round_f32_to_tf32=True, which Triton"
+        f" {triton.__version__} does not support (Triton 3.9 does). Round"
+        " the array first, e.g. with jax.lax.reduce_precision(x, 8, 10), or"
+        " upgrade Triton.")
+
+
+def interpreter_descriptor(base, info):
+  """Triton's host descriptor over ``base`` (a ``data_ptr`` object).
+
+  Triton's constructor validates a torch-like tensor (``dtype.itemsize``);
+  ``base`` is jt_dist's host pointer, and ``_tensordesc`` has already
+  checked the same rules, so the fields are set directly.
+  """
+  from triton.tools import tensor_descriptor  # pylint: disable=g-import-not-at-top
+  cls = tensor_descriptor.TensorDescriptor
+  desc = cls.__new__(cls)
+  fields = {"base": base, "shape": list(info.shape),
+            "strides": list(info.strides),
+            "block_shape": list(info.block_shape), "padding": info.padding,
+            "round_f32_to_tf32": info.round_f32_to_tf32}
+  for name in getattr(cls, "__dataclass_fields__", fields):
+    setattr(desc, name, fields[name])
+  return desc
+
+
+def descriptor_fallback_flags(info) -> list[tuple[Any, str]]:
+  """The flags after a lowered descriptor's shape and strides.
+
+  Where Triton lowers a host descriptor to pointer arithmetic (no TMA:
+  before Hopper), the kernel takes the base pointer, shape and strides
+  (i64), then ``padding == "nan"`` (i1), then on Triton 3.9
+  ``round_f32_to_tf32`` (i1), then the shape (i32) and strides (i64) again.
+  """
+  flags = [(info.padding == "nan", "i1")]
+  if descriptors_round_to_tf32():
+    flags.append((bool(info.round_f32_to_tf32), "i1"))
+  return flags
+
+
+def tma_parameter(lib, meta, info, platform: str):
+  """jaxlib's TMA descriptor parameter for ``info``, per Triton's ``meta``.
+
+  Raises:
+    NotImplementedError: the installed jaxlib's Triton call takes no host
+      TMA descriptors (jax-triton 0.4 needs a jaxlib newer than 0.11.0), or
+      the descriptor is an im2col or fp4-padded one.
+  """
+  make = getattr(lib, "create_tma_descriptor_parameter", None)
+  if make is None or platform != "cuda":
+    raise NotImplementedError(
+        "triton_call: a TensorDescriptor compiled to a TMA descriptor needs"
+        " jaxlib's Triton call to build it at launch"
+        " (create_tma_descriptor_parameter), which the installed jaxlib"
+        f" ({jaxlib_version()}, {platform}) lacks; jaxlib 0.11.2 has it."
+        " Upgrade jax and its CUDA plugin, or pass the array itself and"
+        " build the descriptor inside the kernel (tl.make_tensor_descriptor).")
+  if meta.get("is_im2col") or meta.get("fp4_padded"):
+    raise NotImplementedError(
+        "triton_call: im2col and fp4-padded TMA descriptors are not"
+        " supported; pass a tiled descriptor.")
+  from triton.backends.nvidia import driver  # pylint: disable=g-import-not-at-top
+  elem_type = meta["elem_type"]
+  if info.round_f32_to_tf32:
+    elem_type = driver.TMA_TF32
+  return make(elem_type=driver.TMA_DTYPE_DEVICE_TO_HOST[elem_type],
+              swizzle=meta["swizzle"], shape=list(info.shape),
+              strides=list(info.strides), block_shape=list(meta["block_size"]),
+              oob_fill=1 if info.padding == "nan" else 0)
 
 
 def interpreter_block_pointer(base, shape, strides, offsets, block_shape,

@@ -87,9 +87,25 @@ def _describe(obj: Any) -> str:
   return f"{obj!r} of type {type(obj).__module__}.{type(obj).__qualname__}"
 
 
-@functools.lru_cache(maxsize=512)
 def kernel_info(kernel: Any) -> KernelInfo:
-  """Unwraps ``kernel``; raises TypeError if it is not a Triton kernel."""
+  """Unwraps ``kernel``; raises TypeError if it is not a Triton kernel.
+
+  Raises:
+    TypeError: ``kernel`` is not a Triton kernel.
+    NotImplementedError: a Gluon kernel uses what this Triton's Gluon lacks
+      (Triton finds out when hashing it, for the cache).
+  """
+  try:
+    return _kernel_info(kernel)
+  except AttributeError as e:
+    missing = _compat.missing_gluon_api(kernel, e)
+    if missing is None:
+      raise
+    raise missing from e
+
+
+@functools.lru_cache(maxsize=512)
+def _kernel_info(kernel: Any) -> KernelInfo:
   layers = []
   obj = kernel
   while isinstance(obj, (_compat.Autotuner, _compat.Heuristics)):
@@ -105,6 +121,10 @@ def kernel_info(kernel: Any) -> KernelInfo:
     )
   params = tuple(_params_of(obj))
   return KernelInfo(kernel=kernel, layers=tuple(layers), fn=obj, params=params)
+
+
+kernel_info.cache_clear = _kernel_info.cache_clear
+kernel_info.cache_info = _kernel_info.cache_info
 
 
 def _params_of(fn: Any) -> list[Param]:

@@ -15,6 +15,8 @@ from typing import Any
 # A ROCm GPU arch as Triton's HIP backend takes it: "gfx" and the hex
 # digits of its version, without feature flags (":sramecc+").
 GFX_ARCH = re.compile(r"gfx[0-9a-f]{3,4}")
+# The most CTAs a cluster may have without CUDA's non-portable opt-in.
+MAX_CLUSTER = 8
 
 
 def _is_int(value: Any) -> bool:
@@ -72,7 +74,15 @@ def check(options: Any) -> None:
     _check_int("num_stages", options.num_stages, 0,
                "Pass the number of pipeline stages, e.g. 2 or 3 (the default).")
   _check_int("num_ctas", options.num_ctas, 1,
-             "Pass 1 (the default), or a cluster size on Hopper or later.")
+             "Pass 1 (the default), or a cluster size on Hopper or later.",
+             power_of_two=True)
+  if options.num_ctas > MAX_CLUSTER:
+    # Larger clusters need an opt-in attribute that jaxlib's launch does
+    # not set; Triton would compile them and the launch would fail.
+    raise ValueError(
+        f"triton_call: num_ctas={options.num_ctas} must be at most"
+        f" {MAX_CLUSTER}, the largest portable cluster on CUDA GPUs. Pass 1,"
+        " 2, 4 or 8.")
   check_compute_capability(options.compute_capability)
   _check_type("name", options.name, (str,), "a str")
   _check_type("serialized_metadata", options.serialized_metadata,

@@ -78,8 +78,13 @@ def decode_kernel_call(data: bytes) -> dict:
     elif 3 in param:
       value = param[3][0]
       params.append(("i32", value - (1 << 64) if value >= 1 << 63 else value))
+    elif 5 in param:
+      value = param[5][0]
+      params.append(("i64", value - (1 << 64) if value >= 1 << 63 else value))
     elif 7 in param:
       params.append(("f32", struct.unpack("<f", param[7][0])[0]))
+    elif 9 in param:  # A host TMA descriptor (jaxlib 0.11.2 and later).
+      params.append(("tma", decode(param[9][0])))
     else:
       params.append(("other", sorted(param)))
   return {

@@ -241,7 +241,7 @@ def _param_type(param):
   if kind == "other":
     (field,) = param[1]
     return _PROTO_SCALAR_FIELDS[field]
-  return {"i32": "i32", "f32": "fp32", "bool": "i1"}[kind]
+  return {"i32": "i32", "i64": "i64", "f32": "fp32", "bool": "i1"}[kind]
 
 
 @unittest.skipUnless(util.HAS_TRITON_CALL, util.SKIP_REASON)

@@ -26,9 +26,11 @@ from jax.experimental import io_callback
 import numpy as np
 
 from jt_dist import _compat
+from jt_dist import _types
 from jt_dist._cpu import bounds as _bounds
 from jt_dist._cpu import runtime as _interpreter_runtime
 from jt_dist._cpu import scalars as _scalars
+from jt_dist._cpu import unsupported as _unsupported
 
 logger = logging.getLogger("jt_dist")
 
@@ -122,6 +124,13 @@ def _kernel_args(spec, buffers, checker):
     if op.kind in ("array", "output"):
       k, buffer = next(pointers)
       address = None if checker is None else checker.tagged_address(k)
+      if op.type.startswith("tensordesc"):
+        # A host TMA descriptor: Triton's own, over the (tagged) buffer, so
+        # the interpreter's descriptor accesses are checked like any other.
+        pointer = _HostPointer(buffer.array,
+                               _types.pointer_type(op.value.dtype), address)
+        args.append(_compat.interpreter_descriptor(pointer, op.value))
+        continue
       args.append(_HostPointer(buffer.array, op.type, address))
     else:
       args.append(_interpreter_runtime.interpreter_scalar(op.value, op.type))
@@ -320,8 +329,9 @@ def cpu_lowering(ctx, *args, spec):
   """The primitive's CPU lowering: a host callback into the interpreter.
 
   Raises:
-    NotImplementedError: the lowering is ``jax.export``'s; a host callback
-      into this process cannot be serialised.
+    NotImplementedError: the lowering is ``jax.export``'s (a host callback
+      into this process cannot be serialised), or the kernel is Gluon.
+    ValueError: the call asks for clusters (``num_ctas > 1``).
   """
   if _compat.lowering_for_export(ctx):
     platforms = ", ".join(getattr(ctx.module_context, "platforms", ()) or ())
@@ -335,6 +345,7 @@ def cpu_lowering(ctx, *args, spec):
         " compute_capability= (e.g. 90) on the call or in"
         " jt_dist.export_options; a kernel made under TRITON_INTERPRET=1"
         " is interpreted on GPUs too and cannot be exported either.")
+  _unsupported.check(spec)
   platforms = tuple(getattr(ctx.module_context, "platforms", ()) or ())
   platform = platforms[0] if len(platforms) == 1 else None
   rule = mlir.lower_fun(

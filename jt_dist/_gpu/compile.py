@@ -70,6 +70,9 @@ class CompiledKernel:
   profile_scratch_size: int
   # The CUBIN assembled from ``binary`` where jaxlib can load one, else b"".
   object_file: bytes = b""
+  # Triton's metadata of each host TMA descriptor parameter, in order;
+  # empty where Triton lowered them to pointer arithmetic (or has none).
+  tensordesc_meta: tuple = ()
 
   def metadata(self) -> dict[str, Any]:
     """Everything but the binaries, as JSON-able values."""
@@ -97,6 +100,8 @@ class CompiledKernel:
       raise TypeError(f"object_file_size {object_size!r} does not fit the"
                       f" {len(blob)}-byte binary")
     split = len(blob) - object_size
+    metadata["tensordesc_meta"] = tuple(
+        dict(m) for m in metadata.get("tensordesc_meta") or ())
     return cls(binary=blob[:split], object_file=blob[split:], **metadata)
 
 
@@ -147,7 +152,10 @@ def specialize(spec, launch, backend) -> Specialization:
 def compile_options(spec, launch) -> dict[str, Any]:
   """Triton's backend options for ``launch``."""
   config = launch.config
+  # The user's backend_options first: a config's own maxnreg is more
+  # specific, and the named options were merged out of them.
   options = {
+      **dict(spec.backend_options),
       "num_warps": config.num_warps,
       "num_stages": config.num_stages,
       "num_ctas": config.num_ctas,
@@ -157,6 +165,25 @@ def compile_options(spec, launch) -> dict[str, Any]:
   if config.maxnreg is not None:
     options["maxnreg"] = config.maxnreg
   return options
+
+
+def check_backend_options(spec, options, target: _target.Target) -> None:
+  """Refuses ``backend_options`` the target's Triton backend does not know.
+
+  Triton's ``parse_options`` drops unknown names silently, so a misspelt
+  option would compile as if it had not been given.
+
+  Raises:
+    ValueError: an option is not a field of the backend's options.
+  """
+  known = {f.name for f in dataclasses.fields(options)}
+  unknown = sorted(k for k, _ in spec.backend_options if k not in known)
+  if unknown:
+    raise ValueError(
+        f"triton_call: backend_options {unknown} are not options of Triton's"
+        f" {target.platform} backend ({type(options).__name__}, Triton"
+        f" {_compat.triton.__version__}). Known options:"
+        f" {', '.join(sorted(known))}.")
 
 
 def _value_key(value: Any) -> str:
@@ -172,6 +199,7 @@ def cache_key(jit_fn, spec_: Specialization, options, backend,
   """The content hash that identifies a compiled kernel."""
   return _cache.content_key({
       "kernel": jit_fn.cache_key,  # Source and every @triton.jit callee.
+      "gluon": _compat.is_gluon(jit_fn),
       "signature": list(spec_.signature.items()),
       "constexprs": sorted((k, _value_key(v))
                            for k, v in spec_.constexprs.items()),
@@ -200,7 +228,9 @@ def _run_stages(jit_fn, spec_, target, backend, options, object_file):
   irs = {"source": str(module)}
   metadata = _compat.initial_metadata(target.triton_target, options)
   final = _OBJECT_STAGE if object_file else _FINAL_STAGE[target.platform]
-  for stage, run in _compat.compiler_stages(backend, options).items():
+  stages = _compat.compiler_stages(backend, options,
+                                   _compat.is_gluon(jit_fn))
+  for stage, run in stages.items():
     module = run(module, metadata)
     irs[stage] = module if isinstance(module, bytes) else str(module)
     if stage == final:
@@ -236,6 +266,8 @@ def run_triton(spec, launch, target: _target.Target,
       global_scratch_size=int(metadata.get("global_scratch_size") or 0),
       global_scratch_align=int(metadata.get("global_scratch_align") or 1),
       profile_scratch_size=int(metadata.get("profile_scratch_size") or 0),
+      tensordesc_meta=tuple(
+          dict(m) for m in metadata.get("tensordesc_meta") or ()),
   )
   if int(metadata.get("tmem_size") or 0) > _TMEM_LIMIT:
     raise ValueError(
@@ -291,6 +323,7 @@ def compiled_kernel(spec, launch, target: _target.Target,
     object_file = wants_object_file(target)
   backend = _compat.make_backend(target.triton_target)
   options = backend.parse_options(compile_options(spec, launch))
+  check_backend_options(spec, options, target)
   spec_ = specialize(spec, launch, backend)
   jit_fn = _compat.jit_function_of(spec.info.fn)
   key = cache_key(jit_fn, spec_, options, backend, target, object_file)

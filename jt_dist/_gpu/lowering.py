@@ -41,6 +41,9 @@ logger = logging.getLogger("jt_dist")
 
 FFI_TARGET = "triton_kernel_call_ffi"
 LEGACY_TARGET = "triton_kernel_call"
+# jax-triton 0.4's public name for the custom-call target it emits: jaxlib's
+# FFI Triton call, which jt_dist also emits by default where jaxlib has it.
+CUSTOM_CALL_TARGET_NAME = FFI_TARGET
 _PLUGIN_ATTRIBUTE = {"cuda": "_cuda_triton", "rocm": "_hip_triton"}
 _hsaco_dir: tempfile.TemporaryDirectory | None = None
 
@@ -162,13 +165,40 @@ def _nbytes(shape, dtype) -> int:
   return int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
 
 
-def _parameters(lib, spec, launch, specialization):
+def _descriptor_parameters(lib, op, meta, platform):
+  """jaxlib's parameters for one host TMA descriptor, as Triton expands it.
+
+  With Triton's TMA metadata: the descriptor (jaxlib builds it over the
+  operand's buffer at launch), then the shape (i32) and strides (i64).
+  Lowered to pointer arithmetic instead: the buffer, its shape and strides
+  (i64), flags, then the shape and strides again.
+  """
+  info = op.value
+  shape_i32 = [lib.create_scalar_parameter(int(d), "i32") for d in info.shape]
+  strides = [lib.create_scalar_parameter(int(s), "i64") for s in info.strides]
+  if meta is not None:
+    return [_compat.tma_parameter(lib, meta, info, platform),
+            *shape_i32, *strides]
+  return [lib.create_array_parameter(0, 16),
+          *[lib.create_scalar_parameter(int(d), "i64") for d in info.shape],
+          *strides,
+          *[lib.create_scalar_parameter(v, t)
+            for v, t in _compat.descriptor_fallback_flags(info)],
+          *shape_i32, *strides]
+
+
+def _parameters(lib, spec, launch, specialization, compiled, platform):
   """jaxlib's kernel parameters, in the order the compiled kernel takes them."""
   zeroed = set(launch.zeroed_outputs)
   params = []
+  metas = iter(compiled.tensordesc_meta)
   for op in specialization.launch_operands:
     if op.kind == "scalar":
       params.append(lib.create_scalar_parameter(op.value, op.type))
+      continue
+    if op.type.startswith("tensordesc"):
+      meta = next(metas, None) if compiled.tensordesc_meta else None
+      params.extend(_descriptor_parameters(lib, op, meta, platform))
       continue
     to_zero = 0
     if op.kind == "output" and op.index in zeroed:
@@ -180,6 +210,7 @@ def _parameters(lib, spec, launch, specialization):
 
 def _kernel_call(lib, spec, launch, target, object_file):
   """jaxlib's ``TritonKernelCall`` of one launch, and the compiled kernel."""
+  _check_descriptors(spec, target.platform)
   compiled, specialization = _compile.compiled_kernel(
       spec, launch, target, object_file)
   if compiled.profile_scratch_size:
@@ -193,8 +224,29 @@ def _kernel_call(lib, spec, launch, target, object_file):
       compiled.shared_mem, _binary_argument(compiled, target.platform),
       ttir, target.arch_number, compiled.global_scratch_size,
       compiled.global_scratch_align)
-  params = _parameters(lib, spec, launch, specialization)
+  params = _parameters(lib, spec, launch, specialization, compiled,
+                       target.platform)
   return lib.TritonKernelCall(kernel, *launch.grid, params), compiled
+
+
+def _check_descriptors(spec, platform: str) -> None:
+  """Refuses host TMA descriptors where jt_dist cannot pass them.
+
+  Raises:
+    NotImplementedError: a descriptor on ROCm, or one rounding to TF32 on
+      a Triton without that option.
+  """
+  for op in spec.operands:
+    if op.kind != "array" or not op.type.startswith("tensordesc"):
+      continue
+    if platform != "cuda":
+      raise NotImplementedError(
+          f"triton_call: parameter {op.name!r} of kernel"
+          f" {spec.info.name!r} takes a TensorDescriptor, which jt_dist"
+          f" passes on CUDA GPUs and the CPU, not on {platform}. Pass the"
+          " array and build the descriptor in the kernel"
+          " (tl.make_tensor_descriptor).")
+    _compat.check_tf32_descriptor(op.value, spec.info.name)
 
 
 def _fitting_calls(lib, spec, target, object_file=None):

@@ -12,6 +12,7 @@ from jt_dist import _binding
 from jt_dist import _dispatch
 from jt_dist import _errors
 from jt_dist import _refs
+from jt_dist import _tensordesc
 from jt_dist._sharding import partition as _partition
 from jt_dist._sharding import rule as _rule
 from jt_dist._sharding import shard_size as _shard_size
@@ -142,6 +143,22 @@ def _hashable(x: Any) -> Any:
   return x
 
 
+def _refuse_descriptors(args) -> None:
+  """TensorDescriptors describe global arrays; shards need their own.
+
+  Raises:
+    NotImplementedError: an argument is a ``jt_dist.TensorDescriptor``.
+  """
+  for i, arg in enumerate(args):
+    if isinstance(arg, _tensordesc.TensorDescriptor):
+      raise NotImplementedError(
+          f"sharded_triton_call: args[{i}] is a TensorDescriptor, whose"
+          " shape and strides are those of the global array, not of a"
+          " shard. Pass the array, and build the descriptor per shard"
+          " inside jax.shard_map: jax.shard_map(lambda x: triton_call("
+          "TensorDescriptor.from_array(x, block_shape), ...), ...).")
+
+
 def sharded_triton_call(
     *args: Any,
     kernel: Any,
@@ -207,6 +224,7 @@ def sharded_triton_call(
     TypeError, jt_dist.KernelBindingError: as for ``triton_call``.
   """
   out_shape = _api.resolve_out_shape(out_shape, out_type)
+  _refuse_descriptors(args)
   if _refs.has_refs(args):
     return _with_refs(args, kernel, out_shape, grid, mesh, in_specs,
                       out_specs, out_reduce, sharding_rule, kwargs)

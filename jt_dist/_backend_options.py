@@ -1,0 +1,95 @@
+"""``backend_options``: Triton compiler options beyond the named ones.
+
+As in jax-triton 0.4, ``num_warps``, ``num_stages``, ``num_ctas`` and
+``debug`` (and jt_dist's ``enable_fp_fusion``) may be given either as
+``triton_call`` arguments or inside ``backend_options``, never both. The
+rest (``maxnreg``, ``extern_libs``, ...) go to the Triton backend's ``parse_options`` on
+GPUs; the CPU interpreter compiles nothing and ignores them. The merged
+options are kept as a sorted tuple of pairs, so that they can be part of
+the eager fast path's key and of the static ``CallSpec``.
+"""
+
+from __future__ import annotations
+
+import collections.abc
+import dataclasses
+from typing import Any
+
+# The options triton_call also takes as arguments.
+NAMED = ("num_warps", "num_stages", "num_ctas", "debug", "enable_fp_fusion")
+
+
+@dataclasses.dataclass(frozen=True)
+class Merged:
+  """``backend_options`` merged with the named options.
+
+  Attributes:
+    num_warps, num_stages, num_ctas: the named options, from either source
+      (None where neither gave one).
+    debug, enable_fp_fusion: from either source, else their defaults.
+    extra: every other backend option, as sorted ``(name, value)`` pairs.
+  """
+
+  num_warps: Any
+  num_stages: Any
+  num_ctas: Any
+  debug: Any
+  enable_fp_fusion: Any
+  extra: tuple[tuple[str, Any], ...]
+
+
+def merge(backend_options: Any, *, num_warps: Any, num_stages: Any,
+          num_ctas: Any, debug: Any, enable_fp_fusion: Any) -> Merged:
+  """Merges ``backend_options`` into the named options.
+
+  ``debug=False`` and ``enable_fp_fusion=True`` are triton_call's defaults,
+  so they do not count as given; anything else (even a wrong type, which
+  ``_options.check`` reports) does.
+
+  Raises:
+    TypeError: ``backend_options`` is not a mapping with str keys, or one
+      of its values is unhashable.
+    ValueError: an option is given both as an argument and in
+      ``backend_options``.
+  """
+  if backend_options is None:  # The eager fast path's usual case.
+    return Merged(num_warps, num_stages, num_ctas, debug, enable_fp_fusion,
+                  ())
+  if not isinstance(backend_options, collections.abc.Mapping):
+    raise TypeError(
+        f"triton_call: backend_options={backend_options!r} of type"
+        f" {type(backend_options).__name__} must be a dict of Triton compiler"
+        " options, e.g. {'maxnreg': 128}.")
+  for key, value in backend_options.items():
+    if not isinstance(key, str):
+      raise TypeError(
+          f"triton_call: backend_options key {key!r} of type"
+          f" {type(key).__name__} must be a str naming a Triton compiler"
+          " option, e.g. 'maxnreg'.")
+    try:
+      hash(value)
+    except TypeError:
+      raise TypeError(
+          f"triton_call: backend_options[{key!r}] must be hashable, got"
+          f" {value!r} of type {type(value).__name__}. Pass a tuple instead"
+          " of a list, or a tuple of (key, value) pairs instead of a dict."
+      ) from None
+  # What each argument is when not given: those equal to it are not "given".
+  defaults = {"num_warps": None, "num_stages": None, "num_ctas": None,
+              "debug": False, "enable_fp_fusion": True}
+  given = {"num_warps": num_warps, "num_stages": num_stages,
+           "num_ctas": num_ctas, "debug": debug,
+           "enable_fp_fusion": enable_fp_fusion}
+  both = sorted(k for k in NAMED if k in backend_options
+                and given[k] is not defaults[k])
+  if both:
+    raise ValueError(
+        f"triton_call: {', '.join(both)} given both as an argument and in"
+        f" backend_options ({', '.join(f'{k}={given[k]!r}' for k in both)}"
+        f" vs backend_options"
+        f"{{{', '.join(f'{k!r}: {backend_options[k]!r}' for k in both)}}})."
+        " Give each option once.")
+  named = {k: backend_options.get(k, given[k]) for k in NAMED}
+  extra = tuple(sorted((k, v) for k, v in backend_options.items()
+                       if k not in NAMED))
+  return Merged(extra=extra, **named)

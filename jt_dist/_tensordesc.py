@@ -1,0 +1,207 @@
+"""Host-side TMA descriptors as kernel arguments (jax-triton 0.4's).
+
+A ``TensorDescriptor`` describes a view of a ``jax.Array`` (its shape,
+element strides and the block each access moves) for a kernel parameter
+read with ``desc.load(...)``/``desc.store(...)``. It is a pytree whose only
+leaf is the array, so it passes through ``jax.jit`` like the array does.
+
+``triton_call`` splits each descriptor into its array, which becomes an
+ordinary array operand (placement, aliasing, donation and the dispatch key
+work as for any array), and its static ``Info``, which types the kernel
+parameter (``tensordesc<fp32[32,32]>``, Triton's signature type) and tells
+each platform how to pass it: on the CPU the interpreter gets Triton's own
+host descriptor over the (bounds-checked) buffer; on GPUs jaxlib gets a TMA
+descriptor parameter, or, where Triton lowered the descriptor to plain
+pointer arithmetic, the base pointer with the shape and strides.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Sequence
+
+import jax
+import numpy as np
+
+from jt_dist import _types
+
+_PADDINGS = ("zero", "nan")
+
+
+def _contiguous_strides(shape: Sequence[int]) -> tuple[int, ...]:
+  strides, size = [], 1
+  for dim in reversed(tuple(shape)):
+    strides.append(size)
+    size *= int(dim)
+  return tuple(reversed(strides))
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class TensorDescriptor:
+  """A host-side TMA descriptor of an array, for ``triton_call``.
+
+  Pass it where the kernel takes a tensor descriptor parameter (one the
+  kernel reads with ``desc.load([i, j])``). On CUDA GPUs from Hopper on it
+  is a TMA descriptor built by jaxlib at launch; elsewhere Triton lowers
+  the same accesses to masked loads and stores.
+
+  Attributes:
+    base: the array the descriptor views.
+    shape: the logical shape accesses are bounded by; an access's lanes
+      outside it read ``padding`` and are not written.
+    strides: in elements; the last must be 1.
+    block_shape: the shape of one ``load``/``store``; powers of two.
+    layout: for Gluon kernels, the shared-memory layout
+      (``gl.NVMMASharedLayout``); None for ``@triton.jit`` kernels.
+    padding: ``"zero"`` or ``"nan"`` (floating dtypes only): what lanes
+      outside ``shape`` read.
+    round_f32_to_tf32: round float32 values to TF32 as they are loaded.
+  """
+
+  base: Any
+  shape: tuple[int, ...] = dataclasses.field(metadata=dict(static=True))
+  strides: tuple[int, ...] = dataclasses.field(metadata=dict(static=True))
+  block_shape: tuple[int, ...] = dataclasses.field(
+      metadata=dict(static=True))
+  layout: Any = dataclasses.field(default=None, metadata=dict(static=True))
+  padding: str = dataclasses.field(default="zero",
+                                   metadata=dict(static=True))
+  round_f32_to_tf32: bool = dataclasses.field(default=False,
+                                              metadata=dict(static=True))
+
+  def __post_init__(self):
+    for field in ("shape", "strides", "block_shape"):
+      value = getattr(self, field)
+      try:
+        ints = tuple(int(v) for v in value)
+      except (TypeError, ValueError):
+        raise TypeError(
+            f"TensorDescriptor: {field}={value!r} must be a sequence of"
+            " ints.") from None
+      object.__setattr__(self, field, ints)
+    ranks = (len(self.shape), len(self.strides), len(self.block_shape))
+    if len(set(ranks)) != 1 or not 1 <= ranks[0] <= 5:
+      raise ValueError(
+          f"TensorDescriptor: shape {self.shape}, strides {self.strides} and"
+          f" block_shape {self.block_shape} must have the same length, from"
+          " 1 to 5 (TMA's ranks).")
+    if self.padding not in _PADDINGS:
+      raise ValueError(
+          f"TensorDescriptor: padding={self.padding!r}; pass 'zero' or"
+          " 'nan'.")
+    if self.strides[-1] != 1:
+      raise ValueError(
+          f"TensorDescriptor: strides {self.strides} must end in 1: TMA"
+          " reads the last dimension contiguously.")
+    if any(d <= 0 for d in self.shape):
+      raise ValueError(
+          f"TensorDescriptor: shape {self.shape} must be positive.")
+    if any(b <= 0 or b & (b - 1) for b in self.block_shape):
+      raise ValueError(
+          f"TensorDescriptor: block_shape {self.block_shape} must hold"
+          " powers of two.")
+
+  @classmethod
+  def from_array(cls, array: Any, block_shape: Sequence[int],
+                 layout: Any = None, padding: str = "zero",
+                 round_f32_to_tf32: bool = False) -> "TensorDescriptor":
+    """A descriptor of the whole of ``array`` (row-major strides).
+
+    Args:
+      array: a ``jax.Array`` (or anything with ``.shape`` and ``.dtype``).
+      block_shape: the shape of one access.
+      layout: a Gluon kernel's shared-memory layout, else None.
+      padding: ``"zero"`` or ``"nan"``.
+      round_f32_to_tf32: round float32 loads to TF32.
+
+    Returns:
+      The descriptor.
+    """
+    return cls(array, tuple(array.shape), _contiguous_strides(array.shape),
+               tuple(block_shape), layout, padding, round_f32_to_tf32)
+
+
+@dataclasses.dataclass(frozen=True)
+class Info:
+  """A descriptor without its array: what types and passes the parameter."""
+
+  shape: tuple[int, ...]
+  strides: tuple[int, ...]
+  block_shape: tuple[int, ...]
+  layout: Any
+  padding: str
+  round_f32_to_tf32: bool
+  dtype: np.dtype
+
+  @property
+  def triton_type(self) -> str:
+    """Triton's signature type, e.g. ``tensordesc<fp32[32,32]>``."""
+    elem = _types.pointer_type(self.dtype).lstrip("*")
+    block = ",".join(map(str, self.block_shape))
+    if self.layout is not None:
+      return f"tensordesc<{elem}[{block}],{self.layout!r}>"
+    return f"tensordesc<{elem}[{block}]>"
+
+  @property
+  def extent(self) -> int:
+    """How many elements from the base the descriptor may address."""
+    return 1 + sum((d - 1) * s for d, s in zip(self.shape, self.strides))
+
+
+def split(args: Sequence[Any]) -> tuple[tuple[Any, ...], tuple]:
+  """Replaces each descriptor in ``args`` by its array.
+
+  Returns:
+    ``(args, descriptors)``: the arguments with arrays in place of the
+    descriptors, and ``(position, Info)`` for each descriptor.
+
+  Raises:
+    TypeError: a descriptor's base is not an array of a Triton dtype.
+    ValueError: its options do not fit its dtype.
+  """
+  if not any(isinstance(a, TensorDescriptor) for a in args):
+    return tuple(args), ()
+  out, found = [], []
+  for i, arg in enumerate(args):
+    if not isinstance(arg, TensorDescriptor):
+      out.append(arg)
+      continue
+    found.append((i, _info(arg, i)))
+    out.append(arg.base)
+  return tuple(out), tuple(found)
+
+
+def _info(desc: TensorDescriptor, i: int) -> Info:
+  base = desc.base
+  if not (hasattr(base, "shape") and hasattr(base, "dtype")):
+    raise TypeError(
+        f"triton_call: args[{i}] is a TensorDescriptor whose base is {base!r}"
+        f" of type {type(base).__name__}; its base must be a jax.Array.")
+  dtype = np.dtype(base.dtype)
+  if _types.pointer_type(dtype) is None or dtype.itemsize * 8 not in (
+      8, 16, 32, 64):
+    raise TypeError(
+        f"triton_call: args[{i}] is a TensorDescriptor of dtype {dtype.name},"
+        " which TMA descriptors cannot hold.")
+  if desc.padding == "nan" and (dtype.kind != "f" or dtype.itemsize < 2):
+    raise ValueError(
+        f"triton_call: args[{i}] is a TensorDescriptor of dtype {dtype.name}"
+        " with padding='nan', which needs a floating dtype of 16 bits or"
+        " more; pass padding='zero'.")
+  if desc.round_f32_to_tf32 and dtype != np.float32:
+    raise ValueError(
+        f"triton_call: args[{i}] is a TensorDescriptor of dtype {dtype.name}"
+        " with round_f32_to_tf32=True, which needs float32.")
+  info = Info(desc.shape, desc.strides, desc.block_shape, desc.layout,
+              desc.padding, desc.round_f32_to_tf32, dtype)
+  size = math.prod(base.shape)
+  if info.extent > size:
+    raise ValueError(
+        f"triton_call: args[{i}] is a TensorDescriptor with shape"
+        f" {desc.shape} and strides {desc.strides}, which address"
+        f" {info.extent} elements, but its base has shape"
+        f" {tuple(base.shape)} ({size} elements). Describe a view inside the"
+        " array, e.g. TensorDescriptor.from_array(x, block_shape).")
+  return info

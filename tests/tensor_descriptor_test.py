@@ -1,0 +1,269 @@
+"""``jt_dist.TensorDescriptor``: host-side TMA descriptors as arguments.
+
+On the CPU the interpreter runs the descriptor's accesses through the
+bounds checker; on CUDA the call is cross-lowered where jaxlib's CUDA
+plugin is installed: a TMA descriptor parameter on Hopper (jaxlib 0.11.2
+and later), the base pointer with its shape and strides before Hopper.
+"""
+
+from __future__ import annotations
+
+import re
+import unittest
+from unittest import mock
+
+from absl.testing import absltest
+from absl.testing import parameterized
+import jax
+import jax.numpy as jnp
+from jax.sharding import PartitionSpec as P
+import numpy as np
+import triton
+import triton.language as tl
+
+import jt_dist
+from jt_dist import _binding
+from jt_dist import _compat
+from jt_dist import _dispatch
+from jt_dist import _tensordesc
+from jt_dist import testing
+from jt_dist._gpu import lowering as _gpu_lowering
+import gpu_lowering_util as util
+
+
+@triton.jit
+def desc_copy_kernel(in_desc, out_ptr, M: tl.constexpr, N: tl.constexpr):
+  block = in_desc.load([0, 0])
+  offs = tl.arange(0, M)[:, None] * N + tl.arange(0, N)[None, :]
+  tl.store(out_ptr + offs, block)
+
+
+@triton.jit
+def desc_tile_kernel(in_desc, scale, out_ptr, N: tl.constexpr,
+                     BM: tl.constexpr, BN: tl.constexpr):
+  """Each program copies one (BM, BN) tile, times ``scale``."""
+  i, j = tl.program_id(0), tl.program_id(1)
+  block = in_desc.load([i * BM, j * BN]) * scale
+  rows = i * BM + tl.arange(0, BM)[:, None]
+  cols = j * BN + tl.arange(0, BN)[None, :]
+  tl.store(out_ptr + rows * N + cols, block)
+
+
+def _copy(desc, m, n, **options):
+  return jt_dist.triton_call(
+      desc, kernel=desc_copy_kernel,
+      out_shape=jax.ShapeDtypeStruct((m, n), desc.base.dtype), grid=1, M=m,
+      N=n, **options)
+
+
+def _tiles(desc, scale, bm=8, bn=16, **options):
+  m, n = desc.base.shape
+  return jt_dist.triton_call(
+      desc, scale, kernel=desc_tile_kernel,
+      out_shape=jax.ShapeDtypeStruct((m, n), desc.base.dtype),
+      grid=(m // bm, n // bn), N=n, BM=bm, BN=bn, **options)
+
+
+class TensorDescriptorTest(testing.TestCase):
+
+  def setUp(self):
+    super().setUp()
+    _dispatch.invalidate()
+
+  @parameterized.product(shape=[(8, 16), (16, 32)],
+                         dtype=[np.float32, np.float16, np.int8])
+  def test_copy(self, shape, dtype):
+    x = jnp.asarray(self.random(shape, dtype))
+    desc = jt_dist.TensorDescriptor.from_array(x, block_shape=shape)
+    np.testing.assert_array_equal(_copy(desc, *shape), x)
+    np.testing.assert_array_equal(jax.jit(lambda d: _copy(d, *shape))(desc), x)
+
+  @parameterized.parameters("zero", "nan")
+  def test_view_smaller_than_the_block_pads(self, padding):
+    x = jnp.asarray(self.random((8, 16)))
+    rows = int(self.np_rng.integers(1, 8))
+    desc = jt_dist.TensorDescriptor(x, (rows, 16), (16, 1), (8, 16),
+                                    padding=padding)
+    out = np.asarray(_copy(desc, 8, 16))
+    np.testing.assert_array_equal(out[:rows], np.asarray(x)[:rows])
+    if padding == "zero":
+      np.testing.assert_array_equal(out[rows:], np.zeros_like(out[rows:]))
+    else:
+      self.assertTrue(np.isnan(out[rows:]).all())
+
+  def test_tiles_with_a_scalar_and_the_fast_path(self):
+    x = jnp.asarray(self.random((16, 32)))
+    desc = jt_dist.TensorDescriptor.from_array(x, block_shape=(8, 16))
+    for scale in (2.0, 3.0):
+      self.assertAllClose(_tiles(desc, scale), x * scale)
+    # A different view of the same array is another signature, never stale.
+    half = jt_dist.TensorDescriptor(x, (16, 16), (32, 1), (8, 16))
+    out = np.asarray(_tiles(half, 1.0))
+    self.assertAllClose(out[:, :16], np.asarray(x)[:, :16])
+    np.testing.assert_array_equal(out[:, 16:], np.zeros((16, 16), np.float32))
+
+  def test_descriptor_is_typed_as_triton_types_it(self):
+    x = jnp.asarray(self.random((8, 16)))
+    with mock.patch.object(_binding, "bind_call",
+                           wraps=_binding.bind_call) as bind:
+      _copy(jt_dist.TensorDescriptor.from_array(x, (8, 16)), 8, 16)
+    (call,) = bind.call_args_list
+    options = call.args[4]
+    ((position, info),) = options.tensor_descriptors
+    self.assertEqual(position, 0)
+    self.assertEqual(info.triton_type, "tensordesc<fp32[8,16]>")
+
+  def test_accesses_are_bounds_checked(self):
+    if testing.platform() != "cpu":
+      self.skipTest("the bounds check is the CPU interpreter's")
+    x = jnp.asarray(self.random((4, 16)))
+    desc = jt_dist.TensorDescriptor(x, (8, 16), (16, 1), (8, 16))
+    # The call checks a descriptor's extent against its array; with that
+    # check out of the way the interpreter's checker still catches it.
+    with mock.patch.object(_tensordesc.Info, "extent", 0):
+      with self.assertRaisesRegex(jt_dist.OutOfBoundsAccessError,
+                                  r"in_desc"):
+        _copy(desc, 8, 16)
+
+  def test_under_vmap_one_launch_per_element(self):
+    xs = jnp.asarray(self.random((3, 8, 16)))
+    out = jax.vmap(lambda a: _copy(
+        jt_dist.TensorDescriptor.from_array(a, (8, 16)), 8, 16))(xs)
+    np.testing.assert_array_equal(out, xs)
+
+  def test_inside_shard_map(self):
+    mesh = jax.make_mesh((2,), ("i",), devices=self.devices(2))
+    x = jax.device_put(jnp.asarray(self.random((16, 16))),
+                       jax.sharding.NamedSharding(mesh, P("i")))
+    f = jax.shard_map(
+        lambda a: _copy(jt_dist.TensorDescriptor.from_array(a, (8, 16)), 8,
+                        16),
+        mesh=mesh, in_specs=P("i"), out_specs=P("i"))
+    np.testing.assert_array_equal(jax.jit(f)(x), x)
+
+  def test_sharded_triton_call_refuses_it(self):
+    mesh = jax.make_mesh((2,), ("i",), devices=self.devices(2))
+    x = jnp.asarray(self.random((16, 16)))
+    with self.assertRaisesRegex(NotImplementedError,
+                                r"args\[0\] is a TensorDescriptor.*shard_map"):
+      jt_dist.sharded_triton_call(
+          jt_dist.TensorDescriptor.from_array(x, (8, 16)),
+          kernel=desc_copy_kernel, out_shape=x, grid=1, mesh=mesh,
+          out_specs=P("i"), M=8, N=16)
+
+  def test_sharding_rule_refuses_it(self):
+    x = jnp.asarray(self.random((8, 16)))
+    with self.assertRaisesRegex(NotImplementedError,
+                                r"args\[0\] is a TensorDescriptor.*sharding_rule"):
+      _copy(jt_dist.TensorDescriptor.from_array(x, (8, 16)), 8, 16,
+            sharding_rule=jt_dist.ShardingRule("i j -> i j"))
+
+  @parameterized.named_parameters(
+      ("ranks", dict(shape=(8, 16), strides=(1,), block_shape=(8, 16)),
+       ValueError, r"strides \(1,\) .* same length"),
+      ("padding", dict(padding="inf"), ValueError, r"padding='inf'"),
+      ("last_stride", dict(strides=(1, 8)), ValueError,
+       r"strides \(1, 8\) must end in 1"),
+      ("block", dict(block_shape=(8, 12)), ValueError,
+       r"block_shape \(8, 12\) must hold powers of two"),
+      ("shape", dict(shape=(0, 16)), ValueError,
+       r"shape \(0, 16\) must be positive"),
+      ("not_ints", dict(shape="ab"), TypeError, r"shape='ab'"))
+  def test_bad_descriptor(self, changes, error, message):
+    x = jnp.zeros((8, 16), jnp.float32)
+    fields = dict(shape=(8, 16), strides=(16, 1), block_shape=(8, 16))
+    fields.update(changes)
+    with self.assertRaisesRegex(error, f"TensorDescriptor: .*{message}"):
+      jt_dist.TensorDescriptor(x, **fields)
+
+  @parameterized.named_parameters(
+      ("nan_int", np.int32, dict(padding="nan"), ValueError,
+       r"int32 with padding='nan'"),
+      ("tf32_half", np.float16, dict(round_f32_to_tf32=True), ValueError,
+       r"float16 with round_f32_to_tf32=True"),
+      ("too_big", np.float32, dict(shape=(9, 16)), ValueError,
+       r"address 144 elements, but its base has shape \(8, 16\)"))
+  def test_bad_descriptor_for_its_array(self, dtype, changes, error, message):
+    x = jnp.zeros((8, 16), dtype)
+    fields = dict(shape=(8, 16), strides=(16, 1), block_shape=(8, 16))
+    fields.update(changes)
+    with self.assertRaisesRegex(error, rf"args\[0\] .*{message}"):
+      _copy(jt_dist.TensorDescriptor(x, **fields), 8, 16)
+
+  def test_base_not_an_array(self):
+    desc = jt_dist.TensorDescriptor([1.0], (1,), (1,), (1,))
+    with self.assertRaisesRegex(TypeError, r"args\[0\] is a TensorDescriptor"
+                                r" whose base is \[1.0\] of type list"):
+      jt_dist.triton_call(desc, kernel=desc_copy_kernel, out_shape=jax.ShapeDtypeStruct((1,), jnp.float32), grid=1, M=1, N=1)
+
+  def test_tf32_rounding(self):
+    if not _compat.descriptors_round_to_tf32():
+      x = jnp.zeros((8, 16), jnp.float32)
+      with self.assertRaisesRegex(NotImplementedError,
+                                  r"round_f32_to_tf32=True.*Triton"):
+        _copy(jt_dist.TensorDescriptor.from_array(
+            x, (8, 16), round_f32_to_tf32=True), 8, 16)
+      return
+    x = jnp.asarray(self.random((8, 16)))
+    out = _copy(jt_dist.TensorDescriptor.from_array(
+        x, (8, 16), round_f32_to_tf32=True), 8, 16)
+    if testing.platform() == "cpu":
+      expected = jax.lax.reduce_precision(x, exponent_bits=8, mantissa_bits=10)
+      np.testing.assert_array_equal(out, expected)
+
+  def test_public_and_a_pytree(self):
+    self.assertIn("TensorDescriptor", jt_dist.__all__)
+    x = jnp.zeros((8, 16))
+    desc = jt_dist.TensorDescriptor.from_array(x, (8, 16))
+    leaves, tree = jax.tree_util.tree_flatten(desc)
+    self.assertLen(leaves, 1)
+    self.assertIs(leaves[0], x)
+    self.assertEqual(jax.tree_util.tree_unflatten(tree, leaves), desc)
+    self.assertEqual(desc.strides, (16, 1))
+
+
+def _ptx_params(ptx: str) -> int:
+  entry = ptx[ptx.index(".entry"):]
+  return len(re.findall(r"\.param \.", entry[:entry.index("{")]))
+
+
+@unittest.skipUnless(util.HAS_TRITON_CALL, util.SKIP_REASON)
+class TensorDescriptorCudaTest(util.IsolatedCacheMixin, testing.TestCase):
+
+  def _lower(self, cc, shape=(8, 16)):
+    x = jnp.asarray(self.random(shape))
+    return util.lower(lambda a: _copy(jt_dist.TensorDescriptor.from_array(
+        a, shape), *shape, compute_capability=cc), x)
+
+  def test_before_hopper_passes_pointer_shape_and_strides(self):
+    (call,) = util.triton_custom_calls(self._lower(80))
+    (kernel,) = call["calls"]
+    flags = [("bool", False)] * len(
+        _compat.descriptor_fallback_flags(_tensordesc.Info(
+            (8, 16), (16, 1), (8, 16), None, "zero", False,
+            np.dtype(np.float32))))
+    self.assertEqual(kernel["params"], [
+        ("array", 0, 16), ("i64", 8), ("i64", 16), ("i64", 16), ("i64", 1),
+        *flags, ("i32", 8), ("i32", 16), ("i64", 16), ("i64", 1),
+        ("array", 0, 16)])
+    # Triton appends its scratch pointers, which jaxlib passes itself.
+    plain = _ptx_params(kernel["ptx"]) - len(kernel["params"])
+    self.assertIn(plain, (0, 1, 2))
+
+  def test_on_hopper_a_tma_descriptor(self):
+    lib = _gpu_lowering.plugin("cuda")
+    if not hasattr(lib, "create_tma_descriptor_parameter"):
+      with self.assertRaisesRegex(
+          NotImplementedError, r"create_tma_descriptor_parameter.*installed"
+          r" jaxlib \(" + re.escape(_compat.jaxlib_version())):
+        self._lower(90)
+      return
+    (call,) = util.triton_custom_calls(self._lower(90, (16, 32)))
+    (kernel,) = call["calls"]
+    self.assertEqual(kernel["params"][0][0], "tma")
+    self.assertEqual(kernel["params"][1:], [
+        ("i32", 16), ("i32", 32), ("i64", 32), ("i64", 1), ("array", 0, 16)])
+
+
+if __name__ == "__main__":
+  absltest.main()

@@ -29,11 +29,11 @@ def _abstract_eval(*in_avals, spec):
 
 triton_call_p.def_effectful_abstract_eval(_abstract_eval)
 
-# A call marked has_side_effect=True does more than write its outputs (a
-# pointer it computes, a device print): jax keeps it with its outputs unused,
-# as XLA does. An unused pure call is dropped, as XLA would drop it too.
-_compat.register_dce_rule(triton_call_p,
-                          lambda eqn: eqn.params["spec"].has_side_effect)
+# jax never drops a kernel call, as jax-triton 0.4 does not: a kernel may
+# write through a pointer jax cannot see. XLA still removes an unused call
+# unless it is marked has_side_effect=True (a device print, a pointer it
+# computes), which also keeps it inside nested jaxprs (an effect).
+_compat.register_dce_rule(triton_call_p, lambda eqn: True)
 
 
 def _impl(*args, spec):

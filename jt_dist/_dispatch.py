@@ -221,9 +221,15 @@ def _arg_key(arg: Any, exact: bool):
   return None
 
 
+_SYNC_ENV_VAR = _gpu_faults.SYNC_ENV_VAR
+
+
 def signature(args: Sequence[Any], kernel: Any, out_shape: Any, grid: Any,
               options: tuple, metaparams: dict, exact_all: bool) -> Any:
   """The key of an eager call, or None when it has no fast path.
+
+  It runs on every eager call, so it is written for speed: one tuple, few
+  calls, and the common argument (a ``jax.Array``) tested first.
 
   Args:
     args: the positional arguments.
@@ -240,24 +246,28 @@ def signature(args: Sequence[Any], kernel: Any, out_shape: Any, grid: Any,
     return None
   try:
     _, exact, autotuned = _kernel_facts(kernel)
-    if exact_all or callable(grid):
-      exact = "all"
-    parts = [id(kernel), _out_key(out_shape), _grid_key(grid),
-             _typed(options), _env_key(autotuned), _generation[0],
-             jax.config.jax_default_device]
-    everything = exact == "all"
+    everything = exact_all or exact == "all" or callable(grid)
+    array_type = _array_type[0] if _array_type else _jax_array_type()
+    arg_parts = []
     for i, arg in enumerate(args):
+      if type(arg) is array_type:  # pylint: disable=unidiomatic-typecheck
+        arg_parts.append((arg.shape, arg.dtype, arg.sharding, arg.committed))
+        continue
       part = _arg_key(arg, everything or i in exact)
       if part is None:
         return None
-      parts.append(part)
-    if metaparams:
-      parts.append(tuple(metaparams))
-      parts.append(_typed(list(metaparams.values())))
+      arg_parts.append(part)
+    values = tuple(metaparams.values())
+    # 1, 1.0 and True are equal and hash alike; their types tell them apart.
+    return (id(kernel), _out_key(out_shape), _grid_key(grid), options,
+            tuple(map(type, options)),
+            _env_key(True) if autotuned
+            else os.environ.get(_SYNC_ENV_VAR),
+            _generation[0], jax.config.jax_default_device, tuple(arg_parts),
+            tuple(metaparams), values, tuple(map(type, values)))
   except Exception:  # pylint: disable=broad-except
     # Not a kernel, or odd input: the slow path reports it.
     return None
-  return tuple(parts)
 
 
 @dataclasses.dataclass(eq=False)
@@ -437,6 +447,8 @@ class ReplayEntry:
   grid: Any
   source: tuple
   kernel: Any  # Held: the key has its id.
+  moves: bool = True  # Whether any target is not None.
+  single: bool = False  # Whether out_shape is one leaf.
 
   def matches(self, grid: Any) -> bool:
     jit_fn, src = self.source
@@ -444,9 +456,33 @@ class ReplayEntry:
         not callable(grid) or grid is self.grid)
 
   def __call__(self, args: Sequence[Any]) -> Any:
-    arrays = [args[i] if target is None else jax.device_put(args[i], target)
-              for i, target in zip(self.array_positions, self.targets)]
-    return jax.tree_util.tree_unflatten(self.out_tree, list(self.fn(*arrays)))
+    if self.moves:
+      arrays = [args[i] if target is None else jax.device_put(args[i], target)
+                for i, target in zip(self.array_positions, self.targets)]
+    else:  # Laid out already: one call of the jitted ``shard_map``.
+      arrays = [args[i] for i in self.array_positions]
+    outs = self.fn(*arrays)
+    if self.single:
+      return outs[0]
+    return jax.tree_util.tree_unflatten(self.out_tree, list(outs))
+
+
+def _replay_target(x: Any, spec: Any, mesh: Any) -> Any:
+  """Where a per-shard call's operand must move: None if it may stay.
+
+  An operand whose sharding lays it out as ``spec`` does over ``mesh``
+  (one device's array on a mesh of that one device, say) is passed as it
+  is: the jitted ``shard_map`` takes it without a ``device_put`` per call.
+  """
+  target = _specs.move_target(x, spec, mesh)
+  if target is None:
+    return None
+  try:
+    if x.sharding.is_equivalent_to(target, x.ndim):
+      return None
+  except Exception:  # pylint: disable=broad-except
+    pass  # Not comparable: moving it is always right.
+  return target
 
 
 def replay_recorder(key, kernel, grid):
@@ -460,12 +496,14 @@ def replay_recorder(key, kernel, grid):
 
   def record(args, positions, in_specs, mesh, mapped, out_tree):
     fn = jax.jit(mapped)
-    targets = tuple(_specs.move_target(args[i], spec, mesh)
+    targets = tuple(_replay_target(args[i], spec, mesh)
                     for i, spec in zip(positions, in_specs))
     entries.put(key, ReplayEntry(
         fn=fn, array_positions=tuple(positions), targets=targets,
         out_tree=out_tree, grid=grid,
-        source=source_of(_kernel.kernel_info(kernel)), kernel=kernel))
+        source=source_of(_kernel.kernel_info(kernel)), kernel=kernel,
+        moves=any(t is not None for t in targets),
+        single=out_tree.num_leaves == 1 and out_tree.num_nodes == 1))
     return fn
 
   return record

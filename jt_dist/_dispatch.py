@@ -473,12 +473,18 @@ def _replay_target(x: Any, spec: Any, mesh: Any) -> Any:
   An operand whose sharding lays it out as ``spec`` does over ``mesh``
   (one device's array on a mesh of that one device, say) is passed as it
   is: the jitted ``shard_map`` takes it without a ``device_put`` per call.
+  Not where ``spec`` names an explicit mesh axis: ``shard_map`` then
+  checks the operand's type, which only a move gives that axis.
   """
   target = _specs.move_target(x, spec, mesh)
   if target is None:
     return None
   try:
-    if x.sharding.is_equivalent_to(target, x.ndim):
+    named = {axis for entry in spec if entry is not None
+             for axis in ((entry,) if isinstance(entry, str) else entry)}
+    types = dict(zip(mesh.axis_names, mesh.axis_types))
+    if all(types[axis] != jax.sharding.AxisType.Explicit for axis in named) \
+        and x.sharding.is_equivalent_to(target, x.ndim):
       return None
   except Exception:  # pylint: disable=broad-except
     pass  # Not comparable: moving it is always right.

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import operator
 import os
 from typing import Any, Callable, Sequence
 
@@ -259,7 +260,10 @@ def signature(args: Sequence[Any], kernel: Any, out_shape: Any, grid: Any,
       arg_parts.append(part)
     values = tuple(metaparams.values())
     # 1, 1.0 and True are equal and hash alike; their types tell them apart.
-    return (id(kernel), _out_key(out_shape), _grid_key(grid), options,
+    kind = type(grid)
+    return (id(kernel), _out_key(out_shape),
+            (kind, grid, tuple(map(type, grid))) if kind is tuple
+            else _grid_key(grid), options,
             tuple(map(type, options)),
             _env_key(True) if autotuned
             else os.environ.get(_SYNC_ENV_VAR),
@@ -305,6 +309,9 @@ class Entry:
   kernel: Any = None  # Held: the key has its id.
   layout: Any = None  # The scalars' struct, when ``runtime``.
   single: bool = False  # Whether out_shape is one leaf.
+  # Set when there is nothing to do but pick the arrays and call ``fn``:
+  # no scalars, no moves, no sync. Picks the arrays from the arguments.
+  pick: Callable[[Sequence[Any]], tuple] | None = None
 
   def matches(self, grid: Any) -> bool:
     """Whether what the key cannot see is as it was when bound."""
@@ -321,6 +328,14 @@ class Entry:
     return True
 
   def __call__(self, args: Sequence[Any]) -> Any:
+    if self.pick is not None:  # The common case, with the least Python.
+      try:
+        outs = self.fn(*self.pick(args))
+      except Exception as e:  # pylint: disable=broad-except
+        self._raise(e)
+      if self.single:
+        return outs[0]
+      return jax.tree_util.tree_unflatten(self.out_tree, outs)
     arrays = [args[i] for i in self.array_positions]
     for k in self.put_positions:
       arrays[k] = jax.device_put(arrays[k], self.target)
@@ -337,13 +352,24 @@ class Entry:
       if self.sync:
         jax.block_until_ready(outs)
     except Exception as e:  # pylint: disable=broad-except
-      _cpu_lowering.raise_host_fault(e)
-      if _gpu_faults.is_device_fault(e):
-        raise _gpu_faults.launch_fault(e, self.spec) from e
-      raise
+      self._raise(e)
     if self.single:
       return outs[0]  # One output, not in a container: no unflattening.
     return jax.tree_util.tree_unflatten(self.out_tree, outs)
+
+  def _raise(self, e: Exception):
+    """Raises a failed launch's error, in jt_dist's words where it can."""
+    _cpu_lowering.raise_host_fault(e)
+    if _gpu_faults.is_device_fault(e):
+      raise _gpu_faults.launch_fault(e, self.spec) from e
+    raise  # The handler calling this is still handling ``e``.
+
+
+def _picker(positions: tuple[int, ...]) -> Callable[[Sequence[Any]], tuple]:
+  """A function of the arguments that returns those at ``positions``."""
+  if len(positions) >= 2:
+    return operator.itemgetter(*positions)  # Returns a tuple, in C.
+  return lambda args: tuple(args[i] for i in positions)
 
 
 def _evaluate(grid, named):
@@ -413,14 +439,16 @@ def make_entry(args, resolved_args, arrays, spec, out_tree, grid,
       k for k, i in enumerate(array_positions)
       if not (isinstance(args[i], jax.Array) and args[i].committed))
   recorder = grid if isinstance(grid, GridRecorder) else None
+  sync = _gpu_faults.sync_launches()
+  plain = not puts and not positions and not sync
   return Entry(
       fn=fn, spec=spec, array_positions=array_positions,
       scalar_positions=tuple(positions), values=values, runtime=runtime,
       put_positions=puts, target=device_target, out_tree=out_tree,
       grid=None if recorder is None else recorder.grid,
       grid_checks=() if recorder is None else tuple(recorder.seen),
-      source=source_of(info), sync=_gpu_faults.sync_launches(),
-      kernel=spec.kernel,
+      source=source_of(info), sync=sync,
+      kernel=spec.kernel, pick=_picker(array_positions) if plain else None,
       layout=_cpu_scalars.layout(spec) if runtime else None,
       single=out_tree.num_leaves == 1 and out_tree.num_nodes == 1)
 

@@ -29,7 +29,8 @@ case's cached callable (0 means jax's C++ dispatch took it).
 
 Then, for jt_dist's eager call:
 
-- ``python_wall_us`` / ``python_cpu_us``: jt_dist's own Python per call, the kernel excluded. The
+- ``python_wall_us`` / ``python_cpu_us``: jt_dist's own Python per call, the kernel excluded
+  (``python_kw_*``: the same for the keyword form of ``jt_dist_eager``). The
   call's cached executable is swapped for a jitted ``a + b`` and timed
   against that jitted ``a + b`` alone, interleaved; the difference is
   jt_dist's key, lookup and entry. On the CPU this is the number the
@@ -244,11 +245,16 @@ def hlo_report(cases, args):
     if name in cases:
       texts[name] = cases[name].lower(*args).as_text(dialect="hlo")
   out = {name: {"custom_calls": _custom_calls(t),
+                "targets": re.findall(r'custom_call_target="([^"]+)"', t),
+                "api_versions": re.findall(r"api_version=(\w+)", t),
+                "text_chars": len(t),
                 "instructions": sum(" = " in line for line in t.splitlines())}
          for name, t in texts.items()}
   if len(texts) == 2:
     a, b = (out[n]["custom_calls"] for n in ("jt_dist_jit", "jax_triton_jit"))
     out["same_custom_calls_but_payload"] = a == b
+    out["same_targets"] = (out["jt_dist_jit"]["targets"]
+                           == out["jax_triton_jit"]["targets"])
     out["same_instruction_count"] = (out["jt_dist_jit"]["instructions"]
                                      == out["jax_triton_jit"]["instructions"])
   return out
@@ -322,10 +328,21 @@ def python_overhead(args, rounds, calls):
   # kernel would: what is timed is jt_dist's, not the caller's, Python.
   sds = jax.ShapeDtypeStruct(args[0].shape, args[0].dtype)
   grid = (triton.cdiv(SIZE, kernels.ADD_BLOCK),)
+  # The keyword form (the headline ``jt_dist_eager`` case): no scalar
+  # operand, so its entry takes the plainest path.
+  kw_grid = (triton.cdiv(SIZE, BLOCK),)
+  jax.block_until_ready(jt(*args, kernel=add_kw_kernel, out_shape=sds,
+                           grid=kw_grid, n_elements=SIZE, BLOCK_SIZE=BLOCK))
+  kw_stub = jax.jit(lambda a, b: [a + b])
+  _newest_entry().fn = kw_stub
   cases = {"jt_dist_fast_path": lambda a, b: jt(
                a, b, SIZE, kernel=kernels.add_kernel, out_shape=sds,
                grid=grid, BLOCK=kernels.ADD_BLOCK),
-           "stub_alone": lambda a, b: stub(a, b, *extra)}
+           "stub_alone": lambda a, b: stub(a, b, *extra),
+           "jt_dist_kw_fast_path": lambda a, b: jt(
+               a, b, kernel=add_kw_kernel, out_shape=sds, grid=kw_grid,
+               n_elements=SIZE, BLOCK_SIZE=BLOCK),
+           "kw_stub_alone": kw_stub}
   for fn in cases.values():
     for _ in range(20):
       jax.block_until_ready(fn(*args))
@@ -336,6 +353,8 @@ def python_overhead(args, rounds, calls):
     out.update({f"{k}_{clock_name}_us": v for k, v in medians.items()})
     out[f"python_{clock_name}_us"] = (medians["jt_dist_fast_path"]
                                       - medians["stub_alone"])
+    out[f"python_kw_{clock_name}_us"] = (medians["jt_dist_kw_fast_path"]
+                                         - medians["kw_stub_alone"])
   jax.block_until_ready(stub(*args, *extra))
   _dispatch.invalidate()
   return out

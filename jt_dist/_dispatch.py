@@ -511,8 +511,13 @@ def _replay_target(x: Any, spec: Any, mesh: Any) -> Any:
     named = {axis for entry in spec if entry is not None
              for axis in ((entry,) if isinstance(entry, str) else entry)}
     types = dict(zip(mesh.axis_names, mesh.axis_types))
-    if all(types[axis] != jax.sharding.AxisType.Explicit for axis in named) \
-        and x.sharding.is_equivalent_to(target, x.ndim):
+    current = x.sharding
+    # An array typed on another mesh keeps that mesh in its type.
+    other_mesh = (isinstance(current, jax.sharding.NamedSharding)
+                  and current.mesh != mesh)
+    if not other_mesh and all(
+        types[axis] != jax.sharding.AxisType.Explicit for axis in named) and (
+            current.is_equivalent_to(target, x.ndim)):
       return None
   except Exception:  # pylint: disable=broad-except
     pass  # Not comparable: moving it is always right.

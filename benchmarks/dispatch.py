@@ -13,9 +13,24 @@ one process, and the medians (with quartiles) of every call are reported:
 - ``jt_dist_sharded_1dev``: ``jt_dist.sharded_triton_call`` over a mesh of
   one device, eagerly.
 
+Diagnostic rows, to tell jt_dist's Python from its executable:
+
+- ``diag_jt_dist_entry_fn_eager``: the compiled callable jt_dist's fast
+  path cached for ``jt_dist_eager``, called directly (no jt_dist Python);
+- ``diag_xla_eager_prebuilt_sds``: ``a + b`` after building the
+  ``ShapeDtypeStruct`` and grid that every Triton call builds (the caller's
+  share of a ``triton_call``, which XLA's ``a + b`` does not pay).
+
+And ``hlo``: whether the jitted jt_dist and jax-triton functions lower to
+the same HLO (custom-call target, operands, layouts, aliases; the kernel
+payload in ``backend_config`` differs by construction), and
+``fast_path``: how many of jax's Python functions run per call of each
+case's cached callable (0 means jax's C++ dispatch took it).
+
 Then, for jt_dist's eager call:
 
-- ``python_wall_us`` / ``python_cpu_us``: jt_dist's own Python per call, the kernel excluded. The
+- ``python_wall_us`` / ``python_cpu_us``: jt_dist's own Python per call, the kernel excluded
+  (``python_kw_*``: the same for the keyword form of ``jt_dist_eager``). The
   call's cached executable is swapped for a jitted ``a + b`` and timed
   against that jitted ``a + b`` alone, interleaved; the difference is
   jt_dist's key, lookup and entry. On the CPU this is the number the
@@ -37,6 +52,7 @@ import json
 import os
 import platform
 import pstats
+import re
 import sys
 import time
 
@@ -165,6 +181,85 @@ def _cases():
   return cases
 
 
+def _diagnostic_cases(cases, args):
+  """Rows that split a case's time into its parts (see the module doc)."""
+  _dispatch.invalidate()
+  jax.block_until_ready(cases["jt_dist_eager"](*args))
+  entry = _newest_entry()
+  fn = entry.fn
+
+  def xla_with_caller_args(a, b):
+    jax.ShapeDtypeStruct(a.shape, a.dtype)
+    (triton.cdiv(a.size, BLOCK),)  # pylint: disable=expression-not-assigned
+    return a + b
+
+  return {
+      "diag_jt_dist_entry_fn_eager": lambda a, b: fn(a, b)[0],
+      "diag_xla_eager_prebuilt_sds": xla_with_caller_args,
+  }
+
+
+def _python_calls_in_jax(fn, args, calls=5):
+  """jax's Python functions run per call of ``fn`` (0: C++ dispatch)."""
+  jax.block_until_ready(fn(*args))
+  profiler = cProfile.Profile()
+  profiler.enable()
+  for _ in range(calls):
+    fn(*args)
+  profiler.disable()
+  stats = pstats.Stats(profiler).stats
+  # jax's dispatch modules only: a CPU call's host callback runs others.
+  count = sum(n for (path, _, _), (n, _, _, _, _) in stats.items()
+              if os.sep + "jax" + os.sep in path and os.path.basename(path)
+              in ("pjit.py", "api.py", "dispatch.py", "pxla.py"))
+  return count / calls
+
+
+def fast_path_report(cases, diag, args):
+  """Per cached callable: jax Python calls per call (0 = C++ fast path)."""
+  out = {"xla_jit": _python_calls_in_jax(cases["xla_jit"], args),
+         "jt_dist_jit": _python_calls_in_jax(cases["jt_dist_jit"], args),
+         "jt_dist_entry_fn": _python_calls_in_jax(
+             lambda a, b: diag["diag_jt_dist_entry_fn_eager"](a, b), args)}
+  if "jax_triton_jit" in cases:
+    out["jax_triton_jit"] = _python_calls_in_jax(cases["jax_triton_jit"], args)
+  cases["jt_dist_sharded_1dev_eager"](*args)
+  replay = _newest_entry()
+  if isinstance(replay, _dispatch.ReplayEntry):
+    out["jt_dist_sharded_replay_fn"] = _python_calls_in_jax(replay.fn, args)
+    out["jt_dist_sharded_replay_moves"] = bool(replay.moves)
+  return out
+
+
+def _custom_calls(text):
+  """The custom-call lines of an HLO text, with backend_config dropped."""
+  lines = [line for line in text.splitlines() if "custom-call" in line]
+  return [re.sub(r'backend_config=("(?:[^"\\]|\\.)*"|\{[^}]*\})', "",
+                 line.split("=", 1)[1]) for line in lines]
+
+
+def hlo_report(cases, args):
+  """Whether jitted jt_dist and jax-triton lower to the same HLO."""
+  texts = {}
+  for name in ("jt_dist_jit", "jax_triton_jit"):
+    if name in cases:
+      texts[name] = cases[name].lower(*args).as_text(dialect="hlo")
+  out = {name: {"custom_calls": _custom_calls(t),
+                "targets": re.findall(r'custom_call_target="([^"]+)"', t),
+                "api_versions": re.findall(r"api_version=(\w+)", t),
+                "text_chars": len(t),
+                "instructions": sum(" = " in line for line in t.splitlines())}
+         for name, t in texts.items()}
+  if len(texts) == 2:
+    a, b = (out[n]["custom_calls"] for n in ("jt_dist_jit", "jax_triton_jit"))
+    out["same_custom_calls_but_payload"] = a == b
+    out["same_targets"] = (out["jt_dist_jit"]["targets"]
+                           == out["jax_triton_jit"]["targets"])
+    out["same_instruction_count"] = (out["jt_dist_jit"]["instructions"]
+                                     == out["jax_triton_jit"]["instructions"])
+  return out
+
+
 def _inputs(seed):
   key = jax.random.key(seed)
   x = jax.random.normal(key, (SIZE,), jnp.float32)
@@ -233,10 +328,21 @@ def python_overhead(args, rounds, calls):
   # kernel would: what is timed is jt_dist's, not the caller's, Python.
   sds = jax.ShapeDtypeStruct(args[0].shape, args[0].dtype)
   grid = (triton.cdiv(SIZE, kernels.ADD_BLOCK),)
+  # The keyword form (the headline ``jt_dist_eager`` case): no scalar
+  # operand, so its entry takes the plainest path.
+  kw_grid = (triton.cdiv(SIZE, BLOCK),)
+  jax.block_until_ready(jt(*args, kernel=add_kw_kernel, out_shape=sds,
+                           grid=kw_grid, n_elements=SIZE, BLOCK_SIZE=BLOCK))
+  kw_stub = jax.jit(lambda a, b: [a + b])
+  _newest_entry().fn = kw_stub
   cases = {"jt_dist_fast_path": lambda a, b: jt(
                a, b, SIZE, kernel=kernels.add_kernel, out_shape=sds,
                grid=grid, BLOCK=kernels.ADD_BLOCK),
-           "stub_alone": lambda a, b: stub(a, b, *extra)}
+           "stub_alone": lambda a, b: stub(a, b, *extra),
+           "jt_dist_kw_fast_path": lambda a, b: jt(
+               a, b, kernel=add_kw_kernel, out_shape=sds, grid=kw_grid,
+               n_elements=SIZE, BLOCK_SIZE=BLOCK),
+           "kw_stub_alone": kw_stub}
   for fn in cases.values():
     for _ in range(20):
       jax.block_until_ready(fn(*args))
@@ -247,6 +353,8 @@ def python_overhead(args, rounds, calls):
     out.update({f"{k}_{clock_name}_us": v for k, v in medians.items()})
     out[f"python_{clock_name}_us"] = (medians["jt_dist_fast_path"]
                                       - medians["stub_alone"])
+    out[f"python_kw_{clock_name}_us"] = (medians["jt_dist_kw_fast_path"]
+                                         - medians["kw_stub_alone"])
   jax.block_until_ready(stub(*args, *extra))
   _dispatch.invalidate()
   return out
@@ -317,7 +425,12 @@ def main(argv=None):
   for fn in cases.values():  # Warm up: compile, fill every cache.
     for _ in range(3):
       jax.block_until_ready(fn(*args))
-  samples = _interleaved(cases, args, sizes["rounds"], sizes["calls"])
+  diag = _diagnostic_cases(cases, args)
+  timed = {**cases, **diag}
+  for fn in diag.values():
+    for _ in range(3):
+      jax.block_until_ready(fn(*args))
+  samples = _interleaved(timed, args, sizes["rounds"], sizes["calls"])
   rows = []
   for name, values in samples.items():
     p25, p50, p75 = np.percentile(values, [25, 50, 75]) * 1e6
@@ -327,9 +440,15 @@ def main(argv=None):
   ratios = {f"{r['case']}_over_xla_{'jit' if 'jit' in r['case'] else 'eager'}":
             r["median_us"] / xla["xla_jit" if "jit" in r["case"]
                                  else "xla_eager"] for r in rows}
+  for mode in ("eager", "jit"):
+    if f"jax_triton_{mode}" in xla:
+      ratios[f"jt_dist_{mode}_over_jax_triton_{mode}"] = (
+          xla[f"jt_dist_{mode}"] / xla[f"jax_triton_{mode}"])
   result = {
       "environment": _environment(), "sizes": sizes, "results": rows,
       "ratios": ratios,
+      "fast_path": fast_path_report(cases, diag, args),
+      "hlo": hlo_report(cases, args),
       "python_overhead": python_overhead(args, sizes["python_rounds"],
                                          sizes["python_calls"]),
       "profile": profiles(args, sizes["profile_calls"]),
@@ -343,6 +462,9 @@ def main(argv=None):
   print("jt_dist python per eager call:",
         json.dumps({k: round(v, 2)
                     for k, v in result["python_overhead"].items()}))
+  print("jax Python calls per cached call (0 = C++ fast path):",
+        json.dumps(result["fast_path"]))
+  print("hlo:", json.dumps(result["hlo"]))
   print("profile (µs per call):", json.dumps(
       {k: {s: round(v, 1) for s, v in p.items()}
        for k, p in result["profile"].items()}))

@@ -201,9 +201,14 @@ def triton_call(
   key = _dispatch.signature(
       args, kernel, out_shape, grid,
       (name, custom_call_target_name, num_warps, num_stages, num_ctas,
-       compute_capability, enable_fp_fusion, _frozen(input_output_aliases),
-       _frozen(zeroed_outputs), debug, serialized_metadata, vmap_method,
-       device, sharding_rule, has_side_effect, _frozen(cost_estimate),
+       compute_capability, enable_fp_fusion,
+       # The defaults are hashable as they are: no call on the fast path.
+       input_output_aliases if input_output_aliases is None
+       else _frozen(input_output_aliases),
+       zeroed_outputs if type(zeroed_outputs) is tuple  # pylint: disable=unidiomatic-typecheck
+       else _frozen(zeroed_outputs), debug, serialized_metadata, vmap_method,
+       device, sharding_rule, has_side_effect,
+       cost_estimate if cost_estimate is None else _frozen(cost_estimate),
        merged.extra, descriptors),
       metaparams, sharding_rule is not None)
   entry, key = _dispatch.lookup(key, grid)

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import operator
 import os
 from typing import Any, Callable, Sequence
 
@@ -221,9 +222,15 @@ def _arg_key(arg: Any, exact: bool):
   return None
 
 
+_SYNC_ENV_VAR = _gpu_faults.SYNC_ENV_VAR
+
+
 def signature(args: Sequence[Any], kernel: Any, out_shape: Any, grid: Any,
               options: tuple, metaparams: dict, exact_all: bool) -> Any:
   """The key of an eager call, or None when it has no fast path.
+
+  It runs on every eager call, so it is written for speed: one tuple, few
+  calls, and the common argument (a ``jax.Array``) tested first.
 
   Args:
     args: the positional arguments.
@@ -240,24 +247,31 @@ def signature(args: Sequence[Any], kernel: Any, out_shape: Any, grid: Any,
     return None
   try:
     _, exact, autotuned = _kernel_facts(kernel)
-    if exact_all or callable(grid):
-      exact = "all"
-    parts = [id(kernel), _out_key(out_shape), _grid_key(grid),
-             _typed(options), _env_key(autotuned), _generation[0],
-             jax.config.jax_default_device]
-    everything = exact == "all"
+    everything = exact_all or exact == "all" or callable(grid)
+    array_type = _array_type[0] if _array_type else _jax_array_type()
+    arg_parts = []
     for i, arg in enumerate(args):
+      if type(arg) is array_type:  # pylint: disable=unidiomatic-typecheck
+        arg_parts.append((arg.shape, arg.dtype, arg.sharding, arg.committed))
+        continue
       part = _arg_key(arg, everything or i in exact)
       if part is None:
         return None
-      parts.append(part)
-    if metaparams:
-      parts.append(tuple(metaparams))
-      parts.append(_typed(list(metaparams.values())))
+      arg_parts.append(part)
+    values = tuple(metaparams.values())
+    # 1, 1.0 and True are equal and hash alike; their types tell them apart.
+    kind = type(grid)
+    return (id(kernel), _out_key(out_shape),
+            (kind, grid, tuple(map(type, grid))) if kind is tuple
+            else _grid_key(grid), options,
+            tuple(map(type, options)),
+            _env_key(True) if autotuned
+            else os.environ.get(_SYNC_ENV_VAR),
+            _generation[0], jax.config.jax_default_device, tuple(arg_parts),
+            tuple(metaparams), values, tuple(map(type, values)))
   except Exception:  # pylint: disable=broad-except
     # Not a kernel, or odd input: the slow path reports it.
     return None
-  return tuple(parts)
 
 
 @dataclasses.dataclass(eq=False)
@@ -295,6 +309,9 @@ class Entry:
   kernel: Any = None  # Held: the key has its id.
   layout: Any = None  # The scalars' struct, when ``runtime``.
   single: bool = False  # Whether out_shape is one leaf.
+  # Set when there is nothing to do but pick the arrays and call ``fn``:
+  # no scalars, no moves, no sync. Picks the arrays from the arguments.
+  pick: Callable[[Sequence[Any]], tuple] | None = None
 
   def matches(self, grid: Any) -> bool:
     """Whether what the key cannot see is as it was when bound."""
@@ -311,6 +328,14 @@ class Entry:
     return True
 
   def __call__(self, args: Sequence[Any]) -> Any:
+    if self.pick is not None:  # The common case, with the least Python.
+      try:
+        outs = self.fn(*self.pick(args))
+      except Exception as e:  # pylint: disable=broad-except
+        self._raise(e)
+      if self.single:
+        return outs[0]
+      return jax.tree_util.tree_unflatten(self.out_tree, outs)
     arrays = [args[i] for i in self.array_positions]
     for k in self.put_positions:
       arrays[k] = jax.device_put(arrays[k], self.target)
@@ -327,13 +352,24 @@ class Entry:
       if self.sync:
         jax.block_until_ready(outs)
     except Exception as e:  # pylint: disable=broad-except
-      _cpu_lowering.raise_host_fault(e)
-      if _gpu_faults.is_device_fault(e):
-        raise _gpu_faults.launch_fault(e, self.spec) from e
-      raise
+      self._raise(e)
     if self.single:
       return outs[0]  # One output, not in a container: no unflattening.
     return jax.tree_util.tree_unflatten(self.out_tree, outs)
+
+  def _raise(self, e: Exception):
+    """Raises a failed launch's error, in jt_dist's words where it can."""
+    _cpu_lowering.raise_host_fault(e)
+    if _gpu_faults.is_device_fault(e):
+      raise _gpu_faults.launch_fault(e, self.spec) from e
+    raise  # The handler calling this is still handling ``e``.
+
+
+def _picker(positions: tuple[int, ...]) -> Callable[[Sequence[Any]], tuple]:
+  """A function of the arguments that returns those at ``positions``."""
+  if len(positions) >= 2:
+    return operator.itemgetter(*positions)  # Returns a tuple, in C.
+  return lambda args: tuple(args[i] for i in positions)
 
 
 def _evaluate(grid, named):
@@ -403,14 +439,16 @@ def make_entry(args, resolved_args, arrays, spec, out_tree, grid,
       k for k, i in enumerate(array_positions)
       if not (isinstance(args[i], jax.Array) and args[i].committed))
   recorder = grid if isinstance(grid, GridRecorder) else None
+  sync = _gpu_faults.sync_launches()
+  plain = not puts and not positions and not sync
   return Entry(
       fn=fn, spec=spec, array_positions=array_positions,
       scalar_positions=tuple(positions), values=values, runtime=runtime,
       put_positions=puts, target=device_target, out_tree=out_tree,
       grid=None if recorder is None else recorder.grid,
       grid_checks=() if recorder is None else tuple(recorder.seen),
-      source=source_of(info), sync=_gpu_faults.sync_launches(),
-      kernel=spec.kernel,
+      source=source_of(info), sync=sync,
+      kernel=spec.kernel, pick=_picker(array_positions) if plain else None,
       layout=_cpu_scalars.layout(spec) if runtime else None,
       single=out_tree.num_leaves == 1 and out_tree.num_nodes == 1)
 
@@ -437,6 +475,8 @@ class ReplayEntry:
   grid: Any
   source: tuple
   kernel: Any  # Held: the key has its id.
+  moves: bool = True  # Whether any target is not None.
+  single: bool = False  # Whether out_shape is one leaf.
 
   def matches(self, grid: Any) -> bool:
     jit_fn, src = self.source
@@ -444,9 +484,44 @@ class ReplayEntry:
         not callable(grid) or grid is self.grid)
 
   def __call__(self, args: Sequence[Any]) -> Any:
-    arrays = [args[i] if target is None else jax.device_put(args[i], target)
-              for i, target in zip(self.array_positions, self.targets)]
-    return jax.tree_util.tree_unflatten(self.out_tree, list(self.fn(*arrays)))
+    if self.moves:
+      arrays = [args[i] if target is None else jax.device_put(args[i], target)
+                for i, target in zip(self.array_positions, self.targets)]
+    else:  # Laid out already: one call of the jitted ``shard_map``.
+      arrays = [args[i] for i in self.array_positions]
+    outs = self.fn(*arrays)
+    if self.single:
+      return outs[0]
+    return jax.tree_util.tree_unflatten(self.out_tree, list(outs))
+
+
+def _replay_target(x: Any, spec: Any, mesh: Any) -> Any:
+  """Where a per-shard call's operand must move: None if it may stay.
+
+  An operand whose sharding lays it out as ``spec`` does over ``mesh``
+  (one device's array on a mesh of that one device, say) is passed as it
+  is: the jitted ``shard_map`` takes it without a ``device_put`` per call.
+  Not where ``spec`` names an explicit mesh axis: ``shard_map`` then
+  checks the operand's type, which only a move gives that axis.
+  """
+  target = _specs.move_target(x, spec, mesh)
+  if target is None:
+    return None
+  try:
+    named = {axis for entry in spec if entry is not None
+             for axis in ((entry,) if isinstance(entry, str) else entry)}
+    types = dict(zip(mesh.axis_names, mesh.axis_types))
+    current = x.sharding
+    # An array typed on another mesh keeps that mesh in its type.
+    other_mesh = (isinstance(current, jax.sharding.NamedSharding)
+                  and current.mesh != mesh)
+    if not other_mesh and all(
+        types[axis] != jax.sharding.AxisType.Explicit for axis in named) and (
+            current.is_equivalent_to(target, x.ndim)):
+      return None
+  except Exception:  # pylint: disable=broad-except
+    pass  # Not comparable: moving it is always right.
+  return target
 
 
 def replay_recorder(key, kernel, grid):
@@ -460,12 +535,14 @@ def replay_recorder(key, kernel, grid):
 
   def record(args, positions, in_specs, mesh, mapped, out_tree):
     fn = jax.jit(mapped)
-    targets = tuple(_specs.move_target(args[i], spec, mesh)
+    targets = tuple(_replay_target(args[i], spec, mesh)
                     for i, spec in zip(positions, in_specs))
     entries.put(key, ReplayEntry(
         fn=fn, array_positions=tuple(positions), targets=targets,
         out_tree=out_tree, grid=grid,
-        source=source_of(_kernel.kernel_info(kernel)), kernel=kernel))
+        source=source_of(_kernel.kernel_info(kernel)), kernel=kernel,
+        moves=any(t is not None for t in targets),
+        single=out_tree.num_leaves == 1 and out_tree.num_nodes == 1))
     return fn
 
   return record

@@ -393,6 +393,38 @@ class DispatchTest(testing.TestCase):
         self.assertAllClose(out, x * s)
     self.assertEqual(made.call_count, 2)
 
+  @parameterized.named_parameters(
+      ("one_device_replicated", 1, P(), "Explicit", 0),
+      ("one_device_split_auto", 1, P("i"), "Auto", 0),
+      ("one_device_split_explicit", 1, P("i"), "Explicit", 1),
+      ("two_devices", 2, P("i"), "Auto", 1))
+  def test_sharded_hit_moves_only_operands_not_laid_out(self, size, spec,
+                                                        axis_type, puts):
+    # On a mesh of the array's own device the operand is laid out already:
+    # a hit is one jitted call, unless shard_map checks its type against an
+    # explicit axis. Over two devices it must be spread again on every call
+    # (the signature holds its single-device sharding).
+    mesh = jax.make_mesh((size,), ("i",), devices=self.devices(size),
+                         axis_types=(getattr(jax.sharding.AxisType,
+                                             axis_type),))
+    x = self.random((2 * _BLOCK * size,))  # Two programs per shard.
+    xs = jnp.asarray(x)
+
+    def call():
+      return jt_dist.sharded_triton_call(
+          xs, 2.0, jt_dist.shard_size(0), kernel=scale_kernel,
+          out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype), grid=(2,),
+          mesh=mesh, in_specs=(spec,), out_specs=spec, BLOCK=_BLOCK)
+
+    self.assertAllClose(call(), x * 2)
+    with mock.patch.object(jax, "device_put", wraps=jax.device_put) as put:
+      for _ in range(2):
+        out = call()
+        self.assertAllClose(out, x * 2)
+    self.assertEqual(put.call_count, 2 * puts)
+    self.assertTrue(out.sharding.is_equivalent_to(NamedSharding(mesh, spec),
+                                                  1), out.sharding)
+
   def test_sharding_rule_call_is_cached_and_follows_sharding(self):
     devices = self.devices(2)
     mesh = jax.make_mesh((2,), ("i",), devices=devices,

@@ -60,18 +60,23 @@ class LRUCache:
     self._entries: collections.OrderedDict[str, Any] = collections.OrderedDict()
     self._lock = threading.Lock()
     self.max_entries = max_entries
+    # The most recently used value: a hit on it (a loop calling the same
+    # thing) need not move it, which would hash the key a second time.
+    self._newest: Any = None
 
   def get(self, key: str) -> Any | None:
     with self._lock:
       value = self._entries.get(key)
-      if value is not None:
+      if value is not None and value is not self._newest:
         self._entries.move_to_end(key)
+        self._newest = value
       return value
 
   def put(self, key: str, value: Any) -> None:
     with self._lock:
       self._entries[key] = value
       self._entries.move_to_end(key)
+      self._newest = value
       self._evict()
 
   def resize(self, max_entries: int) -> None:
@@ -81,11 +86,14 @@ class LRUCache:
 
   def _evict(self) -> None:
     while len(self._entries) > max(self.max_entries, 0):
-      self._entries.popitem(last=False)
+      _, value = self._entries.popitem(last=False)
+      if value is self._newest:
+        self._newest = None
 
   def clear(self) -> None:
     with self._lock:
       self._entries.clear()
+      self._newest = None
 
   def __len__(self) -> int:
     with self._lock:

@@ -12,6 +12,7 @@ from jt_dist import _batching
 from jt_dist import _binding
 from jt_dist import _dispatch
 from jt_dist import _errors
+from jt_dist import _operands
 from jt_dist._sharding import auto_axes as _auto_axes
 from jt_dist._sharding import partition as _partition
 from jt_dist._sharding import placement as _placement
@@ -138,6 +139,7 @@ def triton_call(
       ``jax.jit``.
   """
   out_shape = resolve_out_shape(out_shape, out_type)
+  args, metaparams = _operands.merge_keywords(kernel, args, metaparams)
   key = _dispatch.signature(
       args, kernel, out_shape, grid,
       (name, custom_call_target_name, num_warps, num_stages, num_ctas,

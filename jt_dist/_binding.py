@@ -17,6 +17,7 @@ from typing import Any, Callable, Mapping, Sequence
 import jax
 import numpy as np
 
+from jt_dist import _conventions
 from jt_dist import _errors
 from jt_dist import _grid
 from jt_dist import _kernel
@@ -99,6 +100,10 @@ class CallOptions:
   serialized_metadata: bytes = b""
   vmap_method: str | None = None
   sharding_rule: Any = None
+
+
+is_scalar = _types.is_scalar
+pointer_type = _types.pointer_type
 
 
 def _is_shape_dtype(x: Any) -> bool:
@@ -211,7 +216,7 @@ def _dtype_hint(dtype: np.dtype) -> str:
   return ""
 
 
-def _binding_error(info, message: str) -> _errors.KernelBindingError:
+def binding_error(info, message: str) -> _errors.KernelBindingError:
   order = ", ".join(info.param_names)
   return _errors.KernelBindingError(
       f"triton_call: kernel {info.name!r}({order}): {message} Parameters are"
@@ -220,12 +225,12 @@ def _binding_error(info, message: str) -> _errors.KernelBindingError:
   )
 
 
-def _bind_positional(info, args, kinds, n_outputs):
+def bind_positional(info, args, kinds, n_outputs):
   """Binds positional args and outputs; returns operands and constexprs."""
   params = info.params
   if len(args) + n_outputs > len(params):
     extra = len(args) + n_outputs - len(params)
-    raise _binding_error(
+    raise binding_error(
         info,
         f"{len(args)} positional arguments and {n_outputs} outputs bind"
         f" {len(args) + n_outputs} parameters, but the kernel has only"
@@ -235,7 +240,7 @@ def _bind_positional(info, args, kinds, n_outputs):
   for i, ((kind, payload), param) in enumerate(zip(kinds, params)):
     if param.is_constexpr:
       if kind == "array":
-        raise _binding_error(
+        raise binding_error(
             info,
             f"args[{i}] is an array but binds {param.name!r}, a tl.constexpr"
             " parameter, which takes a compile-time scalar.",
@@ -298,12 +303,12 @@ def _check_declared_scalar(info, i, param, value) -> None:
     )
 
 
-def _bind_outputs(info, n_args, out_shapes):
+def bind_outputs(info, n_args, out_shapes):
   operands = []
   for k, (_, dtype) in enumerate(out_shapes):
     param = info.params[n_args + k]
     if param.is_constexpr:
-      raise _binding_error(
+      raise binding_error(
           info,
           f"output {k} binds {param.name!r}, a tl.constexpr parameter. Pass"
           " fewer outputs, or pass the inputs that come before it.",
@@ -314,16 +319,16 @@ def _bind_outputs(info, n_args, out_shapes):
   return operands
 
 
-def _check_metaparams(info, metaparams, positional_names):
+def check_metaparams(info, metaparams, positional_names):
   for key, value in metaparams.items():
     if key not in info.param_by_name:
       close = difflib.get_close_matches(key, info.param_names, n=1)
       hint = f" Did you mean {close[0]!r}?" if close else ""
-      raise _binding_error(
+      raise binding_error(
           info, f"metaparam {key}={value!r} names no parameter of the kernel.{hint}"
       )
     if key in positional_names:
-      raise _binding_error(
+      raise binding_error(
           info,
           f"metaparam {key}={value!r} binds {key!r}, which the positional"
           " arguments or outputs already bind.",
@@ -338,37 +343,38 @@ def _check_metaparams(info, metaparams, positional_names):
       ) from None
 
 
-def _describe_bound(info, n_args, n_outputs, names):
+def describe_bound(info, operands, n_args, names):
   """What binds each bound parameter, e.g. "n=output 0, BLOCK=by name".
 
   Shown with a missing parameter: a forgotten argument usually shifts an
   output onto the parameter it should have bound, and this makes it visible.
   """
+  outputs = {op.name: op.index for op in operands if op.kind == "output"}
   parts = []
   for i, param in enumerate(info.params):
     if i < n_args:
       parts.append(f"{param.name}=args[{i}]")
-    elif i < n_args + n_outputs:
-      parts.append(f"{param.name}=output {i - n_args}")
+    elif param.name in outputs:
+      parts.append(f"{param.name}=output {outputs[param.name]}")
     elif param.name in names:
       parts.append(f"{param.name}=by name")
   return ", ".join(parts)
 
 
-def _check_complete(info, positional_names, config, n_args, n_outputs):
+def _check_complete(info, positional_names, config, operands, n_args):
   names = [k for k, _ in config.kwargs]
-  bound = _describe_bound(info, n_args, n_outputs, names)
+  bound = describe_bound(info, operands, n_args, names)
   missing, twice = _kernel.missing_and_extra(info, positional_names, names)
   unknown = [k for k, _ in config.kwargs if k not in info.param_by_name]
   if unknown:
-    raise _binding_error(
+    raise binding_error(
         info, f"autotuning config ({config.label}) sets {unknown}, which are"
         " not parameters of the kernel.")
   if twice:
-    raise _binding_error(
+    raise binding_error(
         info, f"{twice} are bound twice (config: {config.label}).")
   if missing:
-    raise _binding_error(
+    raise binding_error(
         info,
         f"parameters {missing} are not bound by anything (bound: {bound}).",
     )
@@ -440,7 +446,7 @@ def _reset_to_zero(info, operands, aliases) -> tuple[int, ...]:
   return tuple(outputs)
 
 
-def _aliases(aliases, array_shapes, out_shapes):
+def check_aliases(aliases, array_shapes, out_shapes):
   if not aliases:
     return ()
   n_in, n_out = len(array_shapes), len(out_shapes)
@@ -499,10 +505,8 @@ def bind_call(args, kernel, out_shape, grid, options: CallOptions, metaparams):
   _options.check(options)
   out_shapes, out_tree = flatten_out_shape(out_shape)
   kinds, _ = _classify_args(args)
-  operands, constexprs = _bind_positional(info, args, kinds, len(out_shapes))
-  operands += _bind_outputs(info, len(args), out_shapes)
-  positional_names = [op.name for op in operands] + list(constexprs)
-  _check_metaparams(info, metaparams, positional_names)
+  operands, constexprs, aliases = _conventions.bind(
+      info, args, kinds, out_shapes, metaparams, options.input_output_aliases)
   constexprs.update(metaparams)
   runtime_names = [op.name for op in operands]
   arrays = [a for a in args if not _types.is_scalar(a)]
@@ -515,12 +519,10 @@ def bind_call(args, kernel, out_shape, grid, options: CallOptions, metaparams):
   configs = _kernel.expand_configs(
       info, constexprs, named, options.num_warps, options.num_stages,
       options.num_ctas)
-  aliases = _aliases(options.input_output_aliases,
-                     [(a.shape, a.dtype) for a in arrays], out_shapes)
   reset = _reset_to_zero(info, operands, aliases)
   launches = []
   for config in configs:
-    _check_complete(info, runtime_names, config, len(args), len(out_shapes))
+    _check_complete(info, runtime_names, config, operands, len(args))
     config = _with_constexpr_defaults(info, config)
     where = f" (config: {config.label})" if info.layers else ""
     kwargs = dict(config.kwargs)

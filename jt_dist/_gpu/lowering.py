@@ -164,14 +164,19 @@ def _nbytes(shape, dtype) -> int:
 def _parameters(lib, spec, launch, specialization):
   """jaxlib's kernel parameters, in the order the compiled kernel takes them."""
   zeroed = set(launch.zeroed_outputs)
+  aliased = dict(spec.input_output_aliases)
   params = []
   for op in specialization.launch_operands:
     if op.kind == "scalar":
       params.append(lib.create_scalar_parameter(op.value, op.type))
       continue
+    # Under jax-triton 0.4's convention an aliased output binds no
+    # parameter: its input's pointer is the output's buffer.
+    out = (op.index if op.kind == "output"
+           else aliased.get(op.index) if op.kind == "array" else None)
     to_zero = 0
-    if op.kind == "output" and op.index in zeroed:
-      to_zero = _nbytes(*spec.out_shapes[op.index])
+    if out is not None and out in zeroed:
+      to_zero = _nbytes(*spec.out_shapes[out])
     # 16: the divisibility the kernel was specialised for; jaxlib checks it.
     params.append(lib.create_array_parameter(to_zero, 16))
   return params

@@ -70,10 +70,11 @@ def merge_keywords(kernel: Any, args: Sequence[Any],
     position = info.param_names.index(name)
     if position < len(args):
       raise _errors.KernelBindingError(
-          f"triton_call: kernel {info.name!r}({', '.join(info.param_names)})"
-          f" got multiple values for argument {name!r}: args[{position}]"
-          f" binds it, and so does the keyword {name}=. Pass it once,"
-          " positionally or by name.")
+          f"triton_call: kernel {info.name!r}({', '.join(info.param_names)}):"
+          f" metaparam {name}={metaparams[name]!r} binds {name!r} (as a"
+          f" keyword operand), which args[{position}] already binds: got multiple"
+          f" values for argument {name!r}. Pass it once, positionally or by"
+          " name.")
   args, rest, left = list(args), dict(metaparams), set(names)
   for param in info.params[len(args):]:
     if not left:

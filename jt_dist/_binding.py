@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import warnings
 from typing import Any, Callable, Mapping, Sequence
 
 import jax
@@ -263,21 +264,28 @@ def bind_positional(info, args, kinds, n_outputs):
 
 
 def _scalar_type(info, i, param, value) -> str:
-  """The type Triton's launcher gives the scalar ``value`` of ``param``.
+  """The type the scalar ``value`` of ``param`` is passed as.
 
   The parameter's annotation decides where it names a type jaxlib can carry,
-  else the value does (``_types.scalar_type``). A float32 must not overflow.
+  else the value does (``_types.scalar_type``: a float is fp32 where float32
+  holds it, else fp64). A float32 must not overflow.
   """
+  if isinstance(value, np.float32):
+    warnings.warn(
+        f"triton_call: args[{i}] = np.float32({float(value)!r}) binds"
+        f" parameter {param.name!r} of kernel {info.name!r}; passing"
+        " np.float32 scalars is deprecated (as in jax-triton 0.4). Pass a"
+        f" Python float, float({float(value)!r}), which is passed as a"
+        " float32 where float32 holds it.", DeprecationWarning, stacklevel=8)
   scalar_type = (_types.annotated_scalar_type(param.annotation)
                  or _types.scalar_type(value))
   if scalar_type == "fp32" and _types.overflows_float32(value):
     raise ValueError(
         f"triton_call: args[{i}] = {float(value)!r} binds parameter"
-        f" {param.name!r} of kernel {info.name!r} as a float32, the type"
-        " Triton's launcher gives a float, and overflows it (the largest"
-        f" float32 is {float(np.finfo(np.float32).max)!r}). Declare the"
-        f" parameter `{param.name}: tl.float64` to pass a double, or scale"
-        " the value.")
+        f" {param.name!r} of kernel {info.name!r}, declared"
+        f" {param.annotation or 'fp32'}, and overflows a float32 (the"
+        f" largest is {_types.FLOAT32_MAX!r}). Declare the parameter"
+        f" `{param.name}: tl.float64` to pass a double, or scale the value.")
   return scalar_type
 
 

@@ -82,7 +82,7 @@ def _warn_ambiguous(info, old, new, aliases) -> None:
       f" {unbound} to their defaults. To keep 0.4's reading and silence this,"
       f" pass {', '.join(f'{n}=...' for n in unbound)} by name; for 0.3.1's,"
       " remove the defaults of those parameters.",
-      DeprecationWarning, stacklevel=4)
+      DeprecationWarning, stacklevel=6)
 
 
 def _bind_031(info, args, kinds, out_shapes, metaparams, aliases):

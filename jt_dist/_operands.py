@@ -71,7 +71,7 @@ def merge_keywords(kernel: Any, args: Sequence[Any],
     if position < len(args):
       raise _errors.KernelBindingError(
           f"triton_call: kernel {info.name!r}({', '.join(info.param_names)}):"
-          f" metaparam {name}={metaparams[name]!r} binds {name!r} (as a"
+          f" metaparam {name}={_short(metaparams[name])} binds {name!r} (as a"
           f" keyword operand), which args[{position}] already binds: got multiple"
           f" values for argument {name!r}. Pass it once, positionally or by"
           " name.")
@@ -106,3 +106,9 @@ def _check_left(info, gap, left, rest) -> None:
           " kernel's input buffers first. Declare the kernel's input pointer"
           " parameters before its output pointer parameters"
           + (f", or pass {gap.name}= too." if gap.is_constexpr else "."))
+
+
+def _short(value: Any) -> str:
+  if _types.is_scalar(value) or not hasattr(value, "shape"):
+    return repr(value)
+  return f"<array of shape {tuple(value.shape)}, dtype {value.dtype}>"

@@ -161,6 +161,28 @@ def raise_host_fault(error: Exception) -> None:
     raise found from error
 
 
+def _in_parameter_order(spec, args, kwargs):
+  """Positional arguments up to the last operand, constexprs in their place.
+
+  A constexpr declared between operands (``k(x_ptr, BLOCK: tl.constexpr,
+  y_ptr)``) is bound by its position, not by name, as Triton's interpreter
+  binds every argument before the last positional one.
+  """
+  by_name = dict(zip((op.name for op in spec.operands), args))
+  params = spec.info.params
+  last = max((i for i, p in enumerate(params) if p.name in by_name),
+             default=-1)
+  ordered = []
+  for param in params[:last + 1]:
+    if param.name in by_name:
+      ordered.append(by_name[param.name])
+    elif param.name in kwargs:
+      ordered.append(kwargs.pop(param.name))
+    else:
+      ordered.append(param.default)
+  return ordered, kwargs
+
+
 def _run_on_host(spec, *arrays):
   _log_once(spec)
   launch = spec.launches[0]
@@ -169,10 +191,11 @@ def _run_on_host(spec, *arrays):
   buffers = _pointer_buffers(spec, launch, inputs, outputs)
   checker = (_bounds.MemoryChecker(spec.info.name, buffers)
              if _bounds.enabled() else None)
-  args = _kernel_args(spec, buffers, checker)
+  args, kwargs = _in_parameter_order(
+      spec, _kernel_args(spec, buffers, checker), dict(launch.config.kwargs))
   with _INTERPRETER_LOCK:
     _interpreter_runtime.run(
-        spec.info.python_fn, launch.grid, args, dict(launch.config.kwargs),
+        spec.info.python_fn, launch.grid, args, kwargs,
         checker=checker, debug=spec.debug,
     )
   return tuple(outputs)

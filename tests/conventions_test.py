@@ -8,6 +8,7 @@ a ``ShardingRule`` and the CPU bounds checker.
 
 from __future__ import annotations
 
+import unittest
 import warnings
 
 from absl.testing import absltest
@@ -25,6 +26,7 @@ from jt_dist import testing
 testing.configure_cpu_devices()
 
 import jt_dist  # pylint: disable=g-import-not-at-top,wrong-import-position
+import gpu_lowering_util as util  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 _N = 16
 
@@ -309,6 +311,37 @@ class KeywordOperandTest(testing.TestCase):
         out_shape=_like(x), grid=(2,), BLOCK=8,
         sharding_rule=jt_dist.ShardingRule("i, i -> i"))
     self.assertAllClose(out, x + y)
+
+
+@unittest.skipUnless(util.HAS_TRITON_CALL, util.SKIP_REASON)
+class CudaLoweringTest(util.IsolatedCacheMixin, testing.TestCase):
+  """What a cross-lowered CUDA call passes jaxlib, parameter by parameter."""
+
+  def _params(self, f, *args):
+    lowered = jax.jit(f).trace(*args).lower(lowering_platforms=("cuda",))
+    (call,) = util.triton_custom_calls(lowered)
+    (kernel,) = call["calls"]
+    return call, kernel["params"]
+
+  def test_04_aliased_input_is_the_zeroed_output(self):
+    x = jnp.zeros((_N,), jnp.float32)
+    call, params = self._params(
+        lambda a: _inc(_N, a, 1e300, zeroed_outputs=(0,),
+                       compute_capability=90), x)
+    # n, then io_ptr zeroed as output 0 (4 bytes each), then scale as a
+    # double (1e300 overflows float32); no parameter for the output.
+    self.assertEqual(params, [("i32", _N), ("array", 4 * _N, 16),
+                              ("other", [8])])
+    self.assertIn("operand_index = 0", call["aliases_text"])  # io_ptr.
+
+  def test_keyword_operands_in_parameter_order(self):
+    x = jnp.zeros((_N,), jnp.float32)
+    _, params = self._params(
+        lambda a, b: jt_dist.triton_call(
+            a, n=_N, y_ptr=b, kernel=add_kernel, out_shape=_like(a),
+            grid=(2,), BLOCK=8, compute_capability=90), x, x)
+    self.assertEqual(params, [("array", 0, 16), ("array", 0, 16),
+                              ("i32", _N), ("array", 0, 16)])
 
 
 if __name__ == "__main__":

@@ -304,6 +304,16 @@ class CudaSignatureTest(util.IsolatedCacheMixin, testing.TestCase):
     self.assertEqual(_ttir_type(kernel, "alpha"), _MLIR_TYPES[expected])
     self.assertEqual(_param_type(kernel["params"][0]), expected)
 
+  @parameterized.parameters(1e300, -3.5e38, 1e-300)
+  def test_float_beyond_float32_signature(self, value):
+    def f():
+      return jt_dist.triton_call(
+          value, kernel=store_float_kernel,
+          out_shape=[_WORDS], grid=(1,), compute_capability=90)
+    kernel = self._lower(f)
+    self.assertEqual(_ttir_type(kernel, "alpha"), "f64")
+    self.assertEqual(_param_type(kernel["params"][0]), "fp64")
+
   def test_float64_annotation_signature(self):
     def f():
       return jt_dist.triton_call(

@@ -17,6 +17,7 @@ from jt_dist._sharding import auto_axes as _auto_axes
 from jt_dist._sharding import partition as _partition
 from jt_dist._sharding import placement as _placement
 from jt_dist import _primitive
+from jt_dist import _pytree_args
 from jt_dist._sharding import rule as _rule
 from jt_dist._sharding import shard_size as _shard_size
 
@@ -160,6 +161,7 @@ def triton_call(
       serialized_metadata=serialized_metadata, vmap_method=vmap_method)
   if sharding_rule is not None:
     sharding_rule = _rule.check(sharding_rule, "triton_call")
+    _pytree_args.refuse_tuples(args, "triton_call with a sharding_rule")
     recorder = (None if key is None
                 else _dispatch.replay_recorder(key, kernel, grid))
     outs = _partitioned(args, kernel, out_shape, grid, sharding_rule, device,
@@ -287,6 +289,9 @@ def _place(arrays, args, spec, device):
     resolved to (None without ``device=``, or under a trace).
   """
   name = spec.info.name
+  if any(_pytree_args.is_tuple(a) for a in args):
+    # Tuple operands: their leaves are checked like positional ones.
+    args = [leaf for a in args for _, leaf in _pytree_args.leaves_with_paths(a)]
   if any(isinstance(a, jax.core.Tracer) for a in arrays):
     _placement.check_traced(args, name)
     return _placement.unify_varying_axes(arrays), None

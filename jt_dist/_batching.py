@@ -102,6 +102,11 @@ def _sequential(bind, args, batched, spec):
 def _on_grid(bind, args, batched, spec, size):
   """One launch of the wrapper kernel over the batched grid."""
   base = spec.batch.base if spec.batch else spec
+  tuples = sorted({op.name for op in base.operands if op.path})
+  if tuples:
+    raise _NoRoom(
+        f"it takes tuple parameters {tuples}, which the batched grid's"
+        " wrapper kernel does not forward.")
   args, batched = list(args), list(batched)
   for i, _ in spec.input_output_aliases:
     # An aliased input becomes its output's buffer, which is batched.

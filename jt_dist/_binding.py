@@ -23,6 +23,7 @@ from jt_dist import _errors
 from jt_dist import _grid
 from jt_dist import _kernel
 from jt_dist import _options
+from jt_dist import _pytree_args
 from jt_dist import _types
 
 
@@ -35,6 +36,12 @@ class Operand:
   index: int  # Array index among array arguments, or output index.
   value: Any  # The scalar's value; None for pointers.
   type: str  # Triton's type name, e.g. "*fp32" or "i32".
+  path: tuple[int, ...] = ()  # Where in a tuple parameter, e.g. (1, 0).
+
+  @property
+  def label(self) -> str:
+    """The name for messages: ``yz[1]`` for a leaf of tuple parameter yz."""
+    return _pytree_args.label(self.name, self.path)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -179,7 +186,17 @@ def _classify_args(args: Sequence[Any]):
   kinds = []
   n_arrays = 0
   for i, arg in enumerate(args):
-    if _types.is_scalar(arg):
+    if _pytree_args.is_tuple(arg) and arg:
+      leaves = []
+      for path, leaf in _pytree_args.leaves_with_paths(arg):
+        _pytree_args.check_leaf(i, path, leaf)
+        kind, payload = _classify_args([leaf])[0][0]
+        if kind == "array":
+          payload = n_arrays
+          n_arrays += 1
+        leaves.append((path, kind, payload))
+      kinds.append(("tuple", leaves))
+    elif _types.is_scalar(arg):
       if _types.scalar_type(arg) is None:
         raise ValueError(
             f"triton_call: args[{i}] = {arg!r} does not fit in 64 bits, the"
@@ -239,6 +256,17 @@ def bind_positional(info, args, kinds, n_outputs):
     )
   operands, constexprs = [], {}
   for i, ((kind, payload), param) in enumerate(zip(kinds, params)):
+    if kind == "tuple":
+      if param.is_constexpr and any(k == "array" for _, k, _ in payload):
+        raise binding_error(
+            info, f"args[{i}] is a tuple holding arrays but binds"
+            f" {param.name!r}, a tl.constexpr parameter, which takes"
+            " compile-time values.")
+      if param.is_constexpr:
+        constexprs[param.name] = args[i]
+      else:
+        operands.extend(_tuple_operands(info, i, param, args[i], payload))
+      continue
     if param.is_constexpr:
       if kind == "array":
         raise binding_error(
@@ -261,6 +289,24 @@ def bind_positional(info, args, kinds, n_outputs):
                   _types.python_scalar(payload, scalar_type), scalar_type)
       )
   return operands, constexprs
+
+
+def _tuple_operands(info, i, param, arg, leaves):
+  """One operand per leaf of the tuple ``arg`` that binds ``param``."""
+  values = dict(_pytree_args.leaves_with_paths(arg))
+  operands = []
+  for path, kind, payload in leaves:
+    if kind == "array":
+      operands.append(Operand(
+          param.name, "array", payload, None,
+          _types.pointer_type(values[path].dtype), path))
+    else:
+      scalar_type = _types.scalar_type(payload)
+      operands.append(Operand(
+          param.name, "scalar", -1,
+          _types.python_scalar(payload, scalar_type), scalar_type, path))
+  del info
+  return operands
 
 
 def _scalar_type(info, i, param, value) -> str:
@@ -390,16 +436,18 @@ def _check_complete(info, positional_names, config, operands, n_args):
 
 def _named_args(arrays, operands, out_shapes, constexprs):
   """Every bound parameter by name, arrays as shape/dtype structs."""
-  named = {}
+  leaves: dict[str, list] = {}
   for op in operands:
     if op.kind == "array":
       arg = arrays[op.index]
-      named[op.name] = jax.ShapeDtypeStruct(arg.shape, arg.dtype)
+      value = jax.ShapeDtypeStruct(arg.shape, arg.dtype)
     elif op.kind == "output":
       shape, dtype = out_shapes[op.index]
-      named[op.name] = jax.ShapeDtypeStruct(shape, dtype)
+      value = jax.ShapeDtypeStruct(shape, dtype)
     else:
-      named[op.name] = op.value
+      value = op.value
+    leaves.setdefault(op.name, []).append((op.path, value))
+  named = {name: _pytree_args.nest(items) for name, items in leaves.items()}
   named.update(constexprs)
   return named
 
@@ -516,8 +564,8 @@ def bind_call(args, kernel, out_shape, grid, options: CallOptions, metaparams):
   operands, constexprs, aliases = _conventions.bind(
       info, args, kinds, out_shapes, metaparams, options.input_output_aliases)
   constexprs.update(metaparams)
-  runtime_names = [op.name for op in operands]
-  arrays = [a for a in args if not _types.is_scalar(a)]
+  runtime_names = list(dict.fromkeys(op.name for op in operands))
+  arrays = _pytree_args.array_leaves(args)
   named = _named_args(arrays, operands, out_shapes, constexprs)
   # Triton's launcher shows heuristics and the grid every parameter,
   # unbound ones with defaults included; explicit values take precedence.

@@ -24,6 +24,7 @@ import warnings
 
 from jt_dist import _binding
 from jt_dist import _errors
+from jt_dist import _pytree_args
 
 _ERRORS = (_errors.KernelBindingError, ValueError)
 
@@ -92,7 +93,7 @@ def _bind_031(info, args, kinds, out_shapes, metaparams, aliases):
   _binding.check_metaparams(info, metaparams,
                             [op.name for op in operands] + list(constexprs))
   _check_runtime_bound(info, operands, constexprs, metaparams, len(args))
-  arrays = [a for a in args if not _binding.is_scalar(a)]
+  arrays = _pytree_args.array_leaves(args)
   return operands, constexprs, _binding.check_aliases(
       aliases, [(a.shape, a.dtype) for a in arrays], out_shapes)
 
@@ -119,7 +120,7 @@ def _bind_04(info, args, kinds, out_shapes, metaparams, aliases):
   _binding.check_metaparams(info, metaparams,
                             [op.name for op in operands] + list(constexprs))
   _check_runtime_bound(info, operands, constexprs, metaparams, len(args))
-  arrays = [a for a in args if not _binding.is_scalar(a)]
+  arrays = _pytree_args.array_leaves(args)
   return operands, constexprs, _binding.check_aliases(
       dict(pairs), [(a.shape, a.dtype) for a in arrays], out_shapes)
 
@@ -133,14 +134,14 @@ def _translate(info, operands, aliases, n_outputs):
           f"triton_call: input_output_aliases key {key} is not an operand"
           f" index; under jax-triton 0.4's convention keys count the"
           f" {len(operands)} non-constexpr operands"
-          f" {[op.name for op in operands]}, scalars included.")
+          f" {[op.label for op in operands]}, scalars included.")
     op = operands[key]
     if op.kind != "array":
       raise ValueError(
           f"triton_call: input_output_aliases key {key} is operand"
-          f" {op.name!r}, a scalar; only an array can alias an output."
+          f" {op.label!r}, a scalar; only an array can alias an output."
           " (Under jax-triton 0.4's convention keys count the non-constexpr"
-          f" operands {[o.name for o in operands]}, scalars included.)")
+          f" operands {[o.label for o in operands]}, scalars included.)")
     if not 0 <= out < n_outputs:
       raise ValueError(
           f"triton_call: input_output_aliases[{key}] = {out} is not an output"

@@ -99,6 +99,39 @@ def overrun_kernel(n, io_ptr, BLOCK: tl.constexpr):
   tl.store(io_ptr + offsets, tl.load(io_ptr + offsets) + 1)
 
 
+@triton.jit
+def tuple_add_kernel(x_ptr, yz, n, out_ptr, BLOCK: tl.constexpr):
+  offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+  mask = offsets < n
+  y_ptr = yz[0]
+  z_ptr = yz[1]
+  tl.store(out_ptr + offsets, tl.load(x_ptr + offsets, mask=mask)
+           + tl.load(y_ptr + offsets, mask=mask)
+           + tl.load(z_ptr + offsets, mask=mask), mask=mask)
+
+
+@triton.jit
+def nested_tuple_kernel(scale, ab_c, out_ptr, BLOCK: tl.constexpr):
+  ab = ab_c[0]
+  a_ptr = ab[0]
+  shift = ab[1]
+  c_ptr = ab_c[1]
+  offsets = tl.arange(0, BLOCK)
+  tl.store(out_ptr + offsets, scale * tl.load(a_ptr + offsets) + shift
+           + tl.load(c_ptr + offsets))
+
+
+@triton.jit
+def tuple_inplace_kernel(xy, n, BLOCK: tl.constexpr):
+  # y += x, in place.
+  offsets = tl.arange(0, BLOCK)
+  mask = offsets < n
+  x_ptr = xy[0]
+  y_ptr = xy[1]
+  tl.store(y_ptr + offsets, tl.load(y_ptr + offsets, mask=mask)
+           + tl.load(x_ptr + offsets, mask=mask), mask=mask)
+
+
 def _like(x):
   return jax.ShapeDtypeStruct(x.shape, x.dtype)
 
@@ -313,6 +346,87 @@ class KeywordOperandTest(testing.TestCase):
     self.assertAllClose(out, x + y)
 
 
+class TupleOperandTest(testing.TestCase):
+
+  def _add(self, x, y, z, **kwargs):
+    return jt_dist.triton_call(
+        x, (y, z), _N, kernel=tuple_add_kernel, out_shape=_like(x),
+        grid=(2,), BLOCK=8, **kwargs)
+
+  @parameterized.parameters(False, True)
+  def test_tuple_of_arrays(self, jit):
+    x, y, z = (self.random((_N,)) for _ in range(3))
+    f = jax.jit(self._add) if jit else self._add
+    self.assertAllClose(f(x, y, z), x + y + z)
+
+  def test_nested_tuple_with_a_scalar_leaf(self):
+    a, c = self.random((8,)), self.random((8,))
+    scale, shift = (float(v) for v in self.np_rng.uniform(1, 3, size=2))
+    out = jax.jit(lambda a, c: jt_dist.triton_call(
+        scale, ((a, shift), c), kernel=nested_tuple_kernel,
+        out_shape=_like(a), grid=(1,), BLOCK=8))(a, c)
+    self.assertAllClose(
+        out, np.float32(scale) * a + np.float32(shift) + c, rtol=1e-5)
+
+  def test_04_alias_keys_count_tuple_leaves(self):
+    x, y = self.random((_N,)), self.random((_N,))
+    # Leaves: xy[0] (0), xy[1] (1), n (2); xy[1] is output 0's buffer.
+    out = jt_dist.triton_call(
+        (x, y), _N, kernel=tuple_inplace_kernel, out_shape=_like(y),
+        grid=(1,), BLOCK=_N, input_output_aliases={1: 0})
+    self.assertAllClose(out, x + y)
+
+  def test_bounds_checker_names_the_leaf(self):
+    x, y = self.random((_N,)), self.random((_N // 2,))
+    with self.assertRaisesRegex(jt_dist.OutOfBoundsAccessError, r"yz\[0\]"):
+      jax.block_until_ready(self._add(x, y, x))
+
+  def test_vmap_launches_per_element(self):
+    xs, y, z = self.random((3, _N)), self.random((_N,)), self.random((_N,))
+    out = jax.vmap(lambda x: self._add(x, y, z))(xs)
+    self.assertAllClose(out, xs + y + z)
+
+  def test_vmap_grid_is_refused(self):
+    xs, y = self.random((3, _N)), self.random((_N,))
+    with self.assertRaisesRegex(
+        NotImplementedError,
+        r"vmap_method='grid'.*'tuple_add_kernel'.*tuple parameters \['yz'\]"):
+      jax.vmap(lambda x: self._add(x, y, y, vmap_method="grid"))(xs)
+
+  def test_sharded_triton_call_refuses_tuples(self):
+    mesh = jax.make_mesh((2,), ("i",), devices=self.devices(2))
+    x = self.random((_N,))
+    with self.assertRaisesRegex(
+        NotImplementedError,
+        r"sharded_triton_call: args\[1\] is a tuple operand.*jax.shard_map"):
+      jt_dist.sharded_triton_call(
+          x, (x, x), _N, kernel=tuple_add_kernel, out_shape=_like(x),
+          grid=(2,), mesh=mesh, in_specs=(P("i"),), out_specs=P("i"),
+          BLOCK=8)
+
+  def test_sharding_rule_refuses_tuples(self):
+    x = self.random((_N,))
+    with self.assertRaisesRegex(
+        NotImplementedError,
+        r"triton_call with a sharding_rule: args\[1\] is a tuple operand"):
+      self._add(x, x, x, sharding_rule=jt_dist.ShardingRule("i, i, i -> i"))
+
+  def test_tuple_of_arrays_for_a_constexpr_is_refused(self):
+    x = self.random((8,))
+    with self.assertRaisesRegex(
+        jt_dist.KernelBindingError,
+        r"args\[1\] is a tuple holding arrays but binds 'BLOCK'"):
+      jt_dist.triton_call(x, (x,), x, 8, kernel=constexpr_first_kernel,
+                          out_shape=_like(x), grid=(1,))
+
+  def test_non_array_leaf_is_refused(self):
+    x = self.random((8,))
+    with self.assertRaisesRegex(
+        TypeError, r"args\[1\]\[1\] = 'z' of type str is neither"):
+      jt_dist.triton_call(x, (x, "z"), 8, kernel=tuple_add_kernel,
+                          out_shape=_like(x), grid=(1,), BLOCK=8)
+
+
 @unittest.skipUnless(util.HAS_TRITON_CALL, util.SKIP_REASON)
 class CudaLoweringTest(util.IsolatedCacheMixin, testing.TestCase):
   """What a cross-lowered CUDA call passes jaxlib, parameter by parameter."""
@@ -342,6 +456,16 @@ class CudaLoweringTest(util.IsolatedCacheMixin, testing.TestCase):
             grid=(2,), BLOCK=8, compute_capability=90), x, x)
     self.assertEqual(params, [("array", 0, 16), ("array", 0, 16),
                               ("i32", _N), ("array", 0, 16)])
+
+  def test_tuple_leaves_are_kernel_arguments(self):
+    x = jnp.zeros((8,), jnp.float32)
+    _, params = self._params(
+        lambda a, c: jt_dist.triton_call(
+            2.0, ((a, 3.0), c), kernel=nested_tuple_kernel,
+            out_shape=_like(a), grid=(1,), BLOCK=8, compute_capability=90),
+        x, x)
+    self.assertEqual(params, [("f32", 2.0), ("array", 0, 16), ("f32", 3.0),
+                              ("array", 0, 16), ("array", 0, 16)])
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ from jax.interpreters import mlir
 import numpy as np
 
 from jt_dist import _compat
+from jt_dist import _pytree_args
 from jt_dist._cpu import bounds as _bounds
 from jt_dist._cpu import runtime as _interpreter_runtime
 from jt_dist._cpu import scalars as _scalars
@@ -95,10 +96,10 @@ def _pointer_buffers(spec, launch, inputs, outputs):
   for op in spec.operands:
     if op.kind == "array" and op.index in aliased:
       buffers.append(_bounds.Buffer(
-          op.name, f"input {op.index}, aliased to output {aliased[op.index]}",
+          op.label, f"input {op.index}, aliased to output {aliased[op.index]}",
           outputs[aliased[op.index]]))
     elif op.kind == "array":
-      buffers.append(_bounds.Buffer(op.name, f"input {op.index}",
+      buffers.append(_bounds.Buffer(op.label, f"input {op.index}",
                                     inputs[op.index]))
     elif op.kind == "output":
       out = outputs[op.index]
@@ -166,9 +167,13 @@ def _in_parameter_order(spec, args, kwargs):
 
   A constexpr declared between operands (``k(x_ptr, BLOCK: tl.constexpr,
   y_ptr)``) is bound by its position, not by name, as Triton's interpreter
-  binds every argument before the last positional one.
+  binds every argument before the last positional one. The leaves of a
+  tuple parameter are passed as that tuple.
   """
-  by_name = dict(zip((op.name for op in spec.operands), args))
+  leaves = {}
+  for op, arg in zip(spec.operands, args):
+    leaves.setdefault(op.name, []).append((op.path, arg))
+  by_name = {name: _pytree_args.nest(items) for name, items in leaves.items()}
   params = spec.info.params
   last = max((i for i, p in enumerate(params) if p.name in by_name),
              default=-1)

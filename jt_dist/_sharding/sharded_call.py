@@ -10,6 +10,7 @@ from jax.sharding import PartitionSpec as P
 from jt_dist import _api
 from jt_dist import _binding
 from jt_dist import _operands
+from jt_dist import _pytree_args
 from jt_dist import _dispatch
 from jt_dist import _errors
 from jt_dist._sharding import partition as _partition
@@ -206,6 +207,7 @@ def sharded_triton_call(
   out_shape = _api.resolve_out_shape(out_shape, out_type)
   # Keyword operands become positional, so in_specs and rules see them.
   args, kwargs = _operands.merge_keywords(kernel, args, kwargs)
+  _pytree_args.refuse_tuples(args, "sharded_triton_call")
   key = _signature(args, kernel, out_shape, grid, mesh, in_specs, out_specs,
                    out_reduce, sharding_rule, kwargs)
   entry, key = _dispatch.lookup(key, grid)

@@ -220,6 +220,14 @@ class CpuScalarValuesTest(testing.TestCase):
     # jax-triton 0.4: fp64 where float32 would overflow or underflow.
     self.assertEqual(_store_float(value), value)
 
+  def test_fast_path_retypes_a_float_beyond_float32(self):
+    # The eager fast path keys a float by its type: a cached fp32 call must
+    # not carry a value float32 cannot hold.
+    small = float(self.np_rng.uniform(1, 2))
+    for value in (small, 1e300, small, -1e-300):
+      self.assertEqual(_store_float(value),
+                       float(np.float32(value)) if value == small else value)
+
   @parameterized.parameters(1e300, -3.5e38, 2.0**128)
   def test_float_overflowing_declared_float32_is_refused(self, value):
     n = int(self.np_rng.integers(2, 100))

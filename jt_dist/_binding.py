@@ -243,8 +243,12 @@ def binding_error(info, message: str) -> _errors.KernelBindingError:
   )
 
 
-def bind_positional(info, args, kinds, n_outputs):
-  """Binds positional args and outputs; returns operands and constexprs."""
+def bind_positional(info, args, kinds, n_outputs, warn=True):
+  """Binds positional args and outputs; returns operands and constexprs.
+
+  ``warn``: whether to warn of deprecated scalars (a call read under both
+  aliasing conventions warns once).
+  """
   params = info.params
   if len(args) + n_outputs > len(params):
     extra = len(args) + n_outputs - len(params)
@@ -283,7 +287,7 @@ def bind_positional(info, args, kinds, n_outputs):
       )
     else:
       _check_declared_scalar(info, i, param, payload)
-      scalar_type = _scalar_type(info, i, param, payload)
+      scalar_type = _scalar_type(info, i, param, payload, warn)
       operands.append(
           Operand(param.name, "scalar", -1,
                   _types.python_scalar(payload, scalar_type), scalar_type)
@@ -309,14 +313,14 @@ def _tuple_operands(info, i, param, arg, leaves):
   return operands
 
 
-def _scalar_type(info, i, param, value) -> str:
+def _scalar_type(info, i, param, value, warn=True) -> str:
   """The type the scalar ``value`` of ``param`` is passed as.
 
   The parameter's annotation decides where it names a type jaxlib can carry,
   else the value does (``_types.scalar_type``: a float is fp32 where float32
   holds it, else fp64). A float32 must not overflow.
   """
-  if isinstance(value, np.float32):
+  if warn and isinstance(value, np.float32):
     warnings.warn(
         f"triton_call: args[{i}] = np.float32({float(value)!r}) binds"
         f" parameter {param.name!r} of kernel {info.name!r}; passing"

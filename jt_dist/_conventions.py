@@ -99,7 +99,9 @@ def _bind_031(info, args, kinds, out_shapes, metaparams, aliases):
 
 
 def _bind_04(info, args, kinds, out_shapes, metaparams, aliases):
-  operands, constexprs = _binding.bind_positional(info, args, kinds, 0)
+  # The 0.3.1 reading has warned of deprecated scalars already.
+  operands, constexprs = _binding.bind_positional(info, args, kinds, 0,
+                                                  warn=False)
   pairs = _translate(info, operands, aliases or {}, len(out_shapes))
   aliased = {o for _, o in pairs}
   bound = {op.name for op in operands} | set(constexprs) | set(metaparams)

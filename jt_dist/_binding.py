@@ -269,7 +269,7 @@ def bind_positional(info, args, kinds, n_outputs, warn=True):
       if param.is_constexpr:
         constexprs[param.name] = args[i]
       else:
-        operands.extend(_tuple_operands(info, i, param, args[i], payload))
+        operands.extend(_tuple_operands(param, args[i], payload))
       continue
     if param.is_constexpr:
       if kind == "array":
@@ -295,7 +295,7 @@ def bind_positional(info, args, kinds, n_outputs, warn=True):
   return operands, constexprs
 
 
-def _tuple_operands(info, i, param, arg, leaves):
+def _tuple_operands(param, arg, leaves):
   """One operand per leaf of the tuple ``arg`` that binds ``param``."""
   values = dict(_pytree_args.leaves_with_paths(arg))
   operands = []
@@ -309,7 +309,6 @@ def _tuple_operands(info, i, param, arg, leaves):
       operands.append(Operand(
           param.name, "scalar", -1,
           _types.python_scalar(payload, scalar_type), scalar_type, path))
-  del info
   return operands
 
 

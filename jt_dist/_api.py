@@ -58,8 +58,10 @@ def triton_call(
   bounds how many are kept).
 
   Args:
-    *args: the inputs: ``jax.Array``s (passed as pointers) and Python
-      ``bool``/``int``/``float`` or ``np.float32`` scalars (passed by value).
+    *args: the inputs: ``jax.Array``s (passed as pointers), Python
+      ``bool``/``int``/``float`` scalars (passed by value; a float as fp32
+      where float32 holds it, else fp64; ``np.float32`` is deprecated), and
+      (nested) tuples of both for tuple parameters.
       ``jt_dist.shard_size(i)`` stands for the size of array ``args[i]``.
     kernel: a ``@triton.jit`` function, optionally wrapped by
       ``@triton.autotune`` and/or ``@triton.heuristics``.
@@ -83,10 +85,15 @@ def triton_call(
       ``jax.export`` it must be given, here or through
       ``jt_dist.export_options``.
     enable_fp_fusion: whether Triton may fuse multiplies and adds into FMAs.
-    input_output_aliases: maps an input (its index among the array
-      arguments, scalars not counted) to the output that reuses its buffer.
-    zeroed_outputs: output indices to zero before each launch, or a callable
-      of the metaparams returning them.
+    input_output_aliases: maps an input to the output that reuses its
+      buffer, under jax-triton 0.3.1's convention (keys count the array
+      arguments; every output, aliased or not, binds a pointer parameter) or
+      0.4's (keys count the flattened non-constexpr operands, scalars
+      included; an aliased input is its output's buffer and the output binds
+      no parameter). The convention that binds the kernel's parameters is
+      used; where both do, 0.4's, with a ``DeprecationWarning``.
+    zeroed_outputs: indices into the flattened outputs to zero before each
+      launch, or a callable of the metaparams returning them.
     debug: print Triton's intermediate representations when compiling (and
       turn on Triton's device-side asserts); forces a fresh compile. Set
       ``JT_DIST_DUMP_DIR`` to also write every IR and the launch metadata.
@@ -117,7 +124,9 @@ def triton_call(
       stays global; ``jt_dist.shard_size`` and a callable grid see
       shard-local sizes.
     **metaparams: values for the kernel's remaining parameters, by name;
-      usually its ``tl.constexpr`` parameters.
+      usually its ``tl.constexpr`` parameters. A keyword naming a
+      non-constexpr parameter is an operand, as if passed positionally in
+      parameter order (jax-triton 0.4).
 
   Returns:
     The outputs, in the structure of ``out_shape``.

@@ -49,12 +49,12 @@ def _table(header: list[str], rows: list[list[Any]]) -> str:
 
 
 def _environment(data: dict[str, Any]) -> str:
-  env = data.get("environment")
+  env = data.get("environment", data.get("host"))
   if not isinstance(env, dict):
     return ""
   parts = [f"{key} {value}" for key, value in env.items()
-           if key not in ("devices",) and isinstance(value, str)
-           and len(value) < 40]
+           if key not in ("devices",) and isinstance(value, (str, int))
+           and not isinstance(value, bool) and len(str(value)) < 40]
   if isinstance(env.get("devices"), list):
     parts.append(f"{len(env['devices'])} device(s)")
   return "Environment: " + ", ".join(parts) + ".\n\n"
@@ -141,6 +141,42 @@ def _bounds_check(data: dict[str, Any]) -> str:
   return "\n\n".join(out)
 
 
+def _cpu_interpreter(data: dict[str, Any]) -> str:
+  """cpu_interpreter.py: Triton's interpreter against jt_dist's, per kernel."""
+  body = [[name, k["programs"], k["stock_s"], k["jt_dist_s"],
+           f"{k['stock_s'] / k['jt_dist_s']:.1f}×"]
+          for name, k in data["kernels"].items()]
+  out = [f"**kernels** (one CPU device, bounds check"
+         f" {'on' if data.get('bounds_check', True) else 'off'})\n\n"
+         + _table(["kernel", "programs", "Triton's interpreter, s",
+                   "jt_dist, s", "speed-up"], body)]
+  steps = data.get("rms_norm_training_step", {})
+  if steps:
+    body = [[name, s["jnp_s"] * 1e3, s["stock_s"] * 1e3, s["jt_dist_s"] * 1e3,
+             f"{s['jt_dist_s'] / s['jnp_s']:.1f}×",
+             f"{s['stock_s'] / s['jnp_s']:.0f}×"]
+            for name, s in steps.items()]
+    out.append("**training step**, RMSNorm as Triton kernels against jnp\n\n"
+               + _table(["step", "jnp, ms", "Triton's interpreter, ms",
+                         "jt_dist, ms", "jt_dist / jnp",
+                         "Triton's interpreter / jnp"], body))
+  return "\n\n".join(out)
+
+
+def _callback_collective(data: dict[str, Any]) -> str:
+  """cpu_callback_collective_repro.py: each host-callback route per size."""
+  routes = list(dict.fromkeys(r["route"] for r in data["runs"]))
+  sizes = sorted({r["bytes_per_shard"] for r in data["runs"]})
+  cells = {(r["route"], r["bytes_per_shard"]):
+           f"{r['outcome']}, {r['seconds']:.1f} s" for r in data["runs"]}
+  body = [[size] + [cells.get((route, size), "") for route in routes]
+          for size in sizes]
+  return (f"jax {data.get('jax')}, jaxlib {data.get('jaxlib')},"
+          f" {data.get('devices')} CPU devices, XLA's termination timeout"
+          f" {data.get('terminate_s')} s.\n\n"
+          + _table(["bytes per shard"] + routes, body))
+
+
 def render(data: dict[str, Any]) -> str:
   """A results file's tables, as Markdown.
 
@@ -160,6 +196,10 @@ def render(data: dict[str, Any]) -> str:
       body = _by_case(results)
   elif any(isinstance(v, dict) and "timing" in v for v in data.values()):
     body = _kernel_diff(data)
+  elif "runs" in data and "terminate_s" in data:
+    body = _callback_collective(data)
+  elif "kernels" in data and "rms_norm_training_step" in data:
+    body = _cpu_interpreter(data)
   elif "suites" in data or "kernels" in data:
     body = _bounds_check(data)
   else:

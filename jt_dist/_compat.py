@@ -451,6 +451,33 @@ def key_value_set(client, key: str, value: str) -> None:
     client.key_value_set(key, value)
 
 
+# --- Host callbacks on the CPU --------------------------------------------
+
+
+@functools.lru_cache(maxsize=None)
+def host_buffer_callback():
+  """``jax.experimental.buffer_callback.buffer_callback``, or None.
+
+  It hands the callback the computation's own host buffers (jax >= 0.7;
+  the support floor, 0.10.2, has it). ``jax.pure_callback`` instead
+  ``device_put``s every operand to CPU device 0 before calling back; on
+  jaxlib 0.10 an operand of 102,400 bytes or more is then copied
+  asynchronously on the thread pool that runs the devices' programs, and
+  with a collective after the callback every thread of that pool can end up
+  waiting (XLA aborts the process after its rendezvous timeout).
+
+  Returns:
+    The function, or None where this jax lacks it (callers fall back to
+    ``jax.pure_callback``).
+  """
+  try:
+    module = importlib.import_module("jax.experimental.buffer_callback")
+  except ImportError:
+    return None
+  fn = getattr(module, "buffer_callback", None)
+  return fn if callable(fn) else None
+
+
 # --- Triton's interpreter: memory accesses ---------------------------------
 
 
@@ -487,3 +514,13 @@ def interpreter_program_id() -> tuple[int, int, int] | None:
   builder = getattr(_interpreter, "interpreter_builder", None)
   grid_idx = getattr(builder, "grid_idx", None)
   return None if grid_idx is None else tuple(int(i) for i in grid_idx)
+
+
+def interpreter_block_pointer(base, shape, strides, offsets, block_shape,
+                              order) -> Any:
+  """A block pointer handle of Triton's interpreter (Triton 3.6 has them)."""
+  cls = getattr(_interpreter, "BlockPointerHandle", None)
+  if cls is None:
+    raise NotImplementedError(
+        f"Triton {triton.__version__}'s interpreter has no block pointers")
+  return cls(base, shape, strides, offsets, block_shape, order)

@@ -154,6 +154,12 @@ class DispatchTest(testing.TestCase):
     super().setUp()
     _dispatch.invalidate()
 
+  def _assert_unwritten(self, tail):
+    # The CPU poisons outputs (NaN for floats); a GPU leaves whatever was
+    # in memory, so only the launched programs' part can be checked there.
+    if testing.platform() == "cpu":
+      self.assertTrue(np.isnan(tail).all(), tail)
+
   def test_repeated_call_binds_once(self):
     x = self.random((40,))
     xs = jnp.asarray(x)
@@ -250,7 +256,7 @@ class DispatchTest(testing.TestCase):
           grid=lambda meta, p=programs: (p,), BLOCK=_BLOCK))
       written = programs * _BLOCK
       self.assertAllClose(out[:written], x[:written])
-      self.assertTrue(np.isnan(out[written:]).all())
+      self._assert_unwritten(out[written:])
 
   def test_grid_callable_sees_new_scalar_values(self):
     x = self.random((64,))
@@ -262,7 +268,7 @@ class DispatchTest(testing.TestCase):
           grid=lambda meta: (triton.cdiv(meta["n"], meta["BLOCK"]),),
           BLOCK=_BLOCK))
       self.assertAllClose(out[:n], x[:n])
-      self.assertTrue(np.isnan(out[n:]).all())
+      self._assert_unwritten(out[n:])
 
   def test_pin_and_forget_autotune_choice(self):
     x = jnp.asarray(self.random((16,)))

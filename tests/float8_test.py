@@ -198,10 +198,10 @@ class Float8Test(testing.TestCase):
   def test_refusal_under_jit_names_the_operation(self, op):
     self._cpu_only()
     x, y = self._inputs(jnp.float8_e4m3fn)
-    with self.assertRaises((jax.errors.JaxRuntimeError, ValueError)) as caught:
+    # On one CPU device the kernel's own error reaches the caller under jit.
+    with self.assertRaises(jt_dist.KernelTypeError) as caught:
       jax.block_until_ready(_call(op, jnp.asarray(x), jnp.asarray(y), jit=True))
-    self.assertRegex(str(caught.exception),
-                     r"KernelTypeError.*'binary_kernel'.*fp8e4nv")
+    self.assertRegex(str(caught.exception), r"'binary_kernel'.*fp8e4nv")
 
   def test_refusal_is_a_type_error(self):
     self.assertTrue(issubclass(jt_dist.KernelTypeError, TypeError))
@@ -231,6 +231,12 @@ class Float8Test(testing.TestCase):
       out = np.asarray(_call("div", jnp.asarray(x), jnp.asarray(y)))
     except jt_dist.KernelTypeError as e:
       self.assertRegex(str(e), rf"`/` \(divide\) on {triton_name} ")
+      return
+    except (RuntimeError, triton.compiler.errors.CompilationError):
+      # Where Triton divides the float8 values (3.6), the GPU compiler
+      # refuses the kernel as the interpreter does; on the CPU it must not.
+      if testing.platform() == "cpu":
+        raise
       return
     quotient = x.astype(np.float32) / y.astype(np.float32)
     reference = _to_float8(quotient, jnp_dtype).astype(np.float32)
@@ -267,7 +273,8 @@ class Float8Test(testing.TestCase):
 
   @parameterized.parameters(jnp.float8_e4m3fn, jnp.float8_e5m2)
   def test_dot_multiplies_values(self, jnp_dtype):
-    m = n = k = 16
+    m = n = 16
+    k = 32  # Triton's smallest K for a float8 dot on GPUs.
     a = np.asarray(self.random((m, k), low=-2, high=2)).astype(jnp_dtype)
     b = np.asarray(self.random((k, n), low=-2, high=2)).astype(jnp_dtype)
     out = jt_dist.triton_call(

@@ -87,11 +87,12 @@ class KernelAssertTest(testing.TestCase):
   def test_failing_device_assert_under_jit(self):
     bad = int(self.np_rng.integers(4))
     x = self._input(4, bad)
-    with self.assertRaises((jax.errors.JaxRuntimeError, ValueError)) as caught:
+    # On one CPU device the kernel's own error reaches the caller under jit.
+    with self.assertRaises(jt_dist.KernelAssertionError) as caught:
       _copy(x, 1.5, debug=True, jit=True)
     self.assertRegex(
         str(caught.exception),
-        rf"KernelAssertionError.*'checked_copy_kernel', program id"
+        rf"'checked_copy_kernel', program id"
         rf" \({bad}, 0, 0\).*x must stay below the limit")
 
   def test_device_assert_is_off_without_debug(self):

@@ -19,9 +19,12 @@ written.
 from __future__ import annotations
 
 import dataclasses
+import linecache
 import os
+import sys
 
 import numpy as np
+import triton
 
 from jt_dist import _compat
 from jt_dist import _errors
@@ -74,6 +77,10 @@ class MemoryChecker:
     """The address the kernel sees for buffer ``k``."""
     return int(self._tagged[k])
 
+  def address_window(self, k: int) -> tuple[int, int]:
+    """The [start, end) of the addresses that name buffer ``k``."""
+    return (k + 1) << _REGION_BITS, (k + 2) << _REGION_BITS
+
   def translate(self, op: str, ptrs, mask, itemsize: int, *, reads: bool,
                 writes: bool):
     """Real addresses for ``ptrs`` after checking the lanes ``mask`` enables.
@@ -84,6 +91,11 @@ class MemoryChecker:
     """
     ptrs = np.asarray(ptrs, dtype=np.uint64)
     on = np.broadcast_to(np.asarray(mask, dtype=bool), ptrs.shape)
+    k = self._single_buffer(ptrs)
+    if k is not None:
+      real = self._translate_one(op, k, ptrs, on, itemsize, reads, writes)
+      if real is not None:
+        return real
     index = (ptrs >> np.uint64(_REGION_BITS)).astype(np.int64) - 1
     known = (index >= 0) & (index < self._count)
     index = np.where(known, index, 0)
@@ -97,20 +109,68 @@ class MemoryChecker:
     real = self._real[index] + np.where(inside, offset, 0).astype(np.uint64)
     return real
 
+  def _single_buffer(self, ptrs):
+    """The buffer every lane of ``ptrs`` names, or None if not just one."""
+    if not ptrs.size:
+      return None
+    lo = int(ptrs.min()) >> _REGION_BITS
+    hi = int(ptrs.max()) >> _REGION_BITS
+    return lo - 1 if lo == hi and 1 <= lo <= self._count else None
+
+  def _translate_one(self, op, k, ptrs, on, itemsize, reads, writes):
+    """``translate`` where every lane names buffer ``k`` (the usual case).
+
+    Returns None where a lane is out of bounds, for ``translate``'s general
+    path to describe.
+    """
+    offset = ptrs.view(np.int64) - self._tagged[k].view(np.int64)
+    last = self._nbytes[k] - itemsize
+    if on.all():
+      if offset.min() < 0 or offset.max() > last:
+        return None
+      real = offset.view(np.uint64)
+      if self.buffers[k].written is not None:
+        self._track_buffer(op, k, offset.reshape(-1), on, itemsize, reads,
+                           writes)
+      real += self._real[k]
+      return real
+    inside = (offset >= 0) & (offset <= last)
+    if (on & ~inside).any():
+      return None
+    if self.buffers[k].written is not None:
+      self._track_buffer(op, k, offset[on], on, itemsize, reads, writes)
+    return self._real[k] + np.where(inside, offset, 0).astype(np.uint64)
+
   def _track(self, op, index, offset, on, itemsize, reads, writes):
     for k in np.unique(index[on]):
-      buffer = self.buffers[k]
-      if buffer.written is None:
+      if self.buffers[k].written is None:
         continue
       lanes = on & (index == k)
-      starts = offset[lanes]
-      byte_index = starts[:, None] + np.arange(itemsize)
+      self._track_buffer(op, k, offset[lanes], on, itemsize, reads, writes)
+
+  def _track_buffer(self, op, k, starts, on, itemsize, reads, writes):
+    """Checks and records the written bytes at byte offsets ``starts``."""
+    written = self.buffers[k].written
+    if (itemsize in (2, 4, 8) and written.size % itemsize == 0
+        and not (starts % itemsize).any()):
+      # Aligned elements: one word per element of the byte map, all of
+      # whose bytes are 1 where the element is written.
+      words = written.view(np.dtype(f"<u{itemsize}"))
+      full = int.from_bytes(b"\x01" * itemsize, "little")
       if reads:
-        unwritten = ~buffer.written[byte_index].all(axis=1)
+        unwritten = words[starts // itemsize] != full
         if unwritten.any():
           raise self._unwritten(op, k, starts[unwritten], on, itemsize)
       if writes:
-        buffer.written[byte_index] = True
+        words[starts // itemsize] = full
+      return
+    byte_index = starts[:, None] + np.arange(itemsize)
+    if reads:
+      unwritten = ~written[byte_index].all(axis=1)
+      if unwritten.any():
+        raise self._unwritten(op, k, starts[unwritten], on, itemsize)
+    if writes:
+      written[byte_index] = True
 
   def _describe(self, k: int) -> str:
     b = self.buffers[k]
@@ -132,6 +192,7 @@ class MemoryChecker:
           f"{self._where(op)} a pointer that points into no buffer of the"
           f" call ({int(bad.sum())} lanes; {_mask_text(on)}). Pointers must be"
           " derived from a pointer parameter by adding offsets."
+          f"{_stack_location()}"
       )
     lanes = bad & (index == k)
     elements = offset[lanes] // itemsize
@@ -148,6 +209,7 @@ class MemoryChecker:
         f" {self._extent(k)}, so offsets must lie in [0, {size}). Mask in"
         f" force: {_mask_text(on)}. Mask the access (e.g. `mask=offsets < n`)"
         f" or shrink the grid.{hint} Set {ENV_VAR}=0 to run unchecked."
+        f"{_stack_location()}"
     )
 
   def _unwritten(self, op, k, starts, on, itemsize):
@@ -159,7 +221,52 @@ class MemoryChecker:
         " output starts undefined on a GPU: write it before reading it, or"
         " pass zeroed_outputs= (starts at zero) or input_output_aliases="
         f" (starts as the input). Set {ENV_VAR}=0 to run unchecked."
+        f"{_stack_location()}"
     )
+
+
+# Frames from these folders are the interpreter's, not the kernel's.
+_TRITON_DIR = os.path.dirname(os.path.abspath(triton.__file__)) + os.sep
+_INTERPRETER_DIRS = (
+    _TRITON_DIR,
+    os.path.dirname(os.path.abspath(np.__file__)) + os.sep,
+    os.path.dirname(os.path.abspath(__file__)) + os.sep,  # jt_dist/_cpu
+)
+
+
+def kernel_location(frames) -> str:
+  """The kernel's line: ``"FILE:LINE (`SOURCE`)"``, or "" if none is found.
+
+  Args:
+    frames: ``(frame, line number)`` pairs, outermost first (as
+      ``traceback.walk_tb`` gives them). Below Triton's first frame (the
+      interpreter's), the deepest frame outside Triton, NumPy and
+      jt_dist._cpu is the kernel's line (or a ``@triton.jit`` helper's).
+  """
+  found, inside = None, False
+  for frame, lineno in frames:
+    filename = frame.f_code.co_filename
+    path = os.path.abspath(filename)
+    if path.startswith(_TRITON_DIR):
+      inside = True
+    elif inside and not path.startswith(_INTERPRETER_DIRS):
+      found = (filename, lineno)
+  if found is None:
+    return ""
+  filename, lineno = found
+  source = linecache.getline(filename, lineno).strip()
+  return f"{filename}:{lineno}" + (f" (`{source}`)" if source else "")
+
+
+def _stack_location() -> str:
+  """The sentence naming the running kernel's line, or "" if none is found."""
+  frames = []
+  frame = sys._getframe(1)  # pylint: disable=protected-access
+  while frame is not None:
+    frames.append((frame, frame.f_lineno))
+    frame = frame.f_back
+  where = kernel_location(reversed(frames))
+  return f" The access is at {where}." if where else ""
 
 
 def _first(values: np.ndarray) -> str:

@@ -1,8 +1,11 @@
 """The CPU platform: kernels run through Triton's interpreter.
 
-The primitive's CPU lowering is a host callback. On the host the inputs
-arrive as NumPy buffers; the kernel reads and writes them through raw
-pointers exactly as it would device memory, one program instance at a time.
+The primitive's CPU lowering is a host callback: jax's buffer callback,
+which hands over XLA's own buffers (``jax.pure_callback`` copied its operands
+on XLA's thread pool first, which deadlocked beside collectives on jaxlib
+0.10). On the host the buffers are NumPy arrays; the kernel reads and writes
+them through raw pointers exactly as it would device memory, one program
+instance at a time.
 Aliased and zeroed outputs are prepared as jaxlib prepares them on a GPU, so
 a kernel gives the same results (and the same mistakes) on both.
 """
@@ -12,6 +15,8 @@ from __future__ import annotations
 import collections
 import functools
 import logging
+import os
+import sys
 import threading
 import traceback
 
@@ -74,18 +79,19 @@ def _log_once(spec) -> None:
   )
 
 
-def _prepare_outputs(spec, launch, inputs):
-  outputs = []
-  for shape, dtype in spec.out_shapes:
-    out = np.empty(shape, dtype)
+def _new_outputs(spec):
+  return [np.empty(shape, dtype) for shape, dtype in spec.out_shapes]
+
+
+def _prepare_outputs(spec, launch, inputs, outputs):
+  """Sets each output's starting bytes, in place, as jaxlib does on a GPU."""
+  for out in outputs:
     # Through a flat view: a 0-d array cannot change its itemsize.
     out.reshape(-1).view(np.uint8)[...] = _POISON_BYTE
-    outputs.append(out)
   for i, o in spec.input_output_aliases:
     np.copyto(outputs[o], inputs[i])
   for o in launch.zeroed_outputs:
     outputs[o][...] = 0
-  return outputs
 
 
 def _pointer_buffers(spec, launch, inputs, outputs):
@@ -125,17 +131,100 @@ def _kernel_args(spec, buffers, checker):
 def run_on_host(spec, *arrays):
   """Launches the kernel on host buffers; returns the output buffers.
 
-  An autotuned call arrives with the one config ``jt_dist._autotune`` chose
-  (on the CPU the first, unless ``JT_DIST_AUTOTUNE_CPU=time`` or a pin says
-  otherwise); a spec with several runs its first.
-  An exception is remembered before it leaves, so that an eager call can
-  raise it as itself rather than as the runtime error jax makes of it.
+  The ``jax.pure_callback`` route (GPU platforms running an interpreted
+  kernel, or a jax without buffer callbacks). An autotuned call arrives with
+  the one config ``jt_dist._autotune`` chose (on the CPU the first, unless
+  ``JT_DIST_AUTOTUNE_CPU=time`` or a pin says otherwise); a spec with
+  several runs its first.
+  """
+  inputs = [np.ascontiguousarray(a) for a in arrays]
+  outputs = _new_outputs(spec)
+  try:
+    _remembering_faults(_launch, spec, inputs, outputs)
+  except BaseException as e:  # pylint: disable=broad-except
+    if not _raise_in_caller(e):
+      raise
+  return tuple(outputs)
+
+
+def _fill_buffers(spec, ctx, outputs, *inputs):
+  """The buffer-callback route: the kernel writes XLA's output buffers.
+
+  Inputs are copied first: a kernel that stores through an input pointer
+  (a bug the GPU would not catch either) must not change an XLA buffer that
+  may be the caller's array.
+  """
+  del ctx
+  try:
+    host_inputs = [np.array(np.asarray(b), order="C") for b in inputs]
+    host_outputs = [np.asarray(b) for b in outputs]
+    _remembering_faults(_launch, spec, host_inputs, host_outputs)
+  except BaseException as e:  # pylint: disable=broad-except
+    if _raise_in_caller(e):
+      return
+    if not isinstance(e, Exception):
+      raise
+    # jax puts the frames above the raise in front of the message, so raise
+    # from here, with none of the kernel's frames.
+    raise e.with_traceback(None) from None
+
+
+# Files of the callback's own frames, between the callback and the Python
+# frame that started the computation.
+_CALLBACK_FILES = (os.path.join("jax", "_src", "buffer_callback.py"),
+                   os.path.join("jax", "_src", "callback.py"),
+                   os.path.join("jt_dist", "_cpu", "lowering.py"))
+
+
+def _raise_in_caller(error: BaseException) -> bool:
+  """Raises ``error`` in the Python frame that started the computation.
+
+  jax turns an exception that leaves a host callback into its own runtime
+  error: a 3 KB message with the kernel's words last, and
+  ``except KeyboardInterrupt`` never sees Ctrl-C. When the callback runs on
+  the main thread (an eager call, or jax.jit on one device), it returns
+  instead (outputs unfinished) and a profile hook raises ``error`` at the
+  first event of the frame that called into jax, or of a function it calls:
+  the caller's, before it can use the outputs.
+
+  Returns:
+    False where that cannot be done (not the main thread, another profiler
+    installed, no Python caller); the callback then raises as usual.
+  """
+  if (threading.current_thread() is not threading.main_thread()
+      or sys.getprofile() is not None):
+    return False
+  caller = sys._getframe(1)  # pylint: disable=protected-access
+  while caller is not None and caller.f_code.co_filename.endswith(
+      _CALLBACK_FILES):
+    caller = caller.f_back
+  if caller is None:
+    return False
+  error.__traceback__ = None
+
+  def hook(frame, event, arg):
+    del arg
+    if frame is not caller and (
+        frame.f_back is not caller
+        or frame.f_code.co_filename.endswith(_CALLBACK_FILES)):
+      return
+    sys.setprofile(None)
+    if event != "c_exception":  # Else jax's own error is on its way.
+      raise error
+
+  sys.setprofile(hook)
+  return True
+
+
+def _remembering_faults(fn, *args):
+  """Calls ``fn``, remembering an exception before it leaves.
+
+  An eager call then raises it as itself rather than as the runtime error
+  jax makes of it.
   """
   try:
-    if spec.runtime_scalars:  # The eager fast path's scalars: see scalars.py.
-      spec, arrays = _scalars.unpack(spec, arrays)
-    return _run_on_host(spec, *arrays)
-  except Exception as e:
+    return fn(*args)
+  except Exception as e:  # pylint: disable=broad-except
     # Keep the traceback's lines but not its frames' locals (the buffers):
     # under jax.jit nobody collects a remembered exception.
     traceback.clear_frames(e.__traceback__)
@@ -149,16 +238,16 @@ def raise_host_fault(error: Exception) -> None:
 
   jax reports an exception raised in a host callback as a JaxRuntimeError
   whose message ends with the original's text. If ``error`` is one of those
-  for an exception that ``run_on_host`` remembered, that exception is raised
+  for an exception that a launch remembered, that exception is raised
   instead (chained to ``error``); otherwise this returns.
   """
   text = str(error)
   with _FAULTS_LOCK:
     found = next((f for f in reversed(_recent_faults)
-                  if str(f) and str(f) in text), None)
+                  if _fault_text(f) in text), None)
     if found is not None:
       _recent_faults.remove(found)
-  if found is not None:
+  if found is not None and found is not error:
     raise found from error
 
 
@@ -188,26 +277,58 @@ def _in_parameter_order(spec, args, kwargs):
   return ordered, kwargs
 
 
-def _run_on_host(spec, *arrays):
+def _fault_text(fault: Exception) -> str:
+  # How jax's message ends for this fault (the type's name alone for an
+  # exception without text).
+  return str(fault) or type(fault).__name__
+
+
+def _launch(spec, inputs, outputs):
+  if spec.runtime_scalars:  # The eager fast path's scalars: see scalars.py.
+    spec, inputs = _scalars.unpack(spec, inputs)
   _log_once(spec)
   launch = spec.launches[0]
-  inputs = [np.ascontiguousarray(a) for a in arrays]
-  outputs = _prepare_outputs(spec, launch, inputs)
+  _prepare_outputs(spec, launch, inputs, outputs)
   buffers = _pointer_buffers(spec, launch, inputs, outputs)
   checker = (_bounds.MemoryChecker(spec.info.name, buffers)
              if _bounds.enabled() else None)
   args, kwargs = _in_parameter_order(
       spec, _kernel_args(spec, buffers, checker), dict(launch.config.kwargs))
   with _INTERPRETER_LOCK:
-    _interpreter_runtime.run(
-        spec.info.python_fn, launch.grid, args, kwargs,
-        checker=checker, debug=spec.debug,
-    )
-  return tuple(outputs)
+    try:
+      _interpreter_runtime.run(
+          spec.info.python_fn, launch.grid, args, kwargs,
+          checker=checker, debug=spec.debug,
+      )
+    except _compat.InterpreterError as e:
+      _name_the_kernel(e, spec)
+      raise
 
 
-def _host_call(*arrays, spec):
+def _name_the_kernel(error, spec) -> None:
+  """Puts the kernel, program id and source line before Triton's message.
+
+  Triton's interpreter reports a failing kernel as ``repr`` of the original
+  exception alone; the program that raised it is still the interpreter's
+  current one.
+  """
+  message = getattr(error, "error_message", None)
+  if not isinstance(message, str):
+    return
+  cause = error.__cause__ if error.__cause__ is not None else error
+  where = _bounds.kernel_location(traceback.walk_tb(cause.__traceback__))
+  pid = _compat.interpreter_program_id()
+  error.error_message = (
+      f"kernel {spec.info.name!r}, program id {pid}"
+      f"{', at ' + where if where else ''}: {message}")
+
+
+def _host_call(*arrays, spec, platform):
   result_shapes = [jax.ShapeDtypeStruct(s, d) for s, d in spec.out_shapes]
+  buffer_callback = _compat.host_buffer_callback()
+  if platform == "cpu" and buffer_callback is not None:
+    return buffer_callback(functools.partial(_fill_buffers, spec),
+                           result_shapes)(*arrays)
   return jax.pure_callback(
       functools.partial(run_on_host, spec), result_shapes, *arrays
   )
@@ -232,7 +353,10 @@ def cpu_lowering(ctx, *args, spec):
         " compute_capability= (e.g. 90) on the call or in"
         " jt_dist.export_options; a kernel made under TRITON_INTERPRET=1"
         " is interpreted on GPUs too and cannot be exported either.")
+  platforms = tuple(getattr(ctx.module_context, "platforms", ()) or ())
+  platform = platforms[0] if len(platforms) == 1 else None
   rule = mlir.lower_fun(
-      functools.partial(_host_call, spec=spec), multiple_results=True
+      functools.partial(_host_call, spec=spec, platform=platform),
+      multiple_results=True,
   )
   return rule(ctx, *args)

@@ -11,6 +11,7 @@ patched before returning: nothing is changed at import time.
 from __future__ import annotations
 
 import contextlib
+import functools
 
 import ml_dtypes
 import numpy as np
@@ -24,6 +25,8 @@ from jt_dist import _errors
 from jt_dist._cpu import asserts as _asserts
 from jt_dist._cpu import bounds as _bounds
 from jt_dist._cpu import float8 as _float8
+from jt_dist._cpu import host_memory as _host_memory
+from jt_dist._cpu import vector_launch as _vector_launch
 
 JITFunction = _compat.JITFunction
 InterpretedFunction = _compat.InterpretedFunction
@@ -78,7 +81,7 @@ def run(python_fn, grid: tuple[int, int, int], args, kwargs, checker=None,
   executor = _HostBufferExecutor(fn, arg_names, tuple(grid))
   try:
     with _checked_memory(checker):
-      _run_patched(executor, args, kwargs, python_fn.__name__, debug)
+      _run_patched(executor, args, kwargs, checker, python_fn.__name__, debug)
   except _compat.InterpreterError as e:
     if isinstance(e.__cause__, _KERNEL_FAULTS):
       raise e.__cause__ from None
@@ -97,12 +100,33 @@ def _checked_memory(checker):
     yield
     return
   native = _compat.interpreter_native_memory()
+  if _vector_launch.enabled():
+    # Checked accesses reach real addresses in the launch's own buffers,
+    # which NumPy can gather from and scatter into. (Off, launches run as
+    # Triton's interpreter runs them, native memory module included.)
+    native = _host_memory.HostMemory(native,
+                                     [b.array for b in checker.buffers])
   with _compat.interpreter_native_memory_replaced(
       _bounds.CheckedMemory(native, checker)):
     yield
 
 
-def _run_patched(executor, args, kwargs, kernel, debug):
+def _run_patched(executor, args, kwargs, checker, kernel, debug):
+  # All programs at once where the kernel allows; otherwise (memory
+  # restored) one at a time, as Triton's interpreter runs them.
+  patched = functools.partial(_patched_language, kernel, debug)
+  # Tuple operands run one program at a time: the vectorised launch keys
+  # and journals its pointers at the top level only.
+  if (not any(isinstance(a, tuple) for a in args)
+      and _vector_launch.run(executor, args, kwargs, checker, patched)):
+    return
+  with patched():
+    executor(*args, **kwargs)
+
+
+@contextlib.contextmanager
+def _patched_language(kernel: str, debug: bool):
+  """``triton.language`` and the interpreter as jt_dist runs a launch."""
   with _helpers_run_interpreted(), _bfloat16_like_compiled(), \
       _float8.float8_like_compiled(kernel), \
       _asserts.kernel_asserts(kernel, debug):
@@ -114,7 +138,7 @@ def _run_patched(executor, args, kwargs, kernel, debug):
     scope = _interpreter._patch_lang(_language_modules_probe)  # pylint: disable=protected-access
     try:
       with _scalar_index_squeezes():
-        executor(*args, **kwargs)
+        yield
     finally:
       scope.restore()
 

@@ -1,0 +1,313 @@
+"""Triton's interpreter builder, run over every program instance at once.
+
+Each ``TensorHandle`` carries one more leading axis than upstream: the
+program axis. Its length is the number of program instances, or 1 for a
+value every instance shares (constants, scalar arguments, ``tl.arange``),
+which NumPy broadcasts. A scalar is thus an array of shape ``(Q,)`` and a
+block of shape ``S`` an array of shape ``(Q, *S)``; upstream holds scalars
+as ``(1,)`` arrays, so a shared scalar looks the same in both.
+
+Only the operations whose upstream form names an axis, or whose side
+effects must happen once per program, are redefined here; the rest are
+upstream's own (elementwise NumPy broadcasts over the program axis).
+Programs are numbered as upstream's grid loop visits them (x outermost,
+z innermost), so element-wise memory operations over the flattened
+``(program, lane)`` order touch memory in upstream's order.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import triton.language as tl
+from triton.runtime import interpreter as _interpreter
+
+from jt_dist import _compat
+
+TensorHandle = _interpreter.TensorHandle
+
+
+class Unsupported(Exception):
+  """A vectorised launch met an operation it cannot run for all programs."""
+
+
+def _np_dtype(tl_dtype):
+  return _interpreter._get_np_dtype(tl_dtype)  # pylint: disable=protected-access
+
+
+def _lead(data) -> int:
+  return np.shape(data)[0]
+
+
+def _with_programs(arrays, count: int):
+  """``arrays`` broadcast to one shape whose program axis is ``count``."""
+  arrays = [np.asarray(a) for a in arrays]
+  shape = np.broadcast_shapes(*(a.shape for a in arrays))
+  shape = (count,) + tuple(shape[1:])
+  return [np.ascontiguousarray(np.broadcast_to(a, shape)) for a in arrays]
+
+
+def _mask_data(mask):
+  # Triton 3.6's block pointers hand a bare ndarray as the mask.
+  return mask if isinstance(mask, np.ndarray) else mask.data
+
+
+class VectorBuilder(_interpreter.InterpreterBuilder):
+  """An ``InterpreterBuilder`` whose values span every program instance."""
+
+  def __init__(self, grid: tuple[int, int, int]):
+    super().__init__()
+    self.set_grid_dim(*grid)
+    self.grid_idx = None
+    gx, gy, gz = grid
+    self.programs = gx * gy * gz
+    flat = np.arange(self.programs, dtype=np.int64)
+    self._pids = ((flat // (gy * gz)).astype(np.int32),
+                  ((flat // gz) % gy).astype(np.int32),
+                  (flat % gz).astype(np.int32))
+
+  def program_index(self, flat: int) -> tuple[int, int, int]:
+    """The (x, y, z) program id of flat program ``flat``."""
+    return tuple(int(p[flat]) for p in self._pids)
+
+  # --- programming model ---------------------------------------------------
+
+  def create_get_program_id(self, axis):
+    if self.grid_dim[axis] == 1:
+      return TensorHandle(np.zeros(1, np.int32), tl.int32)
+    return TensorHandle(self._pids[axis], tl.int32)
+
+  def create_make_range(self, ret_ty, start, stop):
+    return TensorHandle(np.arange(start, stop, dtype=np.int32)[None], tl.int32)
+
+  # --- memory: loads may stay shared; writes happen once per program -----
+
+  def create_masked_load(self, ptrs, mask, other, *args, **kwargs):
+    datas = [ptrs.data, _mask_data(mask)]
+    if other is not None:
+      datas.append(other.data)
+    count = max(_lead(d) for d in datas)
+    datas = _with_programs(datas, count)
+    other = None if other is None else TensorHandle(datas[2], other.dtype)
+    return super().create_masked_load(
+        TensorHandle(datas[0], ptrs.dtype), TensorHandle(datas[1], tl.int1),
+        other, *args, **kwargs)
+
+  def create_masked_store(self, ptrs, value, mask, *args, **kwargs):
+    p, v, m = _with_programs([ptrs.data, value.data, _mask_data(mask)],
+                             self.programs)
+    return super().create_masked_store(
+        TensorHandle(p, ptrs.dtype), TensorHandle(v, value.dtype),
+        TensorHandle(m, tl.int1), *args, **kwargs)
+
+  def create_atomic_rmw(self, rmwOp, ptr, val, mask, *args, **kwargs):  # pylint: disable=invalid-name
+    mask_data = np.ones(1, bool) if mask is None else mask.data
+    if rmwOp in _ADD_OPS and _lead(ptr.data) == 1 and _lead(mask_data) == 1:
+      old = _shared_address_add(ptr.data[0], val.data, mask_data[0],
+                                self.programs)
+      if old is not None:
+        return TensorHandle(old, val.dtype.scalar)
+    p, v, m = _with_programs([ptr.data, val.data, mask_data], self.programs)
+    return super().create_atomic_rmw(
+        rmwOp, TensorHandle(p, ptr.dtype), TensorHandle(v, val.dtype),
+        TensorHandle(m, tl.int1), *args, **kwargs)
+
+  def create_atomic_cas(self, ptr, cmp, val, *args, **kwargs):
+    p, c, v = _with_programs([ptr.data, cmp.data, val.data], self.programs)
+    return super().create_atomic_cas(
+        TensorHandle(p, ptr.dtype), TensorHandle(c, cmp.dtype),
+        TensorHandle(v, val.dtype), *args, **kwargs)
+
+  def create_atomic_poll(self, *args, **kwargs):
+    raise Unsupported("atomic_poll")
+
+  # --- shapes: every block axis is one further right --------------------
+
+  def create_splat(self, ret_ty, arg):
+    shape = tuple(int(s) for s in ret_ty.shape)
+    data = np.asarray(arg.data).astype(_np_dtype(arg.dtype), copy=False)
+    count = _lead(data)
+    data = data.reshape((count,) + (1,) * len(shape))
+    return TensorHandle(np.broadcast_to(data, (count,) + shape),
+                        arg.dtype.scalar)
+
+  def create_unsplat(self, arg):
+    return TensorHandle(arg.data.reshape(_lead(arg.data)), arg.dtype.scalar)
+
+  def create_broadcast(self, arg, shape):
+    shape = (_lead(arg.data),) + tuple(int(s) for s in shape)
+    return TensorHandle(np.broadcast_to(arg.data, shape), arg.dtype.scalar)
+
+  def create_expand_dims(self, arg, axis):
+    if axis < 0:
+      axis += arg.data.ndim
+    return TensorHandle(np.expand_dims(arg.data, axis + 1), arg.dtype.scalar)
+
+  def create_reshape(self, arg, shape, *args, **kwargs):
+    shape = (_lead(arg.data),) + tuple(int(s) for s in shape)
+    return TensorHandle(arg.data.reshape(shape), arg.dtype.scalar)
+
+  def create_trans(self, arg, perm):
+    perm = (0,) + tuple(int(p) + 1 for p in perm)
+    return TensorHandle(np.transpose(arg.data, perm), arg.dtype.scalar)
+
+  def create_cat(self, lhs, rhs):
+    count = max(_lead(lhs.data), _lead(rhs.data))
+    lhs_data = np.broadcast_to(lhs.data, (count,) + lhs.data.shape[1:])
+    rhs_data = np.broadcast_to(rhs.data, (count,) + rhs.data.shape[1:])
+    return TensorHandle(np.concatenate([lhs_data, rhs_data], axis=1),
+                        lhs.dtype.scalar)
+
+  def create_join(self, lhs, rhs):
+    lhs_data, rhs_data = np.broadcast_arrays(lhs.data, rhs.data)
+    return TensorHandle(np.stack([lhs_data, rhs_data], axis=-1),
+                        lhs.dtype.scalar)
+
+  def create_gather(self, src, indices, axis):
+    count = max(_lead(src.data), _lead(indices.data))
+    src_data = np.broadcast_to(src.data, (count,) + src.data.shape[1:])
+    idx = np.broadcast_to(indices.data, (count,) + indices.data.shape[1:])
+    return TensorHandle(np.take_along_axis(src_data, idx, axis=axis + 1),
+                        src.dtype.scalar)
+
+  def create_histogram(self, data, bins, mask):
+    count = max(_lead(data.data), 1 if mask is None else _lead(mask.data))
+    rows = []
+    for i in range(count):
+      row = TensorHandle(data.data[min(i, _lead(data.data) - 1)], data.dtype)
+      row_mask = None if mask is None else TensorHandle(
+          mask.data[min(i, _lead(mask.data) - 1)], mask.dtype)
+      rows.append(super().create_histogram(row, bins, row_mask).data)
+    return TensorHandle(np.stack(rows), tl.int32)
+
+  # --- operations left to the one-program path ----------------------------
+
+  def create_print(self, *args, **kwargs):
+    raise Unsupported("device_print prints per program")
+
+  def create_dot_scaled(self, *args, **kwargs):
+    raise Unsupported("dot_scaled")
+
+  def create_descriptor_gather(self, *args, **kwargs):
+    raise Unsupported("tensor descriptor gather")
+
+  def create_descriptor_scatter(self, *args, **kwargs):
+    raise Unsupported("tensor descriptor scatter")
+
+  # --- tensor descriptors and block pointers ------------------------------
+
+  def create_make_tensor_descriptor(self, *args, **kwargs):
+    desc = super().create_make_tensor_descriptor(*args, **kwargs)
+    desc.__class__ = _vector_subclass(type(desc), _descriptor_pointers)
+    return desc
+
+  def create_make_block_ptr(self, *args, **kwargs):
+    ptr = super().create_make_block_ptr(*args, **kwargs)
+    ptr.__class__ = _vector_subclass(type(ptr), _block_pointers)
+    return ptr
+
+  def create_advance(self, ptr, offsets):
+    if len(ptr.offsets) != len(offsets):
+      raise ValueError("len(ptr.offsets) != len(offsets)")
+    moved = [
+        TensorHandle(np.add(o.data, d.data).astype(o.data.dtype), o.dtype)
+        for o, d in zip(ptr.offsets, offsets)
+    ]
+    ret = _compat.interpreter_block_pointer(
+        ptr.base, ptr.shape, ptr.strides, moved, ptr.block_shape, ptr.order)
+    ret.__class__ = _vector_subclass(type(ret), _block_pointers)
+    return ret
+
+
+_ADD_OPS = (_interpreter._ir.ATOMIC_OP.ADD, _interpreter._ir.ATOMIC_OP.FADD)  # pylint: disable=protected-access
+# Types whose NumPy addition rounds (or wraps) as the native atomic's does.
+_ADDABLE = tuple(np.dtype(t) for t in (np.float32, np.float64, np.int32,
+                                       np.int64, np.uint32, np.uint64))
+
+
+def _shared_address_add(row_ptrs, values, row_mask, programs: int):
+  """Every program's atomic add into the same addresses, in program order.
+
+  Where each program adds into the same distinct addresses (a gradient
+  accumulated over rows, say), program ``p`` sees the initial values plus
+  programs ``0..p-1``'s values added one after another: a cumulative sum
+  down the program axis, which NumPy adds sequentially, as the native
+  atomics would. The memory is read and written once, through the
+  interpreter's (checked) memory module.
+
+  Returns:
+    The old values per program and lane (0 where masked), or None where
+    this does not apply (the caller then runs the native atomics).
+  """
+  values = np.asarray(values)
+  row_mask = np.broadcast_to(np.asarray(row_mask, dtype=bool), row_ptrs.shape)
+  ptrs = row_ptrs[row_mask]
+  if (values.dtype not in _ADDABLE or ptrs.size == 0
+      or (ptrs.size > 1 and not (np.diff(ptrs) > 0).all())):
+    return None
+  shape = (programs,) + row_ptrs.shape
+  every_lane = bool(row_mask.all())
+  added = np.broadcast_to(values, shape)
+  added = added.reshape(programs, -1) if every_lane else added[:, row_mask]
+  memory = _compat.interpreter_native_memory()
+  on = np.ones(ptrs.shape, dtype=bool)
+  sums = np.empty((programs + 1,) + ptrs.shape, dtype=values.dtype)
+  sums[0] = memory.load(ptrs, on, np.zeros(ptrs.shape, values.dtype),
+                        values.dtype)
+  sums[1:] = added
+  np.cumsum(sums, axis=0, dtype=values.dtype, out=sums)
+  memory.store(ptrs, np.ascontiguousarray(sums[-1]), on)
+  if every_lane:
+    return sums[:-1].reshape(shape)
+  old = np.zeros(shape, dtype=values.dtype)
+  old[:, row_mask] = sums[:-1]
+  return old
+
+
+def _column(data, ndim: int):
+  data = np.asarray(data)
+  return data.reshape((_lead(data),) + (1,) * ndim)
+
+
+def _tile_pointers(base, shape, strides, offsets, block_shape, checked_dims):
+  """Pointers and mask of a tile per program; ``offsets`` per program."""
+  ndim = len(block_shape)
+  itemsize = max(1, base.get_element_ty().primitive_bitwidth // 8)
+  ptrs = _column(base.data, ndim)
+  mask = np.ones((1,) + tuple(block_shape), dtype=bool)
+  for dim, size in enumerate(block_shape):
+    bcast = [1] * (ndim + 1)
+    bcast[dim + 1] = size
+    off = _column(offsets[dim].data, ndim) + np.arange(size).reshape(bcast)
+    ptrs = ptrs + (itemsize * off * _column(strides[dim].data, ndim)).astype(
+        np.uint64)
+    if dim in checked_dims:
+      mask = mask & (0 <= off) & (off < _column(shape[dim].data, ndim))
+  ptrs, mask = np.broadcast_arrays(ptrs, mask)
+  return (TensorHandle(np.ascontiguousarray(ptrs), base.dtype.scalar),
+          TensorHandle(np.ascontiguousarray(mask), tl.int1))
+
+
+def _descriptor_pointers(self, offsets):
+  itemsize = max(1, self.base.dtype.element_ty.primitive_bitwidth // 8)
+  if np.any((np.asarray(offsets[-1].data) * itemsize) % 16 != 0):
+    # Upstream asserts; the one-program path raises its own message.
+    raise Unsupported("misaligned tensor descriptor offset")
+  return _tile_pointers(self.base, self.shape, self.strides, offsets,
+                        self.block_shape, range(len(self.block_shape)))
+
+
+def _block_pointers(self, boundary_check):
+  return _tile_pointers(self.base, self.shape, self.strides, self.offsets,
+                        self.block_shape, tuple(boundary_check))
+
+
+_SUBCLASSES: dict = {}
+
+
+def _vector_subclass(cls, materialize):
+  """``cls`` with ``materialize_pointers`` working per program."""
+  key = (cls, materialize)
+  if key not in _SUBCLASSES:
+    _SUBCLASSES[key] = type("Vector" + cls.__name__, (cls,),
+                            {"materialize_pointers": materialize})
+  return _SUBCLASSES[key]

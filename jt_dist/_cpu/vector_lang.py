@@ -1,0 +1,217 @@
+"""``triton.language`` as a vectorised launch needs it patched.
+
+Upstream's interpreter patches ``tl.tensor``'s conversions to Python values
+and ``tl.reduce``/``tl.associative_scan`` for one program at a time. Here
+they act per program along the leading program axis (see
+``vector_builder``). Converting a value to a Python ``bool`` or ``int``
+(an ``if``, a ``while``, a ``range`` bound) is where a kernel's Python
+control flow reads its data: when the programs disagree, the launch cannot
+go on as one, and ``Divergent`` says so.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import triton.language as tl
+from triton.runtime import interpreter as _interpreter
+
+from jt_dist._cpu import vector_builder as _vb
+
+TensorHandle = _interpreter.TensorHandle
+
+
+class Divergent(Exception):
+  """The programs of a vectorised launch would take different paths."""
+
+
+# Set while a combine function runs on whole blocks where upstream would
+# hand it scalars (generic reductions and scans).
+_COMBINING = []
+
+
+def _bool(tensor):
+  data = np.asarray(tensor.handle.data)
+  if data.size != (data.shape[0] if data.ndim else 1):
+    if _COMBINING:
+      raise _vb.Unsupported("bool() inside a combine function")
+    # Upstream calls every block true (Triton's semantic layer asks whether
+    # an optional operand was given this way).
+    return True
+  return bool(_one_value(tensor, "bool()"))
+
+
+def _one_value(tensor, what: str):
+  """The one Python-convertible value all programs hold for ``tensor``."""
+  data = np.asarray(tensor.handle.data)
+  count = data.shape[0] if data.ndim else 1
+  if data.size != count:
+    raise _vb.Unsupported(f"{what} of a block")
+  values = data.reshape(count)
+  if count > 1 and not (values == values[0]).all():
+    raise Divergent(f"{what} of a value that differs between programs")
+  return values[0]
+
+
+def _transpose(self):
+  data = self.handle.data
+  perm = (0,) + tuple(range(data.ndim - 1, 0, -1))
+  handle = TensorHandle(np.transpose(data, perm), self.handle.dtype)
+  shape = list(self.type.shape)
+  shape[-1], shape[-2] = shape[-2], shape[-1]
+  return tl.core.tensor(handle, tl.core.block_type(self.dtype, shape))
+
+
+def patch(scope) -> None:
+  """Adds the vectorised forms to ``scope`` (upstream's ``_LangPatchScope``).
+
+  Call after upstream's ``_patch_lang`` so that these win; the scope
+  restores everything when the launch ends.
+  """
+  tensor = tl.core.tensor
+  scope.set_attr(tensor, "__bool__", _bool)
+  scope.set_attr(tensor, "__index__",
+                 lambda self: int(_one_value(self, "int()")))
+  scope.set_attr(tensor, "T", property(_transpose))
+
+  def reduce(input, axis, combine_fn, keep_dims=False, **kwargs):  # pylint: disable=redefined-builtin
+    del kwargs
+    return VectorReduce(axis, combine_fn, keep_dims).apply(input)
+
+  def scan(input, axis, combine_fn, reverse=False, **kwargs):  # pylint: disable=redefined-builtin
+    del kwargs
+    return VectorScan(axis, combine_fn, reverse).apply(input)
+
+  for module in (tl, tl.core):
+    scope.set_attr(module, "reduce", reduce)
+    scope.set_attr(module, "associative_scan", scan)
+
+
+def _to_tensor(data, dtype):
+  """A tensor of ``dtype`` from per-program ``data`` (program axis first)."""
+  data = np.asarray(data).astype(_vb._np_dtype(dtype), copy=False)  # pylint: disable=protected-access
+  if data.ndim > 1:
+    ty = tl.block_type(dtype, list(data.shape[1:]))
+  else:
+    data = data.reshape(-1)
+    ty = dtype
+  return tl.core.tensor(TensorHandle(data, dtype.scalar), ty)
+
+
+def _same_programs(datas):
+  count = max(d.shape[0] for d in datas)
+  return [np.broadcast_to(d, (count,) + d.shape[1:]) for d in datas]
+
+
+class VectorReduce(_interpreter.ReduceOps):
+  """Upstream's reductions with the program axis kept apart.
+
+  Upstream picks the NumPy reduction per combine function; this keeps its
+  choice and moves the reduced axis one to the right.
+  """
+
+  def to_tensor(self, ret, dtype):
+    return _to_tensor(ret, dtype)
+
+  def _flat(self, data):
+    """``data`` and the NumPy axis to reduce (the block flattened if None)."""
+    if self.axis is None:
+      return data.reshape(data.shape[0], -1), 1
+    return data, int(self.axis) + 1
+
+  def _shaped(self, out, block_ndim: int):
+    """``out`` with reduced dims kept, where ``keep_dims`` asks."""
+    if not self.keep_dims:
+      return out
+    if self.axis is None:
+      return out.reshape((out.shape[0],) + (1,) * block_ndim)
+    return np.expand_dims(out, int(self.axis) + 1)
+
+  def min_max(self, input, val_reduce_op, idx_reduce_op=None):
+    input = input[0] if isinstance(input, tuple) else input
+    data = input.handle.data
+    flat, axis = self._flat(data)
+    outs = []
+    if val_reduce_op:
+      out = self._shaped(val_reduce_op(flat, axis=axis), data.ndim - 1)
+      outs.append(self.to_tensor(out, input.dtype))
+    if idx_reduce_op:
+      out = self._shaped(idx_reduce_op(flat, axis=axis), data.ndim - 1)
+      outs.append(self.to_tensor(out, tl.int32))
+    if not outs:
+      raise ValueError("val_reduce_op and idx_reduce_op are both None")
+    return outs[0] if len(outs) == 1 else tuple(outs)
+
+  def sum(self, input):
+    data = input.handle.data
+    flat, axis = self._flat(data)
+    out = self._shaped(np.sum(flat, axis=axis), data.ndim - 1)
+    return self.to_tensor(out, input.dtype)
+
+  def generic_reduce(self, input):
+    datas = _same_programs([self._flat(t.handle.data)[0] for t in input])
+    axis = self._flat(input[0].handle.data)[1]
+    dtypes = [t.dtype for t in input]
+    acc = [np.take(d, 0, axis=axis) for d in datas]
+    for i in range(1, datas[0].shape[axis]):
+      step = [np.take(d, i, axis=axis) for d in datas]
+      acc = _combine(self.combine_fn, acc, step, dtypes)
+    block_ndim = input[0].handle.data.ndim - 1
+    return [self.to_tensor(self._shaped(a, block_ndim), dt)
+            for a, dt in zip(acc, dtypes)]
+
+
+def _combine(combine_fn, acc, step, dtypes):
+  """One combine step over all programs, rounded to the inputs' types.
+
+  Upstream stores each step's result into an array of the input's type, so
+  this casts back likewise.
+  """
+  args = [_to_tensor(a, dt) for a, dt in zip(acc, dtypes)]
+  args += [_to_tensor(s, dt) for s, dt in zip(step, dtypes)]
+  _COMBINING.append(True)
+  try:
+    ret = combine_fn.fn(*args)
+  finally:
+    _COMBINING.pop()
+  ret = ret if isinstance(ret, tuple) else (ret,)
+  out = []
+  for r, a, dt in zip(ret, acc, dtypes):
+    value = r.handle.data if isinstance(r, tl.core.tensor) else r
+    value = np.broadcast_to(np.asarray(value), np.broadcast_shapes(
+        np.shape(value), a.shape))
+    out.append(value.astype(_vb._np_dtype(dt)))  # pylint: disable=protected-access
+  return out
+
+
+class VectorScan(_interpreter.ScanOps):
+  """Upstream's scans with the program axis kept apart."""
+
+  def to_tensor(self, ret, dtype):
+    return _to_tensor(ret, dtype)
+
+  def apply_impl(self, input):
+    axis = int(self.axis) + 1
+    datas = [t.handle.data for t in input]
+    if self.reverse:
+      datas = [np.flip(d, axis=axis) for d in datas]
+    if self.combine_fn == tl.standard._sum_combine:  # pylint: disable=protected-access
+      outs = [np.cumsum(datas[0], axis=axis)]
+    elif self.combine_fn == tl.standard._prod_combine:  # pylint: disable=protected-access
+      outs = [np.cumprod(datas[0], axis=axis)]
+    else:
+      outs = self._generic(datas, axis, [t.dtype for t in input])
+    if self.reverse:
+      outs = [np.flip(o, axis=axis) for o in outs]
+    return [self.to_tensor(np.ascontiguousarray(o), t.dtype)
+            for o, t in zip(outs, input)]
+
+  def _generic(self, datas, axis, dtypes):
+    datas = _same_programs(datas)
+    acc = [np.take(d, 0, axis=axis).astype(d.dtype) for d in datas]
+    steps = [[a] for a in acc]
+    for i in range(1, datas[0].shape[axis]):
+      step = [np.take(d, i, axis=axis) for d in datas]
+      acc = _combine(self.combine_fn, acc, step, dtypes)
+      for j, a in enumerate(acc):
+        steps[j].append(a)
+    return [np.stack(s, axis=axis) for s in steps]

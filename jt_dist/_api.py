@@ -15,11 +15,13 @@ from jt_dist._cpu import unsupported as _unsupported
 from jt_dist import _binding
 from jt_dist import _dispatch
 from jt_dist import _errors
+from jt_dist import _operands
 from jt_dist._sharding import auto_axes as _auto_axes
 from jt_dist._sharding import partition as _partition
 from jt_dist._sharding import placement as _placement
 from jt_dist import _primitive
 from jt_dist import _refs
+from jt_dist import _pytree_args
 from jt_dist._sharding import rule as _rule
 from jt_dist._sharding import shard_size as _shard_size
 from jt_dist import _tensordesc
@@ -67,8 +69,10 @@ def triton_call(
     *args: the inputs: ``jax.Array``s (passed as pointers), ``jax.Ref``s
       (``jax.new_ref(x)``; passed as pointers and mutated in place: the
       kernel's writes land in the Ref, which no ``out_shape`` entry names),
-      ``jt_dist.TensorDescriptor``s (host-side TMA descriptors) and Python
-      ``bool``/``int``/``float`` or ``np.float32`` scalars (passed by value).
+      ``jt_dist.TensorDescriptor``s (host-side TMA descriptors), Python
+      ``bool``/``int``/``float`` scalars (passed by value; a float as fp32
+      where float32 holds it, else fp64; ``np.float32`` is deprecated), and
+      (nested) tuples of arrays and scalars for tuple parameters.
       ``jt_dist.shard_size(i)`` stands for the size of array ``args[i]``.
     kernel: a ``@triton.jit`` function, optionally wrapped by
       ``@triton.autotune`` and/or ``@triton.heuristics``.
@@ -99,10 +103,15 @@ def triton_call(
       ``num_stages``, ``num_ctas``, ``debug`` and ``enable_fp_fusion`` may be
       given here instead of as arguments, but not both ways. The CPU
       interpreter ignores the rest.
-    input_output_aliases: maps an input (its index among the array
-      arguments, scalars not counted) to the output that reuses its buffer.
-    zeroed_outputs: output indices to zero before each launch, or a callable
-      of the metaparams returning them.
+    input_output_aliases: maps an input to the output that reuses its
+      buffer, under jax-triton 0.3.1's convention (keys count the array
+      arguments; every output, aliased or not, binds a pointer parameter) or
+      0.4's (keys count the flattened non-constexpr operands, scalars
+      included; an aliased input is its output's buffer and the output binds
+      no parameter). The convention that binds the kernel's parameters is
+      used; where both do, 0.4's, with a ``DeprecationWarning``.
+    zeroed_outputs: indices into the flattened outputs to zero before each
+      launch, or a callable of the metaparams returning them.
     debug: print Triton's intermediate representations when compiling (and
       turn on Triton's device-side asserts); forces a fresh compile. Set
       ``JT_DIST_DUMP_DIR`` to also write every IR and the launch metadata.
@@ -141,7 +150,9 @@ def triton_call(
       on GPUs in the custom call's ``cost_estimate_json`` attribute, as
       jax-triton 0.4 does, for XLA's scheduler and cost analysis.
     **metaparams: values for the kernel's remaining parameters, by name;
-      usually its ``tl.constexpr`` parameters.
+      usually its ``tl.constexpr`` parameters. A keyword naming a
+      non-constexpr parameter is an operand, as if passed positionally in
+      parameter order (jax-triton 0.4).
 
   Returns:
     The outputs, in the structure of ``out_shape``.
@@ -168,6 +179,7 @@ def triton_call(
       ``jax.jit``.
   """
   out_shape = resolve_out_shape(out_shape, out_type)
+  args, metaparams = _operands.merge_keywords(kernel, args, metaparams)
   args, descriptors = _tensordesc.split(args)
   if descriptors and sharding_rule is not None:
     raise NotImplementedError(
@@ -216,6 +228,7 @@ def triton_call(
     return entry(args)
   if sharding_rule is not None:
     sharding_rule = _rule.check(sharding_rule, "triton_call")
+    _pytree_args.refuse_tuples(args, "triton_call with a sharding_rule")
     recorder = (None if key is None
                 else _dispatch.replay_recorder(key, kernel, grid))
     outs = _partitioned(args, kernel, out_shape, grid, sharding_rule, device,
@@ -357,6 +370,9 @@ def _place(arrays, args, spec, device):
     resolved to (None without ``device=``, or under a trace).
   """
   name = spec.info.name
+  if any(_pytree_args.is_tuple(a) for a in args):
+    # Tuple operands: their leaves are checked like positional ones.
+    args = [leaf for a in args for _, leaf in _pytree_args.leaves_with_paths(a)]
   if any(isinstance(a, jax.core.Tracer) for a in arrays):
     _placement.check_traced(args, name)
     return _placement.unify_varying_axes(arrays), None

@@ -111,6 +111,11 @@ def _on_grid(bind, args, batched, spec, size):
     # The wrapper moves pointers by the batch index; a descriptor is not one.
     raise _NoRoom("it takes a TensorDescriptor, which the wrapper cannot"
                   " move to a batch element.")
+  tuples = sorted({op.name for op in base.operands if op.path})
+  if tuples:
+    raise _NoRoom(
+        f"it takes tuple parameters {tuples}, which the batched grid's"
+        " wrapper kernel does not forward.")
   args, batched = list(args), list(batched)
   for i, _ in spec.input_output_aliases:
     # An aliased input becomes its output's buffer, which is batched.

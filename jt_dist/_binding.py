@@ -12,15 +12,18 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import warnings
 from typing import Any, Callable, Mapping, Sequence
 
 import jax
 import numpy as np
 
+from jt_dist import _conventions
 from jt_dist import _errors
 from jt_dist import _grid
 from jt_dist import _kernel
 from jt_dist import _options
+from jt_dist import _pytree_args
 from jt_dist import _types
 
 
@@ -33,6 +36,12 @@ class Operand:
   index: int  # Array index among array arguments, or output index.
   value: Any  # The scalar's value; None for pointers.
   type: str  # Triton's type name, e.g. "*fp32" or "i32".
+  path: tuple[int, ...] = ()  # Where in a tuple parameter, e.g. (1, 0).
+
+  @property
+  def label(self) -> str:
+    """The name for messages: ``yz[1]`` for a leaf of tuple parameter yz."""
+    return _pytree_args.label(self.name, self.path)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -120,6 +129,10 @@ class CallOptions:
   tensor_descriptors: tuple = ()
 
 
+is_scalar = _types.is_scalar
+pointer_type = _types.pointer_type
+
+
 def _is_shape_dtype(x: Any) -> bool:
   return hasattr(x, "shape") and hasattr(x, "dtype")
 
@@ -199,7 +212,17 @@ def _classify_args(args: Sequence[Any]):
   kinds = []
   n_arrays = 0
   for i, arg in enumerate(args):
-    if _types.is_scalar(arg):
+    if _pytree_args.is_tuple(arg) and arg:
+      leaves = []
+      for path, leaf in _pytree_args.leaves_with_paths(arg):
+        _pytree_args.check_leaf(i, path, leaf)
+        kind, payload = _classify_args([leaf])[0][0]
+        if kind == "array":
+          payload = n_arrays
+          n_arrays += 1
+        leaves.append((path, kind, payload))
+      kinds.append(("tuple", leaves))
+    elif _types.is_scalar(arg):
       if _types.scalar_type(arg) is None:
         raise ValueError(
             f"triton_call: args[{i}] = {arg!r} does not fit in 64 bits, the"
@@ -257,7 +280,7 @@ def _dtype_hint(dtype: np.dtype) -> str:
   return ""
 
 
-def _binding_error(info, message: str) -> _errors.KernelBindingError:
+def binding_error(info, message: str) -> _errors.KernelBindingError:
   order = ", ".join(info.param_names)
   return _errors.KernelBindingError(
       f"triton_call: kernel {info.name!r}({order}): {message} Parameters are"
@@ -266,12 +289,16 @@ def _binding_error(info, message: str) -> _errors.KernelBindingError:
   )
 
 
-def _bind_positional(info, args, kinds, n_outputs):
-  """Binds positional args and outputs; returns operands and constexprs."""
+def bind_positional(info, args, kinds, n_outputs, warn=True):
+  """Binds positional args and outputs; returns operands and constexprs.
+
+  ``warn``: whether to warn of deprecated scalars (a call read under both
+  aliasing conventions warns once).
+  """
   params = info.params
   if len(args) + n_outputs > len(params):
     extra = len(args) + n_outputs - len(params)
-    raise _binding_error(
+    raise binding_error(
         info,
         f"{len(args)} positional arguments and {n_outputs} outputs bind"
         f" {len(args) + n_outputs} parameters, but the kernel has only"
@@ -279,9 +306,20 @@ def _bind_positional(info, args, kinds, n_outputs):
     )
   operands, constexprs = [], {}
   for i, ((kind, payload), param) in enumerate(zip(kinds, params)):
+    if kind == "tuple":
+      if param.is_constexpr and any(k == "array" for _, k, _ in payload):
+        raise binding_error(
+            info, f"args[{i}] is a tuple holding arrays but binds"
+            f" {param.name!r}, a tl.constexpr parameter, which takes"
+            " compile-time values.")
+      if param.is_constexpr:
+        constexprs[param.name] = args[i]
+      else:
+        operands.extend(_tuple_operands(param, args[i], payload))
+      continue
     if param.is_constexpr:
       if kind == "array":
-        raise _binding_error(
+        raise binding_error(
             info,
             f"args[{i}] is an array but binds {param.name!r}, a tl.constexpr"
             " parameter, which takes a compile-time scalar.",
@@ -295,7 +333,7 @@ def _bind_positional(info, args, kinds, n_outputs):
       )
     else:
       _check_declared_scalar(info, i, param, payload)
-      scalar_type = _scalar_type(info, i, param, payload)
+      scalar_type = _scalar_type(info, i, param, payload, warn)
       operands.append(
           Operand(param.name, "scalar", -1,
                   _types.python_scalar(payload, scalar_type), scalar_type)
@@ -303,22 +341,46 @@ def _bind_positional(info, args, kinds, n_outputs):
   return operands, constexprs
 
 
-def _scalar_type(info, i, param, value) -> str:
-  """The type Triton's launcher gives the scalar ``value`` of ``param``.
+def _tuple_operands(param, arg, leaves):
+  """One operand per leaf of the tuple ``arg`` that binds ``param``."""
+  values = dict(_pytree_args.leaves_with_paths(arg))
+  operands = []
+  for path, kind, payload in leaves:
+    if kind == "array":
+      operands.append(Operand(
+          param.name, "array", payload, None,
+          _types.pointer_type(values[path].dtype), path))
+    else:
+      scalar_type = _types.scalar_type(payload)
+      operands.append(Operand(
+          param.name, "scalar", -1,
+          _types.python_scalar(payload, scalar_type), scalar_type, path))
+  return operands
+
+
+def _scalar_type(info, i, param, value, warn=True) -> str:
+  """The type the scalar ``value`` of ``param`` is passed as.
 
   The parameter's annotation decides where it names a type jaxlib can carry,
-  else the value does (``_types.scalar_type``). A float32 must not overflow.
+  else the value does (``_types.scalar_type``: a float is fp32 where float32
+  holds it, else fp64). A float32 must not overflow.
   """
+  if warn and isinstance(value, np.float32):
+    warnings.warn(
+        f"triton_call: args[{i}] = np.float32({float(value)!r}) binds"
+        f" parameter {param.name!r} of kernel {info.name!r}; passing"
+        " np.float32 scalars is deprecated (as in jax-triton 0.4). Pass a"
+        f" Python float, float({float(value)!r}), which is passed as a"
+        " float32 where float32 holds it.", DeprecationWarning, stacklevel=8)
   scalar_type = (_types.annotated_scalar_type(param.annotation)
                  or _types.scalar_type(value))
   if scalar_type == "fp32" and _types.overflows_float32(value):
     raise ValueError(
         f"triton_call: args[{i}] = {float(value)!r} binds parameter"
-        f" {param.name!r} of kernel {info.name!r} as a float32, the type"
-        " Triton's launcher gives a float, and overflows it (the largest"
-        f" float32 is {float(np.finfo(np.float32).max)!r}). Declare the"
-        f" parameter `{param.name}: tl.float64` to pass a double, or scale"
-        " the value.")
+        f" {param.name!r} of kernel {info.name!r}, declared"
+        f" {param.annotation or 'fp32'}, and overflows a float32 (the"
+        f" largest is {_types.FLOAT32_MAX!r}). Declare the parameter"
+        f" `{param.name}: tl.float64` to pass a double, or scale the value.")
   return scalar_type
 
 
@@ -344,12 +406,12 @@ def _check_declared_scalar(info, i, param, value) -> None:
     )
 
 
-def _bind_outputs(info, n_args, out_shapes):
+def bind_outputs(info, n_args, out_shapes):
   operands = []
   for k, (_, dtype) in enumerate(out_shapes):
     param = info.params[n_args + k]
     if param.is_constexpr:
-      raise _binding_error(
+      raise binding_error(
           info,
           f"output {k} binds {param.name!r}, a tl.constexpr parameter. Pass"
           " fewer outputs, or pass the inputs that come before it.",
@@ -360,16 +422,16 @@ def _bind_outputs(info, n_args, out_shapes):
   return operands
 
 
-def _check_metaparams(info, metaparams, positional_names):
+def check_metaparams(info, metaparams, positional_names):
   for key, value in metaparams.items():
     if key not in info.param_by_name:
       close = difflib.get_close_matches(key, info.param_names, n=1)
       hint = f" Did you mean {close[0]!r}?" if close else ""
-      raise _binding_error(
+      raise binding_error(
           info, f"metaparam {key}={value!r} names no parameter of the kernel.{hint}"
       )
     if key in positional_names:
-      raise _binding_error(
+      raise binding_error(
           info,
           f"metaparam {key}={value!r} binds {key!r}, which the positional"
           " arguments or outputs already bind.",
@@ -384,37 +446,38 @@ def _check_metaparams(info, metaparams, positional_names):
       ) from None
 
 
-def _describe_bound(info, n_args, n_outputs, names):
+def describe_bound(info, operands, n_args, names):
   """What binds each bound parameter, e.g. "n=output 0, BLOCK=by name".
 
   Shown with a missing parameter: a forgotten argument usually shifts an
   output onto the parameter it should have bound, and this makes it visible.
   """
+  outputs = {op.name: op.index for op in operands if op.kind == "output"}
   parts = []
   for i, param in enumerate(info.params):
     if i < n_args:
       parts.append(f"{param.name}=args[{i}]")
-    elif i < n_args + n_outputs:
-      parts.append(f"{param.name}=output {i - n_args}")
+    elif param.name in outputs:
+      parts.append(f"{param.name}=output {outputs[param.name]}")
     elif param.name in names:
       parts.append(f"{param.name}=by name")
   return ", ".join(parts)
 
 
-def _check_complete(info, positional_names, config, n_args, n_outputs):
+def _check_complete(info, positional_names, config, operands, n_args):
   names = [k for k, _ in config.kwargs]
-  bound = _describe_bound(info, n_args, n_outputs, names)
+  bound = describe_bound(info, operands, n_args, names)
   missing, twice = _kernel.missing_and_extra(info, positional_names, names)
   unknown = [k for k, _ in config.kwargs if k not in info.param_by_name]
   if unknown:
-    raise _binding_error(
+    raise binding_error(
         info, f"autotuning config ({config.label}) sets {unknown}, which are"
         " not parameters of the kernel.")
   if twice:
-    raise _binding_error(
+    raise binding_error(
         info, f"{twice} are bound twice (config: {config.label}).")
   if missing:
-    raise _binding_error(
+    raise binding_error(
         info,
         f"parameters {missing} are not bound by anything (bound: {bound}).",
     )
@@ -422,16 +485,18 @@ def _check_complete(info, positional_names, config, n_args, n_outputs):
 
 def _named_args(arrays, operands, out_shapes, constexprs):
   """Every bound parameter by name, arrays as shape/dtype structs."""
-  named = {}
+  leaves: dict[str, list] = {}
   for op in operands:
     if op.kind == "array":
       arg = arrays[op.index]
-      named[op.name] = jax.ShapeDtypeStruct(arg.shape, arg.dtype)
+      value = jax.ShapeDtypeStruct(arg.shape, arg.dtype)
     elif op.kind == "output":
       shape, dtype = out_shapes[op.index]
-      named[op.name] = jax.ShapeDtypeStruct(shape, dtype)
+      value = jax.ShapeDtypeStruct(shape, dtype)
     else:
-      named[op.name] = op.value
+      value = op.value
+    leaves.setdefault(op.name, []).append((op.path, value))
+  named = {name: _pytree_args.nest(items) for name, items in leaves.items()}
   named.update(constexprs)
   return named
 
@@ -486,7 +551,7 @@ def _reset_to_zero(info, operands, aliases) -> tuple[int, ...]:
   return tuple(outputs)
 
 
-def _aliases(aliases, array_shapes, out_shapes):
+def check_aliases(aliases, array_shapes, out_shapes):
   if not aliases:
     return ()
   n_in, n_out = len(array_shapes), len(out_shapes)
@@ -546,14 +611,12 @@ def bind_call(args, kernel, out_shape, grid, options: CallOptions, metaparams):
   out_shapes, out_tree = flatten_out_shape(
       out_shape, allow_empty=bool(options.ref_inputs))
   kinds, _ = _classify_args(args)
-  operands, constexprs = _bind_positional(info, args, kinds, len(out_shapes))
+  operands, constexprs, aliases = _conventions.bind(
+      info, args, kinds, out_shapes, metaparams, options.input_output_aliases)
   operands = _typed_descriptors(operands, kinds, options.tensor_descriptors)
-  operands += _bind_outputs(info, len(args), out_shapes)
-  positional_names = [op.name for op in operands] + list(constexprs)
-  _check_metaparams(info, metaparams, positional_names)
   constexprs.update(metaparams)
-  runtime_names = [op.name for op in operands]
-  arrays = [a for a in args if not _types.is_scalar(a)]
+  runtime_names = list(dict.fromkeys(op.name for op in operands))
+  arrays = _pytree_args.array_leaves(args)
   named = _named_args(arrays, operands, out_shapes, constexprs)
   # Triton's launcher shows heuristics and the grid every parameter,
   # unbound ones with defaults included; explicit values take precedence.
@@ -563,12 +626,10 @@ def bind_call(args, kernel, out_shape, grid, options: CallOptions, metaparams):
   configs = _kernel.expand_configs(
       info, constexprs, named, options.num_warps, options.num_stages,
       options.num_ctas)
-  aliases = _aliases(options.input_output_aliases,
-                     [(a.shape, a.dtype) for a in arrays], out_shapes)
   reset = _reset_to_zero(info, operands, aliases)
   launches = []
   for config in configs:
-    _check_complete(info, runtime_names, config, len(args), len(out_shapes))
+    _check_complete(info, runtime_names, config, operands, len(args))
     config = _with_constexpr_defaults(info, config)
     where = f" (config: {config.label})" if info.layers else ""
     kwargs = dict(config.kwargs)

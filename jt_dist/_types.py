@@ -32,6 +32,8 @@ SUPPORTED_DTYPES = tuple(_POINTER_ELEMENT_TYPES)
 # A float of at least this magnitude rounds to infinity as a float32: the
 # largest finite float32 is 2**128 - 2**104, and its ulp 2**104.
 FLOAT32_OVERFLOW = 2.0**128 - 2.0**103
+FLOAT32_MAX = float(np.finfo(np.float32).max)
+FLOAT32_TINY = float(np.finfo(np.float32).tiny)
 # The scalar types jaxlib's Triton call can carry, which a parameter's
 # annotation may choose (Triton 3.9 spells bool "u1").
 _ANNOTATED_TYPES = {"i1": "i1", "u1": "i1", "i32": "i32", "u32": "u32",
@@ -64,11 +66,14 @@ def is_scalar(value: Any) -> bool:
 def scalar_type(value: Any) -> str | None:
   """Triton's type for a scalar argument, or None if it cannot be typed.
 
-  As Triton's launcher types an unannotated argument
+  Integers as Triton's launcher types an unannotated argument
   (``triton.runtime.jit.mangle_type``): bools are i1; integers are i32 in
-  [-2**31, 2**31), else i64 down to -2**63, else u64 up to 2**64 - 1; floats
-  are fp32 whatever their magnitude. NumPy scalars are typed as the Python
-  scalar of the same value (Triton's launcher refuses them).
+  [-2**31, 2**31), else i64 down to -2**63, else u64 up to 2**64 - 1.
+  Floats as jax-triton 0.4 types them: fp32 where float32 represents them
+  (zero, infinities, NaN, and magnitudes from the smallest normal float32
+  to the largest), else fp64, so that neither overflows nor underflows.
+  NumPy scalars are typed as the Python scalar of the same value (Triton's
+  launcher refuses them); ``np.float32`` and ``np.float16`` are fp32.
 
   Args:
     value: a Python or NumPy scalar.
@@ -87,7 +92,17 @@ def scalar_type(value: Any) -> str | None:
     if 2**63 <= value < 2**64:
       return "u64"
     return None
-  return "fp32"
+  if isinstance(value, (np.float32, np.float16)):
+    return "fp32"
+  return "fp32" if float32_represents(float(value)) else "fp64"
+
+
+def float32_represents(value: float) -> bool:
+  """Whether float32 holds ``value`` without overflow or underflow."""
+  magnitude = abs(value)
+  return (magnitude == 0.0 or magnitude != magnitude
+          or magnitude == float("inf")
+          or FLOAT32_TINY <= magnitude <= FLOAT32_MAX)
 
 
 def annotated_scalar_type(annotation: str) -> str | None:

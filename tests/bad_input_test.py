@@ -121,7 +121,8 @@ _TRITON_CALL_CASES = (
      jt_dist.KernelBindingError,
      r"'block_first_kernel'.*metaparam BLOCK=16 binds 'BLOCK'.*already bind"),
     ("output_bound_by_name", lambda t: _call(t, out_ptr=0),
-     jt_dist.KernelBindingError, r"metaparam out_ptr=0 binds 'out_ptr'"),
+     # A keyword naming a non-constexpr parameter is an operand (0.4).
+     jt_dist.KernelBindingError, r"output 0 binds 'BLOCK', a tl.constexpr"),
     ("heuristic_for_positional_parameter",
      lambda t: _call(t, kernel=_heuristic_kernel({"n_elements": lambda m: 16})),
      jt_dist.KernelBindingError, r"'add_kernel'.*\['n_elements'\] are bound twice"),

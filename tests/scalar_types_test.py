@@ -153,12 +153,19 @@ class LauncherTypingTest(testing.TestCase):
                      _compat.triton_launcher_scalar_type(int(value)))
 
   @parameterized.parameters(*_FLOAT_EDGES)
-  def test_floats_typed_as_triton(self, value):
-    expected = _compat.triton_launcher_scalar_type(value)
+  def test_floats_typed_as_jax_triton_04(self, value):
+    # fp32 where float32 holds the value (Triton's launcher's type), else
+    # fp64 (jax-triton 0.4), never an overflow to inf or an underflow to 0.
+    f32 = np.finfo(np.float32)
+    held = (value == 0 or value != value or abs(value) == float("inf")
+            or f32.tiny <= abs(value) <= f32.max)
+    expected = "fp32" if held else "fp64"
+    if held:
+      self.assertEqual(expected, _compat.triton_launcher_scalar_type(value))
     self.assertEqual(_types.scalar_type(value), expected)
     self.assertEqual(_types.scalar_type(np.float64(value)), expected)
     if abs(value) < 3.4e38 or value != value:
-      self.assertEqual(_types.scalar_type(np.float32(value)), expected)
+      self.assertEqual(_types.scalar_type(np.float32(value)), "fp32")
 
   @parameterized.parameters(True, False)
   def test_bools_typed_as_triton(self, value):
@@ -169,7 +176,9 @@ class LauncherTypingTest(testing.TestCase):
   def test_huge_floats_type_without_warnings(self):
     with warnings.catch_warnings():
       warnings.simplefilter("error")
-      for value in (1e300, -1e300, np.float64(1e300), float("inf")):
+      for value in (1e300, -1e300, np.float64(1e300), 1e-300):
+        self.assertEqual(_types.scalar_type(value), "fp64")
+      for value in (float("inf"), np.float32(3e38)):
         self.assertEqual(_types.scalar_type(value), "fp32")
         _types.overflows_float32(value)
 
@@ -206,13 +215,38 @@ class CpuScalarValuesTest(testing.TestCase):
   def test_float_reaches_the_kernel_as_float32(self, value):
     self.assertEqual(_store_float(value), float(np.float32(value)))
 
+  @parameterized.parameters(1e300, -3.5e38, 2.0**128, 1e-300, -2.5e-45)
+  def test_float_beyond_float32_passes_a_double(self, value):
+    # jax-triton 0.4: fp64 where float32 would overflow or underflow.
+    self.assertEqual(_store_float(value), value)
+
+  def test_fast_path_retypes_a_float_beyond_float32(self):
+    # The eager fast path keys a float by its type: a cached fp32 call must
+    # not carry a value float32 cannot hold.
+    small = float(self.np_rng.uniform(1, 2))
+    for value in (small, 1e300, small, -1e-300):
+      self.assertEqual(_store_float(value),
+                       float(np.float32(value)) if value == small else value)
+
   @parameterized.parameters(1e300, -3.5e38, 2.0**128)
-  def test_float_overflowing_float32_is_refused(self, value):
+  def test_float_overflowing_declared_float32_is_refused(self, value):
+    n = int(self.np_rng.integers(2, 100))
     with self.assertRaisesRegex(
         ValueError,
-        r"args\[0\] = .*parameter 'alpha' of kernel 'store_float_kernel'"
-        r".*float32.*overflows.*`alpha: tl.float64`"):
-      _store_float(value)
+        r"args\[1\] = .*parameter 'alpha' of kernel 'store_annotated_kernel'"
+        r".*declared fp32.*overflows a float32.*`alpha: tl.float64`"):
+      jt_dist.triton_call(
+          n, value, kernel=store_annotated_kernel,
+          out_shape=[_WORDS, _WORDS], grid=(1,))
+
+  def test_numpy_float32_is_deprecated(self):
+    value = float(self.np_rng.uniform(1, 2))
+    with self.assertWarnsRegex(
+        DeprecationWarning,
+        r"args\[0\] = np.float32\(.*parameter 'alpha' of kernel"
+        r" 'store_float_kernel'.*deprecated.*Pass a Python float"):
+      got = _store_float(np.float32(value))
+    self.assertEqual(got, float(np.float32(value)))
 
   @parameterized.parameters(1e300, -2.5e-300, 0.1)
   def test_float64_annotation_passes_a_double(self, value):
@@ -277,6 +311,16 @@ class CudaSignatureTest(util.IsolatedCacheMixin, testing.TestCase):
     expected = _compat.triton_launcher_scalar_type(value)
     self.assertEqual(_ttir_type(kernel, "alpha"), _MLIR_TYPES[expected])
     self.assertEqual(_param_type(kernel["params"][0]), expected)
+
+  @parameterized.parameters(1e300, -3.5e38, 1e-300)
+  def test_float_beyond_float32_signature(self, value):
+    def f():
+      return jt_dist.triton_call(
+          value, kernel=store_float_kernel,
+          out_shape=[_WORDS], grid=(1,), compute_capability=90)
+    kernel = self._lower(f)
+    self.assertEqual(_ttir_type(kernel, "alpha"), "f64")
+    self.assertEqual(_param_type(kernel["params"][0]), "fp64")
 
   def test_float64_annotation_signature(self):
     def f():

@@ -26,6 +26,7 @@ from jax.experimental import io_callback
 import numpy as np
 
 from jt_dist import _compat
+from jt_dist import _pytree_args
 from jt_dist import _types
 from jt_dist._cpu import bounds as _bounds
 from jt_dist._cpu import runtime as _interpreter_runtime
@@ -104,10 +105,10 @@ def _pointer_buffers(spec, launch, inputs, outputs):
   for op in spec.operands:
     if op.kind == "array" and op.index in aliased:
       buffers.append(_bounds.Buffer(
-          op.name, f"input {op.index}, aliased to output {aliased[op.index]}",
+          op.label, f"input {op.index}, aliased to output {aliased[op.index]}",
           outputs[aliased[op.index]]))
     elif op.kind == "array":
-      buffers.append(_bounds.Buffer(op.name, f"input {op.index}",
+      buffers.append(_bounds.Buffer(op.label, f"input {op.index}",
                                     inputs[op.index]))
     elif op.kind == "output":
       out = outputs[op.index]
@@ -260,6 +261,32 @@ def raise_host_fault(error: Exception) -> None:
     raise found from error
 
 
+def _in_parameter_order(spec, args, kwargs):
+  """Positional arguments up to the last operand, constexprs in their place.
+
+  A constexpr declared between operands (``k(x_ptr, BLOCK: tl.constexpr,
+  y_ptr)``) is bound by its position, not by name, as Triton's interpreter
+  binds every argument before the last positional one. The leaves of a
+  tuple parameter are passed as that tuple.
+  """
+  leaves = {}
+  for op, arg in zip(spec.operands, args):
+    leaves.setdefault(op.name, []).append((op.path, arg))
+  by_name = {name: _pytree_args.nest(items) for name, items in leaves.items()}
+  params = spec.info.params
+  last = max((i for i, p in enumerate(params) if p.name in by_name),
+             default=-1)
+  ordered = []
+  for param in params[:last + 1]:
+    if param.name in by_name:
+      ordered.append(by_name[param.name])
+    elif param.name in kwargs:
+      ordered.append(kwargs.pop(param.name))
+    else:
+      ordered.append(param.default)
+  return ordered, kwargs
+
+
 def _fault_text(fault: Exception) -> str:
   # How jax's message ends for this fault (the type's name alone for an
   # exception without text).
@@ -275,11 +302,12 @@ def _launch(spec, inputs, outputs):
   buffers = _pointer_buffers(spec, launch, inputs, outputs)
   checker = (_bounds.MemoryChecker(spec.info.name, buffers)
              if _bounds.enabled() else None)
-  args = _kernel_args(spec, buffers, checker)
+  args, kwargs = _in_parameter_order(
+      spec, _kernel_args(spec, buffers, checker), dict(launch.config.kwargs))
   with _INTERPRETER_LOCK:
     try:
       _interpreter_runtime.run(
-          spec.info.python_fn, launch.grid, args, dict(launch.config.kwargs),
+          spec.info.python_fn, launch.grid, args, kwargs,
           checker=checker, debug=spec.debug,
       )
     except _compat.InterpreterError as e:

@@ -115,7 +115,10 @@ def _run_patched(executor, args, kwargs, checker, kernel, debug):
   # All programs at once where the kernel allows; otherwise (memory
   # restored) one at a time, as Triton's interpreter runs them.
   patched = functools.partial(_patched_language, kernel, debug)
-  if _vector_launch.run(executor, args, kwargs, checker, patched):
+  # Tuple operands run one program at a time: the vectorised launch keys
+  # and journals its pointers at the top level only.
+  if (not any(isinstance(a, tuple) for a in args)
+      and _vector_launch.run(executor, args, kwargs, checker, patched)):
     return
   with patched():
     executor(*args, **kwargs)

@@ -25,6 +25,7 @@ from typing import Any
 
 from jt_dist._gpu import cache as _cache
 from jt_dist import _compat
+from jt_dist import _pytree_args
 from jt_dist._gpu import target as _target
 
 _INT_TYPES = ("i8", "i16", "i32", "i64", "u8", "u16", "u32", "u64")
@@ -126,7 +127,22 @@ def specialize(spec, launch, backend) -> Specialization:
   pinned = {p.name for p in _compat.jit_function_of(info.fn).params
             if p.do_not_specialize}
   signature, constexprs, attrs, launched = {}, {}, {}, []
+  leaves = {}
+  for op in spec.operands:
+    if op.path:
+      leaves.setdefault(op.name, []).append(op)
   for param in info.params:
+    if param.name in leaves:
+      # A tuple parameter: Triton takes a nested tuple of types, attributes
+      # by path, and one kernel argument per leaf.
+      ops = leaves[param.name]
+      signature[param.name] = _pytree_args.nest(
+          [(op.path, op.type) for op in ops])
+      for op in ops:
+        if op.type.startswith("*"):
+          attrs[(index[param.name], *op.path)] = divisible
+      launched.extend(ops)
+      continue
     op = by_name.get(param.name)
     if param.name in kwargs or op is None or _is_equal_to_1(op):
       if param.name in kwargs:

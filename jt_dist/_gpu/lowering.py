@@ -190,6 +190,7 @@ def _descriptor_parameters(lib, op, meta, platform):
 def _parameters(lib, spec, launch, specialization, compiled, platform):
   """jaxlib's kernel parameters, in the order the compiled kernel takes them."""
   zeroed = set(launch.zeroed_outputs)
+  aliased = dict(spec.input_output_aliases)
   params = []
   metas = iter(compiled.tensordesc_meta)
   for op in specialization.launch_operands:
@@ -200,9 +201,13 @@ def _parameters(lib, spec, launch, specialization, compiled, platform):
       meta = next(metas, None) if compiled.tensordesc_meta else None
       params.extend(_descriptor_parameters(lib, op, meta, platform))
       continue
+    # Under jax-triton 0.4's convention an aliased output binds no
+    # parameter: its input's pointer is the output's buffer.
+    out = (op.index if op.kind == "output"
+           else aliased.get(op.index) if op.kind == "array" else None)
     to_zero = 0
-    if op.kind == "output" and op.index in zeroed:
-      to_zero = _nbytes(*spec.out_shapes[op.index])
+    if out is not None and out in zeroed:
+      to_zero = _nbytes(*spec.out_shapes[out])
     # 16: the divisibility the kernel was specialised for; jaxlib checks it.
     params.append(lib.create_array_parameter(to_zero, 16))
   return params

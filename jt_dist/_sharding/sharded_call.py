@@ -9,6 +9,8 @@ from jax.sharding import PartitionSpec as P
 
 from jt_dist import _api
 from jt_dist import _binding
+from jt_dist import _operands
+from jt_dist import _pytree_args
 from jt_dist import _dispatch
 from jt_dist import _errors
 from jt_dist import _refs
@@ -225,6 +227,9 @@ def sharded_triton_call(
   """
   out_shape = _api.resolve_out_shape(out_shape, out_type)
   _refuse_descriptors(args)
+  # Keyword operands become positional, so in_specs and rules see them.
+  args, kwargs = _operands.merge_keywords(kernel, args, kwargs)
+  _pytree_args.refuse_tuples(args, "sharded_triton_call")
   if _refs.has_refs(args):
     return _with_refs(args, kernel, out_shape, grid, mesh, in_specs,
                       out_specs, out_reduce, sharding_rule, kwargs)

@@ -1,0 +1,114 @@
+"""Kernel operands passed as keyword arguments (jax-triton 0.4's convention).
+
+A keyword that names a non-``constexpr`` parameter of the kernel is an
+operand, as if passed positionally: an array is a pointer, a scalar a value.
+Everything downstream (binding, the eager fast path, ``ShardingRule``s,
+``jax.vmap``, the CPU bounds checker) works on positional operands, so the
+keyword operands are moved into the positional arguments here, in the
+kernel's parameter order, before anything else sees the call.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from jt_dist import _errors
+from jt_dist import _kernel
+from jt_dist import _types
+
+
+def _operand_names(info, metaparams) -> list[str]:
+  return [name for name in metaparams
+          if name in info.param_by_name
+          and not info.param_by_name[name].is_constexpr]
+
+
+def _set_by_layers(info, name: str) -> bool:
+  """Whether an autotuner or heuristic may set constexpr ``name``."""
+  for layer in info.layers:
+    if name in getattr(layer, "values", {}):
+      return True
+    if any(name in getattr(c, "kwargs", {})
+           for c in getattr(layer, "configs", ())):
+      return True
+  return False
+
+
+def merge_keywords(kernel: Any, args: Sequence[Any],
+                   metaparams: dict[str, Any]):
+  """Moves keyword operands into the positional arguments.
+
+  Walking the parameters after the positional arguments, each one bound by
+  a keyword operand is appended, and so is each ``constexpr`` between them
+  (its keyword value, else its default), until every keyword operand is
+  placed or a parameter no keyword binds (an output's, usually) is met.
+  A scalar keyword operand after that point stays bound by name (its value
+  is then compiled into the kernel, as jt_dist always did for scalars given
+  by name); an array there is refused.
+
+  Args:
+    kernel: the kernel object (anything else is left to binding to report).
+    args: the positional arguments.
+    metaparams: every other keyword of the call.
+
+  Returns:
+    ``(args, metaparams)``, unchanged when no keyword names an operand.
+
+  Raises:
+    jt_dist.KernelBindingError: a keyword operand names a parameter the
+      positional arguments already bind, or an array keyword operand comes
+      after a parameter that nothing binds.
+  """
+  try:
+    info = _kernel.kernel_info(kernel)
+  except TypeError:
+    return args, metaparams  # bind_call reports what the kernel is.
+  names = _operand_names(info, metaparams)
+  if not names:
+    return args, metaparams
+  for name in names:
+    position = info.param_names.index(name)
+    if position < len(args):
+      raise _errors.KernelBindingError(
+          f"triton_call: kernel {info.name!r}({', '.join(info.param_names)}):"
+          f" metaparam {name}={_short(metaparams[name])} binds {name!r} (as a"
+          f" keyword operand), which args[{position}] already binds: got multiple"
+          f" values for argument {name!r}. Pass it once, positionally or by"
+          " name.")
+  args, rest, left = list(args), dict(metaparams), set(names)
+  for param in info.params[len(args):]:
+    if not left:
+      break
+    if param.name in left:
+      args.append(rest.pop(param.name))
+      left.discard(param.name)
+    elif param.is_constexpr and param.name in rest:
+      args.append(rest.pop(param.name))
+    elif (param.is_constexpr and param.has_default
+          and not _set_by_layers(info, param.name)):
+      args.append(param.default)
+    else:
+      _check_left(info, param, left, rest)
+      break
+  return tuple(args), rest
+
+
+def _check_left(info, gap, left, rest) -> None:
+  """Array keyword operands after ``gap`` cannot be passed as pointers."""
+  for name in sorted(left, key=info.param_names.index):
+    if not _types.is_scalar(rest[name]):
+      raise _errors.KernelBindingError(
+          f"triton_call: kernel {info.name!r}({', '.join(info.param_names)}):"
+          f" the keyword operand {name}= is not a scalar and binds a"
+          f" parameter after {gap.name!r}, which nothing binds before it"
+          " (an output binds it, or an autotuner sets it). Input pointers"
+          " must come before the outputs' pointers, as jaxlib passes a"
+          " kernel's input buffers first. Declare the kernel's input pointer"
+          " parameters before its output pointer parameters"
+          + (f", or pass {gap.name}= too." if gap.is_constexpr else "."))
+
+
+def _short(value: Any) -> str:
+  if _types.is_scalar(value) or not hasattr(value, "shape"):
+    return repr(value)
+  return f"<array of shape {tuple(value.shape)}, dtype {value.dtype}>"

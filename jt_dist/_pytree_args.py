@@ -1,0 +1,87 @@
+"""Tuple operands: (nested) tuples of arrays and scalars for tuple parameters.
+
+As in jax-triton 0.4, a kernel parameter may take a tuple, nested or not,
+of arrays and scalars (``def k(x_ptr, yz, ...)`` with ``yz[0]``, ``yz[1]``
+inside). Each leaf is one operand, named by its parameter and its path
+(``yz[1]``); arrays are numbered in flattened order with the other arrays,
+and ``input_output_aliases`` keys count the flattened leaves. Triton
+compiles a tuple parameter into one kernel argument per leaf (Triton 3.6
+and 3.9 alike), and its interpreter takes the tuple itself.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import numpy as np
+
+from jt_dist import _types
+
+
+def is_tuple(arg: Any) -> bool:
+  return type(arg) is tuple  # pylint: disable=unidiomatic-typecheck
+
+
+def leaves_with_paths(arg: Any, path: tuple[int, ...] = ()):
+  """``(path, leaf)`` of each leaf of a nested tuple, in order."""
+  if not is_tuple(arg):
+    return [(path, arg)]
+  out = []
+  for k, item in enumerate(arg):
+    out.extend(leaves_with_paths(item, path + (k,)))
+  return out
+
+
+def array_leaves(args: Sequence[Any]) -> list[Any]:
+  """The array operands in flattened order, tuples' leaves included."""
+  return [leaf for arg in args for _, leaf in leaves_with_paths(arg)
+          if not _types.is_scalar(leaf)]
+
+
+def where(i: int, path: tuple[int, ...]) -> str:
+  return f"args[{i}]" + "".join(f"[{k}]" for k in path)
+
+
+def label(name: str, path: tuple[int, ...]) -> str:
+  """An operand's name for messages: ``yz[1]`` for a tuple's leaf."""
+  return name + "".join(f"[{k}]" for k in path)
+
+
+def nest(items: Sequence[tuple[tuple[int, ...], Any]]) -> Any:
+  """The nested tuple whose leaves at ``path`` are ``value``."""
+  if len(items) == 1 and not items[0][0]:
+    return items[0][1]
+  groups: dict[int, list] = {}
+  for path, value in items:
+    groups.setdefault(path[0], []).append((path[1:], value))
+  return tuple(nest(groups[k]) for k in sorted(groups))
+
+
+def check_leaf(i: int, path: tuple[int, ...], leaf: Any) -> None:
+  """A tuple's leaf must be an array or a scalar; tuples must not be empty."""
+  if is_tuple(leaf):  # An empty tuple: the only tuple leaf.
+    raise TypeError(
+        f"triton_call: {where(i, path)} is an empty tuple, which binds no"
+        " operand. Pass arrays and scalars, or nested tuples of them.")
+  if not (_types.is_scalar(leaf) or (hasattr(leaf, "shape")
+                                     and hasattr(leaf, "dtype"))):
+    raise TypeError(
+        f"triton_call: {where(i, path)} = {leaf!r} of type"
+        f" {type(leaf).__name__} is neither an array nor a bool/int/float"
+        " scalar. A tuple operand holds arrays, scalars and tuples of them.")
+
+
+def pointer_dtype(leaf: Any) -> np.dtype:
+  return np.dtype(leaf.dtype)
+
+
+def refuse_tuples(args: Sequence[Any], where: str) -> None:
+  """NotImplementedError for a tuple operand of a call split over a mesh."""
+  for i, arg in enumerate(args):
+    if is_tuple(arg):
+      raise NotImplementedError(
+          f"{where}: args[{i}] is a tuple operand, and {where} splits only"
+          " array operands given one per kernel parameter (in_specs and"
+          " ShardingRule operands name those). Pass the tuple's arrays to"
+          " separate kernel parameters, or call triton_call with the tuple"
+          " inside your own jax.shard_map.")

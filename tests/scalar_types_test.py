@@ -157,8 +157,9 @@ class LauncherTypingTest(testing.TestCase):
     # fp32 where float32 holds the value (Triton's launcher's type), else
     # fp64 (jax-triton 0.4), never an overflow to inf or an underflow to 0.
     f32 = np.finfo(np.float32)
-    held = (value == 0 or value != value or abs(value) == float("inf")
-            or f32.tiny <= abs(value) <= f32.max)
+    magnitude = abs(float(value))  # A Python float: no float32 overflow.
+    held = (value == 0 or value != value or magnitude == float("inf")
+            or float(f32.tiny) <= magnitude <= float(f32.max))
     expected = "fp32" if held else "fp64"
     if held:
       self.assertEqual(expected, _compat.triton_launcher_scalar_type(value))

@@ -229,7 +229,6 @@ def sharded_triton_call(
   _refuse_descriptors(args)
   # Keyword operands become positional, so in_specs and rules see them.
   args, kwargs = _operands.merge_keywords(kernel, args, kwargs)
-  _pytree_args.refuse_tuples(args, "sharded_triton_call")
   if _refs.has_refs(args):
     return _with_refs(args, kernel, out_shape, grid, mesh, in_specs,
                       out_specs, out_reduce, sharding_rule, kwargs)
@@ -269,6 +268,7 @@ def _sharded(args, kernel, out_shape, grid, mesh, in_specs, out_specs,
   ``ref_args``: argument indices whose arrays are Refs' values; the call
   then returns ``(outputs, those arrays' new values)`` and records nothing.
   """
+  _pytree_args.refuse_tuples(args, "sharded_triton_call")
   key = None if ref_args else _signature(
       args, kernel, out_shape, grid, mesh, in_specs, out_specs, out_reduce,
       sharding_rule, kwargs)

@@ -177,6 +177,46 @@ def _callback_collective(data: dict[str, Any]) -> str:
           + _table(["bytes per shard"] + routes, body))
 
 
+def _dispatch(data: dict[str, Any]) -> str:
+  """dispatch.py: µs per call and sync, the ratios, the jitted custom calls."""
+  ratios = data.get("ratios", {})
+  body = []
+  for r in data["results"]:
+    case = r["case"]
+    over = [(k[len(case) + len("_over_"):], v) for k, v in ratios.items()
+            if k.startswith(case + "_over_")
+            and k[len(case) + len("_over_"):] in ("xla_eager", "xla_jit")]
+    kind = "diagnostic" if case.startswith("diag_") else "a library call"
+    body.append([case, kind, r["median_us"], r["p25_us"], r["p75_us"],
+                 f"{over[0][1]:.2f}× {over[0][0]}" if over else ""])
+  out = ["**one call and a sync**, µs (diagnostic rows isolate one cost;"
+         " they are no library's calling form)\n\n" + _table(
+             ["case", "row", "median, µs", "p25, µs", "p75, µs",
+              "median over XLA's"], body)]
+  cross = [[k.replace("_over_", " / "), f"{v:.2f}×"]
+           for k, v in ratios.items()
+           if "_over_xla_" not in k and not k.startswith("xla_")]
+  if cross:
+    out.append("**medians compared**\n\n" + _table(["ratio", "value"], cross))
+  hlo = [[name, ", ".join(h.get("targets", [])),
+          ", ".join(h.get("api_versions", [])), h.get("instructions", "")]
+         for name, h in data.get("hlo", {}).items()
+         if isinstance(h, dict) and "targets" in h]
+  if hlo:
+    out.append("**custom calls of the jitted functions**\n\n" + _table(
+        ["function", "custom-call target", "API version", "HLO instructions"],
+        hlo))
+  scalar = data.get("per_step_scalar")
+  if isinstance(scalar, dict):
+    out.append("**a per-step scalar, eagerly**\n\n" + _table(
+        ["same value every call, µs", "new value every call, µs",
+         "executables kept"],
+        [[scalar.get("same_value_us", ""), scalar.get("new_value_each_call_us",
+                                                      ""),
+          scalar.get("executables_kept", "")]]))
+  return "\n\n".join(out)
+
+
 def render(data: dict[str, Any]) -> str:
   """A results file's tables, as Markdown.
 
@@ -187,7 +227,10 @@ def render(data: dict[str, Any]) -> str:
     The tables, preceded by the environment the file records.
   """
   results = data.get("results")
-  if isinstance(results, list) and results:
+  if (isinstance(results, list) and results and "ratios" in data
+      and all("median_us" in r for r in results)):
+    body = _dispatch(data)
+  elif isinstance(results, list) and results:
     if all("batch" in r and "us" in r for r in results):
       body = _by_batch(results)
     elif all("where" in r for r in results if "error" not in r):

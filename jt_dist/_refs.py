@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 import jax
+import numpy as np
 
 from jt_dist import _compat
 from jt_dist import _errors
@@ -37,16 +38,27 @@ def _leaves(args):
   return [leaf for _, leaf in flat], names, tree
 
 
+# Types that are never Refs: jax's Ref check (an isinstance through jax's
+# metaclass) costs microseconds, and every eager call asks.
+_PLAIN_TYPES = {int, float, bool, np.ndarray}
+
+
 def has_refs(args) -> bool:
   """Whether any argument is, or holds, a Ref or a view of one."""
   # Every eager call asks, before its fast-path lookup: flatten only
   # containers, which plain calls do not pass.
   for a in args:
+    kind = type(a)
+    if kind in _PLAIN_TYPES:
+      continue
     if _ref_like(a):
       return True
     if isinstance(a, (tuple, list, dict)) and any(
         _ref_like(leaf) for leaf in _leaves((a,))[0]):
       return True
+    if isinstance(a, jax.Array) and not isinstance(a, jax.core.Tracer):
+      # A concrete array's class is never a Ref's: ask once per class.
+      _PLAIN_TYPES.add(kind)
   return False
 
 

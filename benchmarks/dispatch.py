@@ -66,7 +66,7 @@ import triton  # pylint: disable=g-import-not-at-top
 import triton.language as tl  # pylint: disable=g-import-not-at-top
 
 import jt_dist  # pylint: disable=g-import-not-at-top
-from jt_dist import _dispatch  # pylint: disable=g-import-not-at-top
+from jt_dist._call import dispatch as _dispatch  # pylint: disable=g-import-not-at-top
 import kernels  # pylint: disable=g-import-not-at-top
 
 try:
@@ -361,12 +361,12 @@ def python_overhead(args, rounds, calls):
 
 
 _STAGES = {
-    "signature": ("_dispatch.py", "signature"),
-    "lookup": ("_dispatch.py", "lookup"),
-    "bind": ("_binding.py", "bind_call"),
-    "place": ("_api.py", "_place"),
-    "entry": ("_dispatch.py", "make_entry"),
-    "dispatch": ("_dispatch.py", "__call__"),
+    "signature": ("_call/dispatch.py", "signature"),
+    "lookup": ("_call/dispatch.py", "lookup"),
+    "bind": ("_core/binding.py", "bind_call"),
+    "place": ("_call/api.py", "_place"),
+    "entry": ("_call/dispatch.py", "make_entry"),
+    "dispatch": ("_call/dispatch.py", "__call__"),
 }
 
 

@@ -13,19 +13,19 @@ from jt_dist import _jax_import
 _jax_import.import_jax()
 
 # pylint: disable=g-import-not-at-top,wrong-import-position
-from jt_dist import _registration  # noqa: F401  (registers the lowerings)
-from jt_dist._api import triton_call
+from jt_dist._core import registration as _registration  # noqa: F401  (registers the lowerings)
+from jt_dist._call.api import triton_call
 from jt_dist._autotune.api import AutotuneChoice
 from jt_dist._autotune.api import autotune_choices
 from jt_dist._autotune.api import configure_autotune
 from jt_dist._autotune.api import forget_autotune_choices
 from jt_dist._autotune.api import pin_autotune_config
-from jt_dist._export import ExportedKernelCall
-from jt_dist._export import check_exported
-from jt_dist._export import export_options
-from jt_dist._export import export_safety_checks
-from jt_dist._export import exported_versions
-from jt_dist._dispatch import configure_cache
+from jt_dist._tools.export import ExportedKernelCall
+from jt_dist._tools.export import check_exported
+from jt_dist._tools.export import export_options
+from jt_dist._tools.export import export_safety_checks
+from jt_dist._tools.export import exported_versions
+from jt_dist._call.dispatch import configure_cache
 from jt_dist._errors import AutoAxesError
 from jt_dist._errors import AutotuneError
 from jt_dist._errors import DevicePlacementError
@@ -42,7 +42,7 @@ from jt_dist._sharding.shard_size import ShardSize
 from jt_dist._sharding.shard_size import shard_size
 from jt_dist._sharding.sharded_call import sharded_triton_call
 from jt_dist._gpu.lowering import CUSTOM_CALL_TARGET_NAME
-from jt_dist._tensordesc import TensorDescriptor
+from jt_dist._call.tensordesc import TensorDescriptor
 
 __version__ = "0.1.0"
 

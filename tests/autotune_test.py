@@ -18,7 +18,7 @@ from jt_dist import testing
 testing.configure_cpu_devices()
 
 import jt_dist  # pylint: disable=g-import-not-at-top,wrong-import-position
-from jt_dist import _binding  # pylint: disable=g-import-not-at-top,wrong-import-position
+from jt_dist._core import binding as _binding  # pylint: disable=g-import-not-at-top,wrong-import-position
 from jt_dist._autotune import settings as _settings  # pylint: disable=g-import-not-at-top,wrong-import-position
 from jt_dist._autotune import store as _store  # pylint: disable=g-import-not-at-top,wrong-import-position
 from jt_dist._autotune import timing as _timing  # pylint: disable=g-import-not-at-top,wrong-import-position

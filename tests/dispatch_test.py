@@ -22,8 +22,8 @@ import triton
 import triton.language as tl
 
 import jt_dist
-from jt_dist import _binding
-from jt_dist import _dispatch
+from jt_dist._core import binding as _binding
+from jt_dist._call import dispatch as _dispatch
 from jt_dist import testing
 from jt_dist._gpu import compile as _compile
 import gpu_lowering_util as util
@@ -467,7 +467,7 @@ _RSS_SCRIPT = textwrap.dedent("""
     sys.path[:0] = [{root!r}, {root!r} + "/tests"]
     import dispatch_test as t
     import jt_dist
-    from jt_dist import _dispatch
+    from jt_dist._call import dispatch as _dispatch
 
     def rss_mib():
       with open("/proc/self/statm") as f:

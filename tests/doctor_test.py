@@ -15,7 +15,7 @@ import triton
 import triton.language as tl
 
 from jt_dist import _compat
-from jt_dist import _doctor
+from jt_dist._tools import doctor as _doctor
 from jt_dist import testing
 from jt_dist._gpu import lowering as _gpu_lowering
 

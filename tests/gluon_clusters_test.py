@@ -23,8 +23,8 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
 import jt_dist
-from jt_dist import _binding
-from jt_dist import _dispatch
+from jt_dist._core import binding as _binding
+from jt_dist._call import dispatch as _dispatch
 from jt_dist._gpu import lowering as _gpu_lowering
 from jt_dist import testing
 from jt_dist._cpu import runtime as _cpu_runtime

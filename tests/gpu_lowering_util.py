@@ -14,7 +14,7 @@ import zlib
 import jax
 from jax._src.lib.mlir import ir
 
-from jt_dist import _export
+from jt_dist._tools import export as _export
 from jt_dist._autotune import settings as _autotune_settings
 from jt_dist._gpu import cache as _cache
 from jt_dist import _compat

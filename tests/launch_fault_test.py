@@ -13,7 +13,7 @@ import triton
 import triton.language as tl
 
 import jt_dist
-from jt_dist import _dispatch
+from jt_dist._call import dispatch as _dispatch
 from jt_dist import testing
 
 testing.configure_cpu_devices()

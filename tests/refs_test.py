@@ -25,9 +25,9 @@ from jt_dist import testing
 testing.configure_cpu_devices()
 
 import jt_dist  # pylint: disable=g-import-not-at-top,wrong-import-position
-from jt_dist import _binding  # pylint: disable=g-import-not-at-top,wrong-import-position
-from jt_dist import _dispatch  # pylint: disable=g-import-not-at-top,wrong-import-position
-from jt_dist import _primitive  # pylint: disable=g-import-not-at-top,wrong-import-position
+from jt_dist._core import binding as _binding  # pylint: disable=g-import-not-at-top,wrong-import-position
+from jt_dist._call import dispatch as _dispatch  # pylint: disable=g-import-not-at-top,wrong-import-position
+from jt_dist._core import primitive as _primitive  # pylint: disable=g-import-not-at-top,wrong-import-position
 import gpu_lowering_util as util  # pylint: disable=g-import-not-at-top,wrong-import-position
 from variants_util import VariantsTestCase  # pylint: disable=g-import-not-at-top,wrong-import-position
 

@@ -28,7 +28,7 @@ testing.configure_cpu_devices()
 
 import jt_dist  # pylint: disable=g-import-not-at-top,wrong-import-position
 from jt_dist import _compat  # pylint: disable=g-import-not-at-top,wrong-import-position
-from jt_dist import _types  # pylint: disable=g-import-not-at-top,wrong-import-position
+from jt_dist._core import types as _types  # pylint: disable=g-import-not-at-top,wrong-import-position
 from jt_dist._gpu import lowering as _gpu_lowering  # pylint: disable=g-import-not-at-top,wrong-import-position
 import gpu_lowering_util as util  # pylint: disable=g-import-not-at-top,wrong-import-position
 

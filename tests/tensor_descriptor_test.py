@@ -22,10 +22,10 @@ import triton
 import triton.language as tl
 
 import jt_dist
-from jt_dist import _binding
+from jt_dist._core import binding as _binding
 from jt_dist import _compat
-from jt_dist import _dispatch
-from jt_dist import _tensordesc
+from jt_dist._call import dispatch as _dispatch
+from jt_dist._call import tensordesc as _tensordesc
 from jt_dist import testing
 from jt_dist._gpu import lowering as _gpu_lowering
 import gpu_lowering_util as util

@@ -25,7 +25,7 @@ import numpy as np
 import triton
 
 import jt_dist
-from jt_dist import _binding
+from jt_dist._core import binding as _binding
 from jt_dist import _compat
 from jt_dist._sharding import auto_axes as _auto_axes
 from jt_dist import testing

@@ -7,7 +7,7 @@ from typing import Any, Mapping
 import jax
 
 from jt_dist import _compat
-from jt_dist import _dispatch
+from jt_dist._call import dispatch as _dispatch
 from jt_dist._autotune import settings as _settings
 from jt_dist._autotune import store as _store
 

@@ -100,7 +100,7 @@ def kernel_name(kernel: Any) -> str:
   """The name pins and choices are filed under: the Python function's."""
   if isinstance(kernel, str):
     return kernel
-  from jt_dist import _kernel  # pylint: disable=g-import-not-at-top
+  from jt_dist._core import kernel as _kernel  # pylint: disable=g-import-not-at-top
   return _kernel.kernel_info(kernel).name
 
 

@@ -25,7 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jt_dist import _errors
-from jt_dist import _primitive
+from jt_dist._core import primitive as _primitive
 
 logger = logging.getLogger("jt_dist")
 

@@ -3,7 +3,7 @@
 A scalar's value is part of a ``CallSpec``, so an eager loop passing a new
 value each step (a learning rate, a step count) would otherwise make a new
 XLA executable every step. On the CPU nothing needs the value at compile
-time: the eager fast path (``jt_dist._dispatch``) lowers a spec whose
+time: the eager fast path (``jt_dist._call.dispatch``) lowers a spec whose
 scalars are marked runtime, and passes their 64-bit patterns as one extra
 ``uint32`` operand (64-bit integers do not survive JAX's default 32-bit
 mode), which the host callback unpacks before the launch.

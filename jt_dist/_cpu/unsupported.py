@@ -12,7 +12,7 @@ from __future__ import annotations
 import jax
 
 from jt_dist import _compat
-from jt_dist import _kernel
+from jt_dist._core import kernel as _kernel
 
 
 def check(spec) -> None:

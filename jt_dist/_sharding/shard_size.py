@@ -6,7 +6,7 @@ import dataclasses
 import math
 from typing import Any, Mapping, Sequence
 
-from jt_dist import _types
+from jt_dist._core import types as _types
 
 
 @dataclasses.dataclass(frozen=True)

@@ -7,14 +7,14 @@ from typing import Any
 import jax
 from jax.sharding import PartitionSpec as P
 
-from jt_dist import _api
-from jt_dist import _binding
-from jt_dist import _operands
-from jt_dist import _pytree_args
-from jt_dist import _dispatch
+from jt_dist._call import api as _api
+from jt_dist._core import binding as _binding
+from jt_dist._call import operands as _operands
+from jt_dist._call import pytree_args as _pytree_args
+from jt_dist._call import dispatch as _dispatch
 from jt_dist import _errors
-from jt_dist import _refs
-from jt_dist import _tensordesc
+from jt_dist._call import refs as _refs
+from jt_dist._call import tensordesc as _tensordesc
 from jt_dist._sharding import partition as _partition
 from jt_dist._sharding import rule as _rule
 from jt_dist._sharding import shard_size as _shard_size

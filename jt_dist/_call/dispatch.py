@@ -36,11 +36,11 @@ from typing import Any, Callable, Sequence
 import jax
 import numpy as np
 
-from jt_dist import _binding
+from jt_dist._core import binding as _binding
 from jt_dist import _compat
-from jt_dist import _kernel
-from jt_dist import _primitive
-from jt_dist import _types
+from jt_dist._core import kernel as _kernel
+from jt_dist._core import primitive as _primitive
+from jt_dist._core import types as _types
 from jt_dist._cpu import lowering as _cpu_lowering
 from jt_dist._cpu import scalars as _cpu_scalars
 from jt_dist._gpu import cache as _cache

@@ -11,7 +11,7 @@ from jax.extend import core as jex_core
 from jax.interpreters import ad
 from jax.interpreters import batching
 
-from jt_dist import _batching
+from jt_dist._vmap import batching as _batching
 from jt_dist import _compat
 from jt_dist._cpu import lowering as _cpu_lowering
 from jt_dist._gpu import faults as _gpu_faults
@@ -38,9 +38,9 @@ _compat.register_dce_rule(triton_call_p, lambda eqn: True)
 
 def _impl(*args, spec):
   # Reached when the primitive is bound eagerly outside triton_call's fast
-  # path (jt_dist._dispatch), e.g. by a transformation's rule: one bounded
+  # path (jt_dist._call.dispatch), e.g. by a transformation's rule: one bounded
   # cache of jitted callables serves both.
-  from jt_dist import _dispatch  # pylint: disable=g-import-not-at-top
+  from jt_dist._call import dispatch as _dispatch  # pylint: disable=g-import-not-at-top
   try:
     return _gpu_faults.wait_if_synced(_dispatch.executable(spec)(*args))
   except Exception as e:  # pylint: disable=broad-except

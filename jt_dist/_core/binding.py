@@ -18,13 +18,13 @@ from typing import Any, Callable, Mapping, Sequence
 import jax
 import numpy as np
 
-from jt_dist import _conventions
+from jt_dist._core import conventions as _conventions
 from jt_dist import _errors
-from jt_dist import _grid
-from jt_dist import _kernel
-from jt_dist import _options
-from jt_dist import _pytree_args
-from jt_dist import _types
+from jt_dist._core import grid as _grid
+from jt_dist._core import kernel as _kernel
+from jt_dist._core import options as _options
+from jt_dist._call import pytree_args as _pytree_args
+from jt_dist._core import types as _types
 
 
 @dataclasses.dataclass(frozen=True)

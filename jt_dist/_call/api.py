@@ -9,22 +9,22 @@ from typing import Any, Callable, Mapping, Sequence
 
 import jax
 
-from jt_dist import _backend_options
-from jt_dist import _batching
+from jt_dist._call import backend_options as _backend_options
+from jt_dist._vmap import batching as _batching
 from jt_dist._cpu import unsupported as _unsupported
-from jt_dist import _binding
-from jt_dist import _dispatch
+from jt_dist._core import binding as _binding
+from jt_dist._call import dispatch as _dispatch
 from jt_dist import _errors
-from jt_dist import _operands
+from jt_dist._call import operands as _operands
 from jt_dist._sharding import auto_axes as _auto_axes
 from jt_dist._sharding import partition as _partition
 from jt_dist._sharding import placement as _placement
-from jt_dist import _primitive
-from jt_dist import _refs
-from jt_dist import _pytree_args
+from jt_dist._core import primitive as _primitive
+from jt_dist._call import refs as _refs
+from jt_dist._call import pytree_args as _pytree_args
 from jt_dist._sharding import rule as _rule
 from jt_dist._sharding import shard_size as _shard_size
-from jt_dist import _tensordesc
+from jt_dist._call import tensordesc as _tensordesc
 
 
 def triton_call(

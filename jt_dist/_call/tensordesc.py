@@ -24,7 +24,7 @@ from typing import Any, Sequence
 import jax
 import numpy as np
 
-from jt_dist import _types
+from jt_dist._core import types as _types
 
 _PADDINGS = ("zero", "nan")
 

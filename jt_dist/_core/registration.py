@@ -16,7 +16,7 @@ from jt_dist._autotune import choose as _choose
 from jt_dist._gpu import lowering as _gpu_lowering
 from jt_dist._cpu import lowering as _interpret
 from jt_dist._sharding import placement as _placement
-from jt_dist import _primitive
+from jt_dist._core import primitive as _primitive
 
 
 def _manual_over_rest(ctx, args, spec, facts):

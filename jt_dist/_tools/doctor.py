@@ -192,7 +192,7 @@ def check_kernel(device: Any) -> tuple[float, float]:
     AssertionError: the result differs from NumPy's.
     Exception: whatever compiling or running raised.
   """
-  from jt_dist._api import triton_call  # pylint: disable=g-import-not-at-top
+  from jt_dist._call.api import triton_call  # pylint: disable=g-import-not-at-top
 
   rng = np.random.default_rng()
   x = rng.standard_normal(_CHECK_ELEMENTS, dtype=np.float32)

@@ -15,7 +15,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from jt_dist import _types
+from jt_dist._core import types as _types
 
 
 def is_tuple(arg: Any) -> bool:

@@ -15,7 +15,7 @@ from typing import Any, Mapping, Sequence
 
 from jt_dist import _compat
 from jt_dist import _errors
-from jt_dist import _types
+from jt_dist._core import types as _types
 
 
 @dataclasses.dataclass(frozen=True)

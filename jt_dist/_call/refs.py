@@ -18,7 +18,7 @@ import numpy as np
 
 from jt_dist import _compat
 from jt_dist import _errors
-from jt_dist import _types
+from jt_dist._core import types as _types
 
 
 def _ref_like(x: Any) -> bool:

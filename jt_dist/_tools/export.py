@@ -18,7 +18,7 @@ import jax
 from jax.interpreters import mlir
 
 from jt_dist import _compat
-from jt_dist import _options
+from jt_dist._core import options as _options
 from jt_dist._errors import ExportError
 from jt_dist._gpu import export as _gpu_export
 from jt_dist._gpu import lowering as _gpu_lowering

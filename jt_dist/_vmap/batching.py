@@ -22,9 +22,9 @@ from typing import Any
 
 import jax
 
-from jt_dist import _batch_kernel
+from jt_dist._vmap import grid_kernel as _batch_kernel
 from jt_dist import _compat
-from jt_dist import _grid
+from jt_dist._core import grid as _grid
 
 logger = logging.getLogger("jt_dist")
 

@@ -13,8 +13,8 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from jt_dist import _errors
-from jt_dist import _kernel
-from jt_dist import _types
+from jt_dist._core import kernel as _kernel
+from jt_dist._core import types as _types
 
 
 def _operand_names(info, metaparams) -> list[str]:

@@ -1,0 +1,1 @@
+"""User tools around calls: ``jax.export`` support and the doctor."""

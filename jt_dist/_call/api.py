@@ -228,7 +228,6 @@ def triton_call(
     return entry(args)
   if sharding_rule is not None:
     sharding_rule = _rule.check(sharding_rule, "triton_call")
-    _pytree_args.refuse_tuples(args, "triton_call with a sharding_rule")
     recorder = (None if key is None
                 else _dispatch.replay_recorder(key, kernel, grid))
     outs = _partitioned(args, kernel, out_shape, grid, sharding_rule, device,

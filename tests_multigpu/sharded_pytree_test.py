@@ -159,6 +159,21 @@ class ShardedTupleTest(testing.TestCase):
     self.assertAllClose(out, x + y + z)
 
 
+  def test_bounds_checker_names_the_leaf_per_shard(self):
+    if testing.platform() != "cpu":
+      self.skipTest("the bounds check is the CPU interpreter's")
+    # Each shard of yz[1] holds 4 elements; the kernel reads 8 (x's shard).
+    x, short = self.random((_N,)), self.random((_N // 2,))
+    # Over several devices the fault may come back inside jax's runtime
+    # error; either way the message names the leaf.
+    with self.assertRaisesRegex(
+        (jt_dist.OutOfBoundsAccessError, jax.errors.JaxRuntimeError),
+        r"load through 'yz\[1\]'"):
+      jax.block_until_ready(self._add(
+          x, x, short, mesh=self._mesh(), in_specs=(P("i"), P("i")),
+          out_specs=P("i")))
+
+
 class ShardedTupleErrorTest(testing.TestCase):
   """Mistakes in a tuple's specs name the leaf, its spec and the fix."""
 

@@ -261,6 +261,50 @@ def _with_refs(args, kernel, out_shape, grid, mesh, in_specs, out_specs,
   return outs
 
 
+def _shard_body(leaves, arg_specs, kernel, grid, kwargs, mesh, ref_args,
+                outs):
+  """The function each device runs: the kernel on its shards, reduced.
+
+  Args:
+    leaves: the call's ``pytree_args.FlatArgs``; the body takes its array
+      leaves' shards, in order, and rebuilds the tuples around them.
+    arg_specs: the array leaves' specs.
+    kernel, grid, kwargs: as for ``triton_call``.
+    mesh: the mesh.
+    ref_args: argument indices of Refs' values (see ``_sharded``).
+    outs: ``(out_shapes, out_tree, out_specs, reductions, specs_given)``.
+  """
+  out_shapes, out_tree, o_specs, reductions, given = outs
+  local_out = jax.tree_util.tree_unflatten(out_tree, [
+      jax.ShapeDtypeStruct(_specs.local_shape(shape, spec, mesh), dtype)
+      for (shape, dtype), spec in zip(out_shapes, o_specs)
+  ])
+  is_array = [_specs.is_array(a) for a in leaves.leaves]
+  outputs = _varying.Outputs(
+      names=_varying.output_names(out_tree),
+      shapes=tuple(shape for shape, _ in out_shapes), specs=tuple(o_specs),
+      given=given, out_tree=out_tree,
+      reduced=tuple(_reduction_named(r) for r in reductions))
+  names = leaves.names
+  operands = [
+      _varying.Operand(names[k], tuple(leaves.leaves[k].shape), spec)
+      for k, spec in zip([k for k, f in enumerate(is_array) if f], arg_specs)]
+
+  def per_shard(*local_arrays):
+    it = iter(local_arrays)
+    local_args = leaves.rebuild(
+        [next(it) if flag else a for a, flag in zip(leaves.leaves, is_array)])
+    result, updated = _refs.with_fresh_refs(
+        local_args, ref_args, lambda *a: _api.triton_call(
+            *a, kernel=kernel, out_shape=local_out, grid=grid, **kwargs))
+    flat = jax.tree_util.tree_leaves(result)
+    flat = [x if r is None else r[0](x, r[1]) for x, r in zip(flat, reductions)]
+    _varying.check(flat, outputs, operands, mesh)
+    return tuple(flat) + tuple(updated)
+
+  return per_shard
+
+
 def _sharded(args, kernel, out_shape, grid, mesh, in_specs, out_specs,
              out_reduce, sharding_rule, kwargs, ref_args=()):
   """``sharded_triton_call`` on arrays; with ``ref_args``, also their updates.
@@ -289,35 +333,13 @@ def _sharded(args, kernel, out_shape, grid, mesh, in_specs, out_specs,
   o_specs = _out_specs_for(out_specs, out_tree, len(out_shapes), out_shapes,
                            mesh)
   reductions = _reductions_for(out_reduce, out_tree, len(out_shapes), mesh)
-  local_out = jax.tree_util.tree_unflatten(out_tree, [
-      jax.ShapeDtypeStruct(_specs.local_shape(shape, spec, mesh), dtype)
-      for (shape, dtype), spec in zip(out_shapes, o_specs)
-  ])
   is_array = [_specs.is_array(a) for a in leaves.leaves]
   positions = [k for k, flag in enumerate(is_array) if flag]
-  outputs = _varying.Outputs(
-      names=_varying.output_names(out_tree),
-      shapes=tuple(shape for shape, _ in out_shapes), specs=tuple(o_specs),
-      given=out_specs is not None, out_tree=out_tree,
-      reduced=tuple(_reduction_named(r) for r in reductions))
-  names = leaves.names
-  operands = [_varying.Operand(names[k], tuple(leaves.leaves[k].shape), spec)
-              for k, spec in zip(positions, arg_specs)]
+  per_shard = _shard_body(
+      leaves, arg_specs, kernel, grid, kwargs, mesh, ref_args,
+      (out_shapes, out_tree, o_specs, reductions, out_specs is not None))
   ref_specs = tuple(arg_specs[positions.index(leaves.index_of(i))]
                     for i in ref_args)
-
-  def per_shard(*local_arrays):
-    it = iter(local_arrays)
-    local_args = leaves.rebuild(
-        [next(it) if flag else a for a, flag in zip(leaves.leaves, is_array)])
-    outs, updated = _refs.with_fresh_refs(
-        local_args, ref_args, lambda *a: _api.triton_call(
-            *a, kernel=kernel, out_shape=local_out, grid=grid, **kwargs))
-    flat = jax.tree_util.tree_leaves(outs)
-    flat = [x if r is None else r[0](x, r[1]) for x, r in zip(flat, reductions)]
-    _varying.check(flat, outputs, operands, mesh)
-    return tuple(flat) + tuple(updated)
-
   arrays = [_specs.place(leaves.leaves[k], spec, mesh)
             for k, spec in zip(positions, arg_specs)]
   mapped = jax.shard_map(

@@ -83,7 +83,8 @@ class ShardingRule:
 
   Attributes:
     rule: the rule text, one group of factors per array operand and output.
-    operands: the factors of each array operand, in order (scalars have none).
+    operands: the factors of each array operand, in order (scalars have
+      none; a tuple operand's arrays count one by one, in flattened order).
     outputs: the factors of each output, in the order of ``out_shape``.
     reductions: ``(factor, op)`` pairs: a contracted factor that may be
       split, and how the partial outputs are combined (``"sum"``, ``"max"``

@@ -195,7 +195,11 @@ def sharded_triton_call(
     mesh: the ``jax.sharding.Mesh``; by default the mesh of the arguments'
       shardings, else the ambient mesh (``jax.set_mesh``).
     in_specs: one ``PartitionSpec`` per array argument, in order; by default
-      each argument's own sharding spec (replicated when it has none).
+      each argument's own sharding spec (replicated when it has none). As in
+      ``jax.shard_map``, a prefix of the arguments: a tuple operand takes
+      one entry, a ``PartitionSpec`` for all its arrays or a tuple with one
+      entry per element (None for a scalar); each array leaf is split on
+      its own, and the kernel gets a tuple of shards.
     out_specs: one ``PartitionSpec`` for all outputs, or a pytree of them
       matching ``out_shape``; replicated (``P()``) by default, which is
       right only for outputs that vary over no mesh axis (all inputs

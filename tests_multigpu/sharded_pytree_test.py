@@ -8,6 +8,8 @@ kernel gets tuples of its shards. Runs on 8 virtual CPU devices under pytest
 and on every GPU when there are at least 2.
 """
 
+import re
+
 from absl.testing import absltest
 from absl.testing import parameterized
 import jax
@@ -18,6 +20,7 @@ import numpy as np
 import triton
 import triton.language as tl
 
+from jt_dist import _compat
 from jt_dist import testing
 
 testing.configure_cpu_devices()
@@ -172,6 +175,43 @@ class ShardedTupleTest(testing.TestCase):
       jax.block_until_ready(self._add(
           x, x, short, mesh=self._mesh(), in_specs=(P("i"), P("i")),
           out_specs=P("i")))
+
+
+  @parameterized.parameters("cpu", "cuda")
+  def test_lowers_like_shard_map_by_hand(self, platform):
+    if platform == "cuda" and not hasattr(getattr(
+        _compat.gpu_triton_module(), "_cuda_triton", None), "TritonKernel"):
+      self.skipTest("cross-lowering for CUDA needs jaxlib's Triton bindings"
+                    " (jax-cuda12-plugin)")
+    mesh = self._mesh()
+    extra = {"compute_capability": 90} if platform == "cuda" else {}
+    args = [jax.ShapeDtypeStruct((_N,), np.float32)] * 3
+
+    def local(x, y, z):
+      return jt_dist.triton_call(
+          x, (y, z), x.size, kernel=tuple_add_kernel,
+          out_shape=_struct(x.shape), grid=(1,), BLOCK=_N // 4, **extra)
+
+    def by_hand(x, y, z):
+      return jax.shard_map(local, mesh=mesh, in_specs=(P("i"),) * 3,
+                           out_specs=P("i"))(x, y, z)
+
+    def sharded(x, y, z):
+      return jt_dist.sharded_triton_call(
+          x, (y, z), jt_dist.shard_size(0), kernel=tuple_add_kernel,
+          out_shape=_struct(x.shape), grid=(1,), mesh=mesh,
+          in_specs=(P("i"), P("i")), out_specs=P("i"), BLOCK=_N // 4,
+          **extra)
+
+    texts = []
+    for f in (by_hand, sharded):
+      lowered = jax.jit(f).trace(*args).lower(lowering_platforms=(platform,))
+      text = re.sub(r"loc\((#loc\d*|\"[^\"]*\"[^)]*)\)", "",
+                    lowered.as_text())
+      text = re.sub(r"#loc\d*( = .*)?", "", text)
+      texts.append(re.sub(r"jit_\w+", "jit_fn", text))
+    self.assertIn("custom_call", texts[0])
+    self.assertEqual(texts[0], texts[1])
 
 
 class ShardedTupleErrorTest(testing.TestCase):

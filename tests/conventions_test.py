@@ -390,30 +390,24 @@ class TupleOperandTest(testing.TestCase):
     out = jax.vmap(lambda x: self._add(x, y, z))(xs)
     self.assertAllClose(out, xs + y + z)
 
-  def test_vmap_grid_is_refused(self):
-    xs, y = self.random((3, _N)), self.random((_N,))
-    with self.assertRaisesRegex(
-        NotImplementedError,
-        r"vmap_method='grid'.*'tuple_add_kernel'.*tuple parameters \['yz'\]"):
-      jax.vmap(lambda x: self._add(x, y, y, vmap_method="grid"))(xs)
+  def test_vmap_grid_batches_tuples(self):
+    xs, y, z = self.random((3, _N)), self.random((_N,)), self.random((_N,))
+    out = jax.vmap(lambda x: self._add(x, y, z, vmap_method="grid"))(xs)
+    self.assertAllClose(out, xs + y + z)
 
-  def test_sharded_triton_call_refuses_tuples(self):
+  def test_sharded_triton_call_splits_tuples(self):
     mesh = jax.make_mesh((2,), ("i",), devices=self.devices(2))
-    x = self.random((_N,))
-    with self.assertRaisesRegex(
-        NotImplementedError,
-        r"sharded_triton_call: args\[1\] is a tuple operand.*jax.shard_map"):
-      jt_dist.sharded_triton_call(
-          x, (x, x), _N, kernel=tuple_add_kernel, out_shape=_like(x),
-          grid=(2,), mesh=mesh, in_specs=(P("i"),), out_specs=P("i"),
-          BLOCK=8)
+    x, y, z = (self.random((_N,)) for _ in range(3))
+    out = jt_dist.sharded_triton_call(
+        x, (y, z), jt_dist.shard_size(0), kernel=tuple_add_kernel,
+        out_shape=_like(x), grid=(1,), mesh=mesh, in_specs=(P("i"), P("i")),
+        out_specs=P("i"), BLOCK=8)
+    self.assertAllClose(out, x + y + z)
 
-  def test_sharding_rule_refuses_tuples(self):
-    x = self.random((_N,))
-    with self.assertRaisesRegex(
-        NotImplementedError,
-        r"triton_call with a sharding_rule: args\[1\] is a tuple operand"):
-      self._add(x, x, x, sharding_rule=jt_dist.ShardingRule("i, i, i -> i"))
+  def test_sharding_rule_counts_tuple_leaves(self):
+    x, y, z = (self.random((_N,)) for _ in range(3))
+    out = self._add(x, y, z, sharding_rule=jt_dist.ShardingRule("i, i, i -> i"))
+    self.assertAllClose(out, x + y + z)
 
   def test_tuple_of_arrays_for_a_constexpr_is_refused(self):
     x = self.random((8,))

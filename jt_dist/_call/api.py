@@ -140,7 +140,8 @@ def triton_call(
       and the outputs come back sharded. On GPUs, automatic mesh axes go
       through XLA's partitioner (``custom_partitioning``). ``out_shape``
       stays global; ``jt_dist.shard_size`` and a callable grid see
-      shard-local sizes.
+      shard-local sizes. The rule's operands are the array arguments in
+      order, a tuple operand's arrays one by one (flattened order).
     has_side_effect: whether the kernel does more than write its outputs
       (e.g. writes through a pointer it computes, or prints): the call then
       runs even when its outputs are unused; jax's and XLA's dead-code
@@ -228,7 +229,6 @@ def triton_call(
     return entry(args)
   if sharding_rule is not None:
     sharding_rule = _rule.check(sharding_rule, "triton_call")
-    _pytree_args.refuse_tuples(args, "triton_call with a sharding_rule")
     recorder = (None if key is None
                 else _dispatch.replay_recorder(key, kernel, grid))
     outs = _partitioned(args, kernel, out_shape, grid, sharding_rule, device,

@@ -11,6 +11,7 @@ and 3.9 alike), and its interpreter takes the tuple itself.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Sequence
 
 import numpy as np
@@ -75,13 +76,59 @@ def pointer_dtype(leaf: Any) -> np.dtype:
   return np.dtype(leaf.dtype)
 
 
-def refuse_tuples(args: Sequence[Any], where: str) -> None:
-  """NotImplementedError for a tuple operand of a call split over a mesh."""
+@dataclasses.dataclass(frozen=True)
+class FlatArgs:
+  """A call's positional arguments with tuple operands spread into leaves.
+
+  A call split over a mesh (``sharded_triton_call``, a ``ShardingRule``)
+  places, splits and names each array leaf on its own, and rebuilds the
+  tuples around the shards. A non-tuple argument is one leaf with path
+  ``()``; an empty tuple stays one leaf, for the call to refuse.
+
+  Attributes:
+    leaves: every leaf, in order.
+    places: per leaf, ``(argument index, path in its tuple)``.
+    n_args: the number of positional arguments.
+  """
+
+  leaves: tuple
+  places: tuple[tuple[int, tuple[int, ...]], ...]
+  n_args: int
+
+  @property
+  def names(self) -> list[str]:
+    """Each leaf as messages name it: ``args[1]``, ``args[1][0]``."""
+    return [where(i, path) for i, path in self.places]
+
+  @property
+  def has_tuples(self) -> bool:
+    return any(path for _, path in self.places) or len(
+        self.places) != self.n_args
+
+  def index_of(self, i: int) -> int:
+    """The leaf index of the non-tuple argument ``args[i]``."""
+    return self.places.index((i, ()))
+
+  def rebuild(self, leaves: Sequence[Any]) -> list[Any]:
+    """The positional arguments with ``leaves`` in the leaves' places."""
+    groups: list[list] = [[] for _ in range(self.n_args)]
+    for (i, path), leaf in zip(self.places, leaves):
+      groups[i].append((path, leaf))
+    return [nest(items) for items in groups]
+
+
+def flatten(args: Sequence[Any]) -> FlatArgs:
+  """``args`` as a ``FlatArgs``: tuple operands spread into their leaves."""
+  leaves, places = [], []
   for i, arg in enumerate(args):
-    if is_tuple(arg):
-      raise NotImplementedError(
-          f"{where}: args[{i}] is a tuple operand, and {where} splits only"
-          " array operands given one per kernel parameter (in_specs and"
-          " ShardingRule operands name those). Pass the tuple's arrays to"
-          " separate kernel parameters, or call triton_call with the tuple"
-          " inside your own jax.shard_map.")
+    items = (leaves_with_paths(arg) if is_tuple(arg) and not _has_empty(arg)
+             else [((), arg)])
+    for path, leaf in items:
+      leaves.append(leaf)
+      places.append((i, path))
+  return FlatArgs(tuple(leaves), tuple(places), len(args))
+
+
+def _has_empty(arg: Any) -> bool:
+  """Whether a (nested) tuple is or holds an empty tuple."""
+  return is_tuple(arg) and (not arg or any(_has_empty(a) for a in arg))

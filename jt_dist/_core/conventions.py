@@ -22,9 +22,12 @@ from __future__ import annotations
 
 import warnings
 
-from jt_dist._core import binding as _binding
 from jt_dist import _errors
 from jt_dist._call import pytree_args as _pytree_args
+from jt_dist._core import call_spec as _call_spec
+from jt_dist._core import outputs as _outputs
+from jt_dist._core import positional as _positional
+from jt_dist._core import types as _types
 
 _ERRORS = (_errors.KernelBindingError, ValueError)
 
@@ -35,7 +38,7 @@ def bind(info, args, kinds, out_shapes, metaparams, aliases):
   Args:
     info: the kernel.
     args: the positional arguments (keyword operands merged in).
-    kinds: ``_binding._classify_args(args)``.
+    kinds: ``positional.classify_args(args)``.
     out_shapes: the flattened outputs.
     metaparams: the values given by name.
     aliases: ``input_output_aliases`` as given.
@@ -87,20 +90,20 @@ def _warn_ambiguous(info, old, new, aliases) -> None:
 
 
 def _bind_031(info, args, kinds, out_shapes, metaparams, aliases):
-  operands, constexprs = _binding.bind_positional(
+  operands, constexprs = _positional.bind_positional(
       info, args, kinds, len(out_shapes))
-  operands += _binding.bind_outputs(info, len(args), out_shapes)
-  _binding.check_metaparams(info, metaparams,
+  operands += _outputs.bind_outputs(info, len(args), out_shapes)
+  _positional.check_metaparams(info, metaparams,
                             [op.name for op in operands] + list(constexprs))
   _check_runtime_bound(info, operands, constexprs, metaparams, len(args))
   arrays = _pytree_args.array_leaves(args)
-  return operands, constexprs, _binding.check_aliases(
+  return operands, constexprs, _outputs.check_aliases(
       aliases, [(a.shape, a.dtype) for a in arrays], out_shapes)
 
 
 def _bind_04(info, args, kinds, out_shapes, metaparams, aliases):
   # The 0.3.1 reading has warned of deprecated scalars already.
-  operands, constexprs = _binding.bind_positional(info, args, kinds, 0,
+  operands, constexprs = _positional.bind_positional(info, args, kinds, 0,
                                                   warn=False)
   pairs = _translate(info, operands, aliases or {}, len(out_shapes))
   aliased = {o for _, o in pairs}
@@ -109,21 +112,21 @@ def _bind_04(info, args, kinds, out_shapes, metaparams, aliases):
           if not p.is_constexpr and p.name not in bound]
   unaliased = [k for k in range(len(out_shapes)) if k not in aliased]
   if len(unaliased) > len(free):
-    raise _binding.binding_error(
+    raise _positional.binding_error(
         info,
         f"{len(unaliased)} outputs not aliased to an input bind parameters"
         f" no argument binds, but only {len(free)} are left:"
         f" {[p.name for p in free]}.")
   for k, param in zip(unaliased, free):
-    operands.append(_binding.Operand(
+    operands.append(_call_spec.Operand(
         param.name, "output", k, None,
-        _binding.pointer_type(out_shapes[k][1])))
+        _types.pointer_type(out_shapes[k][1])))
   operands.sort(key=lambda op: info.param_names.index(op.name))
-  _binding.check_metaparams(info, metaparams,
+  _positional.check_metaparams(info, metaparams,
                             [op.name for op in operands] + list(constexprs))
   _check_runtime_bound(info, operands, constexprs, metaparams, len(args))
   arrays = _pytree_args.array_leaves(args)
-  return operands, constexprs, _binding.check_aliases(
+  return operands, constexprs, _outputs.check_aliases(
       dict(pairs), [(a.shape, a.dtype) for a in arrays], out_shapes)
 
 
@@ -160,6 +163,6 @@ def _check_runtime_bound(info, operands, constexprs, metaparams,
   missing = [p.name for p in info.params if not p.is_constexpr
              and not p.has_default and p.name not in bound]
   if missing:
-    raise _binding.binding_error(
+    raise _positional.binding_error(
         info, f"parameters {missing} are not bound by anything (bound:"
-        f" {_binding.describe_bound(info, operands, n_args, metaparams)}).")
+        f" {_positional.describe_bound(info, operands, n_args, metaparams)}).")

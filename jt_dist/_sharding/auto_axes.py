@@ -24,6 +24,7 @@ from jax.experimental.custom_partitioning import custom_partitioning
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from jt_dist._call import pytree_args as _pytree_args
 from jt_dist._sharding import partition as _partition
 
 def _shardy_rule(rule) -> dict:
@@ -55,7 +56,9 @@ def run(args: Sequence[Any], call: Callable[..., Any], kernel: Any,
   Returns:
     The global outputs, in the structure of ``out_tree``.
   """
+  flat = _pytree_args.flatten(args)
   positions = _partition.array_positions(args)
+  names = [flat.names[k] for k in positions]
   sizes = _partition.factor_sizes(rule, args, out_shapes)
   global_out = jax.tree_util.tree_unflatten(
       out_tree, [jax.ShapeDtypeStruct(s, d) for s, d in out_shapes])
@@ -64,7 +67,8 @@ def run(args: Sequence[Any], call: Callable[..., Any], kernel: Any,
     # Traced once with global shapes for the op's types, and run as is
     # where nothing is split (one device).
     it = iter(arrays)
-    full = [next(it) if i in positions else a for i, a in enumerate(args)]
+    full = flat.rebuild([next(it) if k in positions else a
+                         for k, a in enumerate(flat.leaves)])
     return tuple(jax.tree_util.tree_leaves(
         call(*full, kernel=kernel, out_shape=global_out, grid=grid,
              **kwargs)))
@@ -81,7 +85,7 @@ def run(args: Sequence[Any], call: Callable[..., Any], kernel: Any,
   def partition(mesh, arg_shapes, result_shape):
     del result_shape
     layout, plan = plan_for(mesh, arg_shapes)
-    _partition.log_plan(where, rule, kernel, positions, layout, plan)
+    _partition.log_plan(where, rule, kernel, names, layout, plan)
     body = _partition.shard_body(args, call, kernel, out_shapes, out_tree,
                                  grid, kwargs, plan, mesh)
     return (mesh, body,
@@ -91,5 +95,5 @@ def run(args: Sequence[Any], call: Callable[..., Any], kernel: Any,
   op = custom_partitioning(whole_call)
   op.def_partition(partition, infer_sharding_from_operands=infer,
                    **_shardy_rule(rule))
-  outs = op(*[args[i] for i in positions])
+  outs = op(*[flat.leaves[k] for k in positions])
   return jax.tree_util.tree_unflatten(out_tree, list(outs))

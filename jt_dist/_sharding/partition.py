@@ -29,6 +29,7 @@ from jax.sharding import PartitionSpec as P
 
 from jt_dist import _compat
 from jt_dist import _errors
+from jt_dist._call import pytree_args as _pytree_args
 from jt_dist._sharding import specs as _specs
 
 logger = logging.getLogger("jt_dist")
@@ -111,7 +112,10 @@ def find_layout(args: Sequence[Any], rule, where: str) -> Layout | None:
     jt_dist.ShardingSpecError: operands on different meshes.
     jt_dist.AutoAxesError: traced operands on a mesh with automatic axes.
   """
-  arrays = [(i, x) for i, x in enumerate(args) if _specs.is_array(x)]
+  flat = _pytree_args.flatten(args)
+  names = flat.names
+  arrays = [(names[k], x) for k, x in enumerate(flat.leaves)
+            if _specs.is_array(x)]
   mesh, first = None, None
   for i, x in arrays:
     sharding = _sharding_of(x)
@@ -123,8 +127,8 @@ def find_layout(args: Sequence[Any], rule, where: str) -> Layout | None:
       mesh, first = candidate, i
     elif _mesh_key(candidate) != _mesh_key(mesh):
       raise _errors.ShardingSpecError(
-          f"{where}: args[{first}] lives on mesh {dict(mesh.shape)} but"
-          f" args[{i}] on mesh {dict(candidate.shape)}; one call runs on one"
+          f"{where}: {first} lives on mesh {dict(mesh.shape)} but"
+          f" {i} on mesh {dict(candidate.shape)}; one call runs on one"
           " mesh. Put every operand on the same mesh with jax.device_put(x,"
           " NamedSharding(mesh, spec)) or jax.sharding.reshard."
       )
@@ -259,8 +263,13 @@ def _vmapped_over_mesh_axes(where, kernel, rule, mesh) -> str:
 
 
 def array_positions(args: Sequence[Any]) -> list[int]:
-  """Where the array arguments are among ``args`` (scalars are not)."""
-  return [i for i, a in enumerate(args) if _specs.is_array(a)]
+  """Where the array leaves are among ``pytree_args.flatten(args)``'s leaves.
+
+  A ``ShardingRule``'s operands count these: the array arguments in order,
+  a tuple operand's arrays one by one (scalars are not counted).
+  """
+  return [k for k, a in enumerate(_pytree_args.flatten(args).leaves)
+          if _specs.is_array(a)]
 
 
 def factor_sizes(rule, args: Sequence[Any], out_shapes) -> dict[str, int]:
@@ -269,20 +278,25 @@ def factor_sizes(rule, args: Sequence[Any], out_shapes) -> dict[str, int]:
   Raises:
     jt_dist.ShardingSpecError: the shapes do not fit the rule.
   """
+  flat = _pytree_args.flatten(args)
+  names = flat.names
   return rule.factor_sizes(
-      [(f"args[{i}]", tuple(args[i].shape)) for i in array_positions(args)],
+      [(names[k], tuple(flat.leaves[k].shape)) for k in array_positions(args)],
       [shape for shape, _ in out_shapes])
 
 
-def log_plan(where, rule, kernel, positions, layout, plan) -> None:
-  """Names, at debug level, every collective the plan adds around the call."""
+def log_plan(where, rule, kernel, names, layout, plan) -> None:
+  """Names, at debug level, every collective the plan adds around the call.
+
+  ``names``: the array operands' names, e.g. ``args[1][0]``.
+  """
   if not logger.isEnabledFor(logging.DEBUG):
     return
   name = _kernel_name(kernel)
   steps = []
-  for i, factors, current, target in zip(positions, rule.operands,
-                                         layout.specs, plan.in_specs):
-    steps += _describe_move(f"args[{i}]", factors, current, target)
+  for operand, factors, current, target in zip(names, rule.operands,
+                                               layout.specs, plan.in_specs):
+    steps += _describe_move(operand, factors, current, target)
   for k, reductions in enumerate(plan.reductions):
     steps += [f"output {k}: {_COLLECTIVE_NAMES[op]} over mesh axes"
               f" {list(axes)}" for op, axes in reductions]
@@ -316,15 +330,16 @@ def shard_body(args, call, kernel, out_shapes, out_tree, grid, kwargs, plan,
   shards, flat, each reduced over the mesh axes of the split factors it
   lacks.
   """
-  positions = array_positions(args)
+  flat = _pytree_args.flatten(args)
+  positions = set(array_positions(args))
   local_out = jax.tree_util.tree_unflatten(out_tree, [
       jax.ShapeDtypeStruct(_local_shape(shape, spec, mesh), dtype)
       for (shape, dtype), spec in zip(out_shapes, plan.out_specs)])
 
   def per_shard(*local_arrays):
     it = iter(local_arrays)
-    local_args = [next(it) if i in positions else a
-                  for i, a in enumerate(args)]
+    local_args = flat.rebuild([next(it) if k in positions else a
+                               for k, a in enumerate(flat.leaves)])
     outs = jax.tree_util.tree_leaves(
         call(*local_args, kernel=kernel, out_shape=local_out, grid=grid,
              **kwargs))
@@ -361,11 +376,13 @@ def run(args: Sequence[Any], call: Callable[..., Any], kernel: Any,
   Returns:
     The global outputs, in the structure of ``out_tree``.
   """
+  flat = _pytree_args.flatten(args)
   positions = array_positions(args)
-  arrays = [args[i] for i in positions]
+  arrays = [flat.leaves[k] for k in positions]
   sizes = factor_sizes(rule, args, out_shapes)
   plan = make_plan(rule, sizes, layout)
-  log_plan(where, rule, kernel, positions, layout, plan)
+  log_plan(where, rule, kernel, [flat.names[k] for k in positions], layout,
+           plan)
   placed = [_reshard(x, target, layout)
             for x, target in zip(arrays, plan.in_specs)]
   per_shard = shard_body(args, call, kernel, out_shapes, out_tree, grid,
@@ -375,8 +392,9 @@ def run(args: Sequence[Any], call: Callable[..., Any], kernel: Any,
       per_shard, mesh=layout.mesh, in_specs=plan.in_specs,
       out_specs=plan.out_specs,
       axis_names=frozenset(layout.mesh.axis_names) - manual, check_vma=True)
-  if recorder is not None and isinstance(layout.mesh, jax.sharding.Mesh) and (
-      not any(isinstance(x, jax.core.Tracer) for x in placed)):
+  if recorder is not None and not flat.has_tuples and isinstance(
+      layout.mesh, jax.sharding.Mesh) and (
+          not any(isinstance(x, jax.core.Tracer) for x in placed)):
     mapped = recorder(args, positions, plan.in_specs, layout.mesh, mapped,
                       out_tree)
   try:

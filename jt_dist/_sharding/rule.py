@@ -83,7 +83,8 @@ class ShardingRule:
 
   Attributes:
     rule: the rule text, one group of factors per array operand and output.
-    operands: the factors of each array operand, in order (scalars have none).
+    operands: the factors of each array operand, in order (scalars have
+      none; a tuple operand's arrays count one by one, in flattened order).
     outputs: the factors of each output, in the order of ``out_shape``.
     reductions: ``(factor, op)`` pairs: a contracted factor that may be
       split, and how the partial outputs are combined (``"sum"``, ``"max"``
@@ -104,8 +105,9 @@ class ShardingRule:
 
     Args:
       rule: Shardy factor notation, e.g. ``"i k, k j -> i j"``: per array
-        operand (scalar arguments take no group) and per output, one factor
-        name per dimension, separated by spaces.
+        operand (scalar arguments take no group; a tuple operand takes one
+        group per array in it, in flattened order) and per output, one
+        factor name per dimension, separated by spaces.
       reductions: maps each contracted factor that may be split (one missing
         from an output) to ``"sum"``, ``"max"`` or ``"min"``.
       whole: factors that must stay whole on every device.
@@ -185,10 +187,13 @@ class ShardingRule:
 
 def _check_count(rule, what, expected, got, names) -> None:
   if expected != got:
+    leaves = (" and each array in a tuple operand its own, in order"
+              if any("][" in n for n in names) else "")
     raise _errors.ShardingSpecError(
         f"{rule!r}: the rule lists {expected} {what}, but the call has {got}"
         f" ({', '.join(names) or 'none'}). Give one group of factors per"
-        f" array {what.split()[-1].rstrip('s')} (scalar arguments take none)."
+        f" array {what.split()[-1].rstrip('s')} (scalar arguments take"
+        f" none{leaves})."
     )
 
 

@@ -30,6 +30,13 @@ class ShardSize:
           f" {len(args) - 1}). Use the index of an array argument."
       )
     target = args[self.arg_index]
+    if type(target) is tuple:  # pylint: disable=unidiomatic-typecheck
+      raise ValueError(
+          f"{where} = {self!r} points at args[{self.arg_index}], a tuple"
+          " operand, which has no size of its own. Point it at an array"
+          " argument: pass the array whose size you need as a positional"
+          " argument of its own, or give the size as a plain int."
+      )
     if _types.is_scalar(target) or not hasattr(target, "shape"):
       raise ValueError(
           f"{where} = {self!r} points at args[{self.arg_index}] = {target!r},"
@@ -75,16 +82,31 @@ def shard_size(arg_index: int, axis: int | None = None) -> ShardSize:
 
 
 def resolve(args: Sequence[Any], metaparams: Mapping[str, Any]):
-  """Replaces every ``ShardSize`` in args and metaparams by its value."""
-  if not any(isinstance(a, ShardSize) for a in args) and not any(
+  """Replaces every ``ShardSize`` in args and metaparams by its value.
+
+  A ``ShardSize`` may also be a leaf of a tuple operand; its index still
+  counts the positional arguments.
+  """
+  if not any(map(_holds_placeholder, args)) and not any(
       isinstance(v, ShardSize) for v in metaparams.values()):
     return args, metaparams
-  new_args = [
-      a.resolve(args, f"triton_call: args[{i}]") if isinstance(a, ShardSize)
-      else a for i, a in enumerate(args)
-  ]
+  new_args = [_resolved(a, args, f"triton_call: args[{i}]")
+              for i, a in enumerate(args)]
   new_meta = {
       k: v.resolve(args, f"triton_call: metaparam {k}")
       if isinstance(v, ShardSize) else v for k, v in metaparams.items()
   }
   return new_args, new_meta
+
+
+def _holds_placeholder(arg: Any) -> bool:
+  if type(arg) is tuple:  # pylint: disable=unidiomatic-typecheck
+    return any(map(_holds_placeholder, arg))
+  return isinstance(arg, ShardSize)
+
+
+def _resolved(arg: Any, args: Sequence[Any], where: str) -> Any:
+  if type(arg) is tuple:  # pylint: disable=unidiomatic-typecheck
+    return tuple(_resolved(a, args, f"{where}[{k}]")
+                 for k, a in enumerate(arg))
+  return arg.resolve(args, where) if isinstance(arg, ShardSize) else arg

@@ -195,7 +195,11 @@ def sharded_triton_call(
     mesh: the ``jax.sharding.Mesh``; by default the mesh of the arguments'
       shardings, else the ambient mesh (``jax.set_mesh``).
     in_specs: one ``PartitionSpec`` per array argument, in order; by default
-      each argument's own sharding spec (replicated when it has none).
+      each argument's own sharding spec (replicated when it has none). As in
+      ``jax.shard_map``, a prefix of the arguments: a tuple operand takes
+      one entry, a ``PartitionSpec`` for all its arrays or a tuple with one
+      entry per element (None for a scalar); each array leaf is split on
+      its own, and the kernel gets a tuple of shards.
     out_specs: one ``PartitionSpec`` for all outputs, or a pytree of them
       matching ``out_shape``; replicated (``P()``) by default, which is
       right only for outputs that vary over no mesh axis (all inputs
@@ -261,6 +265,50 @@ def _with_refs(args, kernel, out_shape, grid, mesh, in_specs, out_specs,
   return outs
 
 
+def _shard_body(leaves, arg_specs, kernel, grid, kwargs, mesh, ref_args,
+                outs):
+  """The function each device runs: the kernel on its shards, reduced.
+
+  Args:
+    leaves: the call's ``pytree_args.FlatArgs``; the body takes its array
+      leaves' shards, in order, and rebuilds the tuples around them.
+    arg_specs: the array leaves' specs.
+    kernel, grid, kwargs: as for ``triton_call``.
+    mesh: the mesh.
+    ref_args: argument indices of Refs' values (see ``_sharded``).
+    outs: ``(out_shapes, out_tree, out_specs, reductions, specs_given)``.
+  """
+  out_shapes, out_tree, o_specs, reductions, given = outs
+  local_out = jax.tree_util.tree_unflatten(out_tree, [
+      jax.ShapeDtypeStruct(_specs.local_shape(shape, spec, mesh), dtype)
+      for (shape, dtype), spec in zip(out_shapes, o_specs)
+  ])
+  is_array = [_specs.is_array(a) for a in leaves.leaves]
+  outputs = _varying.Outputs(
+      names=_varying.output_names(out_tree),
+      shapes=tuple(shape for shape, _ in out_shapes), specs=tuple(o_specs),
+      given=given, out_tree=out_tree,
+      reduced=tuple(_reduction_named(r) for r in reductions))
+  names = leaves.names
+  operands = [
+      _varying.Operand(names[k], tuple(leaves.leaves[k].shape), spec)
+      for k, spec in zip([k for k, f in enumerate(is_array) if f], arg_specs)]
+
+  def per_shard(*local_arrays):
+    it = iter(local_arrays)
+    local_args = leaves.rebuild(
+        [next(it) if flag else a for a, flag in zip(leaves.leaves, is_array)])
+    result, updated = _refs.with_fresh_refs(
+        local_args, ref_args, lambda *a: _api.triton_call(
+            *a, kernel=kernel, out_shape=local_out, grid=grid, **kwargs))
+    flat = jax.tree_util.tree_leaves(result)
+    flat = [x if r is None else r[0](x, r[1]) for x, r in zip(flat, reductions)]
+    _varying.check(flat, outputs, operands, mesh)
+    return tuple(flat) + tuple(updated)
+
+  return per_shard
+
+
 def _sharded(args, kernel, out_shape, grid, mesh, in_specs, out_specs,
              out_reduce, sharding_rule, kwargs, ref_args=()):
   """``sharded_triton_call`` on arrays; with ``ref_args``, also their updates.
@@ -268,7 +316,6 @@ def _sharded(args, kernel, out_shape, grid, mesh, in_specs, out_specs,
   ``ref_args``: argument indices whose arrays are Refs' values; the call
   then returns ``(outputs, those arrays' new values)`` and records nothing.
   """
-  _pytree_args.refuse_tuples(args, "sharded_triton_call")
   key = None if ref_args else _signature(
       args, kernel, out_shape, grid, mesh, in_specs, out_specs, out_reduce,
       sharding_rule, kwargs)
@@ -279,7 +326,9 @@ def _sharded(args, kernel, out_shape, grid, mesh, in_specs, out_specs,
               else _dispatch.replay_recorder(key, kernel, grid))
   out_shapes, out_tree = _binding.flatten_out_shape(
       out_shape, allow_empty=bool(ref_args))
-  mesh = _specs.resolve_mesh(mesh, args)
+  # Tuple operands' leaves are split one by one, as positional arrays are.
+  leaves = _pytree_args.flatten(args)
+  mesh = _specs.resolve_mesh(mesh, leaves.leaves)
   _check_placeholders(args, {k: v for k, v in kwargs.items()})
   arg_specs = _specs.in_specs_for(in_specs, args, mesh)
   if sharding_rule is not None:
@@ -288,39 +337,15 @@ def _sharded(args, kernel, out_shape, grid, mesh, in_specs, out_specs,
   o_specs = _out_specs_for(out_specs, out_tree, len(out_shapes), out_shapes,
                            mesh)
   reductions = _reductions_for(out_reduce, out_tree, len(out_shapes), mesh)
-  local_out = jax.tree_util.tree_unflatten(out_tree, [
-      jax.ShapeDtypeStruct(_specs.local_shape(shape, spec, mesh), dtype)
-      for (shape, dtype), spec in zip(out_shapes, o_specs)
-  ])
-  is_array = [_specs.is_array(a) for a in args]
-  outputs = _varying.Outputs(
-      names=_varying.output_names(out_tree),
-      shapes=tuple(shape for shape, _ in out_shapes), specs=tuple(o_specs),
-      given=out_specs is not None, out_tree=out_tree,
-      reduced=tuple(_reduction_named(r) for r in reductions))
-  operands = [_varying.Operand(f"args[{i}]", tuple(args[i].shape), spec)
-              for i, spec in zip([i for i, f in enumerate(is_array) if f],
-                                 arg_specs)]
-
-  array_of = {i: k for k, i in enumerate(
-      i for i, flag in enumerate(is_array) if flag)}
-  ref_specs = tuple(arg_specs[array_of[i]] for i in ref_args)
-
-  def per_shard(*local_arrays):
-    it = iter(local_arrays)
-    local_args = [next(it) if flag else a for a, flag in zip(args, is_array)]
-    outs, updated = _refs.with_fresh_refs(
-        local_args, ref_args, lambda *a: _api.triton_call(
-            *a, kernel=kernel, out_shape=local_out, grid=grid, **kwargs))
-    flat = jax.tree_util.tree_leaves(outs)
-    flat = [x if r is None else r[0](x, r[1]) for x, r in zip(flat, reductions)]
-    _varying.check(flat, outputs, operands, mesh)
-    return tuple(flat) + tuple(updated)
-
-  arrays = [
-      _specs.place(a, spec, mesh)
-      for a, spec in zip([a for a, f in zip(args, is_array) if f], arg_specs)
-  ]
+  is_array = [_specs.is_array(a) for a in leaves.leaves]
+  positions = [k for k, flag in enumerate(is_array) if flag]
+  per_shard = _shard_body(
+      leaves, arg_specs, kernel, grid, kwargs, mesh, ref_args,
+      (out_shapes, out_tree, o_specs, reductions, out_specs is not None))
+  ref_specs = tuple(arg_specs[positions.index(leaves.index_of(i))]
+                    for i in ref_args)
+  arrays = [_specs.place(leaves.leaves[k], spec, mesh)
+            for k, spec in zip(positions, arg_specs)]
   mapped = jax.shard_map(
       per_shard, mesh=mesh, in_specs=tuple(arg_specs),
       out_specs=tuple(o_specs) + ref_specs, check_vma=True)
@@ -328,9 +353,9 @@ def _sharded(args, kernel, out_shape, grid, mesh, in_specs, out_specs,
     # The shards' Refs live inside the shard_map, which jax allows only
     # under a trace.
     mapped = jax.jit(mapped)
-  if recorder is not None and isinstance(mesh, jax.sharding.Mesh) and not any(
-      isinstance(a, jax.core.Tracer) for a in arrays):
-    positions = [i for i, flag in enumerate(is_array) if flag]
+  if recorder is not None and not leaves.has_tuples and isinstance(
+      mesh, jax.sharding.Mesh) and not any(
+          isinstance(a, jax.core.Tracer) for a in arrays):
     mapped = recorder(args, positions, arg_specs, mesh, mapped, out_tree)
   flat = list(mapped(*arrays))
   if ref_args:

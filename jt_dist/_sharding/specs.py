@@ -15,6 +15,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from jt_dist import _errors
+from jt_dist._call import pytree_args as _pytree_args
 from jt_dist._core import types as _types
 
 
@@ -148,29 +149,90 @@ def infer_spec(x: Any, mesh) -> P:
 
 
 def in_specs_for(in_specs: Any, args: Sequence[Any], mesh) -> list[P]:
-  """One checked spec per array argument, given or inferred."""
-  positions = [i for i, a in enumerate(args) if is_array(a)]
+  """One checked spec per array leaf of ``args``, given or inferred.
+
+  ``in_specs`` is a prefix of the arguments, as ``jax.shard_map``'s is: one
+  entry per argument that holds an array (scalars take none); for a tuple
+  operand, one ``PartitionSpec`` for all its arrays, or a tuple of entries
+  with one per element.
+
+  Returns:
+    The specs, in the order of ``pytree_args.flatten(args)``'s array leaves.
+  """
+  flat = _pytree_args.flatten(args)
+  arrays = [k for k, leaf in enumerate(flat.leaves) if is_array(leaf)]
   if in_specs is None:
-    specs = [infer_spec(args[i], mesh) for i in positions]
+    specs = [infer_spec(flat.leaves[k], mesh) for k in arrays]
   else:
-    if not isinstance(in_specs, (P, list, tuple)):
-      raise _errors.ShardingSpecError(
-          f"sharded_triton_call: in_specs={in_specs!r} of type"
-          f" {type(in_specs).__name__} must be a PartitionSpec, or a tuple"
-          " of them with one per array argument."
-      )
-    specs = [in_specs] if isinstance(in_specs, P) else list(in_specs)
-    if len(specs) != len(positions):
-      raise _errors.ShardingSpecError(
-          f"sharded_triton_call: got {len(specs)} in_specs, but the call has"
-          f" {len(positions)} array arguments (args{positions}); scalars take"
-          " no spec. Pass one PartitionSpec per array argument, in order, or"
-          " leave in_specs out to take them from the arguments' shardings."
-      )
+    specs = _given_specs(in_specs, args)
+  names = flat.names
   return [
-      check_spec(f"args[{i}]", tuple(args[i].shape), spec, mesh)
-      for i, spec in zip(positions, specs)
+      check_spec(names[k], tuple(flat.leaves[k].shape), spec, mesh)
+      for k, spec in zip(arrays, specs)
   ]
+
+
+def _holds_array(arg: Any) -> bool:
+  if _pytree_args.is_tuple(arg):
+    return any(is_array(leaf)
+               for _, leaf in _pytree_args.leaves_with_paths(arg))
+  return is_array(arg)
+
+
+def _given_specs(in_specs: Any, args: Sequence[Any]) -> list:
+  """The given in_specs spread over the array leaves, in order."""
+  if not isinstance(in_specs, (P, list, tuple)):
+    raise _errors.ShardingSpecError(
+        f"sharded_triton_call: in_specs={in_specs!r} of type"
+        f" {type(in_specs).__name__} must be a PartitionSpec, or a tuple"
+        " of them with one per array argument."
+    )
+  entries = [in_specs] if isinstance(in_specs, P) else list(in_specs)
+  takers = [i for i, a in enumerate(args) if _holds_array(a)]
+  if len(entries) != len(takers):
+    tuples = [i for i in takers if _pytree_args.is_tuple(args[i])]
+    note = (f"; tuple operands args{tuples} take one entry each, a"
+            " PartitionSpec for all their arrays or a tuple with one entry"
+            " per element" if tuples else "")
+    raise _errors.ShardingSpecError(
+        f"sharded_triton_call: got {len(entries)} in_specs, but the call has"
+        f" {len(takers)} array arguments (args{takers}); scalars take"
+        f" no spec{note}. Pass one PartitionSpec per array argument, in"
+        " order, or leave in_specs out to take them from the arguments'"
+        " shardings."
+    )
+  specs = []
+  for i, entry in zip(takers, entries):
+    specs.extend(_leaf_specs(args[i], entry, f"args[{i}]"))
+  return specs
+
+
+def _leaf_specs(arg: Any, entry: Any, where: str) -> list:
+  """The specs of ``arg``'s array leaves from its in_specs entry."""
+  if not _pytree_args.is_tuple(arg):
+    if is_array(arg):
+      return [entry]
+    if entry is None or (isinstance(entry, P) and not spec_axes(entry)):
+      return []
+    raise _errors.ShardingSpecError(
+        f"sharded_triton_call: in_specs gives {where} = {arg!r}, a scalar,"
+        f" the spec {entry!r}; a scalar is passed whole to every shard."
+        " Put None in its place."
+    )
+  if entry is None or isinstance(entry, P):
+    return [entry for _, leaf in _pytree_args.leaves_with_paths(arg)
+            if is_array(leaf)]
+  if not isinstance(entry, (tuple, list)) or len(entry) != len(arg):
+    raise _errors.ShardingSpecError(
+        f"sharded_triton_call: the in_specs entry {entry!r} of {where}, a"
+        f" tuple of {len(arg)} elements, must be one PartitionSpec for all"
+        f" its arrays, or a tuple of {len(arg)} entries, one per element (a"
+        " PartitionSpec, None for a scalar, or a tuple for a nested tuple)."
+    )
+  specs = []
+  for k, (item, sub) in enumerate(zip(arg, entry)):
+    specs.extend(_leaf_specs(item, sub, f"{where}[{k}]"))
+  return specs
 
 
 def _trimmed(spec) -> tuple:

@@ -111,11 +111,6 @@ def _on_grid(bind, args, batched, spec, size):
     # The wrapper moves pointers by the batch index; a descriptor is not one.
     raise _NoRoom("it takes a TensorDescriptor, which the wrapper cannot"
                   " move to a batch element.")
-  tuples = sorted({op.name for op in base.operands if op.path})
-  if tuples:
-    raise _NoRoom(
-        f"it takes tuple parameters {tuples}, which the batched grid's"
-        " wrapper kernel does not forward.")
   args, batched = list(args), list(batched)
   for i, _ in spec.input_output_aliases:
     # An aliased input becomes its output's buffer, which is batched.
@@ -126,7 +121,7 @@ def _on_grid(bind, args, batched, spec, size):
   axes, counts = _placement(base, sizes)
   layout = _batch_kernel.Layout(
       sizes=sizes, strides=_strides(args, batched, spec, base),
-      axes=axes, counts=counts)
+      axes=axes, counts=counts, tuples=_tuple_leaves(base))
   params = _wrapper_params(base)
   wrapper = _batch_kernel.wrapper_kernel(base.info.fn, params, layout)
   new_spec = dataclasses.replace(
@@ -154,10 +149,24 @@ def _strides(args, batched, spec, base):
       new = math.prod(spec.out_shapes[op.index][0])
     else:
       continue
-    level_strides = (new, *old.get(op.name, (0,) * depth))
+    # A tuple's leaf is keyed by its label, e.g. yz[0].
+    level_strides = (new, *old.get(op.label, (0,) * depth))
     if any(level_strides):
-      strides.append((op.name, level_strides))
+      strides.append((op.label, level_strides))
   return tuple(strides)
+
+
+def _tuple_leaves(base):
+  """``(parameter, leaf paths)`` of each tuple parameter, for the wrapper.
+
+  The wrapper rebuilds a tuple whose pointers it moves, so it needs every
+  leaf's path, scalars' included.
+  """
+  paths: dict[str, list] = {}
+  for op in base.operands:
+    if op.path:
+      paths.setdefault(op.name, []).append(op.path)
+  return tuple((name, tuple(p)) for name, p in paths.items())
 
 
 def _placement(base, sizes):

@@ -6,7 +6,9 @@ the batch. The wrapper takes the user kernel's parameters, reads the batch
 index from a grid axis the user kernel never reads, moves each batched
 pointer by that index times the operand's batch stride (in 64-bit integers),
 and calls the user kernel inline: Triton inlines ``@triton.jit`` callees, so
-the launch runs the user's code unchanged. The user's kernel object is never
+the launch runs the user's code unchanged. A tuple parameter is rebuilt
+with its batched leaves moved (tuples are immutable in Triton), scalars and
+unbatched leaves as they were. The user's kernel object is never
 modified; wrappers are cached per kernel and batch layout.
 """
 
@@ -41,12 +43,15 @@ class Layout:
     axes: the grid axes holding the flat batch index, least significant
       first (two when the batch is split over y and z).
     counts: the grid size along each of ``axes``.
+    tuples: ``(parameter name, leaf paths)`` of each tuple parameter; the
+      strides name a tuple's leaves by label, e.g. ``yz[0]``.
   """
 
   sizes: tuple[int, ...]
   strides: tuple[tuple[str, tuple[int, ...]], ...]
   axes: tuple[int, ...]
   counts: tuple[int, ...]
+  tuples: tuple[tuple[str, tuple[tuple[int, ...], ...]], ...] = ()
 
   @property
   def total(self) -> int:
@@ -150,13 +155,39 @@ def _batch_index_lines(layout: Layout, p: str) -> list[str]:
 
 
 def _offset_lines(layout: Layout, p: str) -> list[str]:
-  lines = []
+  offsets = {}
   for name, strides in layout.strides:
     terms = [f"{p}i{level} * {stride}"
              for level, stride in enumerate(strides) if stride]
     if terms:
-      lines.append(f"{name} += {' + '.join(terms)}")
+      offsets[name] = " + ".join(terms)
+  lines = []
+  tuples = dict(layout.tuples)
+  for name, offset in offsets.items():
+    if name not in tuples and "[" not in name:
+      lines.append(f"{name} += {offset}")
+  for name, paths in layout.tuples:
+    if any(_leaf_label(name, path) in offsets for path in paths):
+      # Tuples are immutable: the wrapper rebuilds one with moved leaves.
+      lines.append(f"{name} = {_tuple_expr(name, (), paths, offsets)}")
   return lines
+
+
+def _leaf_label(name: str, path: tuple[int, ...]) -> str:
+  return name + "".join(f"[{k}]" for k in path)
+
+
+def _tuple_expr(name, prefix, paths, offsets) -> str:
+  """The source of the tuple at ``prefix`` with its pointers moved."""
+  label = _leaf_label(name, prefix)
+  if prefix in paths:
+    return f"({label} + {offsets[label]})" if label in offsets else label
+  depth = len(prefix)
+  children = sorted({path[depth] for path in paths
+                     if len(path) > depth and path[:depth] == prefix})
+  items = [_tuple_expr(name, prefix + (k,), paths, offsets)
+           for k in children]
+  return "(" + "".join(f"{item}, " for item in items) + ")"
 
 
 def wrapper_source(name: str, params, layout: Layout) -> str:

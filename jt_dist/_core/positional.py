@@ -1,0 +1,266 @@
+"""Positional operands: what each argument is, and which parameter it binds.
+
+Arrays bind pointer parameters, scalars value parameters (typed by their
+annotation or their value), tuples a tuple parameter leaf by leaf, and
+``tl.constexpr`` parameters take compile-time values. Metaparams bind the
+rest by name.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import warnings
+from typing import Any, Sequence
+
+import numpy as np
+
+from jt_dist import _errors
+from jt_dist._call import pytree_args as _pytree_args
+from jt_dist._core import call_spec as _call_spec
+from jt_dist._core import types as _types
+
+
+def _is_shape_dtype(x) -> bool:
+  return hasattr(x, "shape") and hasattr(x, "dtype")
+
+
+def classify_args(args: Sequence[Any]):
+  """Splits positional args into ('array', index) and ('scalar', value)."""
+  kinds = []
+  n_arrays = 0
+  for i, arg in enumerate(args):
+    if _pytree_args.is_tuple(arg) and arg:
+      leaves = []
+      for path, leaf in _pytree_args.leaves_with_paths(arg):
+        _pytree_args.check_leaf(i, path, leaf)
+        kind, payload = classify_args([leaf])[0][0]
+        if kind == "array":
+          payload = n_arrays
+          n_arrays += 1
+        leaves.append((path, kind, payload))
+      kinds.append(("tuple", leaves))
+    elif _types.is_scalar(arg):
+      if _types.scalar_type(arg) is None:
+        raise ValueError(
+            f"triton_call: args[{i}] = {arg!r} does not fit in 64 bits, the"
+            " widest integer a kernel parameter can take. Pass a value in"
+            f" [{-(2**63)}, {2**64 - 1}], or split it across two parameters."
+        )
+      kinds.append(("scalar", arg))
+    elif _is_shape_dtype(arg):
+      dtype = _types.checked_dtype(arg.dtype, f"args[{i}]")
+      if _types.pointer_type(dtype) is None:
+        raise TypeError(
+            f"triton_call: args[{i}] has shape {tuple(arg.shape)} and dtype"
+            f" {dtype.name}, which Triton kernels cannot take. Supported:"
+            f" {', '.join(_types.SUPPORTED_DTYPES)}."
+            + _dtype_hint(dtype)
+        )
+      kinds.append(("array", n_arrays))
+      n_arrays += 1
+    else:
+      raise TypeError(
+          f"triton_call: args[{i}] = {arg!r} of type {type(arg).__name__} is"
+          " neither an array nor a bool/int/float scalar. Pass jax.Arrays"
+          " for pointer parameters and Python scalars for value parameters."
+      )
+  return kinds, n_arrays
+
+
+def typed_descriptors(operands, kinds, descriptors):
+  """Array operands standing for TMA descriptors, typed as descriptors.
+
+  A descriptor's operand keeps kind "array" (its array is the buffer
+  passed), with Triton's ``tensordesc<...>`` type and its ``Info`` as value.
+  """
+  if not descriptors:
+    return operands
+  by_index = {kinds[i][1]: desc for i, desc in descriptors}
+  return [dataclasses.replace(op, type=by_index[op.index].triton_type,
+                              value=by_index[op.index])
+          if op.kind == "array" and op.index in by_index else op
+          for op in operands]
+
+
+def is_descriptor(op: _call_spec.Operand) -> bool:
+  """Whether ``op`` is a host-side TMA descriptor's array operand."""
+  return op.kind == "array" and op.type.startswith("tensordesc")
+
+
+def _dtype_hint(dtype: np.dtype) -> str:
+  if dtype.kind == "c":
+    return (
+        " Pass the real and imaginary parts as two arrays (jnp.real(x),"
+        " jnp.imag(x)), or view them as pairs of reals with"
+        " jax.lax.bitcast_convert_type."
+    )
+  return ""
+
+
+def binding_error(info, message: str) -> _errors.KernelBindingError:
+  order = ", ".join(info.param_names)
+  return _errors.KernelBindingError(
+      f"triton_call: kernel {info.name!r}({order}): {message} Parameters are"
+      " bound in order by the positional arguments, then one pointer per"
+      " output in out_shape, then by name from the metaparams."
+  )
+
+
+def bind_positional(info, args, kinds, n_outputs, warn=True):
+  """Binds positional args and outputs; returns operands and constexprs.
+
+  ``warn``: whether to warn of deprecated scalars (a call read under both
+  aliasing conventions warns once).
+  """
+  params = info.params
+  if len(args) + n_outputs > len(params):
+    extra = len(args) + n_outputs - len(params)
+    raise binding_error(
+        info,
+        f"{len(args)} positional arguments and {n_outputs} outputs bind"
+        f" {len(args) + n_outputs} parameters, but the kernel has only"
+        f" {len(params)}: {extra} too many.",
+    )
+  operands, constexprs = [], {}
+  for i, ((kind, payload), param) in enumerate(zip(kinds, params)):
+    if kind == "tuple":
+      if param.is_constexpr and any(k == "array" for _, k, _ in payload):
+        raise binding_error(
+            info, f"args[{i}] is a tuple holding arrays but binds"
+            f" {param.name!r}, a tl.constexpr parameter, which takes"
+            " compile-time values.")
+      if param.is_constexpr:
+        constexprs[param.name] = args[i]
+      else:
+        operands.extend(_tuple_operands(param, args[i], payload))
+      continue
+    if param.is_constexpr:
+      if kind == "array":
+        raise binding_error(
+            info,
+            f"args[{i}] is an array but binds {param.name!r}, a tl.constexpr"
+            " parameter, which takes a compile-time scalar.",
+        )
+      constexprs[param.name] = payload
+      continue
+    if kind == "array":
+      dtype = np.dtype(args[i].dtype)
+      operands.append(
+          _call_spec.Operand(param.name, "array", payload, None, _types.pointer_type(dtype))
+      )
+    else:
+      _check_declared_scalar(info, i, param, payload)
+      scalar_type = _scalar_type(info, i, param, payload, warn)
+      operands.append(
+          _call_spec.Operand(param.name, "scalar", -1,
+                  _types.python_scalar(payload, scalar_type), scalar_type)
+      )
+  return operands, constexprs
+
+
+def _tuple_operands(param, arg, leaves):
+  """One operand per leaf of the tuple ``arg`` that binds ``param``."""
+  values = dict(_pytree_args.leaves_with_paths(arg))
+  operands = []
+  for path, kind, payload in leaves:
+    if kind == "array":
+      operands.append(_call_spec.Operand(
+          param.name, "array", payload, None,
+          _types.pointer_type(values[path].dtype), path))
+    else:
+      scalar_type = _types.scalar_type(payload)
+      operands.append(_call_spec.Operand(
+          param.name, "scalar", -1,
+          _types.python_scalar(payload, scalar_type), scalar_type, path))
+  return operands
+
+
+def _scalar_type(info, i, param, value, warn=True) -> str:
+  """The type the scalar ``value`` of ``param`` is passed as.
+
+  The parameter's annotation decides where it names a type jaxlib can carry,
+  else the value does (``_types.scalar_type``: a float is fp32 where float32
+  holds it, else fp64). A float32 must not overflow.
+  """
+  if warn and isinstance(value, np.float32):
+    warnings.warn(
+        f"triton_call: args[{i}] = np.float32({float(value)!r}) binds"
+        f" parameter {param.name!r} of kernel {info.name!r}; passing"
+        " np.float32 scalars is deprecated (as in jax-triton 0.4). Pass a"
+        f" Python float, float({float(value)!r}), which is passed as a"
+        " float32 where float32 holds it.", DeprecationWarning, stacklevel=8)
+  scalar_type = (_types.annotated_scalar_type(param.annotation)
+                 or _types.scalar_type(value))
+  if scalar_type == "fp32" and _types.overflows_float32(value):
+    raise ValueError(
+        f"triton_call: args[{i}] = {float(value)!r} binds parameter"
+        f" {param.name!r} of kernel {info.name!r}, declared"
+        f" {param.annotation or 'fp32'}, and overflows a float32 (the"
+        f" largest is {_types.FLOAT32_MAX!r}). Declare the parameter"
+        f" `{param.name}: tl.float64` to pass a double, or scale the value.")
+  return scalar_type
+
+
+def _check_declared_scalar(info, i, param, value) -> None:
+  """A scalar must fit the type its parameter declares (``n: tl.int32``)."""
+  bounds = _types.declared_int_range(param.annotation)
+  if bounds is None:
+    return
+  if not isinstance(value, (int, np.integer, bool, np.bool_)):
+    raise TypeError(
+        f"triton_call: args[{i}] = {value!r} of type {type(value).__name__}"
+        f" binds parameter {param.name!r} of kernel {info.name!r}, declared"
+        f" {param.annotation}; pass an int (e.g. int({value!r})), or change"
+        " the kernel's annotation."
+    )
+  low, high = bounds
+  if not low <= int(value) <= high:
+    raise ValueError(
+        f"triton_call: args[{i}] = {int(value)} binds parameter"
+        f" {param.name!r} of kernel {info.name!r}, declared"
+        f" {param.annotation}, which holds {low} to {high}. Pass a value in"
+        " that range, or declare the parameter wider (e.g. tl.int64)."
+    )
+
+
+def check_metaparams(info, metaparams, positional_names):
+  for key, value in metaparams.items():
+    if key not in info.param_by_name:
+      close = difflib.get_close_matches(key, info.param_names, n=1)
+      hint = f" Did you mean {close[0]!r}?" if close else ""
+      raise binding_error(
+          info, f"metaparam {key}={value!r} names no parameter of the kernel.{hint}"
+      )
+    if key in positional_names:
+      raise binding_error(
+          info,
+          f"metaparam {key}={value!r} binds {key!r}, which the positional"
+          " arguments or outputs already bind.",
+      )
+    try:
+      hash(value)
+    except TypeError:
+      raise TypeError(
+          f"triton_call: metaparam {key}={value!r} is not hashable. Metaparams"
+          " are compile-time constants: pass ints, floats, bools, strings or"
+          " Triton dtypes."
+      ) from None
+
+
+def describe_bound(info, operands, n_args, names):
+  """What binds each bound parameter, e.g. "n=output 0, BLOCK=by name".
+
+  Shown with a missing parameter: a forgotten argument usually shifts an
+  output onto the parameter it should have bound, and this makes it visible.
+  """
+  outputs = {op.name: op.index for op in operands if op.kind == "output"}
+  parts = []
+  for i, param in enumerate(info.params):
+    if i < n_args:
+      parts.append(f"{param.name}=args[{i}]")
+    elif param.name in outputs:
+      parts.append(f"{param.name}=output {outputs[param.name]}")
+    elif param.name in names:
+      parts.append(f"{param.name}=by name")
+  return ", ".join(parts)

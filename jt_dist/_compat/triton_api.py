@@ -1,4 +1,4 @@
-"""Triton's runtime classes and JIT functions, as each supported Triton has them.
+"""Triton's runtime classes and JIT functions, per supported Triton.
 
 Triton's Python API is not stable between releases; the classes jt_dist
 recognises kernels by, and the lock that keeps the interpreter and the

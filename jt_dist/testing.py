@@ -419,6 +419,14 @@ def run_processes(argv: Sequence[str], *, num_processes: int = 2,
     # before the coordinator binds it: then try another one.
     if not any(m in o.stderr for o in outputs for m in _PORT_IN_USE):
       break
+  _raise_if_failed(argv, num_processes, outputs, why, failed, tracebacks,
+                   timeout_s, grace_s)
+  return outputs
+
+
+def _raise_if_failed(argv, num_processes, outputs, why, failed, tracebacks,
+                     timeout_s, grace_s) -> None:
+  """Raises ``MultiProcessError`` for a failed or timed-out group."""
   if failed:
     first = failed[0]
     headline = (
@@ -435,7 +443,6 @@ def run_processes(argv: Sequence[str], *, num_processes: int = 2,
         f"run_processes: {argv} in {num_processes} processes did not finish"
         f" within {timeout_s:.0f} s; the processes still running were"
         " killed.")))
-  return outputs
 
 
 def _checked_count(num_processes: Any) -> int:

@@ -76,18 +76,21 @@ def configure(*, mode: str | None = None, cpu_rule: str | None = None,
     _settings.timeout_s = float(timeout_s)
 
 
+def _choice(name: str, env_var: str, default: str, choices) -> str:
+  # What ``configure`` set wins over the environment, read at every call.
+  configured = getattr(_settings, name)
+  if configured is not None:
+    return configured
+  value = os.environ.get(env_var, default).strip().lower()
+  return _checked(env_var, value, choices)
+
+
 def mode() -> str:
-  if _settings.mode is not None:
-    return _settings.mode
-  value = os.environ.get("JT_DIST_AUTOTUNE", "choose").strip().lower()
-  return _checked("JT_DIST_AUTOTUNE", value, MODES)
+  return _choice("mode", "JT_DIST_AUTOTUNE", "choose", MODES)
 
 
 def cpu_rule() -> str:
-  if _settings.cpu_rule is not None:
-    return _settings.cpu_rule
-  value = os.environ.get("JT_DIST_AUTOTUNE_CPU", "first").strip().lower()
-  return _checked("JT_DIST_AUTOTUNE_CPU", value, CPU_RULES)
+  return _choice("cpu_rule", "JT_DIST_AUTOTUNE_CPU", "first", CPU_RULES)
 
 
 def timeout_s() -> float:

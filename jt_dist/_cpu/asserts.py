@@ -42,7 +42,6 @@ def kernel_asserts(kernel: str, debug: bool):
   """
   builder = _interpreter.interpreter_builder
   saved_options = builder.options
-  saved_assert = _interpreter.InterpreterBuilder.create_assert
   original_patch_lang = _interpreter._patch_lang  # pylint: disable=protected-access
 
   def create_assert(self, condition, message):
@@ -67,12 +66,10 @@ def kernel_asserts(kernel: str, debug: bool):
       scope.set_attr(lang, "static_assert", static_assert)
     return scope
 
-  builder.options = dataclasses.replace(saved_options, debug=bool(debug))
-  _interpreter.InterpreterBuilder.create_assert = create_assert
-  _interpreter._patch_lang = patch_lang  # pylint: disable=protected-access
-  try:
+  options = dataclasses.replace(saved_options, debug=bool(debug))
+  with (_compat.attributes_replaced(builder, {"options": options}),
+        _compat.attributes_replaced(_interpreter.InterpreterBuilder,
+                                    {"create_assert": create_assert}),
+        _compat.attributes_replaced(_interpreter,
+                                    {"_patch_lang": patch_lang})):
     yield
-  finally:
-    _interpreter._patch_lang = original_patch_lang  # pylint: disable=protected-access
-    _interpreter.InterpreterBuilder.create_assert = saved_assert
-    builder.options = saved_options

@@ -152,13 +152,8 @@ def float8_like_compiled(kernel: str):
       return saved["create_fp_to_fp"](self, src, dst_type, rounding_mode)
     return converted
 
-  patches = {"binary_op": binary_op, "unary_op": unary_op,
-             "ternary_op": ternary_op, "create_fma": create_fma,
-             "create_fp_to_fp": create_fp_to_fp}
-  for name, fn in patches.items():
-    setattr(builder, name, fn)
-  try:
+  with _compat.attributes_replaced(builder, {
+      "binary_op": binary_op, "unary_op": unary_op,
+      "ternary_op": ternary_op, "create_fma": create_fma,
+      "create_fp_to_fp": create_fp_to_fp}):
     yield
-  finally:
-    for name, fn in saved.items():
-      setattr(builder, name, fn)

@@ -161,11 +161,8 @@ def _scalar_index_squeezes():
                    lambda self: int(self.handle.data.squeeze()))
     return scope
 
-  _interpreter._patch_lang = patch_lang  # pylint: disable=protected-access
-  try:
+  with _compat.attributes_replaced(_interpreter, {"_patch_lang": patch_lang}):
     yield
-  finally:
-    _interpreter._patch_lang = original  # pylint: disable=protected-access
 
 
 def _language_modules_probe():
@@ -183,16 +180,12 @@ def _helpers_run_interpreted():
   routed to the helper's interpreted form; ``triton.language`` is already
   patched by the enclosing launch, so the helper needs no patching of its own.
   """
-  original = JITFunction.__call__
-
   def call_interpreted(self, *args, **kwargs):
     return interpreted_python_fn(self.fn)(*args, **kwargs)
 
-  JITFunction.__call__ = call_interpreted
-  try:
+  with _compat.attributes_replaced(JITFunction,
+                                   {"__call__": call_interpreted}):
     yield
-  finally:
-    JITFunction.__call__ = original
 
 
 _BF16_CONVERTIBLE = ("fp16", "fp32", "fp64", "int1", "int8", "int16", "int32",
@@ -212,7 +205,6 @@ def _bfloat16_like_compiled():
   """
   builder = _interpreter.InterpreterBuilder
   original = builder.cast_impl
-  patches = {"cast_impl": None, "create_dot": None, "binary_op": None}
 
   def cast_impl(self, src, dst_type):
     src_ty, dst_ty = src.dtype.scalar, dst_type.scalar
@@ -225,17 +217,11 @@ def _bfloat16_like_compiled():
       return _interpreter.TensorHandle(data, dst_ty)
     return original(self, src, dst_type)
 
-  patches["cast_impl"] = cast_impl
-  patches["create_dot"] = _bf16_dot(builder.create_dot)
-  patches["binary_op"] = _bf16_binary_op(builder.binary_op)
-  saved = {name: getattr(builder, name) for name in patches}
-  for name, fn in patches.items():
-    setattr(builder, name, fn)
-  try:
+  with _compat.attributes_replaced(builder, {
+      "cast_impl": cast_impl,
+      "create_dot": _bf16_dot(builder.create_dot),
+      "binary_op": _bf16_binary_op(builder.binary_op)}):
     yield
-  finally:
-    for name, fn in saved.items():
-      setattr(builder, name, fn)
 
 
 def _as_float32(handle):

@@ -156,15 +156,12 @@ def _run_vectorised(executor, args, kwargs):
 @contextlib.contextmanager
 def _vector_builder_installed(grid):
   """Makes a ``VectorBuilder`` the interpreter's builder for one launch."""
-  semantic = _interpreter.interpreter_semantic
-  stock = (_interpreter.interpreter_builder, semantic.builder)
   builder = _vb.VectorBuilder(grid)
-  _interpreter.interpreter_builder = builder
-  semantic.builder = builder
-  try:
+  with (_compat.attributes_replaced(_interpreter,
+                                    {"interpreter_builder": builder}),
+        _compat.attributes_replaced(_interpreter.interpreter_semantic,
+                                    {"builder": builder})):
     yield builder
-  finally:
-    _interpreter.interpreter_builder, semantic.builder = stock
 
 
 def _journal(args, checker):

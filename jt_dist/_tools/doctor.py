@@ -315,17 +315,31 @@ def disk_cache(report: Report) -> None:
         " JT_DIST_DISK_CACHE=0 to turn the disk cache off")
 
 
+def _has_custom_call(report: Report, platform: str, label: str, absent: str,
+                     fix: str) -> bool:
+  """Whether jaxlib's Triton custom call for ``platform`` is installed.
+
+  Where it is not, reports ``label`` as ``absent`` and the plugin's error as
+  a problem with ``fix``.
+  """
+  try:
+    _gpu_lowering.plugin(platform)
+  except RuntimeError as e:
+    report.line(label, absent)
+    report.problem(str(e), fix)
+    return False
+  return True
+
+
 def cubin_path(report: Report, found: list[Any]) -> None:
   """Whether jaxlib loads jt_dist's CUBINs or assembles the PTX itself."""
   if not any(d.platform in ("cuda", "gpu") for d in found
              if _capability(d)[:1].isdigit()):
     report.line("CUBIN path", "n/a (no CUDA device)")
     return
-  try:
-    _gpu_lowering.plugin("cuda")
-  except RuntimeError as e:
-    report.line("CUBIN path", "n/a (no Triton custom call)")
-    report.problem(str(e), "install JAX's CUDA plugin at jaxlib's version")
+  if not _has_custom_call(report, "cuda", "CUBIN path",
+                          "n/a (no Triton custom call)",
+                          "install JAX's CUDA plugin at jaxlib's version"):
     return
   has_ffi = _gpu_lowering.FFI_TARGET in _compat.triton_ffi_targets("cuda")
   if _compat.jaxlib_takes_module_image() and has_ffi:
@@ -342,12 +356,11 @@ def hsaco_path(report: Report, found: list[Any]) -> None:
   if not any(_is_rocm(d) for d in found):
     report.line("HSACO path", "n/a (no ROCm device)")
     return
-  try:
-    _gpu_lowering.plugin("rocm")
-  except RuntimeError as e:
-    report.line("HSACO path", "n/a (no Triton custom call for ROCm)")
-    report.problem(str(e), "install JAX's ROCm plugin at jaxlib's version"
-                   " (pip install jax-rocm7-plugin==<jaxlib's version>)")
+  if not _has_custom_call(report, "rocm", "HSACO path",
+                          "n/a (no Triton custom call for ROCm)",
+                          "install JAX's ROCm plugin at jaxlib's version"
+                          " (pip install jax-rocm7-plugin==<jaxlib's"
+                          " version>)"):
     return
   if _gpu_lowering.rocm_binary_inline():
     report.line("HSACO path", "inline: each call carries its HSACO, which"

@@ -201,12 +201,15 @@ def exported_versions(exported: Any) -> list[ExportedKernelCall]:
   return calls
 
 
-def _local_capabilities() -> list[int]:
+def _local_devices(platform: str) -> list[Any]:
   try:
-    devices = jax.devices("cuda")
-  except RuntimeError:  # No CUDA backend on this host.
+    return jax.devices(platform)
+  except RuntimeError:  # No such backend on this host.
     return []
-  found = (_target.cuda_capability(d) for d in devices)
+
+
+def _local_capabilities() -> list[int]:
+  found = (_target.cuda_capability(d) for d in _local_devices("cuda"))
   return sorted({cc for cc in found if cc is not None})
 
 
@@ -270,11 +273,8 @@ def check_exported(exported: Any, *,
 
 
 def _local_rocm_archs() -> list[str]:
-  try:
-    devices = jax.devices("rocm")
-  except RuntimeError:  # No ROCm backend on this host.
-    return []
-  return sorted({a for a in map(_target.rocm_arch, devices) if a})
+  return sorted({a for a in map(_target.rocm_arch, _local_devices("rocm"))
+                 if a})
 
 
 def _check_rocm(calls: list[ExportedKernelCall], arch: str | None) -> None:

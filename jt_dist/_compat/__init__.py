@@ -1,0 +1,79 @@
+"""Every jax-, jaxlib- and Triton-version difference jt_dist depends on.
+
+Triton's Python API is not stable between releases, and breakage with new
+Triton releases is what hurts users of Triton bindings most. All code that
+touches a version-dependent Triton, jaxlib or JAX detail goes through this
+package, so that supporting a new release means editing it alone. Nothing
+here runs at import time beyond reading version numbers and importing
+classes.
+
+The rest of jt_dist (and the tests, which replace some of these names with
+``mock.patch.object(_compat, ...)``) uses the names re-exported here, never
+the modules behind them:
+
+- ``triton_api``: Triton's runtime classes, JIT functions, the language lock.
+- ``triton_compiler``: Triton's compiler stages (GPU lowering).
+- ``jaxlib_triton``: jaxlib's Triton custom call.
+- ``descriptors``: tensor descriptors (TMA), host and device side.
+- ``interpreter``: hooks into Triton's interpreter for the CPU runtime.
+- ``jax_lowering``: JAX facts for lowering rules and primitive registries.
+- ``jax_runtime``: JAX facts at call time (tracing state, Refs, services).
+"""
+
+import triton
+
+from jt_dist._compat.descriptors import check_tf32_descriptor
+from jt_dist._compat.descriptors import descriptor_fallback_flags
+from jt_dist._compat.descriptors import descriptors_round_to_tf32
+from jt_dist._compat.descriptors import interpreter_descriptor
+from jt_dist._compat.descriptors import tma_parameter
+from jt_dist._compat.interpreter import attributes_replaced
+from jt_dist._compat.interpreter import interpreter_block_pointer
+from jt_dist._compat.interpreter import interpreter_native_memory
+from jt_dist._compat.interpreter import interpreter_native_memory_replaced
+from jt_dist._compat.interpreter import interpreter_program_id
+from jt_dist._compat.jax_lowering import AxisFacts
+from jt_dist._compat.jax_lowering import is_auto_axis
+from jt_dist._compat.jax_lowering import kernel_side_effect
+from jt_dist._compat.jax_lowering import lowering_axis_facts
+from jt_dist._compat.jax_lowering import lowering_for_export
+from jt_dist._compat.jax_lowering import mark_requires_devices
+from jt_dist._compat.jax_lowering import mesh_devices
+from jt_dist._compat.jax_lowering import mesh_platform
+from jt_dist._compat.jax_lowering import output_avals
+from jt_dist._compat.jax_lowering import register_dce_rule
+from jt_dist._compat.jax_lowering import vary_over
+from jt_dist._compat.jax_lowering import varying_axes
+from jt_dist._compat.jax_runtime import at_top_level
+from jt_dist._compat.jax_runtime import distributed_client
+from jt_dist._compat.jax_runtime import host_buffer_callback
+from jt_dist._compat.jax_runtime import is_ref
+from jt_dist._compat.jax_runtime import is_ref_view
+from jt_dist._compat.jax_runtime import jit_cache_context
+from jt_dist._compat.jax_runtime import key_value_set
+from jt_dist._compat.jax_runtime import platform_version
+from jt_dist._compat.jaxlib_triton import gpu_triton_module
+from jt_dist._compat.jaxlib_triton import jaxlib_takes_module_image
+from jt_dist._compat.jaxlib_triton import jaxlib_version
+from jt_dist._compat.jaxlib_triton import make_triton_kernel
+from jt_dist._compat.jaxlib_triton import triton_ffi_targets
+from jt_dist._compat.triton_api import Autotuner
+from jt_dist._compat.triton_api import Config
+from jt_dist._compat.triton_api import Heuristics
+from jt_dist._compat.triton_api import InterpretedFunction
+from jt_dist._compat.triton_api import InterpreterError
+from jt_dist._compat.triton_api import jit_function_for
+from jt_dist._compat.triton_api import jit_function_of
+from jt_dist._compat.triton_api import JITFunction
+from jt_dist._compat.triton_api import LANGUAGE_LOCK
+from jt_dist._compat.triton_api import triton_launcher_scalar_type
+from jt_dist._compat.triton_compiler import ast_to_ttir
+from jt_dist._compat.triton_compiler import backend_hash
+from jt_dist._compat.triton_compiler import cache_invalidating_env_vars
+from jt_dist._compat.triton_compiler import compiler_stages
+from jt_dist._compat.triton_compiler import gpu_target
+from jt_dist._compat.triton_compiler import initial_metadata
+from jt_dist._compat.triton_compiler import is_gluon
+from jt_dist._compat.triton_compiler import make_backend
+from jt_dist._compat.triton_compiler import missing_gluon_api
+from jt_dist._compat.triton_compiler import pointer_divisibility_attr

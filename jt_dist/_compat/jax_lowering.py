@@ -1,0 +1,200 @@
+"""JAX facts a lowering and a primitive's rules need, across JAX releases.
+
+Abstract values, the lowering context's devices and mesh axes, the varying
+manual axes of ``shard_map``, and the registries (dead-code elimination,
+effects) that JAX reaches only through private modules.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable, NamedTuple
+
+import jax
+
+
+def output_avals(in_avals, out_shapes):
+  """Abstract values of a kernel call's outputs.
+
+  Outside ``shard_map`` outputs are plain shaped arrays. Inside, they must
+  carry the mesh and the manual axes they vary over, or ``shard_map``'s
+  ``check_vma`` rejects them; how an aval records that differs between JAX
+  releases, so outputs are derived from an input aval with ``update``, which
+  keeps whatever the running release records.
+  """
+  template = None
+  for aval in in_avals:
+    mesh = getattr(getattr(aval, "sharding", None), "mesh", None)
+    if mesh is not None and not mesh.empty:
+      template = aval
+      break
+  if template is None:
+    return [jax.core.ShapedArray(shape, dtype) for shape, dtype in out_shapes]
+  sharding = jax.sharding.NamedSharding(
+      template.sharding.mesh, jax.sharding.PartitionSpec()
+  )
+  return [
+      template.update(shape=shape, dtype=dtype, weak_type=False,
+                      sharding=sharding)
+      for shape, dtype in out_shapes
+  ]
+
+
+class AxisFacts(NamedTuple):
+  """What the lowering context says about the devices a call runs on.
+
+  kind is "sharding" (plain jit over num_devices), "spmd" (inside
+  shard_map), "replica" (pmap) or "none" (no partitioning information).
+  """
+
+  kind: str
+  num_devices: int
+  devices: tuple
+  manual_axes: frozenset
+  auto_axis_sizes: dict
+  mesh: Any = None
+
+
+def lowering_axis_facts(ctx) -> AxisFacts:
+  """Reads the lowering context's axis context without naming its classes.
+
+  The classes live in a private JAX module and their names have changed
+  between releases, so only their documented attributes are read.
+  """
+  axis_ctx = ctx.module_context.axis_context
+  if hasattr(axis_ctx, "manual_axes") and hasattr(axis_ctx, "mesh"):
+    mesh = axis_ctx.mesh
+    manual = frozenset(axis_ctx.manual_axes)
+    types = dict(zip(mesh.axis_names, getattr(mesh, "axis_types", ())))
+    auto = {
+        name: size for name, size in mesh.shape.items()
+        if name not in manual and is_auto_axis(types.get(name))
+    }
+    return AxisFacts("spmd", mesh.size, mesh_devices(mesh), manual, auto,
+                     mesh)
+  if hasattr(axis_ctx, "num_devices"):
+    devices = tuple(getattr(axis_ctx, "device_assignment", None) or ())
+    return AxisFacts("sharding", axis_ctx.num_devices, devices, frozenset(), {})
+  if hasattr(axis_ctx, "axis_env"):
+    return AxisFacts("replica", 1, (), frozenset(), {})
+  return AxisFacts("none", 1, (), frozenset(), {})
+
+
+def lowering_for_export(ctx) -> bool:
+  """Whether the lowering is ``jax.export``'s, whose module is serialised.
+
+  JAX marks it in the lowering parameters of the module context (a field
+  present from jax 0.4.30 on); a missing field means a plain lowering.
+  """
+  params = getattr(ctx.module_context, "lowering_parameters", None)
+  return bool(getattr(params, "for_export", False))
+
+
+def mesh_devices(mesh: Any) -> tuple:
+  """A mesh's devices, flattened; () for None, an empty or abstract mesh.
+
+  ``AbstractMesh.devices`` raises ``ValueError`` rather than
+  ``AttributeError``, so ``getattr(mesh, "devices", None)`` is not safe on
+  the meshes that ``jax.typeof`` and partially manual ``shard_map`` give.
+  """
+  try:
+    devices = mesh.devices
+  except (AttributeError, ValueError):
+    return ()
+  return tuple(devices.flat) if getattr(devices, "size", 0) else ()
+
+
+def mesh_platform(mesh: Any) -> str | None:
+  """The platform of a mesh's devices ("cpu", "cuda", ...), or None.
+
+  An ``AbstractMesh`` (from ``jax.typeof``) has no devices, only an
+  abstract device that names the platform.
+  """
+  devices = mesh_devices(mesh)
+  if devices:
+    return devices[0].platform
+  return getattr(getattr(mesh, "abstract_device", None), "platform", None)
+
+
+def is_auto_axis(axis_type) -> bool:
+  """Whether a mesh axis type is ``AxisType.Auto`` (XLA chooses layouts)."""
+  # Meshes made before axis types existed behave as Auto.
+  return axis_type is None or getattr(axis_type, "name", "") == "Auto"
+
+
+def mark_requires_devices(primitive) -> None:
+  """Asks JAX to pass the device assignment to ``primitive``'s lowering.
+
+  Without this, ``jit`` lowers device-independently and the lowering context
+  names no devices, so the GPU target could only be guessed.
+  """
+  try:
+    from jax._src import dispatch  # pylint: disable=g-import-not-at-top
+  except ImportError:
+    return
+  registry = getattr(dispatch, "prim_requires_devices_during_lowering", None)
+  if registry is not None:
+    registry.add(primitive)
+
+
+def varying_axes(aval) -> frozenset:
+  """The manual mesh axes a value varies over inside ``shard_map``."""
+  vma = getattr(aval, "vma", None)
+  if vma is None:
+    vma = getattr(getattr(aval, "mat", None), "varying", None)
+  return frozenset(vma or ())
+
+
+def vary_over(x, axes: tuple):
+  """Marks ``x`` as varying over ``axes`` (a no-op at run time)."""
+  if not axes:
+    return x
+  if hasattr(jax.lax, "pcast"):
+    return jax.lax.pcast(x, axes, to="varying")
+  return jax.lax.pvary(x, axes)
+
+
+def register_dce_rule(primitive, keep: Callable[[Any], bool]) -> None:
+  """jax's dead-code elimination of ``primitive``'s equations.
+
+  An equation with no used output is dropped unless ``keep(eqn)``; one that
+  is kept keeps all its inputs. ``jax.interpreters.partial_eval.dce_rules``
+  is the registry; its rules take ``(used_outputs, eqn)`` on jax 0.10 and
+  ``(used_outputs, live_inputs, eqn)`` on jax 0.12, the equation last in both.
+  """
+  from jax.interpreters import partial_eval  # pylint: disable=g-import-not-at-top
+
+  def rule(used_outputs, *rest):
+    eqn = rest[-1]
+    if not any(used_outputs) and not keep(eqn):
+      return [False] * len(eqn.invars), None
+    return [True] * len(eqn.invars), eqn
+
+  partial_eval.dce_rules[primitive] = rule
+
+
+@functools.cache
+def kernel_side_effect() -> Any:
+  """The effect of a call marked ``has_side_effect=True``, registered once.
+
+  An equation with an effect is kept by every enclosing jaxpr's dead-code
+  elimination (a nested ``jax.jit``, ``shard_map``, ``cond``), which a DCE
+  rule of the primitive alone cannot do. It is unordered: calls need no
+  tokens. jax has no public registry of effects, so ``jax._src.effects``'
+  sets are used, on jax 0.10.2 and 0.12 alike.
+  """
+  from jax._src import effects  # pylint: disable=g-import-not-at-top
+  from jax.extend import core as jex_core  # pylint: disable=g-import-not-at-top
+
+  class KernelSideEffect(jex_core.Effect):
+    """A Triton kernel call that does more than write its outputs."""
+
+    def __repr__(self) -> str:
+      return "TritonKernelSideEffect"
+
+  for registry in (effects.lowerable_effects,
+                   effects.control_flow_allowed_effects,
+                   effects.custom_derivatives_allowed_effects,
+                   effects.remat_allowed_effects):
+    registry.add_type(KernelSideEffect)
+  return KernelSideEffect()

@@ -1,0 +1,93 @@
+"""jaxlib's Triton custom call: the parts whose presence and signatures differ.
+
+Used only when lowering for CUDA or ROCm, and by ``jt_dist.doctor``.
+
+Calls between these functions go through the package (``_package()``):
+tests replace ``_compat.gpu_triton_module`` and ``_compat.jaxlib_version``
+there, and every caller of ``_compat`` must see the same replacement.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import itertools
+import sys
+from typing import Any
+
+
+def _package() -> Any:
+  return sys.modules[__package__]
+
+
+@functools.lru_cache(maxsize=None)
+def gpu_triton_module():
+  """jaxlib's Triton custom-call bindings, or None without a GPU plugin."""
+  # ``jax._src.lib.gpu_triton`` is an attribute bound to jaxlib's module,
+  # not an importable submodule, so import_module must name jaxlib's.
+  try:
+    module = importlib.import_module("jaxlib.gpu_triton")
+  except ImportError:
+    return None
+  if not hasattr(module, "TritonKernel"):
+    return None
+  return module
+
+
+def triton_ffi_targets(platform: str) -> frozenset[str]:
+  """FFI custom-call targets registered by the GPU plugin of ``platform``."""
+  module = _package().gpu_triton_module()
+  plugin = None if module is None else getattr(
+      module, "_cuda_triton" if platform == "cuda" else "_hip_triton", None)
+  if plugin is None or not hasattr(plugin, "registrations"):
+    return frozenset()
+  return frozenset(plugin.registrations())
+
+
+def make_triton_kernel(lib, name, num_warps, num_ctas, shared_mem, binary,
+                       ttir, arch_number, scratch_size, scratch_align):
+  """jaxlib's ``TritonKernel``; newer jaxlibs also take the global scratch.
+
+  jaxlib up to 0.11 takes 7 arguments and launches with a null scratch
+  pointer, so a kernel that needs scratch memory cannot run there.
+  """
+  args = [name, num_warps, num_ctas, shared_mem, binary, ttir, arch_number]
+  if not scratch_size:
+    return lib.TritonKernel(*args)
+  try:
+    return lib.TritonKernel(*args, scratch_size, scratch_align)
+  except TypeError:
+    raise NotImplementedError(
+        f"triton_call: kernel {name!r} needs {scratch_size} bytes of global"
+        " scratch memory (e.g. for on-device TMA descriptors), which this"
+        f" jaxlib ({_package().jaxlib_version()})"
+        " cannot allocate. Upgrade jax and jaxlib to a release whose"
+        " TritonKernel takes a global scratch size, or avoid the feature."
+    ) from None
+
+
+def jaxlib_version() -> str:
+  """The installed jaxlib's version string."""
+  import jaxlib  # pylint: disable=g-import-not-at-top
+
+  return str(getattr(jaxlib, "__version__", "unknown"))
+
+
+def _version_tuple(version: str) -> tuple[int, ...]:
+  parts = []
+  for part in version.split(".")[:3]:
+    digits = "".join(itertools.takewhile(str.isdigit, part))
+    if not digits:
+      break
+    parts.append(int(digits))
+  return tuple(parts)
+
+
+# jaxlib 0.11.1 added TritonKernel.module_image: machine code that jaxlib
+# loads as is, where older releases only assemble the PTX themselves.
+_MODULE_IMAGE_JAXLIB = (0, 11, 1)
+
+
+def jaxlib_takes_module_image() -> bool:
+  """Whether jaxlib's Triton proto reads a kernel's CUBIN (module_image)."""
+  return _version_tuple(_package().jaxlib_version()) >= _MODULE_IMAGE_JAXLIB

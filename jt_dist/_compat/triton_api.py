@@ -1,0 +1,67 @@
+"""Triton's runtime classes and JIT functions, per supported Triton.
+
+Triton's Python API is not stable between releases; the classes jt_dist
+recognises kernels by, and the lock that keeps the interpreter and the
+compiler apart, are named here once.
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+from typing import Any
+
+import triton
+from triton.runtime import autotuner as _autotuner
+from triton.runtime import interpreter as _interpreter
+from triton.runtime import jit as _jit
+
+
+JITFunction = _jit.JITFunction
+Autotuner = _autotuner.Autotuner
+Heuristics = _autotuner.Heuristics
+Config = triton.Config
+InterpretedFunction = _interpreter.InterpretedFunction
+InterpreterError = triton.runtime.errors.InterpreterError
+
+
+# Triton's interpreter patches ``triton.language`` module-wide for the length
+# of a launch, and the compiler's code generator calls that same module: a
+# compile overlapping an interpreted launch in another thread would generate
+# code from the interpreter's functions. Both hold this lock while they use
+# the module. Reentrant: an interpreted kernel may trace a nested call.
+LANGUAGE_LOCK = threading.RLock()
+
+
+def jit_function_of(fn: Any) -> JITFunction:
+  """Returns a ``JITFunction`` for a ``JITFunction`` or ``InterpretedFunction``.
+
+  Kernels defined under ``TRITON_INTERPRET=1`` are ``InterpretedFunction``s;
+  the GPU compiler needs a ``JITFunction`` of the same Python function. The
+  result is memoized so that Triton's own per-function caches stay warm.
+  """
+  if isinstance(fn, JITFunction):
+    return fn
+  return jit_function_for(fn.fn)
+
+
+def triton_launcher_scalar_type(value: Any) -> str | None:
+  """The type Triton's own launcher gives an unannotated scalar argument.
+
+  ``triton.runtime.jit.mangle_type``, native code in Triton 3.6 and 3.9.
+  Triton 3.9 names bools "u1", earlier releases "i1";
+  jaxlib's Triton call takes "i1", so both read "i1" here. None where the
+  launcher refuses the value (an int beyond 64 bits, a NumPy int).
+  jt_dist's own typing (``_types.scalar_type``) is tested against this.
+  """
+  try:
+    mangled = _jit.mangle_type(value)
+  except (OverflowError, TypeError, ValueError):
+    return None
+  return "i1" if mangled in ("u1", "i1") else mangled
+
+
+@functools.lru_cache(maxsize=None)
+def jit_function_for(python_fn) -> JITFunction:
+  """A ``JITFunction`` of a plain Python function, one per function."""
+  return JITFunction(python_fn)

@@ -1,0 +1,141 @@
+"""Triton's compiler stages, as each supported Triton release calls them.
+
+Used only when lowering for CUDA or ROCm. It wraps the Triton compiler APIs
+that moved between releases (3.6 to 3.9 are tested).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import triton
+
+from jt_dist._compat.triton_api import LANGUAGE_LOCK
+
+
+def gpu_target(backend: str, arch: int | str, warp_size: int):
+  """Triton's ``GPUTarget`` for a CUDA capability (int) or a gfx arch (str)."""
+  from triton.backends import compiler as backend_compiler  # pylint: disable=g-import-not-at-top
+
+  return backend_compiler.GPUTarget(backend, arch, warp_size)
+
+
+def make_backend(target):
+  """The Triton compiler backend (CUDA or HIP) for a ``GPUTarget``."""
+  from triton.compiler import compiler as triton_compiler  # pylint: disable=g-import-not-at-top
+
+  return triton_compiler.make_backend(target)
+
+
+def backend_hash(backend) -> str:
+  """The backend's own cache identity (e.g. the ptxas version and arch)."""
+  return str(backend.hash())
+
+
+def cache_invalidating_env_vars() -> dict[str, str]:
+  """Environment variables that Triton says change what it compiles."""
+  from triton._C import libtriton  # pylint: disable=g-import-not-at-top
+
+  getter = getattr(libtriton, "get_cache_invalidating_env_vars", None)
+  return dict(getter()) if getter is not None else {}
+
+
+def ast_to_ttir(jit_fn, backend, target, options, signature, constexprs,
+                attrs):
+  """Generates the TTIR module of ``jit_fn`` (the first compiler stage).
+
+  Returns:
+    ``(module, context)``; the context must outlive the module.
+  """
+  from triton._C.libtriton import ir  # pylint: disable=g-import-not-at-top
+  from triton.compiler import compiler as triton_compiler  # pylint: disable=g-import-not-at-top
+
+  source_class = triton_compiler.ASTSource
+  if is_gluon(jit_fn):
+    # Gluon kernels carry their layouts from the source: their own AST
+    # source sets the module's target attributes and skips TTIR.
+    from triton.experimental.gluon import _runtime as gluon_runtime  # pylint: disable=g-import-not-at-top
+    source_class = gluon_runtime.GluonASTSource
+  source = source_class(jit_fn, signature, constexprs, attrs)
+  context = ir.context()
+  ir.load_dialects(context)
+  backend.load_dialects(context)
+  with LANGUAGE_LOCK:
+    try:
+      module = source.make_ir(
+          target, options, backend.get_codegen_implementation(options),
+          backend.get_module_map(), context)
+    except Exception as e:  # pylint: disable=broad-except
+      # Triton's code generator wraps the AttributeError it meets in a
+      # CompilationError that keeps only its text.
+      missing = missing_gluon_api(jit_fn, e)
+      if missing is None:
+        raise
+      raise missing from e
+  return module, context
+
+
+def missing_gluon_api(fn: Any, error: Exception):
+  """A clear error for a Gluon kernel using what this Triton lacks, or None.
+
+  Gluon's API grows with each release (Triton 3.6 has no
+  ``mbarrier.allocate_mbarrier``, for one); Triton reports the gap as an
+  AttributeError on a ``triton.experimental.gluon`` module, from hashing
+  the kernel (3.6), or as a CompilationError quoting it (generating IR).
+  """
+  text = str(error)
+  if (not is_gluon(fn) or "has no attribute" not in text
+      or "module 'triton.experimental.gluon" not in text):
+    return None
+  error = text.strip().splitlines()[-1]
+  return NotImplementedError(
+      f"triton_call: Gluon kernel {fn.fn.__name__!r} uses a Gluon API that"
+      f" Triton {triton.__version__} does not have: {error}. Upgrade Triton"
+      " (3.9 has the Gluon API of jax-triton 0.4's tests), or write the"
+      " kernel for this Triton's Gluon.")
+
+
+def is_gluon(fn: Any) -> bool:
+  """Whether ``fn`` is a Gluon kernel (``triton.experimental.gluon.jit``).
+
+  Triton 3.6 to 3.9 mark them by ``JITFunction.is_gluon()``.
+  """
+  marker = getattr(fn, "is_gluon", None)
+  try:
+    return bool(marker()) if callable(marker) else False
+  except Exception:  # pylint: disable=broad-except
+    return False
+
+
+def compiler_stages(backend, options, gluon: bool = False) -> dict[str, Any]:
+  """Triton's ordered compiler stages after source: ttir, ttgir, llir, ...
+
+  Each stage maps ``(module, metadata) -> next module`` and fills
+  ``metadata``; running them in order is what ``triton.compile`` does,
+  without its launcher, its file cache and its need for a driver.
+  """
+  from triton.backends import compiler as backend_compiler  # pylint: disable=g-import-not-at-top
+
+  stages: dict[str, Any] = {}
+  language = getattr(backend_compiler, "Language", None)
+  if language is not None:
+    backend.add_stages(stages, options,
+                       language.GLUON if gluon else language.TRITON)
+  else:  # Releases before the Gluon frontend took no language argument.
+    backend.add_stages(stages, options)
+  return stages
+
+
+def initial_metadata(target, options) -> dict[str, Any]:
+  """The metadata the first compiler stage receives, as in triton.compile.
+
+  ``triton.compile`` starts it with the target and every backend option;
+  the HIP backend's LLIR stage reads ``num_ctas`` from it (3.6 to 3.9),
+  where the CUDA stages only write to it.
+  """
+  return {"target": target, **options.__dict__}
+
+
+def pointer_divisibility_attr(backend) -> Any:
+  """The per-parameter attribute saying a pointer is 16-byte aligned."""
+  return backend.parse_attr("D")

@@ -20,7 +20,6 @@ _MAX_LINES = 500
 # Modules over _MAX_LINES that other branches are splitting now; remove an
 # entry when its branch merges.
 _LONG_MODULES = frozenset({
-    "jt_dist/_core/binding.py",
     "jt_dist/_call/dispatch.py",
 })
 
@@ -31,13 +30,6 @@ _FRONT_DOOR = ("jt_dist._call", "jt_dist._tools")
 
 # (importing file, imported module) edges that exist today.
 _ALLOWED_EDGES = frozenset({
-    # pytree_args flattens tuple operands for every layer; it belongs below
-    # _call (e.g. in _core), a move for when _call is not being edited.
-    ("jt_dist/_core/binding.py", "jt_dist._call.pytree_args"),
-    ("jt_dist/_core/conventions.py", "jt_dist._call.pytree_args"),
-    ("jt_dist/_cpu/lowering.py", "jt_dist._call.pytree_args"),
-    ("jt_dist/_gpu/compile.py", "jt_dist._call.pytree_args"),
-    ("jt_dist/_sharding/sharded_call.py", "jt_dist._call.pytree_args"),
     # The eager cache is cleared or consulted from below (function-level in
     # primitive.py); the cache's hooks belong in the layer that owns them.
     ("jt_dist/_core/primitive.py", "jt_dist._call.dispatch"),

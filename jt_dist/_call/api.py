@@ -21,7 +21,7 @@ from jt_dist._sharding import partition as _partition
 from jt_dist._sharding import placement as _placement
 from jt_dist._core import primitive as _primitive
 from jt_dist._call import refs as _refs
-from jt_dist._call import pytree_args as _pytree_args
+from jt_dist._core import pytree_args as _pytree_args
 from jt_dist._sharding import rule as _rule
 from jt_dist._sharding import shard_size as _shard_size
 from jt_dist._call import tensordesc as _tensordesc

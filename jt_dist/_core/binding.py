@@ -22,7 +22,7 @@ from typing import Any, Sequence
 import jax
 import numpy as np
 
-from jt_dist._call import pytree_args as _pytree_args
+from jt_dist._core import pytree_args as _pytree_args
 from jt_dist._core import call_spec as _call_spec
 from jt_dist._core import conventions as _conventions
 from jt_dist._core import grid as _grid

@@ -11,7 +11,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from jt_dist._call import pytree_args as _pytree_args
+from jt_dist._core import pytree_args as _pytree_args
 from jt_dist._core import kernel as _kernel
 
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 import warnings
 
 from jt_dist import _errors
-from jt_dist._call import pytree_args as _pytree_args
+from jt_dist._core import pytree_args as _pytree_args
 from jt_dist._core import call_spec as _call_spec
 from jt_dist._core import outputs as _outputs
 from jt_dist._core import positional as _positional

@@ -16,7 +16,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from jt_dist import _errors
-from jt_dist._call import pytree_args as _pytree_args
+from jt_dist._core import pytree_args as _pytree_args
 from jt_dist._core import call_spec as _call_spec
 from jt_dist._core import types as _types
 

@@ -29,7 +29,7 @@ from jax.sharding import PartitionSpec as P
 
 from jt_dist import _compat
 from jt_dist import _errors
-from jt_dist._call import pytree_args as _pytree_args
+from jt_dist._core import pytree_args as _pytree_args
 from jt_dist._sharding import specs as _specs
 
 logger = logging.getLogger("jt_dist")

@@ -10,7 +10,7 @@ from jax.sharding import PartitionSpec as P
 from jt_dist._call import api as _api
 from jt_dist._core import binding as _binding
 from jt_dist._call import operands as _operands
-from jt_dist._call import pytree_args as _pytree_args
+from jt_dist._core import pytree_args as _pytree_args
 from jt_dist._call import dispatch as _dispatch
 from jt_dist import _errors
 from jt_dist._call import refs as _refs

@@ -15,7 +15,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from jt_dist import _errors
-from jt_dist._call import pytree_args as _pytree_args
+from jt_dist._core import pytree_args as _pytree_args
 from jt_dist._core import types as _types
 
 

@@ -93,12 +93,8 @@ def _bind_031(info, args, kinds, out_shapes, metaparams, aliases):
   operands, constexprs = _positional.bind_positional(
       info, args, kinds, len(out_shapes))
   operands += _outputs.bind_outputs(info, len(args), out_shapes)
-  _positional.check_metaparams(info, metaparams,
-                            [op.name for op in operands] + list(constexprs))
-  _check_runtime_bound(info, operands, constexprs, metaparams, len(args))
-  arrays = _pytree_args.array_leaves(args)
-  return operands, constexprs, _outputs.check_aliases(
-      aliases, [(a.shape, a.dtype) for a in arrays], out_shapes)
+  return _checked(info, args, operands, constexprs, out_shapes, metaparams,
+                  aliases)
 
 
 def _bind_04(info, args, kinds, out_shapes, metaparams, aliases):
@@ -122,12 +118,23 @@ def _bind_04(info, args, kinds, out_shapes, metaparams, aliases):
         param.name, "output", k, None,
         _types.pointer_type(out_shapes[k][1])))
   operands.sort(key=lambda op: info.param_names.index(op.name))
+  return _checked(info, args, operands, constexprs, out_shapes, metaparams,
+                  dict(pairs))
+
+
+def _checked(info, args, operands, constexprs, out_shapes, metaparams,
+             aliases):
+  """``bind``'s result for one reading, once its binding is checked whole.
+
+  Both readings end here, so that a call is judged by the same checks
+  whichever convention binds it; ``aliases`` count array arguments.
+  """
   _positional.check_metaparams(info, metaparams,
-                            [op.name for op in operands] + list(constexprs))
+                               [op.name for op in operands] + list(constexprs))
   _check_runtime_bound(info, operands, constexprs, metaparams, len(args))
   arrays = _pytree_args.array_leaves(args)
   return operands, constexprs, _outputs.check_aliases(
-      dict(pairs), [(a.shape, a.dtype) for a in arrays], out_shapes)
+      aliases, [(a.shape, a.dtype) for a in arrays], out_shapes)
 
 
 def _translate(info, operands, aliases, n_outputs):
@@ -147,11 +154,8 @@ def _translate(info, operands, aliases, n_outputs):
           f" {op.label!r}, a scalar; only an array can alias an output."
           " (Under jax-triton 0.4's convention keys count the non-constexpr"
           f" operands {[o.label for o in operands]}, scalars included.)")
-    if not 0 <= out < n_outputs:
-      raise ValueError(
-          f"triton_call: input_output_aliases[{key}] = {out} is not an output"
-          f" index; the call has {n_outputs} outputs, indices 0 to"
-          f" {n_outputs - 1}.")
+    _outputs.check_output_index(f"input_output_aliases[{key}] = {out}", out,
+                                n_outputs)
     pairs.append((op.index, out))
   return pairs
 

@@ -121,16 +121,30 @@ def zeroed(zeroed_outputs, kwargs, n_outputs, where):
         f" {type(zeroed).__name__}; pass a sequence of output indices such"
         f" as [0], or a callable of the metaparams returning one{where}."
     ) from None
-  result = []
-  for index in zeroed:
-    if not isinstance(index, (int, np.integer)) or not 0 <= index < n_outputs:
-      raise ValueError(
-          f"triton_call: zeroed_outputs entry {index!r} is not an output"
-          f" index; the call has {n_outputs} outputs, indices 0 to"
-          f" {n_outputs - 1}{where}."
-      )
-    result.append(int(index))
+  result = [check_output_index(f"zeroed_outputs entry {index!r}", index,
+                                n_outputs, where) for index in zeroed]
   return tuple(sorted(set(result)))
+
+
+def check_output_index(what: str, index: Any, n_outputs: int,
+                       where: str = "") -> int:
+  """``index`` as an int naming one of the call's outputs.
+
+  Args:
+    what: the entry that gives it, e.g. ``"zeroed_outputs entry 3"``.
+    index: the index given.
+    n_outputs: how many outputs the call has.
+    where: appended to the message, e.g. the autotuning config.
+
+  Raises:
+    ValueError: ``index`` is not an int in ``[0, n_outputs)``.
+  """
+  if not isinstance(index, (int, np.integer)) or not 0 <= index < n_outputs:
+    raise ValueError(
+        f"triton_call: {what} is not an output index; the call has"
+        f" {n_outputs} outputs, indices 0 to {n_outputs - 1}{where}."
+    )
+  return int(index)
 
 
 def reset_to_zero(info, operands, aliases) -> tuple[int, ...]:
@@ -171,11 +185,7 @@ def check_aliases(aliases, array_shapes, out_shapes):
           f" argument index; the call has {n_in} array arguments, indices 0"
           f" to {n_in - 1} (scalars are not counted)."
       )
-    if not 0 <= o < n_out:
-      raise ValueError(
-          f"triton_call: input_output_aliases[{i}] = {o} is not an output"
-          f" index; the call has {n_out} outputs, indices 0 to {n_out - 1}."
-      )
+    check_output_index(f"input_output_aliases[{i}] = {o}", o, n_out)
     if tuple(array_shapes[i][0]) != out_shapes[o][0] or np.dtype(
         array_shapes[i][1]) != out_shapes[o][1]:
       raise ValueError(

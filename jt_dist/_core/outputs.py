@@ -55,12 +55,7 @@ def flatten_out_shape(out_shape: Any, allow_empty: bool = False):
           " which has no .shape and .dtype. Describe each output with"
           " jax.ShapeDtypeStruct(shape, dtype)."
       )
-    dtype = _types.checked_dtype(leaf.dtype, where)
-    if _types.pointer_type(dtype) is None:
-      raise TypeError(
-          f"triton_call: {where} has dtype {dtype.name}, which Triton kernels"
-          f" cannot take. Supported dtypes: {', '.join(_types.SUPPORTED_DTYPES)}."
-      )
+    dtype = _types.pointer_dtype(leaf.dtype, where)
     flat.append((_checked_shape(leaf.shape, where), dtype))
   return tuple(flat), tree
 

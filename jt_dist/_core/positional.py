@@ -49,14 +49,7 @@ def classify_args(args: Sequence[Any]):
         )
       kinds.append(("scalar", arg))
     elif _is_shape_dtype(arg):
-      dtype = _types.checked_dtype(arg.dtype, f"args[{i}]")
-      if _types.pointer_type(dtype) is None:
-        raise TypeError(
-            f"triton_call: args[{i}] has shape {tuple(arg.shape)} and dtype"
-            f" {dtype.name}, which Triton kernels cannot take. Supported:"
-            f" {', '.join(_types.SUPPORTED_DTYPES)}."
-            + _dtype_hint(dtype)
-        )
+      _types.pointer_dtype(arg.dtype, f"args[{i}]", arg.shape)
       kinds.append(("array", n_arrays))
       n_arrays += 1
     else:
@@ -86,16 +79,6 @@ def typed_descriptors(operands, kinds, descriptors):
 def is_descriptor(op: _call_spec.Operand) -> bool:
   """Whether ``op`` is a host-side TMA descriptor's array operand."""
   return op.kind == "array" and op.type.startswith("tensordesc")
-
-
-def _dtype_hint(dtype: np.dtype) -> str:
-  if dtype.kind == "c":
-    return (
-        " Pass the real and imaginary parts as two arrays (jnp.real(x),"
-        " jnp.imag(x)), or view them as pairs of reals with"
-        " jax.lax.bitcast_convert_type."
-    )
-  return ""
 
 
 def binding_error(info, message: str) -> _errors.KernelBindingError:

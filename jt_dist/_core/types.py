@@ -52,6 +52,42 @@ def checked_dtype(dtype: Any, where: str) -> np.dtype:
     ) from None
 
 
+def pointer_dtype(dtype: Any, where: str, shape: Any = None) -> np.dtype:
+  """``dtype`` as a NumPy dtype that a kernel pointer can carry.
+
+  Args:
+    dtype: as given.
+    where: what gives it, e.g. ``"args[0]"`` or ``"out_shape['a']"``.
+    shape: an argument's shape, None for an output. An argument's message
+      names its shape too and, for a complex dtype, how to pass its data.
+
+  Raises:
+    TypeError: ``dtype`` is not a dtype, or one Triton kernels cannot take.
+  """
+  dtype = checked_dtype(dtype, where)
+  if pointer_type(dtype) is not None:
+    return dtype
+  if shape is None:
+    given, supported, hint = f"dtype {dtype.name}", "Supported dtypes", ""
+  else:
+    given, supported, hint = (f"shape {tuple(shape)} and dtype {dtype.name}",
+                              "Supported", _complex_hint(dtype))
+  raise TypeError(
+      f"triton_call: {where} has {given}, which Triton kernels cannot take."
+      f" {supported}: {', '.join(SUPPORTED_DTYPES)}.{hint}"
+  )
+
+
+def _complex_hint(dtype: np.dtype) -> str:
+  if dtype.kind == "c":
+    return (
+        " Pass the real and imaginary parts as two arrays (jnp.real(x),"
+        " jnp.imag(x)), or view them as pairs of reals with"
+        " jax.lax.bitcast_convert_type."
+    )
+  return ""
+
+
 def pointer_type(dtype: Any) -> str | None:
   """Triton's pointer type for an array of ``dtype``, or None if unsupported."""
   element = _POINTER_ELEMENT_TYPES.get(np.dtype(dtype).name)

@@ -269,37 +269,66 @@ def expand_configs(
       num_stages=3 if num_stages is None else num_stages,
       num_ctas=num_ctas,
   )
-  partial = [(dict(), base)]
+  # Each candidate so far: the constexprs its layers set, and the Triton
+  # config whose launch options it takes (the base one until an autotuner).
+  partial = [({}, base)]
   for layer in info.layers:
     if isinstance(layer, _compat.Autotuner):
-      expanded = []
-      for extra, _ in partial:
-        fixed = {**metaparams, **extra}
-        for config in _autotune_configs(info, layer, fixed, named_args):
-          expanded.append(({**extra, **_plain(config.kwargs)}, config))
-      partial = expanded
+      partial = _autotuned(info, layer, partial, metaparams, named_args)
     else:
-      for extra, _ in partial:
-        for name, heuristic in layer.values.items():
-          extra[name] = _types.plain_constexpr(_errors.call_user(
-              heuristic, f"the heuristic for {name!r} of kernel {info.name!r}",
-              {**named_args, **metaparams, **extra}))
+      partial = _with_heuristics(info, layer, partial, metaparams, named_args)
+  return tuple(_concrete(metaparams, extra, config)
+               for extra, config in partial)
+
+
+def _autotuned(info, tuner, partial, metaparams, named_args):
+  """Each candidate once per config of ``tuner`` that agrees with it.
+
+  The constexprs set by outer layers count as given explicitly, so an outer
+  heuristic's value prunes this autotuner's configs as a metaparam would.
+  """
+  expanded = []
+  for extra, _ in partial:
+    fixed = {**metaparams, **extra}
+    for config in _autotune_configs(info, tuner, fixed, named_args):
+      expanded.append(({**extra, **_plain(config.kwargs)}, config))
+  return expanded
+
+
+def _with_heuristics(info, layer, partial, metaparams, named_args):
+  """Each candidate with the values of ``layer``'s heuristics added.
+
+  In order, as Triton runs them: a heuristic sees the values of those
+  before it, and of every layer outside it.
+  """
   out = []
   for extra, config in partial:
-    kwargs = {**metaparams, **extra}
-    warps, stages, ctas = (_types.plain_constexpr(n) for n in (
-        config.num_warps, config.num_stages, config.num_ctas))
-    out.append(
-        Config(
-            kwargs=tuple(kwargs.items()),
-            num_warps=warps,
-            num_stages=stages,
-            num_ctas=ctas,
-            maxnreg=getattr(config, "maxnreg", None),
-            label=_label(extra, warps, stages, ctas),
-        )
-    )
-  return tuple(out)
+    extra = dict(extra)
+    for name, heuristic in layer.values.items():
+      extra[name] = _types.plain_constexpr(_errors.call_user(
+          heuristic, f"the heuristic for {name!r} of kernel {info.name!r}",
+          {**named_args, **metaparams, **extra}))
+    out.append((extra, config))
+  return out
+
+
+def _concrete(metaparams, extra, config) -> Config:
+  """A candidate as a ``Config`` of plain Python values.
+
+  Launch options are made plain as constexprs are (``_plain``). The label
+  names only what the layers chose: the metaparams are the same in every
+  candidate, and the label tells candidates apart in messages.
+  """
+  warps, stages, ctas = (_types.plain_constexpr(n) for n in (
+      config.num_warps, config.num_stages, config.num_ctas))
+  return Config(
+      kwargs=tuple({**metaparams, **extra}.items()),
+      num_warps=warps,
+      num_stages=stages,
+      num_ctas=ctas,
+      maxnreg=getattr(config, "maxnreg", None),
+      label=_label(extra, warps, stages, ctas),
+  )
 
 
 def _plain(kwargs: Mapping[str, Any]) -> dict[str, Any]:

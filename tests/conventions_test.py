@@ -224,6 +224,26 @@ class AliasingConventionTest(testing.TestCase):
           _N, x, 1.0, kernel=scaled_inc_kernel, out_shape=_like(x),
           grid=(2,), BLOCK=8, input_output_aliases={5: 0})
 
+  def test_output_index_past_the_outputs_under_both_readings(self):
+    x, y = self.random((_N,)), self.random((_N,))
+    out = int(self.np_rng.integers(1, 100))
+    index = (rf"input_output_aliases\[{{key}}\] = {out} is not an output"
+             r" index; the call has 1 outputs, indices 0 to 0\.")
+    # add_kernel binds under either reading; key 0 is x_ptr in both.
+    with self.assertRaisesRegex(
+        ValueError, index.format(key=0) + r".*0\.4's convention.*"
+        + index.format(key=0)):
+      jt_dist.triton_call(
+          x, y, _N, kernel=add_kernel, out_shape=_like(x), grid=(2,),
+          BLOCK=8, input_output_aliases={0: out})
+    # scaled_inc_kernel binds only under 0.4's, where key 1 is io_ptr.
+    with self.assertRaisesRegex(
+        jt_dist.KernelBindingError,
+        r"output 0 binds 'BLOCK'.*0\.4's convention.*" + index.format(key=1)):
+      jt_dist.triton_call(
+          _N, x, 1.0, kernel=scaled_inc_kernel, out_shape=_like(x),
+          grid=(2,), BLOCK=8, input_output_aliases={1: out})
+
   def test_bounds_checker_names_the_aliased_parameter(self):
     if testing.platform() != "cpu":
       self.skipTest("the bounds check is the CPU interpreter's")

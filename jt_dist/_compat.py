@@ -13,6 +13,7 @@ import contextlib
 import functools
 import importlib
 import itertools
+import os
 import threading
 from typing import Any, Callable, NamedTuple
 
@@ -454,6 +455,51 @@ def at_top_level() -> bool:
 def _trace_context() -> Any:
   from jax._src import core as _core  # pylint: disable=g-import-not-at-top
   return _core.trace_ctx
+
+
+def top_level_probe() -> Callable[[], bool]:
+  """``at_top_level`` as one cheap call, for the eager fast path.
+
+  Found once; where jax's trace context is not found, the probe answers
+  False (the slow path is always right).
+  """
+  try:
+    probe = _trace_context().is_top_level
+    probe()
+  except Exception:  # pylint: disable=broad-except
+    return lambda: False
+  return probe
+
+
+def environ_reader(names: tuple[str, ...]) -> Callable[[], Any]:
+  """A function returning the raw values of environment variables ``names``.
+
+  It reads what ``os.environ.get`` reads (so a value set through
+  ``os.environ`` or ``mock.patch.dict`` is seen at once) without encoding
+  the name and decoding the value on every call, which the eager fast path
+  would pay twice per call. The values are comparable, not decoded: one
+  value (or None) for one name, else a tuple of them. Falls back to
+  ``os.environ.get`` where CPython's ``os.environ`` has another shape, or
+  where ``os.environ`` was replaced.
+  """
+  env = os.environ
+  data = getattr(env, "_data", None)
+  encode = getattr(env, "encodekey", None)
+  if not isinstance(data, dict) or encode is None:
+    if len(names) == 1:
+      return functools.partial(_environ_get, names[0])
+    return lambda: tuple(os.environ.get(name) for name in names)
+  keys = tuple(encode(name) for name in names)
+  if len(names) == 1:
+    (key,), (name,) = keys, names
+    return lambda: (data.get(key) if os.environ is env
+                    else os.environ.get(name))
+  return lambda: (tuple(map(data.get, keys)) if os.environ is env
+                  else tuple(os.environ.get(name) for name in names))
+
+
+def _environ_get(name: str) -> Any:
+  return os.environ.get(name)
 
 
 def varying_axes(aval) -> frozenset:

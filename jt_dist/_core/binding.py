@@ -23,7 +23,7 @@ from jt_dist import _errors
 from jt_dist._core import grid as _grid
 from jt_dist._core import kernel as _kernel
 from jt_dist._core import options as _options
-from jt_dist._call import pytree_args as _pytree_args
+from jt_dist._core import pytree_args as _pytree_args
 from jt_dist._core import types as _types
 
 

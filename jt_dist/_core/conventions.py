@@ -24,7 +24,7 @@ import warnings
 
 from jt_dist._core import binding as _binding
 from jt_dist import _errors
-from jt_dist._call import pytree_args as _pytree_args
+from jt_dist._core import pytree_args as _pytree_args
 
 _ERRORS = (_errors.KernelBindingError, ValueError)
 

@@ -26,7 +26,7 @@ from jax.experimental import io_callback
 import numpy as np
 
 from jt_dist import _compat
-from jt_dist._call import pytree_args as _pytree_args
+from jt_dist._core import pytree_args as _pytree_args
 from jt_dist._core import types as _types
 from jt_dist._cpu import bounds as _bounds
 from jt_dist._cpu import runtime as _interpreter_runtime

@@ -125,15 +125,6 @@ def _frozen(option: Any) -> Any:
   return option
 
 
-def _options_key(options: tuple) -> Any:
-  """triton_call's options as a key part: None when all are defaults."""
-  if options == DEFAULT_OPTIONS and options[6] is True and (
-      options[10] is False and options[15] is False):
-    return None
-  frozen = tuple(map(_frozen, options))
-  return frozen, tuple(map(type, options))
-
-
 def _scalar_key(value: Any, exact: bool):
   """What of a scalar the binding depends on: its value, or its class.
 
@@ -219,8 +210,14 @@ def key(args: Sequence[Any], kernel: Any, out_shape: Any, grid: Any,
     everything = exact_all or exact == "all" or callable(grid)
     values = tuple(metaparams.values())
     return (id(kernel), _generation[0], jax.config.jax_default_device,
-            _autotune_env() if facts.autotuned else _sync_env(),
-            _out_key(out_shape), _grid_key(grid), options,
+            _autotune_env() if facts.autotuned else _sync_env(), options,
+            # The usual out_shape and grid inline, the rest in functions.
+            (out_shape.shape, out_shape.dtype, out_shape.sharding,
+             out_shape.weak_type)
+            if type(out_shape) is _SDS else _out_key(out_shape),  # pylint: disable=unidiomatic-typecheck
+            # 1, 1.0 and True are equal and hash alike: their types differ.
+            (grid, tuple(map(type, grid))) if type(grid) is tuple  # pylint: disable=unidiomatic-typecheck
+            else _grid_key(grid),
             tuple([(a.shape, a.dtype, a.sharding, a.committed)
                    if type(a) is array_type  # pylint: disable=unidiomatic-typecheck
                    else _other_key(a, everything or i in exact)
@@ -237,14 +234,18 @@ def lookup(signature, grid):
     entry = entries.hit(signature)
   except TypeError:  # An unhashable part: the slow path reports it.
     return None
-  if entry is None or not entry.matches(grid):
+  if entry is None or (entry.checks or entry.jit_fn.src is not entry.src
+                       ) and not entry.matches(grid):
     return None
   return entry
 
 
 def options_key(options: tuple) -> Any:
   """The key part of triton_call's options (``DEFAULT_OPTIONS``' order)."""
-  return _options_key(options)
+  if options == DEFAULT_OPTIONS and options[6] is True and (
+      options[10] is False and options[15] is False):
+    return None
+  return tuple(map(_frozen, options)), tuple(map(type, options))
 
 
 def cached(args: Sequence[Any], kernel: Any, out_shape: Any, grid: Any,
@@ -252,17 +253,21 @@ def cached(args: Sequence[Any], kernel: Any, out_shape: Any, grid: Any,
   """Runs an eager ``triton_call`` from its entry; ``MISS`` if it has none.
 
   ``options`` are triton_call's other keywords, in ``DEFAULT_OPTIONS``'
-  order, as given.
+  order, as given. Written for speed: ``options_key`` and ``lookup``
+  inline.
   """
   try:
-    options_part = _options_key(options)
+    found = key(
+        args, kernel, out_shape, grid,
+        None if options == DEFAULT_OPTIONS and options[6] is True and (
+            options[10] is False and options[15] is False)
+        else options_key(options), metaparams, options[RULE] is not None)
+    if found is None:
+      return MISS
+    entry = entries.hit(found[0])
+    if entry is None or (entry.checks or entry.jit_fn.src is not entry.src
+                         ) and not entry.matches(grid):
+      return MISS
   except Exception:  # pylint: disable=broad-except
-    return MISS  # An option that cannot be compared: the slow path.
-  found = key(args, kernel, out_shape, grid, options_part, metaparams,
-              options[RULE] is not None)
-  if found is None:
-    return MISS
-  entry = lookup(found[0], grid)
-  if entry is None:
-    return MISS
+    return MISS  # An option or part that cannot be compared or hashed.
   return entry(found[1])

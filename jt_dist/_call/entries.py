@@ -76,6 +76,12 @@ class Entry:
   # Whether some arguments are TensorDescriptors, which stand for arrays.
   descriptors: bool = False
 
+  def __post_init__(self):
+    # Read on every hit (``_dispatch.cached``), unpacked once here.
+    self.jit_fn, self.src = self.source
+    # Whether ``matches`` must run: more than the source to check.
+    self.checks = bool(self.grid_checks) or not hasattr(self.jit_fn, "src")
+
   def matches(self, grid: Any) -> bool:
     """Whether what the key cannot see is as it was when bound."""
     jit_fn, src = self.source

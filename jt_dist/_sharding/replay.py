@@ -40,6 +40,12 @@ class ReplayEntry:
   # Whether the operands are exactly the arguments, in order, unmoved.
   direct: bool = False
 
+  def __post_init__(self):
+    # Read on every hit (``jt_dist._call.dispatch``), unpacked once here.
+    self.jit_fn, self.src = self.source
+    # Whether ``matches`` must run: more than the source to check.
+    self.checks = callable(self.grid) or not hasattr(self.jit_fn, "src")
+
   def matches(self, grid: Any) -> bool:
     jit_fn, src = self.source
     return getattr(jit_fn, "src", None) is src and (

@@ -109,11 +109,19 @@ def configure_cache(*, disk_cache: bool | None = None,
     _call_cache.resize(dispatch_entries)
 
 
-def _array_type() -> type:
+def _init() -> bool:
+  """Finds the probe and the concrete array type, once; False in a trace.
+
+  The array type is that of a concrete array, which a first call under a
+  trace would not make (``jnp.zeros`` there gives a tracer).
+  """
+  if not _is_top_level:
+    _is_top_level.append(_compat.top_level_probe())
+  if not _is_top_level[0]():
+    return False
   if not _ARRAY_TYPE:
     _ARRAY_TYPE.append(type(jax.numpy.zeros((), np.float32)))
-    _is_top_level.append(_compat.top_level_probe())
-  return _ARRAY_TYPE[0]
+  return True
 
 
 def _frozen(option: Any) -> Any:
@@ -197,9 +205,9 @@ def key(args: Sequence[Any], kernel: Any, out_shape: Any, grid: Any,
       those the binding reads (constexprs, declared types, heuristics and
       autotuning, a callable grid) are, and the others' classes.
   """
-  array_type = _ARRAY_TYPE[0] if _ARRAY_TYPE else _array_type()
-  if not _is_top_level[0]():
+  if not (_ARRAY_TYPE or _init()) or not _is_top_level[0]():
     return None
+  array_type = _ARRAY_TYPE[0]
   try:
     facts = _kernels.get(id(kernel))
     if facts is None or facts.kernel is not kernel:

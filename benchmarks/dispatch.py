@@ -77,6 +77,7 @@ import triton.language as tl  # pylint: disable=g-import-not-at-top
 import jt_dist  # pylint: disable=g-import-not-at-top
 from jt_dist._call import dispatch as _dispatch  # pylint: disable=g-import-not-at-top
 from jt_dist._gpu import lowering as _gpu_lowering  # pylint: disable=g-import-not-at-top
+from jt_dist._sharding import replay as _replay  # pylint: disable=g-import-not-at-top
 import kernels  # pylint: disable=g-import-not-at-top
 
 try:
@@ -255,7 +256,7 @@ def fast_path_report(cases, diag, args):
     out["jax_triton_jit"] = _python_calls_in_jax(cases["jax_triton_jit"], args)
   cases["jt_dist_sharded_1dev_eager"](*args)
   replay = _newest_entry()
-  if isinstance(replay, _dispatch.ReplayEntry):
+  if isinstance(replay, _replay.ReplayEntry):
     out["jt_dist_sharded_replay_fn"] = _python_calls_in_jax(replay.fn, args)
     out["jt_dist_sharded_replay_moves"] = bool(replay.moves)
   return out

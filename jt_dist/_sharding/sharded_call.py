@@ -142,8 +142,9 @@ def run(args, call, kernel, out_shape, grid, mesh, in_specs,
   _check_placeholders(args, {k: v for k, v in kwargs.items()})
   arg_specs = _specs.in_specs_for(in_specs, args, mesh)
   if sharding_rule is not None:
-    return _by_rule(args, call, kernel, out_shapes, out_tree, grid, mesh, arg_specs,
-                    sharding_rule, out_specs, out_reduce, kwargs, recorder)
+    return _by_rule(args, call, kernel, out_shapes, out_tree, grid, mesh,
+                    arg_specs, sharding_rule, out_specs, out_reduce, kwargs,
+                    recorder)
   o_specs = _out_specs_for(out_specs, out_tree, len(out_shapes), out_shapes,
                            mesh)
   reductions = _reductions_for(out_reduce, out_tree, len(out_shapes), mesh)
@@ -152,15 +153,8 @@ def run(args, call, kernel, out_shape, grid, mesh, in_specs,
       for (shape, dtype), spec in zip(out_shapes, o_specs)
   ])
   is_array = [_specs.is_array(a) for a in args]
-  outputs = _varying.Outputs(
-      names=_varying.output_names(out_tree),
-      shapes=tuple(shape for shape, _ in out_shapes), specs=tuple(o_specs),
-      given=out_specs is not None, out_tree=out_tree,
-      reduced=tuple(_reduction_named(r) for r in reductions))
-  operands = [_varying.Operand(f"args[{i}]", tuple(args[i].shape), spec)
-              for i, spec in zip([i for i, f in enumerate(is_array) if f],
-                                 arg_specs)]
-
+  outputs, operands = _vma_checks(args, is_array, arg_specs, out_shapes,
+                                  out_tree, o_specs, out_specs, reductions)
   array_of = {i: k for k, i in enumerate(
       i for i, flag in enumerate(is_array) if flag)}
   ref_specs = tuple(arg_specs[array_of[i]] for i in ref_args)
@@ -197,6 +191,19 @@ def run(args, call, kernel, out_shape, grid, mesh, in_specs,
     return jax.tree_util.tree_unflatten(out_tree, flat[:n]), flat[n:]
   return jax.tree_util.tree_unflatten(out_tree, flat)
 
+
+def _vma_checks(args, is_array, arg_specs, out_shapes, out_tree, o_specs,
+                out_specs, reductions):
+  """What ``_varying.check`` compares each shard's outputs against."""
+  outputs = _varying.Outputs(
+      names=_varying.output_names(out_tree),
+      shapes=tuple(shape for shape, _ in out_shapes), specs=tuple(o_specs),
+      given=out_specs is not None, out_tree=out_tree,
+      reduced=tuple(_reduction_named(r) for r in reductions))
+  operands = [_varying.Operand(f"args[{i}]", tuple(args[i].shape), spec)
+              for i, spec in zip([i for i, f in enumerate(is_array) if f],
+                                 arg_specs)]
+  return outputs, operands
 
 
 def _with_fresh_refs(args, ref_args, fn):

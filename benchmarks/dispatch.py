@@ -200,8 +200,8 @@ def _target_cases():
   default) and ``jax_triton_jit`` (the legacy target), they tell whether a
   gap to jax-triton is the FFI call itself or the CUBIN it carries.
   """
-  legacy = functools.partial(jt_dist.triton_call,
-                             custom_call_target_name=_gpu_lowering.LEGACY_TARGET)
+  legacy = functools.partial(
+      jt_dist.triton_call, custom_call_target_name=_gpu_lowering.LEGACY_TARGET)
   no_cubin = jax.jit(lambda a, b: add_kw(jt_dist.triton_call, a, b))
   # A jitted function is lowered at its first call: make it under the choice.
   zeros = jnp.zeros((SIZE,), jnp.float32)

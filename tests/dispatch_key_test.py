@@ -119,8 +119,9 @@ class KeyFirstTest(testing.TestCase):
       with self.assertRaisesRegex(ValueError, "num_warps given both"):
         _scale(x, 2.0, num_warps=4, backend_options={"num_warps": 4})
 
-  @parameterized.parameters(("debug", False, 0), ("enable_fp_fusion", True, 1),
-                            ("has_side_effect", False, 0), ("num_warps", 4, 4.0))
+  @parameterized.parameters(
+      ("debug", False, 0), ("enable_fp_fusion", True, 1),
+      ("has_side_effect", False, 0), ("num_warps", 4, 4.0))
   def test_equal_option_values_of_other_types_miss(self, name, a, b):
     x = jnp.asarray(self.random((16,)))
     with _Binds() as binds:

@@ -20,6 +20,9 @@ encoding. The caches are bounded LRUs (``configure_cache``), emptied
 whenever a choice made at lowering time may change (``invalidate``).
 """
 
+# Exact types on purpose: a subclass takes the slow path.
+# pylint: disable=unidiomatic-typecheck
+
 from __future__ import annotations
 
 from typing import Any, Sequence
@@ -158,7 +161,7 @@ def _other_key(arg: Any, exact: bool):
     return arg
   if kind is _tensordesc.TensorDescriptor:
     base = arg.base
-    if type(base) is not _ARRAY_TYPE[0]:  # pylint: disable=unidiomatic-typecheck
+    if type(base) is not _ARRAY_TYPE[0]:
       raise _NoFastPath
     return (kind, base.shape, base.dtype, base.sharding, base.committed,
             _tensordesc.static_fields(arg))
@@ -166,14 +169,14 @@ def _other_key(arg: Any, exact: bool):
 
 
 def _out_key(out_shape: Any):
-  if type(out_shape) is _SDS:  # pylint: disable=unidiomatic-typecheck
+  if type(out_shape) is _SDS:
     # Its own __hash__ is Python; a tuple of these hashes in C.
     return (out_shape.shape, out_shape.dtype, out_shape.sharding,
             out_shape.weak_type)
   leaves, tree = jax.tree_util.tree_flatten(
       out_shape, is_leaf=lambda x: hasattr(x, "shape") and hasattr(x, "dtype"))
   return tree, tuple(
-      leaf if type(leaf) is _SDS  # pylint: disable=unidiomatic-typecheck
+      leaf if type(leaf) is _SDS
       else (type(leaf), tuple(leaf.shape), leaf.dtype) for leaf in leaves)
 
 
@@ -222,12 +225,12 @@ def key(args: Sequence[Any], kernel: Any, out_shape: Any, grid: Any,
             # The usual out_shape and grid inline, the rest in functions.
             (out_shape.shape, out_shape.dtype, out_shape.sharding,
              out_shape.weak_type)
-            if type(out_shape) is _SDS else _out_key(out_shape),  # pylint: disable=unidiomatic-typecheck
+            if type(out_shape) is _SDS else _out_key(out_shape),
             # 1, 1.0 and True are equal and hash alike: their types differ.
-            (grid, tuple(map(type, grid))) if type(grid) is tuple  # pylint: disable=unidiomatic-typecheck
+            (grid, tuple(map(type, grid))) if type(grid) is tuple
             else _grid_key(grid),
             tuple([(a.shape, a.dtype, a.sharding, a.committed)
-                   if type(a) is array_type  # pylint: disable=unidiomatic-typecheck
+                   if type(a) is array_type
                    else _other_key(a, everything or i in exact)
                    for i, a in enumerate(args)]),
             tuple(metaparams), values, tuple(map(type, values))), args

@@ -115,9 +115,12 @@ def _first_call(args, kernel, out_shape, grid, specs, kwargs, signature):
     signature = None
   recorder = (None if signature is None
               else _replay.recorder(signature, kernel, grid))
-  return _sharded_call.run(args, _api.triton_call, kernel, out_shape, grid, mesh, in_specs,
-                           out_specs, out_reduce, rule, kwargs,
-                           recorder=recorder)
+  return _sharded_call.run(args, _api.triton_call, kernel, out_shape, grid,
+                           mesh, in_specs, out_specs, out_reduce, rule,
+                           kwargs, recorder=recorder)
+
+
+_CONTAINERS = frozenset((list, dict))
 
 
 def _signature(args, kernel, out_shape, grid, specs, kwargs):
@@ -127,7 +130,11 @@ def _signature(args, kernel, out_shape, grid, specs, kwargs):
   """
   try:
     # With no mesh given or found on the arguments, the ambient one is used.
-    fixed = tuple(map(_hashable, specs)) + (jax.sharding.get_abstract_mesh(),)
+    if _CONTAINERS.isdisjoint(map(type, specs)):  # Tuples, specs, meshes.
+      fixed = specs + (jax.sharding.get_abstract_mesh(),)
+    else:
+      fixed = (tuple(map(_hashable, specs))
+               + (jax.sharding.get_abstract_mesh(),))
   except Exception:  # pylint: disable=broad-except
     return None
   return _dispatch.key(args, kernel, out_shape, grid, fixed, kwargs, True)

@@ -293,8 +293,9 @@ def _autotuned_call(lib, spec, calls, launches, ctx):
 # Whether a call that names no target gets the legacy one where jaxlib also
 # has the FFI one, and nothing needs FFI (``default_target``). False: FFI.
 # benchmarks/dispatch.py's ``jt_dist_jit_legacy_target`` and
-# ``jt_dist_jit_ffi_no_cubin`` rows tell what each costs per launch; see
-# docs/performance.md for the numbers that would justify flipping this.
+# ``jt_dist_jit_ffi_no_cubin`` rows tell what each costs per launch; flip
+# it only where the legacy row beats both FFI rows beyond their quartiles'
+# spread (docs/one-device.md, "Compiling for GPUs").
 PREFER_LEGACY_TARGET = False
 
 

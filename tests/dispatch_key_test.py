@@ -8,10 +8,12 @@ exactly as it must.
 
 from __future__ import annotations
 
+import inspect
 import os
 import subprocess
 import sys
 import textwrap
+import types
 from unittest import mock
 
 from absl.testing import absltest
@@ -157,6 +159,29 @@ class KeyFirstTest(testing.TestCase):
                                 grid=(1,), N=16)
       self.assertAllClose(got, x * 3)
     self.assertEmpty(_dispatch.entries)
+
+  def test_default_options_follow_triton_calls_signature(self):
+    # cached() keys the all-defaults call by comparing with DEFAULT_OPTIONS.
+    params = inspect.signature(jt_dist.triton_call).parameters
+    names = ("name", "custom_call_target_name", "num_warps", "num_stages",
+             "num_ctas", "compute_capability", "enable_fp_fusion",
+             "backend_options", "input_output_aliases", "zeroed_outputs",
+             "debug", "serialized_metadata", "vmap_method", "device",
+             "sharding_rule", "has_side_effect", "cost_estimate")
+    self.assertEqual(_dispatch.DEFAULT_OPTIONS,
+                     tuple(params[n].default for n in names))
+    self.assertEqual(names[_dispatch.RULE], "sharding_rule")
+    leftover = {n for n, p in params.items()
+                if p.kind is inspect.Parameter.KEYWORD_ONLY} - set(names)
+    self.assertEqual(leftover, {"kernel", "out_shape", "grid", "out_type"})
+
+  def test_mapping_backend_options_hit(self):
+    x = jnp.asarray(self.random((16,)))
+    options = types.MappingProxyType({"maxnreg": 64})
+    with _Binds() as binds:
+      for _ in range(3):
+        _scale(x, 2.0, backend_options=options)
+    self.assertEqual(binds.count, 1)
 
   def test_environ_reader_sees_changes(self):
     read = _compat.environ_reader(("JT_DIST_TEST_ONLY_VAR",))

@@ -25,6 +25,7 @@ whenever a choice made at lowering time may change (``invalidate``).
 
 from __future__ import annotations
 
+import collections.abc
 from typing import Any, Sequence
 
 import jax
@@ -128,9 +129,9 @@ def _init() -> bool:
 
 
 def _frozen(option: Any) -> Any:
-  """A dict or list option as a hashable key part, its values' types too."""
-  if isinstance(option, dict):
-    return (dict, tuple((k, v, type(v)) for k, v in option.items()))
+  """A mapping or list option as a hashable key part, its values' types too."""
+  if isinstance(option, collections.abc.Mapping):
+    return (type(option), tuple((k, v, type(v)) for k, v in option.items()))
   if isinstance(option, list):
     return (list, tuple(option), tuple(map(type, option)))
   return option

@@ -20,6 +20,13 @@ Diagnostic rows, to tell jt_dist's Python from its executable:
 - ``diag_xla_eager_prebuilt_sds``: ``a + b`` after building the
   ``ShapeDtypeStruct`` and grid that every Triton call builds (the caller's
   share of a ``triton_call``, which XLA's ``a + b`` does not pay).
+- ``jt_dist_jit_legacy_target``: ``jt_dist_jit`` on jaxlib's legacy
+  custom-call target (``custom_call_target_name="triton_kernel_call"``, as
+  jax-triton 0.3 emits);
+- ``jt_dist_jit_ffi_no_cubin``: ``jt_dist_jit`` on the FFI target without
+  the inline CUBIN (lowered under ``proto_choices(module_images=False)``):
+  with ``jt_dist_jit`` and ``jax_triton_jit``, whether a gap is the CUBIN
+  or the FFI call itself.
 
 And ``hlo``: whether the jitted jt_dist and jax-triton functions lower to
 the same HLO (custom-call target, operands, layouts, aliases; the kernel
@@ -35,8 +42,9 @@ Then, for jt_dist's eager call:
   against that jitted ``a + b`` alone, interleaved; the difference is
   jt_dist's key, lookup and entry. On the CPU this is the number the
   interpreter would otherwise drown.
-- ``profile``: a cProfile of repeated calls, split by stage (signature,
-  lookup, binding, placement, entry, dispatch), for the fast path and for
+- ``profile``: a cProfile of repeated calls, split by stage (the whole hit
+  path, signature, lookup, preparing the options, binding, placement,
+  making the entry, dispatch), for the fast path and for
   the bind path (the signature cache emptied before each call);
 - ``per_step_scalar``: an eager ``x * s`` with the same ``s`` every call,
   and with a new ``s`` every call (what a learning rate or a step count
@@ -48,6 +56,7 @@ Then, for jt_dist's eager call:
 
 import argparse
 import cProfile
+import functools
 import json
 import os
 import platform
@@ -67,6 +76,8 @@ import triton.language as tl  # pylint: disable=g-import-not-at-top
 
 import jt_dist  # pylint: disable=g-import-not-at-top
 from jt_dist._call import dispatch as _dispatch  # pylint: disable=g-import-not-at-top
+from jt_dist._gpu import lowering as _gpu_lowering  # pylint: disable=g-import-not-at-top
+from jt_dist._sharding import replay as _replay  # pylint: disable=g-import-not-at-top
 import kernels  # pylint: disable=g-import-not-at-top
 
 try:
@@ -178,7 +189,27 @@ def _cases():
     cases["jax_triton_jit"] = jax.jit(lambda a, b: add_kw(jxt, a, b))
   mesh = jax.make_mesh((1,), ("x",), devices=jax.devices()[:1])
   cases["jt_dist_sharded_1dev_eager"] = _sharded(mesh)
+  cases.update(_target_cases())
   return cases
+
+
+def _target_cases():
+  """Jitted jt_dist on the legacy target, and on FFI without the CUBIN.
+
+  Beside ``jt_dist_jit`` (the FFI target with each CUBIN inline, the
+  default) and ``jax_triton_jit`` (the legacy target), they tell whether a
+  gap to jax-triton is the FFI call itself or the CUBIN it carries.
+  """
+  legacy = functools.partial(
+      jt_dist.triton_call, custom_call_target_name=_gpu_lowering.LEGACY_TARGET)
+  no_cubin = jax.jit(lambda a, b: add_kw(jt_dist.triton_call, a, b))
+  # A jitted function is lowered at its first call: make it under the choice.
+  zeros = jnp.zeros((SIZE,), jnp.float32)
+  with _gpu_lowering.proto_choices(module_images=False):
+    jax.block_until_ready(no_cubin(zeros, zeros))
+  return {"jt_dist_jit_legacy_target": jax.jit(
+              lambda a, b: add_kw(legacy, a, b)),
+          "jt_dist_jit_ffi_no_cubin": no_cubin}
 
 
 def _diagnostic_cases(cases, args):
@@ -225,7 +256,7 @@ def fast_path_report(cases, diag, args):
     out["jax_triton_jit"] = _python_calls_in_jax(cases["jax_triton_jit"], args)
   cases["jt_dist_sharded_1dev_eager"](*args)
   replay = _newest_entry()
-  if isinstance(replay, _dispatch.ReplayEntry):
+  if isinstance(replay, _replay.ReplayEntry):
     out["jt_dist_sharded_replay_fn"] = _python_calls_in_jax(replay.fn, args)
     out["jt_dist_sharded_replay_moves"] = bool(replay.moves)
   return out
@@ -361,12 +392,14 @@ def python_overhead(args, rounds, calls):
 
 
 _STAGES = {
-    "signature": ("_call/dispatch.py", "signature"),
-    "lookup": ("_call/dispatch.py", "lookup"),
+    "hit_path": ("_call/dispatch.py", "cached"),
+    "signature": ("_call/dispatch.py", "key"),
+    "lookup": ("_gpu/cache.py", "hit"),
+    "prepare": ("_call/api.py", "_prepare"),
     "bind": ("_core/binding.py", "bind_call"),
     "place": ("_call/api.py", "_place"),
-    "entry": ("_call/dispatch.py", "make_entry"),
-    "dispatch": ("_call/dispatch.py", "__call__"),
+    "entry": ("_call/entries.py", "make_entry"),
+    "dispatch": ("_call/entries.py", "__call__"),
 }
 
 
@@ -444,6 +477,10 @@ def main(argv=None):
     if f"jax_triton_{mode}" in xla:
       ratios[f"jt_dist_{mode}_over_jax_triton_{mode}"] = (
           xla[f"jt_dist_{mode}"] / xla[f"jax_triton_{mode}"])
+  if "jax_triton_jit" in xla:
+    for name in ("jt_dist_jit_legacy_target", "jt_dist_jit_ffi_no_cubin"):
+      ratios[f"{name}_over_jax_triton_jit"] = (
+          xla[name] / xla["jax_triton_jit"])
   result = {
       "environment": _environment(), "sizes": sizes, "results": rows,
       "ratios": ratios,

@@ -176,6 +176,15 @@ class CudaLoweringTest(util.JaxlibAutotuningMixin, util.IsolatedCacheMixin,
       (call,) = util.triton_custom_calls(_lower(_add, x, y))
     self.assertEqual(call["target"], "triton_kernel_call")
 
+  def test_preferring_legacy_switches_the_default_target(self):
+    x, y = self._inputs()
+    with mock.patch.object(_gpu_lowering, "PREFER_LEGACY_TARGET", True):
+      (plain,) = util.triton_custom_calls(_lower(_add, x, y))
+      costed = lambda a, b: _add(a, b, cost_estimate={"flops": a.size})
+      (with_cost,) = util.triton_custom_calls(_lower(costed, x, y))
+    self.assertEqual(plain["target"], "triton_kernel_call")
+    self.assertEqual(with_cost["target"], "triton_kernel_call_ffi")
+
   def test_ffi_requested_but_missing_errors(self):
     x, y = self._inputs()
     f = lambda a, b: _add(a, b,
@@ -451,6 +460,52 @@ def _ctx(devices):
   return types.SimpleNamespace(module_context=types.SimpleNamespace(
       axis_context=types.SimpleNamespace(device_assignment=tuple(devices),
                                          num_devices=len(devices))))
+
+
+class DefaultTargetTest(parameterized.TestCase):
+  """Which custom-call target a call that names none gets (pure logic)."""
+
+  @parameterized.product(exporting=[False, True], cost_estimate=[False, True],
+                         prefer_legacy=[False, True, None])
+  def test_without_ffi_always_legacy(self, exporting, cost_estimate,
+                                     prefer_legacy):
+    self.assertEqual(
+        _gpu_lowering.default_target(False, exporting=exporting,
+                                     cost_estimate=cost_estimate,
+                                     prefer_legacy=prefer_legacy),
+        _gpu_lowering.LEGACY_TARGET)
+
+  @parameterized.product(exporting=[False, True], cost_estimate=[False, True])
+  def test_ffi_by_default(self, exporting, cost_estimate):
+    self.assertEqual(
+        _gpu_lowering.default_target(True, exporting=exporting,
+                                     cost_estimate=cost_estimate,
+                                     prefer_legacy=False),
+        _gpu_lowering.FFI_TARGET)
+
+  @parameterized.parameters((True, False), (False, True), (True, True))
+  def test_preferring_legacy_keeps_ffi_where_needed(self, exporting,
+                                                    cost_estimate):
+    self.assertEqual(
+        _gpu_lowering.default_target(True, exporting=exporting,
+                                     cost_estimate=cost_estimate,
+                                     prefer_legacy=True),
+        _gpu_lowering.FFI_TARGET)
+
+  def test_preferring_legacy_elsewhere(self):
+    self.assertEqual(
+        _gpu_lowering.default_target(True, exporting=False,
+                                     cost_estimate=False, prefer_legacy=True),
+        _gpu_lowering.LEGACY_TARGET)
+
+  def test_module_setting_is_the_default(self):
+    for prefer in (False, True):
+      with mock.patch.object(_gpu_lowering, "PREFER_LEGACY_TARGET", prefer):
+        self.assertEqual(
+            _gpu_lowering.default_target(True, exporting=False,
+                                         cost_estimate=False),
+            _gpu_lowering.LEGACY_TARGET if prefer
+            else _gpu_lowering.FFI_TARGET)
 
 
 class TargetTest(testing.TestCase):

@@ -14,6 +14,7 @@ import triton.language as tl
 
 import jt_dist
 from jt_dist._call import dispatch as _dispatch
+from jt_dist._core import call_cache as _call_cache
 from jt_dist import testing
 
 testing.configure_cpu_devices()
@@ -58,7 +59,7 @@ class LaunchFaultTest(testing.TestCase):
       "INTERNAL: CUDA_ERROR_MISALIGNED_ADDRESS: misaligned address")
   def test_device_fault_names_kernel_and_launch(self, message):
     x = jnp.asarray(self.random((100,)))
-    with mock.patch.object(_dispatch, "executable",
+    with mock.patch.object(_call_cache, "executable",
                            _failing_executable(message)):
       with self.assertRaises(jt_dist.KernelLaunchError) as caught:
         _scale(x)
@@ -72,7 +73,7 @@ class LaunchFaultTest(testing.TestCase):
 
   def test_other_errors_pass_through(self):
     x = jnp.asarray(self.random((100,)))
-    with mock.patch.object(_dispatch, "executable",
+    with mock.patch.object(_call_cache, "executable",
                            _failing_executable("RESOURCE_EXHAUSTED: oom")):
       with self.assertRaisesRegex(jax.errors.JaxRuntimeError,
                                   "RESOURCE_EXHAUSTED"):

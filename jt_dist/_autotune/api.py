@@ -7,7 +7,7 @@ from typing import Any, Mapping
 import jax
 
 from jt_dist import _compat
-from jt_dist._call import dispatch as _dispatch
+from jt_dist._core import call_cache as _call_cache
 from jt_dist._autotune import settings as _settings
 from jt_dist._autotune import store as _store
 
@@ -18,7 +18,7 @@ configure_autotune = _settings.configure
 def _relower() -> None:
   # A choice is made when a call is lowered; dropping JAX's compiled
   # functions (and the eager calls' cache) makes later calls lower again.
-  _dispatch.invalidate()
+  _call_cache.invalidate()
   jax.clear_caches()
 
 

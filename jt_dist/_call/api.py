@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import collections.abc
 import functools
 import math
 from typing import Any, Callable, Mapping, Sequence
@@ -14,11 +13,13 @@ from jt_dist._vmap import batching as _batching
 from jt_dist._cpu import unsupported as _unsupported
 from jt_dist._core import binding as _binding
 from jt_dist._call import dispatch as _dispatch
+from jt_dist._call import entries as _entries
 from jt_dist import _errors
 from jt_dist._call import operands as _operands
 from jt_dist._sharding import auto_axes as _auto_axes
 from jt_dist._sharding import partition as _partition
 from jt_dist._sharding import placement as _placement
+from jt_dist._sharding import replay as _replay
 from jt_dist._core import primitive as _primitive
 from jt_dist._call import refs as _refs
 from jt_dist._core import pytree_args as _pytree_args
@@ -179,7 +180,73 @@ def triton_call(
       automatic mesh axes on the CPU, or its shardings were given only to
       ``jax.jit``.
   """
-  out_shape = resolve_out_shape(out_shape, out_type)
+  if out_type is not None:
+    out_shape = resolve_out_shape(out_shape, out_type)
+  # In _dispatch.DEFAULT_OPTIONS' order.
+  options = (name, custom_call_target_name, num_warps, num_stages, num_ctas,
+             compute_capability, enable_fp_fusion, backend_options,
+             input_output_aliases, zeroed_outputs, debug, serialized_metadata,
+             vmap_method, device, sharding_rule, has_side_effect,
+             cost_estimate)
+  # A repeated call: its key, from the arguments as given, and its entry.
+  outs = _dispatch.cached(args, kernel, out_shape, grid, options, metaparams)
+  if outs is _dispatch.MISS:
+    outs = _first_call(args, kernel, out_shape, grid, options, metaparams)
+  return outs
+
+
+def _first_call(args, kernel, out_shape, grid, options, metaparams):
+  """A call with no entry: checks, binds and runs it, and files its entry."""
+  signature = _signature(args, kernel, out_shape, grid, options, metaparams)
+  args, metaparams, descriptors, named = _prepare(args, kernel, options,
+                                                  metaparams)
+  device, rule = named.pop("device"), named.pop("sharding_rule")
+  if _refs.has_refs(args):
+    # Never the eager fast path: its entries take arrays, not Refs.
+    return _refs.call(args, kernel, out_shape, grid, named, device, rule,
+                      metaparams,
+                      functools.partial(_single_device,
+                                        descriptors=descriptors))
+  if rule is not None:
+    rule = _rule.check(rule, "triton_call")
+    recorder = (None if signature is None
+                else _replay.recorder(signature, kernel, grid))
+    outs = _partitioned(args, kernel, out_shape, grid, rule, device,
+                        {**named, **metaparams}, recorder)
+    if outs is not _NOT_PARTITIONED:
+      return outs
+  return _single_device(args, kernel, out_shape, grid, named, device, rule,
+                        metaparams, signature, descriptors=descriptors)
+
+
+def _signature(args, kernel, out_shape, grid, options, metaparams):
+  """The call's cache key (as ``_dispatch.cached`` computes it), or None."""
+  try:
+    found = _dispatch.key(args, kernel, out_shape, grid,
+                          _dispatch.options_key(options), metaparams,
+                          options[_dispatch.RULE] is not None)
+    if found is not None:
+      hash(found[0])  # An unhashable part: no entry.
+      return found[0]
+  except Exception:  # pylint: disable=broad-except
+    pass
+  return None
+
+
+def _prepare(args, kernel, options, metaparams):
+  """Binds keyword operands, descriptors and backend options.
+
+  Returns:
+    ``(args, metaparams, descriptors, options)``: the positional operands
+    (keyword operands merged in, descriptors replaced by their arrays),
+    the remaining metaparams, the descriptors, and the options by name,
+    ``backend_options`` merged into the named ones.
+  """
+  (name, custom_call_target_name, num_warps, num_stages, num_ctas,
+   compute_capability, enable_fp_fusion, backend_options,
+   input_output_aliases, zeroed_outputs, debug, serialized_metadata,
+   vmap_method, device, sharding_rule, has_side_effect,
+   cost_estimate) = options
   args, metaparams = _operands.merge_keywords(kernel, args, metaparams)
   args, descriptors = _tensordesc.split(args)
   if descriptors and sharding_rule is not None:
@@ -191,64 +258,19 @@ def triton_call(
   merged = _backend_options.merge(
       backend_options, num_warps=num_warps, num_stages=num_stages,
       num_ctas=num_ctas, debug=debug, enable_fp_fusion=enable_fp_fusion)
-  num_warps, num_stages, debug = (
-      merged.num_warps, merged.num_stages, merged.debug)
-  num_ctas = 1 if merged.num_ctas is None else merged.num_ctas
-  enable_fp_fusion = merged.enable_fp_fusion
-  options = dict(
+  named = dict(
       name=name, custom_call_target_name=custom_call_target_name,
-      num_warps=num_warps, num_stages=num_stages, num_ctas=num_ctas,
+      num_warps=merged.num_warps, num_stages=merged.num_stages,
+      num_ctas=1 if merged.num_ctas is None else merged.num_ctas,
       compute_capability=compute_capability,
-      enable_fp_fusion=enable_fp_fusion,
+      enable_fp_fusion=merged.enable_fp_fusion,
       input_output_aliases=input_output_aliases,
-      zeroed_outputs=zeroed_outputs, debug=debug,
+      zeroed_outputs=zeroed_outputs, debug=merged.debug,
       serialized_metadata=serialized_metadata, vmap_method=vmap_method,
       has_side_effect=has_side_effect, cost_estimate=cost_estimate,
-      backend_options=dict(merged.extra))
-  if _refs.has_refs(args):
-    # Never the eager fast path: its entries take arrays, not Refs.
-    return _refs.call(args, kernel, out_shape, grid, options, device,
-                      sharding_rule, metaparams,
-                      functools.partial(_single_device,
-                                        descriptors=descriptors))
-  key = _dispatch.signature(
-      args, kernel, out_shape, grid,
-      (name, custom_call_target_name, num_warps, num_stages, num_ctas,
-       compute_capability, enable_fp_fusion,
-       # The defaults are hashable as they are: no call on the fast path.
-       input_output_aliases if input_output_aliases is None
-       else _frozen(input_output_aliases),
-       zeroed_outputs if type(zeroed_outputs) is tuple  # pylint: disable=unidiomatic-typecheck
-       else _frozen(zeroed_outputs), debug, serialized_metadata, vmap_method,
-       device, sharding_rule, has_side_effect,
-       cost_estimate if cost_estimate is None else _frozen(cost_estimate),
-       merged.extra, descriptors),
-      metaparams, sharding_rule is not None)
-  entry, key = _dispatch.lookup(key, grid)
-  if entry is not None:
-    return entry(args)
-  if sharding_rule is not None:
-    sharding_rule = _rule.check(sharding_rule, "triton_call")
-    recorder = (None if key is None
-                else _dispatch.replay_recorder(key, kernel, grid))
-    outs = _partitioned(args, kernel, out_shape, grid, sharding_rule, device,
-                        {**options, **metaparams}, recorder)
-    if outs is not _NOT_PARTITIONED:
-      return outs
-  return _single_device(args, kernel, out_shape, grid, options, device,
-                        sharding_rule, metaparams, key,
-                        descriptors=descriptors)
-
-
-def _frozen(option: Any) -> Any:
-  """A dict or list option as a hashable key part (a tuple)."""
-  if option is None or type(option) is tuple:  # pylint: disable=unidiomatic-typecheck
-    return option
-  if isinstance(option, collections.abc.Mapping):
-    return tuple(option.items())
-  if isinstance(option, list):
-    return tuple(option)
-  return option
+      backend_options=dict(merged.extra), device=device,
+      sharding_rule=sharding_rule)
+  return args, metaparams, descriptors, named
 
 
 def _single_device(args, kernel, out_shape, grid, options, device, rule,
@@ -275,7 +297,7 @@ def _single_device(args, kernel, out_shape, grid, options, device, rule,
                                       tensor_descriptors=descriptors)
   # A Ref argument is written even when every output is empty.
   empty = not ref_inputs and _all_outputs_empty(out_shape)
-  seen = (_dispatch.GridRecorder(grid) if key is not None and callable(grid)
+  seen = (_entries.GridRecorder(grid) if key is not None and callable(grid)
           else grid)
   arrays, spec, out_tree = _binding.bind_call(
       args, kernel, out_shape, _NO_LAUNCH_GRID if empty else seen,
@@ -292,8 +314,8 @@ def _single_device(args, kernel, out_shape, grid, options, device, rule,
       n = len(outs) - spec.ref_outputs
       return jax.tree_util.tree_unflatten(out_tree, outs[:n]), outs[n:]
     return jax.tree_util.tree_unflatten(out_tree, outs)
-  entry = _dispatch.make_entry(given_args, args, arrays, spec, out_tree, seen,
-                               target, device)
+  entry = _entries.make_entry(given_args, args, arrays, spec, out_tree, seen,
+                              target, device, descriptors=bool(descriptors))
   _dispatch.entries.put(key, entry)
   return entry(given_args)
 

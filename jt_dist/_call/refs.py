@@ -157,20 +157,6 @@ def call(args, kernel, out_shape, grid, options: dict, device, rule,
   return outs
 
 
-def with_fresh_refs(args, ref_args, fn: Callable):
-  """Calls ``fn`` on ``args`` with new Refs of the values at ``ref_args``.
-
-  Returns:
-    ``(fn's result, the Refs' values afterwards)``: how a per-shard body
-    gives back its shard of a Ref as an output.
-  """
-  local = list(args)
-  for i in ref_args:
-    local[i] = jax.new_ref(args[i])
-  result = fn(*local)
-  return result, [local[i][...] for i in ref_args]
-
-
 def _check_varying(name: str, value, new) -> None:
   """Refuses an update that would make a Ref's copies differ in a shard_map.
 

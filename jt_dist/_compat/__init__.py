@@ -17,6 +17,7 @@ the modules behind them:
 - ``descriptors``: tensor descriptors (TMA), host and device side.
 - ``interpreter``: hooks into Triton's interpreter for the CPU runtime.
 - ``jax_lowering``: JAX facts for lowering rules and primitive registries.
+- ``environ``: environment variables read on the eager fast path.
 - ``jax_runtime``: JAX facts at call time (tracing state, Refs, services).
 """
 
@@ -44,12 +45,14 @@ from jt_dist._compat.jax_lowering import output_avals
 from jt_dist._compat.jax_lowering import register_dce_rule
 from jt_dist._compat.jax_lowering import vary_over
 from jt_dist._compat.jax_lowering import varying_axes
+from jt_dist._compat.environ import environ_reader
 from jt_dist._compat.jax_runtime import at_top_level
 from jt_dist._compat.jax_runtime import distributed_client
 from jt_dist._compat.jax_runtime import host_buffer_callback
 from jt_dist._compat.jax_runtime import is_ref
 from jt_dist._compat.jax_runtime import is_ref_view
 from jt_dist._compat.jax_runtime import jit_cache_context
+from jt_dist._compat.jax_runtime import top_level_probe
 from jt_dist._compat.jax_runtime import key_value_set
 from jt_dist._compat.jax_runtime import platform_version
 from jt_dist._compat.jaxlib_triton import gpu_triton_module

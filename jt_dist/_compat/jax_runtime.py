@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import functools
 import importlib
-from typing import Any
+from typing import Any, Callable
 
 import jax
 
@@ -47,6 +47,20 @@ def at_top_level() -> bool:
 
 
 @functools.cache
+def top_level_probe() -> Callable[[], bool]:
+  """``at_top_level`` as one cheap call, for the eager fast path.
+
+  Found once; where jax's trace context is not found, the probe answers
+  False (the slow path is always right).
+  """
+  try:
+    probe = _trace_context().is_top_level
+    probe()
+  except Exception:  # pylint: disable=broad-except
+    return lambda: False
+  return probe
+
+
 def _trace_context() -> Any:
   from jax._src import core as _core  # pylint: disable=g-import-not-at-top
   return _core.trace_ctx

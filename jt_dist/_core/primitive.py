@@ -39,10 +39,10 @@ _compat.register_dce_rule(triton_call_p, lambda eqn: True)
 def _impl(*args, spec):
   # Reached when the primitive is bound eagerly outside triton_call's fast
   # path (jt_dist._call.dispatch), e.g. by a transformation's rule: one bounded
-  # cache of jitted callables serves both.
-  from jt_dist._call import dispatch as _dispatch  # pylint: disable=g-import-not-at-top
+  # cache of jitted callables serves both. (call_cache imports this module.)
+  from jt_dist._core import call_cache as _call_cache  # pylint: disable=g-import-not-at-top
   try:
-    return _gpu_faults.wait_if_synced(_dispatch.executable(spec)(*args))
+    return _gpu_faults.wait_if_synced(_call_cache.executable(spec)(*args))
   except Exception as e:  # pylint: disable=broad-except
     # On the CPU, give the caller the kernel's own exception (e.g.
     # OutOfBoundsAccessError), not jax's wrapping of it (a JaxRuntimeError,

@@ -290,7 +290,44 @@ def _autotuned_call(lib, spec, calls, launches, ctx):
   return lib.TritonAutotunedKernelCall(description, configs, aliases_with_sizes)
 
 
-def custom_call_target(spec, platform: str) -> str:
+# Whether a call that names no target gets the legacy one where jaxlib also
+# has the FFI one, and nothing needs FFI (``default_target``). False: FFI.
+# benchmarks/dispatch.py's ``jt_dist_jit_legacy_target`` and
+# ``jt_dist_jit_ffi_no_cubin`` rows tell what each costs per launch; flip
+# it only where the legacy row beats both FFI rows beyond their quartiles'
+# spread (docs/one-device.md, "Compiling for GPUs").
+PREFER_LEGACY_TARGET = False
+
+
+def default_target(has_ffi: bool, *, exporting: bool, cost_estimate: bool,
+                   prefer_legacy: bool | None = None) -> str:
+  """The custom-call target of a call whose ``custom_call_target_name`` is None.
+
+  The FFI target is kept wherever something needs it: ``jax.export`` (a
+  CUBIN travels only in the FFI call, and exported artifacts should not
+  change with a speed preference), a ``cost_estimate`` (only the FFI call
+  carries it), and XLA's command buffers (CUDA graphs), which capture only
+  handlers marked compatible, as jaxlib's FFI Triton handler is and the
+  legacy custom call is not. Otherwise ``prefer_legacy`` (by default
+  ``PREFER_LEGACY_TARGET``) picks the legacy target, the one jax-triton
+  0.3 emits.
+
+  Args:
+    has_ffi: whether the installed jaxlib registers the FFI target.
+    exporting: whether the call is lowered for ``jax.export``.
+    cost_estimate: whether the call has a ``cost_estimate``.
+    prefer_legacy: overrides ``PREFER_LEGACY_TARGET``.
+  """
+  if not has_ffi:
+    return LEGACY_TARGET
+  if prefer_legacy is None:
+    prefer_legacy = PREFER_LEGACY_TARGET
+  if exporting or cost_estimate or not prefer_legacy:
+    return FFI_TARGET
+  return LEGACY_TARGET
+
+
+def custom_call_target(spec, platform: str, exporting: bool = False) -> str:
   """The custom-call target to emit; ValueError for an unknown name."""
   requested = spec.custom_call_target_name
   if requested not in (None, FFI_TARGET, LEGACY_TARGET):
@@ -305,9 +342,12 @@ def custom_call_target(spec, platform: str) -> str:
         f" installed jaxlib ({_compat.jaxlib_version()}) does not register"
         f" it for {platform}. Upgrade jax and its plugin, or pass"
         f" {LEGACY_TARGET!r}.")
-  if requested == LEGACY_TARGET or not has_ffi:
+  if requested == LEGACY_TARGET:
     return LEGACY_TARGET
-  return FFI_TARGET
+  if requested == FFI_TARGET:
+    return FFI_TARGET
+  return default_target(has_ffi, exporting=exporting,
+                        cost_estimate=bool(spec.cost_estimate))
 
 
 def gpu_lowering(ctx, *args, spec, platform: str):
@@ -331,7 +371,7 @@ def gpu_lowering(ctx, *args, spec, platform: str):
   if exporting:
     capability = _gpu_export.export_capability(spec, platform)
   lib = plugin(platform)
-  name = custom_call_target(spec, platform)
+  name = custom_call_target(spec, platform, exporting)
   cubin = (_gpu_export.wants_cubin(name, FFI_TARGET)
            if exporting and platform == "cuda" else None)
   target = _target.resolve_target(ctx, platform, capability)

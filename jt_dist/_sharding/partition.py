@@ -369,7 +369,7 @@ def run(args: Sequence[Any], call: Callable[..., Any], kernel: Any,
     layout: from ``find_layout`` or ``sharded_triton_call``'s specs.
     kwargs: every other keyword of ``triton_call``, metaparams included.
     where: the public function's name, for messages.
-    recorder: for an eager call, ``jt_dist._call.dispatch.replay_recorder``'s
+    recorder: for an eager call, ``jt_dist._sharding.replay.recorder``'s
       function: it files the jitted ``shard_map`` for the next call with
       this signature, and returns it.
 

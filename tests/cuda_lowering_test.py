@@ -94,6 +94,9 @@ def _tuned_add(x, y, **options):
       compute_capability=90, **options)
 
 
+_FFI = "triton_kernel_call_ffi"
+
+
 def _lower(f, *args):
   # A fresh function each time: jit caches lowerings per function, and a
   # cached lowering would not run the lowering rule under test.
@@ -112,7 +115,8 @@ class CudaLoweringTest(util.JaxlibAutotuningMixin, util.IsolatedCacheMixin,
   def test_custom_call_carries_kernel_and_ptx(self):
     x, y = self._inputs()
     (call,) = util.triton_custom_calls(_lower(_add, x, y))
-    self.assertEqual(call["target"], "triton_kernel_call_ffi")
+    # CUDA's default: the legacy target (see _gpu.lowering.default_target).
+    self.assertEqual(call["target"], "triton_kernel_call")
     self.assertFalse(call["autotuned"])
     (kernel,) = call["calls"]
     self.assertEqual(kernel["name"], "add_kernel")
@@ -235,8 +239,9 @@ class CudaLoweringTest(util.JaxlibAutotuningMixin, util.IsolatedCacheMixin,
 
   def test_module_image_carries_the_cubin(self):
     x, y = self._inputs()
+    f = lambda a, b: _add(a, b, custom_call_target_name=_FFI)
     with mock.patch.object(_compat, "jaxlib_takes_module_image", lambda: True):
-      (call,) = util.triton_custom_calls(_lower(_add, x, y))
+      (call,) = util.triton_custom_calls(_lower(f, x, y))
     (kernel,) = call["calls"]
     image = kernel["module_image"]
     self.assertEqual(call["target"], "triton_kernel_call_ffi")
@@ -269,10 +274,11 @@ class CudaLoweringTest(util.JaxlibAutotuningMixin, util.IsolatedCacheMixin,
 
   def test_module_image_per_autotuning_config_survives_the_disk_cache(self):
     x, y = self._inputs(n=512)
+    f = lambda a, b: _tuned_add(a, b, custom_call_target_name=_FFI)
     with mock.patch.object(_compat, "jaxlib_takes_module_image", lambda: True):
-      (first,) = util.triton_custom_calls(_lower(_tuned_add, x, y))
+      (first,) = util.triton_custom_calls(_lower(f, x, y))
       _cache.memory_cache.clear()
-      (second,) = util.triton_custom_calls(_lower(_tuned_add, x, y))
+      (second,) = util.triton_custom_calls(_lower(f, x, y))
     images = [c["module_image"] for c in first["calls"]]
     self.assertLen({i["object_file"] for i in images}, 3)
     self.assertEqual([i["object_file"][:4] for i in images], [b"\x7fELF"] * 3)

@@ -290,13 +290,14 @@ def _autotuned_call(lib, spec, calls, launches, ctx):
   return lib.TritonAutotunedKernelCall(description, configs, aliases_with_sizes)
 
 
-# Whether a call that names no target gets the legacy one where jaxlib also
-# has the FFI one, and nothing needs FFI (``default_target``). False: FFI.
-# benchmarks/dispatch.py's ``jt_dist_jit_legacy_target`` and
-# ``jt_dist_jit_ffi_no_cubin`` rows tell what each costs per launch; flip
-# it only where the legacy row beats both FFI rows beyond their quartiles'
-# spread (docs/one-device.md, "Compiling for GPUs").
-PREFER_LEGACY_TARGET = False
+# Whether a CUDA call that names no target gets the legacy one where jaxlib
+# also has the FFI one, and nothing needs FFI (``default_target``). On one
+# H100 (jax 0.11.2, benchmarks/results/h100x1/dispatch.json) a jitted
+# 1,024-float add launched through the legacy target took as long as
+# jax-triton 0.3.1's, which emits it, and the FFI target ~2 us (2%) more
+# with or without the inline CUBIN: the FFI call itself costs it. ROCm
+# keeps FFI (never measured there).
+PREFER_LEGACY_TARGET = True
 
 
 def default_target(has_ffi: bool, *, exporting: bool, cost_estimate: bool,
@@ -347,7 +348,9 @@ def custom_call_target(spec, platform: str, exporting: bool = False) -> str:
   if requested == FFI_TARGET:
     return FFI_TARGET
   return default_target(has_ffi, exporting=exporting,
-                        cost_estimate=bool(spec.cost_estimate))
+                        cost_estimate=bool(spec.cost_estimate),
+                        prefer_legacy=(PREFER_LEGACY_TARGET
+                                       and platform == "cuda"))
 
 
 def gpu_lowering(ctx, *args, spec, platform: str):

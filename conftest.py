@@ -29,7 +29,7 @@ from jt_dist import testing  # pylint: disable=g-import-not-at-top,wrong-import-
 
 testing.configure_cpu_devices()
 
-_NO_XDIST = ("pytest-xdist is not installed (pip install -e '.[test]'): the"
+_NO_XDIST = ("pytest-xdist is not installed or not loaded (the test extra"
              " installs it): the tests run in this process")
 
 

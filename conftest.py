@@ -5,26 +5,22 @@ loaded first (tests/hip_stub.py), so that jaxlib's ROCm Triton bindings
 import and tests/rocm_lowering_test.py can cross-lower for AMD GPUs.
 
 The suites run in 2 pytest-xdist workers (pyproject's ``addopts``:
-``--numprocesses=2 --dist=loadgroup``): each test goes to the next free
-worker, except that a class with a ``setUpClass`` of its own stays in one
-worker, where its ``setUpClass`` runs once. ``-n 0`` runs them in this
-process. Without pytest-xdist (the ``test`` extra installs it) those two
+``--numprocesses=2 --dist=loadscope``): each test class goes whole to the
+next free worker, so that a ``setUpClass`` runs once. ``-n 0`` runs them in
+this process. Without pytest-xdist (the ``test`` extra installs it) those two
 options are accepted and ignored, and the suites run in this process.
 """
 
 import os
 import sys
 
-import pytest
-
 # Each xdist worker is a JAX process of its own: on a GPU host, two that
 # each preallocated most of a GPU's memory would starve each other.
 if os.environ.get("PYTEST_XDIST_WORKER"):
   os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 
-_HERE = os.path.dirname(os.path.abspath(__file__))
-_SUITES = (os.path.join(_HERE, "tests"), os.path.join(_HERE, "tests_multigpu"))
-sys.path.insert(0, _SUITES[0])
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                "tests"))
 import hip_stub  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 hip_stub.load_if_needed()
@@ -46,28 +42,6 @@ def pytest_addoption(parser, pluginmanager):
                    help=f"ignored: {_NO_XDIST}")
   parser.addoption("--dist", dest="dist", default="no",
                    help=f"ignored: {_NO_XDIST}")
-
-
-def pytest_collection_modifyitems(config, items):
-  if not config.pluginmanager.hasplugin("xdist"):
-    return
-  for item in items:
-    owner = _set_up_class_owner(getattr(item, "cls", None))
-    if owner is not None:
-      item.add_marker(pytest.mark.xdist_group(
-          f"{owner.__module__}.{owner.__qualname__}"))
-
-
-def _set_up_class_owner(cls):
-  """The class of tests/ or tests_multigpu/ in cls's MRO that defines
-  setUpClass, if any."""
-  for klass in getattr(cls, "__mro__", ()):
-    module = sys.modules.get(klass.__module__)
-    folder = os.path.dirname(os.path.abspath(
-        getattr(module, "__file__", None) or ""))
-    if "setUpClass" in vars(klass) and folder in _SUITES:
-      return klass
-  return None
 
 
 def pytest_report_header(config):

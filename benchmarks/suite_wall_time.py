@@ -53,8 +53,17 @@ def _children_cpu_s() -> float:
   return usage.ru_utime + usage.ru_stime
 
 
-def run_once(tree: str, extra: list[str]) -> dict:
-  """One run of the suites of `tree`: seconds, CPU seconds, counts."""
+def run_once(tree: str, extra: list[str], log: str | None = None) -> dict:
+  """One run of the suites of `tree`: seconds, CPU seconds, counts.
+
+  Args:
+    tree: the source tree whose tests run.
+    extra: more pytest arguments.
+    log: a file for pytest's output, if given.
+
+  Returns:
+    The run's figures and pytest's counts.
+  """
   with tempfile.TemporaryDirectory() as cache:
     env = dict(os.environ, JT_DIST_CACHE_DIR=cache,
                PYTHONPATH=os.pathsep.join(
@@ -69,6 +78,9 @@ def run_once(tree: str, extra: list[str]) -> dict:
     wall = time.monotonic() - start
     cpu = _children_cpu_s() - cpu_before
   counts = _counts(done.stdout)
+  if log:
+    with open(log, "w", encoding="utf-8") as f:
+      f.write(done.stdout + done.stderr)
   if done.returncode != 0:
     print(done.stdout[-3000:], done.stderr[-3000:], file=sys.stderr)
   return {"wall_s": round(wall, 1), "cpu_s": round(cpu, 1),
@@ -90,13 +102,15 @@ def main() -> None:
                       help="the row's name, e.g. the tree's commit")
   parser.add_argument("--runs", type=int, default=1)
   parser.add_argument("--out", required=True, help="JSON file to update")
+  parser.add_argument("--log", help="pytest's output goes to LOG.<run>")
   parser.add_argument("pytest_args", nargs="*",
                       help="after --: more arguments for pytest")
   args = parser.parse_args()
   tree = os.path.abspath(args.tree)
   runs = []
   for i in range(args.runs):
-    runs.append(run_once(tree, args.pytest_args))
+    runs.append(run_once(tree, args.pytest_args,
+                         f"{args.log}.{i + 1}" if args.log else None))
     print(f"{args.label}, run {i + 1}: {runs[-1]}", flush=True)
   best = min(runs, key=lambda r: r["wall_s"])
   row = {"case": "pytest tests tests_multigpu", "impl": args.label,

@@ -10,7 +10,7 @@ replaces the row of the same label.
 
     git archive 8240aba | tar -x -C /tmp/tree_8240aba
     python benchmarks/suite_wall_time.py --tree /tmp/tree_8240aba \\
-        --label "8240aba (the issue's tree)" \\
+        --commit 8240aba --label "8240aba (the issue's tree)" \\
         --out benchmarks/results/cpu/suite_wall_time.json
     python benchmarks/suite_wall_time.py --label "this tree" --runs 3 \\
         --out benchmarks/results/cpu/suite_wall_time.json
@@ -100,6 +100,8 @@ def main() -> None:
                       help="the source tree whose suites run (default: this)")
   parser.add_argument("--label", required=True,
                       help="the row's name, e.g. the tree's commit")
+  parser.add_argument("--commit",
+                      help="the tree's commit, where it is no git checkout")
   parser.add_argument("--runs", type=int, default=1)
   parser.add_argument("--out", required=True, help="JSON file to update")
   parser.add_argument("--log", help="pytest's output goes to LOG.<run>")
@@ -114,7 +116,7 @@ def main() -> None:
     print(f"{args.label}, run {i + 1}: {runs[-1]}", flush=True)
   best = min(runs, key=lambda r: r["wall_s"])
   row = {"case": "pytest tests tests_multigpu", "impl": args.label,
-         "commit": _commit(tree),
+         "commit": args.commit or _commit(tree),
          "command": " ".join(["python", *_COMMAND, *args.pytest_args]),
          "best_wall_s": best["wall_s"], "cpu_s_of_best": best["cpu_s"],
          "passed": best.get("passed", 0), "skipped": best.get("skipped", 0),

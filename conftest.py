@@ -3,10 +3,21 @@
 Where JAX's ROCm plugin is installed without ROCm, a stub HIP runtime is
 loaded first (tests/hip_stub.py), so that jaxlib's ROCm Triton bindings
 import and tests/rocm_lowering_test.py can cross-lower for AMD GPUs.
+
+The suites run in 2 pytest-xdist workers (pyproject's ``addopts``:
+``--numprocesses=2 --dist=loadscope``): each test class goes whole to the
+next free worker, so that a ``setUpClass`` runs once. ``-n 0`` runs them in
+this process. Without pytest-xdist (the ``test`` extra installs it) those two
+options are accepted and ignored, and the suites run in this process.
 """
 
 import os
 import sys
+
+# Each xdist worker is a JAX process of its own: on a GPU host, two that
+# each preallocated most of a GPU's memory would starve each other.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+  os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)),
                                 "tests"))
@@ -17,3 +28,23 @@ hip_stub.load_if_needed()
 from jt_dist import testing  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 testing.configure_cpu_devices()
+
+_NO_XDIST = ("pytest-xdist is not installed or not loaded (the test extra"
+             " installs it): the tests run in this process")
+
+
+def pytest_addoption(parser, pluginmanager):
+  # pyproject's addopts pass --numprocesses and --dist; without xdist they
+  # would be unknown options and pytest would refuse to start.
+  if pluginmanager.hasplugin("xdist"):
+    return
+  parser.addoption("--numprocesses", dest="numprocesses", default=None,
+                   help=f"ignored: {_NO_XDIST}")
+  parser.addoption("--dist", dest="dist", default="no",
+                   help=f"ignored: {_NO_XDIST}")
+
+
+def pytest_report_header(config):
+  if not config.pluginmanager.hasplugin("xdist"):
+    return _NO_XDIST
+  return None

@@ -319,14 +319,17 @@ class CudaLoweringTest(util.JaxlibAutotuningMixin, util.IsolatedCacheMixin,
       _lower(f, x, y)
 
   def test_shared_memory_over_limit_errors(self):
-    a = jnp.asarray(self.random((256, 256)))
-    b = jnp.asarray(self.random((256, 256)))
+    # 4 stages of 64x128 and 128x64 float32 tiles: 262144 bytes, over
+    # sm_90's 232448 (small tiles: Triton compiles them in a fraction of the
+    # time of larger ones).
+    a = jnp.asarray(self.random((64, 512)))
+    b = jnp.asarray(self.random((512, 64)))
 
     def f(a, b):
       return jt_dist.triton_call(
           a, b, kernel=matmul_kernel,
-          out_shape=jax.ShapeDtypeStruct((256, 256), jnp.float32), grid=(1,),
-          BM=256, BN=256, BK=128, K=256, num_stages=3, compute_capability=90)
+          out_shape=jax.ShapeDtypeStruct((64, 64), jnp.float32), grid=(1,),
+          BM=64, BN=64, BK=128, K=512, num_stages=4, compute_capability=90)
 
     with self.assertRaisesRegex(
         ValueError, r"'matmul_kernel'.*bytes of shared memory.*232448.*sm_90"):
@@ -343,17 +346,19 @@ class CudaLoweringTest(util.JaxlibAutotuningMixin, util.IsolatedCacheMixin,
     self.assertEqual(kernel["ttir"].count("tt.divisibility = 16"), hints)
 
   def test_autotuning_drops_configs_over_shared_memory(self):
-    a = jnp.asarray(self.random((256, 256)))
-    b = jnp.asarray(self.random((256, 256)))
+    # The first config needs 262144 bytes of shared memory (over sm_90's
+    # 232448); the second, one stage of 64x32 tiles, fits.
+    a = jnp.asarray(self.random((64, 512)))
+    b = jnp.asarray(self.random((512, 64)))
     tuned = triton.autotune(
-        configs=[triton.Config(dict(BM=256, BN=256, BK=128), num_stages=3),
-                 triton.Config(dict(BM=256, BN=256, BK=32), num_stages=1)],
+        configs=[triton.Config(dict(BM=64, BN=64, BK=128), num_stages=4),
+                 triton.Config(dict(BM=64, BN=64, BK=32), num_stages=1)],
         key=[])(matmul_kernel)
 
     def f(a, b):
       return jt_dist.triton_call(
-          a, b, kernel=tuned, grid=(1,), K=256, compute_capability=90,
-          out_shape=jax.ShapeDtypeStruct((256, 256), jnp.float32))
+          a, b, kernel=tuned, grid=(1,), K=512, compute_capability=90,
+          out_shape=jax.ShapeDtypeStruct((64, 64), jnp.float32))
 
     with self.assertLogs("jt_dist", level="WARNING") as logs:
       (call,) = util.triton_custom_calls(_lower(f, a, b))

@@ -10,6 +10,7 @@ import types
 from unittest import mock
 
 from absl.testing import absltest
+from absl.testing import parameterized
 import jax
 import triton
 import triton.language as tl
@@ -162,6 +163,52 @@ def _amd_device(ident, arch="gfx942:sramecc+:xnack-"):
       device_kind="AMD Instinct MI300X",
       compute_capability=arch,
       client=types.SimpleNamespace(platform_version="rocm 7.0.2"))
+
+
+def _nvidia_device(ident=0):
+  return types.SimpleNamespace(
+      platform="gpu", id=ident, local_hardware_id=ident,
+      device_kind="NVIDIA H100 80GB HBM3", compute_capability="9.0",
+      client=types.SimpleNamespace(platform_version="cuda 13000"))
+
+
+@absltest.skipUnless(hasattr(getattr(_compat.gpu_triton_module(),
+                                     "_cuda_triton", None), "TritonKernel"),
+                     "needs jaxlib's CUDA Triton bindings (jax-cuda12-plugin"
+                     " or jax-cuda13-plugin)")
+class DoctorCubinPathTest(testing.TestCase):
+  """Which calls load jt_dist's CUBINs, by jaxlib and the default target."""
+
+  def _line(self, module_image, ffi, prefer_legacy):
+    out = io.StringIO()
+    report = _doctor.Report(out)
+    targets = frozenset({_gpu_lowering.FFI_TARGET}) if ffi else frozenset()
+    with mock.patch.object(_compat, "jaxlib_takes_module_image",
+                           return_value=module_image), \
+         mock.patch.object(_compat, "triton_ffi_targets",
+                           return_value=targets), \
+         mock.patch.object(_gpu_lowering, "PREFER_LEGACY_TARGET",
+                           prefer_legacy):
+      _doctor.cubin_path(report, [_nvidia_device()])
+    self.assertEqual(report.problems, [])
+    return out.getvalue()
+
+  @parameterized.parameters(True, False)
+  def test_inactive_without_module_images_or_ffi(self, prefer_legacy):
+    for module_image, ffi in ((False, True), (True, False)):
+      out = self._line(module_image, ffi, prefer_legacy)
+      self.assertIn("CUBIN path     inactive: jaxlib assembles each", out)
+      self.assertIn(f"this is {_compat.jaxlib_version()}", out)
+
+  def test_legacy_default_names_the_calls_that_load_cubins(self):
+    out = self._line(True, True, True)
+    self.assertIn("CUBIN path     on the FFI target:", out)
+    self.assertIn("jt_dist.CUSTOM_CALL_TARGET_NAME", out)
+    self.assertIn("the default legacy target carries PTX", out)
+
+  def test_ffi_default_is_active(self):
+    out = self._line(True, True, False)
+    self.assertIn("CUBIN path     active: jaxlib loads the CUBINs", out)
 
 
 class DoctorRocmTest(testing.TestCase):

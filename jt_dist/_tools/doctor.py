@@ -342,13 +342,19 @@ def cubin_path(report: Report, found: list[Any]) -> None:
                           "install JAX's CUDA plugin at jaxlib's version"):
     return
   has_ffi = _gpu_lowering.FFI_TARGET in _compat.triton_ffi_targets("cuda")
-  if _compat.jaxlib_takes_module_image() and has_ffi:
-    report.line("CUBIN path", "active: jaxlib loads the CUBINs jt_dist"
-                " assembles (and caches)")
-  else:
+  if not (_compat.jaxlib_takes_module_image() and has_ffi):
     report.line("CUBIN path", "inactive: jaxlib assembles each kernel's PTX"
                 f" in every process (needs jaxlib >= 0.11.1 and the FFI"
                 f" target; this is {_compat.jaxlib_version()})")
+  elif _gpu_lowering.PREFER_LEGACY_TARGET:
+    report.line("CUBIN path", "on the FFI target: calls that name"
+                " custom_call_target_name=jt_dist.CUSTOM_CALL_TARGET_NAME, and"
+                " exported calls, load the CUBINs jt_dist assembles (and"
+                " caches); the default legacy target carries PTX, which jaxlib"
+                " assembles once per kernel in each process")
+  else:
+    report.line("CUBIN path", "active: jaxlib loads the CUBINs jt_dist"
+                " assembles (and caches)")
 
 
 def hsaco_path(report: Report, found: list[Any]) -> None:

@@ -43,6 +43,10 @@ from jt_dist._sharding.shard_size import shard_size
 from jt_dist._call.sharded import sharded_triton_call
 from jt_dist._gpu.lowering import CUSTOM_CALL_TARGET_NAME
 from jt_dist._call.tensordesc import TensorDescriptor
+from jt_dist._call.helpers import cdiv
+from jt_dist._call.helpers import get_compute_capability
+from jt_dist._call.helpers import next_power_of_2
+from jt_dist._call.helpers import strides_from_shape
 
 __version__ = "0.1.0"
 
@@ -66,6 +70,7 @@ __all__ = [
     "UnwrittenOutputReadError",
     "__version__",
     "autotune_choices",
+    "cdiv",
     "check_exported",
     "configure_autotune",
     "configure_cache",
@@ -73,8 +78,11 @@ __all__ = [
     "export_safety_checks",
     "exported_versions",
     "forget_autotune_choices",
+    "get_compute_capability",
+    "next_power_of_2",
     "pin_autotune_config",
     "shard_size",
     "sharded_triton_call",
+    "strides_from_shape",
     "triton_call",
 ]

@@ -105,7 +105,7 @@ def sharded_triton_call(
 def _first_call(args, kernel, out_shape, grid, specs, kwargs, signature):
   """A call with no entry: checks it, runs it, and files its entry."""
   mesh, in_specs, out_specs, out_reduce, rule = specs
-  _refuse_descriptors(args)
+  _refuse_descriptors(args, kwargs)
   # Keyword operands become positional, so in_specs and rules see them.
   args, kwargs = _operands.merge_keywords(kernel, args, kwargs)
   if _refs.has_refs(args):
@@ -156,16 +156,22 @@ def _hashable(x: Any) -> Any:
   return x
 
 
-def _refuse_descriptors(args) -> None:
+def _refuse_descriptors(args, kwargs) -> None:
   """TensorDescriptors describe global arrays; shards need their own.
+
+  Keyword operands are checked too: given by name, a descriptor would
+  otherwise reach every shard whole.
 
   Raises:
     NotImplementedError: an argument is a ``jt_dist.TensorDescriptor``.
   """
-  for i, arg in enumerate(args):
+  given = [(f"args[{i}]", arg) for i, arg in enumerate(args)]
+  given += [(f"the keyword operand {name}=", value)
+            for name, value in kwargs.items()]
+  for where, arg in given:
     if isinstance(arg, _tensordesc.TensorDescriptor):
       raise NotImplementedError(
-          f"sharded_triton_call: args[{i}] is a TensorDescriptor, whose"
+          f"sharded_triton_call: {where} is a TensorDescriptor, whose"
           " shape and strides are those of the global array, not of a"
           " shard. Pass the array, and build the descriptor per shard"
           " inside jax.shard_map: jax.shard_map(lambda x: triton_call("

@@ -78,6 +78,18 @@ def matmul_kernel(a_ptr, b_ptr, c_ptr, BM: tl.constexpr, BN: tl.constexpr,
   tl.store(c_ptr + rm[:, None] * BN + rn[None, :], acc)
 
 
+@triton.jit
+def acc_and_total_kernel(x_ptr, acc_ptr, n, total_ptr, BLOCK: tl.constexpr):
+  # jax-triton 0.4's convention: acc_ptr is output 0's buffer (aliased, no
+  # parameter of its own); total_ptr is output 1.
+  offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+  mask = offsets < n
+  x = tl.load(x_ptr + offsets, mask=mask, other=0.0)
+  tl.store(acc_ptr + offsets, tl.load(acc_ptr + offsets, mask=mask) + x,
+           mask=mask)
+  tl.atomic_add(total_ptr, tl.sum(x, axis=0))
+
+
 def _add(x, y, **options):
   options.setdefault("compute_capability", 90)
   return jt_dist.triton_call(
@@ -251,6 +263,34 @@ class CudaLoweringTest(util.JaxlibAutotuningMixin, util.IsolatedCacheMixin,
     # The rest of the call is what jaxlib serialised.
     self.assertIn(".entry add_kernel", kernel["ptx"])
     self.assertEqual(kernel["grid"], (8, 1, 1))
+
+  @parameterized.parameters("triton_kernel_call", _FFI)
+  def test_an_aliased_output_before_a_bound_one_comes_last(self, target):
+    # jaxlib hands pointer parameters the operands, then the results, in
+    # order: output 0 (aliased, no parameter) must not reach total_ptr.
+    x, acc = self._inputs(n=64)
+
+    def f(a, b):
+      return jt_dist.triton_call(
+          a, b, a.size, kernel=acc_and_total_kernel,
+          out_shape=(jax.ShapeDtypeStruct(b.shape, b.dtype),
+                     jax.ShapeDtypeStruct((1,), jnp.float32)),
+          grid=(2,), BLOCK=32, input_output_aliases={1: 0},
+          zeroed_outputs=(1,), compute_capability=90,
+          custom_call_target_name=target)
+
+    lowered = _lower(f, x, acc)
+    (call,) = util.triton_custom_calls(lowered)
+    self.assertIn("output_tuple_indices = [1], operand_index = 1",
+                  call["aliases_text"])
+    self.assertEqual([p[0] for p in call["calls"][0]["params"]],
+                     ["array", "array", "i32", "array"])
+    self.assertEqual(call["calls"][0]["params"][3][1], 4)  # total zeroed.
+    text = lowered.as_text()
+    self.assertRegex(text, r"-> \(tensor<1xf32>, tensor<64xf32>\)")
+    self.assertRegex(text, r"return %\d+#1, %\d+#0")
+    (eqn,) = jax.make_jaxpr(f)(x, acc).eqns
+    self.assertEqual(_gpu_lowering.result_order(eqn.params["spec"]), (1, 0))
 
   def test_legacy_target_leaves_the_cubin_out(self):
     # jaxlib hashes the whole legacy call on every launch.

@@ -279,11 +279,12 @@ def _fitting_calls(lib, spec, target, object_file=None):
   return calls, launches, kernels
 
 
-def _autotuned_call(lib, spec, calls, launches, ctx):
+def _autotuned_call(lib, spec, calls, launches, ctx, order):
   scalars = {op.name: op.value for op in spec.operands if op.kind == "scalar"}
   description = f"{spec.name} ({spec.info.name}) {scalars}"
+  # Output indices as the custom call's results are ordered (result_order).
   aliases_with_sizes = tuple(
-      (i, o, _nbytes(ctx.avals_in[i].shape, ctx.avals_in[i].dtype))
+      (i, order.index(o), _nbytes(ctx.avals_in[i].shape, ctx.avals_in[i].dtype))
       for i, o in spec.input_output_aliases)
   configs = [(call, launch.config.label)
              for call, launch in zip(calls, launches)]
@@ -382,8 +383,9 @@ def gpu_lowering(ctx, *args, spec, platform: str):
     _target.check_num_ctas(target, launch.config.num_ctas, launch.config.label)
   calls, launches, kernels = _fitting_calls(
       lib, spec, target, cubin or None)
+  order = result_order(spec)
   call = (calls[0] if len(calls) == 1
-          else _autotuned_call(lib, spec, calls, launches, ctx))
+          else _autotuned_call(lib, spec, calls, launches, ctx, order))
   serialized = call.to_proto(spec.name, spec.serialized_metadata)
   choices = _proto_choices
   if platform == "rocm":
@@ -399,7 +401,8 @@ def gpu_lowering(ctx, *args, spec, platform: str):
   if choices.padding_bytes:
     serialized += _proto_wire.length_delimited(
         _PADDING_FIELD, os.urandom(choices.padding_bytes))
-  results = _emit(ctx, args, spec, name, zlib.compress(serialized))
+  results = _emit_in_order(ctx, args, spec, name, zlib.compress(serialized),
+                           order)
   if exporting:
     binary = ("hsaco" if platform == "rocm"
               else "cubin" if with_images else "ptx")
@@ -408,9 +411,38 @@ def gpu_lowering(ctx, *args, spec, platform: str):
   return results
 
 
-def _emit(ctx, args, spec, name: str, opaque: bytes):
+def result_order(spec) -> tuple[int, ...]:
+  """The custom call's results, as output indices, in jaxlib's buffer order.
+
+  jaxlib hands a kernel's pointer parameters the call's buffers in order:
+  the operands, then the results. Under jax-triton 0.4's convention an
+  aliased output binds no parameter (its input's does), so the outputs that
+  bind one come first, in parameter order, and the aliased rest last, where
+  no parameter reads them. Under 0.3.1's every output binds one in order,
+  and this is ``range(len(outputs))``.
+  """
+  bound = [op.index for op in spec.operands if op.kind == "output"]
+  seen = set(bound)
+  return tuple(bound) + tuple(
+      i for i in range(len(spec.out_shapes)) if i not in seen)
+
+
+def _emit_in_order(ctx, args, spec, name: str, opaque: bytes,
+                   order: tuple[int, ...]):
+  """``_emit`` with the results in ``order``, given back in output order."""
+  if order == tuple(range(len(order))):
+    return _emit(ctx, args, spec, name, opaque)
+  position = {out: k for k, out in enumerate(order)}
+  aliases = tuple((i, position[o]) for i, o in spec.input_output_aliases)
+  reordered = _emit(ctx.replace(avals_out=[ctx.avals_out[i] for i in order]),
+                    args, spec, name, opaque, aliases)
+  return [reordered[position[i]] for i in range(len(order))]
+
+
+def _emit(ctx, args, spec, name: str, opaque: bytes, aliases=None):
   """The custom call on ``name``, with the serialised call as its config."""
-  aliases = dict(spec.input_output_aliases) or None
+  aliases = dict(spec.input_output_aliases if aliases is None
+                 else aliases) or None
   if name == FFI_TARGET:
     rule = jax.ffi.ffi_lowering(
         name, api_version=4, operand_output_aliases=aliases,

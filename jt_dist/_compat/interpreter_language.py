@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
+import re
 from typing import Any
 
 import triton
@@ -44,8 +45,8 @@ def _binds_builder() -> bool:
   # Read in Triton 3.6 and 3.9: 3.6 binds the builder in place when it
   # patches, 3.9 does not. 3.7 and 3.8 are treated as 3.6, which is only
   # slower (a plan per builder), never wrong.
-  major, minor = (int(p) for p in triton.__version__.split(".")[:2])
-  return (major, minor) < (3, 9)
+  match = re.match(r"(\d+)\.(\d+)", triton.__version__)
+  return match is None or (int(match[1]), int(match[2])) < (3, 9)
 
 
 class _Recorder:

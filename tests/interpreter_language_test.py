@@ -26,6 +26,7 @@ testing.configure_cpu_devices()
 import jt_dist  # pylint: disable=g-import-not-at-top,wrong-import-position
 from jt_dist import _compat  # pylint: disable=g-import-not-at-top,wrong-import-position
 from jt_dist._compat import interpreter_language  # pylint: disable=g-import-not-at-top,wrong-import-position
+from jt_dist._cpu import vector_launch  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 _BLOCK = 16
 
@@ -65,7 +66,7 @@ def _scale(x, s, programs):
   return np.asarray(jt_dist.triton_call(
       x, s, x.size, kernel=scale_kernel,
       out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
-      grid=(programs,), BLOCK=_BLOCK))
+      grid=(programs,), BLOCK=x.size // programs))
 
 
 class InterpreterLanguageTest(testing.TestCase):
@@ -99,18 +100,23 @@ class InterpreterLanguageTest(testing.TestCase):
           grid=(1,), BLOCK=_BLOCK)
     self._assert_unchanged(before)
 
-  @parameterized.named_parameters(("one_program", 1), ("vectorised", 4))
-  def test_patches_are_recorded_once(self, programs):
-    x = self.random((programs * _BLOCK,))
-    _scale(x, 1.5, programs)
+  @parameterized.named_parameters(("one_program_first", (1, 4, 1, 4)),
+                                  ("vectorised_first", (4, 1, 4, 1)))
+  def test_patches_are_recorded_once(self, programs_per_launch):
+    # Recorded under one builder, they serve the other launch's too.
+    x = self.random((4 * _BLOCK,))
+    _scale(x, 1.5, 1)
     walk = mock.Mock(wraps=_interpreter._patch_lang)  # pylint: disable=protected-access
-    with mock.patch.dict(interpreter_language._plans, clear=True), \
+    with mock.patch.dict(interpreter_language._cache, clear=True), \
         mock.patch.object(_interpreter, "_patch_lang", walk):
-      for _ in range(3):
-        self.assertAllClose(_scale(x, 2.0, programs), x * 2)
-    # Triton 3.6's patches bind the vectorised launch's own builder.
-    per_builder = programs > 1 and interpreter_language._binds_builder()  # pylint: disable=protected-access
-    self.assertEqual(walk.call_count, 3 if per_builder else 1)
+      for programs in programs_per_launch:
+        s = float(self.np_rng.uniform(-3, 3))
+        self.assertAllClose(_scale(x, s, programs), x * np.float32(s))
+    # Once, to record; the executor's own call only checks visibility.
+    self.assertEqual(walk.call_count, 1)
+    self.assertFalse(interpreter_language._cache.get("unusable"))
+    self.assertEqual(vector_launch.decisions_of(scale_kernel.fn),
+                     {vector_launch.VECTORISED})
 
   def test_changed_module_is_patched_anew(self):
     x = self.random((_BLOCK,))

@@ -1,19 +1,22 @@
-"""``triton.language`` as Triton's interpreter patches it, once per launch.
+"""``triton.language`` as Triton's interpreter patches it, recorded once.
 
 Triton's interpreter (3.6 through 3.9) makes ``triton.language`` run on
 NumPy by calling ``_patch_lang(fn)`` at every launch: it walks
 ``triton.language``, its ``core`` and ``math`` modules and the tensor classes
 with ``inspect.getmembers`` and wraps every builtin anew. On a tiny kernel
-that walk is about 40% of a launch, and jt_dist's runtime used to pay it
-twice (once for ``triton.language.core``, which library helpers such as
+that walk is about a third of a launch, and jt_dist's runtime used to pay
+it twice (once for ``triton.language.core``, which library helpers such as
 ``tl.zeros`` call, once in the executor).
 
-The walk's result is the same at every launch while the modules hold the
-same originals and, on Triton before 3.9, the same builder: its wrappers
-bind ``TritonSemantic(builder)`` when they are made (Triton 3.9 reads the
-interpreter's module-level semantic at call time). So it is recorded once,
-without applying it, and re-applied with plain attribute writes for each
-launch; the executor's own ``_patch_lang`` finds the modules patched and
+The walk gives the same wrappers at every launch while the modules hold the
+same originals, provided the wrappers do not bind the launch's builder.
+Triton 3.9's read the interpreter's module-level ``interpreter_semantic`` at
+call time. Triton 3.6's each bind a ``TritonSemantic(builder)`` made as they
+are made; while recording, that constructor hands out
+``interpreter_semantic`` itself, whose ``builder`` is the one in place, so
+the wrappers follow the builder as 3.9's do (the vectorised launch sets
+that attribute). So the patches are recorded once, without applying them,
+and re-applied for each launch; the executor's own ``_patch_lang`` then
 only checks that the kernel can see ``triton.language``.
 """
 
@@ -41,12 +44,10 @@ _LANGUAGE_MODULES = (tl, tl_core)
 
 
 @functools.cache
-def _binds_builder() -> bool:
-  # Read in Triton 3.6 and 3.9: 3.6 binds the builder in place when it
-  # patches, 3.9 does not. 3.7 and 3.8 are treated as 3.6, which is only
-  # slower (a plan per builder), never wrong.
+def _wrappers_read_shared_semantic() -> bool:
+  """Whether, as read in Triton 3.9, wrappers never bind a builder."""
   match = re.match(r"(\d+)\.(\d+)", triton.__version__)
-  return match is None or (int(match[1]), int(match[2])) < (3, 9)
+  return match is not None and (int(match[1]), int(match[2])) >= (3, 9)
 
 
 class _Recorder:
@@ -54,6 +55,8 @@ class _Recorder:
 
   def __init__(self):
     self.changes: dict[tuple[int, str], tuple[Any, str, Any]] = {}
+    self.shared = False  # A wrapper took `interpreter_semantic`.
+    self.bound = False  # A wrapper bound a semantic of its own.
 
   def set_attr(self, obj, name, value):
     # The same attribute may be set twice (tl.tensor is tl.core.tensor);
@@ -63,29 +66,45 @@ class _Recorder:
   def restore(self):
     pass
 
+  def semantic_for(self, make_semantic):
+    shared = getattr(_interpreter, "interpreter_semantic", None)
+
+    def semantic(builder):
+      if shared is not None and builder is getattr(shared, "builder", None):
+        self.shared = True
+        return shared
+      self.bound = True
+      return make_semantic(builder)
+    return semantic
+
+  def reusable(self) -> bool:
+    """Whether the recorded wrappers serve any builder, any launch."""
+    if self.bound or not self.changes:
+      return False
+    return self.shared or _wrappers_read_shared_semantic()
+
 
 class _Plan:
   """Upstream's patches of the language modules, made once, applied often."""
 
-  def __init__(self, builder, patches):
-    self.builder = builder
-    # (owner, name, value, what owner itself held when recorded)
-    self.patches = [(obj, name, value, vars(obj).get(name, _ABSENT))
-                    for obj, name, value in patches]
+  def __init__(self, patches):
+    # (owner, name, what owner itself held when recorded)
+    self.originals = [(obj, name, vars(obj).get(name, _ABSENT))
+                      for obj, name, _ in patches]
     owners = {}
     for obj, name, value in patches:
       owners.setdefault(id(obj), (obj, {}))[1][name] = value
     self.by_owner = list(owners.values())
 
-  def current(self, builder) -> bool:
+  def current(self) -> bool:
     """Whether the modules still hold what the plan's wrappers wrap."""
-    if _binds_builder() and builder is not self.builder:
-      return False
     return all(vars(obj).get(name, _ABSENT) is own
-               for obj, name, _, own in self.patches)
+               for obj, name, own in self.originals)
 
 
-_plans: dict[bool, _Plan] = {}  # Read and written under LANGUAGE_LOCK.
+# "plan": the recorded _Plan; "unusable": recording cannot be reused here.
+# Read and written under LANGUAGE_LOCK.
+_cache: dict[str, Any] = {}
 
 
 def _probe():
@@ -93,27 +112,31 @@ def _probe():
   return tl, tl_core
 
 
-def _recorded_plan(patch_lang, builder) -> _Plan | None:
+def _recorded_plan(patch_lang) -> _Plan | None:
   recorder = _Recorder()
-  with attributes_replaced(_interpreter,
-                           {"_LangPatchScope": lambda: recorder}):
+  replacements = {"_LangPatchScope": lambda: recorder}
+  if "TritonSemantic" in vars(_interpreter):
+    replacements["TritonSemantic"] = recorder.semantic_for(
+        _interpreter.TritonSemantic)
+  with attributes_replaced(_interpreter, replacements):
     returned = patch_lang(_probe)
-  if returned is not recorder or not recorder.changes:
-    return None  # Not upstream's shape: patch as upstream does.
-  return _Plan(builder, list(recorder.changes.values()))
+  if returned is not recorder or not recorder.reusable():
+    return None
+  return _Plan(list(recorder.changes.values()))
 
 
 def _plan_for_launch(patch_lang) -> _Plan | None:
-  builder = _interpreter.interpreter_builder
-  # Keep one plan for the builder of one-at-a-time launches; a per-launch
-  # builder (the vectorised launch's) is planned for that launch alone.
-  stock = type(builder) is _interpreter.InterpreterBuilder
-  plan = _plans.get(stock)
-  if plan is not None and plan.current(builder):
+  if _cache.get("unusable"):
+    return None
+  plan = _cache.get("plan")
+  if plan is not None and plan.current():
     return plan
-  plan = _recorded_plan(patch_lang, builder)
-  if plan is not None and (stock or not _binds_builder()):
-    _plans[stock] = plan
+  plan = _recorded_plan(patch_lang)
+  if plan is None:
+    # Not upstream's shape, or wrappers bound to one builder: from now on
+    # patch as upstream does, once per launch.
+    _cache["unusable"] = True
+  _cache["plan"] = plan
   return plan
 
 
@@ -131,23 +154,22 @@ def interpreter_language_patched():
 
   As upstream's executor patches them, for both modules, whichever the
   kernel's globals name; within the block upstream's ``_patch_lang`` only
-  checks that ``triton.language`` is visible. Everything is restored
-  exactly on exit (an attribute the owner only inherited is deleted again).
-  Holds ``LANGUAGE_LOCK``.
+  checks that ``triton.language`` is visible, so that jt_dist's own
+  replacements entered inside the block stay. Restored exactly on exit (an
+  attribute the owner only inherited is deleted again). Holds
+  ``LANGUAGE_LOCK``.
   """
-  with LANGUAGE_LOCK:
+  with LANGUAGE_LOCK, contextlib.ExitStack() as stack:
     patch_lang = _interpreter._patch_lang  # pylint: disable=protected-access
+    if patch_lang is _visibility_check:
+      yield  # Within a launch's patches already (the lock is reentrant).
+      return
     plan = _plan_for_launch(patch_lang)
     if plan is None:
-      scope = patch_lang(_probe)
-      try:
-        yield
-      finally:
-        scope.restore()
-      return
-    with contextlib.ExitStack() as stack:
+      stack.callback(patch_lang(_probe).restore)
+    else:
       for owner, replacements in plan.by_owner:
         stack.enter_context(attributes_replaced(owner, replacements))
-      stack.enter_context(attributes_replaced(
-          _interpreter, {"_patch_lang": _visibility_check}))
-      yield
+    stack.enter_context(attributes_replaced(
+        _interpreter, {"_patch_lang": _visibility_check}))
+    yield

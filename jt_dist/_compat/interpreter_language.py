@@ -118,8 +118,11 @@ def _recorded_plan(patch_lang) -> _Plan | None:
   if "TritonSemantic" in vars(_interpreter):
     replacements["TritonSemantic"] = recorder.semantic_for(
         _interpreter.TritonSemantic)
-  with attributes_replaced(_interpreter, replacements):
-    returned = patch_lang(_probe)
+  try:
+    with attributes_replaced(_interpreter, replacements):
+      returned = patch_lang(_probe)
+  except Exception:  # pylint: disable=broad-except
+    return None  # Upstream's own walk, run next, reports any real fault.
   if returned is not recorder or not recorder.reusable():
     return None
   return _Plan(list(recorder.changes.values()))

@@ -36,6 +36,9 @@ def _failure(kernel: str, which: str, message, detail: str = ""):
 def kernel_asserts(kernel: str, debug: bool):
   """Turns the interpreter's asserts on (``debug``) and names failures.
 
+  Enter inside ``_compat.interpreter_language_patched()``: the
+  ``static_assert`` it installs replaces the interpreter's.
+
   Args:
     kernel: the kernel's name, for the messages.
     debug: the call's ``debug`` flag; device asserts run only when set.

@@ -146,8 +146,9 @@ def _scalar_index_squeezes():
   ``int(data)``, which NumPy >= 2.4 refuses for a 1-D array; Triton 3.9
   squeezes first. For one launch, inside the language patches.
   """
-  return _compat.attributes_replaced(
-      tl_core.tensor, {"__index__": lambda self: int(self.handle.data.squeeze())})
+  def index(self):
+    return int(self.handle.data.squeeze())
+  return _compat.attributes_replaced(tl_core.tensor, {"__index__": index})
 
 
 @contextlib.contextmanager

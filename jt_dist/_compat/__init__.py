@@ -16,6 +16,8 @@ the modules behind them:
 - ``jaxlib_triton``: jaxlib's Triton custom call.
 - ``descriptors``: tensor descriptors (TMA), host and device side.
 - ``interpreter``: hooks into Triton's interpreter for the CPU runtime.
+- ``interpreter_language``: ``triton.language`` patched as the interpreter
+  patches it, recorded once.
 - ``jax_lowering``: JAX facts for lowering rules and primitive registries.
 - ``environ``: environment variables read on the eager fast path.
 - ``jax_runtime``: JAX facts at call time (tracing state, Refs, services).
@@ -33,6 +35,7 @@ from jt_dist._compat.interpreter import interpreter_block_pointer
 from jt_dist._compat.interpreter import interpreter_native_memory
 from jt_dist._compat.interpreter import interpreter_native_memory_replaced
 from jt_dist._compat.interpreter import interpreter_program_id
+from jt_dist._compat.interpreter_language import interpreter_language_patched
 from jt_dist._compat.jax_lowering import AxisFacts
 from jt_dist._compat.jax_lowering import is_auto_axis
 from jt_dist._compat.jax_lowering import kernel_side_effect

@@ -36,13 +36,15 @@ def _failure(kernel: str, which: str, message, detail: str = ""):
 def kernel_asserts(kernel: str, debug: bool):
   """Turns the interpreter's asserts on (``debug``) and names failures.
 
+  Enter inside ``_compat.interpreter_language_patched()``: the
+  ``static_assert`` it installs replaces the interpreter's.
+
   Args:
     kernel: the kernel's name, for the messages.
     debug: the call's ``debug`` flag; device asserts run only when set.
   """
   builder = _interpreter.interpreter_builder
   saved_options = builder.options
-  original_patch_lang = _interpreter._patch_lang  # pylint: disable=protected-access
 
   def create_assert(self, condition, message):
     del self
@@ -58,18 +60,13 @@ def kernel_asserts(kernel: str, debug: bool):
     if not cond:
       raise _failure(kernel, "tl.static_assert", msg)
 
-  def patch_lang(fn):
-    # The executor patches the language modules per launch; static_assert
-    # is among what it patches, so it is replaced after it.
-    scope = original_patch_lang(fn)
-    for lang in (tl, tl_core):
-      scope.set_attr(lang, "static_assert", static_assert)
-    return scope
-
   options = dataclasses.replace(saved_options, debug=bool(debug))
+  # The language modules are patched already (static_assert among them);
+  # this replaces it after them.
   with (_compat.attributes_replaced(builder, {"options": options}),
         _compat.attributes_replaced(_interpreter.InterpreterBuilder,
                                     {"create_assert": create_assert}),
-        _compat.attributes_replaced(_interpreter,
-                                    {"_patch_lang": patch_lang})):
+        _compat.attributes_replaced(tl, {"static_assert": static_assert}),
+        _compat.attributes_replaced(tl_core,
+                                    {"static_assert": static_assert})):
     yield

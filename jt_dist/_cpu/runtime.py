@@ -127,47 +127,28 @@ def _run_patched(executor, args, kwargs, checker, kernel, debug):
 @contextlib.contextmanager
 def _patched_language(kernel: str, debug: bool):
   """``triton.language`` and the interpreter as jt_dist runs a launch."""
+  # Both language modules, not only those the kernel's globals name (usually
+  # `tl`): library helpers such as tl.zeros are @triton.jit functions that
+  # call builtins through `triton.language.core`. jt_dist's own replacements
+  # of language functions are entered after, so that they win.
   with _helpers_run_interpreted(), _bfloat16_like_compiled(), \
       _float8.float8_like_compiled(kernel), \
-      _asserts.kernel_asserts(kernel, debug):
-    # The executor patches only the language modules the kernel's own
-    # globals name (usually `tl`). Library helpers such as tl.zeros are
-    # @triton.jit functions that call builtins through `triton.language.core`,
-    # so patch that too, around (not inside) the executor's own patching so
-    # that the two restore in the right order.
-    scope = _interpreter._patch_lang(_language_modules_probe)  # pylint: disable=protected-access
-    try:
-      with _scalar_index_squeezes():
-        yield
-    finally:
-      scope.restore()
+      _compat.interpreter_language_patched(), \
+      _asserts.kernel_asserts(kernel, debug), _scalar_index_squeezes():
+    yield
 
 
-@contextlib.contextmanager
 def _scalar_index_squeezes():
   """Lets ``range(n)`` take a scalar tensor under Triton 3.6 and NumPy 2.4.
 
   The interpreter holds scalars (runtime int arguments, tl.program_id) as
   one-element 1-D arrays. Triton 3.6 patches ``tensor.__index__`` to
   ``int(data)``, which NumPy >= 2.4 refuses for a 1-D array; Triton 3.9
-  squeezes first. ``_patch_lang`` is wrapped for one launch (under the
-  interpreter lock) so that the executor's own patching squeezes too.
+  squeezes first. For one launch, inside the language patches.
   """
-  original = _interpreter._patch_lang  # pylint: disable=protected-access
-
-  def patch_lang(fn):
-    scope = original(fn)
-    scope.set_attr(tl_core.tensor, "__index__",
-                   lambda self: int(self.handle.data.squeeze()))
-    return scope
-
-  with _compat.attributes_replaced(_interpreter, {"_patch_lang": patch_lang}):
-    yield
-
-
-def _language_modules_probe():
-  """Never called: its globals name `tl` and `tl_core` for ``_patch_lang``."""
-  return tl, tl_core
+  def index(self):
+    return int(self.handle.data.squeeze())
+  return _compat.attributes_replaced(tl_core.tensor, {"__index__": index})
 
 
 @contextlib.contextmanager

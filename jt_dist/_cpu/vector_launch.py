@@ -64,8 +64,8 @@ def run(executor, args, kwargs, checker, patched_language) -> bool:
     checker: the launch's ``bounds.MemoryChecker``, or None.
     patched_language: a context manager factory that patches
       ``triton.language`` as for a one-program-at-a-time launch; entered
-      once the vectorised builder is in place (Triton 3.6 binds each
-      patched builtin to the builder in place when it patches).
+      once the vectorised builder is in place (the patched builtins call
+      the interpreter's semantic, whose builder this replaces).
 
   Returns:
     True if the launch ran; False if the caller must run it one program at

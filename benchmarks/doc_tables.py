@@ -217,6 +217,24 @@ def _dispatch(data: dict[str, Any]) -> str:
   return "\n\n".join(out)
 
 
+def _launch_overhead(data: dict[str, Any]) -> str:
+  """benchmarks/cpu_launch_overhead.py: one launch's wall time and profile."""
+  rows = []
+  for case, result in data["cases"].items():
+    wall = result.get("wall_us", {})
+    profile = result.get("profile", {})
+    row = [case, wall.get("median", ""), wall.get("q1", ""),
+           wall.get("q3", ""), profile.get("profiled_us_per_launch", "")]
+    for part in ("triton_patch_lang", "jt_dist_language_scope"):
+      found = profile.get(part) or {}
+      row += [found.get("calls_per_launch", ""), found.get("share", "")]
+    rows.append(row)
+  return _table(
+      ["case", "wall µs (median)", "q1", "q3", "profiled µs",
+       "_patch_lang calls", "its share", "jt_dist scope calls",
+       "its share"], rows)
+
+
 def render(data: dict[str, Any]) -> str:
   """A results file's tables, as Markdown.
 
@@ -245,6 +263,8 @@ def render(data: dict[str, Any]) -> str:
     body = _cpu_interpreter(data)
   elif "suites" in data or "kernels" in data:
     body = _bounds_check(data)
+  elif "cases" in data and "elements" in data:
+    body = _launch_overhead(data)
   else:
     raise ValueError(f"no renderer for a results file with keys {list(data)}")
   return _environment(data) + body

@@ -25,6 +25,7 @@ from jt_dist._gpu import compile as _compile
 from jt_dist._gpu import lowering as _gpu_lowering
 from jt_dist._gpu import target as _target
 from jt_dist import testing
+import feature_kernels
 import gpu_lowering_util as util
 
 
@@ -76,18 +77,6 @@ def matmul_kernel(a_ptr, b_ptr, c_ptr, BM: tl.constexpr, BN: tl.constexpr,
     b = tl.load(b_ptr + (k + rk)[:, None] * BN + rn[None, :])
     acc += tl.dot(a, b)
   tl.store(c_ptr + rm[:, None] * BN + rn[None, :], acc)
-
-
-@triton.jit
-def acc_and_total_kernel(x_ptr, acc_ptr, n, total_ptr, BLOCK: tl.constexpr):
-  # jax-triton 0.4's convention: acc_ptr is output 0's buffer (aliased, no
-  # parameter of its own); total_ptr is output 1.
-  offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-  mask = offsets < n
-  x = tl.load(x_ptr + offsets, mask=mask, other=0.0)
-  tl.store(acc_ptr + offsets, tl.load(acc_ptr + offsets, mask=mask) + x,
-           mask=mask)
-  tl.atomic_add(total_ptr, tl.sum(x, axis=0))
 
 
 def _add(x, y, **options):
@@ -272,7 +261,7 @@ class CudaLoweringTest(util.JaxlibAutotuningMixin, util.IsolatedCacheMixin,
 
     def f(a, b):
       return jt_dist.triton_call(
-          a, b, a.size, kernel=acc_and_total_kernel,
+          a, b, a.size, kernel=feature_kernels.acc_sum_kernel,
           out_shape=(jax.ShapeDtypeStruct(b.shape, b.dtype),
                      jax.ShapeDtypeStruct((1,), jnp.float32)),
           grid=(2,), BLOCK=32, input_output_aliases={1: 0},

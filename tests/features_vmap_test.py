@@ -15,8 +15,6 @@ from absl.testing import parameterized
 import jax
 import jax.numpy as jnp
 import numpy as np
-import triton
-import triton.language as tl
 
 from jt_dist import testing
 
@@ -24,49 +22,14 @@ testing.configure_cpu_devices()
 
 import jt_dist  # pylint: disable=g-import-not-at-top,wrong-import-position
 import gpu_lowering_util as util  # pylint: disable=g-import-not-at-top,wrong-import-position
+from feature_kernels import acc_sum_kernel  # pylint: disable=g-import-not-at-top,wrong-import-position
+from feature_kernels import add_kernel  # pylint: disable=g-import-not-at-top,wrong-import-position
+from feature_kernels import desc_copy_kernel  # pylint: disable=g-import-not-at-top,wrong-import-position
+from feature_kernels import wide_scale_kernel  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 _N = 16
 _BLOCK = 8
 _METHODS = ("grid", "sequential")
-
-
-@triton.jit
-def add_kernel(x_ptr, y_ptr, n, out_ptr, BLOCK: tl.constexpr):
-  offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-  mask = offsets < n
-  tl.store(out_ptr + offsets, tl.load(x_ptr + offsets, mask=mask)
-           + tl.load(y_ptr + offsets, mask=mask), mask=mask)
-
-
-@triton.jit
-def acc_sum_kernel(x_ptr, acc_ptr, n, total_ptr, BLOCK: tl.constexpr):
-  # 0.4's convention: acc_ptr is output 0's buffer (acc += x); total_ptr is
-  # output 1, which must start at zero (total += sum(x)).
-  offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-  mask = offsets < n
-  x = tl.load(x_ptr + offsets, mask=mask, other=0.0)
-  tl.store(acc_ptr + offsets, tl.load(acc_ptr + offsets, mask=mask) + x,
-           mask=mask)
-  tl.atomic_add(total_ptr, tl.sum(x, axis=0))
-
-
-@triton.jit
-def wide_scale_kernel(x_ptr, big, small, scale, n, out_ptr,
-                      BLOCK: tl.constexpr):
-  # big and small lie beyond float32's range: right only if both arrive as
-  # doubles; scale arrives as a float32.
-  offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-  mask = offsets < n
-  x = tl.load(x_ptr + offsets, mask=mask).to(tl.float64)
-  tl.store(out_ptr + offsets, (x * big * small).to(tl.float32) * scale,
-           mask=mask)
-
-
-@triton.jit
-def desc_copy_kernel(in_desc, out_ptr, M: tl.constexpr, N: tl.constexpr):
-  block = in_desc.load([0, 0])
-  offsets = tl.arange(0, M)[:, None] * N + tl.arange(0, N)[None, :]
-  tl.store(out_ptr + offsets, block)
 
 
 def _like(x):

@@ -22,18 +22,10 @@ testing.configure_cpu_devices()
 import jt_dist  # pylint: disable=g-import-not-at-top,wrong-import-position
 from jt_dist._vmap import grid_kernel  # pylint: disable=g-import-not-at-top,wrong-import-position
 import gpu_lowering_util as util  # pylint: disable=g-import-not-at-top,wrong-import-position
+from feature_kernels import tuple_add_kernel  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 _N = 16
 _BLOCK = 8
-
-
-@triton.jit
-def tuple_add_kernel(x_ptr, yz, n, out_ptr, BLOCK: tl.constexpr):
-  offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-  mask = offsets < n
-  tl.store(out_ptr + offsets, tl.load(x_ptr + offsets, mask=mask)
-           + tl.load(yz[0] + offsets, mask=mask)
-           + tl.load(yz[1] + offsets, mask=mask), mask=mask)
 
 
 @triton.jit

@@ -8,7 +8,9 @@ kernel gets tuples of its shards. Runs on 8 virtual CPU devices under pytest
 and on every GPU when there are at least 2.
 """
 
+import os
 import re
+import sys
 
 from absl.testing import absltest
 from absl.testing import parameterized
@@ -27,17 +29,12 @@ testing.configure_cpu_devices()
 
 import jt_dist  # pylint: disable=g-import-not-at-top,wrong-import-position
 
+sys.path.insert(0, os.path.join(
+    os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests"))
+from feature_kernels import tuple_add_kernel  # pylint: disable=g-import-not-at-top,wrong-import-position
+
 _N = 32
 _BLOCK = 8
-
-
-@triton.jit
-def tuple_add_kernel(x_ptr, yz, n, out_ptr, BLOCK: tl.constexpr):
-  offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-  mask = offsets < n
-  tl.store(out_ptr + offsets, tl.load(x_ptr + offsets, mask=mask)
-           + tl.load(yz[0] + offsets, mask=mask)
-           + tl.load(yz[1] + offsets, mask=mask), mask=mask)
 
 
 @triton.jit

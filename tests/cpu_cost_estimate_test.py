@@ -8,6 +8,7 @@ buffer callback. Inputs are fresh and random; results are checked against
 NumPy.
 """
 
+import ctypes
 import os
 import subprocess
 import sys
@@ -27,6 +28,7 @@ from jt_dist import testing
 testing.configure_cpu_devices()
 
 import jt_dist  # pylint: disable=g-import-not-at-top,wrong-import-position
+from jt_dist._compat import xla_ffi as _xla_ffi  # pylint: disable=g-import-not-at-top,wrong-import-position
 from jt_dist._cpu import ffi_target as _ffi_target  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -170,6 +172,69 @@ class CpuCostEstimateTest(testing.TestCase):
     self.assertEqual(result.returncode, 0, result.stderr[-3000:])
     self.assertIn("done", result.stdout)
 
+
+
+class HandlerGuardTest(testing.TestCase):
+  """The handler on hand-made call frames: refusals, never a crash."""
+
+  def _api(self, major):
+    messages = []
+
+    def error_create(args):
+      messages.append((args.contents.message.decode(), args.contents.errc))
+      return 0x1234  # Any non-NULL pointer reads as an error.
+
+    self.callback = _xla_ffi.ERROR_CREATE(error_create)
+    api = _xla_ffi.ApiHead(struct_size=_xla_ffi.MIN_API_SIZE,
+                           Error_Create=self.callback)
+    api.api_version.major_version = major
+    return api, messages
+
+  def test_metadata_query_refused_for_another_major_version(self):
+    for major, want in ((0, _xla_ffi.CLAIMED_API), (1, (0, 0))):
+      api, _ = self._api(major)
+      metadata = _xla_ffi.Metadata()
+      extension = _xla_ffi.MetadataExtension(metadata=ctypes.pointer(metadata))
+      extension.extension_base.type = _xla_ffi.EXTENSION_METADATA
+      frame = _xla_ffi.CallFrame(
+          struct_size=ctypes.sizeof(_xla_ffi.CallFrame),
+          extension_start=ctypes.cast(ctypes.pointer(extension), ctypes.POINTER(
+              _xla_ffi.ExtensionBase)), api=ctypes.addressof(api))
+      self.assertIsNone(_ffi_target._handle(ctypes.pointer(frame)))
+      got = (metadata.api_version.major_version,
+             metadata.api_version.minor_version)
+      self.assertEqual(got, want, f"API major version {major}")
+
+  def test_short_call_frame_is_an_error(self):
+    api, messages = self._api(0)
+    size = int(np.random.default_rng().integers(
+        24, _xla_ffi.MIN_CALL_FRAME_SIZE))
+    frame = _xla_ffi.CallFrame(struct_size=size, api=ctypes.addressof(api),
+                               stage=_xla_ffi.STAGE_EXECUTE)
+    self.assertEqual(_ffi_target._handle(ctypes.pointer(frame)), 0x1234)
+    self.assertLen(messages, 1)
+    self.assertRegex(messages[0][0], rf"call frame of {size} bytes")
+    self.assertEqual(messages[0][1], _xla_ffi.ERRC_INVALID_ARGUMENT)
+
+  def test_unknown_index_is_an_error(self):
+    api, messages = self._api(0)
+    name = b"index"
+    span = _xla_ffi.ByteSpan(ctypes.cast(ctypes.c_char_p(name), ctypes.c_void_p),
+                             len(name))
+    value = ctypes.c_uint64(2**63 + int(np.random.default_rng().integers(99)))
+    scalar = _xla_ffi.Scalar(_xla_ffi.DTYPE_U64,
+                             ctypes.cast(ctypes.pointer(value), ctypes.c_void_p))
+    names = (ctypes.POINTER(_xla_ffi.ByteSpan) * 1)(ctypes.pointer(span))
+    types = (ctypes.c_int * 1)(_xla_ffi.ATTR_SCALAR)
+    values = (ctypes.c_void_p * 1)(ctypes.addressof(scalar))
+    frame = _xla_ffi.CallFrame(struct_size=ctypes.sizeof(_xla_ffi.CallFrame),
+                               api=ctypes.addressof(api),
+                               stage=_xla_ffi.STAGE_EXECUTE)
+    frame.attrs.size, frame.attrs.types = 1, types
+    frame.attrs.names, frame.attrs.attrs = names, values
+    self.assertEqual(_ffi_target._handle(ctypes.pointer(frame)), 0x1234)
+    self.assertRegex(messages[0][0], rf"no CPU kernel for custom call index"
+                     rf" {value.value}: the executable was not lowered")
 
 if __name__ == "__main__":
   absltest.main()

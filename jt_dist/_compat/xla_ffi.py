@@ -123,7 +123,12 @@ def frame_is_readable(frame: CallFrame) -> bool:
 
 
 def answer_metadata(frame: CallFrame) -> bool:
-  """Answers XLA's metadata query, if ``frame`` is one; returns whether."""
+  """Answers XLA's metadata query, if ``frame`` is one; returns whether.
+
+  Against an API whose major version is not 0 (where it is given: some XLA
+  versions pass none here) the handler claims version 0.0, which XLA
+  refuses: registration fails and the caller keeps its fallback.
+  """
   ext = frame.extension_start
   if not ext or ext.contents.type != EXTENSION_METADATA:
     return False
@@ -131,16 +136,25 @@ def answer_metadata(frame: CallFrame) -> bool:
   version = metadata.metadata.contents.api_version
   version.struct_size = API_VERSION_SIZE
   version.extension_start = None
-  version.major_version, version.minor_version = CLAIMED_API
+  known = (not frame.api
+           or ApiHead.from_address(frame.api).api_version.major_version == 0)
+  version.major_version, version.minor_version = (
+      CLAIMED_API if known else (0, 0))
   metadata.metadata.contents.traits = 0
   return True
 
 
 def make_error(api_address: int, message: str, errc: int = ERRC_UNKNOWN):
-  """An ``XLA_FFI_Error*`` with ``message`` (XLA copies it), or None."""
+  """An ``XLA_FFI_Error*`` with ``message`` (XLA copies it), or None.
+
+  None where the API table cannot be used (no table, or one of another
+  major version, whose function table may be laid out differently).
+  """
   if not api_address:
     return None
   api = ApiHead.from_address(api_address)
+  if api.api_version.major_version != 0 or api.struct_size < MIN_API_SIZE:
+    return None
   args = ErrorCreateArgs(ERROR_CREATE_ARGS_SIZE, None,
                          message.encode("utf-8", "replace"), errc)
   return api.Error_Create(ctypes.byref(args))

@@ -40,7 +40,7 @@ _LOCK = threading.Lock()
 _HANDLER = None
 _REGISTERED: bool | None = None  # None: not tried yet.
 # Index (an attribute of the custom call) -> the call's _HostCall. Entries
-# live as long as an executable holds the _HostCall (add_keepalive).
+# live as long as an executable holds the _HostCall (add_host_callback).
 _CALLS: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
 _NEXT_INDEX = itertools.count(1)
 
@@ -54,6 +54,12 @@ class _HostCall:
     self.fn = fn
     self.in_avals = [(tuple(a.shape), np.dtype(a.dtype)) for a in in_avals]
     self.out_avals = [(tuple(a.shape), np.dtype(a.dtype)) for a in out_avals]
+
+  def __call__(self, *args):
+    # jaxlib holds a module's host callbacks for its executable's life, as
+    # callables; this one is reached through the FFI target, never this way.
+    raise RuntimeError("jt_dist: the CPU FFI target's record was called as"
+                       " a host callback.")
 
 
 def ensure_registered() -> bool:
@@ -78,12 +84,14 @@ def ensure_registered() -> bool:
 def add_call(fn, in_avals, out_avals, module_context) -> int:
   """Records ``fn`` for one custom call; returns its index attribute.
 
-  The module context keeps the record alive as long as the executable. A
-  persistent-cache hit is safe: lowering (which records the call under its
-  index, part of the cache key) always runs in this process first.
+  The record is one of the module's host callbacks, as JAX's own buffer
+  callback is: jaxlib keeps it alive with the executable, also one loaded
+  from the persistent cache (a plain keepalive was lost in an eager sharded
+  call on jax 0.12). The index is part of the module, so a cache hit runs
+  the record this process made while lowering it.
   """
   call = _HostCall(fn, in_avals, out_avals)
-  module_context.add_keepalive(call)
+  module_context.add_host_callback(call)
   with _LOCK:
     index = next(_NEXT_INDEX)
     _CALLS[index] = call
@@ -97,8 +105,9 @@ def _handle(frame_pointer):
     if _ffi.answer_metadata(frame):
       return None
     if not _ffi.frame_is_readable(frame):
+      # api precedes every field a frame of any FFI version has.
       return _ffi.make_error(
-          frame.api if frame.struct_size >= _ffi.MIN_CALL_FRAME_SIZE else 0,
+          frame.api,
           f"jt_dist: XLA FFI call frame of {frame.struct_size} bytes or API"
           " version not understood (jt_dist reads FFI API major version 0,"
           f" call frames of at least {_ffi.MIN_CALL_FRAME_SIZE} bytes);"

@@ -219,11 +219,11 @@ class HandlerGuardTest(testing.TestCase):
   def test_unknown_index_is_an_error(self):
     api, messages = self._api(0)
     name = b"index"
-    span = _xla_ffi.ByteSpan(ctypes.cast(ctypes.c_char_p(name), ctypes.c_void_p),
-                             len(name))
+    span = _xla_ffi.ByteSpan(
+        ctypes.cast(ctypes.c_char_p(name), ctypes.c_void_p), len(name))
     value = ctypes.c_uint64(2**63 + int(np.random.default_rng().integers(99)))
-    scalar = _xla_ffi.Scalar(_xla_ffi.DTYPE_U64,
-                             ctypes.cast(ctypes.pointer(value), ctypes.c_void_p))
+    scalar = _xla_ffi.Scalar(
+        _xla_ffi.DTYPE_U64, ctypes.cast(ctypes.pointer(value), ctypes.c_void_p))
     names = (ctypes.POINTER(_xla_ffi.ByteSpan) * 1)(ctypes.pointer(span))
     types = (ctypes.c_int * 1)(_xla_ffi.ATTR_SCALAR)
     values = (ctypes.c_void_p * 1)(ctypes.addressof(scalar))

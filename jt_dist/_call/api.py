@@ -150,7 +150,9 @@ def triton_call(
     cost_estimate: a dict with ``flops``, ``bytes_accessed`` and/or
       ``transcendentals`` (non-negative ints, for the whole call), recorded
       on GPUs in the custom call's ``cost_estimate_json`` attribute, as
-      jax-triton 0.4 does, for XLA's scheduler and cost analysis.
+      jax-triton 0.4 does, for XLA's scheduler and cost analysis. On the
+      CPU it is recorded the same way on jt_dist's own custom call, which
+      XLA's CPU cost analysis does not read.
     **metaparams: values for the kernel's remaining parameters, by name;
       usually its ``tl.constexpr`` parameters. A keyword naming a
       non-constexpr parameter is an operand, as if passed positionally in

@@ -21,6 +21,7 @@ the modules behind them:
 - ``jax_lowering``: JAX facts for lowering rules and primitive registries.
 - ``environ``: environment variables read on the eager fast path.
 - ``jax_runtime``: JAX facts at call time (tracing state, Refs, services).
+- ``xla_ffi``: the XLA FFI C API's struct layouts (the CPU FFI target).
 """
 
 import triton

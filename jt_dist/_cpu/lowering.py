@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import collections
 import functools
+import json
 import logging
 import os
 import sys
@@ -29,6 +30,7 @@ from jt_dist import _compat
 from jt_dist._core import pytree_args as _pytree_args
 from jt_dist._core import types as _types
 from jt_dist._cpu import bounds as _bounds
+from jt_dist._cpu import ffi_target as _ffi_target
 from jt_dist._cpu import runtime as _interpreter_runtime
 from jt_dist._cpu import scalars as _scalars
 from jt_dist._cpu import unsupported as _unsupported
@@ -183,7 +185,8 @@ def _fill_buffers(spec, ctx, outputs, *inputs):
 # frame that started the computation.
 _CALLBACK_FILES = (os.path.join("jax", "_src", "buffer_callback.py"),
                    os.path.join("jax", "_src", "callback.py"),
-                   os.path.join("jt_dist", "_cpu", "lowering.py"))
+                   os.path.join("jt_dist", "_cpu", "lowering.py"),
+                   os.path.join("jt_dist", "_cpu", "ffi_target.py"))
 
 
 def _raise_in_caller(error: BaseException) -> bool:
@@ -376,8 +379,27 @@ def cpu_lowering(ctx, *args, spec):
   _unsupported.check(spec)
   platforms = tuple(getattr(ctx.module_context, "platforms", ()) or ())
   platform = platforms[0] if len(platforms) == 1 else None
+  if (spec.cost_estimate and platform == "cpu"
+      and _compat.host_buffer_callback() is not None
+      and _ffi_target.ensure_registered()):
+    return _own_target_call(ctx, *args, spec=spec)
   rule = mlir.lower_fun(
       functools.partial(_host_call, spec=spec, platform=platform),
       multiple_results=True,
   )
   return rule(ctx, *args)
+
+
+def _own_target_call(ctx, *args, spec):
+  """A CPU call with a ``cost_estimate``: jt_dist's own FFI target.
+
+  It runs what the buffer callback runs, on XLA's buffers, and carries the
+  estimate as ``cost_estimate_json``, as jax-triton 0.4 records it on GPUs.
+  """
+  index = _ffi_target.add_call(
+      lambda inputs, outputs: _fill_buffers(spec, None, outputs, *inputs),
+      ctx.avals_in, ctx.avals_out, ctx.module_context)
+  rule = jax.ffi.ffi_lowering(_ffi_target.TARGET, api_version=4,
+                              has_side_effect=spec.has_side_effect)
+  return rule(ctx, *args, index=np.uint64(index),
+              cost_estimate_json=json.dumps(dict(spec.cost_estimate)))

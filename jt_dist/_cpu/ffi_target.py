@@ -1,0 +1,175 @@
+"""jt_dist's own CPU custom-call target: an XLA FFI handler made with ctypes.
+
+JAX's buffer callback (the CPU route, see lowering.py) lowers to a custom
+call whose handler takes exactly one attribute, so a CPU call cannot carry
+jax-triton's ``cost_estimate_json``. A call with a ``cost_estimate`` lowers
+instead to this target, which runs the same host function on XLA's buffers
+and records the estimate as jax-triton 0.4 does on GPUs (XLA's CPU cost
+analysis does not read it: a custom call counts as unknown there).
+
+The handler is a ctypes trampoline (no compiler, no extension module),
+registered once per process, lazily from the lowering rule: by then the CPU
+backend exists, so a failed registration raises where it can be caught
+(before it, jax replays registrations when it makes the CPU client, and a
+bad one breaks the whole backend). If registration fails the call keeps the
+buffer-callback route.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import itertools
+import logging
+import math
+import threading
+import traceback
+import weakref
+
+import jax
+import numpy as np
+
+from jt_dist._compat import xla_ffi as _ffi
+
+logger = logging.getLogger("jt_dist")
+
+TARGET = "jt_dist_cpu_interpret"
+_LOCK = threading.Lock()
+# The registered trampoline: XLA keeps its address for the process's life,
+# so this object must never be freed (nor replaced: a second registration
+# of the name with another address is refused).
+_HANDLER = None
+_REGISTERED: bool | None = None  # None: not tried yet.
+# Index (an attribute of the custom call) -> the call's _HostCall. Entries
+# live as long as an executable holds the _HostCall (add_host_callback).
+_CALLS: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+_NEXT_INDEX = itertools.count(1)
+
+
+class _HostCall:
+  """What one lowered custom call runs: ``fn(inputs, outputs)``."""
+
+  __slots__ = ("fn", "in_avals", "out_avals", "__weakref__")
+
+  def __init__(self, fn, in_avals, out_avals):
+    self.fn = fn
+    self.in_avals = [(tuple(a.shape), np.dtype(a.dtype)) for a in in_avals]
+    self.out_avals = [(tuple(a.shape), np.dtype(a.dtype)) for a in out_avals]
+
+  def __call__(self, *args):
+    # jaxlib holds a module's host callbacks for its executable's life, as
+    # callables; this one is reached through the FFI target, never this way.
+    raise RuntimeError("jt_dist: the CPU FFI target's record was called as"
+                       " a host callback.")
+
+
+def ensure_registered() -> bool:
+  """Registers the target once per process; returns whether it is usable."""
+  global _HANDLER, _REGISTERED
+  with _LOCK:
+    if _REGISTERED is None:
+      handler = _HANDLER or _ffi.HANDLER(_handle)
+      try:
+        jax.ffi.register_ffi_target(TARGET, jax.ffi.pycapsule(handler),
+                                    platform="cpu", api_version=1)
+        _REGISTERED = True
+      except Exception as e:  # pylint: disable=broad-except
+        logger.debug("jt_dist: CPU FFI target %s not registered (%s: %s);"
+                     " CPU calls keep JAX's buffer callback.", TARGET,
+                     type(e).__name__, e)
+        _REGISTERED = False
+      _HANDLER = handler
+    return _REGISTERED
+
+
+def add_call(fn, in_avals, out_avals, module_context) -> int:
+  """Records ``fn`` for one custom call; returns its index attribute.
+
+  The record is one of the module's host callbacks, as JAX's own buffer
+  callback is: jaxlib keeps it alive with the executable, also one loaded
+  from the persistent cache (a plain keepalive was lost in an eager sharded
+  call on jax 0.12). The index is part of the module, so a cache hit runs
+  the record this process made while lowering it.
+  """
+  call = _HostCall(fn, in_avals, out_avals)
+  module_context.add_host_callback(call)
+  with _LOCK:
+    index = next(_NEXT_INDEX)
+    _CALLS[index] = call
+  return index
+
+
+def _handle(frame_pointer):
+  """``XLA_FFI_Error* handler(XLA_FFI_CallFrame*)``; never raises."""
+  try:
+    frame = frame_pointer.contents
+    if _ffi.answer_metadata(frame):
+      return None
+    if not _ffi.frame_is_readable(frame):
+      # api precedes every field a frame of any FFI version has.
+      return _ffi.make_error(
+          frame.api,
+          f"jt_dist: XLA FFI call frame of {frame.struct_size} bytes or API"
+          " version not understood (jt_dist reads FFI API major version 0,"
+          f" call frames of at least {_ffi.MIN_CALL_FRAME_SIZE} bytes);"
+          " update jt_dist or remove cost_estimate= from the CPU call.",
+          _ffi.ERRC_INVALID_ARGUMENT)
+    if frame.stage != _ffi.STAGE_EXECUTE:
+      return None
+  except BaseException:  # pylint: disable=broad-except
+    return None  # Nothing readable to report through.
+  try:
+    _execute(frame)
+    return None
+  except BaseException as e:  # pylint: disable=broad-except
+    # An exception leaving a ctypes callback would read as success to XLA.
+    text = "".join(traceback.format_exception_only(type(e), e)).strip()
+    return _ffi.make_error(frame.api, text)
+
+
+def _execute(frame) -> None:
+  index = _index_attribute(frame.attrs)
+  call = _CALLS.get(index)
+  if call is None:
+    raise RuntimeError(
+        f"jt_dist: no CPU kernel for custom call index {index}: the"
+        " executable was not lowered in this process (a deserialized CPU"
+        " executable cannot run a triton_call); lower it again.")
+  inputs = _views(frame.args, call.in_avals, "operand")
+  outputs = _views(frame.rets, call.out_avals, "result")
+  call.fn(inputs, outputs)
+
+
+def _index_attribute(attrs) -> int:
+  for i in range(attrs.size):
+    name = attrs.names[i].contents
+    if ctypes.string_at(name.ptr, name.len) != b"index":
+      continue
+    scalar = _ffi.Scalar.from_address(attrs.attrs[i])
+    if attrs.types[i] != _ffi.ATTR_SCALAR or scalar.dtype != _ffi.DTYPE_U64:
+      break
+    return ctypes.c_uint64.from_address(scalar.value).value
+  raise RuntimeError("jt_dist: CPU custom call without a uint64 'index'.")
+
+
+def _views(operands, avals, what):
+  """NumPy views (no copy) of XLA's buffers, typed from the lowering."""
+  if operands.size != len(avals):
+    raise RuntimeError(f"jt_dist: CPU custom call got {operands.size}"
+                       f" {what}s, lowered with {len(avals)}.")
+  views = []
+  for k, (shape, dtype) in enumerate(avals):
+    if operands.types[k] != _ffi.TYPE_BUFFER:
+      raise RuntimeError(f"jt_dist: CPU custom call {what} {k} is not a"
+                         " buffer.")
+    buffer = _ffi.Buffer.from_address(operands.items[k])
+    dims = tuple(buffer.dims[i] for i in range(buffer.rank))
+    if dims != shape:
+      raise RuntimeError(f"jt_dist: CPU custom call {what} {k} has shape"
+                         f" {dims}, lowered as {shape}.")
+    nbytes = math.prod(shape) * dtype.itemsize
+    if nbytes == 0:
+      views.append(np.empty(shape, dtype))
+      continue
+    raw = (ctypes.c_char * nbytes).from_address(buffer.data)
+    views.append(np.frombuffer(raw, dtype=dtype).reshape(shape))
+  return views

@@ -86,7 +86,9 @@ def triton_call(
     name: a name for the call, recorded in the custom call.
     custom_call_target_name: jaxlib's custom-call target on GPUs:
       ``"triton_kernel_call_ffi"`` or the legacy ``"triton_kernel_call"``.
-      By default the FFI target, where the installed jaxlib has it.
+      By default, on CUDA the legacy target (jax-triton 0.3's, the cheaper
+      launch); the FFI target under ``jax.export``, with a
+      ``cost_estimate``, and on ROCm.
     num_warps: warps per program; 4 by default. Ignored when autotuned.
     num_stages: software-pipelining stages; 3 by default.
     num_ctas: CTAs per cluster (Hopper and later); 1 by default. Above 1,

@@ -20,6 +20,9 @@ Diagnostic rows, to tell jt_dist's Python from its executable:
 - ``diag_xla_eager_prebuilt_sds``: ``a + b`` after building the
   ``ShapeDtypeStruct`` and grid that every Triton call builds (the caller's
   share of a ``triton_call``, which XLA's ``a + b`` does not pay).
+- ``diag_floor_caller_args_entry_fn``: that ``ShapeDtypeStruct`` and grid,
+  then the cached callable directly: what ``jt_dist_eager`` would cost if
+  jt_dist's own Python took no time at all (the floor of any design).
 - ``jt_dist_jit_legacy_target``: ``jt_dist_jit`` on jaxlib's legacy
   custom-call target (``custom_call_target_name="triton_kernel_call"``, as
   jax-triton 0.3 emits);
@@ -42,10 +45,11 @@ Then, for jt_dist's eager call:
   against that jitted ``a + b`` alone, interleaved; the difference is
   jt_dist's key, lookup and entry. On the CPU this is the number the
   interpreter would otherwise drown.
-- ``profile``: a cProfile of repeated calls, split by stage (the whole hit
-  path, signature, lookup, preparing the options, binding, placement,
-  making the entry, dispatch), for the fast path and for
-  the bind path (the signature cache emptied before each call);
+- ``profile``: a cProfile of repeated calls, split by stage (the lean key
+  and call, the whole hit path, signature, lookup, preparing the options,
+  binding, placement, making the entry, dispatch), for the lean path (the
+  keyword form: arrays only), the fast path (a scalar operand: the full
+  key) and the bind path (the signature cache emptied before each call);
 - ``per_step_scalar``: an eager ``x * s`` with the same ``s`` every call,
   and with a new ``s`` every call (what a learning rate or a step count
   passed as a scalar costs per step).
@@ -224,9 +228,15 @@ def _diagnostic_cases(cases, args):
     (triton.cdiv(a.size, BLOCK),)  # pylint: disable=expression-not-assigned
     return a + b
 
+  def floor(a, b):
+    jax.ShapeDtypeStruct(a.shape, a.dtype)
+    (triton.cdiv(a.size, BLOCK),)  # pylint: disable=expression-not-assigned
+    return fn(a, b)[0]
+
   return {
       "diag_jt_dist_entry_fn_eager": lambda a, b: fn(a, b)[0],
       "diag_xla_eager_prebuilt_sds": xla_with_caller_args,
+      "diag_floor_caller_args_entry_fn": floor,
   }
 
 
@@ -392,6 +402,8 @@ def python_overhead(args, rounds, calls):
 
 
 _STAGES = {
+    "lean_key": ("_call/lean.py", "key"),
+    "lean_call": ("_call/lean.py", "call"),
     "hit_path": ("_call/dispatch.py", "cached"),
     "signature": ("_call/dispatch.py", "key"),
     "lookup": ("_gpu/cache.py", "hit"),
@@ -426,7 +438,10 @@ def profiles(args, calls):
   """cProfile stage breakdown of the eager call, fast path and bind path."""
   fn = lambda a, b: kernels.add(jt_dist.triton_call, a, b)
   jax.block_until_ready(fn(*args))
+  kw = lambda a, b: add_kw(jt_dist.triton_call, a, b)
+  jax.block_until_ready(kw(*args))
   return {
+      "lean_path": _profile(kw, args, calls),
       "fast_path": _profile(fn, args, calls),
       "bind_path": _profile(fn, args, max(1, calls // 10),
                             before=_dispatch.entries.clear),

@@ -14,6 +14,7 @@ from jt_dist._cpu import unsupported as _unsupported
 from jt_dist._core import binding as _binding
 from jt_dist._call import dispatch as _dispatch
 from jt_dist._call import entries as _entries
+from jt_dist._call import lean as _lean
 from jt_dist import _errors
 from jt_dist._call import operands as _operands
 from jt_dist._sharding import auto_axes as _auto_axes
@@ -192,15 +193,30 @@ def triton_call(
              input_output_aliases, zeroed_outputs, debug, serialized_metadata,
              vmap_method, device, sharding_rule, has_side_effect,
              cost_estimate)
+  lean_key = None
+  if (options == _dispatch.DEFAULT_OPTIONS and enable_fp_fusion is True
+      and debug is False and has_side_effect is False):
+    # Arrays only, every option at its default: the cheapest key.
+    lean_key = _lean.key(args, kernel, out_shape, grid, metaparams)
+    if lean_key is not None:
+      outs = _lean.call(lean_key, args)
+      if outs is not _lean.MISS:
+        return outs
   # A repeated call: its key, from the arguments as given, and its entry.
-  outs = _dispatch.cached(args, kernel, out_shape, grid, options, metaparams)
+  outs = _dispatch.cached(args, kernel, out_shape, grid, options, metaparams,
+                          lean_key)
   if outs is _dispatch.MISS:
-    outs = _first_call(args, kernel, out_shape, grid, options, metaparams)
+    outs = _first_call(args, kernel, out_shape, grid, options, metaparams,
+                       lean_key)
   return outs
 
 
-def _first_call(args, kernel, out_shape, grid, options, metaparams):
-  """A call with no entry: checks, binds and runs it, and files its entry."""
+def _first_call(args, kernel, out_shape, grid, options, metaparams,
+                lean_key=None):
+  """A call with no entry: checks, binds and runs it, and files its entry.
+
+  ``lean_key`` is the call's ``jt_dist._call.lean`` key, or None.
+  """
   signature = _signature(args, kernel, out_shape, grid, options, metaparams)
   args, metaparams, descriptors, named = _prepare(args, kernel, options,
                                                   metaparams)
@@ -220,7 +236,8 @@ def _first_call(args, kernel, out_shape, grid, options, metaparams):
     if outs is not _NOT_PARTITIONED:
       return outs
   return _single_device(args, kernel, out_shape, grid, named, device, rule,
-                        metaparams, signature, descriptors=descriptors)
+                        metaparams, signature, descriptors=descriptors,
+                        lean_key=lean_key)
 
 
 def _signature(args, kernel, out_shape, grid, options, metaparams):
@@ -278,7 +295,8 @@ def _prepare(args, kernel, options, metaparams):
 
 
 def _single_device(args, kernel, out_shape, grid, options, device, rule,
-                   metaparams, key, ref_inputs=(), descriptors=()):
+                   metaparams, key, ref_inputs=(), descriptors=(),
+                   lean_key=None):
   """Binds, places and launches a call on one device; records its entry.
 
   With ``ref_inputs`` (array indices of Refs' values), returns
@@ -321,6 +339,7 @@ def _single_device(args, kernel, out_shape, grid, options, device, rule,
   entry = _entries.make_entry(given_args, args, arrays, spec, out_tree, seen,
                               target, device, descriptors=bool(descriptors))
   _dispatch.entries.put(key, entry)
+  _lean.register(lean_key, entry, len(given_args))
   return entry(given_args)
 
 

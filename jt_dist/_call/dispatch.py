@@ -32,6 +32,7 @@ import jax
 import numpy as np
 
 from jt_dist import _compat
+from jt_dist._call import lean as _lean
 from jt_dist._call import operands as _operands
 from jt_dist._call import tensordesc as _tensordesc
 from jt_dist._core import call_cache as _call_cache
@@ -261,12 +262,13 @@ def options_key(options: tuple) -> Any:
 
 
 def cached(args: Sequence[Any], kernel: Any, out_shape: Any, grid: Any,
-           options: tuple, metaparams: dict) -> Any:
+           options: tuple, metaparams: dict, lean_key: Any = None) -> Any:
   """Runs an eager ``triton_call`` from its entry; ``MISS`` if it has none.
 
   ``options`` are triton_call's other keywords, in ``DEFAULT_OPTIONS``'
-  order, as given. Written for speed: ``options_key`` and ``lookup``
-  inline.
+  order, as given. A hit is filed under ``lean_key`` too (when not None),
+  for the next call's ``jt_dist._call.lean`` lookup. Written for speed:
+  ``options_key`` and ``lookup`` inline.
   """
   try:
     found = key(
@@ -282,4 +284,6 @@ def cached(args: Sequence[Any], kernel: Any, out_shape: Any, grid: Any,
       return MISS
   except Exception:  # pylint: disable=broad-except
     return MISS  # An option or part that cannot be compared or hashed.
+  if lean_key is not None:
+    _lean.register(lean_key, entry, len(args))
   return entry(found[1])

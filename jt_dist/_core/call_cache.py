@@ -36,6 +36,9 @@ AUTOTUNE_ENV_VARS = (_gpu_faults.SYNC_ENV_VAR, "JT_DIST_AUTOTUNE_PIN",
 
 entries = _cache.LRUCache(DEFAULT_ENTRIES)
 executables = _cache.LRUCache(DEFAULT_ENTRIES)
+# The lean index of ``entries`` (``jt_dist._call.lean``): a plain dict,
+# bounded by ``entries``' size and emptied with it.
+lean_entries: dict = {}
 # One element, so that readers that imported the list see every bump.
 generation = [0]
 # The environment a signature holds: exact (os.environ's own values), and
@@ -81,6 +84,7 @@ def kernel_facts(kernel: Any) -> KernelFacts:
 def resize(max_entries: int) -> None:
   entries.resize(max_entries)
   executables.resize(max_entries)
+  lean_entries.clear()
 
 
 def invalidate() -> None:
@@ -88,6 +92,7 @@ def invalidate() -> None:
   generation[0] += 1
   entries.clear()
   executables.clear()
+  lean_entries.clear()
   _kernels.clear()
 
 

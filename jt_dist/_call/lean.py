@@ -1,0 +1,156 @@
+"""The cheapest eager hit: arrays only, default options, placement left to jit.
+
+Most repeated eager calls look alike: every operand a ``jax.Array`` passed
+by position, a ``ShapeDtypeStruct`` out_shape, a tuple grid, metaparams by
+keyword, and no other option. For those, the full signature
+(``jt_dist._call.dispatch``) spends most of its time on the arrays'
+shardings: a sharding's ``__hash__`` and ``__eq__`` run in Python. The
+entry's executable is a ``jax.jit`` callable, whose C++ dispatch compares
+every array's shape, dtype, sharding and committed-ness before it runs, so
+this key leaves the shardings out and keeps only the arrays' shapes, dtypes
+and types.
+
+What jit then decides where the full key would have missed:
+
+- the arrays moved to another single device: jit compiles for that device,
+  as the full path's executable (the same one) would;
+- the arrays are on several devices, or on different ones: jit, or the
+  kernel's lowering, refuses before anything runs (a ValueError); the call
+  is then made again through the full path, which checks where its inputs
+  live and raises the device-validation layer's own error.
+
+Only entries with nothing else to do qualify (``Entry.direct``: the
+operands are the arguments, no scalars, no moves, no sync), for kernels
+without autotuning or heuristics, and a callable grid never does.
+"""
+
+# Exact types on purpose: a subclass takes the full path.
+# pylint: disable=unidiomatic-typecheck
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import jax
+import numpy as np
+
+from jt_dist import _compat
+from jt_dist._core import call_cache as _call_cache
+from jt_dist._core import kernel as _kernel
+from jt_dist._cpu import lowering as _cpu_lowering
+from jt_dist._gpu import faults as _gpu_faults
+
+MISS = object()  # ``call``'s answer when the call has no lean entry.
+
+_SDS = jax.ShapeDtypeStruct
+_entries = _call_cache.lean_entries
+_sync_env = _call_cache.sync_env
+_probe: list = []  # jax's "no trace is active" check, found once.
+_array_type: list = []  # The concrete jax.Array type, found once.
+
+
+def key(args: Sequence[Any], kernel: Any, out_shape: Any, grid: Any,
+        metaparams: dict) -> Any:
+  """The lean key of a call whose options are all defaults, or None.
+
+  None under a trace too. Raises nothing: an argument that is not a
+  concrete ``jax.Array`` (a scalar, a Ref, a tuple), a grid that is not a
+  tuple, or an out_shape that is not one ``ShapeDtypeStruct`` gives None.
+  """
+  if type(grid) is not tuple or type(out_shape) is not _SDS:
+    return None
+  if not _probe:
+    _probe.append(_compat.top_level_probe())
+  if not _probe[0]():
+    return None  # Under a trace: the full path binds into it.
+  if not _array_type:
+    _array_type.append(type(jax.numpy.zeros((), np.float32)))
+  array_type = _array_type[0]
+  # List comprehensions: cheaper than map() here, and inlined on 3.12.
+  arrays = tuple([(a.shape, a.dtype) for a in args if type(a) is array_type])
+  if len(arrays) != len(args):
+    return None  # A scalar, a Ref, a tuple: the full path.
+  try:
+    return (id(kernel), arrays,
+            out_shape.shape, out_shape.dtype, out_shape.sharding,
+            out_shape.weak_type,
+            # 1, 1.0 and True are equal and hash alike: their types differ.
+            grid, tuple([type(g) for g in grid]),
+            tuple([(k, v, type(v)) for k, v in metaparams.items()]),
+            _sync_env())
+  except Exception:  # pylint: disable=broad-except
+    return None
+
+
+def sharded_key(args: Sequence[Any], kernel: Any, out_shape: Any,
+                grid: Any, specs: tuple, kwargs: dict) -> Any:
+  """``key`` for an eager ``sharded_triton_call``, or None.
+
+  ``specs`` are its mesh, in_specs, out_specs, out_reduce and
+  sharding_rule as given, and other options are among ``kwargs``. Only a
+  call that names its mesh and in_specs qualifies: otherwise they come
+  from the arguments' shardings, which this key leaves out. The ambient
+  mesh is in the key all the same.
+  """
+  if specs[0] is None or specs[1] is None:
+    return None
+  common = key(args, kernel, out_shape, grid, kwargs)
+  if common is None:
+    return None
+  try:
+    return ("sharded", specs, jax.sharding.get_abstract_mesh()) + common
+  except Exception:  # pylint: disable=broad-except
+    return None
+
+
+def call(lean_key: Any, args: Sequence[Any]) -> Any:
+  """Runs the call from its lean entry; ``MISS`` if it has none or jit refused.
+
+  Args:
+    lean_key: ``key``'s answer (not None).
+    args: the positional arguments, as given.
+  """
+  try:
+    entry = _entries.get(lean_key)
+  except TypeError:  # An unhashable metaparam: the full path reports it.
+    return MISS
+  if entry is None or entry.jit_fn.src is not entry.src:
+    return MISS
+  try:
+    outs = entry.fn(*args)
+  except Exception as e:  # pylint: disable=broad-except
+    # A kernel's own fault on the CPU: raised as itself.
+    _cpu_lowering.raise_host_fault(e)
+    if isinstance(e, (ValueError, TypeError)):
+      # Raised before the kernel ran: misplaced arrays (jit's device check,
+      # or the lowering's refusal of several devices). The full path checks
+      # placement itself and raises the validation layer's error.
+      return MISS
+    spec = getattr(entry, "spec", None)
+    if spec is not None and _gpu_faults.is_device_fault(e):
+      raise _gpu_faults.launch_fault(e, spec) from e
+    raise
+  if entry.single:
+    return outs[0]
+  return jax.tree_util.tree_unflatten(entry.out_tree, outs)
+
+
+def register(lean_key: Any, entry: Any, n_args: int) -> None:
+  """Files ``entry`` under ``lean_key`` if it has nothing to do but run.
+
+  Args:
+    lean_key: ``key``'s or ``sharded_key``'s answer, or None.
+    entry: the entry the full path found or made for the same call.
+    n_args: how many positional arguments the call was given: an entry
+      whose operands are more (keyword operands merged in) is not filed.
+  """
+  if (lean_key is None or not entry.direct or entry.checks
+      or len(entry.array_positions) != n_args
+      or _kernel.kernel_info(entry.kernel).layers):
+    return
+  if len(_entries) >= _call_cache.entries.max_entries:
+    _entries.clear()  # Bounded; refilled by the next full-path hits.
+  try:
+    _entries[lean_key] = entry
+  except TypeError:
+    pass  # An unhashable metaparam or spec: never a lean hit.

@@ -51,6 +51,18 @@ def shifted_read_kernel(x_ptr, y_ptr, out_ptr, n: tl.constexpr,
            + tl.load(y_ptr + offsets, mask=mask), mask=mask)
 
 
+@triton.autotune(configs=[triton.Config({"SCALE": 2}),
+                          triton.Config({"SCALE": 3})], key=[])
+@triton.jit
+def scaled_add_kernel(x_ptr, y_ptr, out_ptr, n: tl.constexpr,
+                      BLOCK: tl.constexpr, SCALE: tl.constexpr):
+  offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+  mask = offsets < n
+  x = tl.load(x_ptr + offsets, mask=mask)
+  tl.store(out_ptr + offsets, SCALE * x + tl.load(y_ptr + offsets, mask=mask),
+           mask=mask)
+
+
 def _add(x, y, kernel=add_kernel, **options):
   return jt_dist.triton_call(
       x, y, kernel=kernel, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
@@ -193,6 +205,30 @@ class LeanHitTest(testing.TestCase):
         with mock.patch.dict(os.environ, {"JT_DIST_SYNC_LAUNCHES": value}):
           _add(xs, ys)
         self.assertLen(waited, expected)
+
+  def test_autotuned_kernel_follows_pins(self):
+    x, y, xs, ys = self._pair()
+    kernel = scaled_add_kernel
+    self.addCleanup(jt_dist.pin_autotune_config, kernel, None)
+    self.addCleanup(jt_dist.forget_autotune_choices, kernel)
+    jt_dist.forget_autotune_choices(kernel)
+    chosen = None
+    for _ in range(3):
+      out = np.asarray(_add(xs, ys, kernel=kernel))
+      fits = [s for s in (2, 3) if np.allclose(out, s * x + y, rtol=1e-5)]
+      self.assertLen(fits, 1)
+      self.assertIn(chosen, (None, fits[0]))
+      chosen = fits[0]
+    self.assertLen(_call_cache.lean_entries, 1)
+    other = 5 - chosen
+    pin = f'{{"scaled_add_kernel": {{"SCALE": {other}}}}}'
+    with mock.patch.dict(os.environ, {"JT_DIST_AUTOTUNE_PIN": pin}):
+      for _ in range(3):
+        self.assertAllClose(_add(xs, ys, kernel=kernel), other * x + y)
+    for tag in (other, chosen):
+      jt_dist.pin_autotune_config(kernel, SCALE=tag)
+      for _ in range(3):
+        self.assertAllClose(_add(xs, ys, kernel=kernel), tag * x + y)
 
   def test_options_and_scalars_take_the_full_path(self):
     _, _, xs, ys = self._pair()

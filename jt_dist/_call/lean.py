@@ -20,8 +20,9 @@ What jit then decides where the full key would have missed:
   live and raises the device-validation layer's own error.
 
 Only entries with nothing else to do qualify (``Entry.direct``: the
-operands are the arguments, no scalars, no moves, no sync), for kernels
-without autotuning or heuristics, and a callable grid never does.
+operands are the arguments, no scalars, no moves, no sync); a callable grid
+never does. Autotuned kernels do: the key holds the autotuning settings,
+and pinning or forgetting a choice empties the lean entries with the rest.
 """
 
 # Exact types on purpose: a subclass takes the full path.
@@ -36,7 +37,6 @@ import numpy as np
 
 from jt_dist import _compat
 from jt_dist._core import call_cache as _call_cache
-from jt_dist._core import kernel as _kernel
 from jt_dist._cpu import lowering as _cpu_lowering
 from jt_dist._gpu import faults as _gpu_faults
 
@@ -44,7 +44,9 @@ MISS = object()  # ``call``'s answer when the call has no lean entry.
 
 _SDS = jax.ShapeDtypeStruct
 _entries = _call_cache.lean_entries
-_sync_env = _call_cache.sync_env
+# The settings read when a call is lowered or launched (a superset of the
+# sync setting): read for every kernel, autotuned or not.
+_env = _call_cache.autotune_env
 _probe: list = []  # jax's "no trace is active" check, found once.
 _array_type: list = []  # The concrete jax.Array type, found once.
 
@@ -77,7 +79,7 @@ def key(args: Sequence[Any], kernel: Any, out_shape: Any, grid: Any,
             # 1, 1.0 and True are equal and hash alike: their types differ.
             grid, tuple([type(g) for g in grid]),
             tuple([(k, v, type(v)) for k, v in metaparams.items()]),
-            _sync_env())
+            _env())
   except Exception:  # pylint: disable=broad-except
     return None
 
@@ -145,8 +147,7 @@ def register(lean_key: Any, entry: Any, n_args: int) -> None:
       whose operands are more (keyword operands merged in) is not filed.
   """
   if (lean_key is None or not entry.direct or entry.checks
-      or len(entry.array_positions) != n_args
-      or _kernel.kernel_info(entry.kernel).layers):
+      or len(entry.array_positions) != n_args):
     return
   if len(_entries) >= _call_cache.entries.max_entries:
     _entries.clear()  # Bounded; refilled by the next full-path hits.

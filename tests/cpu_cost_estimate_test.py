@@ -10,7 +10,6 @@ NumPy.
 
 import ctypes
 import os
-import subprocess
 import sys
 import textwrap
 from unittest import mock
@@ -24,6 +23,7 @@ import triton
 import triton.language as tl
 
 from jt_dist import testing
+import fork_server
 
 testing.configure_cpu_devices()
 
@@ -166,9 +166,8 @@ class CpuCostEstimateTest(testing.TestCase):
     env["PYTHONPATH"] = os.pathsep.join(
         p for p in (_ROOT, env.get("PYTHONPATH")) if p)
     env.pop("JT_DIST_CPU_DEVICES", None)
-    result = subprocess.run([sys.executable, "-c", script], env=env,
-                            capture_output=True, text=True,
-                            timeout=_TIMEOUT_S, check=False)
+    result = fork_server.run(["-c", script], env=env, cwd=os.getcwd(),
+                             timeout=_TIMEOUT_S)
     self.assertEqual(result.returncode, 0, result.stderr[-3000:])
     self.assertIn("done", result.stdout)
 

@@ -9,7 +9,6 @@ jax.jit on one device and over 8 devices.
 import json
 import os
 import re
-import subprocess
 import sys
 import tempfile
 import textwrap
@@ -19,6 +18,7 @@ from absl.testing import parameterized
 import jax
 
 from jt_dist import testing
+import fork_server
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -103,9 +103,8 @@ class CpuKernelErrorTest(testing.TestCase):
       child = os.path.join(tmp, "failing_kernel.py")
       with open(child, "w") as f:
         f.write(_CHILD)
-      done = subprocess.run(
-          [sys.executable, child, kind, str(devices)], env=env, cwd=_ROOT,
-          capture_output=True, text=True, timeout=300, check=False)
+      done = fork_server.run([child, kind, str(devices)], env=env,
+                             cwd=_ROOT, timeout=300)
     self.assertEqual(done.returncode, 0, done.stderr[-4000:])
     stderr = [line for line in done.stderr.splitlines()
               if not _PLUGIN_NOISE.search(line)]

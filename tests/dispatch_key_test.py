@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import inspect
 import os
-import subprocess
 import sys
 import textwrap
 import types
@@ -29,6 +28,7 @@ from jt_dist import _compat
 from jt_dist import testing
 from jt_dist._call import dispatch as _dispatch
 from jt_dist._core import binding as _binding
+import fork_server
 
 testing.configure_cpu_devices()
 
@@ -199,6 +199,7 @@ class KeyFirstTest(testing.TestCase):
 _FIRST_CALL_TRACED = textwrap.dedent("""
     import sys
     sys.path[:0] = [{root!r}, {root!r} + "/tests"]
+    import jt_dist
     import jax, jax.numpy as jnp
     import dispatch_key_test as t
     from jt_dist._call import dispatch as _dispatch
@@ -214,10 +215,8 @@ class FreshProcessTest(testing.TestCase):
 
   def test_first_call_under_jit_then_eager_calls_are_cached(self):
     env = dict(os.environ, JT_DIST_CPU_DEVICES="1", JAX_PLATFORMS="cpu")
-    done = subprocess.run(
-        [sys.executable, "-c", _FIRST_CALL_TRACED.format(root=_ROOT)],
-        capture_output=True, text=True, timeout=600, env=env, cwd=_ROOT,
-        check=False)
+    done = fork_server.run(["-c", _FIRST_CALL_TRACED.format(root=_ROOT)],
+                           env=env, cwd=_ROOT, timeout=600)
     self.assertEqual(done.returncode, 0, done.stderr[-3000:])
     self.assertEqual(done.stdout.strip().splitlines()[-1], "1")
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import gc
 import os
-import subprocess
 import sys
 import textwrap
 import unittest
@@ -26,6 +25,7 @@ from jt_dist._core import binding as _binding
 from jt_dist._call import dispatch as _dispatch
 from jt_dist import testing
 from jt_dist._gpu import compile as _compile
+import fork_server
 import gpu_lowering_util as util
 
 testing.configure_cpu_devices()
@@ -463,10 +463,10 @@ class ScalarRecompileTest(util.IsolatedCacheMixin, testing.TestCase):
 
 _RSS_SCRIPT = textwrap.dedent("""
     import gc, json, sys
-    import jax, jax.numpy as jnp, numpy as np
     sys.path[:0] = [{root!r}, {root!r} + "/tests"]
-    import dispatch_test as t
     import jt_dist
+    import jax, jax.numpy as jnp, numpy as np
+    import dispatch_test as t
     from jt_dist._call import dispatch as _dispatch
 
     def rss_mib():
@@ -502,10 +502,9 @@ class MemoryTest(testing.TestCase):
 
   def _run(self, mode, calls):
     env = dict(os.environ, JT_DIST_CPU_DEVICES="1", JAX_PLATFORMS="cpu")
-    done = subprocess.run(
-        [sys.executable, "-c", _RSS_SCRIPT.format(root=_ROOT), mode,
-         str(calls)], capture_output=True, text=True, timeout=600, env=env,
-        cwd=_ROOT, check=False)
+    done = fork_server.run(
+        ["-c", _RSS_SCRIPT.format(root=_ROOT), mode, str(calls)], env=env,
+        cwd=_ROOT, timeout=600)
     self.assertEqual(done.returncode, 0, done.stderr[-3000:])
     import json  # pylint: disable=g-import-not-at-top
     return json.loads(done.stdout.strip().splitlines()[-1])

@@ -32,6 +32,8 @@ import sys
 import tempfile
 import textwrap
 
+import fork_server
+
 _FENCE = re.compile(r"^(\s*)(`{3,})\s*([\w+-]*)\s*$")
 _MARK = re.compile(r"^\s*<!--\s*([a-z][a-z ]*?)\s*:(.*?)-->\s*$")
 _KINDS = ("block", "continues", "not run", "gpu only", "on cpu",
@@ -217,9 +219,8 @@ def run_chain(chain: Chain, path: str, cwd: str) -> Result:
     env["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"
     if chain.on_cpu:
       env["JAX_PLATFORMS"] = "cpu"
-    result = subprocess.run(
-        [sys.executable, "-c", _RUNNER], input=payload, capture_output=True,
-        text=True, cwd=cwd, env=env, timeout=600, check=False)
+    result = fork_server.run(["-c", _RUNNER], input=payload, cwd=cwd,
+                             env=env, timeout=600)
   return Result(result.returncode, result.stdout, result.stderr)
 
 

@@ -19,6 +19,7 @@ from jt_dist import _compat
 from jt_dist._tools import doctor as _doctor
 from jt_dist import testing
 from jt_dist._gpu import lowering as _gpu_lowering
+import fork_server
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -38,9 +39,8 @@ def _doctor_process(*args, **env):
   full_env["PYTHONPATH"] = os.pathsep.join(
       [_ROOT] + [p for p in [os.environ.get("PYTHONPATH")] if p])
   full_env.update(env)
-  result = subprocess.run(
-      [sys.executable, "-m", "jt_dist", *args], cwd=_ROOT, env=full_env,
-      capture_output=True, text=True, timeout=600)
+  result = fork_server.run(["-m", "jt_dist", *args], cwd=_ROOT,
+                           env=full_env, timeout=600)
   return result.returncode, result.stdout, result.stderr
 
 

@@ -15,6 +15,8 @@ import sys
 import tempfile
 from typing import Sequence
 
+import fork_server
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -45,9 +47,8 @@ def run_python(
                  XLA_PYTHON_CLIENT_PREALLOCATE="false")
     child.pop("JT_DIST_CPU_DEVICES", None)
     child.update(env or {})
-    return subprocess.run(
-        [sys.executable, *argv], input=stdin, capture_output=True, text=True,
-        cwd=ROOT, env=child, timeout=timeout, check=False)
+    return fork_server.run(argv, input=stdin, cwd=ROOT, env=child,
+                           timeout=timeout)
 
 
 def assert_quiet_success(test, result: subprocess.CompletedProcess,

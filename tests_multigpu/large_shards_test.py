@@ -21,6 +21,10 @@ import jax
 
 from jt_dist import testing
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__))), "tests"))
+import fork_server  # pylint: disable=g-import-not-at-top,wrong-import-position
+
 _WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)),
                        "large_shards_worker.py")
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -68,9 +72,8 @@ class LargeShardsTest(testing.TestCase):
   )
   def test_eight_devices(self, case, names):
     try:
-      done = subprocess.run(
-          [sys.executable, _WORKER, case], env=_env(self.seed), cwd=_ROOT,
-          capture_output=True, text=True, timeout=_TIMEOUT_S, check=False)
+      done = fork_server.run([_WORKER, case], env=_env(self.seed), cwd=_ROOT,
+                             timeout=_TIMEOUT_S)
     except subprocess.TimeoutExpired as e:
       self.fail(f"case {case!r} hung: no result within {_TIMEOUT_S} s."
                 f"\nstdout:\n{e.stdout}\nstderr:\n{e.stderr}")

@@ -1,0 +1,357 @@
+"""Runs a test's Python child in a fork of a process that imported jt_dist.
+
+A fresh interpreter spends about a second importing jax, Triton and jt_dist
+before a test's script starts, and the suites start dozens of them (every
+documentation chain, every example, the doctor). A *fork server* imports
+them once, as ``import jt_dist`` does, and forks a child per run: the child
+applies the run's environment, directory, arguments and standard streams,
+runs the code as ``python`` would, and exits with its status.
+
+What the child cannot see is the import itself. So a run takes a real
+process instead when:
+
+- its code imports jax before jt_dist (that order is what writes the CUDA
+  plugin's start-up lines on a host without GPUs, which the tests must see);
+- its environment differs from the server's in a variable read while
+  importing (``JAX_*``, ``TRITON_*``, ``PYTHON*``, ``TF_*``, ``LD_*``,
+  thread counts): one server serves each such environment;
+- ``JT_DIST_TEST_FORK_SERVER=0``, or the platform has no ``fork``.
+
+Variables read later (``XLA_FLAGS``, ``JT_DIST_*``, ``CUDA_VISIBLE_DEVICES``,
+``XLA_PYTHON_CLIENT_*``) are set in the child before its code runs, and no
+server ever starts a JAX backend. Tests whose point is a fresh interpreter
+(the import's own output, signals, ``jax.distributed``) keep
+``subprocess``.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import re
+import select
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from typing import Sequence
+
+ENV_VAR = "JT_DIST_TEST_FORK_SERVER"
+_IMPORT_TIME_PREFIXES = ("JAX_", "TRITON_", "PYTHON", "TF_", "LD_",
+                         "OMP_", "OPENBLAS_", "MKL_")
+_FIRST_IMPORT = re.compile(r"^\s*(?:import|from)\s+(jax|jt_dist)\b", re.M)
+_MAX_SERVERS = 3
+# In a server: its sys.path when it started (``python -c``: "" first).
+BASE_PATH: list[str] = []
+
+# The server: imports what every run imports first, then forks one child
+# per request line (JSON) and answers with its pid, then its exit status.
+_SERVER = r"""
+import json, os, select, signal, sys
+base_path = list(sys.path)
+import jt_dist  # jax and Triton, imported the quiet way users import them.
+sys.path.insert(0, os.path.dirname(os.path.abspath(sys.argv[1])))
+import fork_server
+sys.path[:] = base_path
+fork_server.BASE_PATH = base_path
+control_in, control_out = sys.stdin.buffer, sys.stdout.buffer
+control_out.write(b"ready\n"); control_out.flush()
+while True:
+  line = control_in.readline()
+  if not line:
+    break
+  request = json.loads(line)
+  pid = os.fork()
+  if pid == 0:
+    fork_server.child_main(request)
+  control_out.write(json.dumps({"pid": pid}).encode() + b"\n")
+  control_out.flush()
+  while True:
+    done, status = os.waitpid(pid, os.WNOHANG)
+    if done:
+      break
+    readable, _, _ = select.select([control_in], [], [], 0.05)
+    if readable and not control_in.peek(1):
+      os.killpg(pid, signal.SIGKILL)  # The test process is gone.
+      os.waitpid(pid, 0)
+      sys.exit(0)
+  code = os.waitstatus_to_exitcode(status)
+  control_out.write(json.dumps({"status": code}).encode() + b"\n")
+  control_out.flush()
+"""
+
+
+def _enabled() -> bool:
+  return (hasattr(os, "fork")
+          and os.environ.get(ENV_VAR, "1").strip().lower()
+          not in ("0", "false", "off", "no"))
+
+
+def imports_jt_dist_first(code: str) -> bool:
+  """Whether ``code``'s first import of jax or jt_dist is jt_dist's."""
+  found = _FIRST_IMPORT.search(code)
+  return found is None or found.group(1) == "jt_dist"
+
+
+def _import_env(env: dict[str, str]) -> tuple:
+  return tuple(sorted((k, v) for k, v in env.items()
+                      if k.startswith(_IMPORT_TIME_PREFIXES)))
+
+
+class _Server:
+  """One server process; serves one run at a time."""
+
+  def __init__(self, env: dict[str, str], cwd: str):
+    self.lock = threading.Lock()
+    self.buffer = b""
+    self.process = subprocess.Popen(
+        [sys.executable, "-c", _SERVER, os.path.abspath(__file__)],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL, env=env, cwd=cwd)
+    if self._readline(120) != b"ready":
+      self.close()
+      raise RuntimeError("the fork server did not start")
+
+  def _readline(self, timeout: float | None) -> bytes | None:
+    """One line from the server, or None after ``timeout`` seconds."""
+    fd = self.process.stdout.fileno()
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while b"\n" not in self.buffer:
+      left = None if deadline is None else max(0.0, deadline - time.monotonic())
+      ready, _, _ = select.select([fd], [], [], left)
+      if not ready:
+        return None
+      chunk = os.read(fd, 65536)
+      if not chunk:
+        raise RuntimeError("the fork server exited")
+      self.buffer += chunk
+    line, self.buffer = self.buffer.split(b"\n", 1)
+    return line
+
+  def run(self, request: dict, timeout: float | None) -> int:
+    """The child's exit status; raises TimeoutExpired after killing it."""
+    self.process.stdin.write(json.dumps(request).encode() + b"\n")
+    self.process.stdin.flush()
+    line = self._readline(60)
+    if line is None:
+      raise RuntimeError("the fork server did not answer")
+    pid = json.loads(line)["pid"]
+    line = self._readline(timeout)
+    if line is None:
+      try:
+        os.killpg(pid, signal.SIGKILL)
+      except ProcessLookupError:
+        pass
+      self._readline(60)
+      raise subprocess.TimeoutExpired(request["argv"], timeout)
+    return json.loads(line)["status"]
+
+  def close(self) -> None:
+    try:
+      self.process.stdin.close()
+      self.process.wait(timeout=10)
+    except Exception:  # pylint: disable=broad-except
+      self.process.kill()
+
+
+_servers: dict[tuple, _Server] = {}
+_servers_lock = threading.Lock()
+
+
+def _server(env: dict[str, str], cwd: str) -> _Server:
+  key = (_import_env(env), cwd)
+  with _servers_lock:
+    server = _servers.get(key)
+    if server is None or server.process.poll() is not None:
+      if len(_servers) >= _MAX_SERVERS:
+        _servers.pop(next(iter(_servers))).close()
+      server = _servers[key] = _Server(env, cwd)
+    return server
+
+
+@atexit.register
+def _close_all() -> None:
+  for server in _servers.values():
+    server.close()
+  _servers.clear()
+
+
+def run(argv: Sequence[str], *, env: dict[str, str], cwd: str,
+        input: str | None = None,  # pylint: disable=redefined-builtin
+        timeout: float | None = None) -> subprocess.CompletedProcess:
+  """``subprocess.run([sys.executable, *argv], capture_output=True, text=True)``.
+
+  Runs in a fork of a server when the run allows it (see the module's
+  docstring), else in a real process.
+
+  Args:
+    argv: the interpreter's arguments: ``["-c", code, ...]``,
+      ``["-m", module, ...]`` or ``[script, ...]``.
+    env: the child's whole environment.
+    cwd: its working directory.
+    input: text for its standard input.
+    timeout: seconds before the child is killed and TimeoutExpired raised.
+  """
+  argv = list(argv)
+  if _enabled() and _eligible(argv, input, cwd):
+    try:
+      server = _server(env, cwd)
+    except (OSError, RuntimeError):
+      server = None
+    if server is not None and server.lock.acquire(blocking=False):
+      try:
+        return _run_forked(server, argv, env, cwd, input, timeout)
+      finally:
+        server.lock.release()
+  return subprocess.run([sys.executable, *argv], input=input,
+                        capture_output=True, text=True, env=env, cwd=cwd,
+                        timeout=timeout, check=False)
+
+
+def _eligible(argv: list[str], input: str | None, cwd: str) -> bool:  # pylint: disable=redefined-builtin
+  if not argv:
+    return False
+  if argv[0] == "-c":
+    code = argv[1] + "\n" + _payload_code(input)
+  elif argv[0] == "-m":
+    return len(argv) > 1 and argv[1].split(".")[0] == "jt_dist"
+  elif argv[0].startswith("-"):
+    return False
+  else:
+    try:
+      with open(os.path.join(cwd, argv[0]), encoding="utf-8") as f:
+        code = f.read()
+    except OSError:
+      return False
+  return imports_jt_dist_first(code)
+
+
+def _payload_code(text: str | None) -> str:
+  """The code in a run's standard input: the docs' runner reads its blocks
+  there, as JSON ``[path, line, code]`` triples."""
+  if not text:
+    return ""
+  try:
+    blocks = json.loads(text)
+    return "\n".join(code for _, _, code in blocks)
+  except (ValueError, TypeError):
+    return text
+
+
+def _run_forked(server, argv, env, cwd, input, timeout):  # pylint: disable=redefined-builtin
+  with tempfile.TemporaryDirectory() as tmp:
+    paths = {name: os.path.join(tmp, name)
+             for name in ("stdin", "stdout", "stderr")}
+    with open(paths["stdin"], "w", encoding="utf-8") as f:
+      f.write(input or "")
+    request = {"argv": argv, "env": env, "cwd": cwd, **paths}
+    status = server.run(request, timeout)
+    with open(paths["stdout"], encoding="utf-8", errors="replace") as f:
+      stdout = f.read()
+    with open(paths["stderr"], encoding="utf-8", errors="replace") as f:
+      stderr = f.read()
+  return subprocess.CompletedProcess([sys.executable, *argv], status,
+                                     stdout, stderr)
+
+
+def child_main(request: dict) -> None:
+  """In the forked child: runs the request as ``python`` would; never returns."""
+  code = 1
+  try:
+    os.setsid()  # Its own group: a timeout kills whatever it started too.
+    _redirect(request)
+    os.chdir(request["cwd"])
+    os.environ.clear()
+    os.environ.update(request["env"])
+    code = _run_main(request["argv"])
+  except BaseException:  # pylint: disable=broad-except
+    _print_exception(*sys.exc_info())
+  finally:
+    os._exit(_finish(code))  # pylint: disable=protected-access
+
+
+def _redirect(request: dict) -> None:
+  import io  # pylint: disable=g-import-not-at-top
+  for fd, key, flags in ((0, "stdin", os.O_RDONLY),
+                         (1, "stdout", os.O_WRONLY | os.O_CREAT | os.O_TRUNC),
+                         (2, "stderr", os.O_WRONLY | os.O_CREAT | os.O_TRUNC)):
+    new = os.open(request[key], flags, 0o600)
+    os.dup2(new, fd)
+    os.close(new)
+  sys.stdin = io.TextIOWrapper(io.FileIO(0, "r", closefd=False),
+                               encoding="utf-8")
+  sys.stdout = io.TextIOWrapper(io.FileIO(1, "w", closefd=False),
+                                encoding="utf-8", line_buffering=False)
+  sys.stderr = io.TextIOWrapper(io.FileIO(2, "w", closefd=False),
+                                encoding="utf-8", errors="backslashreplace",
+                                line_buffering=True)
+  sys.__stdin__, sys.__stdout__, sys.__stderr__ = (sys.stdin, sys.stdout,
+                                                   sys.stderr)
+
+
+def _run_main(argv: list[str]) -> int:
+  """Runs ``python *argv``'s program; its exit status."""
+  import runpy  # pylint: disable=g-import-not-at-top
+  import types  # pylint: disable=g-import-not-at-top
+  try:
+    if argv[0] == "-c":
+      sys.argv = ["-c", *argv[2:]]
+      sys.path[:] = ["", *BASE_PATH[1:]]
+      main = types.ModuleType("__main__")
+      main.__builtins__ = __builtins__
+      sys.modules["__main__"] = main
+      exec(compile(argv[1], "<string>", "exec"), main.__dict__)  # pylint: disable=exec-used
+    elif argv[0] == "-m":
+      sys.argv = [argv[1], *argv[2:]]
+      sys.path[:] = [os.getcwd(), *BASE_PATH[1:]]
+      runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
+    else:
+      sys.argv = list(argv)
+      sys.path[:] = [os.path.dirname(os.path.abspath(argv[0])),
+                     *BASE_PATH[1:]]
+      runpy.run_path(argv[0], run_name="__main__")
+  except SystemExit as e:
+    return _exit_status(e.code)
+  except BaseException:  # pylint: disable=broad-except
+    _print_exception(*sys.exc_info())
+    return 1
+  return 0
+
+
+def _exit_status(code) -> int:
+  if code is None:
+    return 0
+  if isinstance(code, int):
+    return code & 0xFF
+  print(code, file=sys.stderr)
+  return 1
+
+
+def _print_exception(kind, value, tb) -> None:
+  """Prints as Python does for an uncaught exception, without this module's frames."""
+  while tb is not None and tb.tb_frame.f_code.co_filename in (
+      __file__, getattr(sys.modules.get("runpy"), "__file__", None)):
+    tb = tb.tb_next
+  try:
+    if value is not None:
+      value = value.with_traceback(tb)  # What the hook prints, on 3.12 too.
+    sys.excepthook(kind, value, tb)
+  except Exception:  # pylint: disable=broad-except
+    pass
+
+
+def _finish(code: int) -> int:
+  import atexit as _atexit  # pylint: disable=g-import-not-at-top,reimported
+  try:
+    _atexit._run_exitfuncs()  # pylint: disable=protected-access
+  except BaseException:  # pylint: disable=broad-except
+    pass
+  for stream in (sys.stdout, sys.stderr):
+    try:
+      stream.flush()
+    except Exception:  # pylint: disable=broad-except
+      pass
+  return code

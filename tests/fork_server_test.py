@@ -1,0 +1,151 @@
+"""The tests' fork server runs a child as ``python`` would, or falls back."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from unittest import mock
+
+from absl.testing import absltest
+from absl.testing import parameterized
+
+import fork_server
+
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _run(code: str, **kwargs):
+  env = dict(os.environ, **kwargs.pop("env", {}))
+  return fork_server.run(["-c", code, *kwargs.pop("args", ())], env=env,
+                         cwd=kwargs.pop("cwd", _ROOT), **kwargs)
+
+
+def _forked(result) -> bool:
+  """Whether the child printed that its parent was not this process."""
+  return result.stdout.splitlines()[-1] == "forked"
+
+
+_PARENT = ("import os, sys\n"
+           f"print('forked' if os.getppid() != {os.getpid()} else 'real')\n")
+
+
+@absltest.skipUnless(hasattr(os, "fork"), "fork servers need os.fork")
+class ForkServerTest(parameterized.TestCase):
+
+  def test_runs_like_python(self):
+    code = textwrap.dedent("""\
+        import jt_dist, os, sys
+        print(sys.argv, os.getcwd(), os.environ["SEEN"], sys.path[0] == "")
+        print(sys.stdin.read().upper())
+        print("to stderr", file=sys.stderr)
+        """) + _PARENT
+    result = _run(code, args=("a", "b"), env={"SEEN": "yes"},
+                  input="typed", timeout=120)
+    self.assertEqual(result.returncode, 0, result.stderr)
+    lines = result.stdout.splitlines()
+    self.assertEqual(lines[0], f"['-c', 'a', 'b'] {_ROOT} yes True")
+    self.assertEqual(lines[1], "TYPED")
+    self.assertEqual(result.stderr, "to stderr\n")
+    self.assertTrue(_forked(result))
+
+  @parameterized.parameters((None, 0), (3, 3), ("'a message'", 1))
+  def test_exit_status(self, code, status):
+    result = _run(f"import jt_dist, sys\nsys.exit({code})", timeout=120)
+    self.assertEqual(result.returncode, status)
+    if isinstance(code, str):
+      self.assertEqual(result.stderr, "a message\n")
+
+  def test_uncaught_exception_prints_its_traceback_only(self):
+    result = _run("import jt_dist\n\ndef f():\n  raise KeyError('gone')\nf()",
+                  timeout=120)
+    self.assertEqual(result.returncode, 1)
+    self.assertTrue(result.stderr.startswith(
+        "Traceback (most recent call last):\n"), result.stderr)
+    self.assertIn('File "<string>", line 5, in <module>', result.stderr)
+    self.assertTrue(result.stderr.endswith("KeyError: 'gone'\n"),
+                    result.stderr)
+    self.assertNotIn("fork_server", result.stderr)
+    self.assertNotIn("runpy", result.stderr)
+
+  def test_device_count_is_the_childs(self):
+    for count in (3, 5):
+      result = _run(
+          "import jt_dist, jax\nprint(jax.device_count())\n" + _PARENT,
+          env={"XLA_FLAGS": f"--xla_force_host_platform_device_count={count}",
+               "JAX_PLATFORMS": "cpu"}, timeout=120)
+      self.assertEqual(result.returncode, 0, result.stderr)
+      self.assertEqual(result.stdout.splitlines()[0], str(count))
+      self.assertTrue(_forked(result))
+
+  def test_timeout_kills_the_child_and_its_children(self):
+    tmp = tempfile.TemporaryDirectory()
+    self.addCleanup(tmp.cleanup)
+    marker = os.path.join(tmp.name, "late")
+    late = f"import time; time.sleep(3); open({marker!r}, 'w')"
+    code = ("import jt_dist, subprocess, sys, time\n"
+            f"subprocess.Popen([sys.executable, '-c', {late!r}])\n"
+            "time.sleep(60)\n")
+    start = time.monotonic()
+    with self.assertRaises(subprocess.TimeoutExpired):
+      _run(code, timeout=2)
+    self.assertLess(time.monotonic() - start, 30)
+    time.sleep(3)
+    self.assertFalse(os.path.exists(marker))
+    # The server serves the next run.
+    self.assertEqual(_run("import jt_dist\nprint(1)", timeout=120).stdout,
+                     "1\n")
+
+  def test_script_and_module(self):
+    tmp = tempfile.TemporaryDirectory()
+    self.addCleanup(tmp.cleanup)
+    script = os.path.join(tmp.name, "s.py")
+    with open(script, "w", encoding="utf-8") as f:
+      f.write("import jt_dist, sys\nprint(__name__, sys.argv[1:])\n" + _PARENT)
+    result = fork_server.run([script, "x"], env=dict(os.environ), cwd=_ROOT,
+                             timeout=120)
+    self.assertEqual(result.stdout.splitlines()[0], "__main__ ['x']")
+    self.assertTrue(_forked(result))
+    result = fork_server.run(["-m", "jt_dist", "--help"],
+                             env=dict(os.environ), cwd=_ROOT, timeout=120)
+    self.assertEqual(result.returncode, 0, result.stderr)
+    self.assertIn("usage", result.stdout.lower())
+
+  @parameterized.named_parameters(
+      ("jax_first", "import jax\nimport jt_dist\n", False),
+      ("jt_dist_first", "import jt_dist\nimport jax\n", True),
+      ("from_jax_first", "from jax import numpy\nimport jt_dist\n", False),
+      ("neither", "import numpy\n", True),
+      ("indented", "if True:\n  import jax\nimport jt_dist\n", False))
+  def test_import_order_decides(self, code, forked):
+    self.assertEqual(fork_server.imports_jt_dist_first(code), forked)
+    result = _run(code + _PARENT, timeout=120)
+    self.assertEqual(result.returncode, 0, result.stderr)
+    self.assertEqual(_forked(result), forked)
+
+  def test_docs_runner_payload_is_read(self):
+    payload = '[["page.md", 0, "import jax\\nimport jt_dist\\n"]]'
+    self.assertFalse(fork_server._eligible(["-c", "import json"], payload,  # pylint: disable=protected-access
+                                           _ROOT))
+    payload = '[["page.md", 0, "import jt_dist\\nimport jax\\n"]]'
+    self.assertTrue(fork_server._eligible(["-c", "import json"], payload,  # pylint: disable=protected-access
+                                          _ROOT))
+
+  def test_import_time_environment_gets_its_own_server(self):
+    code = "import jt_dist, jax\nprint(jax.config.jax_enable_x64)\n" + _PARENT
+    for value in ("1", "0"):
+      result = _run(code, env={"JAX_ENABLE_X64": value}, timeout=120)
+      self.assertEqual(result.stdout.splitlines()[0], str(value == "1"))
+      self.assertTrue(_forked(result))
+
+  def test_turned_off(self):
+    with mock.patch.dict(os.environ, {fork_server.ENV_VAR: "0"}):
+      result = _run("import jt_dist\n" + _PARENT, timeout=120)
+    self.assertFalse(_forked(result))
+
+
+if __name__ == "__main__":
+  absltest.main()

@@ -3,7 +3,8 @@
 Shared by tests/readme_test.py (README.md) and tests/docs_test.py (docs/).
 
 A python block runs as pasted, in a fresh process that must write nothing to
-standard error. HTML comments on the lines just above a block's fence (blank
+standard error (a fork of a process that imported jt_dist, when the chain
+imports jt_dist before jax: see tests/fork_server.py). HTML comments on the lines just above a block's fence (blank
 lines between them are allowed) say how:
 
 * ``<!-- block: NAME -->`` names the block;
@@ -198,7 +199,7 @@ class Result:
 
 
 def run_chain(chain: Chain, path: str, cwd: str) -> Result:
-  """Runs a chain's blocks in a fresh Python process.
+  """Runs a chain's blocks in a fresh Python process (or a fork server's child).
 
   Args:
     chain: the blocks.

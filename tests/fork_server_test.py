@@ -24,6 +24,10 @@ def _run(code: str, **kwargs):
                          cwd=kwargs.pop("cwd", _ROOT), **kwargs)
 
 
+def jax_x64_on() -> bool:
+  return os.environ.get("JAX_ENABLE_X64", "0").lower() in ("1", "true", "on")
+
+
 def _forked(result) -> bool:
   """Whether the child printed that its parent was not this process."""
   return result.stdout.splitlines()[-1] == "forked"
@@ -74,9 +78,9 @@ class ForkServerTest(parameterized.TestCase):
   def test_device_count_is_the_childs(self):
     for count in (3, 5):
       result = _run(
-          "import jt_dist, jax\nprint(jax.device_count())\n" + _PARENT,
-          env={"XLA_FLAGS": f"--xla_force_host_platform_device_count={count}",
-               "JAX_PLATFORMS": "cpu"}, timeout=120)
+          "import jt_dist, jax\nprint(len(jax.devices('cpu')))\n" + _PARENT,
+          env={"XLA_FLAGS": f"--xla_force_host_platform_device_count={count}"},
+          timeout=120)
       self.assertEqual(result.returncode, 0, result.stderr)
       self.assertEqual(result.stdout.splitlines()[0], str(count))
       self.assertTrue(_forked(result))
@@ -85,15 +89,15 @@ class ForkServerTest(parameterized.TestCase):
     tmp = tempfile.TemporaryDirectory()
     self.addCleanup(tmp.cleanup)
     marker = os.path.join(tmp.name, "late")
-    late = f"import time; time.sleep(3); open({marker!r}, 'w')"
+    late = f"import time; time.sleep(1); open({marker!r}, 'w')"
     code = ("import jt_dist, subprocess, sys, time\n"
             f"subprocess.Popen([sys.executable, '-c', {late!r}])\n"
             "time.sleep(60)\n")
     start = time.monotonic()
     with self.assertRaises(subprocess.TimeoutExpired):
-      _run(code, timeout=2)
+      _run(code, timeout=0.5)
     self.assertLess(time.monotonic() - start, 30)
-    time.sleep(3)
+    time.sleep(1.5)
     self.assertFalse(os.path.exists(marker))
     # The server serves the next run.
     self.assertEqual(_run("import jt_dist\nprint(1)", timeout=120).stdout,
@@ -120,8 +124,12 @@ class ForkServerTest(parameterized.TestCase):
       ("from_jax_first", "from jax import numpy\nimport jt_dist\n", False),
       ("neither", "import numpy\n", True),
       ("indented", "if True:\n  import jax\nimport jt_dist\n", False))
-  def test_import_order_decides(self, code, forked):
-    self.assertEqual(fork_server.imports_jt_dist_first(code), forked)
+  def test_import_order_decides(self, code, first):
+    self.assertEqual(fork_server.imports_jt_dist_first(code), first)
+
+  @parameterized.parameters(("import jax\nimport jt_dist\n", False),
+                            ("import jt_dist\nimport jax\n", True))
+  def test_import_order_picks_the_process(self, code, forked):
     result = _run(code + _PARENT, timeout=120)
     self.assertEqual(result.returncode, 0, result.stderr)
     self.assertEqual(_forked(result), forked)
@@ -136,10 +144,11 @@ class ForkServerTest(parameterized.TestCase):
 
   def test_import_time_environment_gets_its_own_server(self):
     code = "import jt_dist, jax\nprint(jax.config.jax_enable_x64)\n" + _PARENT
-    for value in ("1", "0"):
-      result = _run(code, env={"JAX_ENABLE_X64": value}, timeout=120)
-      self.assertEqual(result.stdout.splitlines()[0], str(value == "1"))
-      self.assertTrue(_forked(result))
+    # The opposite of this process's setting: a server of its own.
+    other = "0" if jax_x64_on() else "1"
+    result = _run(code, env={"JAX_ENABLE_X64": other}, timeout=120)
+    self.assertEqual(result.stdout.splitlines()[0], str(other == "1"))
+    self.assertTrue(_forked(result))
 
   def test_turned_off(self):
     with mock.patch.dict(os.environ, {fork_server.ENV_VAR: "0"}):

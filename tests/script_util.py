@@ -1,5 +1,9 @@
 """Runs Python as a user would, in a fresh process, and checks it was quiet.
 
+Code that imports jt_dist before jax runs in a fork of a process that has
+imported jt_dist already (tests/fork_server.py): what it would have printed
+while importing is what tests/quiet_start_test.py checks, in real processes.
+
 For tests of what users run whole: the examples (tests/examples_test.py)
 and pasted documentation blocks. A run passes when it exits 0 and writes
 nothing to stderr: on a host without GPUs that has JAX's CUDA plugin,

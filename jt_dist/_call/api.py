@@ -193,9 +193,9 @@ def triton_call(
              input_output_aliases, zeroed_outputs, debug, serialized_metadata,
              vmap_method, device, sharding_rule, has_side_effect,
              cost_estimate)
+  defaults = _dispatch.all_defaults(options)
   lean_key = None
-  if (options == _dispatch.DEFAULT_OPTIONS and enable_fp_fusion is True
-      and debug is False and has_side_effect is False):
+  if defaults:
     # Arrays only, every option at its default: the cheapest key.
     lean_key = _lean.key(args, kernel, out_shape, grid, metaparams)
     if lean_key is not None:
@@ -204,7 +204,7 @@ def triton_call(
         return outs
   # A repeated call: its key, from the arguments as given, and its entry.
   outs = _dispatch.cached(args, kernel, out_shape, grid, options, metaparams,
-                          lean_key)
+                          defaults, lean_key)
   if outs is _dispatch.MISS:
     outs = _first_call(args, kernel, out_shape, grid, options, metaparams,
                        lean_key)

@@ -31,7 +31,6 @@ from typing import Any, Sequence
 import jax
 import numpy as np
 
-from jt_dist import _compat
 from jt_dist._call import lean as _lean
 from jt_dist._call import operands as _operands
 from jt_dist._call import tensordesc as _tensordesc
@@ -54,9 +53,10 @@ _INT_TYPES = frozenset((int, np.int8, np.int16, np.int32, np.int64, np.uint8,
 # Exact types only: a subclass of int (an IntEnum) takes the slow path.
 _SCALAR_TYPES = _INT_TYPES | {bool, float, np.bool_, np.float16, np.float32,
                               np.float64}
-_ARRAY_TYPE: list[type] = []
+_ARRAY_TYPE = _call_cache.array_type
 _SDS = jax.ShapeDtypeStruct
-_is_top_level: list[Any] = []
+_is_top_level = _call_cache.top_level
+_init = _call_cache.eager_ready
 _generation = _call_cache.generation
 _sync_env = _call_cache.sync_env
 _autotune_env = _call_cache.autotune_env
@@ -112,21 +112,6 @@ def configure_cache(*, disk_cache: bool | None = None,
                    memory_entries=memory_entries)
   if dispatch_entries is not None:
     _call_cache.resize(dispatch_entries)
-
-
-def _init() -> bool:
-  """Finds the probe and the concrete array type, once; False in a trace.
-
-  The array type is that of a concrete array, which a first call under a
-  trace would not make (``jnp.zeros`` there gives a tracer).
-  """
-  if not _is_top_level:
-    _is_top_level.append(_compat.top_level_probe())
-  if not _is_top_level[0]():
-    return False
-  if not _ARRAY_TYPE:
-    _ARRAY_TYPE.append(type(jax.numpy.zeros((), np.float32)))
-  return True
 
 
 def _frozen(option: Any) -> Any:
@@ -253,29 +238,38 @@ def lookup(signature, grid):
   return entry
 
 
+def all_defaults(options: tuple) -> bool:
+  """Whether triton_call's options (``DEFAULT_OPTIONS``' order) are as not given.
+
+  False == 0 and True == 1, so the options whose type matters are compared
+  by identity too.
+  """
+  return options == DEFAULT_OPTIONS and options[6] is True and (
+      options[10] is False and options[15] is False)
+
+
 def options_key(options: tuple) -> Any:
   """The key part of triton_call's options (``DEFAULT_OPTIONS``' order)."""
-  if options == DEFAULT_OPTIONS and options[6] is True and (
-      options[10] is False and options[15] is False):
+  if all_defaults(options):
     return None
   return tuple(map(_frozen, options)), tuple(map(type, options))
 
 
 def cached(args: Sequence[Any], kernel: Any, out_shape: Any, grid: Any,
-           options: tuple, metaparams: dict, lean_key: Any = None) -> Any:
+           options: tuple, metaparams: dict, defaults: bool,
+           lean_key: Any = None) -> Any:
   """Runs an eager ``triton_call`` from its entry; ``MISS`` if it has none.
 
   ``options`` are triton_call's other keywords, in ``DEFAULT_OPTIONS``'
-  order, as given. A hit is filed under ``lean_key`` too (when not None),
-  for the next call's ``jt_dist._call.lean`` lookup. Written for speed:
-  ``options_key`` and ``lookup`` inline.
+  order, as given, and ``defaults`` is ``all_defaults(options)``. A hit is
+  filed under ``lean_key`` too (when not None), for the next call's
+  ``jt_dist._call.lean`` lookup. Written for speed: ``lookup`` inline.
   """
   try:
     found = key(
         args, kernel, out_shape, grid,
-        None if options == DEFAULT_OPTIONS and options[6] is True and (
-            options[10] is False and options[15] is False)
-        else options_key(options), metaparams, options[RULE] is not None)
+        None if defaults else options_key(options), metaparams,
+        options[RULE] is not None)
     if found is None:
       return MISS
     entry = entries.hit(found[0])

@@ -33,9 +33,7 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 import jax
-import numpy as np
 
-from jt_dist import _compat
 from jt_dist._core import call_cache as _call_cache
 from jt_dist._cpu import lowering as _cpu_lowering
 from jt_dist._gpu import faults as _gpu_faults
@@ -47,8 +45,8 @@ _entries = _call_cache.lean_entries
 # The settings read when a call is lowered or launched (a superset of the
 # sync setting): read for every kernel, autotuned or not.
 _env = _call_cache.autotune_env
-_probe: list = []  # jax's "no trace is active" check, found once.
-_array_type: list = []  # The concrete jax.Array type, found once.
+_top_level = _call_cache.top_level
+_array_type = _call_cache.array_type
 
 
 def key(args: Sequence[Any], kernel: Any, out_shape: Any, grid: Any,
@@ -61,12 +59,8 @@ def key(args: Sequence[Any], kernel: Any, out_shape: Any, grid: Any,
   """
   if type(grid) is not tuple or type(out_shape) is not _SDS:
     return None
-  if not _probe:
-    _probe.append(_compat.top_level_probe())
-  if not _probe[0]():
+  if not (_array_type or _call_cache.eager_ready()) or not _top_level[0]():
     return None  # Under a trace: the full path binds into it.
-  if not _array_type:
-    _array_type.append(type(jax.numpy.zeros((), np.float32)))
   array_type = _array_type[0]
   # List comprehensions: cheaper than map() here, and inlined on 3.12.
   arrays = tuple([(a.shape, a.dtype) for a in args if type(a) is array_type])

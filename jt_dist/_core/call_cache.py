@@ -21,6 +21,7 @@ import functools
 from typing import Any, Callable, NamedTuple
 
 import jax
+import numpy as np
 
 from jt_dist import _compat
 from jt_dist._core import kernel as _kernel
@@ -41,6 +42,11 @@ executables = _cache.LRUCache(DEFAULT_ENTRIES)
 lean_entries: dict = {}
 # One element, so that readers that imported the list see every bump.
 generation = [0]
+# Found once, at the first eager call at top level (``eager_ready``): jax's
+# "no trace is active" check, and the concrete ``jax.Array`` type. One
+# element each, shared by every eager key (``jt_dist._call``).
+top_level: list[Callable[[], bool]] = []
+array_type: list[type] = []
 # The environment a signature holds: exact (os.environ's own values), and
 # cheaper than ``os.environ.get`` (which encodes and decodes each time).
 sync_env = _compat.environ_reader((_gpu_faults.SYNC_ENV_VAR,))
@@ -79,6 +85,21 @@ def kernel_facts(kernel: Any) -> KernelFacts:
       _kernels.clear()  # Bounded; refilled one lookup per kernel.
     _kernels[id(kernel)] = facts
   return facts
+
+
+def eager_ready() -> bool:
+  """Finds ``top_level`` and ``array_type`` once; False under a trace.
+
+  The array type is that of a concrete array, which a first call under a
+  trace would not make (``jnp.zeros`` there gives a tracer).
+  """
+  if not top_level:
+    top_level.append(_compat.top_level_probe())
+  if not top_level[0]():
+    return False
+  if not array_type:
+    array_type.append(type(jax.numpy.zeros((), np.float32)))
+  return True
 
 
 def resize(max_entries: int) -> None:

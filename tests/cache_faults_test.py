@@ -17,8 +17,6 @@ import errno
 import glob
 import json
 import os
-import subprocess
-import sys
 import types
 import unittest
 from unittest import mock
@@ -30,6 +28,7 @@ import jax.numpy as jnp
 from jt_dist._gpu import cache as _cache
 from jt_dist import testing
 import cache_util
+import fork_server
 import gpu_lowering_util as util
 
 
@@ -333,16 +332,15 @@ class RacingProcessesTest(testing.TestCase):
     self.env = cache_util.child_env(self.cache_dir, self.kernel_file)
 
   def _race(self, count=_RACERS):
-    processes = [
-        subprocess.Popen([sys.executable, "-c", cache_util.CHILD_SCRIPT],
-                         env=self.env, stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True)
-        for _ in range(count)]
+    # Forks of one warm process (tests/fork_server.py) when they may be:
+    # they race over the cache as closely as processes started apart would.
+    done = fork_server.run_together([["-c", cache_util.CHILD_SCRIPT]] * count,
+                                    env=self.env, cwd=cache_util.REPO,
+                                    timeout=300)
     results = []
-    for process in processes:
-      out, err = process.communicate(timeout=300)
-      self.assertEqual(process.returncode, 0, err[-3000:])
-      results.append((cache_util.result(out), err))
+    for process in done:
+      self.assertEqual(process.returncode, 0, process.stderr[-3000:])
+      results.append((cache_util.result(process.stdout), process.stderr))
     return results
 
   def _files(self, pattern):

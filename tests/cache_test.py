@@ -5,8 +5,6 @@ from __future__ import annotations
 import glob
 import json
 import os
-import subprocess
-import sys
 import unittest
 from unittest import mock
 
@@ -17,6 +15,7 @@ import jt_dist
 from jt_dist._gpu import cache as _cache
 from jt_dist import testing
 import cache_util
+import fork_server
 import gpu_lowering_util as util
 
 
@@ -196,27 +195,25 @@ class CrossProcessTest(testing.TestCase):
     self.kernel_file = cache_util.write_kernel(cache_util.tmpdir(self))
     self.env = cache_util.child_env(self.cache_dir, self.kernel_file)
 
-  def _spawn(self):
-    return subprocess.Popen(
-        [sys.executable, "-c", cache_util.CHILD_SCRIPT], env=self.env,
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-
-  def _finish(self, process):
-    out, err = process.communicate(timeout=300)
-    self.assertEqual(process.returncode, 0, err[-3000:])
-    return cache_util.result(out)
+  def _run(self, count=1):
+    done = fork_server.run_together([["-c", cache_util.CHILD_SCRIPT]] * count,
+                                    env=self.env, cwd=cache_util.REPO,
+                                    timeout=300)
+    for process in done:
+      self.assertEqual(process.returncode, 0, process.stderr[-3000:])
+    return [cache_util.result(process.stdout) for process in done]
 
   def test_second_process_skips_triton(self):
-    first = self._finish(self._spawn())
-    second = self._finish(self._spawn())
+    (first,) = self._run()
+    (second,) = self._run()
     self.assertEqual(first["compiled"], 1)
     self.assertEqual(second["compiled"], 0)
     self.assertEqual(first["digest"], second["digest"])
 
   def test_concurrent_writers_leave_a_valid_entry(self):
-    results = [self._finish(p) for p in [self._spawn() for _ in range(4)]]
+    results = self._run(4)
     self.assertLen({r["digest"] for r in results}, 1)
-    after = self._finish(self._spawn())
+    (after,) = self._run()
     self.assertEqual(after["compiled"], 0)
     self.assertEqual(after["digest"], results[0]["digest"])
     for entry in glob.glob(os.path.join(self.cache_dir, "*", "*.json")):
@@ -250,16 +247,12 @@ class ConcurrentStoreTest(testing.TestCase):
   def test_racing_writers_never_pair_metadata_with_another_binary(self):
     cache_dir = cache_util.tmpdir(self)
     env = cache_util.child_env(cache_dir, "")
-    processes = [
-        subprocess.Popen([sys.executable, "-c", _STORE_SCRIPT, str(seed)],
-                         env=env, stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True)
-        for seed in range(1, 5)]
-    for process in processes:
-      out, err = process.communicate(timeout=300)
-      self.assertEqual(process.returncode, 0, err[-3000:])
-      cache_util.result(out)
-
+    done = fork_server.run_together(
+        [["-c", _STORE_SCRIPT, str(seed)] for seed in range(1, 5)], env=env,
+        cwd=cache_util.REPO, timeout=300)
+    for process in done:
+      self.assertEqual(process.returncode, 0, process.stderr[-3000:])
+      cache_util.result(process.stdout)
 
 if __name__ == "__main__":
   absltest.main()

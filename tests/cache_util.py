@@ -42,8 +42,8 @@ def kernel(x_ptr, n, out_ptr, BLOCK: tl.constexpr):
 # Triton compiled, and a digest of the custom call.
 CHILD_SCRIPT = '''
 import hashlib, importlib.util, json, os, sys
-import jax, jax.numpy as jnp
 import jt_dist
+import jax, jax.numpy as jnp
 from jt_dist._gpu import compile as _compile
 spec = importlib.util.spec_from_file_location("kmod", os.environ["KERNEL_FILE"])
 module = importlib.util.module_from_spec(spec); spec.loader.exec_module(module)

@@ -6,6 +6,8 @@ documentation chain, every example, the doctor). A *fork server* imports
 them once, as ``import jt_dist`` does, and forks a child per run: the child
 applies the run's environment, directory, arguments and standard streams,
 runs the code as ``python`` would, and exits with its status.
+``run_together`` starts several children at once (the disk cache's racing
+writers): the server forks them all before it waits for any.
 
 What the child cannot see is the import itself. So a run takes a real
 process instead when:
@@ -47,8 +49,9 @@ _MAX_SERVERS = 3
 # In a server: its sys.path when it started (``python -c``: "" first).
 BASE_PATH: list[str] = []
 
-# The server: imports what every run imports first, then forks one child
-# per request line (JSON) and answers with its pid, then its exit status.
+# The server: imports what every run imports first, then, per request line
+# (JSON: a group of runs), forks one child per run, answers with their pids,
+# and, once every one has exited, with their exit statuses.
 _SERVER = r"""
 import json, os, select, signal, sys
 base_path = list(sys.path)
@@ -63,23 +66,32 @@ while True:
   line = control_in.readline()
   if not line:
     break
-  request = json.loads(line)
-  pid = os.fork()
-  if pid == 0:
-    fork_server.child_main(request)
-  control_out.write(json.dumps({"pid": pid}).encode() + b"\n")
+  pids = []
+  for request in json.loads(line)["group"]:
+    pid = os.fork()
+    if pid == 0:
+      fork_server.child_main(request)
+    pids.append(pid)
+  control_out.write(json.dumps({"pids": pids}).encode() + b"\n")
   control_out.flush()
-  while True:
-    done, status = os.waitpid(pid, os.WNOHANG)
-    if done:
+  statuses = {}
+  while len(statuses) < len(pids):
+    for pid in pids:
+      if pid not in statuses:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+          statuses[pid] = os.waitstatus_to_exitcode(status)
+    if len(statuses) == len(pids):
       break
     readable, _, _ = select.select([control_in], [], [], 0.05)
     if readable and not control_in.peek(1):
-      os.killpg(pid, signal.SIGKILL)  # The test process is gone.
-      os.waitpid(pid, 0)
+      for pid in pids:  # The test process is gone.
+        if pid not in statuses:
+          os.killpg(pid, signal.SIGKILL)
+          os.waitpid(pid, 0)
       sys.exit(0)
-  code = os.waitstatus_to_exitcode(status)
-  control_out.write(json.dumps({"status": code}).encode() + b"\n")
+  control_out.write(
+      json.dumps({"statuses": [statuses[p] for p in pids]}).encode() + b"\n")
   control_out.flush()
 """
 
@@ -102,7 +114,7 @@ def _import_env(env: dict[str, str]) -> tuple:
 
 
 class _Server:
-  """One server process; serves one run at a time."""
+  """One server process; serves one request (a group of runs) at a time."""
 
   def __init__(self, env: dict[str, str], cwd: str):
     self.lock = threading.Lock()
@@ -131,23 +143,28 @@ class _Server:
     line, self.buffer = self.buffer.split(b"\n", 1)
     return line
 
-  def run(self, request: dict, timeout: float | None) -> int:
-    """The child's exit status; raises TimeoutExpired after killing it."""
-    self.process.stdin.write(json.dumps(request).encode() + b"\n")
+  def run(self, requests: list[dict], timeout: float | None) -> list[int]:
+    """The children's exit statuses; raises TimeoutExpired after killing them.
+
+    The runs start together, each in a fork of its own, and the answer
+    comes when every one has exited.
+    """
+    self.process.stdin.write(json.dumps({"group": requests}).encode() + b"\n")
     self.process.stdin.flush()
     line = self._readline(60)
     if line is None:
       raise RuntimeError("the fork server did not answer")
-    pid = json.loads(line)["pid"]
+    pids = json.loads(line)["pids"]
     line = self._readline(timeout)
     if line is None:
-      try:
-        os.killpg(pid, signal.SIGKILL)
-      except ProcessLookupError:
-        pass
+      for pid in pids:
+        try:
+          os.killpg(pid, signal.SIGKILL)
+        except ProcessLookupError:
+          pass
       self._readline(60)
-      raise subprocess.TimeoutExpired(request["argv"], timeout)
-    return json.loads(line)["status"]
+      raise subprocess.TimeoutExpired(requests[0]["argv"], timeout)
+    return json.loads(line)["statuses"]
 
   def close(self) -> None:
     try:
@@ -195,20 +212,62 @@ def run(argv: Sequence[str], *, env: dict[str, str], cwd: str,
     input: text for its standard input.
     timeout: seconds before the child is killed and TimeoutExpired raised.
   """
-  argv = list(argv)
-  if _enabled() and _eligible(argv, input, cwd):
+  return run_together([argv], env=env, cwd=cwd, input=input,
+                      timeout=timeout)[0]
+
+
+def run_together(argvs: Sequence[Sequence[str]], *, env: dict[str, str],
+                 cwd: str, input: str | None = None,  # pylint: disable=redefined-builtin
+                 timeout: float | None = None
+                 ) -> list[subprocess.CompletedProcess]:
+  """``run`` for several children at once: they start together and race.
+
+  All are forks of one server, or (where a run does not allow it) all are
+  real processes, started before any is waited for.
+
+  Args:
+    argvs: each child's interpreter arguments, as ``run``'s ``argv``.
+    env: every child's whole environment.
+    cwd: their working directory.
+    input: text for each one's standard input.
+    timeout: seconds (for the whole group) before every child still
+      running is killed and TimeoutExpired raised.
+  """
+  argvs = [list(argv) for argv in argvs]
+  if _enabled() and all(_eligible(a, input, cwd) for a in argvs):
     try:
       server = _server(env, cwd)
     except (OSError, RuntimeError):
       server = None
     if server is not None and server.lock.acquire(blocking=False):
       try:
-        return _run_forked(server, argv, env, cwd, input, timeout)
+        return _run_forked(server, argvs, env, cwd, input, timeout)
       finally:
         server.lock.release()
-  return subprocess.run([sys.executable, *argv], input=input,
-                        capture_output=True, text=True, env=env, cwd=cwd,
-                        timeout=timeout, check=False)
+  return _run_real(argvs, env, cwd, input, timeout)
+
+
+def _run_real(argvs, env, cwd, input, timeout):  # pylint: disable=redefined-builtin
+  """Real processes, all started before the first is waited for."""
+  processes = [
+      subprocess.Popen([sys.executable, *argv], stdin=subprocess.PIPE,
+                       stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                       text=True, env=env, cwd=cwd)
+      for argv in argvs]
+  deadline = None if timeout is None else time.monotonic() + timeout
+  done = []
+  try:
+    for argv, process in zip(argvs, processes):
+      left = None if deadline is None else max(0.0, deadline - time.monotonic())
+      stdout, stderr = process.communicate(input, timeout=left)
+      done.append(subprocess.CompletedProcess(
+          [sys.executable, *argv], process.returncode, stdout, stderr))
+  finally:
+    for process in processes:
+      if process.poll() is None:
+        process.kill()
+        process.wait()
+  return done
 
 
 def _eligible(argv: list[str], input: str | None, cwd: str) -> bool:  # pylint: disable=redefined-builtin
@@ -241,20 +300,25 @@ def _payload_code(text: str | None) -> str:
     return text
 
 
-def _run_forked(server, argv, env, cwd, input, timeout):  # pylint: disable=redefined-builtin
+def _run_forked(server, argvs, env, cwd, input, timeout):  # pylint: disable=redefined-builtin
   with tempfile.TemporaryDirectory() as tmp:
-    paths = {name: os.path.join(tmp, name)
-             for name in ("stdin", "stdout", "stderr")}
-    with open(paths["stdin"], "w", encoding="utf-8") as f:
-      f.write(input or "")
-    request = {"argv": argv, "env": env, "cwd": cwd, **paths}
-    status = server.run(request, timeout)
-    with open(paths["stdout"], encoding="utf-8", errors="replace") as f:
-      stdout = f.read()
-    with open(paths["stderr"], encoding="utf-8", errors="replace") as f:
-      stderr = f.read()
-  return subprocess.CompletedProcess([sys.executable, *argv], status,
-                                     stdout, stderr)
+    requests = []
+    for i, argv in enumerate(argvs):
+      paths = {name: os.path.join(tmp, f"{i}.{name}")
+               for name in ("stdin", "stdout", "stderr")}
+      with open(paths["stdin"], "w", encoding="utf-8") as f:
+        f.write(input or "")
+      requests.append({"argv": argv, "env": env, "cwd": cwd, **paths})
+    statuses = server.run(requests, timeout)
+    done = []
+    for argv, request, status in zip(argvs, requests, statuses):
+      with open(request["stdout"], encoding="utf-8", errors="replace") as f:
+        stdout = f.read()
+      with open(request["stderr"], encoding="utf-8", errors="replace") as f:
+        stderr = f.read()
+      done.append(subprocess.CompletedProcess([sys.executable, *argv], status,
+                                              stdout, stderr))
+  return done
 
 
 def child_main(request: dict) -> None:

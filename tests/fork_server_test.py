@@ -103,6 +103,45 @@ class ForkServerTest(parameterized.TestCase):
     self.assertEqual(_run("import jt_dist\nprint(1)", timeout=120).stdout,
                      "1\n")
 
+  @parameterized.named_parameters(("forked", "1"), ("real", "0"))
+  def test_run_together_starts_every_child_before_waiting(self, server):
+    tmp = tempfile.TemporaryDirectory()
+    self.addCleanup(tmp.cleanup)
+    # Each child waits for all three: run one after another, none would
+    # see the others, and each would exit 3.
+    code = textwrap.dedent(f"""\
+        import os, sys, time
+        folder, me = {tmp.name!r}, sys.argv[1]
+        open(os.path.join(folder, me), "w").close()
+        deadline = time.monotonic() + 20
+        while len(os.listdir(folder)) < 3:
+          if time.monotonic() > deadline:
+            sys.exit(3)
+          time.sleep(0.01)
+        print(me)
+        """) + _PARENT
+    with mock.patch.dict(os.environ, {fork_server.ENV_VAR: server}):
+      done = fork_server.run_together(
+          [["-c", code, str(i)] for i in range(3)], env=dict(os.environ),
+          cwd=_ROOT, timeout=120)
+    self.assertEqual([r.returncode for r in done], [0, 0, 0],
+                     [r.stderr for r in done])
+    self.assertEqual([r.stdout.splitlines()[0] for r in done],
+                     ["0", "1", "2"])
+    self.assertEqual({_forked(r) for r in done}, {server == "1"})
+
+  @parameterized.named_parameters(("forked", "1"), ("real", "0"))
+  def test_run_together_timeout_kills_every_child(self, server):
+    code = "import time\ntime.sleep(60)\n"
+    start = time.monotonic()
+    with mock.patch.dict(os.environ, {fork_server.ENV_VAR: server}):
+      with self.assertRaises(subprocess.TimeoutExpired):
+        fork_server.run_together([["-c", code]] * 2, env=dict(os.environ),
+                                 cwd=_ROOT, timeout=0.5)
+    self.assertLess(time.monotonic() - start, 30)
+    self.assertEqual(_run("import jt_dist\nprint(1)", timeout=120).stdout,
+                     "1\n")
+
   def test_script_and_module(self):
     tmp = tempfile.TemporaryDirectory()
     self.addCleanup(tmp.cleanup)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import inspect
 import math
 from typing import Any, Callable, Mapping, Sequence
 
@@ -29,31 +30,8 @@ from jt_dist._sharding import shard_size as _shard_size
 from jt_dist._call import tensordesc as _tensordesc
 
 
-def triton_call(
-    *args: Any,
-    kernel: Any,
-    out_shape: Any = None,
-    grid: Any,
-    name: str = "",
-    custom_call_target_name: str | None = None,
-    num_warps: int | None = None,
-    num_stages: int | None = None,
-    num_ctas: int | None = None,
-    compute_capability: int | None = None,
-    enable_fp_fusion: bool = True,
-    backend_options: Mapping[str, Any] | None = None,
-    input_output_aliases: Mapping[int, int] | None = None,
-    zeroed_outputs: Sequence[int] | Callable[[dict], Sequence[int]] = (),
-    debug: bool = False,
-    serialized_metadata: bytes = b"",
-    out_type: Any = None,
-    vmap_method: str | None = None,
-    device: Any = None,
-    sharding_rule: Any = None,
-    has_side_effect: bool = False,
-    cost_estimate: Mapping[str, int] | None = None,
-    **metaparams: Any,
-) -> Any:
+def triton_call(*args: Any, kernel: Any, out_shape: Any = None, grid: Any,
+                **kwargs: Any) -> Any:
   """Calls a ``@triton.jit`` kernel on ``jax.Array`` arguments.
 
   A drop-in for ``jax_triton.triton_call``, eager or under ``jax.jit``. The
@@ -66,6 +44,10 @@ def triton_call(
   options); later calls with that signature go straight to a cached,
   compiled executable (``jt_dist.configure_cache(dispatch_entries=...)``
   bounds how many are kept).
+
+  ``inspect.signature(triton_call)`` lists every keyword argument below;
+  the function itself takes them through ``**kwargs``, so that the commonest
+  eager call (no option given) pays for no defaults.
 
   Args:
     *args: the inputs: ``jax.Array``s (passed as pointers), ``jax.Ref``s
@@ -84,6 +66,9 @@ def triton_call(
     grid: an int, a tuple of up to three ints, or a callable that receives a
       dict of every metaparam and every scalar argument by kernel parameter
       name, and returns one of those.
+    **kwargs: the options below, and the kernel's metaparams.
+
+  Keyword Args:
     name: a name for the call, recorded in the custom call.
     custom_call_target_name: jaxlib's custom-call target on GPUs:
       ``"triton_kernel_call_ffi"`` or the legacy ``"triton_kernel_call"``.
@@ -156,7 +141,7 @@ def triton_call(
       jax-triton 0.4 does, for XLA's scheduler and cost analysis. On the
       CPU it is recorded the same way on jt_dist's own custom call, which
       XLA's CPU cost analysis does not read.
-    **metaparams: values for the kernel's remaining parameters, by name;
+    metaparams: any other keyword: values for the kernel's remaining parameters, by name;
       usually its ``tl.constexpr`` parameters. A keyword naming a
       non-constexpr parameter is an operand, as if passed positionally in
       parameter order (jax-triton 0.4).
@@ -185,6 +170,49 @@ def triton_call(
       automatic mesh axes on the CPU, or its shardings were given only to
       ``jax.jit``.
   """
+  if _OPTION_NAMES.isdisjoint(kwargs):
+    # No option given: every keyword is a metaparam (or a keyword operand).
+    lean_key = _lean.key(args, kernel, out_shape, grid, kwargs)
+    if lean_key is not None:
+      outs = _lean.call(lean_key, args)
+      if outs is not _lean.MISS:
+        return outs
+    return _call(args, kernel, out_shape, grid, _dispatch.DEFAULT_OPTIONS,
+                 kwargs, True, lean_key)
+  return _with_options(*args, kernel=kernel, out_shape=out_shape, grid=grid,
+                       **kwargs)
+
+
+def _with_options(
+    *args: Any,
+    kernel: Any,
+    out_shape: Any = None,
+    grid: Any,
+    name: str = "",
+    custom_call_target_name: str | None = None,
+    num_warps: int | None = None,
+    num_stages: int | None = None,
+    num_ctas: int | None = None,
+    compute_capability: int | None = None,
+    enable_fp_fusion: bool = True,
+    backend_options: Mapping[str, Any] | None = None,
+    input_output_aliases: Mapping[int, int] | None = None,
+    zeroed_outputs: Sequence[int] | Callable[[dict], Sequence[int]] = (),
+    debug: bool = False,
+    serialized_metadata: bytes = b"",
+    out_type: Any = None,
+    vmap_method: str | None = None,
+    device: Any = None,
+    sharding_rule: Any = None,
+    has_side_effect: bool = False,
+    cost_estimate: Mapping[str, int] | None = None,
+    **metaparams: Any,
+) -> Any:
+  """``triton_call`` with its options by name (the full signature).
+
+  ``triton_call``'s own parameters take the commonest call through without
+  filling in defaults; a call naming any option comes here.
+  """
   if out_type is not None:
     out_shape = resolve_out_shape(out_shape, out_type)
   # In _dispatch.DEFAULT_OPTIONS' order.
@@ -202,6 +230,18 @@ def triton_call(
       outs = _lean.call(lean_key, args)
       if outs is not _lean.MISS:
         return outs
+  return _call(args, kernel, out_shape, grid, options, metaparams, defaults,
+               lean_key)
+
+
+def _call(args, kernel, out_shape, grid, options, metaparams, defaults,
+          lean_key):
+  """A call with no lean entry: its full key and entry, or a first call.
+
+  ``options`` are in ``_dispatch.DEFAULT_OPTIONS``' order, ``defaults`` is
+  ``_dispatch.all_defaults(options)``, and ``lean_key`` the call's
+  ``jt_dist._call.lean`` key or None.
+  """
   # A repeated call: its key, from the arguments as given, and its entry.
   outs = _dispatch.cached(args, kernel, out_shape, grid, options, metaparams,
                           defaults, lean_key)
@@ -209,6 +249,15 @@ def triton_call(
     outs = _first_call(args, kernel, out_shape, grid, options, metaparams,
                        lean_key)
   return outs
+
+
+# Every keyword of _with_options that is not a metaparam: a call naming none
+# takes triton_call's own path, with every option at its default.
+_OPTION_NAMES = frozenset(
+    name for name, p in inspect.signature(_with_options).parameters.items()
+    if p.kind is inspect.Parameter.KEYWORD_ONLY
+    and name not in ("kernel", "out_shape", "grid"))
+triton_call.__signature__ = inspect.signature(_with_options)
 
 
 def _first_call(args, kernel, out_shape, grid, options, metaparams,

@@ -34,6 +34,7 @@ from typing import Any, Sequence
 
 import jax
 
+from jt_dist import _compat
 from jt_dist._core import call_cache as _call_cache
 from jt_dist._cpu import lowering as _cpu_lowering
 from jt_dist._gpu import faults as _gpu_faults
@@ -42,9 +43,12 @@ MISS = object()  # ``call``'s answer when the call has no lean entry.
 
 _SDS = jax.ShapeDtypeStruct
 _entries = _call_cache.lean_entries
-# The settings read when a call is lowered or launched (a superset of the
-# sync setting): read for every kernel, autotuned or not.
+# The settings read when a call is lowered or launched: the sync setting for
+# a plain kernel, and the autotuning ones too for any other (an autotuned or
+# heuristics-wrapped kernel, or one of another type: it reads them all).
+_sync_env = _call_cache.sync_env
 _env = _call_cache.autotune_env
+_plain_kernel = _compat.JITFunction
 _top_level = _call_cache.top_level
 _array_type = _call_cache.array_type
 
@@ -73,7 +77,7 @@ def key(args: Sequence[Any], kernel: Any, out_shape: Any, grid: Any,
             # 1, 1.0 and True are equal and hash alike: their types differ.
             grid, tuple([type(g) for g in grid]),
             tuple([(k, v, type(v)) for k, v in metaparams.items()]),
-            _env())
+            _sync_env() if type(kernel) is _plain_kernel else _env())
   except Exception:  # pylint: disable=broad-except
     return None
 

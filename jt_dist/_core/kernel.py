@@ -96,7 +96,13 @@ def kernel_info(kernel: Any) -> KernelInfo:
       (Triton finds out when hashing it, for the cache).
   """
   try:
-    return _kernel_info(kernel)
+    # Hashing a kernel the first time parses its source (Triton's cache
+    # key). CPython 3.11's ast module counts recursion depth per interpreter,
+    # not per thread, so two threads parsing at once can fail with "AST
+    # constructor recursion depth mismatch" (seen in tests/threads_test.py):
+    # parse under the lock that jt_dist's compiles and launches hold.
+    with _compat.LANGUAGE_LOCK:
+      return _kernel_info(kernel)
   except AttributeError as e:
     missing = _compat.missing_gluon_api(kernel, e)
     if missing is None:

@@ -28,7 +28,6 @@ import jax.numpy as jnp
 from jt_dist._gpu import cache as _cache
 from jt_dist import testing
 import cache_util
-import fork_server
 import gpu_lowering_util as util
 
 
@@ -332,16 +331,7 @@ class RacingProcessesTest(testing.TestCase):
     self.env = cache_util.child_env(self.cache_dir, self.kernel_file)
 
   def _race(self, count=_RACERS):
-    # Forks of one warm process (tests/fork_server.py) when they may be:
-    # they race over the cache as closely as processes started apart would.
-    done = fork_server.run_together([["-c", cache_util.CHILD_SCRIPT]] * count,
-                                    env=self.env, cwd=cache_util.REPO,
-                                    timeout=300)
-    results = []
-    for process in done:
-      self.assertEqual(process.returncode, 0, process.stderr[-3000:])
-      results.append((cache_util.result(process.stdout), process.stderr))
-    return results
+    return cache_util.run_children(self, self.env, count)
 
   def _files(self, pattern):
     return sorted(glob.glob(os.path.join(self.cache_dir, "*", pattern)))

@@ -15,7 +15,6 @@ import jt_dist
 from jt_dist._gpu import cache as _cache
 from jt_dist import testing
 import cache_util
-import fork_server
 import gpu_lowering_util as util
 
 
@@ -196,12 +195,7 @@ class CrossProcessTest(testing.TestCase):
     self.env = cache_util.child_env(self.cache_dir, self.kernel_file)
 
   def _run(self, count=1):
-    done = fork_server.run_together([["-c", cache_util.CHILD_SCRIPT]] * count,
-                                    env=self.env, cwd=cache_util.REPO,
-                                    timeout=300)
-    for process in done:
-      self.assertEqual(process.returncode, 0, process.stderr[-3000:])
-    return [cache_util.result(process.stdout) for process in done]
+    return [r for r, _ in cache_util.run_children(self, self.env, count)]
 
   def test_second_process_skips_triton(self):
     (first,) = self._run()
@@ -247,12 +241,8 @@ class ConcurrentStoreTest(testing.TestCase):
   def test_racing_writers_never_pair_metadata_with_another_binary(self):
     cache_dir = cache_util.tmpdir(self)
     env = cache_util.child_env(cache_dir, "")
-    done = fork_server.run_together(
-        [["-c", _STORE_SCRIPT, str(seed)] for seed in range(1, 5)], env=env,
-        cwd=cache_util.REPO, timeout=300)
-    for process in done:
-      self.assertEqual(process.returncode, 0, process.stderr[-3000:])
-      cache_util.result(process.stdout)
+    cache_util.run_children(self, env, script=_STORE_SCRIPT,
+                            args=[[str(seed)] for seed in range(1, 5)])
 
 if __name__ == "__main__":
   absltest.main()

@@ -16,6 +16,7 @@ import uuid
 import jax
 
 from jt_dist._gpu import compile as _compile
+import fork_server
 import gpu_lowering_util as util
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -113,6 +114,24 @@ def child_env(cache_dir: str, kernel_file: str) -> dict[str, str]:
   # with the parent for device memory.
   env["JAX_PLATFORMS"] = "cpu"
   return env
+
+
+def run_children(test, env: dict[str, str], count: int = 1,
+                 script: str = CHILD_SCRIPT, args=None):
+  """Runs ``count`` children of ``script`` at once (forks where they may be).
+
+  They race over the cache as closely as processes started apart would
+  (``fork_server.run_together``). Asserts each exited 0.
+
+  Returns:
+    Each child's ``(result(stdout), stderr)``, in order.
+  """
+  args = args or [[] for _ in range(count)]
+  done = fork_server.run_together([["-c", script, *a] for a in args],
+                                  env=env, cwd=REPO, timeout=300)
+  for process in done:
+    test.assertEqual(process.returncode, 0, process.stderr[-3000:])
+  return [(result(process.stdout), process.stderr) for process in done]
 
 
 def result(stdout: str) -> dict:

@@ -141,8 +141,8 @@ def triton_call(*args: Any, kernel: Any, out_shape: Any = None, grid: Any,
       jax-triton 0.4 does, for XLA's scheduler and cost analysis. On the
       CPU it is recorded the same way on jt_dist's own custom call, which
       XLA's CPU cost analysis does not read.
-    metaparams: any other keyword: values for the kernel's remaining parameters, by name;
-      usually its ``tl.constexpr`` parameters. A keyword naming a
+    metaparams: any other keyword: values for the kernel's remaining
+      parameters, by name; usually its ``tl.constexpr`` parameters. A keyword naming a
       non-constexpr parameter is an operand, as if passed positionally in
       parameter order (jax-triton 0.4).
 
@@ -172,13 +172,7 @@ def triton_call(*args: Any, kernel: Any, out_shape: Any = None, grid: Any,
   """
   if _OPTION_NAMES.isdisjoint(kwargs):
     # No option given: every keyword is a metaparam (or a keyword operand).
-    lean_key = _lean.key(args, kernel, out_shape, grid, kwargs)
-    if lean_key is not None:
-      outs = _lean.call(lean_key, args)
-      if outs is not _lean.MISS:
-        return outs
-    return _call(args, kernel, out_shape, grid, _dispatch.DEFAULT_OPTIONS,
-                 kwargs, True, lean_key)
+    return _default_options_call(args, kernel, out_shape, grid, kwargs)
   return _with_options(*args, kernel=kernel, out_shape=out_shape, grid=grid,
                        **kwargs)
 
@@ -221,21 +215,25 @@ def _with_options(
              input_output_aliases, zeroed_outputs, debug, serialized_metadata,
              vmap_method, device, sharding_rule, has_side_effect,
              cost_estimate)
-  defaults = _dispatch.all_defaults(options)
-  lean_key = None
-  if defaults:
-    # Arrays only, every option at its default: the cheapest key.
-    lean_key = _lean.key(args, kernel, out_shape, grid, metaparams)
-    if lean_key is not None:
-      outs = _lean.call(lean_key, args)
-      if outs is not _lean.MISS:
-        return outs
-  return _call(args, kernel, out_shape, grid, options, metaparams, defaults,
-               lean_key)
+  if _dispatch.all_defaults(options):
+    # Options named at their defaults: as if none were named.
+    return _default_options_call(args, kernel, out_shape, grid, metaparams)
+  return _call(args, kernel, out_shape, grid, options, metaparams, False)
+
+
+def _default_options_call(args, kernel, out_shape, grid, metaparams):
+  """A call with every option at its default: the lean key first."""
+  lean_key = _lean.key(args, kernel, out_shape, grid, metaparams)
+  if lean_key is not None:
+    outs = _lean.call(lean_key, args)
+    if outs is not _lean.MISS:
+      return outs
+  return _call(args, kernel, out_shape, grid, _dispatch.DEFAULT_OPTIONS,
+               metaparams, True, lean_key)
 
 
 def _call(args, kernel, out_shape, grid, options, metaparams, defaults,
-          lean_key):
+          lean_key=None):
   """A call with no lean entry: its full key and entry, or a first call.
 
   ``options`` are in ``_dispatch.DEFAULT_OPTIONS``' order, ``defaults`` is

@@ -115,7 +115,9 @@ def _used_axes(python_fn) -> frozenset[int]:
       continue
     seen.add(fn.fn)
     scope = dict(fn.get_capture_scope())
-    for node in ast.walk(fn.parse()):
+    with _compat.LANGUAGE_LOCK:  # As kernel_info: one parse at a time.
+      tree = fn.parse()
+    for node in ast.walk(tree):
       if not isinstance(node, ast.Call):
         continue
       if _callee_name(node.func) in _AXIS_READERS:

@@ -16,6 +16,14 @@ replaces the row of the same label.
         --out benchmarks/results/cpu/suite_wall_time.json
 
 Arguments after ``--`` are passed to pytest (e.g. ``-- -n 0``).
+
+``--tests-of OTHER_TREE`` runs, in this tree, only the tests that OTHER_TREE
+also has (the same node ids): the same tests, timed on this tree's code,
+apart from the tests added since:
+
+    python benchmarks/suite_wall_time.py --tests-of /tmp/tree_8240aba \
+        --label "this tree, 8240aba's tests only" \
+        --out benchmarks/results/cpu/suite_wall_time.json
 """
 
 from __future__ import annotations
@@ -53,26 +61,54 @@ def _children_cpu_s() -> float:
   return usage.ru_utime + usage.ru_stime
 
 
-def run_once(tree: str, extra: list[str], log: str | None = None) -> dict:
+def _env(tree: str, cache: str) -> dict[str, str]:
+  env = dict(os.environ, JT_DIST_CACHE_DIR=cache,
+             PYTHONPATH=os.pathsep.join(
+                 p for p in (tree, os.environ.get("PYTHONPATH")) if p))
+  env.pop("JT_DIST_CPU_DEVICES", None)
+  return env
+
+
+def collected(tree: str) -> list[str]:
+  """The node ids of ``pytest tests tests_multigpu`` in ``tree``."""
+  with tempfile.TemporaryDirectory() as cache:
+    done = subprocess.run(
+        [sys.executable, *_COMMAND, "--collect-only", "-n", "0"], cwd=tree,
+        env=_env(tree, cache), capture_output=True, text=True, check=False)
+  ids = [line for line in done.stdout.splitlines() if "::" in line]
+  if done.returncode != 0 or not ids:
+    raise SystemExit(f"collecting the tests of {tree} failed:\n"
+                     f"{done.stdout[-2000:]}{done.stderr[-2000:]}")
+  return ids
+
+
+def shared_tests(tree: str, other: str) -> list[str]:
+  """``tree``'s tests that ``other`` has too, in ``tree``'s order."""
+  theirs = set(collected(other))
+  return [node for node in collected(tree) if node in theirs]
+
+
+def run_once(tree: str, extra: list[str], log: str | None = None,
+             tests: list[str] | None = None) -> dict:
   """One run of the suites of `tree`: seconds, CPU seconds, counts.
 
   Args:
     tree: the source tree whose tests run.
     extra: more pytest arguments.
     log: a file for pytest's output, if given.
+    tests: node ids to run instead of the two suites whole.
 
   Returns:
     The run's figures and pytest's counts.
   """
+  command = _COMMAND if tests is None else [
+      *_COMMAND[:2], *tests, *_COMMAND[4:]]
   with tempfile.TemporaryDirectory() as cache:
-    env = dict(os.environ, JT_DIST_CACHE_DIR=cache,
-               PYTHONPATH=os.pathsep.join(
-                   p for p in (tree, os.environ.get("PYTHONPATH")) if p))
-    env.pop("JT_DIST_CPU_DEVICES", None)
+    env = _env(tree, cache)
     load_before = os.getloadavg()[0]
     cpu_before = _children_cpu_s()
     start = time.monotonic()
-    done = subprocess.run([sys.executable, *_COMMAND, *extra], cwd=tree,
+    done = subprocess.run([sys.executable, *command, *extra], cwd=tree,
                           env=env, capture_output=True, text=True,
                           check=False)
     wall = time.monotonic() - start
@@ -105,19 +141,26 @@ def main() -> None:
   parser.add_argument("--runs", type=int, default=1)
   parser.add_argument("--out", required=True, help="JSON file to update")
   parser.add_argument("--log", help="pytest's output goes to LOG.<run>")
+  parser.add_argument("--tests-of", metavar="OTHER_TREE",
+                      help="run only the tests OTHER_TREE also has")
   parser.add_argument("pytest_args", nargs="*",
                       help="after --: more arguments for pytest")
   args = parser.parse_args()
   tree = os.path.abspath(args.tree)
+  tests = (shared_tests(tree, os.path.abspath(args.tests_of))
+           if args.tests_of else None)
   runs = []
   for i in range(args.runs):
     runs.append(run_once(tree, args.pytest_args,
-                         f"{args.log}.{i + 1}" if args.log else None))
+                         f"{args.log}.{i + 1}" if args.log else None, tests))
     print(f"{args.label}, run {i + 1}: {runs[-1]}", flush=True)
   best = min(runs, key=lambda r: r["wall_s"])
+  shown = (_COMMAND if tests is None else [
+      *_COMMAND[:2], f"[the {len(tests)} tests that {_commit(args.tests_of)} also has]",
+      *_COMMAND[4:]])
   row = {"case": "pytest tests tests_multigpu", "impl": args.label,
          "commit": args.commit or _commit(tree),
-         "command": " ".join(["python", *_COMMAND, *args.pytest_args]),
+         "command": " ".join(["python", *shown, *args.pytest_args]),
          "best_wall_s": best["wall_s"], "cpu_s_of_best": best["cpu_s"],
          "passed": best.get("passed", 0), "skipped": best.get("skipped", 0),
          "failed": best.get("failed", 0), "runs": runs}

@@ -15,12 +15,14 @@ import jax.numpy as jnp
 import numpy as np
 import triton
 import triton.language as tl
+from triton.runtime import interpreter as _interpreter
 
 from jt_dist import testing
 
 testing.configure_cpu_devices()
 
 import jt_dist  # pylint: disable=g-import-not-at-top,wrong-import-position
+from jt_dist._cpu import asserts  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 _BLOCK = 16
 
@@ -127,6 +129,16 @@ class KernelAssertTest(testing.TestCase):
       _copy(x, None, debug=True, kernel=add_one_kernel)
     wrapped = _copy(x, None, debug=False, kernel=add_one_kernel)
     np.testing.assert_array_equal(wrapped, np.full((_BLOCK,), -(2**31)))
+
+  @parameterized.parameters(True, False)
+  def test_overflow_checks_run_only_where_their_assert_would(self, debug):
+    # Without debug the check's device assert is a no-op: its int64
+    # arithmetic is skipped, as compiled kernels skip it.
+    options = _interpreter.InterpreterOptions()
+    launch = asserts._launch_options(options, debug)  # pylint: disable=protected-access
+    self.assertEqual(launch.debug, debug)
+    self.assertEqual(launch.sanitize_overflow, debug)
+    self.assertTrue(options.sanitize_overflow)  # Upstream's left as it was.
 
   def test_error_types(self):
     self.assertTrue(issubclass(jt_dist.KernelAssertionError, AssertionError))

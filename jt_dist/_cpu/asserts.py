@@ -24,6 +24,21 @@ from jt_dist import _compat
 from jt_dist import _errors
 
 
+def _launch_options(options, debug: bool):
+  """The builder's options for one launch: ``debug``, and overflow checks.
+
+  Triton's integer-overflow check (``sanitize_overflow``) ends in a device
+  assert, which is a no-op unless ``debug``; without ``debug`` the check's
+  int64 arithmetic, comparisons and masks are dead work on every ``+``,
+  ``-`` and ``*`` of int32 values, in every launch. Compiled kernels drop it
+  the same way.
+  """
+  changes = {"debug": debug}
+  if not debug and getattr(options, "sanitize_overflow", False):
+    changes["sanitize_overflow"] = False
+  return dataclasses.replace(options, **changes)
+
+
 def _failure(kernel: str, which: str, message, detail: str = ""):
   text = message.value if isinstance(message, tl.constexpr) else message
   return _errors.KernelAssertionError(
@@ -60,7 +75,7 @@ def kernel_asserts(kernel: str, debug: bool):
     if not cond:
       raise _failure(kernel, "tl.static_assert", msg)
 
-  options = dataclasses.replace(saved_options, debug=bool(debug))
+  options = _launch_options(saved_options, bool(debug))
   # The language modules are patched already (static_assert among them);
   # this replaces it after them.
   with (_compat.attributes_replaced(builder, {"options": options}),

@@ -156,7 +156,8 @@ def main() -> None:
     print(f"{args.label}, run {i + 1}: {runs[-1]}", flush=True)
   best = min(runs, key=lambda r: r["wall_s"])
   shown = (_COMMAND if tests is None else [
-      *_COMMAND[:2], f"[the {len(tests)} tests that {_commit(args.tests_of)} also has]",
+      *_COMMAND[:2],
+      f"[the {len(tests)} tests that {_commit(args.tests_of)} also has]",
       *_COMMAND[4:]])
   row = {"case": "pytest tests tests_multigpu", "impl": args.label,
          "commit": args.commit or _commit(tree),

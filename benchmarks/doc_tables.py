@@ -235,6 +235,29 @@ def _launch_overhead(data: dict[str, Any]) -> str:
        "its share"], rows)
 
 
+_WALL_COST = (
+    ("wall_us_per_hot_us", "wall µs per hot µs of padding, after a sync"),
+    ("jt_dist_hot_us", "jt_dist's Python per call, hot loop, µs"),
+    ("jt_dist_wall_us", "jt_dist's Python per call, after a sync, µs"),
+    ("budget_wall_us", "the bound's budget above the floor, wall µs"),
+    ("budget_hot_us", "that budget at the padding's rate, hot µs"),
+    ("floor_over_xla_eager", "floor / XLA eager"),
+    ("jt_dist_eager_over_xla_eager", "jt_dist eager / XLA eager"),
+)
+
+
+def _python_wall_cost(data: dict[str, Any]) -> str:
+  """benchmarks/python_wall_cost.py: the cases, then what follows."""
+  cases = _table(["case", "median µs"],
+                 [[r["case"], r["median_us"]] for r in data["results"]])
+  pads = _table(["padding (hashes)", "hot µs"],
+                [[int(n), us] for n, us in data["pad_hot_us"].items()])
+  derived = _table(["figure", "value"],
+                   [[title, data[key]] for key, title in _WALL_COST
+                    if data.get(key) is not None])
+  return "\n\n".join((cases, pads, derived))
+
+
 def render(data: dict[str, Any]) -> str:
   """A results file's tables, as Markdown.
 
@@ -245,7 +268,9 @@ def render(data: dict[str, Any]) -> str:
     The tables, preceded by the environment the file records.
   """
   results = data.get("results")
-  if (isinstance(results, list) and results and "ratios" in data
+  if "wall_us_per_hot_us" in data:
+    body = _python_wall_cost(data)
+  elif (isinstance(results, list) and results and "ratios" in data
       and all("median_us" in r for r in results)):
     body = _dispatch(data)
   elif isinstance(results, list) and results:

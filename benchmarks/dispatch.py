@@ -58,7 +58,6 @@ Then, for jt_dist's eager call:
     python benchmarks/dispatch.py --smoke      # tiny, any host (CI sanity)
 """
 
-import argparse
 import cProfile
 import functools
 import json
@@ -83,6 +82,7 @@ from jt_dist._call import dispatch as _dispatch  # pylint: disable=g-import-not-
 from jt_dist._gpu import lowering as _gpu_lowering  # pylint: disable=g-import-not-at-top
 from jt_dist._sharding import replay as _replay  # pylint: disable=g-import-not-at-top
 import kernels  # pylint: disable=g-import-not-at-top
+import timing  # pylint: disable=g-import-not-at-top
 
 try:
   import jax_triton  # pylint: disable=g-import-not-at-top
@@ -461,11 +461,7 @@ def _environment():
 
 
 def main(argv=None):
-  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--out", help="where to write the JSON results")
-  parser.add_argument("--smoke", action="store_true",
-                      help="tiny sizes: a sanity check on any host")
-  flags = parser.parse_args(argv)
+  flags = timing.smoke_flags(__doc__, argv)
   sizes = SIZES["smoke" if flags.smoke else "full"]
   cases = _cases()
   _check(cases)
@@ -524,10 +520,7 @@ def main(argv=None):
       {k: round(v, 1) for k, v in result["per_step_scalar"].items()}))
   if JAX_TRITON_NOTE:
     print("note:", JAX_TRITON_NOTE)
-  if flags.out:
-    os.makedirs(os.path.dirname(os.path.abspath(flags.out)), exist_ok=True)
-    with open(flags.out, "w") as f:
-      json.dump(result, f, indent=2)
+  timing.write_json(flags.out, result)
   return result
 
 

@@ -32,7 +32,6 @@ From them:
     python benchmarks/python_wall_cost.py --smoke    # tiny, any host
 """
 
-import argparse
 import json
 import os
 import sys
@@ -43,6 +42,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import dispatch  # pylint: disable=g-import-not-at-top,wrong-import-position
 import jax  # pylint: disable=g-import-not-at-top,wrong-import-position
 import numpy as np  # pylint: disable=g-import-not-at-top,wrong-import-position
+import timing  # pylint: disable=g-import-not-at-top,wrong-import-position
 import triton  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 import jt_dist  # pylint: disable=g-import-not-at-top,wrong-import-position
@@ -141,20 +141,13 @@ def measure(sizes):
 
 
 def main(argv=None):
-  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--out", help="where to write the JSON results")
-  parser.add_argument("--smoke", action="store_true",
-                      help="tiny sizes: a sanity check on any host")
-  flags = parser.parse_args(argv)
+  flags = timing.smoke_flags(__doc__, argv)
   sizes = SIZES["smoke" if flags.smoke else "full"]
   result = {"environment": dispatch._environment(),  # pylint: disable=protected-access
             "sizes": sizes, **measure(sizes)}
   print(json.dumps({k: v for k, v in result.items() if k != "environment"},
                    indent=1))
-  if flags.out:
-    os.makedirs(os.path.dirname(os.path.abspath(flags.out)), exist_ok=True)
-    with open(flags.out, "w") as f:
-      json.dump(result, f, indent=2)
+  timing.write_json(flags.out, result)
   return result
 
 

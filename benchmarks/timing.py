@@ -1,10 +1,36 @@
 """Timing helpers: warm up, chain launches, synchronise once, take medians."""
 
+import argparse
+import json
+import os
 import statistics
 import time
 
 import jax
 import numpy as np
+
+
+def smoke_flags(doc, argv=None):
+  """``--out`` and ``--smoke``, parsed: the flags most benchmarks take.
+
+  Args:
+    doc: the benchmark's module docstring (its first line describes it).
+    argv: the arguments, or None for the command line's.
+  """
+  parser = argparse.ArgumentParser(description=doc.splitlines()[0])
+  parser.add_argument("--out", help="where to write the JSON results")
+  parser.add_argument("--smoke", action="store_true",
+                      help="tiny sizes: a sanity check on any host")
+  return parser.parse_args(argv)
+
+
+def write_json(path, result):
+  """Writes ``result`` to ``path`` (its folder made if missing), if given."""
+  if not path:
+    return
+  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+  with open(path, "w", encoding="utf-8") as f:
+    json.dump(result, f, indent=2)
 
 
 def block(out):

@@ -41,8 +41,13 @@ import tempfile
 import time
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-_COMMAND = ["-m", "pytest", "tests", "tests_multigpu", "-q",
-            "-p", "no:cacheprovider"]
+_OPTIONS = ["-q", "-p", "no:cacheprovider"]
+_COMMAND = ["-m", "pytest", "tests", "tests_multigpu", *_OPTIONS]
+
+
+def _pytest(targets: list[str]) -> list[str]:
+  """``_COMMAND`` with other targets than the two suites."""
+  return ["-m", "pytest", *targets, *_OPTIONS]
 
 
 def _counts(output: str) -> dict[str, int]:
@@ -101,8 +106,7 @@ def run_once(tree: str, extra: list[str], log: str | None = None,
   Returns:
     The run's figures and pytest's counts.
   """
-  command = _COMMAND if tests is None else [
-      *_COMMAND[:2], *tests, *_COMMAND[4:]]
+  command = _COMMAND if tests is None else _pytest(tests)
   with tempfile.TemporaryDirectory() as cache:
     env = _env(tree, cache)
     load_before = os.getloadavg()[0]
@@ -155,10 +159,8 @@ def main() -> None:
                          f"{args.log}.{i + 1}" if args.log else None, tests))
     print(f"{args.label}, run {i + 1}: {runs[-1]}", flush=True)
   best = min(runs, key=lambda r: r["wall_s"])
-  shown = (_COMMAND if tests is None else [
-      *_COMMAND[:2],
-      f"[the {len(tests)} tests that {_commit(args.tests_of)} also has]",
-      *_COMMAND[4:]])
+  shown = (_COMMAND if tests is None else _pytest(
+      [f"[the {len(tests)} tests that {_commit(args.tests_of)} also has]"]))
   row = {"case": "pytest tests tests_multigpu", "impl": args.label,
          "commit": args.commit or _commit(tree),
          "command": " ".join(["python", *shown, *args.pytest_args]),

@@ -170,9 +170,13 @@ def triton_call(*args: Any, kernel: Any, out_shape: Any = None, grid: Any,
       automatic mesh axes on the CPU, or its shardings were given only to
       ``jax.jit``.
   """
+  outs = _lean.hit(args, kernel, out_shape, grid, kwargs)
+  if type(outs) is not _lean.Miss:  # pylint: disable=unidiomatic-typecheck
+    return outs
   if _OPTION_NAMES.isdisjoint(kwargs):
     # No option given: every keyword is a metaparam (or a keyword operand).
-    return _default_options_call(args, kernel, out_shape, grid, kwargs)
+    return _call(args, kernel, out_shape, grid, _dispatch.DEFAULT_OPTIONS,
+                 kwargs, True, outs.key)
   return _with_options(*args, kernel=kernel, out_shape=out_shape, grid=grid,
                        **kwargs)
 
@@ -223,13 +227,11 @@ def _with_options(
 
 def _default_options_call(args, kernel, out_shape, grid, metaparams):
   """A call with every option at its default: the lean key first."""
-  lean_key = _lean.key(args, kernel, out_shape, grid, metaparams)
-  if lean_key is not None:
-    outs = _lean.call(lean_key, args)
-    if outs is not _lean.MISS:
-      return outs
+  outs = _lean.hit(args, kernel, out_shape, grid, metaparams)
+  if type(outs) is not _lean.Miss:  # pylint: disable=unidiomatic-typecheck
+    return outs
   return _call(args, kernel, out_shape, grid, _dispatch.DEFAULT_OPTIONS,
-               metaparams, True, lean_key)
+               metaparams, True, outs.key)
 
 
 def _call(args, kernel, out_shape, grid, options, metaparams, defaults,
@@ -256,6 +258,7 @@ _OPTION_NAMES = frozenset(
     if p.kind is inspect.Parameter.KEYWORD_ONLY
     and name not in ("kernel", "out_shape", "grid"))
 triton_call.__signature__ = inspect.signature(_with_options)
+_lean.configure(_OPTION_NAMES)
 
 
 def _first_call(args, kernel, out_shape, grid, options, metaparams,

@@ -30,6 +30,7 @@ and pinning or forgetting a choice empties the lean entries with the rest.
 
 from __future__ import annotations
 
+import os
 from typing import Any, Sequence
 
 import jax
@@ -39,7 +40,29 @@ from jt_dist._core import call_cache as _call_cache
 from jt_dist._cpu import lowering as _cpu_lowering
 from jt_dist._gpu import faults as _gpu_faults
 
+try:
+  # Built from _lean_hit.c where a compiler was at hand (setup.py); the
+  # Python below is the same logic, and the reference.
+  from jt_dist._call import _lean_hit as _c_lean_hit  # pylint: disable=g-import-not-at-top
+except ImportError:
+  _c_lean_hit = None
+
 MISS = object()  # ``call``'s answer when the call has no lean entry.
+
+
+class Miss:
+  """``hit``'s answer when it did not run the call: the full path does.
+
+  Attributes:
+    key: the call's lean key, under which the full path files its entry, or
+      None where the call has none (an option named, a scalar operand, a
+      trace).
+  """
+
+  __slots__ = ("key",)
+
+  def __init__(self, key: Any = None):
+    self.key = key
 
 _SDS = jax.ShapeDtypeStruct
 _entries = _call_cache.lean_entries
@@ -103,6 +126,18 @@ def sharded_key(args: Sequence[Any], kernel: Any, out_shape: Any,
     return None
 
 
+def _py_hit(args: tuple, kernel: Any, out_shape: Any, grid: Any,
+            kwargs: dict) -> Any:
+  """``hit`` in Python: the reference for ``_lean_hit.c``, and its fallback."""
+  if not _option_names[0].isdisjoint(kwargs):
+    return Miss()
+  lean_key = key(args, kernel, out_shape, grid, kwargs)
+  if lean_key is None:
+    return Miss()
+  outs = call(lean_key, args)
+  return Miss(lean_key) if outs is MISS else outs
+
+
 def call(lean_key: Any, args: Sequence[Any]) -> Any:
   """Runs the call from its lean entry; ``MISS`` if it has none or jit refused.
 
@@ -119,20 +154,79 @@ def call(lean_key: Any, args: Sequence[Any]) -> Any:
   try:
     outs = entry.fn(*args)
   except Exception as e:  # pylint: disable=broad-except
-    # A kernel's own fault on the CPU: raised as itself.
-    _cpu_lowering.raise_host_fault(e)
-    if isinstance(e, (ValueError, TypeError)):
-      # Raised before the kernel ran: misplaced arrays (jit's device check,
-      # or the lowering's refusal of several devices). The full path checks
-      # placement itself and raises the validation layer's error.
-      return MISS
-    spec = getattr(entry, "spec", None)
-    if spec is not None and _gpu_faults.is_device_fault(e):
-      raise _gpu_faults.launch_fault(e, spec) from e
-    raise
+    return _failed(entry, e)
   if entry.single:
     return outs[0]
   return jax.tree_util.tree_unflatten(entry.out_tree, outs)
+
+
+def _failed(entry: Any, e: Exception) -> Any:
+  """``MISS`` where the entry's executable refused its arguments; else raises.
+
+  Raised before the kernel ran, a ValueError or TypeError means misplaced
+  arrays (jit's device check, or the lowering's refusal of several
+  devices): the full path checks placement itself and raises the
+  validation layer's error. A kernel's own fault on the CPU is raised as
+  itself, and a device fault on a GPU as jt_dist's.
+  """
+  _cpu_lowering.raise_host_fault(e)
+  if isinstance(e, (ValueError, TypeError)):
+    return MISS
+  spec = getattr(entry, "spec", None)
+  if spec is not None and _gpu_faults.is_device_fault(e):
+    raise _gpu_faults.launch_fault(e, spec) from e
+  raise e
+
+
+def _found_eager() -> tuple[type, Any] | None:
+  """The concrete array type and how to probe for top level, for the C hit.
+
+  The probe is what the probe in Python compares where that is known (C
+  reads it without a Python frame), else the probe itself. None under a
+  trace.
+  """
+  if not _call_cache.eager_ready():
+    return None
+  return _array_type[0], _compat.top_level_states() or _top_level[0]
+
+
+def _environ_parts() -> tuple | None:
+  """``os`` and what the settings' readers read, for the C hit to read alike."""
+  sync = _compat.environ_parts((_gpu_faults.SYNC_ENV_VAR,))
+  every = _compat.environ_parts(_call_cache.AUTOTUNE_ENV_VARS)
+  if sync is None or every is None:
+    return None
+  return vars(os), sync[0], sync[1], sync[2], every[2]
+
+
+_option_names: list[frozenset] = [frozenset()]
+hit = _py_hit
+
+
+def configure(option_names: frozenset, compiled: bool = True) -> bool:
+  """Sets ``triton_call``'s option names, and ``hit`` to the C one if built.
+
+  Args:
+    option_names: every keyword of ``triton_call`` that is an option (not
+      a metaparam): a call naming one is never a lean hit.
+    compiled: False takes the Python ``hit`` even where the C one is built
+      (the tests run both).
+
+  Returns:
+    Whether ``hit`` is the C one.
+  """
+  global hit
+  _option_names[0] = option_names
+  hit = _py_hit
+  c_hit = _c_lean_hit if compiled else None
+  if c_hit is not None:
+    if c_hit.forget not in _call_cache.lean_forgetters:
+      _call_cache.lean_forgetters.append(c_hit.forget)
+    c_hit.configure(Miss, _SDS, _plain_kernel, _entries, option_names,
+                    _found_eager, _sync_env, _env, _failed, MISS,
+                    jax.tree_util.tree_unflatten, _environ_parts())
+    hit = c_hit.hit
+  return hit is not _py_hit
 
 
 def register(lean_key: Any, entry: Any, n_args: int) -> None:
@@ -148,8 +242,10 @@ def register(lean_key: Any, entry: Any, n_args: int) -> None:
       or len(entry.array_positions) != n_args):
     return
   if len(_entries) >= _call_cache.entries.max_entries:
-    _entries.clear()  # Bounded; refilled by the next full-path hits.
+    _call_cache.clear_lean()  # Bounded; refilled by the next full-path hits.
   try:
     _entries[lean_key] = entry
   except TypeError:
-    pass  # An unhashable metaparam or spec: never a lean hit.
+    return  # An unhashable metaparam or spec: never a lean hit.
+  for forget in _call_cache.lean_forgetters:
+    forget()  # The key may have had another entry.

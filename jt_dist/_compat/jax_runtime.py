@@ -61,6 +61,30 @@ def top_level_probe() -> Callable[[], bool]:
   return probe
 
 
+@functools.cache
+def top_level_states() -> tuple[tuple[Any, Any], ...] | None:
+  """What ``top_level_probe`` compares, for a probe in C; None if unsure.
+
+  jax's ``is_top_level`` holds where each state's ``value`` is its partner
+  (the eval trace, the empty axis environment). Checked once against the
+  probe itself, at top level and under a trace; None where jax differs, and
+  the caller then calls the probe.
+  """
+  try:
+    from jax._src import core as _core  # pylint: disable=g-import-not-at-top
+    pairs = ((_core.trace_state_strong_ref, _core.eval_trace),
+             (_core.axis_env_state, _core.top_axis_env))
+    holds = lambda: all(state.value is want for state, want in pairs)
+    probe = top_level_probe()
+    seen = []
+    jax.make_jaxpr(lambda: seen.append((holds(), probe())))()
+  except Exception:  # pylint: disable=broad-except
+    return None
+  if seen != [(False, False)] or not holds() or not probe():
+    return None
+  return pairs
+
+
 def _trace_context() -> Any:
   from jax._src import core as _core  # pylint: disable=g-import-not-at-top
   return _core.trace_ctx

@@ -40,6 +40,16 @@ executables = _cache.LRUCache(DEFAULT_ENTRIES)
 # The lean index of ``entries`` (``jt_dist._call.lean``): a plain dict,
 # bounded by ``entries``' size and emptied with it.
 lean_entries: dict = {}
+# Called whenever lean_entries loses or replaces entries: the compiled lean
+# hit's memo of last hits holds entries of its own.
+lean_forgetters: list[Callable[[], Any]] = []
+
+
+def clear_lean() -> None:
+  """Empties ``lean_entries`` and every memo of them."""
+  lean_entries.clear()
+  for forget in lean_forgetters:
+    forget()
 # One element, so that readers that imported the list see every bump.
 generation = [0]
 # Found once, at the first eager call at top level (``eager_ready``): jax's
@@ -105,7 +115,7 @@ def eager_ready() -> bool:
 def resize(max_entries: int) -> None:
   entries.resize(max_entries)
   executables.resize(max_entries)
-  lean_entries.clear()
+  clear_lean()
 
 
 def invalidate() -> None:
@@ -113,7 +123,7 @@ def invalidate() -> None:
   generation[0] += 1
   entries.clear()
   executables.clear()
-  lean_entries.clear()
+  clear_lean()
   _kernels.clear()
 
 

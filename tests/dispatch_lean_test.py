@@ -26,6 +26,7 @@ from jt_dist._call import dispatch as _dispatch
 from jt_dist._call import lean as _lean
 from jt_dist._core import binding as _binding
 from jt_dist._core import call_cache as _call_cache
+import lean_util
 
 testing.configure_cpu_devices()
 
@@ -263,6 +264,10 @@ class LeanHitTest(testing.TestCase):
       jt_dist.configure_cache(dispatch_entries=_dispatch.DEFAULT_ENTRIES)
     _dispatch.invalidate()
     self.assertEmpty(_call_cache.lean_entries)
+
+
+class LeanPythonHitTest(lean_util.PythonHitMixin, LeanHitTest):
+  """``LeanHitTest`` with the lean hit in Python, the C one's reference."""
 
 
 class LeanShardedTest(testing.TestCase):

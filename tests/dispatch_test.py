@@ -27,6 +27,7 @@ from jt_dist import testing
 from jt_dist._gpu import compile as _compile
 import fork_server
 import gpu_lowering_util as util
+import lean_util
 
 testing.configure_cpu_devices()
 
@@ -440,6 +441,10 @@ class DispatchTest(testing.TestCase):
             grid=_programs, sharding_rule=rule, BLOCK=_BLOCK)
         self.assertAllClose(out, x * 2)
     self.assertEqual(made.call_count, 2)
+
+
+class DispatchPythonHitTest(lean_util.PythonHitMixin, DispatchTest):
+  """``DispatchTest`` with the lean hit in Python, the C one's reference."""
 
 
 @unittest.skipUnless(util.HAS_TRITON_CALL, util.SKIP_REASON)

@@ -23,7 +23,6 @@ static PyObject *miss_type;      /* lean.Miss: the answer when not a hit */
 static PyObject *sds_type;       /* jax.ShapeDtypeStruct */
 static PyObject *plain_kernel;   /* triton's JITFunction */
 static PyObject *entries;        /* dict: lean key -> Entry */
-static PyObject *option_names;   /* frozenset of triton_call's options */
 static PyObject *eager_ready;    /* () -> (array type, top-level probe) | None */
 static PyObject *sync_env;       /* () -> the sync setting */
 static PyObject *autotune_env;   /* () -> every setting a launch reads */
@@ -39,22 +38,38 @@ static PyObject *os_module, *environ_obj, *environ_data, *sync_keys,
 static PyObject *array_type;
 static PyObject *top_level;
 
-static PyObject *s_value, *s_environ, *s_aval, *s_shape, *s_dtype, *s_sharding, *s_weak_type,
-    *s_jit_fn, *s_src, *s_fn, *s_single, *s_out_tree;
+static PyObject *s_value, *s_environ, *s_aval, *s_shape, *s_dtype,
+    *s_sharding, *s_weak_type, *s_jit_fn, *s_src, *s_fn, *s_single,
+    *s_out_tree, *s__sharding, *s__src;
 
 /* The last hits, matched against a call without building its key: most
- * eager loops repeat one or a few signatures. Each slot holds a lean key and
- * its entry; lean.py empties them (forget) whenever the entries change. */
+ * eager loops repeat one or a few signatures. A slot holds a lean key, its
+ * entry, and the key's parts laid out flat (borrowed from the key), so that
+ * a match reads this struct and the call's own objects rather than the
+ * key's tuples: after a sync, each object read is a likely cache miss.
+ * lean.py empties the slots (forget) whenever the entries change. */
 #define N_MEMO 4
-#define N_AVALS 8
+#define N_ITEMS 8 /* arrays, grid items and metaparams a slot holds */
 typedef struct {
-  PyObject *key, *entry;          /* NULL: an empty slot */
-  PyObject *jit_fn, *src, *out_tree;  /* the entry's, read once */
+  PyObject *key, *entry; /* strong; NULL: an empty slot */
+  PyObject *fn, *jit_fn, *src, *out_tree; /* the entry's, strong */
   int single;
-  /* The arrays' avals at the last match, by position: jax shares one aval
-   * between the outputs of an executable, so the next call's arrays
-   * usually carry the very same objects, and need no shape or dtype read. */
-  PyObject *avals[N_AVALS];
+  /* Whether jit_fn._src is the source that jit_fn.src gives (Triton's
+   * property returns its slot): read without the property's frame. */
+  int src_direct;
+  void *kernel;
+  Py_ssize_t n_args, n_grid, n_meta;
+  /* The arrays' avals at the last match, by position (strong): jax shares
+   * one aval between the outputs of an executable, so the next call's
+   * arrays usually carry the very same objects. */
+  PyObject *avals[N_ITEMS];
+  PyObject *shapes[N_ITEMS], *dtypes[N_ITEMS];
+  PyObject *grid[N_ITEMS], *grid_type[N_ITEMS];
+  PyObject *meta_name[N_ITEMS], *meta_value[N_ITEMS], *meta_type[N_ITEMS];
+  /* Values of exact ints (int_ok), compared without reading the key's. */
+  long long grid_int[N_ITEMS], meta_int[N_ITEMS];
+  char grid_int_ok[N_ITEMS], meta_int_ok[N_ITEMS];
+  PyObject *out_shape, *out_dtype, *out_sharding, *out_weak, *env;
 } Slot;
 static Slot memo[N_MEMO];
 static unsigned memo_next;
@@ -263,35 +278,55 @@ static int same(PyObject *a, PyObject *b) {
   return a == b ? 1 : PyObject_RichCompareBool(a, b, Py_EQ);
 }
 
-/* Whether the call's arrays have the (shape, dtype) pairs of the slot's
- * key; -1 on an error. */
+/* An exact int's value in *out; 0 where v is no exact int or too large. */
+static int int_value(PyObject *v, long long *out) {
+  if (!PyLong_CheckExact(v)) return 0;
+  int overflow;
+  *out = PyLong_AsLongLongAndOverflow(v, &overflow);
+  if (overflow || (*out == -1 && PyErr_Occurred())) {
+    PyErr_Clear();
+    return 0;
+  }
+  return 1;
+}
+
+/* Whether v equals a slot's value `want` of type `type` (and int value
+ * `want_int` where int_ok); -1 on an error. */
+static int value_matches(PyObject *v, PyObject *want, PyObject *type,
+                         long long want_int, char int_ok) {
+  if ((PyObject *)Py_TYPE(v) != type) return 0;
+  if (v == want) return 1;
+  long long x;
+  if (int_ok && int_value(v, &x)) return x == want_int;
+  return PyObject_RichCompareBool(v, want, Py_EQ);
+}
+
+/* Whether the call's arrays have the slot's shapes and dtypes; -1 on an
+ * error. */
 static int arrays_match(PyObject *args, Slot *slot) {
-  PyObject *pairs = PyTuple_GetItem(slot->key, 1);
-  Py_ssize_t n = PyTuple_Size(args);
-  if (PyTuple_Size(pairs) != n) return 0;
-  for (Py_ssize_t i = 0; i < n; i++) {
+  if (PyTuple_Size(args) != slot->n_args) return 0;
+  for (Py_ssize_t i = 0; i < slot->n_args; i++) {
     PyObject *a = PyTuple_GetItem(args, i);
     if ((PyObject *)Py_TYPE(a) != array_type) return 0;
     PyObject *aval = PyObject_GetAttr(a, s_aval);
     if (aval == NULL) return -1;
-    if (i < N_AVALS && aval == slot->avals[i]) {
+    if (aval == slot->avals[i]) {
       Py_DECREF(aval);
       continue;
     }
-    PyObject *pair = PyTuple_GetItem(pairs, i);
     PyObject *shape = PyObject_GetAttr(aval, s_shape);
     PyObject *dtype = shape ? PyObject_GetAttr(aval, s_dtype) : NULL;
-    int ok = dtype == NULL ? -1 : same(shape, PyTuple_GetItem(pair, 0));
-    if (ok == 1) ok = same(dtype, PyTuple_GetItem(pair, 1));
+    int ok = dtype == NULL ? -1 : same(shape, slot->shapes[i]);
+    if (ok == 1) ok = same(dtype, slot->dtypes[i]);
     Py_XDECREF(shape);
     Py_XDECREF(dtype);
-    if (ok == 1 && i < N_AVALS) {
+    if (ok == 1) {
       Py_XDECREF(slot->avals[i]);
-      slot->avals[i] = aval;  /* the reference moves to the slot */
+      slot->avals[i] = aval; /* the reference moves to the slot */
     } else {
       Py_DECREF(aval);
+      return ok;
     }
-    if (ok != 1) return ok;
   }
   return 1;
 }
@@ -305,55 +340,59 @@ static int attr_is(PyObject *obj, PyObject *name, PyObject *want) {
   return ok;
 }
 
-/* Whether grid and its items' types match key parts 6 and 7. */
-static int grid_matches(PyObject *grid, PyObject *want, PyObject *types) {
-  if (!PyTuple_CheckExact(grid)) return 0;
-  Py_ssize_t n = PyTuple_Size(grid);
-  if (PyTuple_Size(want) != n) return 0;
-  for (Py_ssize_t i = 0; i < n; i++) {
-    PyObject *g = PyTuple_GetItem(grid, i);
-    if ((PyObject *)Py_TYPE(g) != PyTuple_GetItem(types, i)) return 0;
-    int ok = same(g, PyTuple_GetItem(want, i));
-    if (ok != 1) return ok;
+/* Whether out_shape.sharding is `want`. Where both are unset, the
+ * ShapeDtypeStruct's own slot tells, without the property's Python frame:
+ * the property gives its slot back unless that holds a PartitionSpec. */
+static int sharding_is(PyObject *out_shape, PyObject *want) {
+  if (want == Py_None) {
+    PyObject *held = PyObject_GetAttr(out_shape, s__sharding);
+    Py_XDECREF(held); /* compared by identity alone */
+    if (held == Py_None) return 1;
+    PyErr_Clear();
   }
-  return 1;
+  return attr_is(out_shape, s_sharding, want);
 }
 
-/* Whether the metaparams match key part 8, name by name in order. */
-static int metaparams_match(PyObject *metaparams, PyObject *triples) {
-  if (PyDict_Size(metaparams) != PyTuple_Size(triples)) return 0;
+/* Whether the grid and the metaparams (in order) are the slot's. */
+static int scalars_match(PyObject *grid, PyObject *metaparams, Slot *slot) {
+  if (!PyTuple_CheckExact(grid) || PyTuple_Size(grid) != slot->n_grid ||
+      PyDict_Size(metaparams) != slot->n_meta)
+    return 0;
+  int ok = 1;
+  for (Py_ssize_t i = 0; ok == 1 && i < slot->n_grid; i++)
+    ok = value_matches(PyTuple_GetItem(grid, i), slot->grid[i],
+                       slot->grid_type[i], slot->grid_int[i],
+                       slot->grid_int_ok[i]);
   Py_ssize_t pos = 0, i = 0;
   PyObject *k, *v;
-  while (PyDict_Next(metaparams, &pos, &k, &v)) {
-    PyObject *triple = PyTuple_GetItem(triples, i++);
-    if ((PyObject *)Py_TYPE(v) != PyTuple_GetItem(triple, 2)) return 0;
-    int ok = same(k, PyTuple_GetItem(triple, 0));
-    if (ok == 1) ok = same(v, PyTuple_GetItem(triple, 1));
-    if (ok != 1) return ok;
+  while (ok == 1 && PyDict_Next(metaparams, &pos, &k, &v)) {
+    ok = same(k, slot->meta_name[i]);
+    if (ok == 1)
+      ok = value_matches(v, slot->meta_value[i], slot->meta_type[i],
+                         slot->meta_int[i], slot->meta_int_ok[i]);
+    i++;
   }
-  return 1;
+  return ok;
 }
 
-/* Whether the call has the slot's lean key (built by build_key), compared
- * part by part without building its own. The top-level probe has run. */
+/* Whether the call has the slot's lean key, compared part by part without
+ * building its own. The top-level probe has run. */
 static int key_matches(Slot *slot, PyObject *args, PyObject *kernel,
                        PyObject *out_shape, PyObject *grid,
                        PyObject *metaparams) {
-  PyObject *key = slot->key;
-  if (PyLong_AsVoidPtr(PyTuple_GetItem(key, 0)) != kernel) return 0;
-  if ((PyObject *)Py_TYPE(out_shape) != sds_type) return 0;
-  int ok = grid_matches(grid, PyTuple_GetItem(key, 6),
-                        PyTuple_GetItem(key, 7));
-  if (ok == 1) ok = metaparams_match(metaparams, PyTuple_GetItem(key, 8));
+  if (slot->kernel != (void *)kernel ||
+      (PyObject *)Py_TYPE(out_shape) != sds_type)
+    return 0;
+  int ok = scalars_match(grid, metaparams, slot);
   if (ok == 1) ok = arrays_match(args, slot);
-  if (ok == 1) ok = attr_is(out_shape, s_shape, PyTuple_GetItem(key, 2));
-  if (ok == 1) ok = attr_is(out_shape, s_dtype, PyTuple_GetItem(key, 3));
-  if (ok == 1) ok = attr_is(out_shape, s_sharding, PyTuple_GetItem(key, 4));
-  if (ok == 1) ok = attr_is(out_shape, s_weak_type, PyTuple_GetItem(key, 5));
+  if (ok == 1) ok = attr_is(out_shape, s_shape, slot->out_shape);
+  if (ok == 1) ok = attr_is(out_shape, s_dtype, slot->out_dtype);
+  if (ok == 1) ok = sharding_is(out_shape, slot->out_sharding);
+  if (ok == 1) ok = attr_is(out_shape, s_weak_type, slot->out_weak);
   if (ok == 1) {
     PyObject *now = read_env(kernel);
     if (now == NULL) return -1;
-    ok = same(now, PyTuple_GetItem(key, 9));
+    ok = same(now, slot->env);
     Py_DECREF(now);
   }
   return ok;
@@ -375,39 +414,84 @@ static Slot *memo_find(PyObject *args, PyObject *kernel, PyObject *out_shape,
 static void slot_clear(Slot *slot) {
   Py_CLEAR(slot->key);
   Py_CLEAR(slot->entry);
+  Py_CLEAR(slot->fn);
   Py_CLEAR(slot->jit_fn);
   Py_CLEAR(slot->src);
   Py_CLEAR(slot->out_tree);
-  for (int i = 0; i < N_AVALS; i++) Py_CLEAR(slot->avals[i]);
+  for (int i = 0; i < N_ITEMS; i++) Py_CLEAR(slot->avals[i]);
 }
 
-/* Files (key, entry) in the next slot; NULL (error cleared) where the entry
- * lacks what a hit reads. */
-static Slot *memo_put(PyObject *key, PyObject *entry) {
-  Slot *slot = &memo[memo_next++ % N_MEMO];
-  slot_clear(slot);
-  PyObject *jit_fn = PyObject_GetAttr(entry, s_jit_fn);
+/* Lays out a build_key tuple's parts in the slot (borrowed from it); 0
+ * where it has more items than a slot holds. */
+static int lay_out_key(Slot *slot, PyObject *key) {
+  PyObject *arrays = PyTuple_GetItem(key, 1);
+  PyObject *grid = PyTuple_GetItem(key, 6);
+  PyObject *types = PyTuple_GetItem(key, 7);
+  PyObject *triples = PyTuple_GetItem(key, 8);
+  slot->n_args = PyTuple_Size(arrays);
+  slot->n_grid = PyTuple_Size(grid);
+  slot->n_meta = PyTuple_Size(triples);
+  if (slot->n_args > N_ITEMS || slot->n_grid > N_ITEMS ||
+      slot->n_meta > N_ITEMS)
+    return 0;
+  slot->kernel = PyLong_AsVoidPtr(PyTuple_GetItem(key, 0));
+  for (Py_ssize_t i = 0; i < slot->n_args; i++) {
+    slot->shapes[i] = PyTuple_GetItem(PyTuple_GetItem(arrays, i), 0);
+    slot->dtypes[i] = PyTuple_GetItem(PyTuple_GetItem(arrays, i), 1);
+  }
+  for (Py_ssize_t i = 0; i < slot->n_grid; i++) {
+    slot->grid[i] = PyTuple_GetItem(grid, i);
+    slot->grid_type[i] = PyTuple_GetItem(types, i);
+    slot->grid_int_ok[i] = int_value(slot->grid[i], &slot->grid_int[i]);
+  }
+  for (Py_ssize_t i = 0; i < slot->n_meta; i++) {
+    PyObject *triple = PyTuple_GetItem(triples, i);
+    slot->meta_name[i] = PyTuple_GetItem(triple, 0);
+    slot->meta_value[i] = PyTuple_GetItem(triple, 1);
+    slot->meta_type[i] = PyTuple_GetItem(triple, 2);
+    slot->meta_int_ok[i] = int_value(slot->meta_value[i], &slot->meta_int[i]);
+  }
+  slot->out_shape = PyTuple_GetItem(key, 2);
+  slot->out_dtype = PyTuple_GetItem(key, 3);
+  slot->out_sharding = PyTuple_GetItem(key, 4);
+  slot->out_weak = PyTuple_GetItem(key, 5);
+  slot->env = PyTuple_GetItem(key, 9);
+  return 1;
+}
+
+/* Fills the slot with (key, entry): the entry's executable, source and
+ * output structure, read once. 0 (error cleared) where the entry lacks
+ * them. */
+static int fill_slot(Slot *slot, PyObject *key, PyObject *entry) {
+  PyObject *fn = PyObject_GetAttr(entry, s_fn);
+  PyObject *jit_fn = fn ? PyObject_GetAttr(entry, s_jit_fn) : NULL;
   PyObject *src = jit_fn ? PyObject_GetAttr(entry, s_src) : NULL;
   PyObject *tree = src ? PyObject_GetAttr(entry, s_out_tree) : NULL;
   PyObject *single = tree ? PyObject_GetAttr(entry, s_single) : NULL;
   int one = single ? PyObject_IsTrue(single) : -1;
   Py_XDECREF(single);
   if (one < 0) {
+    Py_XDECREF(fn);
     Py_XDECREF(jit_fn);
     Py_XDECREF(src);
     Py_XDECREF(tree);
     PyErr_Clear();
-    return NULL;
+    return 0;
   }
   Py_INCREF(key);
   Py_INCREF(entry);
   slot->key = key;
   slot->entry = entry;
+  slot->fn = fn;
   slot->jit_fn = jit_fn;
   slot->src = src;
   slot->out_tree = tree;
   slot->single = one;
-  return slot;
+  PyObject *held = PyObject_GetAttr(jit_fn, s__src);
+  Py_XDECREF(held); /* compared by identity alone */
+  slot->src_direct = held == src;
+  PyErr_Clear();
+  return 1;
 }
 
 static PyObject *forget(PyObject *self, PyObject *unused) {
@@ -424,13 +508,10 @@ static PyObject *lean_key(PyObject *self, PyObject *const *a, Py_ssize_t n) {
   return build_key(a[0], a[1], a[2], a[3], a[4]);
 }
 
-/* Calls the slot's executable (entry.fn, read each time: it may be
- * swapped); Miss(key) where lean.py's call would answer MISS. */
+/* Calls the slot's executable; Miss(key) where lean.py's call would answer
+ * MISS. */
 static PyObject *run_entry(Slot *slot, PyObject *args) {
-  PyObject *fn = PyObject_GetAttr(slot->entry, s_fn);
-  if (fn == NULL) return NULL;
-  PyObject *outs = PyObject_Call(fn, args, NULL);
-  Py_DECREF(fn);
+  PyObject *outs = PyObject_Call(slot->fn, args, NULL);
   if (outs == NULL) {
     PyObject *type, *exc, *tb;
     PyErr_Fetch(&type, &exc, &tb);
@@ -456,62 +537,74 @@ static PyObject *run_entry(Slot *slot, PyObject *args) {
   return result;
 }
 
-/* The entry of the call's lean key, in a memo slot; NULL with *miss set to
- * the call's Miss (or NULL with an error set). */
-static Slot *find_slot(PyObject *const *a, PyObject **miss) {
-  Slot *slot = memo_find(a[0], a[1], a[2], a[3], a[4]);
-  if (slot != NULL) return slot;
-  PyObject *key = make_key(a[0], a[1], a[2], a[3], a[4]);
-  if (key == NULL) return NULL;
-  PyObject *entry = key == Py_None
-                        ? NULL
-                        : PyDict_GetItemWithError(entries, key);  /* borrowed */
-  if (entry != NULL) slot = memo_put(key, entry);
-  if (slot == NULL) {
-    /* An unhashable metaparam: the full path reports it (TypeError). */
-    if (PyErr_Occurred() && PyErr_ExceptionMatches(PyExc_TypeError))
-      PyErr_Clear();
-    *miss = PyErr_Occurred() ? NULL : make_miss(key == Py_None ? NULL : key);
+/* Runs the call from its slot, unless its kernel's source changed. */
+static PyObject *run_slot(Slot *slot, PyObject *args) {
+  PyObject *now =
+      PyObject_GetAttr(slot->jit_fn, slot->src_direct ? s__src : s_src);
+  Py_XDECREF(now); /* compared by identity alone */
+  if (now != slot->src) {
+    /* The kernel's source changed (or cannot be read): the full path. */
+    PyErr_Clear();
+    return make_miss(slot->key);
   }
-  Py_DECREF(key);
-  return slot;
+  return run_entry(slot, args);
 }
 
-/* hit(args, kernel, out_shape, grid, kwargs): the outputs, or Miss(key). */
+/* Runs the call from its lean key's entry, found in the entries, and files
+ * it in the memo; Miss(key) where there is none. */
+static PyObject *run_found(PyObject *const *a) {
+  PyObject *key = make_key(a[0], a[1], a[2], a[3], a[4]);
+  if (key == NULL) return NULL;
+  if (key == Py_None) {
+    Py_DECREF(key);
+    return make_miss(NULL);
+  }
+  PyObject *entry = PyDict_GetItemWithError(entries, key); /* borrowed */
+  PyObject *result = NULL;
+  Slot *slot = &memo[memo_next % N_MEMO];
+  Slot lone = {0};
+  if (entry != NULL) {
+    memo_next++;
+    slot_clear(slot);
+    if (!lay_out_key(slot, key)) slot = &lone; /* too many items to memo */
+    if (fill_slot(slot, key, entry)) result = run_slot(slot, a[0]);
+    slot_clear(&lone);
+  }
+  if (result == NULL && !PyErr_Occurred()) {
+    result = make_miss(key);
+  } else if (result == NULL && PyErr_ExceptionMatches(PyExc_TypeError) &&
+             entry == NULL) {
+    /* An unhashable metaparam: the full path reports it (TypeError). */
+    PyErr_Clear();
+    result = make_miss(key);
+  }
+  Py_DECREF(key);
+  return result;
+}
+
+/* hit(args, kernel, out_shape, grid, kwargs): the outputs, or Miss(key).
+ *
+ * A call naming one of triton_call's options never hits: no key filed in
+ * the entries has an option's name among its metaparams. */
 static PyObject *lean_hit(PyObject *self, PyObject *const *a, Py_ssize_t n) {
   if (n != 5 || !PyTuple_Check(a[0]) || !PyDict_Check(a[4])) {
     PyErr_SetString(PyExc_TypeError,
                     "hit(args, kernel, out_shape, grid, kwargs)");
     return NULL;
   }
-  Py_ssize_t pos = 0;
-  PyObject *name, *value;
-  while (PyDict_Next(a[4], &pos, &name, &value)) {
-    int named = PySet_Contains(option_names, name);
-    if (named < 0) return NULL;
-    if (named) return make_miss(NULL);  /* an option: no lean key */
-  }
   int may = may_have_key(a[2], a[3]);
   if (may < 0) return NULL;
   if (!may) return make_miss(NULL);
-  PyObject *miss = NULL;
-  Slot *slot = find_slot(a, &miss);
-  if (slot == NULL) return miss;
-  PyObject *now = PyObject_GetAttr(slot->jit_fn, s_src);
-  Py_XDECREF(now);  /* compared by identity alone */
-  if (now != slot->src) {
-    /* The kernel's source changed (or cannot be read): the full path. */
-    PyErr_Clear();
-    return make_miss(slot->key);
-  }
-  return run_entry(slot, a[0]);
+  Slot *slot = memo_find(a[0], a[1], a[2], a[3], a[4]);
+  if (slot != NULL) return run_slot(slot, a[0]);
+  return run_found(a);
 }
 
 static PyObject *configure(PyObject *self, PyObject *a) {
-  PyObject *objs[11], *env_parts;
-  if (!PyArg_ParseTuple(a, "OOOOOOOOOOOO", &objs[0], &objs[1], &objs[2],
+  PyObject *objs[10], *env_parts;
+  if (!PyArg_ParseTuple(a, "OOOOOOOOOOO", &objs[0], &objs[1], &objs[2],
                         &objs[3], &objs[4], &objs[5], &objs[6], &objs[7],
-                        &objs[8], &objs[9], &objs[10], &env_parts))
+                        &objs[8], &objs[9], &env_parts))
     return NULL;
   PyObject *env[5] = {NULL};
   if (env_parts != Py_None &&
@@ -532,10 +625,10 @@ static PyObject *configure(PyObject *self, PyObject *a) {
     PyErr_SetString(PyExc_TypeError, "configure: entries must be a dict");
     return NULL;
   }
-  PyObject **slots[11] = {&miss_type, &sds_type, &plain_kernel, &entries,
-                          &option_names, &eager_ready, &sync_env,
-                          &autotune_env, &on_error, &error_miss, &unflatten};
-  for (int i = 0; i < 11; i++) {
+  PyObject **slots[10] = {&miss_type, &sds_type, &plain_kernel, &entries,
+                          &eager_ready, &sync_env, &autotune_env, &on_error,
+                          &error_miss, &unflatten};
+  for (int i = 0; i < 10; i++) {
     PyObject *old = *slots[i];
     Py_INCREF(objs[i]);
     *slots[i] = objs[i];
@@ -548,7 +641,7 @@ static PyObject *configure(PyObject *self, PyObject *a) {
 
 static PyMethodDef methods[] = {
     {"configure", configure, METH_VARARGS,
-     "configure(miss_type, sds_type, plain_kernel, entries, option_names, "
+     "configure(miss_type, sds_type, plain_kernel, entries, "
      "eager_ready, sync_env, autotune_env, on_error, error_miss, unflatten, "
      "env_parts)"},
     {"forget", forget, METH_NOARGS,
@@ -567,13 +660,15 @@ static struct PyModuleDef module = {
 };
 
 PyMODINIT_FUNC PyInit__lean_hit(void) {
-  static const char *names[] = {"value", "environ", "aval", "shape", "dtype", "sharding",
-                                "weak_type", "jit_fn", "src", "fn",
-                                "single", "out_tree"};
-  PyObject **interned[] = {&s_value, &s_environ, &s_aval, &s_shape, &s_dtype, &s_sharding,
-                           &s_weak_type, &s_jit_fn, &s_src, &s_fn,
-                           &s_single, &s_out_tree};
-  for (int i = 0; i < 12; i++) {
+  static const char *names[] = {"value", "environ", "aval", "shape",
+                                "dtype", "sharding", "weak_type", "jit_fn",
+                                "src", "fn", "single", "out_tree",
+                                "_sharding", "_src"};
+  PyObject **interned[] = {&s_value, &s_environ, &s_aval, &s_shape,
+                           &s_dtype, &s_sharding, &s_weak_type, &s_jit_fn,
+                           &s_src, &s_fn, &s_single, &s_out_tree,
+                           &s__sharding, &s__src};
+  for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
     *interned[i] = PyUnicode_InternFromString(names[i]);
     if (*interned[i] == NULL) return NULL;
   }

@@ -203,29 +203,41 @@ _option_names: list[frozenset] = [frozenset()]
 hit = _py_hit
 
 
-def configure(option_names: frozenset, compiled: bool = True) -> bool:
+def configure(option_names: frozenset) -> None:
   """Sets ``triton_call``'s option names, and ``hit`` to the C one if built.
 
   Args:
     option_names: every keyword of ``triton_call`` that is an option (not
       a metaparam): a call naming one is never a lean hit.
+  """
+  _option_names[0] = option_names
+  use_compiled(True)
+
+
+def use_compiled(compiled: bool) -> bool:
+  """Makes ``hit`` the C one (where built) or the Python one.
+
+  Args:
     compiled: False takes the Python ``hit`` even where the C one is built
       (the tests run both).
 
   Returns:
-    Whether ``hit`` is the C one.
+    Whether ``hit`` is now the C one.
   """
   global hit
-  _option_names[0] = option_names
   hit = _py_hit
-  c_hit = _c_lean_hit if compiled else None
-  if c_hit is not None:
-    if c_hit.forget not in _call_cache.lean_forgetters:
-      _call_cache.lean_forgetters.append(c_hit.forget)
-    c_hit.configure(Miss, _SDS, _plain_kernel, _entries, option_names,
-                    _found_eager, _sync_env, _env, _failed, MISS,
-                    jax.tree_util.tree_unflatten, _environ_parts())
-    hit = c_hit.hit
+  if compiled and _c_lean_hit is not None:
+    if _c_lean_hit.forget not in _call_cache.lean_forgetters:
+      _call_cache.lean_forgetters.append(_c_lean_hit.forget)
+    _c_lean_hit.configure(Miss, _SDS, _plain_kernel, _entries, _found_eager,
+                          _sync_env, _env, _failed, MISS,
+                          jax.tree_util.tree_unflatten, _environ_parts())
+    hit = _c_lean_hit.hit
+  return hit is not _py_hit
+
+
+def compiled() -> bool:
+  """Whether eager calls take the C hit (``_lean_hit.c`` built and chosen)."""
   return hit is not _py_hit
 
 

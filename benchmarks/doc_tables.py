@@ -217,6 +217,21 @@ def _dispatch(data: dict[str, Any]) -> str:
   return "\n\n".join(out)
 
 
+def _dispatch_runs(data: dict[str, Any]) -> str:
+  """benchmarks/dispatch_runs.py: each run's ratios, then the bounds met."""
+  keys = list(data["bounds"])
+  rows = [[r["case"], r["device"], r["benchmark"], r["floor_over_xla"]]
+          + [r.get(k, "") if r.get(k) is not None else "" for k in keys]
+          for r in data["runs"]]
+  runs = _table(["run", "device", "benchmark", "floor / XLA eager"]
+                + [k.replace("_over_", " / ").replace("_", " ") for k in keys],
+                rows)
+  met = _table(["ratio", "bound", "runs", "runs within the bound"],
+               [[k.replace("_over_", " / ").replace("_", " "), m["bound"],
+                 m["runs"], m["within"]] for k, m in data["met"].items()])
+  return f"{runs}\n\n**the bounds**\n\n{met}"
+
+
 def _launch_overhead(data: dict[str, Any]) -> str:
   """benchmarks/cpu_launch_overhead.py: one launch's wall time and profile."""
   rows = []
@@ -268,7 +283,9 @@ def render(data: dict[str, Any]) -> str:
     The tables, preceded by the environment the file records.
   """
   results = data.get("results")
-  if "wall_us_per_hot_us" in data:
+  if "bounds" in data and "runs" in data and "met" in data:
+    body = _dispatch_runs(data)
+  elif "wall_us_per_hot_us" in data:
     body = _python_wall_cost(data)
   elif (isinstance(results, list) and results and "ratios" in data
       and all("median_us" in r for r in results)):

@@ -9,6 +9,7 @@ out, with its reason. The README's install and test commands are those
 
 from __future__ import annotations
 
+import json
 import os
 import re
 
@@ -118,6 +119,19 @@ class ReadmeTest(absltest.TestCase):
           # The mesh snippet spans every local device: 8 virtual CPU
           # devices, which the snippet asks for itself.
           self.assertIn("'x': 8", result.stdout)
+
+  def test_eager_table_is_the_committed_results(self):
+    rows = re.findall(r"^\| one (H100|H200) \| (.*) \|$", _readme(), re.M)
+    self.assertLen(rows, 2)
+    cases = ("xla_eager", "jax_triton_eager", "jt_dist_eager", "xla_jit",
+             "jax_triton_jit", "jt_dist_jit")
+    for device, cells in rows:
+      path = os.path.join(_ROOT, "benchmarks", "results",
+                          f"{device.lower()}x1", "dispatch.json")
+      with open(path, encoding="utf-8") as f:
+        medians = {r["case"]: r["median_us"] for r in json.load(f)["results"]}
+      self.assertEqual([float(c) for c in cells.split(" | ")],
+                       [round(medians[c], 1) for c in cases], device)
 
   def test_the_readme_is_short(self):
     # The reference material lives on the docs site (docs/).

@@ -1,0 +1,77 @@
+"""Every eager-dispatch run of one tree, side by side, against issue 20's bounds.
+
+One run of ``dispatch.py`` or ``python_wall_cost.py`` is a median over
+interleaved rounds, and the hosts' noise moves it by a few percent from run
+to run. This collects the ratios of several committed runs into one file,
+so that the docs show every run rather than a chosen one:
+
+    python benchmarks/dispatch_runs.py --out benchmarks/results/dispatch_runs.json \\
+        h100x1/dispatch.json h100x1/repeat_runs/dispatch_run2.json ...
+
+Paths are under ``benchmarks/results/``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from typing import Any
+
+_RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
+BOUNDS = {"eager_over_xla": 1.15, "eager_over_jax_triton": 1.0,
+          "jit_over_jax_triton": 1.01, "sharded_over_xla": 1.3}
+
+
+def _dispatch_row(data: dict[str, Any]) -> dict[str, Any]:
+  ratios = data["ratios"]
+  return {
+      "benchmark": "dispatch.py",
+      "eager_over_xla": ratios["jt_dist_eager_over_xla_eager"],
+      "floor_over_xla": ratios["diag_floor_caller_args_entry_fn_over_xla_eager"],
+      "eager_over_jax_triton": ratios.get("jt_dist_eager_over_jax_triton_eager"),
+      "jit_over_jax_triton": ratios.get("jt_dist_jit_over_jax_triton_jit"),
+      "sharded_over_xla": ratios["jt_dist_sharded_1dev_eager_over_xla_eager"],
+  }
+
+
+def _wall_cost_row(data: dict[str, Any]) -> dict[str, Any]:
+  return {"benchmark": "python_wall_cost.py",
+          "eager_over_xla": data["jt_dist_eager_over_xla_eager"],
+          "floor_over_xla": data["floor_over_xla_eager"]}
+
+
+def row(name: str) -> dict[str, Any]:
+  """One run's ratios, and the device it ran on."""
+  with open(os.path.join(_RESULTS, name), encoding="utf-8") as f:
+    data = json.load(f)
+  found = (_wall_cost_row(data) if "wall_us_per_hot_us" in data
+           else _dispatch_row(data))
+  device = data.get("environment", {}).get("device_kind", "")
+  return {"case": name, "device": device, **found}
+
+
+def summary(names: list[str]) -> dict[str, Any]:
+  """Every run's row, and how many runs meet each bound."""
+  rows = [row(name) for name in names]
+  met = {}
+  for ratio, bound in BOUNDS.items():
+    values = [r[ratio] for r in rows if r.get(ratio) is not None]
+    met[ratio] = {"bound": bound, "runs": len(values),
+                  "within": sum(v <= bound for v in values)}
+  return {"bounds": BOUNDS, "runs": rows, "met": met}
+
+
+def main(argv=None):
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--out", required=True)
+  parser.add_argument("files", nargs="+")
+  args = parser.parse_args(argv)
+  out = summary(args.files)
+  with open(args.out, "w", encoding="utf-8") as f:
+    json.dump(out, f, indent=1)
+  print(json.dumps(out["met"], indent=1))
+
+
+if __name__ == "__main__":
+  main()

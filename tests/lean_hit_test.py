@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import sys
+import threading
 import unittest
 from unittest import mock
 
@@ -221,6 +222,41 @@ class CompiledHitTest(testing.TestCase):
                                               "SCALE": 2})] = entry
     with self.assertRaisesRegex(RuntimeError, "the kernel failed"):
       _scale(x, 2)
+
+
+  def test_threads_racing_with_invalidation_get_their_own_answers(self):
+    # Several signatures in turn, from several threads, while another
+    # empties the entries (and the memo) again and again: each call's
+    # answer must be its own.
+    inputs = [(self.random((n,)), scale) for n in (16, 32, 48)
+              for scale in (2, 3)]
+    errors, stop = [], threading.Event()
+
+    def caller(offset):
+      try:
+        for k in range(24):
+          x, scale = inputs[(k + offset) % len(inputs)]
+          out = np.asarray(_scale(jnp.asarray(x), scale))
+          if out.shape != x.shape or not np.allclose(out, scale * x):
+            errors.append((x.shape, scale))
+      except Exception as e:  # pylint: disable=broad-except
+        errors.append(e)
+
+    def invalidator():
+      while not stop.is_set():
+        _dispatch.invalidate()
+        stop.wait(0.02)
+
+    threads = [threading.Thread(target=caller, args=(i,)) for i in range(3)]
+    spoiler = threading.Thread(target=invalidator)
+    spoiler.start()
+    for t in threads:
+      t.start()
+    for t in threads:
+      t.join()
+    stop.set()
+    spoiler.join()
+    self.assertEqual(errors, [])
 
 
 class PythonHitTest(lean_util.PythonHitMixin, CompiledHitTest):

@@ -17,8 +17,8 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
-/* What lean.py hands over once (configure). Borrowed by the module for the
- * process's life: each is a module-level object of jt_dist or jax. */
+/* What lean.py hands over (configure), held until the next configure: each
+ * a module-level object of jt_dist or jax. */
 static PyObject *miss_type;      /* lean.Miss: the answer when not a hit */
 static PyObject *sds_type;       /* jax.ShapeDtypeStruct */
 static PyObject *plain_kernel;   /* triton's JITFunction */
@@ -47,7 +47,14 @@ static PyObject *s_value, *s_environ, *s_aval, *s_shape, *s_dtype,
  * entry, and the key's parts laid out flat (borrowed from the key), so that
  * a match reads this struct and the call's own objects rather than the
  * key's tuples: after a sync, each object read is a likely cache miss.
- * lean.py empties the slots (forget) whenever the entries change. */
+ * lean.py empties the slots (forget) whenever the entries change.
+ *
+ * Any Python code run during a match or a call (a property, a finalizer,
+ * the executable itself) may let another thread refill or empty a slot. So
+ * a call works on its own copy of a slot, whose references it holds, and
+ * trusts a match only if the slot's version did not move meanwhile; a slot
+ * is changed only by writing it whole and bumping its version, and what it
+ * held is let go after. */
 #define N_MEMO 4
 #define N_ITEMS 8 /* arrays, grid items and metaparams a slot holds */
 typedef struct {
@@ -70,6 +77,7 @@ typedef struct {
   long long grid_int[N_ITEMS], meta_int[N_ITEMS];
   char grid_int_ok[N_ITEMS], meta_int_ok[N_ITEMS];
   PyObject *out_shape, *out_dtype, *out_sharding, *out_weak, *env;
+  unsigned version; /* of a memo slot: bumped at each change */
 } Slot;
 static Slot memo[N_MEMO];
 static unsigned memo_next;
@@ -398,27 +406,73 @@ static int key_matches(Slot *slot, PyObject *args, PyObject *kernel,
   return ok;
 }
 
-/* The memo slot whose key the call has, or NULL (errors cleared: the full
- * key then decides). */
-static Slot *memo_find(PyObject *args, PyObject *kernel, PyObject *out_shape,
-                       PyObject *grid, PyObject *metaparams) {
-  for (int i = 0; i < N_MEMO; i++) {
-    if (memo[i].key == NULL) continue;
-    int ok = key_matches(&memo[i], args, kernel, out_shape, grid, metaparams);
-    if (ok == 1) return &memo[i];
-    if (ok < 0) PyErr_Clear();
-  }
-  return NULL;
+/* Takes (retain) or lets go (release) the references a slot holds; the
+ * parts laid out flat are borrowed from its key. */
+static void slot_retain(Slot *slot) {
+  Py_XINCREF(slot->key);
+  Py_XINCREF(slot->entry);
+  Py_XINCREF(slot->fn);
+  Py_XINCREF(slot->jit_fn);
+  Py_XINCREF(slot->src);
+  Py_XINCREF(slot->out_tree);
+  /* Avals are kept only where the slot's key was laid out (n_args). */
+  for (Py_ssize_t i = 0; i < slot->n_args && i < N_ITEMS; i++)
+    Py_XINCREF(slot->avals[i]);
 }
 
-static void slot_clear(Slot *slot) {
+static void slot_release(Slot *slot) {
   Py_CLEAR(slot->key);
   Py_CLEAR(slot->entry);
   Py_CLEAR(slot->fn);
   Py_CLEAR(slot->jit_fn);
   Py_CLEAR(slot->src);
   Py_CLEAR(slot->out_tree);
-  for (int i = 0; i < N_ITEMS; i++) Py_CLEAR(slot->avals[i]);
+  for (Py_ssize_t i = 0; i < slot->n_args && i < N_ITEMS; i++)
+    Py_CLEAR(slot->avals[i]);
+}
+
+/* Writes `fresh` (its references copied) into memo slot i, bumping its
+ * version; what the slot held is let go last. */
+static void memo_write(int i, const Slot *fresh) {
+  Slot old = memo[i];
+  unsigned version = memo[i].version + 1;
+  memo[i] = *fresh;
+  slot_retain(&memo[i]);
+  memo[i].version = version;
+  slot_release(&old);
+}
+
+/* Keeps the avals a match saw in memo slot i, unless it changed since. */
+static void memo_keep_avals(int i, unsigned version, const Slot *seen) {
+  for (Py_ssize_t k = 0; k < seen->n_args && memo[i].version == version;
+       k++) {
+    PyObject *old = memo[i].avals[k];
+    if (old == seen->avals[k]) continue;
+    Py_INCREF(seen->avals[k]);
+    memo[i].avals[k] = seen->avals[k];
+    Py_XDECREF(old);
+  }
+}
+
+/* Whether a memo slot has the call's key; if so, *found is a copy of it
+ * whose references the caller releases. Errors are cleared: the full key
+ * then decides. */
+static int memo_find(PyObject *args, PyObject *kernel, PyObject *out_shape,
+                     PyObject *grid, PyObject *metaparams, Slot *found) {
+  for (int i = 0; i < N_MEMO; i++) {
+    if (memo[i].key == NULL || memo[i].kernel != (void *)kernel) continue;
+    unsigned version = memo[i].version;
+    *found = memo[i];
+    slot_retain(found);
+    int ok = key_matches(found, args, kernel, out_shape, grid, metaparams);
+    if (ok == 1 && memo[i].version == version) {
+      memo_keep_avals(i, version, found);
+      return 1;
+    }
+    if (ok < 0) PyErr_Clear();
+    slot_release(found);
+  }
+  return 0;
 }
 
 /* Lays out a build_key tuple's parts in the slot (borrowed from it); 0
@@ -495,7 +549,8 @@ static int fill_slot(Slot *slot, PyObject *key, PyObject *entry) {
 }
 
 static PyObject *forget(PyObject *self, PyObject *unused) {
-  for (int i = 0; i < N_MEMO; i++) slot_clear(&memo[i]);
+  Slot empty = {0};
+  for (int i = 0; i < N_MEMO; i++) memo_write(i, &empty);
   Py_RETURN_NONE;
 }
 
@@ -559,16 +614,17 @@ static PyObject *run_found(PyObject *const *a) {
     Py_DECREF(key);
     return make_miss(NULL);
   }
-  PyObject *entry = PyDict_GetItemWithError(entries, key); /* borrowed */
+  PyObject *entry = PyDict_GetItemWithError(entries, key);
+  Py_XINCREF(entry); /* borrowed from a dict that other code may change */
   PyObject *result = NULL;
-  Slot *slot = &memo[memo_next % N_MEMO];
-  Slot lone = {0};
+  Slot fresh = {0};
   if (entry != NULL) {
-    memo_next++;
-    slot_clear(slot);
-    if (!lay_out_key(slot, key)) slot = &lone; /* too many items to memo */
-    if (fill_slot(slot, key, entry)) result = run_slot(slot, a[0]);
-    slot_clear(&lone);
+    int laid_out = lay_out_key(&fresh, key);
+    if (fill_slot(&fresh, key, entry)) {
+      if (laid_out) memo_write((int)(memo_next++ % N_MEMO), &fresh);
+      result = run_slot(&fresh, a[0]);
+    }
+    slot_release(&fresh);
   }
   if (result == NULL && !PyErr_Occurred()) {
     result = make_miss(key);
@@ -578,6 +634,7 @@ static PyObject *run_found(PyObject *const *a) {
     PyErr_Clear();
     result = make_miss(key);
   }
+  Py_XDECREF(entry);
   Py_DECREF(key);
   return result;
 }
@@ -595,9 +652,11 @@ static PyObject *lean_hit(PyObject *self, PyObject *const *a, Py_ssize_t n) {
   int may = may_have_key(a[2], a[3]);
   if (may < 0) return NULL;
   if (!may) return make_miss(NULL);
-  Slot *slot = memo_find(a[0], a[1], a[2], a[3], a[4]);
-  if (slot != NULL) return run_slot(slot, a[0]);
-  return run_found(a);
+  Slot found;
+  if (!memo_find(a[0], a[1], a[2], a[3], a[4], &found)) return run_found(a);
+  PyObject *result = run_slot(&found, a[0]);
+  slot_release(&found);
+  return result;
 }
 
 static PyObject *configure(PyObject *self, PyObject *a) {

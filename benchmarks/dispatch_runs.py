@@ -6,9 +6,12 @@ to run. This collects the ratios of several committed runs into one file,
 so that the docs show every run rather than a chosen one:
 
     python benchmarks/dispatch_runs.py --out benchmarks/results/dispatch_runs.json \\
-        h100x1/dispatch.json h100x1/repeat_runs/dispatch_run2.json ...
+        h100x1/dispatch.json h100x1/repeat_runs/dispatch_run2.json ... \\
+        --earlier h100x1/repeat_runs/before_thread_safety/dispatch_run1.json ...
 
-Paths are under ``benchmarks/results/``.
+Paths are under ``benchmarks/results/``. Runs of an earlier tree
+(``--earlier``) are shown, and left out of the count of runs within each
+bound.
 """
 
 from __future__ import annotations
@@ -41,22 +44,24 @@ def _wall_cost_row(data: dict[str, Any]) -> dict[str, Any]:
           "floor_over_xla": data["floor_over_xla_eager"]}
 
 
-def row(name: str) -> dict[str, Any]:
-  """One run's ratios, and the device it ran on."""
+def row(name: str, tree: str = "current") -> dict[str, Any]:
+  """One run's ratios, the device it ran on, and its tree."""
   with open(os.path.join(_RESULTS, name), encoding="utf-8") as f:
     data = json.load(f)
   found = (_wall_cost_row(data) if "wall_us_per_hot_us" in data
            else _dispatch_row(data))
   device = data.get("environment", {}).get("device_kind", "")
-  return {"case": name, "device": device, **found}
+  return {"case": name, "tree": tree, "device": device, **found}
 
 
-def summary(names: list[str]) -> dict[str, Any]:
-  """Every run's row, and how many runs meet each bound."""
-  rows = [row(name) for name in names]
+def summary(names: list[str], earlier: list[str] = ()) -> dict[str, Any]:
+  """Every run's row, and how many of the current tree's meet each bound."""
+  rows = ([row(name) for name in names]
+          + [row(name, "earlier") for name in earlier])
   met = {}
   for ratio, bound in BOUNDS.items():
-    values = [r[ratio] for r in rows if r.get(ratio) is not None]
+    values = [r[ratio] for r in rows
+              if r.get(ratio) is not None and r["tree"] == "current"]
     met[ratio] = {"bound": bound, "runs": len(values),
                   "within": sum(v <= bound for v in values)}
   return {"bounds": BOUNDS, "runs": rows, "met": met}
@@ -66,8 +71,9 @@ def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--out", required=True)
   parser.add_argument("files", nargs="+")
+  parser.add_argument("--earlier", nargs="*", default=[])
   args = parser.parse_args(argv)
-  out = summary(args.files)
+  out = summary(args.files, args.earlier)
   with open(args.out, "w", encoding="utf-8") as f:
     json.dump(out, f, indent=1)
   print(json.dumps(out["met"], indent=1))

@@ -220,13 +220,15 @@ def _dispatch(data: dict[str, Any]) -> str:
 def _dispatch_runs(data: dict[str, Any]) -> str:
   """benchmarks/dispatch_runs.py: each run's ratios, then the bounds met."""
   keys = list(data["bounds"])
-  rows = [[r["case"], r["device"], r["benchmark"], r["floor_over_xla"]]
+  rows = [[r["case"], r.get("tree", ""), r["device"], r["benchmark"],
+           r["floor_over_xla"]]
           + [r.get(k, "") if r.get(k) is not None else "" for k in keys]
           for r in data["runs"]]
-  runs = _table(["run", "device", "benchmark", "floor / XLA eager"]
+  runs = _table(["run", "tree", "device", "benchmark", "floor / XLA eager"]
                 + [k.replace("_over_", " / ").replace("_", " ") for k in keys],
                 rows)
-  met = _table(["ratio", "bound", "runs", "runs within the bound"],
+  met = _table(["ratio", "bound", "runs of the current tree",
+                "runs within the bound"],
                [[k.replace("_over_", " / ").replace("_", " "), m["bound"],
                  m["runs"], m["within"]] for k, m in data["met"].items()])
   return f"{runs}\n\n**the bounds**\n\n{met}"

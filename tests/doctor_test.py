@@ -92,7 +92,7 @@ class DoctorProcessTest(testing.TestCase):
     from jt_dist._call import lean  # pylint: disable=g-import-not-at-top
     doctor = _doctor
     if lean._c_lean_hit is not None:  # pylint: disable=protected-access
-      self.assertIn("compiled (jt_dist/_call/_lean_hit.c)", doctor._eager_hit())  # pylint: disable=protected-access
+      self.assertIn("compiled (jt_dist/_call/lean_hit/)", doctor._eager_hit())  # pylint: disable=protected-access
       lean.use_compiled(False)
       self.addCleanup(lean.use_compiled, True)
       self.assertEqual(doctor._eager_hit(), "Python (chosen)")  # pylint: disable=protected-access

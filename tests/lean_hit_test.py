@@ -1,4 +1,4 @@
-"""The compiled lean hit (``jt_dist/_call/_lean_hit.c``) against its reference.
+"""The compiled lean hit (``jt_dist/_call/lean_hit/``) against its reference.
 
 The C hit must build the very key ``jt_dist._call.lean.key`` builds, and its
 memo of last hits must never answer for a call whose key differs. Each test
@@ -33,7 +33,7 @@ import lean_util
 testing.configure_cpu_devices()
 
 _C = _lean._c_lean_hit  # pylint: disable=protected-access
-_NO_C = "jt_dist/_call/_lean_hit.c is not built here (no C compiler at install)"
+_NO_C = "jt_dist/_call/lean_hit/ is not built here (no C compiler at install)"
 
 
 @triton.jit

@@ -1,6 +1,6 @@
 """Runs a test class's tests with the lean eager hit in Python.
 
-Where ``jt_dist/_call/_lean_hit.c`` is built, eager calls take it; its
+Where ``jt_dist/_call/lean_hit/`` is built, eager calls take it; its
 Python twin (``jt_dist._call.lean``) is the reference and the fallback
 where no compiler was at hand, and the suites run both.
 """

@@ -41,7 +41,7 @@ from jt_dist._cpu import lowering as _cpu_lowering
 from jt_dist._gpu import faults as _gpu_faults
 
 try:
-  # Built from _lean_hit.c where a compiler was at hand (setup.py); the
+  # Built from lean_hit/*.c where a compiler was at hand (setup.py); the
   # Python below is the same logic, and the reference.
   from jt_dist._call import _lean_hit as _c_lean_hit  # pylint: disable=g-import-not-at-top
 except ImportError:
@@ -128,7 +128,7 @@ def sharded_key(args: Sequence[Any], kernel: Any, out_shape: Any,
 
 def _py_hit(args: tuple, kernel: Any, out_shape: Any, grid: Any,
             kwargs: dict) -> Any:
-  """``hit`` in Python: the reference for ``_lean_hit.c``, and its fallback."""
+  """``hit`` in Python: the reference for ``lean_hit/*.c``, and its fallback."""
   if not _option_names[0].isdisjoint(kwargs):
     return Miss()
   lean_key = key(args, kernel, out_shape, grid, kwargs)
@@ -237,7 +237,7 @@ def use_compiled(compiled: bool) -> bool:
 
 
 def compiled() -> bool:
-  """Whether eager calls take the C hit (``_lean_hit.c`` built and chosen)."""
+  """Whether eager calls take the C hit (``lean_hit/*.c`` built and chosen)."""
   return hit is not _py_hit
 
 

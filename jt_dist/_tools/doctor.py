@@ -134,7 +134,7 @@ def _eager_hit() -> str:
   """Which lookup repeated eager calls take (docs: installation.md)."""
   from jt_dist._call import lean  # pylint: disable=g-import-not-at-top
   if lean.compiled():
-    return "compiled (jt_dist/_call/_lean_hit.c)"
+    return "compiled (jt_dist/_call/lean_hit/)"
   if lean._c_lean_hit is None:  # pylint: disable=protected-access
     return ("Python (the C part was not built: reinstall jt_dist where a C"
             " compiler is on PATH for the faster one)")

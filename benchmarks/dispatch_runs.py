@@ -9,9 +9,10 @@ so that the docs show every run rather than a chosen one:
         h100x1/dispatch.json h100x1/repeat_runs/dispatch_run2.json ... \\
         --earlier h100x1/repeat_runs/before_thread_safety/dispatch_run1.json ...
 
-Paths are under ``benchmarks/results/``. Runs of an earlier tree
-(``--earlier``) are shown, and left out of the count of runs within each
-bound.
+Paths are under ``benchmarks/results/``. A run under
+``repeat_runs/LABEL/`` is of the tree LABEL names. Runs of an earlier
+tree's code (``--earlier``) are shown, and left out of the count of runs
+within each bound.
 """
 
 from __future__ import annotations
@@ -44,24 +45,33 @@ def _wall_cost_row(data: dict[str, Any]) -> dict[str, Any]:
           "floor_over_xla": data["floor_over_xla_eager"]}
 
 
-def row(name: str, tree: str = "current") -> dict[str, Any]:
-  """One run's ratios, the device it ran on, and its tree."""
+def _tree(name: str, counted: bool) -> str:
+  """``repeat_runs/LABEL/…`` names its tree; other runs are the current one's."""
+  parts = name.split("/")
+  if "repeat_runs" in parts and len(parts) > parts.index("repeat_runs") + 2:
+    return parts[parts.index("repeat_runs") + 1]
+  return "current" if counted else "earlier"
+
+
+def row(name: str, counted: bool = True) -> dict[str, Any]:
+  """One run's ratios, the device it ran on, its tree, whether counted."""
   with open(os.path.join(_RESULTS, name), encoding="utf-8") as f:
     data = json.load(f)
   found = (_wall_cost_row(data) if "wall_us_per_hot_us" in data
            else _dispatch_row(data))
   device = data.get("environment", {}).get("device_kind", "")
-  return {"case": name, "tree": tree, "device": device, **found}
+  return {"case": name, "tree": _tree(name, counted), "counted": counted,
+          "device": device, **found}
 
 
 def summary(names: list[str], earlier: list[str] = ()) -> dict[str, Any]:
   """Every run's row, and how many of the current tree's meet each bound."""
   rows = ([row(name) for name in names]
-          + [row(name, "earlier") for name in earlier])
+          + [row(name, counted=False) for name in earlier])
   met = {}
   for ratio, bound in BOUNDS.items():
     values = [r[ratio] for r in rows
-              if r.get(ratio) is not None and r["tree"] == "current"]
+              if r.get(ratio) is not None and r["counted"]]
     met[ratio] = {"bound": bound, "runs": len(values),
                   "within": sum(v <= bound for v in values)}
   return {"bounds": BOUNDS, "runs": rows, "met": met}

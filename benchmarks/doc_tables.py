@@ -227,7 +227,7 @@ def _dispatch_runs(data: dict[str, Any]) -> str:
   runs = _table(["run", "tree", "device", "benchmark", "floor / XLA eager"]
                 + [k.replace("_over_", " / ").replace("_", " ") for k in keys],
                 rows)
-  met = _table(["ratio", "bound", "runs of the current tree",
+  met = _table(["ratio", "bound", "runs of the current code",
                 "runs within the bound"],
                [[k.replace("_over_", " / ").replace("_", " "), m["bound"],
                  m["runs"], m["within"]] for k, m in data["met"].items()])

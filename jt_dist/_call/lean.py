@@ -23,6 +23,12 @@ Only entries with nothing else to do qualify (``Entry.direct``: the
 operands are the arguments, no scalars, no moves, no sync); a callable grid
 never does. Autotuned kernels do: the key holds the autotuning settings,
 and pinning or forgetting a choice empties the lean entries with the rest.
+
+``hit`` is the whole lookup: the key, the entry, the call. Where jt_dist was
+installed with a C compiler it is ``jt_dist/_call/lean_hit/`` (the module
+``_lean_hit``), which builds the same keys and also keeps its last hits,
+matched field by field without building a key; the Python here is its
+reference and its fallback, and ``use_compiled`` picks either.
 """
 
 # Exact types on purpose: a subclass takes the full path.
@@ -63,6 +69,7 @@ class Miss:
 
   def __init__(self, key: Any = None):
     self.key = key
+
 
 _SDS = jax.ShapeDtypeStruct
 _entries = _call_cache.lean_entries

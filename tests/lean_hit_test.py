@@ -290,7 +290,7 @@ class ProbeTest(testing.TestCase):
   @unittest.skipIf(_C is None, _NO_C)
   def test_compiled_hit_is_taken_where_built(self):
     self.assertTrue(_lean.compiled())
-    self.assertTrue(_lean.use_compiled(False) is False)
+    self.assertFalse(_lean.use_compiled(False))
     self.assertTrue(_lean.use_compiled(True))
 
 

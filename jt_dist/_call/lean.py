@@ -237,7 +237,7 @@ def use_compiled(compiled: bool) -> bool:
     if _c_lean_hit.forget not in _call_cache.lean_forgetters:
       _call_cache.lean_forgetters.append(_c_lean_hit.forget)
     _c_lean_hit.configure(Miss, _SDS, _plain_kernel, _entries, _found_eager,
-                          _sync_env, _env, _failed, MISS,
+                          _sync_env, _env, _failed,
                           jax.tree_util.tree_unflatten, _environ_parts())
     hit = _c_lean_hit.hit
   return hit is not _py_hit

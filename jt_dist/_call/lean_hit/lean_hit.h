@@ -20,8 +20,7 @@ extern PyObject *entries;        /* dict: lean key -> Entry */
 extern PyObject *eager_ready;    /* () -> (array type, top-level probe) | None */
 extern PyObject *sync_env;       /* () -> the sync setting */
 extern PyObject *autotune_env;   /* () -> every setting a launch reads */
-extern PyObject *on_error;       /* (entry, exc) -> Miss-able sentinel or raise */
-extern PyObject *error_miss;     /* on_error's "take the full path" answer */
+extern PyObject *on_error;       /* (entry, exc): returns, or raises */
 extern PyObject *unflatten;      /* jax.tree_util.tree_unflatten */
 /* os.environ as environ_reader reads it (NULL where it falls back to the
  * readers above): the os module's dict, the object, its data, the

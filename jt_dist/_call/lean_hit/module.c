@@ -19,7 +19,7 @@
 
 /* The state lean_hit.h declares. */
 PyObject *miss_type, *sds_type, *plain_kernel, *entries, *eager_ready,
-    *sync_env, *autotune_env, *on_error, *error_miss, *unflatten;
+    *sync_env, *autotune_env, *on_error, *unflatten;
 PyObject *os_module, *environ_obj, *environ_data, *sync_keys, *autotune_keys;
 PyObject *array_type, *top_level;
 PyObject *s_value, *s_environ, *s_aval, *s_shape, *s_dtype, *s_sharding,
@@ -53,7 +53,7 @@ static PyObject *run_entry(Slot *slot, PyObject *args) {
         PyObject_CallFunctionObjArgs(on_error, slot->entry, exc, NULL);
     Py_DECREF(exc);
     if (answer == NULL) return NULL;
-    Py_DECREF(answer);  /* error_miss: on_error raises otherwise */
+    Py_DECREF(answer); /* "take the full path": on_error raises otherwise */
     return make_miss(slot->key);
   }
   PyObject *result;
@@ -134,10 +134,10 @@ static PyObject *lean_hit(PyObject *self, PyObject *const *a, Py_ssize_t n) {
 }
 
 static PyObject *configure(PyObject *self, PyObject *a) {
-  PyObject *objs[10], *env_parts;
-  if (!PyArg_ParseTuple(a, "OOOOOOOOOOO", &objs[0], &objs[1], &objs[2],
-                        &objs[3], &objs[4], &objs[5], &objs[6], &objs[7],
-                        &objs[8], &objs[9], &env_parts))
+  PyObject *objs[9], *env_parts;
+  if (!PyArg_ParseTuple(a, "OOOO!OOOOOO", &objs[0], &objs[1], &objs[2],
+                        &PyDict_Type, &objs[3], &objs[4], &objs[5], &objs[6],
+                        &objs[7], &objs[8], &env_parts))
     return NULL;
   PyObject *env[5] = {NULL};
   if (env_parts != Py_None &&
@@ -154,14 +154,10 @@ static PyObject *configure(PyObject *self, PyObject *a) {
     *env_slots[i] = env[i];
     Py_XDECREF(old);
   }
-  if (!PyDict_Check(objs[3])) {
-    PyErr_SetString(PyExc_TypeError, "configure: entries must be a dict");
-    return NULL;
-  }
-  PyObject **slots[10] = {&miss_type, &sds_type, &plain_kernel, &entries,
-                          &eager_ready, &sync_env, &autotune_env, &on_error,
-                          &error_miss, &unflatten};
-  for (int i = 0; i < 10; i++) {
+  PyObject **slots[9] = {&miss_type, &sds_type, &plain_kernel, &entries,
+                         &eager_ready, &sync_env, &autotune_env, &on_error,
+                         &unflatten};
+  for (int i = 0; i < 9; i++) {
     PyObject *old = *slots[i];
     Py_INCREF(objs[i]);
     *slots[i] = objs[i];
@@ -175,8 +171,7 @@ static PyObject *configure(PyObject *self, PyObject *a) {
 static PyMethodDef methods[] = {
     {"configure", configure, METH_VARARGS,
      "configure(miss_type, sds_type, plain_kernel, entries, "
-     "eager_ready, sync_env, autotune_env, on_error, error_miss, unflatten, "
-     "env_parts)"},
+     "eager_ready, sync_env, autotune_env, on_error, unflatten, env_parts)"},
     {"forget", forget, METH_NOARGS,
      "forget(): empties the memo of last hits (the entries changed)."},
     {"key", (PyCFunction)(void (*)(void))lean_key, METH_FASTCALL,

@@ -17,6 +17,8 @@ from jt_dist._call import dispatch as _dispatch
 from jt_dist._core import call_cache as _call_cache
 from jt_dist import testing
 
+import cpu_route_util
+
 testing.configure_cpu_devices()
 
 _ILLEGAL = ("INTERNAL: Failed to launch: CUDA_ERROR_ILLEGAL_ADDRESS: an"
@@ -45,8 +47,12 @@ def _failing_executable(message):
   return lambda spec: run
 
 
-class LaunchFaultTest(testing.TestCase):
-  """jaxlib's runtime error is simulated: a real one needs a faulty GPU run."""
+class LaunchFaultTest(cpu_route_util.XlaRouteMixin, testing.TestCase):
+  """jaxlib's runtime error is simulated: a real one needs a faulty GPU run.
+
+  On the CPU the executables the error comes from are XLA's, which eager
+  calls take only with direct launches off.
+  """
 
   def setUp(self):
     super().setUp()

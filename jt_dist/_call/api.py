@@ -357,6 +357,7 @@ def _single_device(args, kernel, out_shape, grid, options, device, rule,
   given_args = args
   _unsupported.check_eager(kernel, args)
   args, metaparams = _shard_size.resolve(args, metaparams)
+  args = _operands.canonical_numpy(args)
   if options["vmap_method"] not in _batching.VMAP_METHODS:
     raise ValueError(
         f"triton_call: vmap_method={options['vmap_method']!r} is not"

@@ -27,6 +27,7 @@ from jt_dist._call import tensordesc as _tensordesc
 from jt_dist._core import binding as _binding
 from jt_dist._core import call_cache as _call_cache
 from jt_dist._core import types as _types
+from jt_dist._cpu import direct as _cpu_direct
 from jt_dist._cpu import lowering as _cpu_lowering
 from jt_dist._cpu import scalars as _cpu_scalars
 from jt_dist._gpu import faults as _gpu_faults
@@ -154,13 +155,23 @@ def _evaluate(grid, named):
 
 
 def _on_cpu(arrays: Sequence[Any]) -> bool:
-  """Whether the call runs on the CPU, judged from its placed operands."""
-  devices = set()
+  """Whether the call runs on the CPU, judged from its placed operands.
+
+  NumPy operands go where ``jax.jit`` puts them: with the other operands,
+  or on the default device.
+  """
+  devices, numpy = set(), False
   for a in arrays:
-    if not isinstance(a, jax.Array):
+    if type(a) is np.ndarray:  # pylint: disable=unidiomatic-typecheck
+      numpy = True
+    elif isinstance(a, jax.Array):
+      devices |= a.sharding.device_set
+    else:
       return False
-    devices |= a.sharding.device_set
-  return bool(devices) and all(d.platform == "cpu" for d in devices)
+  if numpy and not devices and not _cpu_direct.default_device_is_cpu():
+    return False
+  return (bool(devices) or numpy) and all(d.platform == "cpu"
+                                          for d in devices)
 
 
 class GridRecorder:
@@ -212,9 +223,12 @@ def make_entry(args, resolved_args, arrays, spec, out_tree, grid,
       for i, (a, param) in enumerate(zip(resolved_args, info.params))
       if _types.is_scalar(a) and not param.is_constexpr]
   values = tuple(op.value for op in spec.operands if op.kind == "scalar")
-  runtime = bool(values) and _cpu_scalars.supported(spec) and _on_cpu(arrays)
-  fn = _call_cache.executable(
-      _cpu_scalars.runtime_spec(spec) if runtime else spec)
+  on_cpu = _on_cpu(arrays)
+  runtime = bool(values) and _cpu_scalars.supported(spec) and on_cpu
+  run_spec = _cpu_scalars.runtime_spec(spec) if runtime else spec
+  fn = _call_cache.executable(run_spec)
+  if on_cpu and _cpu_direct.eligible(run_spec):
+    fn = _cpu_direct.DirectLaunch(run_spec, arrays, fn)
   puts = () if device is None or device_target is None else tuple(
       k for k, i in enumerate(array_positions)
       if not (isinstance(args[i], jax.Array) and args[i].committed))

@@ -12,6 +12,9 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
+import jax
+import numpy as np
+
 from jt_dist import _errors
 from jt_dist._core import kernel as _kernel
 from jt_dist._core import types as _types
@@ -112,3 +115,20 @@ def _short(value: Any) -> str:
   if _types.is_scalar(value) or not hasattr(value, "shape"):
     return repr(value)
   return f"<array of shape {tuple(value.shape)}, dtype {value.dtype}>"
+
+
+def canonical_numpy(args: Sequence[Any]) -> list[Any]:
+  """``args`` with NumPy arrays in the dtypes ``jax.jit`` would give them.
+
+  Without ``jax_enable_x64``, jit passes a float64 (int64, ...) NumPy
+  operand to the kernel as float32 (int32, ...): the call is bound for
+  what the kernel receives, not for what was given.
+  """
+  def canonical(a):
+    if type(a) is not np.ndarray:  # pylint: disable=unidiomatic-typecheck
+      return a
+    dtype = jax.dtypes.canonicalize_dtype(a.dtype)
+    return a if dtype == a.dtype else a.astype(dtype)
+
+  return [jax.tree.map(canonical, a) if isinstance(a, tuple) else canonical(a)
+          for a in args]

@@ -105,10 +105,8 @@ def lower(module, x):
 
 
 def child_env(cache_dir: str, kernel_file: str) -> dict[str, str]:
-  env = dict(os.environ)
-  env.update(JT_DIST_CACHE_DIR=cache_dir, KERNEL_FILE=kernel_file,
-             JT_DIST_DISK_CACHE="1",
-             PYTHONPATH=os.pathsep.join([REPO, env.get("PYTHONPATH", "")]))
+  env = fork_server.tree_env(REPO, JT_DIST_CACHE_DIR=cache_dir,
+                             KERNEL_FILE=kernel_file, JT_DIST_DISK_CACHE="1")
   env.pop("JT_DIST_DUMP_DIR", None)
   # The children only lower for CUDA; on a GPU host they must not compete
   # with the parent for device memory.

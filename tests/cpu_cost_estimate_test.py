@@ -10,7 +10,6 @@ NumPy.
 
 import ctypes
 import os
-import sys
 import textwrap
 from unittest import mock
 
@@ -162,9 +161,7 @@ class CpuCostEstimateTest(testing.TestCase):
           np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-4)
         print("done")
         """)
-    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
-    env["PYTHONPATH"] = os.pathsep.join(
-        p for p in (_ROOT, env.get("PYTHONPATH")) if p)
+    env = fork_server.tree_env(_ROOT, JAX_PLATFORMS="cpu")
     env.pop("JT_DIST_CPU_DEVICES", None)
     result = fork_server.run(["-c", script], env=env, cwd=os.getcwd(),
                              timeout=_TIMEOUT_S)

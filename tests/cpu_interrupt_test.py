@@ -20,6 +20,8 @@ import jax
 
 from jt_dist import testing
 
+import fork_server
+
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 _CHILD = textwrap.dedent("""
@@ -75,9 +77,7 @@ class CpuInterruptTest(testing.TestCase):
 
   @parameterized.parameters("eager", "jit")
   def test_ctrl_c_raises_keyboard_interrupt_and_stops_the_kernel(self, mode):
-    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
-    env["PYTHONPATH"] = os.pathsep.join(
-        p for p in (_ROOT, env.get("PYTHONPATH")) if p)
+    env = fork_server.tree_env(_ROOT, JAX_PLATFORMS="cpu")
     with tempfile.TemporaryDirectory() as tmp:
       # Triton reads a kernel's source from its file.
       child = os.path.join(tmp, "interrupted_launch.py")

@@ -9,7 +9,6 @@ jax.jit on one device and over 8 devices.
 import json
 import os
 import re
-import sys
 import tempfile
 import textwrap
 
@@ -94,9 +93,7 @@ class CpuKernelErrorTest(testing.TestCase):
       self.skipTest("kernels run through the interpreter only on the CPU")
 
   def _run(self, kind, devices):
-    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
-    env["PYTHONPATH"] = os.pathsep.join(
-        p for p in (_ROOT, env.get("PYTHONPATH")) if p)
+    env = fork_server.tree_env(_ROOT, JAX_PLATFORMS="cpu")
     env.pop("JT_DIST_BOUNDS_CHECK", None)
     with tempfile.TemporaryDirectory() as tmp:
       # Triton reads a kernel's source from its file.

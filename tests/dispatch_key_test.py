@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import inspect
 import os
-import sys
 import textwrap
 import types
 from unittest import mock
@@ -214,7 +213,8 @@ _FIRST_CALL_TRACED = textwrap.dedent("""
 class FreshProcessTest(testing.TestCase):
 
   def test_first_call_under_jit_then_eager_calls_are_cached(self):
-    env = dict(os.environ, JT_DIST_CPU_DEVICES="1", JAX_PLATFORMS="cpu")
+    env = fork_server.tree_env(_ROOT, JT_DIST_CPU_DEVICES="1",
+                               JAX_PLATFORMS="cpu")
     done = fork_server.run(["-c", _FIRST_CALL_TRACED.format(root=_ROOT)],
                            env=env, cwd=_ROOT, timeout=600)
     self.assertEqual(done.returncode, 0, done.stderr[-3000:])

@@ -506,7 +506,8 @@ class MemoryTest(testing.TestCase):
   """RSS stays flat: in a fresh process, after a warm-up tenth."""
 
   def _run(self, mode, calls):
-    env = dict(os.environ, JT_DIST_CPU_DEVICES="1", JAX_PLATFORMS="cpu")
+    env = fork_server.tree_env(_ROOT, JT_DIST_CPU_DEVICES="1",
+                               JAX_PLATFORMS="cpu")
     done = fork_server.run(
         ["-c", _RSS_SCRIPT.format(root=_ROOT), mode, str(calls)], env=env,
         cwd=_ROOT, timeout=600)

@@ -26,10 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import re
-import subprocess
-import sys
 import tempfile
 import textwrap
 
@@ -211,7 +208,7 @@ def run_chain(chain: Chain, path: str, cwd: str) -> Result:
   """
   payload = json.dumps([(path, b.line, b.code) for b in chain.blocks])
   with tempfile.TemporaryDirectory() as cache:
-    env = dict(os.environ, JT_DIST_CACHE_DIR=cache)
+    env = fork_server.tree_env(cwd, JT_DIST_CACHE_DIR=cache)
     # Every block asks for its own CPU devices, as a reader's would.
     env.pop("JT_DIST_CPU_DEVICES", None)
     # The test process may already hold most of a GPU's memory (JAX's

@@ -35,10 +35,7 @@ def _sub_kernel(x_ptr, y_ptr, n, out_ptr, BLOCK: tl.constexpr):
 
 def _doctor_process(*args, **env):
   """Runs ``python -m jt_dist`` on this tree's jt_dist; (status, output)."""
-  full_env = dict(os.environ)
-  full_env["PYTHONPATH"] = os.pathsep.join(
-      [_ROOT] + [p for p in [os.environ.get("PYTHONPATH")] if p])
-  full_env.update(env)
+  full_env = fork_server.tree_env(_ROOT, **env)
   result = fork_server.run(["-m", "jt_dist", *args], cwd=_ROOT,
                            env=full_env, timeout=600)
   return result.returncode, result.stdout, result.stderr

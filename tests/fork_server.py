@@ -196,6 +196,17 @@ def _close_all() -> None:
   _servers.clear()
 
 
+def tree_env(root: str, **updates: str) -> dict[str, str]:
+  """This process's environment with ``root`` first on ``PYTHONPATH``.
+
+  ``updates`` are applied last. Children whose environments come from here
+  agree on ``PYTHONPATH``, so that they share a server wherever their other
+  import-time variables agree too.
+  """
+  path = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)
+  return {**os.environ, "PYTHONPATH": path, **updates}
+
+
 def run(argv: Sequence[str], *, env: dict[str, str], cwd: str,
         input: str | None = None,  # pylint: disable=redefined-builtin
         timeout: float | None = None) -> subprocess.CompletedProcess:

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 import tempfile
 from typing import Sequence
 
@@ -45,10 +44,8 @@ def run_python(
     The finished process, with stdout and stderr as text.
   """
   with tempfile.TemporaryDirectory() as cache:
-    path = os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH"))
-                           if p)
-    child = dict(os.environ, JT_DIST_CACHE_DIR=cache, PYTHONPATH=path,
-                 XLA_PYTHON_CLIENT_PREALLOCATE="false")
+    child = fork_server.tree_env(ROOT, JT_DIST_CACHE_DIR=cache,
+                                 XLA_PYTHON_CLIENT_PREALLOCATE="false")
     child.pop("JT_DIST_CPU_DEVICES", None)
     child.update(env or {})
     return fork_server.run(argv, input=stdin, cwd=ROOT, env=child,

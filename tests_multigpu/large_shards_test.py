@@ -32,10 +32,8 @@ _TIMEOUT_S = 300
 
 
 def _env(seed):
-  env = {**os.environ, "JT_DIST_TEST_SEED": str(seed),
-         "JAX_PLATFORMS": "cpu"}
-  env["PYTHONPATH"] = os.pathsep.join(
-      p for p in (_ROOT, env.get("PYTHONPATH")) if p)
+  env = fork_server.tree_env(_ROOT, JT_DIST_TEST_SEED=str(seed),
+                             JAX_PLATFORMS="cpu")
   env.pop("JT_DIST_CPU_DEVICES", None)
   return env
 

@@ -441,7 +441,7 @@ def _raise_if_failed(argv, num_processes, outputs, why, failed, tracebacks,
   if why == "timeout":
     raise MultiProcessError(_report(outputs, (
         f"run_processes: {argv} in {num_processes} processes did not finish"
-        f" within {timeout_s:.0f} s; the processes still running were"
+        f" within {timeout_s:g} s; the processes still running were"
         " killed.")))
 
 

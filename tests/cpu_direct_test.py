@@ -8,6 +8,7 @@ commitment, errors, and the calls it must hand to the jitted route.
 from __future__ import annotations
 
 import traceback
+from unittest import mock
 
 from absl.testing import absltest
 from absl.testing import parameterized
@@ -227,6 +228,19 @@ class DirectLaunchTest(testing.TestCase):
     frames = [f.filename for f in
               traceback.extract_tb(caught.exception.__traceback__)]
     self.assertFalse([f for f in frames if "interpreter" in f], frames)
+
+  def test_an_entry_called_often_compiles_its_executable_once(self):
+    x, y, expected = self.inputs(77)
+    xs, ys = jnp.asarray(x), jnp.asarray(y)
+    jax.block_until_ready((xs, ys))
+    with mock.patch.object(_direct, "PROMOTE_AFTER", 3):
+      counts = []
+      for _ in range(6):
+        before = _compiles.count
+        self.assertAllClose(_axpy(xs, ys), expected)
+        counts.append(_compiles.count - before)
+    # Three direct launches, then the executable: compiled once.
+    self.assertEqual(counts, [0, 0, 0, 1, 0, 0])
 
   def test_deleted_operand_is_refused_as_jit_refuses_it(self):
     x, y, _ = self.inputs()

@@ -15,6 +15,12 @@ itself), and reading the operands waits for them. Whatever this route
 cannot reproduce exactly takes the jitted callable instead: operands on
 several devices or sharded, a non-``jax.Array`` operand, an autotuned spec
 with several configs left to choose among.
+
+A repeated call is a little dearer this way than through the executable
+(wrapping each output as a ``jax.Array`` costs tens of microseconds after a
+launch, where XLA hands the kernel its own buffers), so an entry called
+``PROMOTE_AFTER`` times compiles its executable and uses it from then on:
+a loop pays one compilation, a few calls pay none.
 """
 
 from __future__ import annotations
@@ -27,6 +33,9 @@ import numpy as np
 from jt_dist._cpu import lowering as _lowering
 from jt_dist._cpu import unsupported as _unsupported
 
+# Direct launches an entry makes before it compiles its executable: past
+# this, the executable's cheaper repeated calls repay its compilation.
+PROMOTE_AFTER = 256
 # Switched off by tests that need the XLA route for eager calls too (the
 # host callback's own behaviour). Not a user setting: results are the same.
 _enabled = [True]
@@ -118,22 +127,39 @@ class DirectLaunch:
     # The packed scalars, a NumPy operand of the entry's own making, come
     # after these and are not checked.
     self._avals = tuple((tuple(a.shape), np.dtype(a.dtype)) for a in arrays)
+    # Counted without a lock: a few calls more or less before promotion
+    # change nothing.
+    self.launches = 0
 
   def __call__(self, *operands):
+    if self.launches >= PROMOTE_AFTER:
+      return self.fallback(*operands)
     placed = _placement(operands, self._avals)
     if placed is None:
       return self.fallback(*operands)
+    self.launches += 1
     device, committed = placed
-    # Reading a CPU array's buffer is no transfer a guard should stop: the
-    # jitted route reads the same memory.
-    with jax.transfer_guard("allow"):
-      # Copies: a kernel that stores through an input pointer (a bug the
-      # GPU would not catch either) must not change the caller's array.
-      inputs = [np.array(a, order="C") for a in operands]
-      outputs = [np.empty(shape, dtype) for shape, dtype in
-                 self.spec.out_shapes]
-      _lowering.launch_on_host(self.spec, inputs, outputs)
-      # Where jax.jit puts them: on the operands' device, committed if an
-      # operand was, else on the default device, uncommitted.
-      return tuple(jax.device_put(out, device if committed else None)
-                   for out in outputs)
+    if _guarded():
+      # Reading a CPU array's buffer is no transfer a guard should stop:
+      # the jitted route reads the same memory.
+      with jax.transfer_guard("allow"):
+        return self._launch(operands, device if committed else None)
+    return self._launch(operands, device if committed else None)
+
+  def _launch(self, operands, device):
+    # Copies: a kernel that stores through an input pointer (a bug the GPU
+    # would not catch either) must not change the caller's array.
+    inputs = [np.array(a, order="C") for a in operands]
+    outputs = [np.empty(shape, dtype) for shape, dtype in self.spec.out_shapes]
+    _lowering.launch_on_host(self.spec, inputs, outputs)
+    # Where jax.jit puts them: on the operands' device, committed if an
+    # operand was (``device``), else on the default device, uncommitted.
+    return tuple(jax.device_put(out, device) for out in outputs)
+
+
+def _guarded() -> bool:
+  """Whether a transfer guard other than "allow" is in force."""
+  config = jax.config
+  return any(level not in (None, "allow") for level in (
+      config.jax_transfer_guard_device_to_host,
+      config.jax_transfer_guard_host_to_device))

@@ -204,6 +204,26 @@ class AddTest(VariantsTestCase):
     out = jax.jit(add)(jnp.asarray(x), jnp.asarray(y))
     self.assertAllClose(out, x + y)
 
+  @chex.variants(with_jit=True, without_jit=True)
+  def test_float64_numpy_operands_without_x64_are_float32_to_the_kernel(self):
+    # jit passes the kernel float32 buffers: the call is bound for them
+    # (bound for float64, a kernel would read past its buffers).
+    self.assertFalse(jax.config.jax_enable_x64)
+    x = self.np_rng.uniform(-2, 2, (100,))
+    y = self.np_rng.uniform(-2, 2, (100,))
+
+    def call(x, y):
+      return jt_dist.triton_call(
+          x, y, x.size, kernel=add_kernel,
+          out_shape=jax.ShapeDtypeStruct(x.shape, np.float32),
+          grid=(triton.cdiv(x.size, 8),), BLOCK=8)
+
+    for _ in range(2):  # The first call, then its cached entry.
+      out = self.variant(call)(x, y)
+      self.assertEqual(out.dtype, np.float32)
+      self.assertAllClose(out, x.astype(np.float32) + y.astype(np.float32),
+                          rtol=0, atol=0)
+
   def test_same_call_twice_gives_fresh_results(self):
     x, y = self.random((40,)), self.random((40,))
     self.assertAllClose(add(x, y), x + y)

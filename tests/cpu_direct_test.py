@@ -178,6 +178,18 @@ class DirectLaunchTest(testing.TestCase):
     self.assertFalse(direct.committed)
     self.assertEqual(direct.devices(), {jax.devices()[5]})
 
+  def test_a_call_without_arrays_launches_on_the_default_device(self):
+    before = _compiles.count
+    with jax.default_device(jax.devices()[4]):
+      out = jt_dist.triton_call(
+          2.5, kernel=fill_kernel,
+          out_shape=jax.ShapeDtypeStruct((_BLOCK,), np.float32), grid=(1,),
+          BLOCK=_BLOCK)
+    self.assertEqual(_compiles.count, before)
+    self.assertAllClose(out, np.full(_BLOCK, 2.5, np.float32))
+    self.assertFalse(out.committed)
+    self.assertEqual(out.devices(), {jax.devices()[4]})
+
   def test_a_kernel_writing_its_input_leaves_the_callers_array(self):
     x = self.random((40,))
     xs = jnp.asarray(x)
@@ -260,6 +272,12 @@ def accumulate_aliased_kernel(x_ptr, start_ptr, n, out_ptr,
   acc = tl.load(out_ptr + offsets, mask=mask)
   tl.store(out_ptr + offsets, acc + tl.load(x_ptr + offsets, mask=mask),
            mask=mask)
+
+
+@triton.jit
+def fill_kernel(value, out_ptr, BLOCK: tl.constexpr):
+  offsets = tl.arange(0, BLOCK)
+  tl.store(out_ptr + offsets, tl.full((BLOCK,), value, tl.float32))
 
 
 @triton.jit

@@ -158,20 +158,18 @@ def _on_cpu(arrays: Sequence[Any]) -> bool:
   """Whether the call runs on the CPU, judged from its placed operands.
 
   NumPy operands go where ``jax.jit`` puts them: with the other operands,
-  or on the default device.
+  or on the default device, which also runs a call with no array operand.
   """
-  devices, numpy = set(), False
+  devices = set()
   for a in arrays:
-    if type(a) is np.ndarray:  # pylint: disable=unidiomatic-typecheck
-      numpy = True
-    elif isinstance(a, jax.Array):
+    if isinstance(a, jax.Array):
       devices |= a.sharding.device_set
-    else:
+    elif type(a) is not np.ndarray:  # pylint: disable=unidiomatic-typecheck
       return False
-  if numpy and not devices and not _cpu_direct.default_device_is_cpu():
-    return False
-  return (bool(devices) or numpy) and all(d.platform == "cpu"
-                                          for d in devices)
+  if not devices:
+    # NumPy operands only, or none: the default device runs the call.
+    return _cpu_direct.default_device_is_cpu()
+  return all(d.platform == "cpu" for d in devices)
 
 
 class GridRecorder:

@@ -101,14 +101,15 @@ def eager_ready() -> bool:
   """Finds ``top_level`` and ``array_type`` once; False under a trace.
 
   The array type is that of a concrete array, which a first call under a
-  trace would not make (``jnp.zeros`` there gives a tracer).
+  trace would not make (``jnp.zeros`` there gives a tracer); it comes from
+  ``jax.device_put``, which compiles nothing.
   """
   if not top_level:
     top_level.append(_compat.top_level_probe())
   if not top_level[0]():
     return False
   if not array_type:
-    array_type.append(type(jax.numpy.zeros((), np.float32)))
+    array_type.append(type(jax.device_put(np.zeros((), np.float32))))
   return True
 
 

@@ -11,8 +11,10 @@ from jt_dist._cpu import direct as _direct
 
 
 class XlaRouteMixin:
-  """Mixed in before a ``TestCase``: eager CPU calls compile and run an XLA
-  executable, as calls under ``jax.jit`` do."""
+  """Mixed in before a ``TestCase``: eager CPU calls take the executable.
+
+  They compile and run an XLA executable, as calls under ``jax.jit`` do.
+  """
 
   def setUp(self):
     super().setUp()

@@ -63,8 +63,11 @@ def eligible(spec) -> bool:
 
 
 def default_device_is_cpu() -> bool:
-  """Whether ``jax.jit`` would run a call with no committed operand on a
-  CPU device (``jax.default_device``, else the default backend's first)."""
+  """Whether ``jax.jit`` runs a call with no committed operand on a CPU.
+
+  That is ``jax.default_device`` where one is set, else the default
+  backend's first device.
+  """
   default = jax.config.jax_default_device
   if default is None:
     return jax.default_backend() == "cpu"
@@ -74,8 +77,7 @@ def default_device_is_cpu() -> bool:
 
 
 def _placement(operands, avals):
-  """Where the outputs go: ``(device, committed)``, or None for the jitted
-  route.
+  """Where the outputs go, ``(device, committed)``; None: the jitted route.
 
   ``device`` is the one CPU device the ``jax.Array`` operands share (None
   if there are none), and ``committed`` whether any of them is committed.

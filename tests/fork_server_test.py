@@ -19,7 +19,9 @@ _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _run(code: str, **kwargs):
-  env = dict(os.environ, **kwargs.pop("env", {}))
+  # The tree on PYTHONPATH as the suites' other children have it: they
+  # share a server where nothing else differs.
+  env = fork_server.tree_env(_ROOT, **kwargs.pop("env", {}))
   return fork_server.run(["-c", code, *kwargs.pop("args", ())], env=env,
                          cwd=kwargs.pop("cwd", _ROOT), **kwargs)
 
@@ -122,8 +124,8 @@ class ForkServerTest(parameterized.TestCase):
         """) + _PARENT
     with mock.patch.dict(os.environ, {fork_server.ENV_VAR: server}):
       done = fork_server.run_together(
-          [["-c", code, str(i)] for i in range(3)], env=dict(os.environ),
-          cwd=_ROOT, timeout=120)
+          [["-c", code, str(i)] for i in range(3)],
+          env=fork_server.tree_env(_ROOT), cwd=_ROOT, timeout=120)
     self.assertEqual([r.returncode for r in done], [0, 0, 0],
                      [r.stderr for r in done])
     self.assertEqual([r.stdout.splitlines()[0] for r in done],
@@ -136,8 +138,9 @@ class ForkServerTest(parameterized.TestCase):
     start = time.monotonic()
     with mock.patch.dict(os.environ, {fork_server.ENV_VAR: server}):
       with self.assertRaises(subprocess.TimeoutExpired):
-        fork_server.run_together([["-c", code]] * 2, env=dict(os.environ),
-                                 cwd=_ROOT, timeout=0.5)
+        fork_server.run_together([["-c", code]] * 2,
+                                 env=fork_server.tree_env(_ROOT), cwd=_ROOT,
+                                 timeout=0.5)
     self.assertLess(time.monotonic() - start, 30)
     self.assertEqual(_run("import jt_dist\nprint(1)", timeout=120).stdout,
                      "1\n")
@@ -148,12 +151,13 @@ class ForkServerTest(parameterized.TestCase):
     script = os.path.join(tmp.name, "s.py")
     with open(script, "w", encoding="utf-8") as f:
       f.write("import jt_dist, sys\nprint(__name__, sys.argv[1:])\n" + _PARENT)
-    result = fork_server.run([script, "x"], env=dict(os.environ), cwd=_ROOT,
-                             timeout=120)
+    result = fork_server.run([script, "x"], env=fork_server.tree_env(_ROOT),
+                             cwd=_ROOT, timeout=120)
     self.assertEqual(result.stdout.splitlines()[0], "__main__ ['x']")
     self.assertTrue(_forked(result))
     result = fork_server.run(["-m", "jt_dist", "--help"],
-                             env=dict(os.environ), cwd=_ROOT, timeout=120)
+                             env=fork_server.tree_env(_ROOT), cwd=_ROOT,
+                             timeout=120)
     self.assertEqual(result.returncode, 0, result.stderr)
     self.assertIn("usage", result.stdout.lower())
 

@@ -24,6 +24,7 @@ from jt_dist import testing
 testing.configure_cpu_devices()
 
 import jt_dist  # pylint: disable=g-import-not-at-top,wrong-import-position
+from jt_dist._cpu import host_memory  # pylint: disable=g-import-not-at-top,wrong-import-position
 from jt_dist._cpu import vector_launch  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 VECTORISED = vector_launch.VECTORISED
@@ -446,6 +447,60 @@ def _histogram_with_first(idx_ptr, n, first_in_ptr, hist_ptr, first_ptr,
   tl.atomic_cas(first_ptr + bins, tl.full((BLOCK,), -1, tl.int32),
                 tl.where(mask, offsets, -1), sem="relaxed")
   tl.atomic_xchg(first_ptr + 16, tl.program_id(0))
+
+
+class _RecordingNative:
+  """Stands for the interpreter's native memory module: records fallbacks."""
+
+  def __init__(self):
+    self.calls = []
+
+  def load(self, ptrs, mask, other, dtype):
+    del mask, other
+    self.calls.append("load")
+    return np.zeros(np.shape(ptrs), dtype)
+
+  def store(self, ptrs, values, mask):
+    del ptrs, values, mask
+    self.calls.append("store")
+
+
+class HostMemoryTest(testing.TestCase):
+  """Loads and stores on known buffers are NumPy gathers and scatters."""
+
+  def setUp(self):
+    super().setUp()
+    self.buffer = self.random((64,))
+    self.native = _RecordingNative()
+    self.memory = host_memory.HostMemory(self.native, [self.buffer])
+    self.base = np.uint64(self.buffer.ctypes.data)
+
+  def test_aligned_access_is_a_gather_and_a_scatter(self):
+    index = self.np_rng.permutation(64)[:16]
+    ptrs = self.base + index.astype(np.uint64) * np.uint64(4)
+    mask = np.ones(16, bool)
+    loaded = self.memory.load(ptrs, mask, 0.0, np.float32)
+    np.testing.assert_array_equal(loaded, self.buffer[index])
+    order = np.sort(index)
+    values = self.random((16,))
+    self.memory.store(self.base + order.astype(np.uint64) * np.uint64(4),
+                      values, mask)
+    np.testing.assert_array_equal(self.buffer[order], values)
+    self.assertEqual(self.native.calls, [])
+
+  @parameterized.named_parameters(("one_byte_off", 1), ("two_bytes_off", 2))
+  def test_misaligned_access_goes_to_the_native_module(self, shift):
+    ptrs = self.base + np.arange(16, dtype=np.uint64) * np.uint64(4)
+    ptrs[5] += np.uint64(shift)
+    mask = np.ones(16, bool)
+    self.memory.load(ptrs, mask, 0.0, np.float32)
+    self.memory.store(ptrs, self.random((16,)), mask)
+    self.assertEqual(self.native.calls, ["load", "store"])
+
+  def test_access_outside_the_buffers_goes_to_the_native_module(self):
+    ptrs = self.base + np.arange(60, 70, dtype=np.uint64) * np.uint64(4)
+    self.memory.load(ptrs, np.ones(10, bool), 0.0, np.float32)
+    self.assertEqual(self.native.calls, ["load"])
 
 
 if __name__ == "__main__":

@@ -15,7 +15,6 @@ import time
 
 from absl.testing import absltest
 from absl.testing import parameterized
-import numpy as np
 
 from jt_dist import testing
 

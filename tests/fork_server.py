@@ -16,7 +16,11 @@ process instead when:
   plugin's start-up lines on a host without GPUs, which the tests must see);
 - its environment differs from the server's in a variable read while
   importing (``JAX_*``, ``TRITON_*``, ``PYTHON*``, ``TF_*``, ``LD_*``,
-  thread counts): one server serves each such environment;
+  thread counts): one server serves each such environment. Two of them are
+  not: ``JAX_PLATFORMS`` and ``JAX_ENABLE_X64`` only give jax options their
+  defaults, and no server has started a backend, so the child sets those
+  options from its environment (``jax.config.update``), as the import
+  would have;
 - ``JT_DIST_TEST_FORK_SERVER=0``, or the platform has no ``fork``.
 
 Variables read later (``XLA_FLAGS``, ``JT_DIST_*``, ``CUDA_VISIBLE_DEVICES``,
@@ -46,6 +50,14 @@ _IMPORT_TIME_PREFIXES = ("JAX_", "TRITON_", "PYTHON", "TF_", "LD_",
                          "OMP_", "OPENBLAS_", "MKL_")
 _FIRST_IMPORT = re.compile(r"^\s*(?:import|from)\s+(jax|jt_dist)\b", re.M)
 _MAX_SERVERS = 3
+# Import-time variables that only set a jax option's default: a child sets
+# the option itself (variable -> (option, parse the value)).
+_JAX_OPTION_VARS = {
+    "JAX_PLATFORMS": ("jax_platforms", lambda value: value or None),
+    "JAX_ENABLE_X64": ("jax_enable_x64", lambda value: _truthy(value)),
+}
+_TRUE = ("y", "yes", "t", "true", "on", "1")
+_FALSE = ("", "n", "no", "f", "false", "off", "0")
 # In a server: its sys.path when it started (``python -c``: "" first).
 BASE_PATH: list[str] = []
 
@@ -110,7 +122,26 @@ def imports_jt_dist_first(code: str) -> bool:
 
 def _import_env(env: dict[str, str]) -> tuple:
   return tuple(sorted((k, v) for k, v in env.items()
-                      if k.startswith(_IMPORT_TIME_PREFIXES)))
+                      if k.startswith(_IMPORT_TIME_PREFIXES)
+                      and k not in _JAX_OPTION_VARS))
+
+
+def _truthy(value: str) -> bool:
+  """A boolean variable's value as jax reads it (see ``_options_readable``)."""
+  return value.strip().lower() in _TRUE
+
+
+def _options_readable(env: dict[str, str]) -> bool:
+  """Whether a child can set the jax options of ``env`` itself."""
+  x64 = env.get("JAX_ENABLE_X64", "").strip().lower()
+  return x64 in _TRUE or x64 in _FALSE
+
+
+def _set_jax_options(env: dict[str, str]) -> None:
+  """In a child: the jax options its import would have read from ``env``."""
+  import jax  # pylint: disable=g-import-not-at-top
+  for var, (option, parse) in _JAX_OPTION_VARS.items():
+    jax.config.update(option, parse(env.get(var, "")))
 
 
 class _Server:
@@ -245,7 +276,8 @@ def run_together(argvs: Sequence[Sequence[str]], *, env: dict[str, str],
       running is killed and TimeoutExpired raised.
   """
   argvs = [list(argv) for argv in argvs]
-  if _enabled() and all(_eligible(a, input, cwd) for a in argvs):
+  if (_enabled() and _options_readable(env)
+      and all(_eligible(a, input, cwd) for a in argvs)):
     try:
       server = _server(env, cwd)
     except (OSError, RuntimeError):
@@ -341,6 +373,7 @@ def child_main(request: dict) -> None:
     os.chdir(request["cwd"])
     os.environ.clear()
     os.environ.update(request["env"])
+    _set_jax_options(request["env"])
     code = _run_main(request["argv"])
   except BaseException:  # pylint: disable=broad-except
     _print_exception(*sys.exc_info())

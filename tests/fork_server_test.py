@@ -25,10 +25,6 @@ def _run(code: str, **kwargs):
                          cwd=kwargs.pop("cwd", _ROOT), **kwargs)
 
 
-def jax_x64_on() -> bool:
-  return os.environ.get("JAX_ENABLE_X64", "0").lower() in ("1", "true", "on")
-
-
 def _forked(result) -> bool:
   """Whether the child printed that its parent was not this process."""
   return result.stdout.splitlines()[-1] == "forked"
@@ -185,12 +181,39 @@ class ForkServerTest(parameterized.TestCase):
                                           _ROOT))
 
   def test_import_time_environment_gets_its_own_server(self):
-    code = "import jt_dist, jax\nprint(jax.config.jax_enable_x64)\n" + _PARENT
-    # The opposite of this process's setting: a server of its own.
-    other = "0" if jax_x64_on() else "1"
-    result = _run(code, env={"JAX_ENABLE_X64": other}, timeout=120)
-    self.assertEqual(result.stdout.splitlines()[0], str(other == "1"))
+    code = ("import jt_dist, jax\nprint(jax.config.jax_traceback_filtering)\n"
+            + _PARENT)
+    # Not this process's setting: a server of its own.
+    other = ("off" if os.environ.get("JAX_TRACEBACK_FILTERING") != "off"
+             else "tracebackhide")
+    result = _run(code, env={"JAX_TRACEBACK_FILTERING": other}, timeout=120)
+    self.assertEqual(result.stdout.splitlines()[0], other)
     self.assertTrue(_forked(result))
+
+  @parameterized.parameters("0", "1", "true", "off")
+  def test_jax_options_set_by_the_child_share_a_server(self, x64):
+    code = ("import jt_dist, jax\n"
+            "print(jax.config.jax_enable_x64, jax.config.jax_platforms,"
+            " jax.devices()[0].platform)\n" + _PARENT)
+    plain = _run(code, timeout=120)
+    servers = dict(fork_server._servers)  # pylint: disable=protected-access
+    result = _run(code, env={"JAX_ENABLE_X64": x64, "JAX_PLATFORMS": "cpu"},
+                  timeout=120)
+    self.assertEqual(result.returncode, 0, result.stderr)
+    self.assertEqual(result.stdout.splitlines()[0],
+                     f"{x64 in ('1', 'true')} cpu cpu")
+    self.assertTrue(_forked(plain) and _forked(result))
+    self.assertEqual(fork_server._servers, servers)  # pylint: disable=protected-access
+
+  def test_unreadable_jax_option_takes_a_real_process(self):
+    # jax itself refuses the value at import: so must the child, in a
+    # process of its own.
+    env = {"JAX_ENABLE_X64": "maybe"}
+    self.assertFalse(fork_server._options_readable(env))  # pylint: disable=protected-access
+    result = _run("import jt_dist\n" + _PARENT, env=env, timeout=120)
+    self.assertEqual(result.stdout, "")
+    self.assertNotEqual(result.returncode, 0)
+    self.assertIn("maybe", result.stderr)
 
   def test_turned_off(self):
     with mock.patch.dict(os.environ, {fork_server.ENV_VAR: "0"}):

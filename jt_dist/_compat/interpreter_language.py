@@ -25,6 +25,8 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
+import itertools
+import operator
 import re
 from typing import Any
 
@@ -85,21 +87,81 @@ class _Recorder:
 
 
 class _Plan:
-  """Upstream's patches of the language modules, made once, applied often."""
+  """Upstream's patches of the language modules, made once, applied often.
+
+  A launch applies and undoes about 250 attributes. Where the plan is
+  current, what each owner holds is what was recorded, so nothing is read
+  back: a module's dictionary is updated in one call, and only classes
+  (whose ``__dict__`` is read-only) take one ``setattr`` per attribute.
+  """
 
   def __init__(self, patches):
-    # (owner, name, what owner itself held when recorded)
-    self.originals = [(obj, name, vars(obj).get(name, _ABSENT))
-                      for obj, name, _ in patches]
     owners = {}
     for obj, name, value in patches:
       owners.setdefault(id(obj), (obj, {}))[1][name] = value
-    self.by_owner = list(owners.values())
+    self._owners = []
+    for obj, replacements in owners.values():
+      own = vars(obj)
+      names = tuple(replacements)
+      originals = tuple(own.get(name, _ABSENT) for name in names)
+      self._owners.append(_OwnerPlan(obj, names, originals, replacements))
 
   def current(self) -> bool:
     """Whether the modules still hold what the plan's wrappers wrap."""
-    return all(vars(obj).get(name, _ABSENT) is own
-               for obj, name, own in self.originals)
+    return all(owner.current() for owner in self._owners)
+
+  @contextlib.contextmanager
+  def applied(self):
+    """The patches in place for the block; the originals back after it."""
+    done = []
+    try:
+      for owner in self._owners:
+        owner.apply()
+        done.append(owner)
+      yield
+    finally:
+      for owner in reversed(done):
+        owner.restore()
+
+
+class _OwnerPlan:
+  """One owner's share of a plan (a module or a class)."""
+
+  def __init__(self, obj, names, originals, replacements):
+    self.obj = obj
+    self.names = names
+    self.originals = originals
+    self.replacements = replacements
+    self.is_module = inspect.ismodule(obj)
+    self.restored = {n: v for n, v in zip(names, originals)
+                     if v is not _ABSENT}
+    self.absent = tuple(n for n, v in zip(names, originals) if v is _ABSENT)
+
+  def current(self) -> bool:
+    own = vars(self.obj)
+    return all(map(operator.is_, map(own.get, self.names,
+                                     itertools.repeat(_ABSENT)),
+                   self.originals))
+
+  def apply(self) -> None:
+    if self.is_module:
+      vars(self.obj).update(self.replacements)
+      return
+    for name, value in self.replacements.items():
+      setattr(self.obj, name, value)
+
+  def restore(self) -> None:
+    if self.is_module:
+      own = vars(self.obj)
+      own.update(self.restored)
+      for name in self.absent:
+        own.pop(name, None)
+      return
+    for name, value in self.restored.items():
+      setattr(self.obj, name, value)
+    for name in self.absent:
+      if name in vars(self.obj):
+        delattr(self.obj, name)
 
 
 # "plan": the recorded _Plan; "unusable": recording cannot be reused here.
@@ -171,8 +233,7 @@ def interpreter_language_patched():
     if plan is None:
       stack.callback(patch_lang(_probe).restore)
     else:
-      for owner, replacements in plan.by_owner:
-        stack.enter_context(attributes_replaced(owner, replacements))
+      stack.enter_context(plan.applied())
     stack.enter_context(attributes_replaced(
         _interpreter, {"_patch_lang": _visibility_check}))
     yield

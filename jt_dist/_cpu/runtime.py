@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import weakref
 
 import ml_dtypes
 import numpy as np
 import triton.language as tl
 from triton.language import core as tl_core
 from triton.runtime import interpreter as _interpreter
-from triton.runtime import jit as _jit
 
 from jt_dist import _compat
 from jt_dist import _errors
@@ -47,9 +47,22 @@ class _HostBufferExecutor(_interpreter.GridExecutor):
     del args_dev, args_hst, kwargs, kwargs_hst
 
 
+# Python function -> its InterpretedFunction. Making one reads the
+# function's signature and sets up an AST rewriter, about a hundredth of a
+# tiny launch, and a kernel's helpers are made again at every call of them.
+_INTERPRETED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _interpreted(python_fn):
+  found = _INTERPRETED.get(python_fn)
+  if found is None:
+    found = _INTERPRETED[python_fn] = InterpretedFunction(python_fn)
+  return found
+
+
 def interpreted_python_fn(python_fn):
   """The interpreter's AST-rewritten version of a kernel's Python function."""
-  return InterpretedFunction(python_fn).rewrite()
+  return _interpreted(python_fn).rewrite()
 
 
 def run(python_fn, grid: tuple[int, int, int], args, kwargs, checker=None,
@@ -76,9 +89,9 @@ def run(python_fn, grid: tuple[int, int, int], args, kwargs, checker=None,
       ``tl.static_assert`` failed.
     KernelTypeError: the kernel computes on float8 values.
   """
-  fn = interpreted_python_fn(python_fn)
-  arg_names = list(_jit.inspect.signature(python_fn).parameters)
-  executor = _HostBufferExecutor(fn, arg_names, tuple(grid))
+  interpreted = _interpreted(python_fn)
+  executor = _HostBufferExecutor(interpreted.rewrite(),
+                                 list(interpreted.arg_names), tuple(grid))
   try:
     with _checked_memory(checker):
       _run_patched(executor, args, kwargs, checker, python_fn.__name__, debug)

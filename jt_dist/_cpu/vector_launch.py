@@ -18,6 +18,7 @@ import ctypes
 import inspect
 import logging
 import os
+import weakref
 
 import numpy as np
 import triton.language as tl
@@ -132,11 +133,23 @@ def _grid(executor):
   return grid if int(np.prod(grid)) > 1 else None
 
 
+# Rewritten kernel function -> the names it takes as arguments.
+_PARAMETERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _parameters(fn) -> frozenset[str]:
+  found = _PARAMETERS.get(fn)
+  if found is None:
+    spec = inspect.getfullargspec(fn)
+    found = _PARAMETERS[fn] = frozenset(spec.args) | frozenset(
+        spec.kwonlyargs)
+  return found
+
+
 def _run_vectorised(executor, args, kwargs):
   fn = executor.fn
-  spec = inspect.getfullargspec(fn)
-  kwargs = {k: v for k, v in kwargs.items()
-            if k in spec.args or k in spec.kwonlyargs}
+  accepted = _parameters(fn)
+  kwargs = {k: v for k, v in kwargs.items() if k in accepted}
   # ``patched_language`` has patched triton.language and its core, the only
   # modules upstream's ``_patch_lang(fn)`` would patch again.
   scope = _interpreter._LangPatchScope()  # pylint: disable=protected-access

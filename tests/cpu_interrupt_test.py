@@ -9,14 +9,25 @@ computes the right result.
 
 import json
 import os
+import signal
+import sys
 import tempfile
 import textwrap
+import threading
+from unittest import mock
 
 from absl.testing import absltest
 from absl.testing import parameterized
 import jax
+import numpy as np
+import triton
+import triton.language as tl
 
+import jt_dist
+from jt_dist import _compat
 from jt_dist import testing
+from jt_dist._cpu import interrupts
+from jt_dist._cpu import lowering
 
 import fork_server
 
@@ -94,6 +105,163 @@ class CpuInterruptTest(testing.TestCase):
     self.assertLess(result["seconds"], 60, str(result))
     self.assertTrue(result["next_call_right"], str(result))
     self.assertFalse(result["profiler_left"], str(result))
+
+
+class _Interrupted(Exception):
+  """What the tests' own SIGINT handler raises (never the runner's)."""
+
+
+@triton.jit
+def _copy_kernel(x_ptr, out_ptr, BLOCK: tl.constexpr):
+  offsets = tl.arange(0, BLOCK)
+  tl.store(out_ptr + offsets, tl.load(x_ptr + offsets))
+
+
+@triton.jit
+def _add_one_kernel(x_ptr, out_ptr, BLOCK: tl.constexpr):
+  offsets = tl.arange(0, BLOCK)
+  tl.store(out_ptr + offsets, tl.load(x_ptr + offsets) + 1.0)
+
+
+class SignalKeptTest(parameterized.TestCase):
+  """SIGINT's exception leaves a launch even where the launch replaced it.
+
+  The signal is raised in this process, under a handler of the test's own
+  that raises ``_Interrupted``, never under the runner's.
+  """
+
+  def setUp(self):
+    super().setUp()
+    if threading.current_thread() is not threading.main_thread():
+      self.skipTest("signal handlers are set on the main thread only")
+    self.calls = 0
+
+    def handler(signum, frame):
+      del signum, frame
+      self.calls += 1
+      raise _Interrupted(f"interrupt {self.calls}")
+
+    self.handler = handler
+    previous = signal.signal(signal.SIGINT, handler)
+    self.addCleanup(signal.signal, signal.SIGINT, previous)
+
+  def test_replaced_interrupt_leaves_as_itself(self):
+    # As NumPy does when a shape's Python __len__ raises.
+    with self.assertRaisesRegex(_Interrupted, "interrupt 1") as cm:
+      with interrupts.signal_kept():
+        try:
+          signal.raise_signal(signal.SIGINT)
+        except _Interrupted:
+          raise TypeError("expected a sequence of integers") from None
+    self.assertIsNone(cm.exception.__cause__)
+    self.assertIs(signal.getsignal(signal.SIGINT), self.handler)
+
+  def test_interrupt_that_leaves_unchanged_is_the_same_object(self):
+    with self.assertRaises(_Interrupted) as cm:
+      with interrupts.signal_kept():
+        signal.raise_signal(signal.SIGINT)
+    self.assertEqual(str(cm.exception), "interrupt 1")
+    self.assertEqual(self.calls, 1)
+
+  def test_other_errors_pass_without_a_signal(self):
+    with self.assertRaisesRegex(TypeError, "the block's own"):
+      with interrupts.signal_kept():
+        raise TypeError("the block's own")
+    self.assertIs(signal.getsignal(signal.SIGINT), self.handler)
+
+  def test_handler_that_raises_nothing_changes_nothing(self):
+    quiet = []
+    signal.signal(signal.SIGINT, lambda signum, frame: quiet.append(signum))
+    with self.assertRaisesRegex(ValueError, "after the signal"):
+      with interrupts.signal_kept():
+        signal.raise_signal(signal.SIGINT)
+        raise ValueError("after the signal")
+    self.assertEqual(quiet, [signal.SIGINT])
+
+  def test_other_threads_leave_the_handler_alone(self):
+    seen = []
+
+    def body():
+      with interrupts.signal_kept():
+        seen.append(signal.getsignal(signal.SIGINT))
+
+    thread = threading.Thread(target=body)
+    thread.start()
+    thread.join()
+    self.assertEqual(seen, [self.handler])
+
+  @parameterized.parameters("eager", "jit")
+  def test_interrupt_while_numpy_reads_a_shape_raises_it(self, mode):
+    # The real path: Triton 3.9's block shapes are tl.tuple objects, whose
+    # __iter__ is Python; NumPy reads a shape through it (np.full in the
+    # interpreter's splat) and turns any exception there into a TypeError.
+    if jax.default_backend() != "cpu":
+      self.skipTest("kernels run through the interpreter only on the CPU")
+    shape = tl.block_type(tl.float32, [16]).shape
+    if not isinstance(shape, tl.core.tuple):
+      self.skipTest(f"this Triton's block shapes are {type(shape).__name__}"
+                    " objects, which NumPy reads without Python code")
+    original = tl.core.tuple.__iter__
+    fired = []
+
+    def iterate(self_):
+      caller = os.path.basename(sys._getframe(1).f_code.co_filename)  # pylint: disable=protected-access
+      if not fired and caller == "numeric.py":  # numpy's np.full
+        fired.append(caller)
+        signal.raise_signal(signal.SIGINT)
+      return original(self_)
+
+    x = np.arange(16, dtype=np.float32)
+
+    def call(a):
+      return jt_dist.triton_call(
+          a, kernel=_add_one_kernel,
+          out_shape=jax.ShapeDtypeStruct(a.shape, a.dtype), BLOCK=16,
+          grid=(1,))
+
+    f = jax.jit(call) if mode == "jit" else call
+    jax.block_until_ready(f(x))
+    with mock.patch.object(tl.core.tuple, "__iter__", iterate):
+      with self.assertRaisesRegex(_Interrupted, "interrupt 1"):
+        jax.block_until_ready(f(x))
+    self.assertEqual(fired, ["numeric.py"])
+    np.testing.assert_array_equal(np.asarray(f(x)), x + 1)
+
+  @parameterized.parameters("eager", "jit")
+  def test_launch_that_replaced_the_interrupt_raises_it(self, mode):
+    if jax.default_backend() != "cpu":
+      self.skipTest("kernels run through the interpreter only on the CPU")
+    original = lowering._interpreter_runtime.run  # pylint: disable=protected-access
+    launches = []
+
+    def interrupted_run(*args, **kwargs):
+      launches.append(1)
+      if len(launches) == 1:
+        # The interpreter reports what NumPy made of the interrupt as a
+        # fault of the kernel.
+        try:
+          signal.raise_signal(signal.SIGINT)
+        except _Interrupted as e:
+          raise _compat.InterpreterError(
+              repr(TypeError("expected a sequence of integers"))) from e
+      return original(*args, **kwargs)
+
+    x = np.arange(16, dtype=np.float32)
+
+    def call(a):
+      return jt_dist.triton_call(
+          a, kernel=_copy_kernel,
+          out_shape=jax.ShapeDtypeStruct(a.shape, a.dtype), BLOCK=16,
+          grid=(1,))
+
+    f = jax.jit(call) if mode == "jit" else call
+    with mock.patch.object(lowering._interpreter_runtime, "run",  # pylint: disable=protected-access
+                           interrupted_run):
+      with self.assertRaisesRegex(_Interrupted, "interrupt 1"):
+        jax.block_until_ready(f(x))
+      # The next launch runs and computes.
+      np.testing.assert_array_equal(np.asarray(f(x)), x)
+    self.assertIs(signal.getsignal(signal.SIGINT), self.handler)
 
 
 if __name__ == "__main__":

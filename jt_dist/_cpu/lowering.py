@@ -31,6 +31,7 @@ from jt_dist._core import pytree_args as _pytree_args
 from jt_dist._core import types as _types
 from jt_dist._cpu import bounds as _bounds
 from jt_dist._cpu import ffi_target as _ffi_target
+from jt_dist._cpu import interrupts as _interrupts
 from jt_dist._cpu import runtime as _interpreter_runtime
 from jt_dist._cpu import scalars as _scalars
 from jt_dist._cpu import unsupported as _unsupported
@@ -320,7 +321,7 @@ def _launch(spec, inputs, outputs):
              if _bounds.enabled() else None)
   args, kwargs = _in_parameter_order(
       spec, _kernel_args(spec, buffers, checker), dict(launch.config.kwargs))
-  with _INTERPRETER_LOCK:
+  with _INTERPRETER_LOCK, _interrupts.signal_kept():
     try:
       _interpreter_runtime.run(
           spec.info.python_fn, launch.grid, args, kwargs,

@@ -51,11 +51,9 @@ _IMPORT_TIME_PREFIXES = ("JAX_", "TRITON_", "PYTHON", "TF_", "LD_",
 _FIRST_IMPORT = re.compile(r"^\s*(?:import|from)\s+(jax|jt_dist)\b", re.M)
 _MAX_SERVERS = 3
 # Import-time variables that only set a jax option's default: a child sets
-# the option itself (variable -> (option, parse the value)).
-_JAX_OPTION_VARS = {
-    "JAX_PLATFORMS": ("jax_platforms", lambda value: value or None),
-    "JAX_ENABLE_X64": ("jax_enable_x64", lambda value: _truthy(value)),
-}
+# the option itself (``_set_jax_options``).
+_JAX_OPTION_VARS = ("JAX_PLATFORMS", "JAX_ENABLE_X64")
+# The values jax reads as true and as false for a boolean variable.
 _TRUE = ("y", "yes", "t", "true", "on", "1")
 _FALSE = ("", "n", "no", "f", "false", "off", "0")
 # In a server: its sys.path when it started (``python -c``: "" first).
@@ -126,11 +124,6 @@ def _import_env(env: dict[str, str]) -> tuple:
                       and k not in _JAX_OPTION_VARS))
 
 
-def _truthy(value: str) -> bool:
-  """A boolean variable's value as jax reads it (see ``_options_readable``)."""
-  return value.strip().lower() in _TRUE
-
-
 def _options_readable(env: dict[str, str]) -> bool:
   """Whether a child can set the jax options of ``env`` itself."""
   x64 = env.get("JAX_ENABLE_X64", "").strip().lower()
@@ -140,8 +133,9 @@ def _options_readable(env: dict[str, str]) -> bool:
 def _set_jax_options(env: dict[str, str]) -> None:
   """In a child: the jax options its import would have read from ``env``."""
   import jax  # pylint: disable=g-import-not-at-top
-  for var, (option, parse) in _JAX_OPTION_VARS.items():
-    jax.config.update(option, parse(env.get(var, "")))
+  jax.config.update("jax_platforms", env.get("JAX_PLATFORMS") or None)
+  jax.config.update("jax_enable_x64", env.get(
+      "JAX_ENABLE_X64", "").strip().lower() in _TRUE)
 
 
 class _Server:

@@ -24,7 +24,7 @@ import sys
 import tempfile
 import time
 import traceback
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from absl.testing import parameterized
 import jax
@@ -267,8 +267,8 @@ def _process_env(base, port, process_id, num_processes, cpu_devices,
   # The children import the jt_dist this process runs, not another copy
   # installed elsewhere.
   root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-  env["PYTHONPATH"] = os.pathsep.join(
-      p for p in (root, env.get("PYTHONPATH")) if p)
+  path = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+  env["PYTHONPATH"] = os.pathsep.join([root] + [p for p in path if p != root])
   if gpus_per_process:
     first = process_id * gpus_per_process
     env["CUDA_VISIBLE_DEVICES"] = ",".join(
@@ -337,7 +337,7 @@ def _traceback(marker: str, stderr: str) -> str:
     return stderr[start:] if start >= 0 else ""
 
 
-def _run_once(argv, num_processes, env_for, timeout_s, grace_s, cwd):
+def _run_once(argv, num_processes, env_for, timeout_s, grace_s, cwd, popen):
   """Runs the group once: outputs, why it was killed, failed, tracebacks."""
   with tempfile.TemporaryDirectory(prefix="jt_dist_procs_") as logs:
     procs, files = [], []
@@ -349,7 +349,7 @@ def _run_once(argv, num_processes, env_for, timeout_s, grace_s, cwd):
       files.append((out, err))
       # A session of its own, so that a hung process and anything it
       # started can be killed together by its process group id.
-      procs.append(subprocess.Popen(
+      procs.append(popen(
           list(argv), env={**env_for(i), _ENV_FAILURE_FILE: markers[i]},
           cwd=cwd, stdout=out, stderr=err, start_new_session=True))
     killed, why, failed = _wait(procs, markers, time.monotonic() + timeout_s,
@@ -372,7 +372,9 @@ def run_processes(argv: Sequence[str], *, num_processes: int = 2,
                   gpus_per_process: int | None = None,
                   timeout_s: float = 300.0, grace_s: float = _GRACE_S,
                   env: dict | None = None,
-                  cwd: str | None = None) -> list[ProcessOutput]:
+                  cwd: str | None = None,
+                  popen: Callable[..., Any] = subprocess.Popen
+                  ) -> list[ProcessOutput]:
   """Runs ``argv`` as ``num_processes`` processes joined by jax.distributed.
 
   Each process gets its id, the group size and a free localhost port for
@@ -390,6 +392,13 @@ def run_processes(argv: Sequence[str], *, num_processes: int = 2,
     grace_s: how long the others may run on once one process failed.
     env: the base environment (default: this process's).
     cwd: the working directory.
+    popen: starts each process, called as ``subprocess.Popen`` is:
+      ``popen(argv, env=..., cwd=..., stdout=file, stderr=file,
+      start_new_session=True)``. The object it returns needs ``pid`` (the
+      process group to kill), ``poll()``, ``wait()`` and ``returncode``.
+      Pass a launcher of your own, e.g. one that forks a process that has
+      already imported jax, where a fresh interpreter per process costs
+      too much.
 
   Returns:
     One ``ProcessOutput`` per process, by process id.
@@ -414,7 +423,7 @@ def run_processes(argv: Sequence[str], *, num_processes: int = 2,
         lambda i, port=port: _process_env(env, port, i, num_processes,
                                           cpu_devices_per_process,
                                           gpus_per_process),
-        timeout_s, grace_s, cwd)
+        timeout_s, grace_s, cwd, popen)
     # The port was free when chosen but another program may take it
     # before the coordinator binds it: then try another one.
     if not any(m in o.stderr for o in outputs for m in _PORT_IN_USE):

@@ -2,12 +2,17 @@
 
 A fresh interpreter spends about a second importing jax, Triton and jt_dist
 before a test's script starts, and the suites start dozens of them (every
-documentation chain, every example, the doctor). A *fork server* imports
-them once, as ``import jt_dist`` does, and forks a child per run: the child
-applies the run's environment, directory, arguments and standard streams,
-runs the code as ``python`` would, and exits with its status.
-``run_together`` starts several children at once (the disk cache's racing
-writers): the server forks them all before it waits for any.
+documentation chain, every example, the doctor, every ``jax.distributed``
+group). A *fork server* imports them once, as ``import jt_dist`` does, and
+forks a child per run (``tests/fork_server_child.py``): the child applies
+the run's environment, directory, arguments and standard streams, runs the
+code as ``python`` would, and exits with its status.
+
+- ``run`` and ``run_together`` are ``subprocess.run`` for one child or for
+  several that start together and race (the disk cache's writers);
+- ``popen`` is ``subprocess.Popen`` for ``jt_dist.testing.run_processes``:
+  the processes of a ``jax.distributed`` group start as forks, and the
+  harness polls, waits for and kills them as it would real ones.
 
 What the child cannot see is the import itself. So a run takes a real
 process instead when:
@@ -16,17 +21,17 @@ process instead when:
   plugin's start-up lines on a host without GPUs, which the tests must see);
 - its environment differs from the server's in a variable read while
   importing (``JAX_*``, ``TRITON_*``, ``PYTHON*``, ``TF_*``, ``LD_*``,
-  thread counts): one server serves each such environment. Two of them are
-  not: ``JAX_PLATFORMS`` and ``JAX_ENABLE_X64`` only give jax options their
-  defaults, and no server has started a backend, so the child sets those
-  options from its environment (``jax.config.update``), as the import
-  would have;
+  thread counts): one server serves each such environment. Three of them
+  are not: ``JAX_PLATFORMS`` and ``JAX_ENABLE_X64`` only give jax options
+  their defaults, and no server has started a backend, so the child sets
+  those options from its environment (``jax.config.update``), as the import
+  would have; ``PYTHONUNBUFFERED`` makes the child's streams write through;
 - ``JT_DIST_TEST_FORK_SERVER=0``, or the platform has no ``fork``.
 
 Variables read later (``XLA_FLAGS``, ``JT_DIST_*``, ``CUDA_VISIBLE_DEVICES``,
 ``XLA_PYTHON_CLIENT_*``) are set in the child before its code runs, and no
 server ever starts a JAX backend. Tests whose point is a fresh interpreter
-(the import's own output, signals, ``jax.distributed``) keep
+(the import's own output, signals, the harness's own process handling) keep
 ``subprocess``.
 """
 
@@ -36,7 +41,7 @@ import atexit
 import json
 import os
 import re
-import select
+import queue
 import signal
 import subprocess
 import sys
@@ -45,66 +50,19 @@ import threading
 import time
 from typing import Sequence
 
+import fork_server_child
+
 ENV_VAR = "JT_DIST_TEST_FORK_SERVER"
 _IMPORT_TIME_PREFIXES = ("JAX_", "TRITON_", "PYTHON", "TF_", "LD_",
                          "OMP_", "OPENBLAS_", "MKL_")
 _FIRST_IMPORT = re.compile(r"^\s*(?:import|from)\s+(jax|jt_dist)\b", re.M)
 _MAX_SERVERS = 3
-# Import-time variables that only set a jax option's default: a child sets
-# the option itself (``_set_jax_options``).
-_JAX_OPTION_VARS = ("JAX_PLATFORMS", "JAX_ENABLE_X64")
-# The values jax reads as true and as false for a boolean variable.
-_TRUE = ("y", "yes", "t", "true", "on", "1")
+# Import-time variables whose effect a child applies itself
+# (``fork_server_child``): two jax options' defaults, and unbuffered streams.
+_SET_BY_CHILD = ("JAX_PLATFORMS", "JAX_ENABLE_X64", "PYTHONUNBUFFERED")
+# The values jax reads as false for a boolean variable (and as true:
+# ``fork_server_child.TRUE_VALUES``).
 _FALSE = ("", "n", "no", "f", "false", "off", "0")
-# In a server: its sys.path when it started (``python -c``: "" first).
-BASE_PATH: list[str] = []
-
-# The server: imports what every run imports first, then, per request line
-# (JSON: a group of runs), forks one child per run, answers with their pids,
-# and, once every one has exited, with their exit statuses.
-_SERVER = r"""
-import json, os, select, signal, sys
-base_path = list(sys.path)
-import jt_dist  # jax and Triton, imported the quiet way users import them.
-sys.path.insert(0, os.path.dirname(os.path.abspath(sys.argv[1])))
-import fork_server
-sys.path[:] = base_path
-fork_server.BASE_PATH = base_path
-control_in, control_out = sys.stdin.buffer, sys.stdout.buffer
-control_out.write(b"ready\n"); control_out.flush()
-while True:
-  line = control_in.readline()
-  if not line:
-    break
-  pids = []
-  for request in json.loads(line)["group"]:
-    pid = os.fork()
-    if pid == 0:
-      fork_server.child_main(request)
-    pids.append(pid)
-  control_out.write(json.dumps({"pids": pids}).encode() + b"\n")
-  control_out.flush()
-  statuses = {}
-  while len(statuses) < len(pids):
-    for pid in pids:
-      if pid not in statuses:
-        done, status = os.waitpid(pid, os.WNOHANG)
-        if done:
-          statuses[pid] = os.waitstatus_to_exitcode(status)
-    if len(statuses) == len(pids):
-      break
-    readable, _, _ = select.select([control_in], [], [], 0.05)
-    if readable and not control_in.peek(1):
-      for pid in pids:  # The test process is gone.
-        if pid not in statuses:
-          os.killpg(pid, signal.SIGKILL)
-          os.waitpid(pid, 0)
-      sys.exit(0)
-  control_out.write(
-      json.dumps({"statuses": [statuses[p] for p in pids]}).encode() + b"\n")
-  control_out.flush()
-"""
-
 
 def _enabled() -> bool:
   return (hasattr(os, "fork")
@@ -121,82 +79,126 @@ def imports_jt_dist_first(code: str) -> bool:
 def _import_env(env: dict[str, str]) -> tuple:
   return tuple(sorted((k, v) for k, v in env.items()
                       if k.startswith(_IMPORT_TIME_PREFIXES)
-                      and k not in _JAX_OPTION_VARS))
+                      and k not in _SET_BY_CHILD))
 
 
 def _options_readable(env: dict[str, str]) -> bool:
   """Whether a child can set the jax options of ``env`` itself."""
   x64 = env.get("JAX_ENABLE_X64", "").strip().lower()
-  return x64 in _TRUE or x64 in _FALSE
+  return x64 in fork_server_child.TRUE_VALUES or x64 in _FALSE
 
 
-def _set_jax_options(env: dict[str, str]) -> None:
-  """In a child: the jax options its import would have read from ``env``."""
-  import jax  # pylint: disable=g-import-not-at-top
-  jax.config.update("jax_platforms", env.get("JAX_PLATFORMS") or None)
-  jax.config.update("jax_enable_x64", env.get(
-      "JAX_ENABLE_X64", "").strip().lower() in _TRUE)
+# The server imports what every run imports first, then this directory's
+# fork_server_child, whose loop serves the requests.
+_SERVER = r"""
+import os, sys
+base_path = list(sys.path)
+import jt_dist  # jax and Triton, imported the quiet way users import them.
+sys.path.insert(0, os.path.dirname(os.path.abspath(sys.argv[1])))
+import fork_server_child
+sys.path[:] = base_path
+fork_server_child.BASE_PATH = base_path
+fork_server_child.serve(sys.stdin.fileno(), sys.stdout.fileno())
+"""
 
 
 class _Server:
-  """One server process; serves one request (a group of runs) at a time."""
+  """One server process; any number of children, from any thread.
+
+  A reader thread takes the server's lines: the answer to a request (its
+  children's pids) goes to the thread that sent it, and each child's exit
+  status is kept, by pid, for whoever polls or waits for that child.
+  """
 
   def __init__(self, env: dict[str, str], cwd: str):
-    self.lock = threading.Lock()
-    self.buffer = b""
+    self._send_lock = threading.Lock()  # One request and its answer at once.
+    self._exited = threading.Condition()
+    self._statuses: dict[int, int] = {}
+    self._answers: queue.Queue = queue.Queue()
+    self.alive = True
     self.process = subprocess.Popen(
         [sys.executable, "-c", _SERVER, os.path.abspath(__file__)],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL, env=env, cwd=cwd)
-    if self._readline(120) != b"ready":
+    threading.Thread(target=self._read, daemon=True,
+                     name="fork-server-reader").start()
+    if not self._answer(120).get("ready"):
       self.close()
       raise RuntimeError("the fork server did not start")
 
-  def _readline(self, timeout: float | None) -> bytes | None:
-    """One line from the server, or None after ``timeout`` seconds."""
+  def _read(self) -> None:
+    buffer = b""
     fd = self.process.stdout.fileno()
-    deadline = None if timeout is None else time.monotonic() + timeout
-    while b"\n" not in self.buffer:
-      left = None if deadline is None else max(0.0, deadline - time.monotonic())
-      ready, _, _ = select.select([fd], [], [], left)
-      if not ready:
-        return None
-      chunk = os.read(fd, 65536)
-      if not chunk:
+    while chunk := os.read(fd, 65536):
+      *lines, buffer = (buffer + chunk).split(b"\n")
+      for line in lines:
+        message = json.loads(line)
+        with self._exited:
+          if "exit" in message:
+            self._statuses[message["exit"]] = message["status"]
+            self._exited.notify_all()
+          else:
+            # New children: a status kept under a reused pid is stale.
+            for pid in message.get("pids", ()):
+              self._statuses.pop(pid, None)
+            self._answers.put(message)
+    with self._exited:
+      self.alive = False
+      self._exited.notify_all()
+    self._answers.put({})
+
+  def _answer(self, timeout: float) -> dict:
+    try:
+      return self._answers.get(timeout=timeout)
+    except queue.Empty:
+      return {}
+
+  def start(self, requests: list[dict]) -> list[int]:
+    """Forks a child per request; their pids."""
+    with self._send_lock:
+      if not self.alive:
         raise RuntimeError("the fork server exited")
-      self.buffer += chunk
-    line, self.buffer = self.buffer.split(b"\n", 1)
-    return line
-
-  def run(self, requests: list[dict], timeout: float | None) -> list[int]:
-    """The children's exit statuses; raises TimeoutExpired after killing them.
-
-    The runs start together, each in a fork of its own, and the answer
-    comes when every one has exited.
-    """
-    self.process.stdin.write(json.dumps({"group": requests}).encode() + b"\n")
-    self.process.stdin.flush()
-    line = self._readline(60)
-    if line is None:
+      self.process.stdin.write(
+          json.dumps({"group": requests}).encode() + b"\n")
+      self.process.stdin.flush()
+      pids = self._answer(60).get("pids")
+    if pids is None:
       raise RuntimeError("the fork server did not answer")
-    pids = json.loads(line)["pids"]
-    line = self._readline(timeout)
-    if line is None:
-      for pid in pids:
-        try:
-          os.killpg(pid, signal.SIGKILL)
-        except ProcessLookupError:
-          pass
-      self._readline(60)
-      raise subprocess.TimeoutExpired(requests[0]["argv"], timeout)
-    return json.loads(line)["statuses"]
+    return pids
+
+  def status(self, pid: int) -> int | None:
+    """The child's exit status, or None while it runs."""
+    with self._exited:
+      return self._statuses.get(pid)
+
+  def wait(self, pids: Sequence[int],
+           timeout: float | None) -> list[int] | None:
+    """The children's exit statuses, or None if one runs past ``timeout``."""
+    with self._exited:
+      self._exited.wait_for(
+          lambda: not self.alive or all(p in self._statuses for p in pids),
+          timeout)
+      if all(p in self._statuses for p in pids):
+        return [self._statuses[p] for p in pids]
+      if not self.alive:
+        raise RuntimeError("the fork server exited")
+      return None
 
   def close(self) -> None:
+    """Ends the server, and with it every child still running."""
     try:
       self.process.stdin.close()
       self.process.wait(timeout=10)
     except Exception:  # pylint: disable=broad-except
       self.process.kill()
+
+
+def _kill_groups(pids: Sequence[int]) -> None:
+  for pid in pids:
+    try:
+      os.killpg(pid, signal.SIGKILL)
+    except ProcessLookupError:
+      pass
 
 
 _servers: dict[tuple, _Server] = {}
@@ -270,18 +272,21 @@ def run_together(argvs: Sequence[Sequence[str]], *, env: dict[str, str],
       running is killed and TimeoutExpired raised.
   """
   argvs = [list(argv) for argv in argvs]
-  if (_enabled() and _options_readable(env)
-      and all(_eligible(a, input, cwd) for a in argvs)):
-    try:
-      server = _server(env, cwd)
-    except (OSError, RuntimeError):
-      server = None
-    if server is not None and server.lock.acquire(blocking=False):
-      try:
-        return _run_forked(server, argvs, env, cwd, input, timeout)
-      finally:
-        server.lock.release()
+  server = _server_for(argvs, env, cwd, input)
+  if server is not None:
+    return _run_forked(server, argvs, env, cwd, input, timeout)
   return _run_real(argvs, env, cwd, input, timeout)
+
+
+def _server_for(argvs, env, cwd, input):  # pylint: disable=redefined-builtin
+  """The server that may fork these runs, or None for real processes."""
+  if not (_enabled() and _options_readable(env)
+          and all(_eligible(a, input, cwd) for a in argvs)):
+    return None
+  try:
+    return _server(env, cwd)
+  except (OSError, RuntimeError):
+    return None
 
 
 def _run_real(argvs, env, cwd, input, timeout):  # pylint: disable=redefined-builtin
@@ -346,7 +351,12 @@ def _run_forked(server, argvs, env, cwd, input, timeout):  # pylint: disable=red
       with open(paths["stdin"], "w", encoding="utf-8") as f:
         f.write(input or "")
       requests.append({"argv": argv, "env": env, "cwd": cwd, **paths})
-    statuses = server.run(requests, timeout)
+    pids = server.start(requests)
+    statuses = server.wait(pids, timeout)
+    if statuses is None:
+      _kill_groups(pids)
+      server.wait(pids, 60)
+      raise subprocess.TimeoutExpired([sys.executable, *argvs[0]], timeout)
     done = []
     for argv, request, status in zip(argvs, requests, statuses):
       with open(request["stdout"], encoding="utf-8", errors="replace") as f:
@@ -358,102 +368,65 @@ def _run_forked(server, argvs, env, cwd, input, timeout):  # pylint: disable=red
   return done
 
 
-def child_main(request: dict) -> None:
-  """In the forked child: runs the request as ``python`` would; never returns."""
-  code = 1
-  try:
-    os.setsid()  # Its own group: a timeout kills whatever it started too.
-    _redirect(request)
-    os.chdir(request["cwd"])
-    os.environ.clear()
-    os.environ.update(request["env"])
-    _set_jax_options(request["env"])
-    code = _run_main(request["argv"])
-  except BaseException:  # pylint: disable=broad-except
-    _print_exception(*sys.exc_info())
-  finally:
-    os._exit(_finish(code))  # pylint: disable=protected-access
+class Process:
+  """A forked child, as ``subprocess.Popen`` shows a process: see ``popen``.
+
+  It leads a session of its own (as ``start_new_session=True`` would
+  have it), so ``os.killpg(process.pid, ...)`` reaches what it started too.
+  """
+
+  def __init__(self, args: list[str], server: _Server, pid: int):
+    self.args = args
+    self.pid = pid
+    self.returncode: int | None = None
+    self._server = server
+
+  def poll(self) -> int | None:
+    if self.returncode is None:
+      self.returncode = self._server.status(self.pid)
+    return self.returncode
+
+  def wait(self, timeout: float | None = None) -> int:
+    if self.returncode is None:
+      statuses = self._server.wait([self.pid], timeout)
+      if statuses is None:
+        raise subprocess.TimeoutExpired(self.args, timeout)
+      self.returncode = statuses[0]
+    return self.returncode
+
+  def kill(self) -> None:
+    if self.poll() is None:
+      _kill_groups([self.pid])
 
 
-def _redirect(request: dict) -> None:
-  import io  # pylint: disable=g-import-not-at-top
-  for fd, key, flags in ((0, "stdin", os.O_RDONLY),
-                         (1, "stdout", os.O_WRONLY | os.O_CREAT | os.O_TRUNC),
-                         (2, "stderr", os.O_WRONLY | os.O_CREAT | os.O_TRUNC)):
-    new = os.open(request[key], flags, 0o600)
-    os.dup2(new, fd)
-    os.close(new)
-  sys.stdin = io.TextIOWrapper(io.FileIO(0, "r", closefd=False),
-                               encoding="utf-8")
-  sys.stdout = io.TextIOWrapper(io.FileIO(1, "w", closefd=False),
-                                encoding="utf-8", line_buffering=False)
-  sys.stderr = io.TextIOWrapper(io.FileIO(2, "w", closefd=False),
-                                encoding="utf-8", errors="backslashreplace",
-                                line_buffering=True)
-  sys.__stdin__, sys.__stdout__, sys.__stderr__ = (sys.stdin, sys.stdout,
-                                                   sys.stderr)
+def popen(args: Sequence[str], *, env: dict[str, str] | None = None,
+          cwd: str | None = None, stdout=None, stderr=None,
+          start_new_session: bool = False, **kwargs):
+  """``subprocess.Popen(args, ...)``, forked from a server where it may be.
 
+  Made for ``jt_dist.testing.run_processes(..., popen=fork_server.popen)``:
+  a group's processes start in a fraction of a second each, and the harness
+  polls, waits for and kills them as it would real ones. The run is forked
+  when ``args`` is ``[sys.executable, ...]`` as ``run`` would fork it, and
+  both streams are files with names (the child writes to them by name);
+  anything else starts a real process with every argument as given.
 
-def _run_main(argv: list[str]) -> int:
-  """Runs ``python *argv``'s program; its exit status."""
-  import runpy  # pylint: disable=g-import-not-at-top
-  import types  # pylint: disable=g-import-not-at-top
-  try:
-    if argv[0] == "-c":
-      sys.argv = ["-c", *argv[2:]]
-      sys.path[:] = ["", *BASE_PATH[1:]]
-      main = types.ModuleType("__main__")
-      main.__builtins__ = __builtins__
-      sys.modules["__main__"] = main
-      exec(compile(argv[1], "<string>", "exec"), main.__dict__)  # pylint: disable=exec-used
-    elif argv[0] == "-m":
-      sys.argv = [argv[1], *argv[2:]]
-      sys.path[:] = [os.getcwd(), *BASE_PATH[1:]]
-      runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
-    else:
-      sys.argv = list(argv)
-      sys.path[:] = [os.path.dirname(os.path.abspath(argv[0])),
-                     *BASE_PATH[1:]]
-      runpy.run_path(argv[0], run_name="__main__")
-  except SystemExit as e:
-    return _exit_status(e.code)
-  except BaseException:  # pylint: disable=broad-except
-    _print_exception(*sys.exc_info())
-    return 1
-  return 0
-
-
-def _exit_status(code) -> int:
-  if code is None:
-    return 0
-  if isinstance(code, int):
-    return code & 0xFF
-  print(code, file=sys.stderr)
-  return 1
-
-
-def _print_exception(kind, value, tb) -> None:
-  """Prints as Python does for an uncaught exception, without this module's frames."""
-  while tb is not None and tb.tb_frame.f_code.co_filename in (
-      __file__, getattr(sys.modules.get("runpy"), "__file__", None)):
-    tb = tb.tb_next
-  try:
-    if value is not None:
-      value = value.with_traceback(tb)  # What the hook prints, on 3.12 too.
-    sys.excepthook(kind, value, tb)
-  except Exception:  # pylint: disable=broad-except
-    pass
-
-
-def _finish(code: int) -> int:
-  import atexit as _atexit  # pylint: disable=g-import-not-at-top,reimported
-  try:
-    _atexit._run_exitfuncs()  # pylint: disable=protected-access
-  except BaseException:  # pylint: disable=broad-except
-    pass
-  for stream in (sys.stdout, sys.stderr):
-    try:
-      stream.flush()
-    except Exception:  # pylint: disable=broad-except
-      pass
-  return code
+  Returns:
+    A ``Process`` for a forked child, else the ``subprocess.Popen``.
+  """
+  args = list(args)
+  env = dict(os.environ if env is None else env)
+  cwd = os.getcwd() if cwd is None else cwd
+  named = all(isinstance(getattr(s, "name", None), str)
+              for s in (stdout, stderr))
+  server = None
+  if not kwargs and named and args[:1] == [sys.executable]:
+    server = _server_for([args[1:]], env, cwd, None)
+  if server is None:
+    return subprocess.Popen(args, env=env, cwd=cwd, stdout=stdout,
+                            stderr=stderr, start_new_session=start_new_session,
+                            **kwargs)
+  (pid,) = server.start([{"argv": args[1:], "env": env, "cwd": cwd,
+                          "stdin": os.devnull, "stdout": stdout.name,
+                          "stderr": stderr.name}])
+  return Process(args, server, pid)

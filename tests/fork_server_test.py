@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
+import sys
 import tempfile
 import textwrap
 import time
@@ -214,6 +216,74 @@ class ForkServerTest(parameterized.TestCase):
     self.assertEqual(result.stdout, "")
     self.assertNotEqual(result.returncode, 0)
     self.assertIn("maybe", result.stderr)
+
+  def _popen(self, code: str, **env: str):
+    tmp = tempfile.TemporaryDirectory()
+    self.addCleanup(tmp.cleanup)
+    # pylint: disable=consider-using-with
+    out = open(os.path.join(tmp.name, "out"), "w+", encoding="utf-8")
+    err = open(os.path.join(tmp.name, "err"), "w+", encoding="utf-8")
+    self.addCleanup(out.close)
+    self.addCleanup(err.close)
+    process = fork_server.popen([sys.executable, "-c", code],
+                                env=fork_server.tree_env(_ROOT, **env),
+                                cwd=_ROOT, stdout=out, stderr=err,
+                                start_new_session=True)
+    self.addCleanup(process.kill)
+    return process, out
+
+  def _wait_for_line(self, out, line: str) -> str:
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+      out.seek(0)
+      text = out.read()
+      if line in text.splitlines():
+        return text
+      time.sleep(0.02)
+    self.fail(f"no line {line!r} within 60 s")
+
+  def test_popen_is_polled_waited_for_and_killed_as_a_process(self):
+    # Unbuffered, as PYTHONUNBUFFERED asks: what it printed before it was
+    # killed is in its file.
+    code = (f"import jt_dist, time\n{_PARENT}print('started')\n"
+            "time.sleep(60)\n")
+    process, out = self._popen(code, PYTHONUNBUFFERED="1")
+    self.assertIsInstance(process, fork_server.Process)
+    text = self._wait_for_line(out, "started")
+    self.assertEqual(text.splitlines()[0], "forked")
+    self.assertIsNone(process.poll())
+    with self.assertRaises(subprocess.TimeoutExpired):
+      process.wait(timeout=0.1)
+    self.assertEqual(os.getsid(process.pid), process.pid)
+    os.killpg(process.pid, signal.SIGKILL)
+    self.assertEqual(process.wait(timeout=60), -signal.SIGKILL)
+    self.assertEqual(process.poll(), -signal.SIGKILL)
+
+  def test_popen_children_run_side_by_side(self):
+    # The first waits for what the second writes: a server that served one
+    # request at a time would never start the second.
+    tmp = tempfile.TemporaryDirectory()
+    self.addCleanup(tmp.cleanup)
+    flag = os.path.join(tmp.name, "flag")
+    waiter, _ = self._popen(
+        f"import jt_dist, os, sys, time\ndeadline = time.monotonic() + 30\n"
+        f"while not os.path.exists({flag!r}):\n"
+        "  if time.monotonic() > deadline: sys.exit(3)\n"
+        "  time.sleep(0.01)\n")
+    writer, _ = self._popen(f"import jt_dist\nopen({flag!r}, 'w').close()\n"
+                            "raise SystemExit(4)\n")
+    self.assertEqual((waiter.wait(timeout=60), writer.wait(timeout=60)),
+                     (0, 4))
+
+  def test_popen_of_another_program_or_unnamed_streams_is_subprocess(self):
+    for args, stdout in (([sys.executable, "-c", "import jt_dist"],
+                          subprocess.PIPE),
+                         (["/bin/sh", "-c", "exit 3"], subprocess.DEVNULL)):
+      process = fork_server.popen(args, env=fork_server.tree_env(_ROOT),
+                                  cwd=_ROOT, stdout=stdout,
+                                  stderr=subprocess.DEVNULL)
+      self.assertIsInstance(process, subprocess.Popen)
+      process.communicate(timeout=120)
 
   def test_turned_off(self):
     with mock.patch.dict(os.environ, {fork_server.ENV_VAR: "0"}):

@@ -85,7 +85,7 @@ class LargeShardsTest(testing.TestCase):
     outputs = testing.run_processes(
         [sys.executable, _WORKER, "processes"], num_processes=2,
         cpu_devices_per_process=4, timeout_s=_TIMEOUT_S, env=_env(self.seed),
-        cwd=_ROOT)
+        cwd=_ROOT, popen=fork_server.popen)
     for out in outputs:
       self.assertCasesRight(
           _cases(out.stdout),

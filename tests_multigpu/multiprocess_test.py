@@ -9,6 +9,7 @@ per GPU.
 
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -17,6 +18,10 @@ from absl.testing import absltest
 from absl.testing import parameterized
 
 from jt_dist import testing
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__))), "tests"))
+import fork_server  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 _WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)),
                        "multiprocess_worker.py")
@@ -30,7 +35,8 @@ def _run(cache_root, seed, *args, rule="time"):
   env.pop("JT_DIST_AUTOTUNE_PIN", None)
   outputs = testing.run_processes([sys.executable, _WORKER, *args],
                                   num_processes=2, cpu_devices_per_process=4,
-                                  timeout_s=240, env=env)
+                                  timeout_s=240, env=env,
+                                  popen=fork_server.popen)
   return [{line["case"]: line for line in out.json_lines()}
           for out in outputs]
 
@@ -205,6 +211,29 @@ class HarnessTest(parameterized.TestCase):
                  "process 1 (exit status 1)", "boom in 1", "process 0\n",
                  "process 0 (killed by run_processes)"):
       self.assertIn(part, message)
+
+  def test_popen_starts_each_process_in_its_own_session(self):
+    started = []
+
+    def popen(argv, **kwargs):
+      started.append((argv, kwargs, subprocess.Popen(argv, **kwargs)))
+      return started[-1][2]
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(testing.__file__)))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([root, "elsewhere"])}
+    code = "import json, os; print(json.dumps({'session': os.getsid(0)}))"
+    outputs = testing.run_processes([sys.executable, "-c", code],
+                                    num_processes=2, timeout_s=60, env=env,
+                                    popen=popen)
+    self.assertLen(started, 2)
+    for i, (argv, kwargs, process) in enumerate(started):
+      self.assertEqual(argv, [sys.executable, "-c", code])
+      self.assertTrue(kwargs["start_new_session"])
+      self.assertEqual(kwargs["env"]["JT_DIST_PROCESS_ID"], str(i))
+      # The tree's root once, ahead of the rest of the caller's path.
+      self.assertEqual(kwargs["env"]["PYTHONPATH"],
+                       os.pathsep.join([root, "elsewhere"]))
+      self.assertEqual(outputs[i].json_lines(), [{"session": process.pid}])
 
   def test_outputs_and_json_lines(self):
     outputs = testing.run_processes(

@@ -32,6 +32,21 @@ def _forked(result) -> bool:
   return result.stdout.splitlines()[-1] == "forked"
 
 
+def _gone(pid: int) -> bool:
+  """Whether ``pid`` has exited (a zombie waiting for its reaper has)."""
+  try:
+    with open(f"/proc/{pid}/stat", encoding="utf-8") as f:
+      return f.read().rpartition(")")[2].split()[0] == "Z"
+  except FileNotFoundError:
+    if os.path.isdir("/proc/self"):
+      return True
+  try:
+    os.kill(pid, 0)  # Without /proc: a zombie still counts as running.
+  except ProcessLookupError:
+    return True
+  return False
+
+
 _PARENT = ("import os, sys\n"
            f"print('forked' if os.getppid() != {os.getpid()} else 'real')\n")
 
@@ -87,17 +102,26 @@ class ForkServerTest(parameterized.TestCase):
   def test_timeout_kills_the_child_and_its_children(self):
     tmp = tempfile.TemporaryDirectory()
     self.addCleanup(tmp.cleanup)
-    marker = os.path.join(tmp.name, "late")
-    late = f"import time; time.sleep(1); open({marker!r}, 'w')"
-    code = ("import jt_dist, subprocess, sys, time\n"
-            f"subprocess.Popen([sys.executable, '-c', {late!r}])\n"
+    pid_file = os.path.join(tmp.name, "pid")
+    code = ("import jt_dist, os, subprocess, sys, time\n"
+            "child = subprocess.Popen([sys.executable, '-c',"
+            " 'import time; time.sleep(60)'])\n"
+            f"with open({pid_file!r} + '.tmp', 'w') as f:\n"
+            "  f.write(str(child.pid))\n"
+            f"os.replace({pid_file!r} + '.tmp', {pid_file!r})\n"
             "time.sleep(60)\n")
     start = time.monotonic()
     with self.assertRaises(subprocess.TimeoutExpired):
       _run(code, timeout=0.5)
     self.assertLess(time.monotonic() - start, 30)
-    time.sleep(1.5)
-    self.assertFalse(os.path.exists(marker))
+    with open(pid_file, encoding="utf-8") as f:
+      grandchild = int(f.read())
+    deadline = time.monotonic() + 30
+    while not _gone(grandchild):
+      if time.monotonic() > deadline:
+        os.kill(grandchild, signal.SIGKILL)
+        self.fail(f"the child's child {grandchild} outlived the timeout")
+      time.sleep(0.01)
     # The server serves the next run.
     self.assertEqual(_run("import jt_dist\nprint(1)", timeout=120).stdout,
                      "1\n")

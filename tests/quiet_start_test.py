@@ -91,9 +91,10 @@ class QuietStartTest(parameterized.TestCase):
     self.assertEqual(result.stdout, b"ok\n")
     self.assertEqual(result.stderr, b"")
 
-  @parameterized.parameters("add", "sharded_add")
-  def test_example_writes_nothing_to_stderr(self, name):
-    result = _run([os.path.join("examples", f"{name}.py")])
+  def test_readme_demo_writes_nothing_to_stderr(self):
+    # The README's first command. The other examples import as it does;
+    # tests/examples_test.py runs each (forked) for what it writes later.
+    result = _run([os.path.join("examples", "sharded_add.py")])
     self.assertEqual(result.returncode, 0, result.stderr.decode())
     self.assertIn(b"max |error|", result.stdout)
     self.assertEqual(result.stderr, b"")

@@ -105,7 +105,7 @@ def _out_reduce(x, mesh):
 
 def case_out_reduce(rng):
   mesh = _mesh()
-  x = rng.standard_normal(SHARD * mesh.size).astype(np.float32)
+  x = rng.standard_normal(SHARD * mesh.size, np.float32)
   expected = 2 * x.astype(np.float64).reshape(mesh.size, SHARD).sum(0)
   _report("out_reduce_jit", jax.jit(lambda a: _out_reduce(a, mesh))(x),
           expected)
@@ -118,7 +118,7 @@ def case_rule(rng):
   n = mesh.size
   row_sum = jt_dist.ShardingRule("r c -> r", reductions={"c": "sum"})
   rows, cols = 4, SHARD // 4 * n
-  x = rng.standard_normal((rows, cols)).astype(np.float32)
+  x = rng.standard_normal((rows, cols), np.float32)
   xs = jax.device_put(x, NamedSharding(mesh, P(None, "x")))
 
   def sums(a):
@@ -140,8 +140,8 @@ def case_rule(rng):
       small, NamedSharding(mesh, P(None, "x")))), 2 * small)
 
   add = jt_dist.ShardingRule("i j, i j -> i j")
-  y = rng.standard_normal((n * 1024, 1024)).astype(np.float32)
-  z = rng.standard_normal((n * 1024, 1024)).astype(np.float32)
+  y = rng.standard_normal((n * 1024, 1024), np.float32)
+  z = rng.standard_normal((n * 1024, 1024), np.float32)
 
   @jax.jit
   def reshard(a, b):
@@ -164,8 +164,8 @@ def case_vmap(rng):
   """jax.vmap of a call inside shard_map, then the user's psum."""
   mesh = _mesh()
   batch = 4
-  x = rng.standard_normal((mesh.size * batch, SHARD // batch)).astype(
-      np.float32)
+  x = rng.standard_normal((mesh.size * batch, SHARD // batch),
+                          np.float32)
 
   def body(local):
     return jax.lax.psum(jax.vmap(_scale)(local), "x")
@@ -180,7 +180,7 @@ def case_user_collectives(rng):
   """A plain call inside shard_map, then psum, all_gather and ppermute."""
   mesh = _mesh()
   n = mesh.size
-  x = rng.standard_normal(SHARD * n).astype(np.float32)
+  x = rng.standard_normal(SHARD * n, np.float32)
   xs = jax.device_put(x, NamedSharding(mesh, P("x")))
   shards = 2 * x.astype(np.float64).reshape(n, SHARD)
 
@@ -205,7 +205,7 @@ def case_user_collectives(rng):
 def case_processes(rng):
   """2 processes x 4 devices: out_reduce and a psum across processes."""
   mesh = jax.make_mesh((jax.device_count(),), ("x",))
-  x = rng.standard_normal(SHARD * mesh.size).astype(np.float32)
+  x = rng.standard_normal(SHARD * mesh.size, np.float32)
   expected = 2 * x.astype(np.float64).reshape(mesh.size, SHARD).sum(0)
   out = jax.jit(lambda a: _out_reduce(a, mesh))(x)
   _report("processes_out_reduce",

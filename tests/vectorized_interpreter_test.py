@@ -24,6 +24,7 @@ from jt_dist import testing
 testing.configure_cpu_devices()
 
 import jt_dist  # pylint: disable=g-import-not-at-top,wrong-import-position
+from jt_dist._cpu import bounds  # pylint: disable=g-import-not-at-top,wrong-import-position
 from jt_dist._cpu import host_memory  # pylint: disable=g-import-not-at-top,wrong-import-position
 from jt_dist._cpu import vector_launch  # pylint: disable=g-import-not-at-top,wrong-import-position
 
@@ -454,15 +455,18 @@ class _RecordingNative:
 
   def __init__(self):
     self.calls = []
+    self.addresses = []
 
   def load(self, ptrs, mask, other, dtype):
     del mask, other
     self.calls.append("load")
+    self.addresses.append(np.asarray(ptrs, np.uint64))
     return np.zeros(np.shape(ptrs), dtype)
 
   def store(self, ptrs, values, mask):
-    del ptrs, values, mask
+    del values, mask
     self.calls.append("store")
+    self.addresses.append(np.asarray(ptrs, np.uint64))
 
 
 class HostMemoryTest(testing.TestCase):
@@ -501,6 +505,92 @@ class HostMemoryTest(testing.TestCase):
     ptrs = self.base + np.arange(60, 70, dtype=np.uint64) * np.uint64(4)
     self.memory.load(ptrs, np.ones(10, bool), 0.0, np.float32)
     self.assertEqual(self.native.calls, ["load"])
+
+  def test_offsets_into_a_buffer_are_a_gather_and_a_scatter(self):
+    index = self.np_rng.permutation(64)[:16]
+    mask = self.np_rng.random(16) < 0.7
+    offsets = np.where(mask, index * 4, 0).astype(np.int64)
+    loaded = self.memory.load_at(0, offsets, mask, -1.0, np.float32)
+    np.testing.assert_array_equal(loaded,
+                                  np.where(mask, self.buffer[index], -1.0))
+    order = np.sort(index)
+    before = self.buffer.copy()
+    values = self.random((16,))
+    self.memory.store_at(0, order.astype(np.int64) * 4, values, mask)
+    np.testing.assert_array_equal(self.buffer[order[mask]], values[mask])
+    np.testing.assert_array_equal(self.buffer[order[~mask]],
+                                  before[order[~mask]])
+    self.assertEqual(self.native.calls, [])
+
+  def test_misaligned_offsets_go_to_the_native_module_as_addresses(self):
+    offsets = np.arange(16, dtype=np.int64) * 4
+    offsets[3] += 2
+    mask = np.ones(16, bool)
+    self.memory.load_at(0, offsets, mask, 0.0, np.float32)
+    self.memory.store_at(0, offsets, self.random((16,)), mask)
+    self.assertEqual(self.native.calls, ["load", "store"])
+    for ptrs in self.native.addresses:
+      np.testing.assert_array_equal(ptrs, self.base + offsets.astype(np.uint64))
+
+
+  def test_empty_buffer_with_every_lane_off_goes_to_the_native_module(self):
+    memory = host_memory.HostMemory(self.native, [np.zeros((0,), np.float32)])
+    mask = np.zeros(4, bool)
+    memory.load_at(0, np.zeros(4, np.int64), mask, 0.0, np.float32)
+    memory.store_at(0, np.zeros(4, np.int64), np.ones(4, np.float32), mask)
+    self.assertEqual(self.native.calls, ["load", "store"])
+
+
+class CheckedHostMemoryTest(testing.TestCase):
+  """Checked accesses that stay in one buffer reach it by their offsets."""
+
+  def setUp(self):
+    super().setUp()
+    self.a = self.random((64,))
+    self.out = np.zeros((32,), np.int32)
+    self.checker = bounds.MemoryChecker("k", [
+        bounds.Buffer("a_ptr", "input", self.a),
+        bounds.Buffer("out_ptr", "output", self.out,
+                      written=np.zeros(self.out.nbytes, bool))])
+    self.native = _RecordingNative()
+    self.memory = bounds.CheckedMemory(
+        host_memory.HostMemory(self.native, [self.a, self.out]), self.checker)
+
+  def _ptrs(self, k, elements, itemsize=4):
+    return (np.uint64(self.checker.tagged_address(k))
+            + np.asarray(elements, np.uint64) * np.uint64(itemsize))
+
+  def test_one_buffer_is_read_and_written_without_the_native_module(self):
+    index = self.np_rng.permutation(64)[:16]
+    np.testing.assert_array_equal(
+        self.memory.load(self._ptrs(0, index), True, 0.0, np.float32),
+        self.a[index])
+    values = self.np_rng.integers(-9, 9, 8).astype(np.int32)
+    self.memory.store(self._ptrs(1, np.arange(8)), values, True)
+    np.testing.assert_array_equal(self.out[:8], values)
+    np.testing.assert_array_equal(
+        self.memory.load(self._ptrs(1, np.arange(8)), True, 0, np.int32),
+        values)
+    self.assertEqual(self.native.calls, [])
+
+  def test_unwritten_and_out_of_bounds_lanes_still_raise(self):
+    with self.assertRaisesRegex(jt_dist.UnwrittenOutputReadError,
+                                r"'out_ptr' \(output\) reads 1 element"):
+      self.memory.load(self._ptrs(1, [8]), True, 0, np.int32)
+    with self.assertRaisesRegex(jt_dist.OutOfBoundsAccessError,
+                                r"element offsets \[64\]"):
+      self.memory.load(self._ptrs(0, [60, 64]), True, 0.0, np.float32)
+    self.assertEqual(self.native.calls, [])
+
+  def test_two_buffers_go_to_the_native_module_as_real_addresses(self):
+    self.memory.store(self._ptrs(1, np.arange(32)), np.ones(32, np.int32),
+                      True)
+    ptrs = np.concatenate([self._ptrs(0, [1, 2]), self._ptrs(1, [3])])
+    self.memory.load(ptrs, True, 0, np.int32)
+    self.assertEqual(self.native.calls, ["load"])
+    np.testing.assert_array_equal(self.native.addresses[0], [
+        self.a.ctypes.data + 4, self.a.ctypes.data + 8,
+        self.out.ctypes.data + 12])
 
 
 if __name__ == "__main__":

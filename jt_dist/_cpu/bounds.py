@@ -28,6 +28,7 @@ import triton
 
 from jt_dist import _compat
 from jt_dist import _errors
+from jt_dist._cpu import host_memory as _host_memory
 
 # The environment variable that turns the check off ("0", "false", "off").
 ENV_VAR = "JT_DIST_BOUNDS_CHECK"
@@ -90,12 +91,20 @@ class MemoryChecker:
       UnwrittenOutputReadError: a read of output bytes not yet written.
     """
     ptrs = np.asarray(ptrs, dtype=np.uint64)
+    found = self.locate(op, ptrs, mask, itemsize, reads=reads, writes=writes)
+    if found is not None:
+      return self.real_addresses(*found)
+    return self.translate_lanes(op, ptrs, mask, itemsize, reads, writes)
+
+  def real_addresses(self, k: int, offset):
+    """The real addresses of byte offsets ``offset`` into buffer ``k``."""
+    return self._real[k] + np.asarray(offset).view(np.uint64)
+
+  def translate_lanes(self, op, ptrs, mask, itemsize, reads, writes):
+    """``translate`` lane by lane: pointers into several buffers, or an
+    access to describe as an error."""
+    ptrs = np.asarray(ptrs, dtype=np.uint64)
     on = np.broadcast_to(np.asarray(mask, dtype=bool), ptrs.shape)
-    k = self._single_buffer(ptrs)
-    if k is not None:
-      real = self._translate_one(op, k, ptrs, on, itemsize, reads, writes)
-      if real is not None:
-        return real
     index = (ptrs >> np.uint64(_REGION_BITS)).astype(np.int64) - 1
     known = (index >= 0) & (index < self._count)
     index = np.where(known, index, 0)
@@ -109,37 +118,40 @@ class MemoryChecker:
     real = self._real[index] + np.where(inside, offset, 0).astype(np.uint64)
     return real
 
-  def _single_buffer(self, ptrs):
-    """The buffer every lane of ``ptrs`` names, or None if not just one."""
+  def locate(self, op: str, ptrs, mask, itemsize: int, *, reads: bool,
+             writes: bool):
+    """``(k, byte offsets)`` where every lane names buffer ``k`` (the usual
+    case) and every enabled lane is inside it; else None.
+
+    Checks and records as ``translate`` does. Lanes the mask turns off get
+    offset 0, so a gather over every lane stays inside the buffer. None
+    leaves ``translate``'s general path to describe what is wrong.
+    """
+    ptrs = np.asarray(ptrs, dtype=np.uint64)
     if not ptrs.size:
       return None
-    lo = int(ptrs.min()) >> _REGION_BITS
-    hi = int(ptrs.max()) >> _REGION_BITS
-    return lo - 1 if lo == hi and 1 <= lo <= self._count else None
-
-  def _translate_one(self, op, k, ptrs, on, itemsize, reads, writes):
-    """``translate`` where every lane names buffer ``k`` (the usual case).
-
-    Returns None where a lane is out of bounds, for ``translate``'s general
-    path to describe.
-    """
-    offset = ptrs.view(np.int64) - self._tagged[k].view(np.int64)
-    last = self._nbytes[k] - itemsize
+    lo, hi = int(ptrs.min()), int(ptrs.max())
+    k = (lo >> _REGION_BITS) - 1
+    if k != (hi >> _REGION_BITS) - 1 or not 0 <= k < self._count:
+      return None
+    on = np.broadcast_to(np.asarray(mask, dtype=bool), ptrs.shape)
+    base = int(self._tagged[k])
+    offset = ptrs.view(np.int64) - np.int64(base)
+    last = int(self._nbytes[k]) - itemsize
     if on.all():
-      if offset.min() < 0 or offset.max() > last:
+      # The extremes of the offsets are those of the pointers: no pass.
+      if lo - base < 0 or hi - base > last:
         return None
-      real = offset.view(np.uint64)
       if self.buffers[k].written is not None:
         self._track_buffer(op, k, offset.reshape(-1), on, itemsize, reads,
                            writes)
-      real += self._real[k]
-      return real
+      return k, offset
     inside = (offset >= 0) & (offset <= last)
     if (on & ~inside).any():
       return None
     if self.buffers[k].written is not None:
       self._track_buffer(op, k, offset[on], on, itemsize, reads, writes)
-    return self._real[k] + np.where(inside, offset, 0).astype(np.uint64)
+    return k, np.where(inside, offset, 0)
 
   def _track(self, op, index, offset, on, itemsize, reads, writes):
     for k in np.unique(index[on]):
@@ -151,18 +163,20 @@ class MemoryChecker:
   def _track_buffer(self, op, k, starts, on, itemsize, reads, writes):
     """Checks and records the written bytes at byte offsets ``starts``."""
     written = self.buffers[k].written
-    if (itemsize in (2, 4, 8) and written.size % itemsize == 0
-        and not (starts % itemsize).any()):
+    if (itemsize in (2, 4, 8) and written.size % itemsize == 0 and starts.size
+        and not int(np.bitwise_or.reduce(starts, axis=None)) & (itemsize - 1)):
       # Aligned elements: one word per element of the byte map, all of
-      # whose bytes are 1 where the element is written.
+      # whose bytes are 1 where the element is written. (Shifts and ORs:
+      # NumPy's integer division is several times slower.)
       words = written.view(np.dtype(f"<u{itemsize}"))
       full = int.from_bytes(b"\x01" * itemsize, "little")
+      index = starts >> (itemsize.bit_length() - 1)
       if reads:
-        unwritten = words[starts // itemsize] != full
+        unwritten = words[index] != full
         if unwritten.any():
           raise self._unwritten(op, k, starts[unwritten], on, itemsize)
       if writes:
-        words[starts // itemsize] = full
+        words[index] = full
       return
     byte_index = starts[:, None] + np.arange(itemsize)
     if reads:
@@ -288,20 +302,37 @@ class CheckedMemory:
   def __init__(self, native, checker: MemoryChecker):
     self._native = native
     self._checker = checker
+    # Over the launch's own buffers (HostMemory), an access that stays in
+    # one buffer goes by its offsets, with no real address computed.
+    self._direct = isinstance(native, _host_memory.HostMemory)
 
   def __getattr__(self, name):
     # Enums (MEM_SEMANTIC, RMW_OP) and anything else pass through.
     return getattr(self._native, name)
 
   def load(self, ptrs, mask, other, dtype):
-    real = self._checker.translate("load", ptrs, mask, np.dtype(dtype).itemsize,
-                                   reads=True, writes=False)
+    found = self._checker.locate("load", ptrs, mask, np.dtype(dtype).itemsize,
+                                 reads=True, writes=False)
+    if found is None:
+      real = self._checker.translate_lanes(
+          "load", ptrs, mask, np.dtype(dtype).itemsize, True, False)
+    elif self._direct:
+      return self._native.load_at(*found, mask, other, dtype)
+    else:
+      real = self._checker.real_addresses(*found)
     return self._native.load(real, mask, other, dtype)
 
   def store(self, ptrs, values, mask):
     itemsize = np.asarray(values).dtype.itemsize
-    real = self._checker.translate("store", ptrs, mask, itemsize,
-                                   reads=False, writes=True)
+    found = self._checker.locate("store", ptrs, mask, itemsize, reads=False,
+                                 writes=True)
+    if found is None:
+      real = self._checker.translate_lanes(
+          "store", ptrs, mask, itemsize, False, True)
+    elif self._direct:
+      return self._native.store_at(*found, values, mask)
+    else:
+      real = self._checker.real_addresses(*found)
     return self._native.store(real, values, mask)
 
   def atomic_rmw(self, op, ptrs, values, mask, sem):

@@ -27,54 +27,97 @@ class HostMemory:
     # Atomics, enums (MEM_SEMANTIC, RMW_OP) and anything else pass through.
     return getattr(self._native, name)
 
+  def _view(self, k: int, dtype: np.dtype):
+    """Buffer ``k`` as a flat array of ``dtype`` if its elements are
+    aligned there; else None."""
+    itemsize = dtype.itemsize
+    array = self._arrays[k]
+    # An empty buffer has no element 0 for the lanes a mask turns off.
+    if (itemsize not in (1, 2, 4, 8) or array.nbytes % itemsize
+        or self._starts[k] % itemsize or not array.nbytes):
+      return None
+    return array.reshape(-1).view(np.uint8).view(dtype)
+
+  def _at(self, k: int, offsets, dtype: np.dtype):
+    """(flat view, element indices) for byte ``offsets`` into buffer ``k``
+    (all inside it), or None where misaligned."""
+    flat = self._view(k, dtype)
+    itemsize = dtype.itemsize
+    # The buffer's start is aligned, so every address is where the OR of
+    # the offsets is: one pass, with no temporary array.
+    if flat is None or (itemsize > 1 and int(
+        np.bitwise_or.reduce(offsets, axis=None)) & (itemsize - 1)):
+      return None
+    return flat, offsets >> (itemsize.bit_length() - 1)
+
+  def _real(self, k: int, offsets):
+    return np.uint64(self._starts[k]) + np.asarray(offsets).view(np.uint64)
+
+  def load_at(self, k: int, offsets, mask, other, dtype):
+    """``load`` at byte ``offsets`` into buffer ``k``, as checked."""
+    dtype = np.dtype(dtype)
+    found = self._at(k, offsets, dtype)
+    if found is None:
+      return self._native.load(self._real(k, offsets), mask, other, dtype)
+    return _gather(*found, mask, other)
+
+  def store_at(self, k: int, offsets, values, mask):
+    """``store`` at byte ``offsets`` into buffer ``k``, as checked."""
+    values = np.asarray(values)
+    found = self._at(k, offsets, values.dtype)
+    if (found is None or not found[0].flags.writeable
+        or not _scatter(*found, values, mask)):
+      return self._native.store(self._real(k, offsets), values, mask)
+    return None
+
   def _elements(self, ptrs, dtype):
     """(flat view of the buffer as ``dtype``, element indices), or None."""
-    itemsize = dtype.itemsize
-    if ptrs.size == 0 or itemsize not in (1, 2, 4, 8):
+    if ptrs.size == 0:
       return None
     lo, hi = int(ptrs.min()), int(ptrs.max())
-    for array, start in zip(self._arrays, self._starts):
-      end = start + array.nbytes
-      if start <= lo and hi + itemsize <= end:
-        break
-    else:
-      return None
-    if array.nbytes % itemsize or start % itemsize:
-      return None
-    # The buffer's start is aligned, so every address is where the OR of
-    # them all is: one pass, with no temporary array.
-    if itemsize > 1 and int(np.bitwise_or.reduce(ptrs, axis=None)) & (
-        itemsize - 1):
-      return None
-    offsets = ptrs - np.uint64(start)
-    offsets >>= np.uint64(itemsize.bit_length() - 1)
-    flat = array.reshape(-1).view(np.uint8).view(dtype)
-    return flat, offsets.view(np.int64)
+    for k, (array, start) in enumerate(zip(self._arrays, self._starts)):
+      if start <= lo and hi + dtype.itemsize <= start + array.nbytes:
+        return self._at(k, (ptrs - np.uint64(start)).view(np.int64), dtype)
+    return None
 
   def load(self, ptrs, mask, other, dtype):
     ptrs = np.asarray(ptrs)
     found = self._elements(ptrs, np.dtype(dtype))
     if found is None:
       return self._native.load(ptrs, mask, other, dtype)
-    flat, elements = found
-    # A C-ordered result, as the native module returns: NumPy's reductions
-    # group their sums by memory order.
-    result = np.ascontiguousarray(flat[elements])
-    mask = np.asarray(mask, dtype=bool)
-    if not mask.all():
-      np.copyto(result, other, where=~mask)
-    return result
+    return _gather(*found, mask, other)
 
   def store(self, ptrs, values, mask):
     ptrs, values = np.asarray(ptrs), np.asarray(values)
     found = self._elements(ptrs, values.dtype)
-    if found is None or not found[0].flags.writeable:
+    if (found is None or not found[0].flags.writeable
+        or not _scatter(*found, values, mask)):
       return self._native.store(ptrs, values, mask)
-    flat, elements = found
-    mask = np.broadcast_to(np.asarray(mask, dtype=bool), ptrs.shape)
-    elements = elements[mask]
-    if elements.size > 1 and not (np.diff(elements) > 0).all():
-      # One element written twice: the last lane must win, as natively.
-      return self._native.store(ptrs, values, mask)
-    flat[elements] = np.broadcast_to(values, ptrs.shape)[mask]
     return None
+
+
+def _gather(flat, elements, mask, other):
+  # A C-ordered result, as the native module returns: NumPy's reductions
+  # group their sums by memory order.
+  result = np.ascontiguousarray(flat[elements])
+  mask = np.asarray(mask, dtype=bool)
+  if not mask.all():
+    np.copyto(result, other, where=~mask)
+  return result
+
+
+def _scatter(flat, elements, values, mask) -> bool:
+  """Writes ``values`` at the enabled ``elements``; False (nothing written)
+  where one element is written twice, for the native module to do."""
+  mask = np.asarray(mask, dtype=bool)
+  values = np.broadcast_to(values, elements.shape)
+  if not mask.all():
+    # Boolean indexing copies: only where some lane is off.
+    mask = np.broadcast_to(mask, elements.shape)
+    elements, values = elements[mask], values[mask]
+  elements = elements.reshape(-1)
+  if elements.size > 1 and not (elements[1:] > elements[:-1]).all():
+    # One element written twice: the last lane must win, as natively.
+    return False
+  flat[elements] = values.reshape(-1)
+  return True

@@ -310,29 +310,30 @@ class CheckedMemory:
     # Enums (MEM_SEMANTIC, RMW_OP) and anything else pass through.
     return getattr(self._native, name)
 
-  def load(self, ptrs, mask, other, dtype):
-    found = self._checker.locate("load", ptrs, mask, np.dtype(dtype).itemsize,
-                                 reads=True, writes=False)
+  def _checked(self, op, ptrs, mask, itemsize, reads, writes):
+    """``(k, offsets)`` for HostMemory to reach buffer ``k`` by, or
+    ``(None, real addresses)`` for the module underneath."""
+    found = self._checker.locate(op, ptrs, mask, itemsize, reads=reads,
+                                 writes=writes)
     if found is None:
-      real = self._checker.translate_lanes(
-          "load", ptrs, mask, np.dtype(dtype).itemsize, True, False)
-    elif self._direct:
+      return None, self._checker.translate_lanes(op, ptrs, mask, itemsize,
+                                                 reads, writes)
+    if self._direct:
+      return found, None
+    return None, self._checker.real_addresses(*found)
+
+  def load(self, ptrs, mask, other, dtype):
+    found, real = self._checked("load", ptrs, mask, np.dtype(dtype).itemsize,
+                                True, False)
+    if found is not None:
       return self._native.load_at(*found, mask, other, dtype)
-    else:
-      real = self._checker.real_addresses(*found)
     return self._native.load(real, mask, other, dtype)
 
   def store(self, ptrs, values, mask):
-    itemsize = np.asarray(values).dtype.itemsize
-    found = self._checker.locate("store", ptrs, mask, itemsize, reads=False,
-                                 writes=True)
-    if found is None:
-      real = self._checker.translate_lanes(
-          "store", ptrs, mask, itemsize, False, True)
-    elif self._direct:
+    found, real = self._checked("store", ptrs, mask,
+                                np.asarray(values).dtype.itemsize, False, True)
+    if found is not None:
       return self._native.store_at(*found, values, mask)
-    else:
-      real = self._checker.real_addresses(*found)
     return self._native.store(real, values, mask)
 
   def atomic_rmw(self, op, ptrs, values, mask, sem):

@@ -4,10 +4,11 @@ Python runs a signal's handler between two bytecodes, so Ctrl-C raises
 ``KeyboardInterrupt`` inside whatever Python code a launch is running at the
 time, and some of that code runs under C functions that replace the
 exception with their own. NumPy does: when it reads a shape through Python
-(Triton 3.9's block shapes are ``tl.tuple`` objects, whose ``__iter__``
-is Python) and the read raises, it reports ``TypeError: expected a sequence of integers or a single
-integer``. Triton's interpreter then wraps that as a fault of the kernel,
-and the caller sees an ``InterpreterError`` instead of the interrupt.
+(Triton 3.9's block shapes are ``tl.tuple`` objects, whose ``__iter__`` is
+Python) and the read raises, it reports ``TypeError: expected a sequence of
+integers or a single integer``. Triton's interpreter then wraps that as a
+fault of the kernel, and the caller sees an ``InterpreterError`` instead of
+the interrupt.
 
 For the length of a launch on the main thread, ``signal_kept`` wraps the
 SIGINT handler in force: the wrapper runs it as it is and remembers what it

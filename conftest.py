@@ -11,6 +11,7 @@ this process. Without pytest-xdist (the ``test`` extra installs it) those two
 options are accepted and ignored, and the suites run in this process.
 """
 
+import gc
 import os
 import sys
 
@@ -48,3 +49,20 @@ def pytest_report_header(config):
   if not config.pluginmanager.hasplugin("xdist"):
     return _NO_XDIST
   return None
+
+
+def pytest_collection_finish(session):
+  # What the collection imported (jax, Triton, the test modules: about
+  # 175,000 objects) lives until the end. Frozen, it is no longer walked by
+  # each full collection: in one run, the two workers' full collections
+  # took 1.0 s instead of 2.8 s.
+  del session
+  gc.collect()
+  gc.freeze()
+
+
+def pytest_sessionfinish(session, exitstatus):
+  # Frozen objects are never collected, and at exit nanobind would report
+  # jaxlib's objects among them as leaked.
+  del session, exitstatus
+  gc.unfreeze()

@@ -88,16 +88,35 @@ def _options_readable(env: dict[str, str]) -> bool:
   return x64 in fork_server_child.TRUE_VALUES or x64 in _FALSE
 
 
+# Imported lazily by a run's first kernel, lowering or collective (Triton's
+# code generator with Gluon, which the interpreter's scalar conversion also
+# imports; libdevice; jax's buffer callbacks, multi-host helpers and MLIR
+# dialects): about 0.1 s per child otherwise. A module that this Triton or
+# jax lacks is skipped.
+_PRELOADED = ("triton.compiler.code_generator",
+              "triton.language.extra.libdevice",
+              "jax.experimental.buffer_callback",
+              "jax.experimental.multihost_utils",
+              "jaxlib.mlir.dialects.builtin", "jaxlib.mlir.dialects.mhlo")
+
 # The server imports what every run imports first, then this directory's
 # fork_server_child, whose loop serves the requests.
 _SERVER = r"""
-import os, sys
+import gc, importlib, os, sys
 base_path = list(sys.path)
 import jt_dist  # jax and Triton, imported the quiet way users import them.
+for name in sys.argv[2:]:
+  try:
+    importlib.import_module(name)
+  except ImportError:
+    pass
 sys.path.insert(0, os.path.dirname(os.path.abspath(sys.argv[1])))
 import fork_server_child
 sys.path[:] = base_path
 fork_server_child.BASE_PATH = base_path
+# The children's full collections then skip what the imports made.
+gc.collect()
+gc.freeze()
 fork_server_child.serve(sys.stdin.fileno(), sys.stdout.fileno())
 """
 
@@ -117,7 +136,8 @@ class _Server:
     self._answers: queue.Queue = queue.Queue()
     self.alive = True
     self.process = subprocess.Popen(
-        [sys.executable, "-c", _SERVER, os.path.abspath(__file__)],
+        [sys.executable, "-c", _SERVER, os.path.abspath(__file__),
+         *_PRELOADED],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL, env=env, cwd=cwd)
     threading.Thread(target=self._read, daemon=True,

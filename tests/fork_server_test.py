@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import signal
 import subprocess
@@ -209,12 +210,27 @@ class ForkServerTest(parameterized.TestCase):
   def test_import_time_environment_gets_its_own_server(self):
     code = ("import jt_dist, jax\nprint(jax.config.jax_traceback_filtering)\n"
             + _PARENT)
-    # Not this process's setting: a server of its own.
+    # Not this process's setting: a server of its own. It also preloads a
+    # module that does not exist, which it skips.
     other = ("off" if os.environ.get("JAX_TRACEBACK_FILTERING") != "off"
              else "tracebackhide")
-    result = _run(code, env={"JAX_TRACEBACK_FILTERING": other}, timeout=120)
+    with mock.patch.object(fork_server, "_PRELOADED",
+                           (*fork_server._PRELOADED, "jt_dist_no_such_module")):  # pylint: disable=protected-access
+      result = _run(code, env={"JAX_TRACEBACK_FILTERING": other}, timeout=120)
+    self.assertEqual(result.returncode, 0, result.stderr)
     self.assertEqual(result.stdout.splitlines()[0], other)
     self.assertTrue(_forked(result))
+
+  def test_child_starts_with_the_preloads_imported_and_frozen(self):
+    preloads = [name for name in fork_server._PRELOADED  # pylint: disable=protected-access
+                if importlib.util.find_spec(name) is not None]
+    self.assertIn("triton.compiler.code_generator", preloads)
+    code = ("import gc, sys\nimport jt_dist\n"
+            f"print([n for n in {preloads!r} if n not in sys.modules])\n"
+            "print(gc.get_freeze_count() > 100_000)\n" + _PARENT)
+    result = _run(code, timeout=120)
+    self.assertEqual(result.returncode, 0, result.stderr)
+    self.assertEqual(result.stdout.splitlines(), ["[]", "True", "forked"])
 
   @parameterized.parameters("0", "1", "true", "off")
   def test_jax_options_set_by_the_child_share_a_server(self, x64):

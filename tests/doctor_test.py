@@ -3,8 +3,6 @@
 import io
 import os
 import re
-import subprocess
-import sys
 import tempfile
 import types
 from unittest import mock
@@ -106,10 +104,10 @@ class DoctorProcessTest(testing.TestCase):
     self.assertIn("--skip-kernels", out)
 
   def test_importing_main_runs_nothing(self):
-    result = subprocess.run(
-        [sys.executable, "-c", "import jt_dist.__main__"], cwd=_ROOT,
-        env={**os.environ, "PYTHONPATH": _ROOT}, capture_output=True,
-        text=True, timeout=600)
+    # A fork of a process that imported jt_dist, but not jt_dist.__main__.
+    result = fork_server.run(
+        ["-c", "import jt_dist.__main__"], cwd=_ROOT,
+        env=fork_server.tree_env(_ROOT), timeout=600)
     self.assertEqual(result.returncode, 0, result.stderr)
     self.assertEqual(result.stdout, "")
 

@@ -19,6 +19,7 @@ import os
 import select
 import signal
 import sys
+import tempfile
 
 # The server's sys.path when it started (``python -c``: "" first).
 BASE_PATH: list[str] = []
@@ -125,6 +126,9 @@ def child_main(request: dict) -> None:
     os.chdir(request["cwd"])
     os.environ.clear()
     os.environ.update(request["env"])
+    # The server's imports already chose a temporary directory; the child's
+    # own TMPDIR decides, as in a fresh interpreter.
+    tempfile.tempdir = None
     _set_jax_options(request["env"])
     code = _run_main(request["argv"])
   except BaseException:  # pylint: disable=broad-except

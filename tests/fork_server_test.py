@@ -71,6 +71,16 @@ class ForkServerTest(parameterized.TestCase):
     self.assertEqual(result.stderr, "to stderr\n")
     self.assertTrue(_forked(result))
 
+  def test_temporary_directory_is_the_childs(self):
+    code = "import jt_dist, tempfile\nprint(tempfile.gettempdir())\n" + _PARENT
+    # The server is the one this process's environment gets (started here
+    # if none was): its import chose the temporary directory of that one.
+    self.assertTrue(_forked(_run(code, timeout=120)))
+    with tempfile.TemporaryDirectory() as tmp:
+      result = _run(code, env={"TMPDIR": tmp}, timeout=120)
+    self.assertEqual(result.returncode, 0, result.stderr)
+    self.assertEqual(result.stdout.splitlines(), [tmp, "forked"])
+
   @parameterized.parameters((None, 0), (3, 3), ("'a message'", 1))
   def test_exit_status(self, code, status):
     result = _run(f"import jt_dist, sys\nsys.exit({code})", timeout=120)

@@ -450,6 +450,34 @@ def _histogram_with_first(idx_ptr, n, first_in_ptr, hist_ptr, first_ptr,
   tl.atomic_xchg(first_ptr + 16, tl.program_id(0))
 
 
+class AddPtrTest(testing.TestCase):
+  """The vectorised builder's pointer arithmetic, against upstream's."""
+
+  @parameterized.parameters(
+      (tl.float32, (3, 8), (1, 8)),   # Shared pointer, per-program offsets.
+      (tl.float64, (3, 8), (3, 8)),
+      (tl.int1, (2, 4), (2, 4)),      # Bytes, as upstream counts int1.
+      (tl.float16, (1, 1), (3, 8)),   # One offset for a block of pointers.
+  )
+  def test_same_addresses_as_upstream(self, element, offset_shape, ptr_shape):
+    from jt_dist._cpu import vector_builder  # pylint: disable=g-import-not-at-top
+    from triton.runtime import interpreter  # pylint: disable=g-import-not-at-top
+    pointer = tl.pointer_type(element)
+    ptrs = interpreter.TensorHandle(
+        np.uint64(1 << 40) + self.np_rng.integers(
+            0, 1 << 20, size=ptr_shape, dtype=np.uint64), pointer)
+    # Negative offsets wrap, as upstream's uint64 arithmetic does.
+    offsets = interpreter.TensorHandle(self.np_rng.integers(
+        -1000, 1000, size=offset_shape, dtype=np.int32), tl.int32)
+    before = offsets.data.copy()
+    got = vector_builder.VectorBuilder((3, 1, 1)).create_addptr(ptrs, offsets)
+    want = interpreter.InterpreterBuilder().create_addptr(ptrs, offsets)
+    self.assertEqual(got.data.dtype, np.uint64)
+    np.testing.assert_array_equal(got.data, want.data)
+    self.assertEqual(got.dtype, want.dtype)
+    np.testing.assert_array_equal(offsets.data, before)  # Not modified.
+
+
 class _RecordingNative:
   """Stands for the interpreter's native memory module: records fallbacks."""
 
@@ -513,6 +541,8 @@ class HostMemoryTest(testing.TestCase):
     loaded = self.memory.load_at(0, offsets, mask, -1.0, np.float32)
     np.testing.assert_array_equal(loaded,
                                   np.where(mask, self.buffer[index], -1.0))
+    # The load took its offsets as scratch: they are element indices now.
+    np.testing.assert_array_equal(offsets, np.where(mask, index, 0))
     order = np.sort(index)
     before = self.buffer.copy()
     values = self.random((16,))

@@ -38,9 +38,10 @@ class HostMemory:
       return None
     return array.reshape(-1).view(np.uint8).view(dtype)
 
-  def _at(self, k: int, offsets, dtype: np.dtype):
+  def _at(self, k: int, offsets, dtype: np.dtype, in_place: bool = False):
     """(flat view, element indices) for byte ``offsets`` into buffer ``k``
-    (all inside it), or None where misaligned."""
+    (all inside it), or None where misaligned. ``in_place`` turns the
+    offsets themselves into the indices."""
     flat = self._view(k, dtype)
     itemsize = dtype.itemsize
     # The buffer's start is aligned, so every address is where the OR of
@@ -48,15 +49,23 @@ class HostMemory:
     if flat is None or (itemsize > 1 and int(
         np.bitwise_or.reduce(offsets, axis=None)) & (itemsize - 1)):
       return None
-    return flat, offsets >> (itemsize.bit_length() - 1)
+    shift = itemsize.bit_length() - 1
+    if in_place and isinstance(offsets, np.ndarray) and offsets.flags.writeable:
+      return flat, np.right_shift(offsets, shift, out=offsets)
+    return flat, offsets >> shift
 
   def _real(self, k: int, offsets):
     return np.uint64(self._starts[k]) + np.asarray(offsets).view(np.uint64)
 
   def load_at(self, k: int, offsets, mask, other, dtype):
-    """``load`` at byte ``offsets`` into buffer ``k``, as checked."""
+    """``load`` at byte ``offsets`` into buffer ``k``, as checked.
+
+    The offsets are the caller's scratch: where they are aligned, they are
+    turned into element indices in place (over a large block that saves an
+    array of fresh memory per load).
+    """
     dtype = np.dtype(dtype)
-    found = self._at(k, offsets, dtype)
+    found = self._at(k, offsets, dtype, in_place=True)
     if found is None:
       return self._native.load(self._real(k, offsets), mask, other, dtype)
     return _gather(*found, mask, other)

@@ -120,6 +120,24 @@ class VectorBuilder(_interpreter.InterpreterBuilder):
   def create_atomic_poll(self, *args, **kwargs):
     raise Unsupported("atomic_poll")
 
+  # --- pointers ----------------------------------------------------------
+
+  def create_addptr(self, ptr, offset):
+    # Upstream's ``ptr + width * offset`` makes three arrays of addresses;
+    # over every program of a large block each is megabytes of fresh memory
+    # (page faults and zeroing). One array, updated in place, holds the
+    # same uint64 addresses, wrapping as upstream's do.
+    width = max(1, ptr.get_element_ty().primitive_bitwidth // 8)
+    addresses = np.asarray(offset.data).astype(np.uint64)
+    if width != 1:
+      np.multiply(addresses, np.uint64(width), out=addresses)
+    base = np.asarray(ptr.data)
+    if np.broadcast_shapes(addresses.shape, base.shape) == addresses.shape:
+      np.add(addresses, base, out=addresses)
+    else:
+      addresses = base + addresses
+    return TensorHandle(addresses, ptr.dtype)
+
   # --- shapes: every block axis is one further right --------------------
 
   def create_splat(self, ret_ty, arg):

@@ -31,6 +31,17 @@ def _sub_kernel(x_ptr, y_ptr, n, out_ptr, BLOCK: tl.constexpr):
   tl.store(out_ptr + offsets, x - y, mask=mask)
 
 
+def _skip_where_gpus_are_hidden(test):
+  # On a GPU host run with JAX_PLATFORMS=cpu the doctor rightly reports the
+  # GPUs JAX does not see (test_gpus_unseen_by_jax_are_a_problem): a clean
+  # report cannot be had there.
+  driver = _doctor._driver_version()  # pylint: disable=protected-access
+  if (jax.default_backend() == "cpu" and driver != "-"
+      and not driver.startswith("unknown")):
+    test.skipTest(f"nvidia-smi reports a driver ({driver}) but JAX runs on"
+                  " the CPU here: the doctor reports that as a problem")
+
+
 def _doctor_process(*args, **env):
   """Runs ``python -m jt_dist`` on this tree's jt_dist; (status, output)."""
   full_env = fork_server.tree_env(_ROOT, **env)
@@ -48,6 +59,7 @@ class DoctorProcessTest(testing.TestCase):
     self.tmp = tmp.name
 
   def test_clean_report_exits_0(self):
+    _skip_where_gpus_are_hidden(self)
     cache_dir = os.path.join(self.tmp, "cache")
     status, out, err = _doctor_process(JT_DIST_CACHE_DIR=cache_dir)
     self.assertEqual(status, 0, out + err)
@@ -159,6 +171,7 @@ class DoctorInProcessTest(testing.TestCase):
     self.assertIn("FIX: install JAX's CUDA plugin at jaxlib's version", out)
 
   def test_skip_kernels_skips_the_check(self):
+    _skip_where_gpus_are_hidden(self)
     with mock.patch.object(_doctor, "check_kernel",
                            side_effect=AssertionError("called")):
       status, out = self._run("--skip-kernels")

@@ -145,7 +145,7 @@ def _receive(spec, share_key: str, kind: str, key: str):
   except Exception as e:  # pylint: disable=broad-except
     raise _errors.AutotuneError(
         f"triton_call: kernel {spec.info.name!r}{_errors.process_note()}"
-        f" waited {timeout:.0f} s for process 0's autotuning choice and"
+        f" waited {timeout:g} s for process 0's autotuning choice and"
         f" got none ({type(e).__name__}: {e}). Every process must lower the"
         " same autotuned call, with the same shapes, configs and"
         " JT_DIST_AUTOTUNE mode; raise JT_DIST_AUTOTUNE_TIMEOUT_S if"

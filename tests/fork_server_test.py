@@ -172,7 +172,7 @@ class ForkServerTest(parameterized.TestCase):
       with self.assertRaises(subprocess.TimeoutExpired):
         fork_server.run_together([["-c", code]] * 2,
                                  env=fork_server.tree_env(_ROOT), cwd=_ROOT,
-                                 timeout=0.5)
+                                 timeout=0.2)
     self.assertLess(time.monotonic() - start, 30)
     self.assertEqual(_run("import jt_dist\nprint(1)", timeout=120).stdout,
                      "1\n")

@@ -93,12 +93,9 @@ class MemoryChecker:
     ptrs = np.asarray(ptrs, dtype=np.uint64)
     found = self.locate(op, ptrs, mask, itemsize, reads=reads, writes=writes)
     if found is not None:
-      return self.real_addresses(*found)
+      k, offset = found
+      return self._real[k] + offset.view(np.uint64)
     return self.translate_lanes(op, ptrs, mask, itemsize, reads, writes)
-
-  def real_addresses(self, k: int, offset):
-    """The real addresses of byte offsets ``offset`` into buffer ``k``."""
-    return self._real[k] + np.asarray(offset).view(np.uint64)
 
   def translate_lanes(self, op, ptrs, mask, itemsize, reads, writes):
     """``translate`` lane by lane: pointers into several buffers, or an
@@ -313,14 +310,15 @@ class CheckedMemory:
   def _checked(self, op, ptrs, mask, itemsize, reads, writes):
     """``(k, offsets)`` for HostMemory to reach buffer ``k`` by, or
     ``(None, real addresses)`` for the module underneath."""
+    if not self._direct:
+      return None, self._checker.translate(op, ptrs, mask, itemsize,
+                                           reads=reads, writes=writes)
     found = self._checker.locate(op, ptrs, mask, itemsize, reads=reads,
                                  writes=writes)
     if found is None:
       return None, self._checker.translate_lanes(op, ptrs, mask, itemsize,
                                                  reads, writes)
-    if self._direct:
-      return found, None
-    return None, self._checker.real_addresses(*found)
+    return found, None
 
   def load(self, ptrs, mask, other, dtype):
     found, real = self._checked("load", ptrs, mask, np.dtype(dtype).itemsize,

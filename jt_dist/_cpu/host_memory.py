@@ -86,7 +86,9 @@ class HostMemory:
     lo, hi = int(ptrs.min()), int(ptrs.max())
     for k, (array, start) in enumerate(zip(self._arrays, self._starts)):
       if start <= lo and hi + dtype.itemsize <= start + array.nbytes:
-        return self._at(k, (ptrs - np.uint64(start)).view(np.int64), dtype)
+        # Fresh offsets, and a fallback goes by ``ptrs``: shift in place.
+        return self._at(k, (ptrs - np.uint64(start)).view(np.int64), dtype,
+                        in_place=True)
     return None
 
   def load(self, ptrs, mask, other, dtype):

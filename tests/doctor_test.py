@@ -36,8 +36,7 @@ def _skip_where_gpus_are_hidden(test):
   # GPUs JAX does not see (test_gpus_unseen_by_jax_are_a_problem): a clean
   # report cannot be had there.
   driver = _doctor._driver_version()  # pylint: disable=protected-access
-  if (jax.default_backend() == "cpu" and driver != "-"
-      and not driver.startswith("unknown")):
+  if jax.default_backend() == "cpu" and _doctor._has_driver(driver):  # pylint: disable=protected-access
     test.skipTest(f"nvidia-smi reports a driver ({driver}) but JAX runs on"
                   " the CPU here: the doctor reports that as a problem")
 

@@ -161,9 +161,14 @@ def _target_text(device: Any) -> str:
   return f"arch {arch or 'unknown'}"
 
 
+def _has_driver(driver: str) -> bool:
+  """Whether ``_driver_version()`` found an NVIDIA driver's version."""
+  return driver != "-" and not driver.startswith("unknown")
+
+
 def _unseen_gpus(report: Report, driver: str) -> None:
   """A problem if the NVIDIA driver has GPUs and JAX fell back to the CPU."""
-  if driver == "-" or driver.startswith("unknown"):
+  if not _has_driver(driver):
     return
   try:
     jax.devices("cuda")

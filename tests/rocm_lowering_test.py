@@ -11,6 +11,7 @@ module image jaxlib loads and how it launches it.
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import subprocess
@@ -326,20 +327,9 @@ class RocmLoweringTest(util.JaxlibAutotuningMixin, util.IsolatedCacheMixin,
     # files gone, and loaded by jaxlib in another.
     if hip_stub.stub_path() is None:
       self.skipTest(f"needs the stub HIP runtime ({hip_stub.STATUS})")
-    with tempfile.TemporaryDirectory() as work:
-      out = os.path.join(work, "opaque.bin")
-      env = dict(os.environ, JT_DIST_CACHE_DIR=os.path.join(work, "cache"),
-                 TMPDIR=work, OPAQUE_OUT=out, ARCH=arch,
-                 PYTHONPATH=os.pathsep.join(
-                     [_HERE, os.path.dirname(_HERE),
-                      os.environ.get("PYTHONPATH", "")]))
-      result = subprocess.run([sys.executable, "-c", _CHILD], env=env,
-                              capture_output=True, text=True, timeout=600,
-                              check=False)
-      self.assertEqual(result.returncode, 0, result.stderr[-3000:])
-      with open(out, "rb") as f:
-        opaque = f.read()
-    # The child's caches and temporary files are gone with ``work``.
+    result, opaques = _lowered_in_an_ended_process()
+    self.assertEqual(result.returncode, 0, result.stderr[-3000:])
+    opaque = opaques[arch]
     (call,) = util.decode_any_call(hip_stub.decompressed(opaque))["calls"]
     plugin = _gpu_lowering.plugin("rocm")
     if not _gpu_lowering.rocm_binary_inline():
@@ -448,6 +438,7 @@ class RocmLoweringTest(util.JaxlibAutotuningMixin, util.IsolatedCacheMixin,
 
 
 # Lowers a call for ROCm (legacy target) and writes its backend config.
+# Lowers the add for every arch in ARCHS, each call's opaque to a file.
 _CHILD = """
 import os
 import hip_stub
@@ -455,12 +446,40 @@ hip_stub.load_if_needed()
 import jax, jax.numpy as jnp
 import rocm_lowering_test as t
 x = jnp.zeros((2000,), jnp.float32)
-f = lambda a, b: t._add(a, b, os.environ["ARCH"], num_warps=2,
-                        custom_call_target_name="triton_kernel_call")
-lowered = jax.jit(f).trace(x, x).lower(lowering_platforms=("rocm",))
-with open(os.environ["OPAQUE_OUT"], "wb") as out:
-  out.write(t.util.legacy_opaque(lowered))
+for arch in t.ARCHS:
+  f = lambda a, b: t._add(a, b, arch, num_warps=2,
+                          custom_call_target_name="triton_kernel_call")
+  lowered = jax.jit(f).trace(x, x).lower(lowering_platforms=("rocm",))
+  with open(os.path.join(os.environ["OPAQUE_DIR"], arch), "wb") as out:
+    out.write(t.util.legacy_opaque(lowered))
 """
+
+
+@functools.cache
+def _lowered_in_an_ended_process():
+  """One child lowers for every arch, then ends; its files go with it.
+
+  A real interpreter, not a fork: the plugin must find the stub HIP runtime
+  before jax is imported. Returns the child's ``CompletedProcess`` and each
+  arch's opaque, read before the child's cache and temporary folder are
+  deleted.
+  """
+  with tempfile.TemporaryDirectory() as work:
+    env = dict(os.environ, JT_DIST_CACHE_DIR=os.path.join(work, "cache"),
+               TMPDIR=work, OPAQUE_DIR=work,
+               PYTHONPATH=os.pathsep.join(
+                   [_HERE, os.path.dirname(_HERE),
+                    os.environ.get("PYTHONPATH", "")]))
+    result = subprocess.run([sys.executable, "-c", _CHILD], env=env,
+                            capture_output=True, text=True, timeout=600,
+                            check=False)
+    opaques = {}
+    for arch in ARCHS:
+      path = os.path.join(work, arch)
+      if os.path.exists(path):
+        with open(path, "rb") as f:
+          opaques[arch] = f.read()
+  return result, opaques
 
 
 class RocmTargetTest(testing.TestCase):

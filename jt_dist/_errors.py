@@ -120,9 +120,11 @@ class KernelTypeError(TypeError):
   """A kernel applies an operation to a dtype Triton cannot compile it for.
 
   Raised on the CPU interpreter for arithmetic, comparisons, minimum,
-  maximum or math functions on float8 values, which Triton's GPU backends
-  refuse to compile too. The message names the kernel, the program id, the
-  operation and the dtype.
+  maximum or math functions on float8 values, and for a loop bound, step or
+  index that is a pointer or a float (a jax array, even 0-d, reaches a
+  kernel as a pointer), which Triton refuses to compile too. The message
+  names the kernel, the program id, the operation or conversion and the
+  dtype.
   """
 
 

@@ -1,10 +1,10 @@
 """Ctrl-C during a CPU launch stops the kernel and raises KeyboardInterrupt.
 
 Each case runs in a child process (a signal to the test runner would stop the
-suite): a kernel that would take minutes is launched, eagerly or under
-jax.jit, SIGINT arrives a second later, and the child reports what the
-caller caught, how long the launch took, and whether the next launch still
-computes the right result.
+suite): a kernel that would take hours is launched, eagerly or under
+jax.jit, SIGINT arrives a quarter of a second later, and the child reports
+what the caller caught, how long the launch took, and whether the next
+launch of the same kernel still computes the right result.
 """
 
 import json
@@ -44,36 +44,39 @@ _CHILD = textwrap.dedent("""
     import triton.language as tl
 
     @triton.jit
-    def slow_kernel(x_ptr, out_ptr, ITERS: tl.constexpr, BLOCK: tl.constexpr):
+    def slow_kernel(x_ptr, iters_ptr, out_ptr, BLOCK: tl.constexpr):
       offsets = tl.arange(0, BLOCK)
       acc = tl.load(x_ptr + offsets)
-      for _ in range(ITERS):
+      for _ in range(tl.load(iters_ptr)):
         acc = acc + 1.0
       tl.store(out_ptr + offsets, acc)
 
     def call(x, iters):
       return jt_dist.triton_call(
-          x, kernel=slow_kernel, out_shape=jax.ShapeDtypeStruct(x.shape,
-                                                                x.dtype),
-          grid=(1,), ITERS=iters, BLOCK=16)
+          x, iters, kernel=slow_kernel,
+          out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype), grid=(1,),
+          BLOCK=16)
 
     jit = sys.argv[1] == "jit"
-    f = jax.jit(call, static_argnums=1) if jit else call
+    f = jax.jit(call) if jit else call
     x = np.arange(16, dtype=np.float32)
+    count = lambda n: np.asarray(n, np.int32)  # An operand, read by the kernel.
     # JAX's backend starts at its first use: SIGINT there would fail the
-    # start instead of stopping a kernel. One short launch first.
-    jax.block_until_ready(f(x, 1))
-    threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGINT)).start()
+    # start instead of stopping a kernel. One short launch first, which also
+    # compiles what the long launch runs (the count is an operand): nothing
+    # but the kernel runs between the timer's start and its signal.
+    jax.block_until_ready(f(x, count(1)))
+    threading.Timer(0.25, os.kill, (os.getpid(), signal.SIGINT)).start()
     start = time.monotonic()
     try:
-      jax.block_until_ready(f(x, 10**8))
+      jax.block_until_ready(f(x, count(10**8)))
       caught = "nothing"
     except KeyboardInterrupt:
       caught = "KeyboardInterrupt"
     except Exception as e:
       caught = type(e).__name__ + ": " + str(e)[-300:]
     seconds = time.monotonic() - start
-    after = np.asarray(f(x, 3))
+    after = np.asarray(f(x, count(3)))
     print(json.dumps({"caught": caught, "seconds": seconds,
                       "next_call_right": bool((after == x + 3).all()),
                       "profiler_left": sys.getprofile() is not None}))

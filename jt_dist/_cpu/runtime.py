@@ -26,6 +26,7 @@ from jt_dist._cpu import asserts as _asserts
 from jt_dist._cpu import bounds as _bounds
 from jt_dist._cpu import float8 as _float8
 from jt_dist._cpu import host_memory as _host_memory
+from jt_dist._cpu import vector_lang as _vector_lang
 from jt_dist._cpu import vector_launch as _vector_launch
 
 JITFunction = _compat.JITFunction
@@ -87,7 +88,8 @@ def run(python_fn, grid: tuple[int, int, int], args, kwargs, checker=None,
       access (unwrapped from the interpreter's InterpreterError).
     KernelAssertionError: a ``tl.device_assert`` (with ``debug``) or a
       ``tl.static_assert`` failed.
-    KernelTypeError: the kernel computes on float8 values.
+    KernelTypeError: the kernel computes on float8 values, or converts a
+      pointer or float to an int (a loop bound, step or index).
   """
   interpreted = _interpreted(python_fn)
   executor = _HostBufferExecutor(interpreted.rewrite(),
@@ -147,19 +149,21 @@ def _patched_language(kernel: str, debug: bool):
   with _helpers_run_interpreted(), _bfloat16_like_compiled(), \
       _float8.float8_like_compiled(kernel), \
       _compat.interpreter_language_patched(), \
-      _asserts.kernel_asserts(kernel, debug), _scalar_index_squeezes():
+      _asserts.kernel_asserts(kernel, debug), _scalar_index_squeezes(kernel):
     yield
 
 
-def _scalar_index_squeezes():
+def _scalar_index_squeezes(kernel: str):
   """Lets ``range(n)`` take a scalar tensor under Triton 3.6 and NumPy 2.4.
 
   The interpreter holds scalars (runtime int arguments, tl.program_id) as
   one-element 1-D arrays. Triton 3.6 patches ``tensor.__index__`` to
   ``int(data)``, which NumPy >= 2.4 refuses for a 1-D array; Triton 3.9
-  squeezes first. For one launch, inside the language patches.
+  squeezes first. For one launch, inside the language patches. A pointer or
+  float is refused, as compiling refuses it.
   """
   def index(self):
+    _vector_lang.require_integer(self, kernel)
     return int(self.handle.data.squeeze())
   return _compat.attributes_replaced(tl_core.tensor, {"__index__": index})
 

@@ -15,6 +15,8 @@ import numpy as np
 import triton.language as tl
 from triton.runtime import interpreter as _interpreter
 
+from jt_dist import _compat
+from jt_dist import _errors
 from jt_dist._cpu import vector_builder as _vb
 
 TensorHandle = _interpreter.TensorHandle
@@ -40,6 +42,34 @@ def _bool(tensor):
   return bool(_one_value(tensor, "bool()"))
 
 
+def require_integer(tensor, kernel: str) -> None:
+  """Refuses a pointer or float where Python needs an int, as Triton does.
+
+  ``range(n)``'s bounds and step, and an index into a tuple, convert a value
+  with ``__index__``. Upstream's interpreter converts anything, so a pointer
+  bound loops over its address (for hours) where compiling fails with "For
+  loop bounds and step must all be ints".
+
+  Raises:
+    KernelTypeError: ``tensor`` is not of an integer type.
+  """
+  dtype = tensor.dtype
+  if dtype.is_int():
+    return
+  hint = (" A jax array reaches a kernel as a pointer to its first element,"
+          " also when it is 0-d (a traced scalar under jax.jit): pass a"
+          " Python int (static under jax.jit), or read the value with"
+          " tl.load." if dtype.is_ptr() else
+          " Convert it first, e.g. `n.to(tl.int32)`.")
+  pid = _compat.interpreter_program_id()
+  where = "" if pid is None else f", program id {pid}"
+  raise _errors.KernelTypeError(
+      f"triton_call: kernel {kernel!r}{where}: a loop bound, step or index"
+      f" must be an integer, got a value of type {dtype}; compiled Triton"
+      f" refuses it too (\"For loop bounds and step must all be"
+      f" ints\").{hint}")
+
+
 def _one_value(tensor, what: str):
   """The one Python-convertible value all programs hold for ``tensor``."""
   data = np.asarray(tensor.handle.data)
@@ -61,16 +91,20 @@ def _transpose(self):
   return tl.core.tensor(handle, tl.core.block_type(self.dtype, shape))
 
 
-def patch(scope) -> None:
+def patch(scope, kernel: str) -> None:
   """Adds the vectorised forms to ``scope`` (upstream's ``_LangPatchScope``).
 
   Call after upstream's ``_patch_lang`` so that these win; the scope
   restores everything when the launch ends.
   """
   tensor = tl.core.tensor
+
+  def index(self):
+    require_integer(self, kernel)
+    return int(_one_value(self, "int()"))
+
   scope.set_attr(tensor, "__bool__", _bool)
-  scope.set_attr(tensor, "__index__",
-                 lambda self: int(_one_value(self, "int()")))
+  scope.set_attr(tensor, "__index__", index)
   scope.set_attr(tensor, "T", property(_transpose))
 
   def reduce(input, axis, combine_fn, keep_dims=False, **kwargs):  # pylint: disable=redefined-builtin

@@ -37,7 +37,8 @@ ONE_AT_A_TIME = "one program at a time"
 VECTORISED = "vectorised"
 # A kernel's own faults, which say nothing about whether it vectorises.
 _KERNEL_FAULTS = (_errors.OutOfBoundsAccessError,
-                  _errors.UnwrittenOutputReadError, AssertionError)
+                  _errors.UnwrittenOutputReadError, _errors.KernelTypeError,
+                  AssertionError)
 # Decisions per kernel signature; read and written under the interpreter lock.
 _decisions: dict = {}
 
@@ -154,7 +155,7 @@ def _run_vectorised(executor, args, kwargs):
   # modules upstream's ``_patch_lang(fn)`` would patch again.
   scope = _interpreter._LangPatchScope()  # pylint: disable=protected-access
   try:
-    _vl.patch(scope)
+    _vl.patch(scope, fn.__name__)
     call_args = inspect.getcallargs(fn, *args, **kwargs)
     call_args = {
         name: arg if name in executor.constexprs

@@ -1,0 +1,138 @@
+"""Loop bounds and indices in interpreted kernels must be integers.
+
+``range(n)`` converts its bounds with ``__index__``. Triton's interpreter
+converts any value, so a pointer bound (a 0-d jax array, or a traced scalar
+under ``jax.jit``, reaches a kernel as a pointer) loops over the pointer's
+address for hours, where compiling the kernel fails at once. jt_dist's CPU
+path refuses such a bound as compiling does, with the kernel, the program id,
+the type and the fix.
+"""
+
+import re
+import unittest
+from unittest import mock
+
+from absl.testing import absltest
+from absl.testing import parameterized
+import jax
+import jax.numpy as jnp
+import numpy as np
+import triton
+import triton.language as tl
+
+import jt_dist
+from jt_dist import testing
+from jt_dist._cpu import vector_launch
+import gpu_lowering_util as util
+
+
+@triton.jit
+def count_kernel(x_ptr, n, out_ptr, BLOCK: tl.constexpr):
+  """out = x + n, by adding 1 n times."""
+  offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+  acc = tl.load(x_ptr + offsets)
+  for _ in range(n):
+    acc = acc + 1
+  tl.store(out_ptr + offsets, acc)
+
+
+@triton.jit
+def loaded_count_kernel(x_ptr, n_ptr, out_ptr, BLOCK: tl.constexpr):
+  """As count_kernel, with the count read from memory (the fix)."""
+  offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+  acc = tl.load(x_ptr + offsets)
+  for _ in range(tl.load(n_ptr)):
+    acc = acc + 1
+  tl.store(out_ptr + offsets, acc)
+
+
+@triton.jit
+def strided_count_kernel(x_ptr, n, out_ptr, BLOCK: tl.constexpr):
+  """out = x + ceil(n / 2**40): a pointer bound here would end soon."""
+  offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+  acc = tl.load(x_ptr + offsets)
+  for _ in range(0, n, 1 << 40):
+    acc = acc + 1
+  tl.store(out_ptr + offsets, acc)
+
+
+@triton.jit
+def float_count_kernel(x_ptr, n, out_ptr, BLOCK: tl.constexpr):
+  """A float bound, which Triton does not compile either."""
+  offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+  acc = tl.load(x_ptr + offsets)
+  for _ in range(n * 0.5):
+    acc = acc + 1
+  tl.store(out_ptr + offsets, acc)
+
+
+def _call(kernel, x, n, **options):
+  return jt_dist.triton_call(
+      x, n, kernel=kernel, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
+      grid=(x.size // 16,), BLOCK=16, **options)
+
+
+class LoopBoundTest(testing.TestCase):
+
+  def setUp(self):
+    super().setUp()
+    if jax.default_backend() != "cpu":
+      self.skipTest("the interpreter's conversions are the CPU path; the"
+                    f" default backend here is {jax.default_backend()}")
+    self.x = jnp.asarray(self.random((32,)).astype(np.int32))
+
+  @parameterized.parameters(False, True)
+  def test_integer_bounds_run(self, one_at_a_time):
+    n = int(self.np_rng.integers(1, 9))
+    with self._path(one_at_a_time):
+      eager = _call(count_kernel, self.x, n)
+      jitted = jax.jit(lambda a: _call(count_kernel, a, n))(self.x)
+      loaded = jax.jit(lambda a, m: _call(loaded_count_kernel, a, m))(
+          self.x, jnp.int32(n))
+    for out in (eager, jitted, loaded):
+      np.testing.assert_array_equal(out, np.asarray(self.x) + n)
+
+  @parameterized.parameters(False, True)
+  def test_traced_scalar_bound_is_refused(self, one_at_a_time):
+    # Without the refusal the loop would run over the pointer's address; its
+    # step makes that a few iterations, and this test a failure, not a hang.
+    f = jax.jit(lambda a, m: _call(strided_count_kernel, a, m))
+    with self._path(one_at_a_time):
+      with self.assertRaises(jt_dist.KernelTypeError) as e:
+        jax.block_until_ready(f(self.x, 3))
+    message = str(e.exception)
+    self.assertIn("kernel 'strided_count_kernel', program id (0, 0, 0)",
+                  message)
+    self.assertIn("got a value of type pointer<int32>", message)
+    self.assertIn("For loop bounds and step must all be ints", message)
+    self.assertRegex(message, r"0-d \(a traced scalar under jax\.jit\): pass"
+                     r" a Python int \(static under jax\.jit\), or read the"
+                     r" value with tl\.load")
+
+  @parameterized.parameters(False, True)
+  def test_float_bound_is_refused(self, one_at_a_time):
+    with self._path(one_at_a_time):
+      with self.assertRaises(jt_dist.KernelTypeError) as e:
+        jax.block_until_ready(_call(float_count_kernel, self.x, 4))
+    message = str(e.exception)
+    self.assertIn("kernel 'float_count_kernel', program id (0, 0, 0)",
+                  message)
+    self.assertIn("got a value of type fp32", message)
+    self.assertIn("e.g. `n.to(tl.int32)`", message)
+
+  @unittest.skipUnless(util.HAS_TRITON_CALL, util.SKIP_REASON)
+  def test_compiling_refuses_the_same_bound(self):
+    f = lambda a, m: _call(strided_count_kernel, a, m,
+                           compute_capability=90)
+    with self.assertRaisesRegex(
+        Exception, re.escape("For loop bounds and step must all be ints")):
+      util.lower(f, self.x, jnp.int32(3))
+
+  def _path(self, one_at_a_time):
+    if one_at_a_time:
+      return vector_launch.one_program_at_a_time()
+    return mock.patch.dict("os.environ", {vector_launch.ENV_VAR: "1"})
+
+
+if __name__ == "__main__":
+  absltest.main()

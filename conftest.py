@@ -41,11 +41,16 @@ def pytest_addoption(parser, pluginmanager):
 
 
 def _distributes(config) -> bool:
-  """Whether this process is pytest-xdist's controller, which runs no test."""
+  """Whether this process is pytest-xdist's controller, which runs no test.
+
+  As xdist decides (its ``pytest_configure``): a distribution mode and
+  workers to start, unless pytest only collects (then this process does).
+  """
   return (not os.environ.get("PYTEST_XDIST_WORKER")
           and config.pluginmanager.hasplugin("xdist")
-          and bool(config.getoption("numprocesses", None))
-          and config.getoption("dist", "no") != "no")
+          and not config.getoption("collectonly")
+          and config.getoption("dist", "no") != "no"
+          and bool(config.getoption("tx", None)))
 
 
 def pytest_configure(config):

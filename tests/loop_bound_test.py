@@ -27,49 +27,32 @@ import gpu_lowering_util as util
 
 
 @triton.jit
-def count_kernel(x_ptr, n, out_ptr, BLOCK: tl.constexpr):
-  """out = x + n, by adding 1 n times."""
+def count_kernel(x_ptr, n, out_ptr, BLOCK: tl.constexpr,
+                 LOADED: tl.constexpr = False, HALVED: tl.constexpr = False,
+                 STEP: tl.constexpr = 1):
+  """out = x + the number of iterations of ``range(0, stop, STEP)``.
+
+  ``stop`` is ``n``; with LOADED, the value ``n`` points to (the fix for a
+  0-d array); with HALVED, ``n * 0.5``, a float, which Triton does not
+  compile. A large STEP makes a loop over a pointer's address end soon.
+  """
   offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
   acc = tl.load(x_ptr + offsets)
-  for _ in range(n):
+  stop = n
+  if LOADED:
+    stop = tl.load(n)
+  if HALVED:
+    stop = n * 0.5
+  for _ in range(0, stop, STEP):
     acc = acc + 1
   tl.store(out_ptr + offsets, acc)
 
 
-@triton.jit
-def loaded_count_kernel(x_ptr, n_ptr, out_ptr, BLOCK: tl.constexpr):
-  """As count_kernel, with the count read from memory (the fix)."""
-  offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-  acc = tl.load(x_ptr + offsets)
-  for _ in range(tl.load(n_ptr)):
-    acc = acc + 1
-  tl.store(out_ptr + offsets, acc)
-
-
-@triton.jit
-def strided_count_kernel(x_ptr, n, out_ptr, BLOCK: tl.constexpr):
-  """out = x + ceil(n / 2**40): a pointer bound here would end soon."""
-  offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-  acc = tl.load(x_ptr + offsets)
-  for _ in range(0, n, 1 << 40):
-    acc = acc + 1
-  tl.store(out_ptr + offsets, acc)
-
-
-@triton.jit
-def float_count_kernel(x_ptr, n, out_ptr, BLOCK: tl.constexpr):
-  """A float bound, which Triton does not compile either."""
-  offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-  acc = tl.load(x_ptr + offsets)
-  for _ in range(n * 0.5):
-    acc = acc + 1
-  tl.store(out_ptr + offsets, acc)
-
-
-def _call(kernel, x, n, **options):
+def _call(x, n, **options):
   return jt_dist.triton_call(
-      x, n, kernel=kernel, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
-      grid=(x.size // 16,), BLOCK=16, **options)
+      x, n, kernel=count_kernel,
+      out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype), grid=(x.size // 16,),
+      BLOCK=16, **options)
 
 
 class LoopBoundTest(testing.TestCase):
@@ -85,9 +68,9 @@ class LoopBoundTest(testing.TestCase):
   def test_integer_bounds_run(self, one_at_a_time):
     n = int(self.np_rng.integers(1, 9))
     with self._path(one_at_a_time):
-      eager = _call(count_kernel, self.x, n)
-      jitted = jax.jit(lambda a: _call(count_kernel, a, n))(self.x)
-      loaded = jax.jit(lambda a, m: _call(loaded_count_kernel, a, m))(
+      eager = _call(self.x, n)
+      jitted = jax.jit(lambda a: _call(a, n))(self.x)
+      loaded = jax.jit(lambda a, m: _call(a, m, LOADED=True))(
           self.x, jnp.int32(n))
     for out in (eager, jitted, loaded):
       np.testing.assert_array_equal(out, np.asarray(self.x) + n)
@@ -96,13 +79,12 @@ class LoopBoundTest(testing.TestCase):
   def test_traced_scalar_bound_is_refused(self, one_at_a_time):
     # Without the refusal the loop would run over the pointer's address; its
     # step makes that a few iterations, and this test a failure, not a hang.
-    f = jax.jit(lambda a, m: _call(strided_count_kernel, a, m))
+    f = jax.jit(lambda a, m: _call(a, m, STEP=1 << 40))
     with self._path(one_at_a_time):
       with self.assertRaises(jt_dist.KernelTypeError) as e:
         jax.block_until_ready(f(self.x, 3))
     message = str(e.exception)
-    self.assertIn("kernel 'strided_count_kernel', program id (0, 0, 0)",
-                  message)
+    self.assertIn("kernel 'count_kernel', program id (0, 0, 0)", message)
     self.assertIn("got a value of type pointer<int32>", message)
     self.assertIn("For loop bounds and step must all be ints", message)
     self.assertRegex(message, r"0-d \(a traced scalar under jax\.jit\): pass"
@@ -113,10 +95,9 @@ class LoopBoundTest(testing.TestCase):
   def test_float_bound_is_refused(self, one_at_a_time):
     with self._path(one_at_a_time):
       with self.assertRaises(jt_dist.KernelTypeError) as e:
-        jax.block_until_ready(_call(float_count_kernel, self.x, 4))
+        jax.block_until_ready(_call(self.x, 4, HALVED=True))
     message = str(e.exception)
-    self.assertIn("kernel 'float_count_kernel', program id (0, 0, 0)",
-                  message)
+    self.assertIn("kernel 'count_kernel', program id (0, 0, 0)", message)
     self.assertIn("got a value of type fp32", message)
     self.assertIn("e.g. `n.to(tl.int32)`", message)
 
@@ -132,8 +113,7 @@ class CompiledLoopBoundTest(testing.TestCase):
   @unittest.skipUnless(util.HAS_TRITON_CALL, util.SKIP_REASON)
   def test_compiling_refuses_the_same_bound(self):
     x = jnp.asarray(self.random((32,)).astype(np.int32))
-    f = lambda a, m: _call(strided_count_kernel, a, m,
-                           compute_capability=90)
+    f = lambda a, m: _call(a, m, STEP=1 << 40, compute_capability=90)
     with self.assertRaisesRegex(
         Exception, re.escape("For loop bounds and step must all be ints")):
       util.lower(f, x, jnp.int32(3))

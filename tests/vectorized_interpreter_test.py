@@ -10,6 +10,7 @@ Each test also checks which path the kernel took.
 import contextlib
 import importlib.util
 import os
+from unittest import mock
 
 from absl.testing import absltest
 from absl.testing import parameterized
@@ -396,8 +397,11 @@ class VectorisedMatchesOneAtATimeTest(testing.TestCase):
 
     messages = []
     for one_at_a_time in (False, True):
+      # The checker on whatever the environment says: its report is the
+      # subject (unchecked, the kernel would read past its inputs).
       with (vector_launch.one_program_at_a_time() if one_at_a_time
-            else contextlib.nullcontext()):
+            else contextlib.nullcontext()), \
+          mock.patch.dict(os.environ, {bounds.ENV_VAR: "1"}):
         with self.assertRaises(jt_dist.OutOfBoundsAccessError) as e:
           jax.block_until_ready(fn(jnp.asarray(x), jnp.asarray(y)))
       messages.append(str(e.exception))

@@ -6,15 +6,13 @@ interpreter), after checking where its inputs live.
 ``sharded_triton_call`` runs it once per shard of a device mesh.
 """
 
-# jax first, so that on a host without GPUs the CUDA plugin's start-up lines
-# are dropped (see _jax_import); every module below imports jax.
-from jt_dist import _jax_import
-
-_jax_import.import_jax()
-
-# pylint: disable=g-import-not-at-top,wrong-import-position
-from jt_dist._core import registration as _registration  # noqa: F401  (registers the lowerings)
+# Each platform registers its rules on the primitive when imported.
+from jt_dist._cpu import lowering as _cpu_lowering  # noqa: F401
+from jt_dist._gpu import lowering as _gpu_lowering  # noqa: F401
+from jt_dist._vmap import batching as _batching  # noqa: F401
 from jt_dist._call.api import triton_call
+from jt_dist._call.kernel_call import KernelCall
+from jt_dist._call.kernel_call import kernel_call
 from jt_dist._autotune.api import AutotuneChoice
 from jt_dist._autotune.api import autotune_choices
 from jt_dist._autotune.api import configure_autotune
@@ -25,7 +23,7 @@ from jt_dist._tools.export import check_exported
 from jt_dist._tools.export import export_options
 from jt_dist._tools.export import export_safety_checks
 from jt_dist._tools.export import exported_versions
-from jt_dist._call.dispatch import configure_cache
+from jt_dist._call.memo import configure_cache
 from jt_dist._errors import AutoAxesError
 from jt_dist._errors import AutotuneError
 from jt_dist._errors import DevicePlacementError
@@ -42,7 +40,7 @@ from jt_dist._sharding.shard_size import ShardSize
 from jt_dist._sharding.shard_size import shard_size
 from jt_dist._call.sharded import sharded_triton_call
 from jt_dist._gpu.lowering import CUSTOM_CALL_TARGET_NAME
-from jt_dist._call.tensordesc import TensorDescriptor
+from jt_dist._core.tensordesc import TensorDescriptor
 from jt_dist._call.helpers import cdiv
 from jt_dist._call.helpers import get_compute_capability
 from jt_dist._call.helpers import next_power_of_2
@@ -58,6 +56,7 @@ __all__ = [
     "DevicePlacementError",
     "ExportError",
     "ExportedKernelCall",
+    "KernelCall",
     "KernelAssertionError",
     "KernelBindingError",
     "KernelLaunchError",
@@ -79,6 +78,7 @@ __all__ = [
     "exported_versions",
     "forget_autotune_choices",
     "get_compute_capability",
+    "kernel_call",
     "next_power_of_2",
     "pin_autotune_config",
     "shard_size",

@@ -7,7 +7,6 @@ from typing import Any, Mapping
 import jax
 
 from jt_dist import _compat
-from jt_dist._core import call_cache as _call_cache
 from jt_dist._autotune import settings as _settings
 from jt_dist._autotune import store as _store
 
@@ -17,8 +16,8 @@ configure_autotune = _settings.configure
 
 def _relower() -> None:
   # A choice is made when a call is lowered; dropping JAX's compiled
-  # functions (and the eager calls' cache) makes later calls lower again.
-  _call_cache.invalidate()
+  # functions (every kernel_call's among them) makes later calls lower
+  # again.
   jax.clear_caches()
 
 

@@ -32,8 +32,8 @@ from jt_dist import _errors
 from jt_dist._autotune import settings as _settings
 from jt_dist._autotune import store as _store
 from jt_dist._autotune import timing as _timing
-from jt_dist._gpu import cache as _cache
-from jt_dist._gpu import target as _target
+from jt_dist._backend import cache as _cache
+from jt_dist._backend import target as _target
 
 logger = logging.getLogger("jt_dist")
 

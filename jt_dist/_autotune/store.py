@@ -16,7 +16,7 @@ import os
 import threading
 from typing import Any
 
-from jt_dist._gpu import cache as _cache
+from jt_dist._backend import cache as _cache
 
 logger = logging.getLogger("jt_dist")
 

@@ -12,7 +12,7 @@ from typing import Any, Sequence
 
 import jax
 
-from jt_dist._gpu import target as _target
+from jt_dist._backend import target as _target
 
 
 def _check_int(name: str, value: Any, minimum: int) -> int:

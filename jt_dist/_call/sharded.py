@@ -1,9 +1,8 @@
-"""``sharded_triton_call``'s front door: its key, its cache, its Refs.
+"""``sharded_triton_call``'s front door: its memo and its Refs.
 
 The per-shard call itself (specs, reductions, the ``shard_map``) is
-``jt_dist._sharding.sharded_call``; this module computes an eager call's
-signature first, from the arguments as given, and runs a cached jitted
-``shard_map`` on a hit, before any checking.
+``jt_dist._sharding.sharded_call``; an eager call fixes its mesh and specs
+from its arguments, then runs the jitted ``shard_map`` made for them.
 """
 
 from __future__ import annotations
@@ -14,13 +13,18 @@ import jax
 from jax.sharding import PartitionSpec as P
 
 from jt_dist._call import api as _api
-from jt_dist._call import dispatch as _dispatch
-from jt_dist._call import lean as _lean
-from jt_dist._call import operands as _operands
-from jt_dist._call import refs as _refs
-from jt_dist._call import tensordesc as _tensordesc
-from jt_dist._sharding import replay as _replay
+from jt_dist._call import kernel_call as _kernel_call
+from jt_dist._call import memo as _memo
+from jt_dist._core import exact as _exact
+from jt_dist._core import operands as _operands
+from jt_dist._core import pytree_args as _pytree_args
+from jt_dist._core import tensordesc as _tensordesc
+from jt_dist._cpu import host_faults as _host_faults
+from jt_dist._sharding import refs as _refs
 from jt_dist._sharding import sharded_call as _sharded_call
+from jt_dist._sharding import specs as _specs
+
+OPERAND = _kernel_call.OPERAND
 
 
 def sharded_triton_call(
@@ -92,62 +96,82 @@ def sharded_triton_call(
     TypeError, jt_dist.KernelBindingError: as for ``triton_call``.
   """
   if out_type is not None:
-    out_shape = _api.resolve_out_shape(out_shape, out_type)
-  specs = (mesh, in_specs, out_specs, out_reduce, sharding_rule)
-  # Arrays only, laid out as before: the cheapest key (jt_dist._call.lean).
-  lean_key = _lean.sharded_key(args, kernel, out_shape, grid, specs, kwargs)
-  if lean_key is not None:
-    outs = _lean.call(lean_key, args)
-    if outs is not _lean.MISS:
-      return outs
-  found = _signature(args, kernel, out_shape, grid, specs, kwargs)
-  if found is not None:
-    entry = _dispatch.lookup(found[0], grid)
-    if entry is not None:
-      _lean.register(lean_key, entry, len(args))
-      return entry(found[1])
-  return _first_call(args, kernel, out_shape, grid, specs, kwargs,
-                     None if found is None else found[0])
-
-
-def _first_call(args, kernel, out_shape, grid, specs, kwargs, signature):
-  """A call with no entry: checks it, runs it, and files its entry."""
-  mesh, in_specs, out_specs, out_reduce, rule = specs
+    out_shape = _kernel_call.resolve_out_shape(out_shape, out_type)
   _refuse_descriptors(args, kwargs)
   # Keyword operands become positional, so in_specs and rules see them.
   args, kwargs = _operands.merge_keywords(kernel, args, kwargs)
   if _refs.has_refs(args):
     return _with_refs(args, kernel, out_shape, grid, mesh, in_specs,
-                      out_specs, out_reduce, rule, kwargs)
+                      out_specs, out_reduce, sharding_rule, kwargs)
+  if any(isinstance(leaf, jax.core.Tracer)
+         for leaf in jax.tree_util.tree_leaves(args)):
+    # Inside a trace: jax's own jit (the caller's) is the cache.
+    return _sharded_call.run(args, kernel, out_shape, grid, mesh, in_specs,
+                             out_specs, out_reduce, sharding_rule, kwargs)
+  # Eagerly, the mesh and the in_specs the arguments imply are fixed now:
+  # the jitted call's trace sees no concrete shardings.
+  mesh = _specs.resolve_mesh(mesh, _pytree_args.flatten(args).leaves)
+  if in_specs is None:
+    in_specs = tuple(_specs.in_specs_for(None, args, mesh))
+    in_specs = _per_argument(args, in_specs)
+  statics = tuple(OPERAND if _api._is_operand(a) else a for a in args)  # pylint: disable=protected-access
+  specs = (mesh, in_specs, out_specs, out_reduce, sharding_rule)
   try:
-    hash(signature)
-  except TypeError:  # An unhashable part: no entry.
-    signature = None
-  recorder = (None if signature is None
-              else _replay.recorder(signature, kernel, grid))
-  return _sharded_call.run(args, _api.triton_call, kernel, out_shape, grid,
-                           mesh, in_specs, out_specs, out_reduce, rule,
-                           kwargs, recorder=recorder)
+    key = (id(kernel), _memo.out_key(out_shape), _memo.grid_key(grid),
+           _exact.items_key(kwargs.items()),
+           tuple(s if s is OPERAND else _exact.key(s) for s in statics),
+           tuple(map(_hashable, specs)))
+    call = _memo.sharded_calls.get(key)
+  except TypeError:
+    key = call = None
+  if call is None or call.kernel is not kernel:
+    call = _ShardedCall(kernel, out_shape, grid, specs, kwargs, statics)
+    if key is not None:
+      _memo.sharded_calls.put(key, call)
+  return call(*[a for a, s in zip(args, statics) if s is OPERAND])
 
 
-_CONTAINERS = frozenset((list, dict))
+class _ShardedCall:
+  """An eager ``sharded_triton_call``'s jitted ``shard_map``."""
+
+  def __init__(self, kernel, out_shape, grid, specs, kwargs, statics):
+    self.kernel = kernel
+    self._statics = statics
+    self._run = (out_shape, grid, specs, kwargs)
+    self._jitted = jax.jit(self._traced)
+
+  def _traced(self, *operands):
+    out_shape, grid, specs, kwargs = self._run
+    it = iter(operands)
+    args = [next(it) if s is OPERAND else s for s in self._statics]
+    return _sharded_call.run(args, self.kernel, out_shape, grid, *specs,
+                             kwargs)
+
+  def __call__(self, *operands):
+    try:
+      return self._jitted(*operands)
+    except Exception as e:  # pylint: disable=broad-except
+      original = _host_faults.take(e)
+      if original is None:
+        raise
+      raise original.with_traceback(None) from None
 
 
-def _signature(args, kernel, out_shape, grid, specs, kwargs):
-  """``(key, args)`` of an eager call (``_dispatch.key``), or None.
-
-  Scalar values are in it exactly: each shard's body is traced with them.
-  """
-  try:
-    # With no mesh given or found on the arguments, the ambient one is used.
-    if _CONTAINERS.isdisjoint(map(type, specs)):  # Tuples, specs, meshes.
-      fixed = specs + (jax.sharding.get_abstract_mesh(),)
+def _per_argument(args, leaf_specs):
+  """Specs of array leaves as ``in_specs``: one entry per array argument."""
+  it = iter(leaf_specs)
+  out = []
+  for arg in args:
+    leaves = [leaf for leaf in jax.tree_util.tree_leaves(arg)
+              if _specs.is_array(leaf)]
+    if not leaves:
+      continue
+    if _pytree_args.is_tuple(arg):
+      out.append(tuple(next(it) if _specs.is_array(leaf) else None
+                       for leaf in arg))
     else:
-      fixed = (tuple(map(_hashable, specs))
-               + (jax.sharding.get_abstract_mesh(),))
-  except Exception:  # pylint: disable=broad-except
-    return None
-  return _dispatch.key(args, kernel, out_shape, grid, fixed, kwargs, True)
+      out.append(next(it))
+  return tuple(out)
 
 
 def _is_spec_leaf(x: Any) -> bool:
@@ -200,7 +224,7 @@ def _with_refs(args, kernel, out_shape, grid, mesh, in_specs, out_specs,
   for i in ref_args:
     values[i] = args[i][...]
   outs, updated = _sharded_call.run(
-      values, _api.triton_call, kernel, out_shape, grid, mesh, in_specs,
+      values, kernel, out_shape, grid, mesh, in_specs,
       out_specs, out_reduce, None, kwargs, ref_args=ref_args)
   for i, new in zip(ref_args, updated):
     if not isinstance(new, jax.core.Tracer):

@@ -51,14 +51,12 @@ from jt_dist._compat.jax_lowering import vary_over
 from jt_dist._compat.jax_lowering import varying_axes
 from jt_dist._compat.environ import environ_parts
 from jt_dist._compat.environ import environ_reader
-from jt_dist._compat.jax_runtime import at_top_level
+from jt_dist._compat.jax_runtime import primitive_impl
 from jt_dist._compat.jax_runtime import distributed_client
 from jt_dist._compat.jax_runtime import host_buffer_callback
 from jt_dist._compat.jax_runtime import is_ref
 from jt_dist._compat.jax_runtime import is_ref_view
 from jt_dist._compat.jax_runtime import jit_cache_context
-from jt_dist._compat.jax_runtime import top_level_probe
-from jt_dist._compat.jax_runtime import top_level_states
 from jt_dist._compat.jax_runtime import key_value_set
 from jt_dist._compat.jax_runtime import platform_version
 from jt_dist._compat.jaxlib_triton import gpu_triton_module

@@ -1,6 +1,6 @@
 """JAX facts a call needs at run time, across JAX releases.
 
-Whether a call runs eagerly, Refs, the cache-key context, devices' runtime
+Eager primitive dispatch, Refs, the cache-key context, devices' runtime
 versions, jax.distributed's key-value store and host buffer callbacks.
 """
 
@@ -31,63 +31,14 @@ def platform_version(device: Any) -> str:
     return "unknown"
 
 
-def at_top_level() -> bool:
-  """Whether a call runs eagerly: no ``jax.jit``, vmap or grad trace is on.
+def primitive_impl(primitive) -> Callable[..., Any]:
+  """The eager implementation jax gives its own primitives: jit and cache.
 
-  JAX has no public query for this. An all-concrete call inside a trace
-  (arrays closed over by a jitted function) must not take the eager fast
-  path, whose executable may be lowered for another platform there. Where
-  jax's trace context is not found, this answers False: the slow path is
-  always right.
+  jax has no public name for it (``jax.ffi`` uses the same private
+  ``dispatch.apply_primitive``); present in every supported release.
   """
-  try:
-    return bool(_trace_context().is_top_level())
-  except Exception:  # pylint: disable=broad-except
-    return False
-
-
-@functools.cache
-def top_level_probe() -> Callable[[], bool]:
-  """``at_top_level`` as one cheap call, for the eager fast path.
-
-  Found once; where jax's trace context is not found, the probe answers
-  False (the slow path is always right).
-  """
-  try:
-    probe = _trace_context().is_top_level
-    probe()
-  except Exception:  # pylint: disable=broad-except
-    return lambda: False
-  return probe
-
-
-@functools.cache
-def top_level_states() -> tuple[tuple[Any, Any], ...] | None:
-  """What ``top_level_probe`` compares, for a probe in C; None if unsure.
-
-  jax's ``is_top_level`` holds where each state's ``value`` is its partner
-  (the eval trace, the empty axis environment). Checked once against the
-  probe itself, at top level and under a trace; None where jax differs, and
-  the caller then calls the probe.
-  """
-  try:
-    from jax._src import core as _core  # pylint: disable=g-import-not-at-top
-    pairs = ((_core.trace_state_strong_ref, _core.eval_trace),
-             (_core.axis_env_state, _core.top_axis_env))
-    holds = lambda: all(state.value is want for state, want in pairs)
-    probe = top_level_probe()
-    seen = []
-    jax.make_jaxpr(lambda: seen.append((holds(), probe())))()
-  except Exception:  # pylint: disable=broad-except
-    return None
-  if seen != [(False, False)] or not holds() or not probe():
-    return None
-  return pairs
-
-
-def _trace_context() -> Any:
-  from jax._src import core as _core  # pylint: disable=g-import-not-at-top
-  return _core.trace_ctx
+  from jax._src import dispatch  # pylint: disable=g-import-not-at-top
+  return functools.partial(dispatch.apply_primitive, primitive)
 
 
 def is_ref(x: Any) -> bool:

@@ -36,7 +36,9 @@ from jt_dist._core import types as _types
 Operand = _call_spec.Operand
 Launch = _call_spec.Launch
 CallSpec = _call_spec.CallSpec
-CallOptions = _call_spec.CallOptions
+CallOptions = _options.CallOptions
+OPTION_NAMES = _options.OPTION_NAMES
+make_options = _options.make_options
 is_scalar = _types.is_scalar
 pointer_type = _types.pointer_type
 flatten_out_shape = _outputs.flatten_out_shape
@@ -132,7 +134,6 @@ def bind_call(args, kernel, out_shape, grid, options: CallOptions, metaparams):
     ``(array_args, spec, out_tree)``.
   """
   info = _kernel.kernel_info(kernel)
-  _options.check(options)
   out_shapes, out_tree = flatten_out_shape(
       out_shape, allow_empty=bool(options.ref_inputs))
   kinds, _ = _positional.classify_args(args)
@@ -170,7 +171,7 @@ def bind_call(args, kernel, out_shape, grid, options: CallOptions, metaparams):
       has_side_effect=options.has_side_effect,
       cost_estimate=_options.cost_items(options.cost_estimate),
       ref_outputs=len(refs),
-      backend_options=tuple(sorted((options.backend_options or {}).items())),
+      backend_options=options.backend_options,
   )
   return arrays, spec, out_tree
 

@@ -7,11 +7,12 @@ rule and the eager cache read it. Everything here is frozen and hashable.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
 from jt_dist._core import pytree_args as _pytree_args
+from jt_dist._core import exact as _exact
 from jt_dist._core import kernel as _kernel
 
 
@@ -22,9 +23,14 @@ class Operand:
   name: str
   kind: str  # "array", "scalar" or "output".
   index: int  # Array index among array arguments, or output index.
-  value: Any  # The scalar's value; None for pointers.
+  value: Any = dataclasses.field(compare=False)  # A scalar's; None else.
   type: str  # Triton's type name, e.g. "*fp32" or "i32".
   path: tuple[int, ...] = ()  # Where in a tuple parameter, e.g. (1, 0).
+  # ``value`` as Triton tells values apart: 0.0 and -0.0 are two scalars.
+  value_key: Any = dataclasses.field(init=False, repr=False)
+
+  def __post_init__(self):
+    object.__setattr__(self, "value_key", _exact.key(self.value))
 
   @property
   def label(self) -> str:
@@ -86,32 +92,3 @@ class CallSpec:
         f"CallSpec(kernel={self.info.name}, name={self.name!r},"
         f" configs={len(self.launches)}, grids={grids}{batch})"
     )
-
-
-@dataclasses.dataclass(frozen=True)
-class CallOptions:
-  """The keyword options of ``triton_call`` besides kernel, outputs, grid."""
-
-  name: str = ""
-  custom_call_target_name: str | None = None
-  num_warps: int | None = None
-  num_stages: int | None = None
-  num_ctas: int = 1
-  compute_capability: int | None = None
-  enable_fp_fusion: bool = True
-  input_output_aliases: Mapping[int, int] | None = None
-  zeroed_outputs: Sequence[int] | Callable[..., Sequence[int]] = ()
-  debug: bool = False
-  serialized_metadata: bytes = b""
-  vmap_method: str | None = None
-  sharding_rule: Any = None
-  has_side_effect: bool = False
-  cost_estimate: Any = None
-  # The array indices of the call's ``jax.Ref`` arguments (their values are
-  # passed in their place); each gets an output aliased to it.
-  ref_inputs: tuple[int, ...] = ()
-  # Further Triton compiler options (``_backend_options.merge``'s extra).
-  backend_options: Mapping[str, Any] | None = None
-  # (position in args, _tensordesc.Info) of each host-side TMA descriptor,
-  # whose array stands in args in its place.
-  tensor_descriptors: tuple = ()

@@ -15,6 +15,7 @@ from typing import Any, Mapping, Sequence
 
 from jt_dist import _compat
 from jt_dist import _errors
+from jt_dist._core import exact as _exact
 from jt_dist._core import types as _types
 
 
@@ -33,12 +34,18 @@ class Param:
 class Config:
   """One concrete launch configuration: constexpr values and launch options."""
 
-  kwargs: tuple[tuple[str, Any], ...]
+  kwargs: tuple[tuple[str, Any], ...] = dataclasses.field(compare=False)
   num_warps: int
   num_stages: int
   num_ctas: int
   maxnreg: int | None
   label: str
+  # ``kwargs`` as Triton tells values apart (``_exact``): (4,) and (4.0,)
+  # are equal in Python but different kernels.
+  kwargs_key: tuple = dataclasses.field(init=False, repr=False)
+
+  def __post_init__(self):
+    object.__setattr__(self, "kwargs_key", _exact.items_key(self.kwargs))
 
 
 @dataclasses.dataclass(frozen=True, eq=False)

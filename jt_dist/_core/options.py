@@ -1,4 +1,7 @@
-"""Checks on ``triton_call``'s keyword options, before anything is traced.
+"""``triton_call``'s keyword options: one object, built and checked once.
+
+``make_options`` turns the keywords a caller gave into a ``CallOptions``,
+which the binding, the call spec and the per-shard calls carry whole.
 
 A mistyped option (``num_warps=3``, ``name=3``, ``serialized_metadata="x"``)
 would otherwise reach Triton's compiler or jaxlib's protobuf writer, and fail
@@ -8,9 +11,12 @@ there with a message that names neither the option nor the fix.
 from __future__ import annotations
 
 import collections.abc
+import dataclasses
 import numbers
 import re
-from typing import Any
+from typing import Any, Callable, Mapping, Sequence
+
+from jt_dist._core import backend_options as _backend_options
 
 # A ROCm GPU arch as Triton's HIP backend takes it: "gfx" and the hex
 # digits of its version, without feature flags (":sramecc+").
@@ -133,3 +139,101 @@ def cost_items(cost: Any) -> tuple[tuple[str, int], ...]:
                "Pass an estimate of the whole call, as a non-negative int.")
     items.append((key, int(value)))
   return tuple(sorted(items))
+
+
+# How jax.vmap may batch a call (``vmap_method=``).
+VMAP_METHODS = (None, "grid", "sequential")
+
+
+@dataclasses.dataclass(frozen=True)
+class CallOptions:
+  """The keyword options of ``triton_call`` besides kernel, outputs, grid.
+
+  Built by ``make_options``, which merges ``backend_options`` into the
+  named options and checks every field.
+  """
+
+  name: str = ""
+  custom_call_target_name: str | None = None
+  num_warps: int | None = None
+  num_stages: int | None = None
+  num_ctas: int = 1
+  compute_capability: int | str | None = None
+  enable_fp_fusion: bool = True
+  input_output_aliases: Mapping[int, int] | None = None
+  zeroed_outputs: Sequence[int] | Callable[..., Sequence[int]] = ()
+  debug: bool = False
+  serialized_metadata: bytes = b""
+  vmap_method: str | None = None
+  sharding_rule: Any = None
+  has_side_effect: bool = False
+  cost_estimate: Any = None
+  # Further Triton compiler options: sorted (name, value) pairs.
+  backend_options: tuple[tuple[str, Any], ...] = ()
+  # The array indices of the call's ``jax.Ref`` arguments (their values are
+  # passed in their place); each gets an output aliased to it.
+  ref_inputs: tuple[int, ...] = ()
+  # (position in args, _tensordesc.Info) of each host-side TMA descriptor,
+  # whose array stands in args in its place.
+  tensor_descriptors: tuple = ()
+
+  def with_descriptors(self, descriptors) -> "CallOptions":
+    if not descriptors:
+      return self
+    return dataclasses.replace(self, tensor_descriptors=tuple(descriptors))
+
+  def with_refs(self, ref_inputs) -> "CallOptions":
+    return dataclasses.replace(self, ref_inputs=tuple(ref_inputs))
+
+  def keywords(self) -> dict[str, Any]:
+    """The options as ``triton_call`` keywords, for a per-shard call."""
+    named = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+             if f.name in OPTION_NAMES}
+    named["backend_options"] = dict(self.backend_options) or None
+    return named
+
+
+# triton_call's option keywords that CallOptions holds; ``device`` and
+# ``out_type`` are resolved by the front door.
+OPTION_NAMES = frozenset(
+    f.name for f in dataclasses.fields(CallOptions)
+    if f.name not in ("ref_inputs", "tensor_descriptors"))
+
+
+def make_options(*, name: str = "", custom_call_target_name=None,
+                 num_warps=None, num_stages=None, num_ctas=None,
+                 compute_capability=None, enable_fp_fusion=True,
+                 backend_options=None, input_output_aliases=None,
+                 zeroed_outputs=(), debug=False, serialized_metadata=b"",
+                 vmap_method=None, sharding_rule=None, has_side_effect=False,
+                 cost_estimate=None) -> CallOptions:
+  """The checked ``CallOptions`` of ``triton_call``'s option keywords.
+
+  Raises:
+    TypeError: an option has the wrong type.
+    ValueError: a count is out of range, an option is given both by name
+      and in ``backend_options``, or ``vmap_method`` is unknown.
+  """
+  merged = _backend_options.merge(
+      backend_options, num_warps=num_warps, num_stages=num_stages,
+      num_ctas=num_ctas, debug=debug, enable_fp_fusion=enable_fp_fusion)
+  if vmap_method not in VMAP_METHODS:
+    raise ValueError(
+        f"triton_call: vmap_method={vmap_method!r} is not"
+        " supported; pass None (the default: one launch over a batched grid"
+        " where the grid has room, else one launch per element), 'grid' (one"
+        " launch, or an error) or 'sequential' (one launch per element).")
+  options = CallOptions(
+      name=name, custom_call_target_name=custom_call_target_name,
+      num_warps=merged.num_warps, num_stages=merged.num_stages,
+      num_ctas=1 if merged.num_ctas is None else merged.num_ctas,
+      compute_capability=compute_capability,
+      enable_fp_fusion=merged.enable_fp_fusion,
+      input_output_aliases=input_output_aliases,
+      zeroed_outputs=zeroed_outputs, debug=merged.debug,
+      serialized_metadata=serialized_metadata, vmap_method=vmap_method,
+      sharding_rule=sharding_rule, has_side_effect=has_side_effect,
+      cost_estimate=cost_estimate, backend_options=tuple(merged.extra))
+  check(options)
+  cost_items(cost_estimate)
+  return options

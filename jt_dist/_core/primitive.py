@@ -1,20 +1,17 @@
-"""The ``triton_call`` primitive: abstract evaluation, transformations, impl.
+"""The ``triton_call`` primitive and its platform-free rules.
 
-Lowerings are registered per platform by ``_registration``; this module only
-defines the primitive and its platform-independent rules.
+Abstract evaluation, dead-code elimination and the refusal to differentiate
+live here. Each platform registers its own rule on the primitive when it is
+imported: the lowerings in ``jt_dist._cpu`` and ``jt_dist._gpu``, batching
+in ``jt_dist._vmap``.
 """
 
 from __future__ import annotations
 
-import jax
 from jax.extend import core as jex_core
 from jax.interpreters import ad
-from jax.interpreters import batching
 
-from jt_dist._vmap import batching as _batching
 from jt_dist import _compat
-from jt_dist._cpu import lowering as _cpu_lowering
-from jt_dist._gpu import faults as _gpu_faults
 
 triton_call_p = jex_core.Primitive("jt_dist_triton_call")
 triton_call_p.multiple_results = True
@@ -35,26 +32,9 @@ triton_call_p.def_effectful_abstract_eval(_abstract_eval)
 # computes), which also keeps it inside nested jaxprs (an effect).
 _compat.register_dce_rule(triton_call_p, lambda eqn: True)
 
-
-def _impl(*args, spec):
-  # Reached when the primitive is bound eagerly outside triton_call's fast
-  # path (jt_dist._call.dispatch), e.g. by a transformation's rule: one bounded
-  # cache of jitted callables serves both. (call_cache imports this module.)
-  from jt_dist._core import call_cache as _call_cache  # pylint: disable=g-import-not-at-top
-  try:
-    return _gpu_faults.wait_if_synced(_call_cache.executable(spec)(*args))
-  except Exception as e:  # pylint: disable=broad-except
-    # On the CPU, give the caller the kernel's own exception (e.g.
-    # OutOfBoundsAccessError), not jax's wrapping of it (a JaxRuntimeError,
-    # or a ValueError for some callbacks). On a GPU, name the kernel behind
-    # an illegal address or failed launch.
-    _cpu_lowering.raise_host_fault(e)
-    if _gpu_faults.is_device_fault(e):
-      raise _gpu_faults.launch_fault(e, spec) from e
-    raise
-
-
-triton_call_p.def_impl(_impl)
+# Bound outside any trace (a transformation's rule run eagerly, or
+# jax.disable_jit()): jax's own dispatch compiles and caches the call.
+triton_call_p.def_impl(_compat.primitive_impl(triton_call_p))
 
 
 def _refuse_jvp(primals, tangents, *, spec):
@@ -68,10 +48,3 @@ def _refuse_jvp(primals, tangents, *, spec):
 
 
 ad.primitive_jvps[triton_call_p] = _refuse_jvp
-
-
-def _batch(args, dims, *, spec):
-  return _batching.batch_rule(triton_call_p.bind, args, dims, spec)
-
-
-batching.primitive_batchers[triton_call_p] = _batch

@@ -12,13 +12,10 @@ a kernel gives the same results (and the same mistakes) on both.
 
 from __future__ import annotations
 
-import collections
 import functools
 import json
 import logging
 import os
-import sys
-import threading
 import traceback
 
 import jax
@@ -27,14 +24,18 @@ from jax.experimental import io_callback
 import numpy as np
 
 from jt_dist import _compat
+from jt_dist._autotune import choose as _choose
+from jt_dist._core import primitive as _primitive
 from jt_dist._core import pytree_args as _pytree_args
 from jt_dist._core import types as _types
 from jt_dist._cpu import bounds as _bounds
 from jt_dist._cpu import ffi_target as _ffi_target
+from jt_dist._cpu import host_faults as _host_faults
 from jt_dist._cpu import interrupts as _interrupts
 from jt_dist._cpu import runtime as _interpreter_runtime
 from jt_dist._cpu import scalars as _scalars
 from jt_dist._cpu import unsupported as _unsupported
+from jt_dist._sharding import lowering_rule as _lowering_rule
 
 logger = logging.getLogger("jt_dist")
 
@@ -43,10 +44,6 @@ logger = logging.getLogger("jt_dist")
 # overlap a GPU compile (which reads the module): one lock for both.
 _INTERPRETER_LOCK = _compat.LANGUAGE_LOCK
 _logged_kernels: set[str] = set()
-# Exceptions that left recent host callbacks (bounded: under jax.jit nobody
-# collects them).
-_FAULTS_LOCK = threading.Lock()
-_recent_faults: collections.deque = collections.deque(maxlen=16)
 
 # Outputs the kernel does not write come back as this byte pattern (NaN for
 # floats, -1 for signed ints) rather than zeros, which would hide the bug.
@@ -153,10 +150,9 @@ def run_on_host(spec, *arrays):
   inputs = [np.ascontiguousarray(a) for a in arrays]
   outputs = _new_outputs(spec)
   try:
-    _remembering_faults(_launch, spec, inputs, outputs)
+    _launch(spec, inputs, outputs)
   except BaseException as e:  # pylint: disable=broad-except
-    if not _raise_in_caller(e):
-      raise
+    raise _host_faults.file(e) from None
   return tuple(outputs)
 
 
@@ -171,98 +167,10 @@ def _fill_buffers(spec, ctx, outputs, *inputs):
   try:
     host_inputs = [np.array(np.asarray(b), order="C") for b in inputs]
     host_outputs = [np.asarray(b) for b in outputs]
-    _remembering_faults(_launch, spec, host_inputs, host_outputs)
+    _launch(spec, host_inputs, host_outputs)
   except BaseException as e:  # pylint: disable=broad-except
-    if _raise_in_caller(e):
-      return
-    if not isinstance(e, Exception):
-      raise
-    # jax puts the frames above the raise in front of the message, so raise
-    # from here, with none of the kernel's frames.
-    raise e.with_traceback(None) from None
-
-
-# Files of the callback's own frames, between the callback and the Python
-# frame that started the computation.
-_CALLBACK_FILES = (os.path.join("jax", "_src", "buffer_callback.py"),
-                   os.path.join("jax", "_src", "callback.py"),
-                   os.path.join("jt_dist", "_cpu", "lowering.py"),
-                   os.path.join("jt_dist", "_cpu", "ffi_target.py"))
-
-
-def _raise_in_caller(error: BaseException) -> bool:
-  """Raises ``error`` in the Python frame that started the computation.
-
-  jax turns an exception that leaves a host callback into its own runtime
-  error: a 3 KB message with the kernel's words last, and
-  ``except KeyboardInterrupt`` never sees Ctrl-C. When the callback runs on
-  the main thread (an eager call, or jax.jit on one device), it returns
-  instead (outputs unfinished) and a profile hook raises ``error`` at the
-  first event of the frame that called into jax, or of a function it calls:
-  the caller's, before it can use the outputs.
-
-  Returns:
-    False where that cannot be done (not the main thread, another profiler
-    installed, no Python caller); the callback then raises as usual.
-  """
-  if (threading.current_thread() is not threading.main_thread()
-      or sys.getprofile() is not None):
-    return False
-  caller = sys._getframe(1)  # pylint: disable=protected-access
-  while caller is not None and caller.f_code.co_filename.endswith(
-      _CALLBACK_FILES):
-    caller = caller.f_back
-  if caller is None:
-    return False
-  error.__traceback__ = None
-
-  def hook(frame, event, arg):
-    del arg
-    if frame is not caller and (
-        frame.f_back is not caller
-        or frame.f_code.co_filename.endswith(_CALLBACK_FILES)):
-      return
-    sys.setprofile(None)
-    if event != "c_exception":  # Else jax's own error is on its way.
-      raise error
-
-  sys.setprofile(hook)
-  return True
-
-
-def _remembering_faults(fn, *args):
-  """Calls ``fn``, remembering an exception before it leaves.
-
-  An eager call then raises it as itself rather than as the runtime error
-  jax makes of it.
-  """
-  try:
-    return fn(*args)
-  except Exception as e:  # pylint: disable=broad-except
-    # Keep the traceback's lines but not its frames' locals (the buffers):
-    # under jax.jit nobody collects a remembered exception.
-    traceback.clear_frames(e.__traceback__)
-    with _FAULTS_LOCK:
-      _recent_faults.append(e)
-    raise
-
-
-def raise_host_fault(error: Exception) -> None:
-  """Re-raises the kernel's own exception behind a failed host callback.
-
-  jax reports an exception raised in a host callback as a JaxRuntimeError
-  whose message ends with the original's text. If ``error`` is one of those
-  for an exception that a launch remembered, that exception is raised
-  instead (chained to ``error``); otherwise this returns.
-  """
-  text = str(error)
-  with _FAULTS_LOCK:
-    found = next((f for f in reversed(_recent_faults)
-                  if _fault_text(f) in text), None)
-    if found is not None:
-      _recent_faults.remove(found)
-  if found is not None and found is not error:
-    raise found from error
+    # Ctrl-C too: the front door raises it as itself.
+    raise _host_faults.file(e) from None
 
 
 def _in_parameter_order(spec, args, kwargs):
@@ -289,12 +197,6 @@ def _in_parameter_order(spec, args, kwargs):
     else:
       ordered.append(param.default)
   return ordered, kwargs
-
-
-def _fault_text(fault: Exception) -> str:
-  # How jax's message ends for this fault (the type's name alone for an
-  # exception without text).
-  return str(fault) or type(fault).__name__
 
 
 def launch_on_host(spec, inputs, outputs) -> None:
@@ -417,3 +319,9 @@ def _own_target_call(ctx, *args, spec):
                               has_side_effect=spec.has_side_effect)
   return rule(ctx, *args, index=np.uint64(index),
               cost_estimate_json=json.dumps(dict(spec.cost_estimate)))
+
+
+mlir.register_lowering(
+    _primitive.triton_call_p,
+    _lowering_rule.checked(cpu_lowering, _choose.for_lowering, "cpu"),
+    platform="cpu")

@@ -38,31 +38,6 @@ def check(spec) -> None:
           " GPUs from Hopper (sm_90). Pass num_ctas=1 on the CPU.")
 
 
-def check_eager(kernel, args) -> None:
-  """Refuses an eager Gluon call bound for the CPU before it is traced.
-
-  The platform of an eager call is that of its arrays (or of JAX's default
-  device without any); under a trace it is known only when lowering, where
-  ``check`` refuses it.
-
-  Raises:
-    NotImplementedError: the kernel is a Gluon kernel and the call runs on
-      the CPU.
-  """
-  fn = _kernel.kernel_info(kernel).fn
-  if not _compat.is_gluon(fn) or not _compat.at_top_level():
-    return
-  arrays = [a for a in args if isinstance(a, jax.Array)
-            and not isinstance(a, jax.core.Tracer)]
-  try:
-    platforms = ({d.platform for a in arrays for d in a.devices()}
-                 if arrays else {jax.devices()[0].platform})
-  except Exception:  # pylint: disable=broad-except
-    return  # Odd input: binding reports it, lowering refuses the kernel.
-  if platforms == {"cpu"}:
-    check_kernel(fn.fn.__name__, fn)
-
-
 def check_kernel(name: str, fn) -> None:
   """Refuses a Gluon kernel: Triton's interpreter cannot run one.
 

@@ -23,10 +23,10 @@ import os
 import sys
 from typing import Any
 
-from jt_dist._gpu import cache as _cache
+from jt_dist._backend import cache as _cache
 from jt_dist import _compat
 from jt_dist._core import pytree_args as _pytree_args
-from jt_dist._gpu import target as _target
+from jt_dist._backend import target as _target
 
 _INT_TYPES = ("i8", "i16", "i32", "i64", "u8", "u16", "u32", "u64")
 # The stage whose output jaxlib takes as the kernel: PTX, which jaxlib can

@@ -39,20 +39,12 @@ def is_device_fault(error: BaseException) -> bool:
   return bool(_DEVICE_FAULT.search(str(error)))
 
 
-def describe_launch(spec) -> str:
-  """The kernel, grids and configs of a call, for an error message."""
-  launches = "; ".join(
-      f"grid {launch.grid} with {dict(launch.config.kwargs)},"
-      f" num_warps={launch.config.num_warps},"
-      f" num_stages={launch.config.num_stages}"
-      for launch in spec.launches
-  )
-  label = f" (name={spec.name!r})" if spec.name else ""
-  return f"kernel {spec.info.name!r}{label}: {launches}"
+def launch_fault(error: BaseException,
+                 call: str) -> _errors.KernelLaunchError:
+  """A KernelLaunchError naming the call behind the device fault ``error``.
 
-
-def launch_fault(error: BaseException, spec) -> _errors.KernelLaunchError:
-  """A KernelLaunchError naming the call behind the device fault ``error``."""
+  ``call`` describes the call: its kernel, grid and options.
+  """
   synced = sync_launches()
   where = ("this call's kernel" if synced else
            "this call, or a kernel launched before it (launches are"
@@ -62,7 +54,7 @@ def launch_fault(error: BaseException, spec) -> _errors.KernelLaunchError:
           " so that the fault is reported by the call that caused it.")
   return _errors.KernelLaunchError(
       f"The device reported a fault in {where}. The call:"
-      f" {describe_launch(spec)}."
+      f" {call}."
       f" Run the kernel on the CPU (jax.default_device(jax.devices('cpu')[0]))"
       f" to have its out-of-bounds accesses named.{hint} Device error:"
       f" {error}"

@@ -29,13 +29,18 @@ import threading
 import zlib
 
 import jax
+from jax.interpreters import mlir
 import numpy as np
 
 from jt_dist import _compat
+from jt_dist._autotune import choose as _choose
+from jt_dist._core import primitive as _primitive
+from jt_dist._cpu import lowering as _cpu_lowering
 from jt_dist._gpu import compile as _compile
 from jt_dist._gpu import export as _gpu_export
 from jt_dist._gpu import proto_wire as _proto_wire
-from jt_dist._gpu import target as _target
+from jt_dist._backend import target as _target
+from jt_dist._sharding import lowering_rule as _lowering_rule
 
 logger = logging.getLogger("jt_dist")
 
@@ -462,3 +467,25 @@ def _emit(ctx, args, spec, name: str, opaque: bytes, aliases=None):
       name, api_version=2, backend_config=opaque,
       operand_output_aliases=aliases, has_side_effect=spec.has_side_effect)
   return rule(ctx, *args)
+
+
+def _rule(platform: str):
+  """The lowering for ``platform``: compiled, or interpreted on request."""
+  def rule(ctx, *args, spec):
+    # A kernel made under TRITON_INTERPRET=1 asks to be interpreted: honour
+    # that on GPUs too (through a host callback) rather than compiling it.
+    if isinstance(spec.info.fn, _compat.InterpretedFunction):
+      return _cpu_lowering.cpu_lowering(ctx, *args, spec=spec)
+    return gpu_lowering(ctx, *args, spec=spec, platform=platform)
+  return rule
+
+
+for _platform in ("cuda", "rocm"):
+  mlir.register_lowering(
+      _primitive.triton_call_p,
+      _lowering_rule.checked(_rule(_platform), _choose.for_lowering,
+                             _platform),
+      platform=_platform)
+# The GPU target is read from the devices the call is lowered for, which
+# JAX names in the lowering context only for primitives that ask for them.
+_compat.mark_requires_devices(_primitive.triton_call_p)

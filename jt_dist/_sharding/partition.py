@@ -355,12 +355,12 @@ def shard_body(args, call, kernel, out_shapes, out_tree, grid, kwargs, plan,
 
 def run(args: Sequence[Any], call: Callable[..., Any], kernel: Any,
         out_shapes, out_tree, grid: Any, rule, layout: Layout, kwargs: dict,
-        where: str, recorder: Callable[..., Any] | None = None) -> Any:
+        where: str) -> Any:
   """Runs ``call`` (``triton_call``) once per shard of ``layout.mesh``.
 
   Args:
     args: the call's positional arguments (arrays global).
-    call: ``jt_dist.triton_call``, given to avoid an import cycle.
+    call: the per-shard call (``jt_dist._sharding.local_call.shard_call``).
     kernel: the Triton kernel.
     out_shapes: ``((shape, dtype), ...)``, global.
     out_tree: the structure of ``out_shape``.
@@ -369,9 +369,6 @@ def run(args: Sequence[Any], call: Callable[..., Any], kernel: Any,
     layout: from ``find_layout`` or ``sharded_triton_call``'s specs.
     kwargs: every other keyword of ``triton_call``, metaparams included.
     where: the public function's name, for messages.
-    recorder: for an eager call, ``jt_dist._sharding.replay.recorder``'s
-      function: it files the jitted ``shard_map`` for the next call with
-      this signature, and returns it.
 
   Returns:
     The global outputs, in the structure of ``out_tree``.
@@ -392,11 +389,6 @@ def run(args: Sequence[Any], call: Callable[..., Any], kernel: Any,
       per_shard, mesh=layout.mesh, in_specs=plan.in_specs,
       out_specs=plan.out_specs,
       axis_names=frozenset(layout.mesh.axis_names) - manual, check_vma=True)
-  if recorder is not None and not flat.has_tuples and isinstance(
-      layout.mesh, jax.sharding.Mesh) and (
-          not any(isinstance(x, jax.core.Tracer) for x in placed)):
-    mapped = recorder(args, positions, plan.in_specs, layout.mesh, mapped,
-                      out_tree)
   try:
     outs = mapped(*placed)
   except ValueError as e:

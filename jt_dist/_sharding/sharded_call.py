@@ -1,8 +1,7 @@
 """One kernel call per shard over a device mesh (``sharded_triton_call``).
 
-The front door (``jt_dist._call.sharded``) merges keyword operands, handles
-Refs and the eager cache, and hands ``run`` a function that makes the
-per-shard ``triton_call``: this layer never imports the front door.
+The front door (``jt_dist._call.sharded``) merges keyword operands and
+handles Refs; each shard runs ``jt_dist._sharding.local_call``.
 """
 
 from __future__ import annotations
@@ -15,6 +14,7 @@ from jax.sharding import PartitionSpec as P
 from jt_dist import _errors
 from jt_dist._core import binding as _binding
 from jt_dist._core import pytree_args as _pytree_args
+from jt_dist._sharding import local_call as _local_call
 from jt_dist._sharding import partition as _partition
 from jt_dist._sharding import rule as _rule
 from jt_dist._sharding import shard_size as _shard_size
@@ -101,8 +101,8 @@ def _check_placeholders(args, metaparams) -> None:
   _shard_size.resolve(args, metaparams)
 
 
-def _by_rule(args, call, kernel, out_shapes, out_tree, grid, mesh, arg_specs, rule,
-             out_specs, out_reduce, kwargs, recorder):
+def _by_rule(args, kernel, out_shapes, out_tree, grid, mesh, arg_specs, rule,
+             out_specs, out_reduce, kwargs):
   """``sharded_triton_call`` with a ``ShardingRule``: the rule picks specs."""
   rule = _rule.check(rule, "sharded_triton_call")
   given = [name for name, value in (("out_specs", out_specs),
@@ -115,25 +115,20 @@ def _by_rule(args, call, kernel, out_shapes, out_tree, grid, mesh, arg_specs, ru
         f" {' and '.join(given)} out, or drop sharding_rule."
     )
   layout = _partition.Layout(mesh, tuple(arg_specs))
-  return _partition.run(args, call, kernel, out_shapes, out_tree,
-                        grid, rule, layout, kwargs, "sharded_triton_call",
-                        recorder=recorder)
+  return _partition.run(args, _local_call.shard_call, kernel, out_shapes,
+                        out_tree, grid, rule, layout, kwargs,
+                        "sharded_triton_call")
 
 
-def run(args, call, kernel, out_shape, grid, mesh, in_specs,
-        out_specs, out_reduce, sharding_rule, kwargs, recorder=None,
-        ref_args=()):
+def run(args, kernel, out_shape, grid, mesh, in_specs,
+        out_specs, out_reduce, sharding_rule, kwargs, ref_args=()):
   """``sharded_triton_call`` on arrays; with ``ref_args``, also their updates.
 
   Args:
     args: the positional operands (keyword operands merged in; Refs'
       values in place of the Refs at ``ref_args``).
-    call: ``jt_dist.triton_call``, given by the front door (which this
-      layer does not import).
     kernel, out_shape, grid, mesh, in_specs, out_specs, out_reduce,
       sharding_rule, kwargs: as ``sharded_triton_call`` was given them.
-    recorder: for an eager call, ``jt_dist._sharding.replay.recorder``'s
-      function, which files the call's entry; None records nothing.
     ref_args: argument indices whose arrays are Refs' values; the call
       then returns ``(outputs, those arrays' new values)``.
   """
@@ -145,16 +140,15 @@ def run(args, call, kernel, out_shape, grid, mesh, in_specs,
   _check_placeholders(args, {k: v for k, v in kwargs.items()})
   arg_specs = _specs.in_specs_for(in_specs, args, mesh)
   if sharding_rule is not None:
-    return _by_rule(args, call, kernel, out_shapes, out_tree, grid, mesh,
-                    arg_specs, sharding_rule, out_specs, out_reduce, kwargs,
-                    recorder)
+    return _by_rule(args, kernel, out_shapes, out_tree, grid, mesh,
+                    arg_specs, sharding_rule, out_specs, out_reduce, kwargs)
   o_specs = _out_specs_for(out_specs, out_tree, len(out_shapes), out_shapes,
                            mesh)
   reductions = _reductions_for(out_reduce, out_tree, len(out_shapes), mesh)
   is_array = [_specs.is_array(a) for a in leaves.leaves]
   positions = [k for k, flag in enumerate(is_array) if flag]
   per_shard = _shard_body(
-      leaves, arg_specs, call, kernel, grid, kwargs, mesh, ref_args,
+      leaves, arg_specs, kernel, grid, kwargs, mesh, ref_args,
       (out_shapes, out_tree, o_specs, reductions, out_specs is not None))
   ref_specs = tuple(arg_specs[positions.index(leaves.index_of(i))]
                     for i in ref_args)
@@ -167,10 +161,6 @@ def run(args, call, kernel, out_shape, grid, mesh, in_specs,
     # The shards' Refs live inside the shard_map, which jax allows only
     # under a trace.
     mapped = jax.jit(mapped)
-  if recorder is not None and not leaves.has_tuples and isinstance(
-      mesh, jax.sharding.Mesh) and not any(
-          isinstance(a, jax.core.Tracer) for a in arrays):
-    mapped = recorder(args, positions, arg_specs, mesh, mapped, out_tree)
   flat = list(mapped(*arrays))
   if ref_args:
     n = len(flat) - len(ref_args)
@@ -178,7 +168,7 @@ def run(args, call, kernel, out_shape, grid, mesh, in_specs,
   return jax.tree_util.tree_unflatten(out_tree, flat)
 
 
-def _shard_body(leaves, arg_specs, call, kernel, grid, kwargs, mesh,
+def _shard_body(leaves, arg_specs, kernel, grid, kwargs, mesh,
                 ref_args, outs):
   """The function each device runs: the kernel on its shards, reduced.
 
@@ -213,7 +203,7 @@ def _shard_body(leaves, arg_specs, call, kernel, grid, kwargs, mesh,
     local_args = leaves.rebuild(
         [next(it) if flag else a for a, flag in zip(leaves.leaves, is_array)])
     result, updated = _with_fresh_refs(
-        local_args, ref_args, lambda *a: call(
+        local_args, ref_args, lambda *a: _local_call.shard_call(
             *a, kernel=kernel, out_shape=local_out, grid=grid, **kwargs))
     flat = jax.tree_util.tree_leaves(result)
     flat = [x if r is None else r[0](x, r[1]) for x, r in zip(flat, reductions)]

@@ -43,6 +43,12 @@ def resolve_mesh(mesh: Any, args: Sequence[Any]):
     if isinstance(sharding, NamedSharding) and candidate is not None and (
         not candidate.empty):
       return candidate
+  if not any(isinstance(x, jax.core.Tracer) for x in args):
+    # Eagerly, jax.set_mesh's concrete mesh: the arguments are laid out on
+    # its devices by their in_specs (the abstract mesh places nothing).
+    concrete = jax.sharding.get_mesh()
+    if isinstance(concrete, jax.sharding.Mesh) and not concrete.empty:
+      return concrete
   ambient = jax.sharding.get_abstract_mesh()
   if not ambient.empty:
     return ambient

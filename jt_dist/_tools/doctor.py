@@ -28,9 +28,9 @@ import triton
 import triton.language as tl
 
 from jt_dist import _compat
-from jt_dist._gpu import cache as _cache
+from jt_dist._backend import cache as _cache
 from jt_dist._gpu import lowering as _gpu_lowering
-from jt_dist._gpu import target as _target
+from jt_dist._backend import target as _target
 
 _PLUGIN_PREFIXES = ("jax-cuda", "jax-rocm")
 _TESTED_TRITON = ((3, 6), (3, 9))
@@ -124,21 +124,9 @@ def versions(report: Report) -> str:
       f" (jt_dist is tested with Triton {tested})")
   report.line("triton", triton.__version__ + note)
   report.line("gpu plugins", ", ".join(_gpu_plugins()) or "none")
-  report.line("eager hit", _eager_hit())
   driver = _driver_version()
   report.line("driver", driver)
   return driver
-
-
-def _eager_hit() -> str:
-  """Which lookup repeated eager calls take (docs: installation.md)."""
-  from jt_dist._call import lean  # pylint: disable=g-import-not-at-top
-  if lean.compiled():
-    return "compiled (jt_dist/_call/lean_hit/)"
-  if lean._c_lean_hit is None:  # pylint: disable=protected-access
-    return ("Python (the C part was not built: reinstall jt_dist where a C"
-            " compiler is on PATH for the faster one)")
-  return "Python (chosen)"
 
 
 def _capability(device: Any) -> str:

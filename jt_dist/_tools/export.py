@@ -22,7 +22,7 @@ from jt_dist._core import options as _options
 from jt_dist._errors import ExportError
 from jt_dist._gpu import export as _gpu_export
 from jt_dist._gpu import lowering as _gpu_lowering
-from jt_dist._gpu import target as _target
+from jt_dist._backend import target as _target
 
 _TARGETS = (_gpu_lowering.FFI_TARGET, _gpu_lowering.LEGACY_TARGET)
 

@@ -21,15 +21,16 @@ import math
 from typing import Any
 
 import jax
+from jax.interpreters import batching as _jax_batching
 
 from jt_dist._vmap import grid_kernel as _batch_kernel
 from jt_dist import _compat
 from jt_dist._core import grid as _grid
+from jt_dist._core import primitive as _primitive
 
 logger = logging.getLogger("jt_dist")
 
 # The methods ``triton_call`` accepts; None is the default.
-VMAP_METHODS = (None, "grid", "sequential")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -227,3 +228,10 @@ def _batched_launch(base, launch, params, layout):
       kwargs[name] = base.info.param_by_name[name].default
   config = dataclasses.replace(launch.config, kwargs=tuple(kwargs.items()))
   return dataclasses.replace(launch, config=config, grid=tuple(grid))
+
+
+def _batch(args, dims, *, spec):
+  return batch_rule(_primitive.triton_call_p.bind, args, dims, spec)
+
+
+_jax_batching.primitive_batchers[_primitive.triton_call_p] = _batch

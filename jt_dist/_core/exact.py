@@ -1,0 +1,49 @@
+"""Values compared as Triton specialises on them, for keys and specs.
+
+Python's ``==`` says ``4 == 4.0 == True``, ``0.0 == -0.0`` and
+``(4,) == (4.0,)``; Triton compiles a different kernel for each, since a
+constexpr's type and sign reach the code generator. Every key or spec that
+stands for a compiled kernel compares its values through ``key``: the
+value's type at every depth, floats by their bits, and the contents of
+``tl.constexpr`` wrappers.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+from triton import language as tl
+
+# Types whose ``==`` already tells every Triton-distinct value apart once
+# the type is compared too.
+_PLAIN = frozenset((int, bool, str, bytes, type(None)))
+
+
+def key(value: Any) -> Any:
+  """A hashable stand-in for ``value`` that is equal only for equal kernels.
+
+  Unhashable values of unknown types raise TypeError, as hashing them would.
+  """
+  kind = type(value)
+  if kind in _PLAIN:
+    return kind, value
+  if kind is float:
+    # The sign of zero, NaNs and infinities are in the bits.
+    return kind, value.hex() if math.isfinite(value) else repr(value)
+  if kind is tuple or kind is list:
+    return kind, tuple(key(v) for v in value)
+  if kind is dict:
+    return kind, tuple((key(k), key(v)) for k, v in value.items())
+  if isinstance(value, (np.generic,)):
+    return kind, value.tobytes()
+  if isinstance(value, tl.constexpr):
+    return kind, key(value.value)
+  hash(value)
+  return kind, value
+
+
+def items_key(items) -> tuple:
+  """``key`` of each value of ``(name, value)`` pairs, names kept."""
+  return tuple((name, key(value)) for name, value in items)

@@ -1,0 +1,55 @@
+"""Kernel errors that leave a host callback, and how callers get them back.
+
+jax reports an exception raised in a host callback as its own runtime
+error, with the original's text last. A launch on the CPU therefore files
+its exception under a fresh token and raises a ``HostFault`` whose message
+carries the token; the front door, the one boundary jt_dist owns, takes the
+token from jax's error and raises the kernel's own exception in its place
+(``take``). Under a caller's own ``jax.jit`` the runtime error reaches the
+caller as jax raised it, with the kernel's message and the token in it.
+"""
+
+from __future__ import annotations
+
+import collections
+import itertools
+import re
+import threading
+import traceback
+
+# Filed faults, oldest first; bounded, as a fault raised under a caller's
+# jax.jit is never taken.
+_MAX_FILED = 64
+_LOCK = threading.Lock()
+_filed: collections.OrderedDict[int, BaseException] = collections.OrderedDict()
+_tokens = itertools.count(1)
+_TOKEN = re.compile(r"\[jt_dist fault (\d+)\]")
+
+
+class HostFault(Exception):
+  """A kernel's exception on its way out of a host callback."""
+
+
+def file(error: BaseException) -> HostFault:
+  """Files ``error`` under a new token; returns the ``HostFault`` to raise."""
+  # Keep the traceback's lines, not its frames' locals (the buffers).
+  traceback.clear_frames(error.__traceback__)
+  with _LOCK:
+    token = next(_tokens)
+    _filed[token] = error
+    while len(_filed) > _MAX_FILED:
+      _filed.popitem(last=False)
+  text = str(error) or type(error).__name__
+  return HostFault(f"{type(error).__name__}: {text} [jt_dist fault {token}]")
+
+
+def take(error: BaseException) -> BaseException | None:
+  """The kernel exception whose token ``error``'s message carries, or None.
+
+  The exception is forgotten once taken.
+  """
+  match = _TOKEN.search(str(error))
+  if match is None:
+    return None
+  with _LOCK:
+    return _filed.pop(int(match.group(1)), None)

@@ -1,0 +1,183 @@
+"""One kernel call on the operands at hand: bind, check placement, launch.
+
+This is the whole meaning of ``triton_call`` with no cache in front of it.
+The front door (``jt_dist._call``) runs it inside ``jax.jit``, where the
+operands are tracers; ``shard_map`` bodies run it on shards; an eager call
+that needs concrete arrays (``device=``, a ``ShardingRule`` over sharded
+arrays, ``jax.Ref``s) runs it at top level.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import jax
+
+from jt_dist import _errors
+from jt_dist._core import backend_options as _backend_options
+from jt_dist._core import binding as _binding
+from jt_dist._core import operands as _operands
+from jt_dist._core import primitive as _primitive
+from jt_dist._core import pytree_args as _pytree_args
+from jt_dist._core import tensordesc as _tensordesc
+from jt_dist._sharding import auto_axes as _auto_axes
+from jt_dist._sharding import partition as _partition
+from jt_dist._sharding import placement as _placement
+from jt_dist._sharding import refs as _refs
+from jt_dist._sharding import rule as _rule
+from jt_dist._sharding import shard_size as _shard_size
+
+# Bound in place of the user's grid when there is nothing to launch, so that
+# every other binding check still runs.
+_NO_LAUNCH_GRID = (1,)
+
+
+def call(args, kernel, out_shape, grid, options: _binding.CallOptions,
+         metaparams: dict, device: Any = None) -> Any:
+  """Runs one ``triton_call`` on ``args``, tracers or concrete arrays.
+
+  Args:
+    args: the positional operands.
+    kernel: the Triton kernel.
+    out_shape: the outputs, as given.
+    grid: the grid, as given.
+    options: the call's options, checked (``jt_dist._core.call_options``).
+    metaparams: the remaining keywords: the kernel's constexprs, and its
+      keyword operands (non-constexpr parameters by name).
+    device: ``device=`` as given, or None.
+
+  Returns:
+    The outputs in the structure of ``out_shape``.
+  """
+  args, metaparams = _operands.merge_keywords(kernel, args, metaparams)
+  args, descriptors = _tensordesc.split(args)
+  if descriptors and options.sharding_rule is not None:
+    raise NotImplementedError(
+        f"triton_call: args[{descriptors[0][0]}] is a TensorDescriptor, and"
+        " a call with sharding_rule= cannot split one: its shape and strides"
+        " are those of the global array. Build it per shard instead, inside"
+        " jax.shard_map: TensorDescriptor.from_array(local_x, block_shape).")
+  options = options.with_descriptors(descriptors)
+  if _refs.has_refs(args):
+    return _with_refs(args, kernel, out_shape, grid, options, metaparams,
+                      device)
+  if options.sharding_rule is not None:
+    outs = _partitioned(args, kernel, out_shape, grid, options, metaparams,
+                        device)
+    if outs is not _NOT_PARTITIONED:
+      return outs
+  return single_device(args, kernel, out_shape, grid, options, metaparams,
+                       device)[0]
+
+
+def shard_call(*args, kernel, out_shape, grid, **kwargs) -> Any:
+  """``call`` with ``triton_call``'s keywords: the body a shard runs."""
+  options, metaparams = options_from_keywords(kwargs)
+  return call(args, kernel, out_shape, grid, options, metaparams)
+
+
+def options_from_keywords(kwargs: dict):
+  """Splits ``triton_call``'s keywords into its options and metaparams."""
+  named = {k: kwargs[k] for k in _binding.OPTION_NAMES if k in kwargs}
+  metaparams = {k: v for k, v in kwargs.items()
+                if k not in _binding.OPTION_NAMES}
+  return _binding.make_options(**named), metaparams
+
+
+def _with_refs(args, kernel, out_shape, grid, options, metaparams, device):
+  """A call with Ref arguments: reads them, calls, writes them back."""
+  _refs.check(args, options, options.sharding_rule, "triton_call")
+  ref_arrays, ref_leaves = _refs.array_positions(args)
+  values, value_leaves = _refs.read(args, ref_leaves)
+  options = options.with_refs(tuple(ref_arrays))
+  outs, updated = single_device(values, kernel, out_shape, grid, options,
+                                metaparams, device)
+  _refs.write(args, ref_leaves, updated, value_leaves)
+  return outs
+
+
+def single_device(args, kernel, out_shape, grid, options, metaparams,
+                  device=None):
+  """Binds, places and launches a call on one device.
+
+  Returns:
+    ``(outputs, new values of the Refs' arrays)``: the second is empty for
+    a call without Refs.
+  """
+  args, metaparams = _shard_size.resolve(args, metaparams)
+  args = _operands.canonical_numpy(args)
+  # A Ref argument is written even when every output is empty.
+  empty = not options.ref_inputs and _all_outputs_empty(out_shape)
+  arrays, spec, out_tree = _binding.bind_call(
+      args, kernel, out_shape, _NO_LAUNCH_GRID if empty else grid,
+      options, metaparams)
+  arrays = _place(arrays, args, spec, device)
+  if empty:
+    # Nothing to compute: launching would hand the kernel pointers to empty
+    # buffers (and the grid usually rounds to 0 blocks).
+    outs = [jax.numpy.zeros(shape, dtype) for shape, dtype in spec.out_shapes]
+    return jax.tree_util.tree_unflatten(out_tree, outs), ()
+  outs = _primitive.triton_call_p.bind(*arrays, spec=spec)
+  n = len(outs) - spec.ref_outputs
+  return jax.tree_util.tree_unflatten(out_tree, outs[:n]), tuple(outs[n:])
+
+
+_NOT_PARTITIONED = object()
+
+
+def _partitioned(args, kernel, out_shape, grid, options, metaparams, device):
+  """Runs a call with a rule once per shard; ``_NOT_PARTITIONED`` if unsplit.
+
+  The shapes are checked against the rule first, so that a rule that does
+  not fit fails on one device as on many.
+  """
+  rule = _rule.check(options.sharding_rule, "triton_call")
+  out_shapes, out_tree = _binding.flatten_out_shape(out_shape)
+  _partition.factor_sizes(rule, args, out_shapes)
+  layout = _partition.find_layout(args, rule, "triton_call")
+  if layout is None:
+    return _NOT_PARTITIONED
+  if device is not None:
+    raise _errors.DevicePlacementError(
+        f"triton_call: device={device!r} asks for one device, but the call"
+        f" with {rule!r} is split over mesh {dict(layout.mesh.shape)} (its"
+        " operands are sharded there). Drop device=, or move the operands"
+        " to that device with jax.device_put(x, device) first."
+    )
+  kwargs = {**options.keywords(), **metaparams}
+  if layout.auto:
+    return _auto_axes.run(args, shard_call, kernel, out_shapes, out_tree,
+                          grid, rule, kwargs, "triton_call")
+  return _partition.run(args, shard_call, kernel, out_shapes, out_tree,
+                        grid, rule, layout, kwargs, "triton_call")
+
+
+def _all_outputs_empty(out_shape: Any) -> bool:
+  """Whether every output has a dimension of 0 (and there is one at least)."""
+  leaves = jax.tree_util.tree_leaves(out_shape)
+  try:
+    sizes = [math.prod(leaf.shape) for leaf in leaves]
+  except (AttributeError, TypeError):
+    return False  # bind_call reports malformed outputs.
+  return bool(sizes) and all(size == 0 for size in sizes)
+
+
+def _place(arrays, args, spec, device):
+  """Runs the device-validation layer; moves uncommitted inputs to device."""
+  name = spec.info.name
+  if any(_pytree_args.is_tuple(a) for a in args):
+    # Tuple operands: their leaves are checked like positional ones.
+    args = [leaf for a in args for _, leaf in _pytree_args.leaves_with_paths(a)]
+  if any(isinstance(a, jax.core.Tracer) for a in arrays):
+    _placement.check_traced(args, name)
+    return _placement.unify_varying_axes(arrays)
+  target = _placement.check_concrete(args, name, device)
+  if device is None or target is None:
+    return arrays
+  return [
+      jax.device_put(a, target)
+      if not isinstance(a, jax.core.Tracer)
+      and not getattr(a, "committed", False) else a
+      for a in arrays
+  ]

@@ -1,0 +1,67 @@
+"""What every platform's lowering of the primitive runs first.
+
+Each platform registers its own lowering (``jt_dist._cpu.lowering``,
+``jt_dist._gpu.lowering``) wrapped by ``checked``: the device-validation
+layer's lowering-time check, so that no platform can silently let XLA
+replicate a kernel call, and one launch per device inside a partially
+manual ``shard_map``.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable
+
+import jax
+from jax.interpreters import mlir
+
+from jt_dist import _compat
+from jt_dist._core import primitive as _primitive
+from jt_dist._sharding import placement as _placement
+
+
+def _manual_over_rest(ctx, args, spec, facts):
+  """Lowers the call inside a shard_map manual over the remaining axes.
+
+  Inside a partially manual shard_map, the remaining mesh axes have passed
+  the placement check: every operand is replicated over them. Making them
+  manual too pins one kernel launch per device on its own copy, instead of
+  leaving XLA free to partition a call it cannot see into (and host
+  callbacks, used on the CPU, need every axis manual).
+  """
+  mesh = jax.sharding.get_abstract_mesh()
+  if mesh.empty:
+    mesh = facts.mesh
+  rest = frozenset(mesh.axis_names) - facts.manual_axes
+  spec_none = jax.sharding.PartitionSpec()
+
+  def body(*xs):
+    return tuple(_primitive.triton_call_p.bind(*xs, spec=spec))
+
+  inner = jax.shard_map(
+      body, mesh=mesh, in_specs=(spec_none,) * len(args),
+      out_specs=(spec_none,) * len(spec.out_shapes), axis_names=rest,
+      check_vma=False)
+  return mlir.lower_fun(inner, multiple_results=True)(ctx, *args)
+
+
+def checked(rule: Callable[..., Any], choose: Callable[..., Any],
+            platform: str) -> Callable[..., Any]:
+  """``rule`` behind the placement check, with ``choose``'s config.
+
+  Args:
+    rule: the platform's lowering, ``rule(ctx, *args, spec=spec)``.
+    choose: ``choose(ctx, spec, platform)`` returns the spec with the one
+      config an autotuned call is lowered with (``jt_dist._autotune``).
+    platform: the platform's name in jax, e.g. "cuda".
+  """
+  @functools.wraps(rule)
+  def lowering(ctx, *args, spec, **kwargs):
+    _placement.check_lowering(ctx, spec)
+    facts = _compat.lowering_axis_facts(ctx)
+    if facts.kind == "spmd" and facts.manual_axes != frozenset(
+        facts.mesh.axis_names):
+      return _manual_over_rest(ctx, args, spec, facts)
+    return rule(ctx, *args, spec=choose(ctx, spec, platform), **kwargs)
+
+  return lowering

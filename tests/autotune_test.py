@@ -22,7 +22,7 @@ from jt_dist._core import binding as _binding  # pylint: disable=g-import-not-at
 from jt_dist._autotune import settings as _settings  # pylint: disable=g-import-not-at-top,wrong-import-position
 from jt_dist._autotune import store as _store  # pylint: disable=g-import-not-at-top,wrong-import-position
 from jt_dist._autotune import timing as _timing  # pylint: disable=g-import-not-at-top,wrong-import-position
-from jt_dist._gpu import cache as _cache  # pylint: disable=g-import-not-at-top,wrong-import-position
+from jt_dist._backend import cache as _cache  # pylint: disable=g-import-not-at-top,wrong-import-position
 import numpy as np  # pylint: disable=g-import-not-at-top,wrong-import-position
 from jax.sharding import PartitionSpec as P  # pylint: disable=g-import-not-at-top,wrong-import-position
 

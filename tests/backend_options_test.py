@@ -19,7 +19,6 @@ import triton.language as tl
 
 import jt_dist
 from jt_dist._core import binding as _binding
-from jt_dist._call import dispatch as _dispatch
 from jt_dist import testing
 from jt_dist._gpu import compile as _compile
 import gpu_lowering_util as util
@@ -45,7 +44,7 @@ class BackendOptionsTest(testing.TestCase):
 
   def setUp(self):
     super().setUp()
-    _dispatch.invalidate()
+    jax.clear_caches()
 
   def _inputs(self, n=70):
     return (jnp.asarray(self.random((n,))), jnp.asarray(self.random((n,))))

@@ -34,7 +34,7 @@ import jt_dist  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from examples.add import add_kernel  # pylint: disable=g-import-not-at-top,wrong-import-position
-from jt_dist._gpu import cache as _cache  # pylint: disable=g-import-not-at-top,wrong-import-position
+from jt_dist._backend import cache as _cache  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 
 @triton.jit

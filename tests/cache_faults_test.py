@@ -25,7 +25,7 @@ from absl.testing import absltest
 from absl.testing import parameterized
 import jax.numpy as jnp
 
-from jt_dist._gpu import cache as _cache
+from jt_dist._backend import cache as _cache
 from jt_dist import testing
 import cache_util
 import gpu_lowering_util as util

@@ -12,7 +12,7 @@ from absl.testing import absltest
 import jax.numpy as jnp
 
 import jt_dist
-from jt_dist._gpu import cache as _cache
+from jt_dist._backend import cache as _cache
 from jt_dist import testing
 import cache_util
 import gpu_lowering_util as util
@@ -221,7 +221,7 @@ class CrossProcessTest(testing.TestCase):
 
 _STORE_SCRIPT = '''
 import os, sys
-from jt_dist._gpu import cache as _cache
+from jt_dist._backend import cache as _cache
 _cache.configure(disk_cache=True, cache_dir=os.environ["JT_DIST_CACHE_DIR"])
 key = "ab" * 32
 seed = int(sys.argv[1])

@@ -19,11 +19,11 @@ import triton
 import triton.language as tl
 
 import jt_dist
-from jt_dist._gpu import cache as _cache
+from jt_dist._backend import cache as _cache
 from jt_dist import _compat
 from jt_dist._gpu import compile as _compile
 from jt_dist._gpu import lowering as _gpu_lowering
-from jt_dist._gpu import target as _target
+from jt_dist._backend import target as _target
 from jt_dist import testing
 import feature_kernels
 import gpu_lowering_util as util

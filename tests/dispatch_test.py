@@ -22,12 +22,11 @@ import triton.language as tl
 
 import jt_dist
 from jt_dist._core import binding as _binding
-from jt_dist._call import dispatch as _dispatch
+from jt_dist._call import memo as _memo
 from jt_dist import testing
 from jt_dist._gpu import compile as _compile
 import fork_server
 import gpu_lowering_util as util
-import lean_util
 
 testing.configure_cpu_devices()
 
@@ -153,7 +152,7 @@ class DispatchTest(testing.TestCase):
 
   def setUp(self):
     super().setUp()
-    _dispatch.invalidate()
+    jax.clear_caches()
 
   def _assert_unwritten(self, tail):
     # The CPU poisons outputs (NaN for floats); a GPU leaves whatever was
@@ -177,9 +176,6 @@ class DispatchTest(testing.TestCase):
       for s in scales:
         self.assertAllClose(_scale(xs, float(s)), x * np.float32(s))
     self.assertEqual(counting.binds, 1)
-    # On GPUs jaxlib's custom call carries the value: one executable each.
-    self.assertLen(_dispatch.executables,
-                   1 if testing.platform() == "cpu" else len(scales))
 
   @parameterized.parameters((3, 5, 1), (3, 1, 2), (3, 32, 2), (48, 32, 1))
   def test_int_scalar_rebinds_only_where_triton_specialises(self, a, b, binds):
@@ -349,16 +345,15 @@ class DispatchTest(testing.TestCase):
 
   def test_cache_is_bounded(self):
     self.addCleanup(jt_dist.configure_cache,
-                    dispatch_entries=_dispatch.entries.max_entries)
+                    dispatch_entries=_memo.triton_calls.max_entries)
     jt_dist.configure_cache(dispatch_entries=3)
     refs = []
     for n in range(16, 16 * 9, 16):
       x = self.random((n,))
       self.assertAllClose(_scale(jnp.asarray(x), 2.0), x * 2)
       refs.append(weakref.ref(
-          next(reversed(_dispatch.entries._entries.values())).fn))  # pylint: disable=protected-access
-    self.assertLessEqual(len(_dispatch.entries), 3)
-    self.assertLessEqual(len(_dispatch.executables), 3)
+          list(_memo.triton_calls._entries.values())[-1]))  # pylint: disable=protected-access
+    self.assertLessEqual(len(_memo.triton_calls), 3)
     gc.collect()
     self.assertGreaterEqual(sum(r() is None for r in refs), len(refs) - 3)
 
@@ -443,11 +438,6 @@ class DispatchTest(testing.TestCase):
     self.assertEqual(made.call_count, 2)
 
 
-class DispatchPythonHitTest(lean_util.PythonHitMixin, DispatchTest):
-  """``DispatchTest`` with the lean hit in Python, the C one's reference."""
-
-
-@unittest.skipUnless(util.HAS_TRITON_CALL, util.SKIP_REASON)
 class ScalarRecompileTest(util.IsolatedCacheMixin, testing.TestCase):
   """A new scalar value compiles Triton again only where Triton would."""
 
@@ -472,7 +462,7 @@ _RSS_SCRIPT = textwrap.dedent("""
     import jt_dist
     import jax, jax.numpy as jnp, numpy as np
     import dispatch_test as t
-    from jt_dist._call import dispatch as _dispatch
+    from jt_dist._call import memo as _memo
 
     def rss_mib():
       with open("/proc/self/statm") as f:
@@ -482,9 +472,8 @@ _RSS_SCRIPT = textwrap.dedent("""
     mode, calls = sys.argv[1], int(sys.argv[2])
     if mode == "layer":
       t._scale(x, 2.0)
-      (entry,) = _dispatch.entries._entries.values()
-      stub = jax.jit(lambda a, w: [a * 2])
-      entry.fn = stub
+      (call,) = _memo.triton_calls._entries.values()
+      call._jitted = jax.jit(lambda a: a * 2)
       step = lambda i: t._scale(x, 2.0)
     else:
       step = lambda i: t._scale(x, 1.0 + i * 1e-3)
@@ -496,8 +485,7 @@ _RSS_SCRIPT = textwrap.dedent("""
         marks.append(rss_mib())
     gc.collect()
     marks.append(rss_mib())
-    print(json.dumps(dict(marks=marks, executables=len(_dispatch.executables),
-                          entries=len(_dispatch.entries))))
+    print(json.dumps(dict(marks=marks, entries=len(_memo.triton_calls))))
     """)
 
 
@@ -528,8 +516,7 @@ class MemoryTest(testing.TestCase):
     # executable and one entry, never a new one of either.
     result = self._run("values", 1000)
     marks = result["marks"]
-    self.assertEqual((result["executables"], result["entries"]), (1, 1),
-                     result)
+    self.assertEqual(result["entries"], 1, result)
     self.assertLess(marks[-1] - marks[1], 8.0, marks)
 
 

@@ -19,7 +19,7 @@ from absl.testing import absltest
 from absl.testing import parameterized
 
 import doc_blocks
-from jt_dist import _jax_import
+import script_util
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _DOCS = os.path.join(_ROOT, "docs")
@@ -72,7 +72,7 @@ class DocsTest(parameterized.TestCase):
       self.skipTest(f"{path}: every python block is marked not to run")
     skipped = []
     for chain in chains:
-      if chain.gpu_only and not _jax_import.has_nvidia_devices():
+      if chain.gpu_only and not script_util.has_nvidia_devices():
         skipped.append(f"line {chain.first_line}: {chain.gpu_only}")
         continue
       with self.subTest(line=chain.first_line):

@@ -94,20 +94,6 @@ class DoctorProcessTest(testing.TestCase):
     self.assertIn("JT_DIST_DISK_CACHE='sometimes'", out)
     self.assertIn("FIX: fix or unset JT_DIST_DISK_CACHE", out)
 
-  def test_eager_hit_names_the_compiled_part_or_its_fix(self):
-    from jt_dist._call import lean  # pylint: disable=g-import-not-at-top
-    doctor = _doctor
-    if lean._c_lean_hit is not None:  # pylint: disable=protected-access
-      self.assertIn("compiled (jt_dist/_call/lean_hit/)", doctor._eager_hit())  # pylint: disable=protected-access
-      lean.use_compiled(False)
-      self.addCleanup(lean.use_compiled, True)
-      self.assertEqual(doctor._eager_hit(), "Python (chosen)")  # pylint: disable=protected-access
-    with mock.patch.object(lean, "_c_lean_hit", None), \
-        mock.patch.object(lean, "compiled", lambda: False):
-      message = doctor._eager_hit()  # pylint: disable=protected-access
-    self.assertIn("was not built", message)
-    self.assertIn("C compiler", message)
-
   def test_help(self):
     status, out, err = _doctor_process("--help")
     self.assertEqual(status, 0, out + err)

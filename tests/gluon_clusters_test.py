@@ -24,7 +24,6 @@ from triton.experimental.gluon import language as gl
 
 import jt_dist
 from jt_dist._core import binding as _binding
-from jt_dist._call import dispatch as _dispatch
 from jt_dist._gpu import lowering as _gpu_lowering
 from jt_dist import testing
 from jt_dist._cpu import runtime as _cpu_runtime
@@ -94,7 +93,7 @@ class CpuRefusalTest(testing.TestCase):
     super().setUp()
     if testing.platform() != "cpu":
       self.skipTest("the refusals are the CPU interpreter's")
-    _dispatch.invalidate()
+    jax.clear_caches()
 
   def _never_interpreted(self):
     return mock.patch.object(_cpu_runtime, "run",

@@ -16,7 +16,7 @@ from jax._src.lib.mlir import ir
 
 from jt_dist._tools import export as _export
 from jt_dist._autotune import settings as _autotune_settings
-from jt_dist._gpu import cache as _cache
+from jt_dist._backend import cache as _cache
 from jt_dist import _compat
 from jt_dist._gpu import proto_wire as _proto_wire
 

@@ -13,8 +13,7 @@ import triton
 import triton.language as tl
 
 import jt_dist
-from jt_dist._call import dispatch as _dispatch
-from jt_dist._core import call_cache as _call_cache
+from jt_dist._call import memo as _memo
 from jt_dist import testing
 
 import cpu_route_util
@@ -40,11 +39,12 @@ def _scale(x, **options):
       name="scaler", **options)
 
 
-def _failing_executable(message):
+def _failing_jit(message):
+  """Stands in for jax.jit: the function it makes fails as jaxlib would."""
   def run(*args):
     del args
     raise jax.errors.JaxRuntimeError(message)
-  return lambda spec: run
+  return lambda fn, **kwargs: run
 
 
 class LaunchFaultTest(cpu_route_util.XlaRouteMixin, testing.TestCase):
@@ -56,21 +56,20 @@ class LaunchFaultTest(cpu_route_util.XlaRouteMixin, testing.TestCase):
 
   def setUp(self):
     super().setUp()
-    # Entries keep the executable they were made with, mocked or not.
-    _dispatch.invalidate()
-    self.addCleanup(_dispatch.invalidate)
+    # A call keeps the jitted function it was made with, mocked or not.
+    _memo.triton_calls.clear()
+    self.addCleanup(_memo.triton_calls.clear)
 
   @parameterized.parameters(
       _ILLEGAL, "INTERNAL: hipErrorLaunchFailure: unspecified launch failure",
       "INTERNAL: CUDA_ERROR_MISALIGNED_ADDRESS: misaligned address")
   def test_device_fault_names_kernel_and_launch(self, message):
     x = jnp.asarray(self.random((100,)))
-    with mock.patch.object(_call_cache, "executable",
-                           _failing_executable(message)):
+    with mock.patch.object(jax, "jit", _failing_jit(message)):
       with self.assertRaises(jt_dist.KernelLaunchError) as caught:
         _scale(x)
     text = str(caught.exception)
-    for part in ("kernel 'scale_kernel'", "name='scaler'", r"grid (4, 1, 1)",
+    for part in ("kernel 'scale_kernel'", "name='scaler'", "grid (4,)",
                  "{'BLOCK': 32}", "num_warps=", "JT_DIST_SYNC_LAUNCHES=1",
                  "launched before it", message):
       self.assertIn(part, text)
@@ -79,8 +78,8 @@ class LaunchFaultTest(cpu_route_util.XlaRouteMixin, testing.TestCase):
 
   def test_other_errors_pass_through(self):
     x = jnp.asarray(self.random((100,)))
-    with mock.patch.object(_call_cache, "executable",
-                           _failing_executable("RESOURCE_EXHAUSTED: oom")):
+    with mock.patch.object(jax, "jit",
+                           _failing_jit("RESOURCE_EXHAUSTED: oom")):
       with self.assertRaisesRegex(jax.errors.JaxRuntimeError,
                                   "RESOURCE_EXHAUSTED"):
         _scale(x)
@@ -94,6 +93,7 @@ class LaunchFaultTest(cpu_route_util.XlaRouteMixin, testing.TestCase):
       raise jax.errors.JaxRuntimeError(_ILLEGAL)
 
     with mock.patch.dict(os.environ, {"JT_DIST_SYNC_LAUNCHES": "1"}):
+      _memo.triton_calls.clear()  # The setting is read when a call is made.
       with mock.patch.object(jax, "block_until_ready", block):
         with self.assertRaisesRegex(jt_dist.KernelLaunchError,
                                     "fault in this call's kernel"):

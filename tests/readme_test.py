@@ -17,7 +17,7 @@ from absl.testing import absltest
 
 import doc_blocks
 from doc_blocks import code_blocks
-from jt_dist import _jax_import
+import script_util
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -108,13 +108,13 @@ class ReadmeTest(absltest.TestCase):
     blocks = [b for b in code_blocks(_readme()) if b.language == "python"]
     self.assertGreaterEqual(len(blocks), 2)  # Quickstart, mesh.
     for chain in doc_blocks.chains(blocks):
-      if chain.gpu_only and not _jax_import.has_nvidia_devices():
+      if chain.gpu_only and not script_util.has_nvidia_devices():
         continue
       with self.subTest(line=chain.first_line):
         result = doc_blocks.run_chain(chain, "README.md", _ROOT)
         problem = doc_blocks.failure(chain, "README.md", result)
         self.assertIsNone(problem, problem)
-        if not _jax_import.has_nvidia_devices() and any(
+        if not script_util.has_nvidia_devices() and any(
             "make_mesh" in b.code for b in chain.blocks):
           # The mesh snippet spans every local device: 8 virtual CPU
           # devices, which the snippet asks for itself.

@@ -26,7 +26,6 @@ testing.configure_cpu_devices()
 
 import jt_dist  # pylint: disable=g-import-not-at-top,wrong-import-position
 from jt_dist._core import binding as _binding  # pylint: disable=g-import-not-at-top,wrong-import-position
-from jt_dist._call import dispatch as _dispatch  # pylint: disable=g-import-not-at-top,wrong-import-position
 from jt_dist._core import primitive as _primitive  # pylint: disable=g-import-not-at-top,wrong-import-position
 import gpu_lowering_util as util  # pylint: disable=g-import-not-at-top,wrong-import-position
 from variants_util import VariantsTestCase  # pylint: disable=g-import-not-at-top,wrong-import-position
@@ -403,7 +402,7 @@ class SideEffectTest(testing.TestCase):
       _add(jnp.ones(8), jnp.ones(8), has_side_effect="yes")
 
   def test_eager_fast_path_rebinds_on_change(self):
-    _dispatch.invalidate()
+    jax.clear_caches()
     x = jnp.asarray(self.random((8,)))
     with mock.patch.object(_binding, "bind_call",
                            wraps=_binding.bind_call) as bind:

@@ -36,7 +36,7 @@ import jt_dist
 from jt_dist import _compat
 from jt_dist import testing
 from jt_dist._gpu import lowering as _gpu_lowering
-from jt_dist._gpu import target as _target
+from jt_dist._backend import target as _target
 import amdgpu_elf
 import gpu_lowering_util as util
 import hip_stub

@@ -24,8 +24,7 @@ import triton.language as tl
 import jt_dist
 from jt_dist._core import binding as _binding
 from jt_dist import _compat
-from jt_dist._call import dispatch as _dispatch
-from jt_dist._call import tensordesc as _tensordesc
+from jt_dist._core import tensordesc as _tensordesc
 from jt_dist import testing
 from jt_dist._gpu import lowering as _gpu_lowering
 import gpu_lowering_util as util
@@ -68,7 +67,7 @@ class TensorDescriptorTest(testing.TestCase):
 
   def setUp(self):
     super().setUp()
-    _dispatch.invalidate()
+    jax.clear_caches()
 
   @parameterized.product(shape=[(8, 16), (16, 32)],
                          dtype=[np.float32, np.float16, np.int8])

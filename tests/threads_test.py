@@ -32,7 +32,7 @@ import jt_dist  # pylint: disable=g-import-not-at-top,wrong-import-position
 from jt_dist import _compat  # pylint: disable=g-import-not-at-top,wrong-import-position
 from jt_dist._core import kernel as _kernel  # pylint: disable=g-import-not-at-top,wrong-import-position
 from jt_dist._cpu import lowering as _cpu_lowering  # pylint: disable=g-import-not-at-top,wrong-import-position
-from jt_dist._gpu import cache as _cache  # pylint: disable=g-import-not-at-top,wrong-import-position
+from jt_dist._backend import cache as _cache  # pylint: disable=g-import-not-at-top,wrong-import-position
 import cache_util  # pylint: disable=g-import-not-at-top,wrong-import-position
 import gpu_lowering_util as util  # pylint: disable=g-import-not-at-top,wrong-import-position
 

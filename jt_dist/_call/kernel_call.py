@@ -79,8 +79,12 @@ class KernelCall:
                             self.metaparams)
 
   def __call__(self, *operands: Any) -> Any:
-    if self._eager_first and not any(
-        isinstance(x, jax.core.Tracer) for x in operands):
+    for x in operands:
+      if isinstance(x, jax.core.Tracer):
+        # Inside the caller's trace the primitive is bound where the caller
+        # can see it (its jaxpr, its transformations), as jax's own are.
+        return self._traced(*operands)
+    if self._eager_first:
       return self._eager(operands)
     try:
       if self._sync:

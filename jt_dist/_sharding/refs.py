@@ -62,7 +62,7 @@ def has_refs(args) -> bool:
   return False
 
 
-def check(args, options: dict, rule: Any, where: str) -> None:
+def check(args, options: Any, rule: Any, where: str) -> None:
   """Refuses what Ref arguments cannot be combined with.
 
   Raises:
@@ -79,9 +79,11 @@ def check(args, options: dict, rule: Any, where: str) -> None:
           " whole Ref and index inside the kernel, or pass the view's value"
           " (ref.at[...][...]) as an array and write the result back.")
   refs = ", ".join(n for leaf, n in zip(leaves, names) if _compat.is_ref(leaf))
-  if options.get("input_output_aliases"):
+  aliases = (options.get("input_output_aliases")
+             if isinstance(options, dict) else options.input_output_aliases)
+  if aliases:
     raise ValueError(
-        f"{where}: input_output_aliases={options['input_output_aliases']!r}"
+        f"{where}: input_output_aliases={aliases!r}"
         f" cannot be combined with Ref arguments ({refs}): a Ref is"
         " already updated in place. Drop input_output_aliases and pass every"
         " buffer the kernel updates as a Ref (jax.new_ref(x)).")

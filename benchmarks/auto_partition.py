@@ -17,7 +17,7 @@ checked against XLA's result, and is timed in turns with the others of its
 device count (``timing.interleaved_chained_each``). Each row also counts
 the all-gathers and all-reduces in the compiled program.
 
-    python benchmarks/auto_partition.py --out auto_partition.json
+    python benchmarks/auto_partition.py --out benchmarks/results/h200x1/auto_partition.json
     python benchmarks/auto_partition.py --smoke   # tiny sizes, any host
     python benchmarks/auto_partition.py --smoke --counts 2 --problems matmul
 """

@@ -11,7 +11,7 @@
    kernel, against every config called alone; the fastest alone is the
    best a choice could do. Times are interleaved, chained launches.
 
-    python benchmarks/autotune_choice.py --out autotune_choice.json
+    python benchmarks/autotune_choice.py --out benchmarks/results/h200x1/autotune_choice.json
     python benchmarks/autotune_choice.py --smoke   # tiny sizes, any host
 """
 
@@ -140,7 +140,8 @@ def main():
   if args.out:
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "w") as f:
-      json.dump({"results": rows}, f, indent=1)
+      json.dump({"environment": timing.environment(), "results": rows}, f,
+                indent=1)
 
 
 if __name__ == "__main__":

@@ -7,13 +7,13 @@ Two measurements, interleaved so that a busy host slows both alike:
 - the examples' kernels launched eagerly through the interpreter, median
   time per call with the check on and off.
 
-    python benchmarks/bounds_check_overhead.py --out results/bounds_check.json
+    python benchmarks/bounds_check_overhead.py \
+        --out benchmarks/results/cpu/bounds_check_overhead.json
 
 Runs on the CPU (the check exists only there); writes JSON and prints a table.
 """
 
 import argparse
-import json
 import os
 import statistics
 import subprocess
@@ -21,6 +21,7 @@ import sys
 import time
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 _ENV = "JT_DIST_BOUNDS_CHECK"
 
 
@@ -66,7 +67,8 @@ def _kernel_ms(call, check: str, repeats: int) -> float:
 
 def main():
   parser = argparse.ArgumentParser(description=__doc__)
-  parser.add_argument("--out", default="bounds_check.json")
+  parser.add_argument("--out", required=True,
+                      help="where to write the JSON results")
   parser.add_argument("--suite-runs", type=int, default=3)
   parser.add_argument("--kernel-repeats", type=int, default=15)
   args = parser.parse_args()
@@ -82,8 +84,9 @@ def main():
   for _ in range(args.suite_runs):
     suites["on_s"].append(_suite_seconds("1"))
     suites["off_s"].append(_suite_seconds("0"))
-  with open(args.out, "w") as f:
-    json.dump({"kernels": kernels, "suites": suites}, f, indent=2)
+  import timing  # pylint: disable=import-outside-toplevel
+  timing.write_json(args.out, {"environment": timing.environment(),
+                               "kernels": kernels, "suites": suites})
   print(f"{'what':34} {'check on':>10} {'check off':>10} {'ratio':>6}")
   for name, t in kernels.items():
     print(f"{name:34} {t['on_ms']:8.1f}ms {t['off_ms']:8.1f}ms"

@@ -1,7 +1,7 @@
 """A host callback followed by a collective, on virtual CPU devices: no jt_dist.
 
-The minimal reproducer of the abort that jt_dist's CPU path used to hit
-(issue 21). Each device of a ``jax.shard_map`` calls back into Python on its
+The minimal reproducer of the jaxlib limit that decides how jt_dist's CPU
+path calls back into Python beside collectives. Each device of a ``jax.shard_map`` calls back into Python on its
 shard, then the shards are summed with ``jax.lax.psum``:
 
 - through ``jax.pure_callback``, which ``device_put``s every operand to CPU
@@ -16,7 +16,8 @@ shard, then the shards are summed with ``jax.lax.psum``:
 Every run is a child process (an abort kills only it), with XLA's rendezvous
 timeout lowered to ``--terminate-s`` so that an abort comes quickly.
 
-    python benchmarks/cpu_callback_collective_repro.py --out results/cpu_callback_collective.json
+    python benchmarks/cpu_callback_collective_repro.py \
+        --out benchmarks/results/cpu/cpu_callback_collective_repro.json
 """
 
 import argparse
@@ -100,9 +101,11 @@ def main():
   import jax  # pylint: disable=import-outside-toplevel
   import jaxlib  # pylint: disable=import-outside-toplevel
 
-  results = {"jax": jax.__version__, "jaxlib": jaxlib.__version__,
-             "devices": args.devices, "terminate_s": args.terminate_s,
-             "runs": []}
+  results = {"environment": {"jax": jax.__version__,
+                             "jaxlib": jaxlib.__version__,
+                             "cpu devices": args.devices,
+                             "cpus": os.cpu_count()},
+             "terminate_s": args.terminate_s, "runs": []}
   for route in _ROUTES:
     for per_shard in args.sizes:
       run = _run(route, per_shard, args.devices, args.terminate_s,

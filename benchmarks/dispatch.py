@@ -54,7 +54,7 @@ Then, for jt_dist's eager call:
   and with a new ``s`` every call (what a learning rate or a step count
   passed as a scalar costs per step).
 
-    python benchmarks/dispatch.py --out benchmarks/results/dispatch.json
+    python benchmarks/dispatch.py --out benchmarks/results/h100x1/dispatch.json
     python benchmarks/dispatch.py --smoke      # tiny, any host (CI sanity)
 """
 

@@ -136,8 +136,6 @@ def _bounds_check(data: dict[str, Any]) -> str:
     on, off = min(data["suites"]["on_s"]), min(data["suites"]["off_s"])
     out.append("**the test suites**, best run\n\n" + _table(
         ["check on, s", "check off, s", "on / off"], [[on, off, on / off]]))
-  if "note" in data:
-    out.append(f"Note recorded with the results: {data['note']}")
   return "\n\n".join(out)
 
 
@@ -171,9 +169,7 @@ def _callback_collective(data: dict[str, Any]) -> str:
            f"{r['outcome']}, {r['seconds']:.1f} s" for r in data["runs"]}
   body = [[size] + [cells.get((route, size), "") for route in routes]
           for size in sizes]
-  return (f"jax {data.get('jax')}, jaxlib {data.get('jaxlib')},"
-          f" {data.get('devices')} CPU devices, XLA's termination timeout"
-          f" {data.get('terminate_s')} s.\n\n"
+  return (f"XLA's termination timeout: {data.get('terminate_s')} s.\n\n"
           + _table(["bytes per shard"] + routes, body))
 
 
@@ -215,23 +211,6 @@ def _dispatch(data: dict[str, Any]) -> str:
                                                       ""),
           scalar.get("executables_kept", "")]]))
   return "\n\n".join(out)
-
-
-def _dispatch_runs(data: dict[str, Any]) -> str:
-  """benchmarks/dispatch_runs.py: each run's ratios, then the bounds met."""
-  keys = list(data["bounds"])
-  rows = [[r["case"], r.get("tree", ""), r["device"], r["benchmark"],
-           r["floor_over_xla"]]
-          + [r.get(k, "") if r.get(k) is not None else "" for k in keys]
-          for r in data["runs"]]
-  runs = _table(["run", "tree", "device", "benchmark", "floor / XLA eager"]
-                + [k.replace("_over_", " / ").replace("_", " ") for k in keys],
-                rows)
-  met = _table(["ratio", "bound", "runs of the current code",
-                "runs within the bound"],
-               [[k.replace("_over_", " / ").replace("_", " "), m["bound"],
-                 m["runs"], m["within"]] for k, m in data["met"].items()])
-  return f"{runs}\n\n**the bounds**\n\n{met}"
 
 
 def _launch_overhead(data: dict[str, Any]) -> str:
@@ -285,9 +264,7 @@ def render(data: dict[str, Any]) -> str:
     The tables, preceded by the environment the file records.
   """
   results = data.get("results")
-  if "bounds" in data and "runs" in data and "met" in data:
-    body = _dispatch_runs(data)
-  elif "wall_us_per_hot_us" in data:
+  if "wall_us_per_hot_us" in data:
     body = _python_wall_cost(data)
   elif (isinstance(results, list) and results and "ratios" in data
       and all("median_us" in r for r in results)):
@@ -311,6 +288,9 @@ def render(data: dict[str, Any]) -> str:
     body = _launch_overhead(data)
   else:
     raise ValueError(f"no renderer for a results file with keys {list(data)}")
+  note = data.get("note")
+  if isinstance(note, str):
+    body += f"\n\nRecorded with the results: {note}"
   return _environment(data) + body
 
 

@@ -12,7 +12,7 @@ custom-call target and payload) and jax-triton's, and prints:
   what jaxlib uses;
 - the time of each form, interleaved, on one GPU.
 
-    python benchmarks/kernel_diff.py --out kernel_diff.json
+    python benchmarks/kernel_diff.py --out benchmarks/results/h200x1/kernel_diff.json
 """
 
 import argparse
@@ -170,7 +170,7 @@ def main():
     import jax_triton  # pylint: disable=g-import-not-at-top
   except Exception:  # pylint: disable=broad-except
     jax_triton = None
-  result = {"ptxas": _ptxas_versions()}
+  result = {"environment": timing.environment(), "ptxas": _ptxas_versions()}
   with tempfile.TemporaryDirectory() as folder:
     for rows in (1024, 8192):
       report, problem, inputs = diff_rows(rows, jax_triton, folder)

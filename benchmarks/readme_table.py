@@ -1,6 +1,6 @@
 """Renders ``scaling.py``'s JSON as Markdown tables, with the run's noise.
 
-    python benchmarks/readme_table.py benchmarks/results/h200x4/scaling.json
+    python benchmarks/readme_table.py benchmarks/results/h200x1/scaling.json
 """
 
 import json

@@ -3,7 +3,7 @@
 Side by side, in one run, on whatever GPUs are present: jt_dist, jax-triton
 (when importable) and XLA's own ops.
 
-    python benchmarks/run.py --out benchmarks/results/h200x2.json
+    python benchmarks/run.py --out benchmarks/results/h200x2/run.json
     python benchmarks/run.py --smoke     # tiny sizes, any host, checks only
 
 Cases: dispatch overhead (and its profile by lowering choice, in

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The whole GPU verification in one call, for a lent GPU machine:
 #   1. the test suites (tests/ and tests_multigpu/) on the real GPUs,
-#   2. every example, and the doctor (python -m jt_dist),
+#   2. every example, and the doctor (python -m jt_dist doctor),
 #   3. the benchmarks (benchmarks/run.py), side by side with jax-triton
 #      (from .whl/ when carried) and XLA,
 #   4. the autotuning choice (benchmarks/autotune_choice.py) and, with 2 or
@@ -9,26 +9,69 @@
 #   5. scaling.py and auto_partition.py at 1, 2, 4 and 8 GPUs (as many as
 #      the host has),
 #   6. eager and jitted dispatch (benchmarks/dispatch.py) on one GPU.
-# Everything lands in $OUT (default benchmarks/results/latest): logs, JUnit
-# XML and the benchmarks' JSON. Usage:
+#
+# Usage:
 #   bash benchmarks/run_gpu.sh [all|tests|examples|bench|autotune|scaling|dispatch] [run.py args...]
+#
+# Where things go:
+#   * logs, JUnit XML, nvidia-smi's and the versions' output: $OUT, a new
+#     temporary directory when OUT is unset; never the repository;
+#   * each benchmark's JSON: benchmarks/results/<device>/<benchmark>.json
+#     (the files the docs render), with a copy under $OUT/results/<device>/
+#     so that it comes back from a lent machine. <device> is the GPU's model
+#     and count, e.g. h100x1 or h200x2 (dispatch.py, which runs on one GPU:
+#     h200x1); set DEVICE and DEVICE_ONE to name them otherwise.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 what=${1:-all}
 shift || true
-OUT=${OUT:-benchmarks/results/latest}
+OUT=${OUT:-$(mktemp -d "${TMPDIR:-/tmp}/jt_dist_gpu.XXXXXX")}
+OUT=$(realpath -m "$OUT")
+case $OUT/ in
+  "$PWD"/*)
+    echo "run_gpu.sh: OUT=$OUT is inside the repository; give a directory outside it" >&2
+    exit 2 ;;
+esac
 mkdir -p "$OUT"
+echo "run_gpu.sh: logs in $OUT"
+
+# The GPU's model, lower-cased without its vendor and memory ("NVIDIA H100
+# 80GB HBM3" -> h100), and how many there are.
+gpu_names=$(nvidia-smi --query-gpu=name --format=csv,noheader 2> /dev/null)
+gpu_model=$(echo "${gpu_names:-none}" | head -n 1 | sed 's/^NVIDIA //' \
+  | awk '{print tolower($1)}' | cut -d- -f1)
+gpu_count=$(echo "$gpu_names" | grep -c .)
+DEVICE=${DEVICE:-${gpu_model}x${gpu_count}}
+# dispatch.py runs on one GPU of the host.
+ONE_DEVICE=${DEVICE_ONE:-${gpu_model}x1}
+
 if compgen -G ".whl/*.whl" > /dev/null; then
+  site=$(mktemp -d "${TMPDIR:-/tmp}/jt_dist_site.XXXXXX")
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
-    --upgrade --target /tmp/site .whl/*.whl || exit 1
-  export PYTHONPATH=/tmp/site
+    --upgrade --target "$site" .whl/*.whl || exit 1
+  export PYTHONPATH=$site
 fi
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
-export JT_DIST_CACHE_DIR="${JT_DIST_CACHE_DIR:-/tmp/jt_dist_cache}"
+export JT_DIST_CACHE_DIR="${JT_DIST_CACHE_DIR:-$OUT/jt_dist_cache}"
 nvidia-smi > "$OUT/nvidia-smi.txt" 2>&1
 python3 -c "import jax, triton; print('jax', jax.__version__, 'triton', triton.__version__, jax.devices())" | tee "$OUT/versions.txt"
 status=0
+# Runs benchmarks/$2.py on device $1 with the rest as its arguments: its
+# JSON to benchmarks/results/$1/$2.json (and a copy in $OUT), its output to
+# $OUT/$2.log.
+bench() {
+  local device=$1 name=$2
+  shift 2
+  local results=benchmarks/results/$device
+  mkdir -p "$results" "$OUT/results/$device"
+  python3 "benchmarks/$name.py" --out "$results/$name.json" "$@" 2>&1 \
+    | grep -v "cudart_stub\|absl::" | tee "$OUT/$name.log"
+  (( PIPESTATUS[0] == 0 )) || status=1
+  if [[ -f $results/$name.json ]]; then
+    cp "$results/$name.json" "$OUT/results/$device/"
+  fi
+}
 if [[ $what == all || $what == tests ]]; then
   python3 -m pytest tests tests_multigpu -q -p no:cacheprovider -rs \
     --junitxml="$OUT/junit.xml" > "$OUT/tests.log" 2>&1 || status=1
@@ -50,35 +93,25 @@ if [[ $what == all || $what == examples ]]; then
   }
   run_examples 2>&1 | grep -v "cudart_stub\|absl::" | tee "$OUT/examples.log"
   (( PIPESTATUS[0] == 0 )) || status=1
-  echo "== python -m jt_dist"
-  python3 -m jt_dist 2>&1 | tee "$OUT/doctor.log"
+  echo "== python -m jt_dist doctor"
+  python3 -m jt_dist doctor 2>&1 | tee "$OUT/doctor.log"
   (( PIPESTATUS[0] == 0 )) || status=1
 fi
 if [[ $what == all || $what == bench ]]; then
-  python3 benchmarks/run.py --out "$OUT/benchmarks.json" "$@" 2>&1 \
-    | grep -v "cudart_stub\|absl::" | tee "$OUT/benchmarks.log" || status=1
+  bench "$DEVICE" run "$@"
 fi
 if [[ $what == all || $what == autotune ]]; then
-  python3 benchmarks/autotune_choice.py --out "$OUT/autotune_choice.json" 2>&1 \
-    | grep -v "cudart_stub\|absl::" | tee "$OUT/autotune_choice.log"
-  (( PIPESTATUS[0] == 0 )) || status=1
-  if (( $(nvidia-smi -L | grep -c "^GPU ") >= 2 )); then
-    python3 benchmarks/multiprocess_gpu.py --out "$OUT/multiprocess_gpu.json" 2>&1 \
-      | grep -v "cudart_stub\|absl::" | tee "$OUT/multiprocess_gpu.log"
-    (( PIPESTATUS[0] == 0 )) || status=1
+  bench "$DEVICE" autotune_choice
+  if (( gpu_count >= 2 )); then
+    bench "$DEVICE" multiprocess_gpu
   fi
 fi
 if [[ $what == all || $what == scaling ]]; then
-  for script in scaling auto_partition; do
-    python3 "benchmarks/$script.py" --out "$OUT/$script.json" 2>&1 \
-      | grep -v "cudart_stub\|absl::" | tee "$OUT/$script.log"
-    (( PIPESTATUS[0] == 0 )) || status=1
-  done
+  bench "$DEVICE" scaling
+  bench "$DEVICE" auto_partition
 fi
 if [[ $what == all || $what == dispatch ]]; then
-  CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0} python3 benchmarks/dispatch.py \
-    --out "$OUT/dispatch.json" 2>&1 \
-    | grep -v "cudart_stub\|absl::" | tee "$OUT/dispatch.log"
-  (( PIPESTATUS[0] == 0 )) || status=1
+  CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0} bench "$ONE_DEVICE" dispatch
 fi
+echo "run_gpu.sh: logs in $OUT; results in benchmarks/results/ and $OUT/results/"
 exit $status

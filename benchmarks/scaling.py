@@ -24,7 +24,7 @@ Implementations (columns of the benchmarks page's tables, docs/benchmarks.md):
   in the scalar-argument form (M, N, K as runtime integers, which jax-triton
   0.3.1 does not specialise), on one GPU.
 
-    python benchmarks/scaling.py --out scaling.json
+    python benchmarks/scaling.py --out benchmarks/results/h200x1/scaling.json
     python benchmarks/scaling.py --smoke    # tiny sizes, any host
 """
 

@@ -8,12 +8,11 @@ work slows a run down), and pytest's counts. Results from several trees
 and commands go into one JSON file, a row per tree and command: a new run
 replaces the row of the same label.
 
-    git archive 8240aba | tar -x -C /tmp/tree_8240aba
-    python benchmarks/suite_wall_time.py --tree /tmp/tree_8240aba \\
-        --commit 8240aba --label "8240aba (the issue's tree)" \\
-        --out benchmarks/results/cpu/suite_wall_time.json
     python benchmarks/suite_wall_time.py --label "this tree" --runs 3 \\
         --out benchmarks/results/cpu/suite_wall_time.json
+    git archive REV | tar -x -C /tmp/other_tree
+    python benchmarks/suite_wall_time.py --tree /tmp/other_tree \\
+        --commit REV --label "REV" --out /tmp/suite_wall_time.json
 
 Arguments after ``--`` are passed to pytest (e.g. ``-- -n 0``).
 
@@ -21,9 +20,8 @@ Arguments after ``--`` are passed to pytest (e.g. ``-- -n 0``).
 also has (the same node ids): the same tests, timed on this tree's code,
 apart from the tests added since:
 
-    python benchmarks/suite_wall_time.py --tests-of /tmp/tree_8240aba \
-        --label "this tree, 8240aba's tests only" \
-        --out benchmarks/results/cpu/suite_wall_time.json
+    python benchmarks/suite_wall_time.py --tests-of /tmp/other_tree \
+        --label "this tree, REV's tests only" --out /tmp/suite_wall_time.json
 """
 
 from __future__ import annotations

@@ -1,8 +1,10 @@
 """Timing helpers: warm up, chain launches, synchronise once, take medians."""
 
 import argparse
+import importlib.metadata
 import json
 import os
+import platform
 import statistics
 import time
 
@@ -31,6 +33,25 @@ def write_json(path, result):
   os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
   with open(path, "w", encoding="utf-8") as f:
     json.dump(result, f, indent=2)
+
+
+def environment():
+  """What a result was measured on: versions, the host's cores, the devices.
+
+  Every results file carries it, so that a table in the docs can say where
+  its figures come from.
+  """
+  def version(name):
+    try:
+      return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+      return None
+  devices = jax.devices()
+  return {"python": platform.python_version(), "jax": jax.__version__,
+          "jaxlib": version("jaxlib"), "triton": version("triton"),
+          "jax_triton": version("jax-triton"), "cpus": os.cpu_count(),
+          "devices": [str(d) for d in devices],
+          "device_kind": devices[0].device_kind}
 
 
 def block(out):

@@ -12,7 +12,7 @@ batch, in turns (``timing.interleaved_chained_each``):
 Every result is checked against XLA before it is timed. Writes JSON and
 prints a table:
 
-    python benchmarks/vmap_grid.py --out $OUT/vmap_grid.json
+    python benchmarks/vmap_grid.py --out benchmarks/results/h200x1/vmap_grid.json
     python benchmarks/vmap_grid.py --smoke    # tiny sizes, any host
 """
 

@@ -46,7 +46,7 @@ from jt_dist._call.helpers import get_compute_capability
 from jt_dist._call.helpers import next_power_of_2
 from jt_dist._call.helpers import strides_from_shape
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 __all__ = [
     "AutoAxesError",

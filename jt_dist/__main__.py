@@ -1,4 +1,4 @@
-"""``python -m jt_dist``: the doctor (see ``jt_dist/_tools/doctor.py``)."""
+"""``python -m jt_dist [doctor]``: the doctor (see ``jt_dist/_tools/doctor.py``)."""
 
 import sys
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import glob
 import importlib.util
+import inspect
 import os
 import re
 
@@ -19,6 +20,7 @@ from absl.testing import absltest
 from absl.testing import parameterized
 
 import doc_blocks
+import jt_dist
 import script_util
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -31,9 +33,14 @@ def _pages() -> list[str]:
 
 
 def _pages_with_python() -> list[str]:
-  """The pages with at least one python block (run or marked not to)."""
+  """The pages with at least one python block that runs.
+
+  Pages whose python blocks are all marked not to run (the examples' pages,
+  which include each script: tests/examples_test.py runs the scripts) have
+  nothing to run; test_every_page_s_marks_are_valid still reads them.
+  """
   return [path for path in _pages()
-          if any(b.language == "python"
+          if any(b.language == "python" and b.not_run is None
                  for b in doc_blocks.code_blocks(_read(path), path))]
 
 
@@ -57,6 +64,12 @@ class DocsTest(parameterized.TestCase):
     if not os.path.isdir(_DOCS):
       self.skipTest(f"{_DOCS} is not in this tree")
     self.assertGreaterEqual(len(_pages()), 10)
+
+  def test_every_page_s_marks_are_valid(self):
+    # Unknown marks, marks without a reason and chains that continue a
+    # missing block raise ValueError, on pages that run nothing too.
+    for path in _pages():
+      doc_blocks.chains(doc_blocks.code_blocks(_read(path), path), path)
 
   @parameterized.named_parameters(
       (re.sub(r"\W", "_", path[len("docs/"):-len(".md")]), path)
@@ -82,14 +95,35 @@ class DocsTest(parameterized.TestCase):
     if len(skipped) == len(chains):
       self.skipTest(f"{path}: every block needs a GPU: {'; '.join(skipped)}")
 
-  def test_the_examples_page_lists_every_example(self):
-    path = os.path.join("docs", "examples.md")
+  def test_every_example_has_a_page_showing_its_script(self):
+    index = os.path.join("docs", "examples", "index.md")
+    if not os.path.exists(os.path.join(_ROOT, index)):
+      self.skipTest(f"{index} is not in this tree")
+    listed = _read(index)
+    for example in sorted(glob.glob(os.path.join(_ROOT, "examples", "*.py"))):
+      name = os.path.splitext(os.path.basename(example))[0]
+      page = os.path.join("docs", "examples", f"{name}.md")
+      self.assertTrue(os.path.exists(os.path.join(_ROOT, page)),
+                      f"examples/{name}.py has no page {page}")
+      self.assertIn(f"({name}.md)", listed, f"{index} does not link {page}")
+      # The snippets extension includes the script itself, as it is now.
+      self.assertIn(f'--8<-- "examples/{name}.py"', _read(page), page)
+
+  @parameterized.named_parameters(
+      ("triton_call", "calling.md", "triton_call"),
+      ("sharded_triton_call", "sharding.md", "sharded_triton_call"))
+  def test_the_options_tables_match_the_signatures(self, page, function):
+    path = os.path.join("docs", "api", page)
     if not os.path.exists(os.path.join(_ROOT, path)):
       self.skipTest(f"{path} is not in this tree")
-    text = _read(path)
-    for example in sorted(glob.glob(os.path.join(_ROOT, "examples", "*.py"))):
-      name = f"`examples/{os.path.basename(example)}`"
-      self.assertIn(name, text, f"{path} does not list {name}")
+    rows = re.findall(r"^\| `(\w+)` \| .*? \| (required|`[^`]*`) \| .*\|$",
+                      _read(path), re.M)
+    parameters = inspect.signature(getattr(jt_dist, function)).parameters
+    expected = [(p.name, "required" if p.default is p.empty
+                 else f"`{p.default!r}`")
+                for p in parameters.values() if p.kind is p.KEYWORD_ONLY]
+    self.assertEqual(rows, expected, f"{path}: the table of {function}'s"
+                     " options, against inspect.signature")
 
   def test_the_benchmarks_page_types_no_figure(self):
     path = os.path.join("docs", "benchmarks.md")

@@ -99,6 +99,19 @@ class DoctorProcessTest(testing.TestCase):
     self.assertEqual(status, 0, out + err)
     self.assertIn("usage: python -m jt_dist", out)
     self.assertIn("--skip-kernels", out)
+    self.assertIn("{doctor}", out)
+
+  def test_doctor_command_runs_the_doctor(self):
+    # `python -m jt_dist doctor`, as the installation page and the
+    # changelog write it.
+    _skip_where_gpus_are_hidden(self)
+    status, out, err = _doctor_process(
+        "doctor", "--skip-kernels",
+        JT_DIST_CACHE_DIR=os.path.join(self.tmp, "cache"))
+    self.assertEqual(status, 0, out + err)
+    self.assertTrue(out.startswith("jt_dist doctor"), out)
+    self.assertIn("none: jt_dist works on this machine.", out)
+    self.assertEqual(err, "")
 
   def test_importing_main_runs_nothing(self):
     # A fork of a process that imported jt_dist, but not jt_dist.__main__.
@@ -154,6 +167,13 @@ class DoctorInProcessTest(testing.TestCase):
     self.assertIn("PROBLEM: nvidia-smi reports a driver (570.86), but JAX"
                   " runs on the CPU", out)
     self.assertIn("FIX: install JAX's CUDA plugin at jaxlib's version", out)
+
+  def test_an_unknown_command_is_refused(self):
+    err = io.StringIO()
+    with mock.patch("sys.stderr", err), self.assertRaises(SystemExit) as exit_:
+      _doctor.main(["docter"])
+    self.assertEqual(exit_.exception.code, 2)
+    self.assertIn("invalid choice: 'docter'", err.getvalue())
 
   def test_skip_kernels_skips_the_check(self):
     _skip_where_gpus_are_hidden(self)

@@ -150,8 +150,14 @@ class ReadmeTest(absltest.TestCase):
     plugin = re.search(r'pip install --no-deps "jax-cuda12-plugin==[^"]*"',
                        bash)
     self.assertIsNotNone(plugin, "README installs no jax-cuda12-plugin")
+    # The ROCm suite cross-lowers through JAX's ROCm plugin: without it,
+    # most of a CPU host's skips would be that suite's.
+    rocm = re.search(r"pip install --no-deps \"jax-rocm7-plugin=="
+                     r"\$\(python -c '[^']*'\)\"", bash)
+    self.assertIsNotNone(rocm, "README installs no jax-rocm7-plugin")
     for command in ("pip install -e .", "python examples/sharded_add.py",
                     'pip install -e ".[test]"', plugin.group(0),
+                    rocm.group(0),
                     "python -m pytest tests tests_multigpu -q"):
       self.assertIn(command, bash)
       self.assertIn(command, ci)

@@ -1,4 +1,4 @@
-"""``python -m jt_dist``: checks that this machine can run Triton kernels.
+"""``python -m jt_dist [doctor]``: can this machine run Triton kernels?
 
 Prints the versions that matter (jax, jaxlib, Triton, the GPU plugin, the
 driver), every local device with its compute capability (its gfx arch on
@@ -403,6 +403,11 @@ def main(argv: list[str] | None = None, out: TextIO | None = None) -> int:
       description="Checks that jt_dist can run Triton kernels here: versions,"
       " devices, a test kernel on each device, the disk cache. Exits 0 only"
       " when everything works; each problem is printed with its fix.")
+  # The doctor is the only command, so naming it is optional: both
+  # `python -m jt_dist` and `python -m jt_dist doctor` run it.
+  parser.add_argument(
+      "command", nargs="?", choices=("doctor",), default="doctor",
+      help="what to run: the doctor (the default)")
   parser.add_argument(
       "--skip-kernels", action="store_true",
       help="do not compile and run the test kernel on each device")

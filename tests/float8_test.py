@@ -48,7 +48,7 @@ _REFUSED = (
     ("gt", r"`>` \(greater\)"),
     ("le", r"`<=` \(less_equal\)"),
     ("eq", r"`==` \(equal\)"),
-    ("sum", r"`\+` \(add\)"),
+    ("sum", r"tl\.sum"),
     ("fma", r"tl\.fma"),
     ("max", r"`tl\.maximum` \((maximum|fmax)\)"),
     ("min", r"`tl\.minimum` \((minimum|fmin)\)"),

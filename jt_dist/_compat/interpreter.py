@@ -10,6 +10,7 @@ import contextlib
 from typing import Any, Mapping
 
 import triton
+from triton.language import semantic as _semantic
 from triton.runtime import interpreter as _interpreter
 
 from jt_dist._compat.triton_api import LANGUAGE_LOCK
@@ -76,6 +77,15 @@ def interpreter_program_id() -> tuple[int, int, int] | None:
   builder = getattr(_interpreter, "interpreter_builder", None)
   grid_idx = getattr(builder, "grid_idx", None)
   return None if grid_idx is None else tuple(int(i) for i in grid_idx)
+
+
+def interpreter_semantic_class() -> type:
+  """The class of Triton's semantic layer, whose methods lower ``tl`` calls.
+
+  ``TritonSemantic`` in Triton 3.6 through 3.9; the interpreter's builtins
+  call the methods of its module-level instance.
+  """
+  return _semantic.TritonSemantic
 
 
 def interpreter_block_pointer(base, shape, strides, offsets, block_shape,

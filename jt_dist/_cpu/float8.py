@@ -63,7 +63,7 @@ def _type_name(scalar) -> str:
   return f"{scalar.name} ({np.dtype(numpy_twin).name})"
 
 
-def _refusal(kernel: str, what: str, scalar) -> _errors.KernelTypeError:
+def refusal(kernel: str, what: str, scalar) -> _errors.KernelTypeError:
   spelled = _SPELLING.get(what)
   op = f"`{spelled}` ({what})" if spelled else f"{what}"
   return _errors.KernelTypeError(
@@ -125,26 +125,26 @@ def float8_like_compiled(kernel: str):
     scalar = _float8_type(lhs, rhs)
     if scalar is None:
       return saved["binary_op"](self, lhs, rhs, op)
-    raise _refusal(kernel, op.__name__, scalar)
+    raise refusal(kernel, op.__name__, scalar)
 
   def unary_op(self, arg, op):
     scalar = _float8_type(arg)
     if scalar is None:
       return saved["unary_op"](self, arg, op)
-    raise _refusal(kernel, op.__name__, scalar)
+    raise refusal(kernel, op.__name__, scalar)
 
   def ternary_op(self, lhs, rhs, other, op):
     # A select (np.where) moves bits unchanged; a clamp compares values.
     scalar = _float8_type(lhs, rhs, other)
     if scalar is None or op is np.where:
       return saved["ternary_op"](self, lhs, rhs, other, op)
-    raise _refusal(kernel, op.__name__, scalar)
+    raise refusal(kernel, op.__name__, scalar)
 
   def create_fma(self, x, y, z):
     scalar = _float8_type(x, y, z)
     if scalar is None:
       return saved["create_fma"](self, x, y, z)
-    raise _refusal(kernel, "tl.fma", scalar)
+    raise refusal(kernel, "tl.fma", scalar)
 
   def create_fp_to_fp(self, src, dst_type, rounding_mode):
     converted = _saturating_conversion(src, dst_type, rounding_mode)

@@ -14,7 +14,6 @@ import contextlib
 import functools
 import weakref
 
-import ml_dtypes
 import numpy as np
 import triton.language as tl
 from triton.language import core as tl_core
@@ -23,9 +22,11 @@ from triton.runtime import interpreter as _interpreter
 from jt_dist import _compat
 from jt_dist import _errors
 from jt_dist._cpu import asserts as _asserts
+from jt_dist._cpu import bfloat16 as _bfloat16
 from jt_dist._cpu import bounds as _bounds
 from jt_dist._cpu import float8 as _float8
 from jt_dist._cpu import host_memory as _host_memory
+from jt_dist._cpu import reductions as _reductions
 from jt_dist._cpu import vector_lang as _vector_lang
 from jt_dist._cpu import vector_launch as _vector_launch
 
@@ -146,9 +147,10 @@ def _patched_language(kernel: str, debug: bool):
   # `tl`): library helpers such as tl.zeros are @triton.jit functions that
   # call builtins through `triton.language.core`. jt_dist's own replacements
   # of language functions are entered after, so that they win.
-  with _helpers_run_interpreted(), _bfloat16_like_compiled(), \
+  with _helpers_run_interpreted(), _bfloat16.bfloat16_like_compiled(), \
       _float8.float8_like_compiled(kernel), \
       _compat.interpreter_language_patched(), \
+      _reductions.reductions_on_values(kernel), \
       _asserts.kernel_asserts(kernel, debug), _scalar_index_squeezes(kernel):
     yield
 
@@ -184,78 +186,6 @@ def _helpers_run_interpreted():
   with _compat.attributes_replaced(JITFunction,
                                    {"__call__": call_interpreted}):
     yield
-
-
-_BF16_CONVERTIBLE = ("fp16", "fp32", "fp64", "int1", "int8", "int16", "int32",
-                     "int64", "uint8", "uint16", "uint32", "uint64")
-
-
-@contextlib.contextmanager
-def _bfloat16_like_compiled():
-  """Makes the interpreter's bf16 conversions round as compiled kernels do.
-
-  The interpreter keeps bf16 values as raw uint16 bits. Upstream, it
-  converts fp32 to bf16 by truncating the mantissa, where compiled kernels
-  round to nearest even, and it converts other types to and from bf16 with a
-  plain ``astype`` of those raw bits, which gives garbage. For one launch
-  (the caller holds the interpreter lock) bf16 conversions go through
-  ``ml_dtypes.bfloat16`` instead, which rounds to nearest even.
-  """
-  builder = _interpreter.InterpreterBuilder
-  original = builder.cast_impl
-
-  def cast_impl(self, src, dst_type):
-    src_ty, dst_ty = src.dtype.scalar, dst_type.scalar
-    if dst_ty == tl.bfloat16 and src_ty.name in _BF16_CONVERTIBLE:
-      data = np.asarray(src.data).astype(ml_dtypes.bfloat16).view(np.uint16)
-      return _interpreter.TensorHandle(data, dst_ty)
-    if src_ty == tl.bfloat16 and dst_ty.name in _BF16_CONVERTIBLE:
-      data = np.asarray(src.data).view(ml_dtypes.bfloat16).astype(
-          _interpreter._get_np_dtype(dst_ty))  # pylint: disable=protected-access
-      return _interpreter.TensorHandle(data, dst_ty)
-    return original(self, src, dst_type)
-
-  with _compat.attributes_replaced(builder, {
-      "cast_impl": cast_impl,
-      "create_dot": _bf16_dot(builder.create_dot),
-      "binary_op": _bf16_binary_op(builder.binary_op)}):
-    yield
-
-
-def _as_float32(handle):
-  """A bf16 handle's values as float32 (other handles unchanged)."""
-  if handle.dtype.scalar == tl.bfloat16:
-    return np.asarray(handle.data).view(ml_dtypes.bfloat16).astype(np.float32)
-  return handle.data
-
-
-def _bf16_dot(original):
-  # Upstream multiplies the raw uint16 bits of bf16 operands. Compiled
-  # kernels multiply bf16 values exactly and accumulate in fp32.
-  def create_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
-    if tl.bfloat16 not in (a.dtype.scalar, b.dtype.scalar):
-      return original(self, a, b, d, input_precision, max_num_imprecise_acc)
-    out = np.matmul(_as_float32(a), _as_float32(b), dtype=np.float32)
-    acc = _as_float32(d)
-    result = (out + acc).astype(np.float32)
-    if d.dtype.scalar == tl.bfloat16:
-      result = result.astype(ml_dtypes.bfloat16).view(np.uint16)
-    return _interpreter.TensorHandle(result, d.dtype.scalar)
-  return create_dot
-
-
-def _bf16_binary_op(original):
-  # Arithmetic and comparisons on bf16 operands act on their values, with
-  # the result rounded back to bf16 unless it is a comparison.
-  def binary_op(self, lhs, rhs, op):
-    if tl.bfloat16 not in (lhs.dtype.scalar, rhs.dtype.scalar):
-      return original(self, lhs, rhs, op)
-    result = op(_as_float32(lhs), _as_float32(rhs))
-    if result.dtype == np.bool_:
-      return _interpreter.TensorHandle(result, tl.int1)
-    bits = np.asarray(result).astype(ml_dtypes.bfloat16).view(np.uint16)
-    return _interpreter.TensorHandle(bits, tl.bfloat16)
-  return binary_op
 
 
 def interpreter_scalar(value, triton_type: str):

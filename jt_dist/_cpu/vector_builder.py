@@ -259,8 +259,10 @@ def _shared_address_add(row_ptrs, values, row_mask, programs: int):
   values = np.asarray(values)
   row_mask = np.broadcast_to(np.asarray(row_mask, dtype=bool), row_ptrs.shape)
   ptrs = row_ptrs[row_mask]
+  # Increasing addresses, compared pairwise: np.diff of uint64 addresses
+  # wraps, so a lane that goes back to an earlier address would pass.
   if (values.dtype not in _ADDABLE or ptrs.size == 0
-      or (ptrs.size > 1 and not (np.diff(ptrs) > 0).all())):
+      or (ptrs.size > 1 and not (ptrs[1:] > ptrs[:-1]).all())):
     return None
   shape = (programs,) + row_ptrs.shape
   every_lane = bool(row_mask.all())

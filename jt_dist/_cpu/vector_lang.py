@@ -17,6 +17,8 @@ from triton.runtime import interpreter as _interpreter
 
 from jt_dist import _compat
 from jt_dist import _errors
+from jt_dist._cpu import reductions as _reductions
+from jt_dist._cpu import vector_atomics as _vector_atomics
 from jt_dist._cpu import vector_builder as _vb
 
 TensorHandle = _interpreter.TensorHandle
@@ -109,15 +111,17 @@ def patch(scope, kernel: str) -> None:
 
   def reduce(input, axis, combine_fn, keep_dims=False, **kwargs):  # pylint: disable=redefined-builtin
     del kwargs
-    return VectorReduce(axis, combine_fn, keep_dims).apply(input)
+    return VectorReduce(axis, combine_fn, keep_dims,
+                        kernel=kernel).apply(input)
 
   def scan(input, axis, combine_fn, reverse=False, **kwargs):  # pylint: disable=redefined-builtin
     del kwargs
-    return VectorScan(axis, combine_fn, reverse).apply(input)
+    return VectorScan(axis, combine_fn, reverse, kernel=kernel).apply(input)
 
   for module in (tl, tl.core):
     scope.set_attr(module, "reduce", reduce)
     scope.set_attr(module, "associative_scan", scan)
+  _vector_atomics.patch(scope)
 
 
 def _to_tensor(data, dtype):
@@ -136,7 +140,7 @@ def _same_programs(datas):
   return [np.broadcast_to(d, (count,) + d.shape[1:]) for d in datas]
 
 
-class VectorReduce(_interpreter.ReduceOps):
+class _ProgramsReduce(_reductions.KernelNamed, _interpreter.ReduceOps):
   """Upstream's reductions with the program axis kept apart.
 
   Upstream picks the NumPy reduction per combine function; this keeps its
@@ -178,7 +182,8 @@ class VectorReduce(_interpreter.ReduceOps):
   def sum(self, input):
     data = input.handle.data
     flat, axis = self._flat(data)
-    out = self._shaped(np.sum(flat, axis=axis), data.ndim - 1)
+    out = _reductions.sum_along(flat, axis, input.dtype, self.kernel)
+    out = self._shaped(out, data.ndim - 1)
     return self.to_tensor(out, input.dtype)
 
   def generic_reduce(self, input):
@@ -192,6 +197,10 @@ class VectorReduce(_interpreter.ReduceOps):
     block_ndim = input[0].handle.data.ndim - 1
     return [self.to_tensor(self._shaped(a, block_ndim), dt)
             for a, dt in zip(acc, dtypes)]
+
+
+class VectorReduce(_reductions.MinMaxOnValues, _ProgramsReduce):
+  """The vectorised reductions, bf16 and float8 on values (``reductions``)."""
 
 
 def _combine(combine_fn, acc, step, dtypes):
@@ -217,8 +226,8 @@ def _combine(combine_fn, acc, step, dtypes):
   return out
 
 
-class VectorScan(_interpreter.ScanOps):
-  """Upstream's scans with the program axis kept apart."""
+class VectorScan(_reductions.KernelNamed, _interpreter.ScanOps):
+  """Upstream's scans with the program axis kept apart, on values."""
 
   def to_tensor(self, ret, dtype):
     return _to_tensor(ret, dtype)
@@ -229,9 +238,11 @@ class VectorScan(_interpreter.ScanOps):
     if self.reverse:
       datas = [np.flip(d, axis=axis) for d in datas]
     if self.combine_fn == tl.standard._sum_combine:  # pylint: disable=protected-access
-      outs = [np.cumsum(datas[0], axis=axis)]
+      outs = [_reductions.scan_along("tl.cumsum", datas[0], axis,
+                                     input[0].dtype, self.kernel)]
     elif self.combine_fn == tl.standard._prod_combine:  # pylint: disable=protected-access
-      outs = [np.cumprod(datas[0], axis=axis)]
+      outs = [_reductions.scan_along("tl.cumprod", datas[0], axis,
+                                     input[0].dtype, self.kernel)]
     else:
       outs = self._generic(datas, axis, [t.dtype for t in input])
     if self.reverse:

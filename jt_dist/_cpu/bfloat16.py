@@ -1,0 +1,164 @@
+"""bfloat16 on Triton's interpreter: computed on values, as GPUs compute it.
+
+The interpreter keeps bf16 values as raw uint16 bits, and upstream it
+converts, multiplies, adds, negates, clamps and fuses those bits as
+integers: ``tl.fma`` on bf16 ``[1, 2]`` gives ``[5.4e-20, 2]``. For one
+launch (the caller holds the interpreter lock) every builder operation
+that computes on bf16 operands takes their values, computes in float32
+(float64 for ``tl.fma``, which rounds once) and rounds the result to bf16,
+to nearest even, as GPUs round each bf16 operation. Conversions to bf16
+round to nearest even too (upstream truncates). Selects, loads, stores and
+``tl.abs`` move bits and are left alone; reductions and scans are in
+``reductions``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import ml_dtypes
+import numpy as np
+import triton.language as tl
+from triton.runtime import interpreter as _interpreter
+
+from jt_dist import _compat
+
+_CONVERTIBLE = ("fp16", "fp32", "fp64", "int1", "int8", "int16", "int32",
+                "int64", "uint8", "uint16", "uint32", "uint64")
+
+
+def is_bfloat16(scalar) -> bool:
+  """Whether ``scalar`` (a Triton element type) is bfloat16."""
+  return scalar == tl.bfloat16
+
+
+def values(bits) -> np.ndarray:
+  """bf16 ``bits`` (uint16) as float32 values."""
+  return np.asarray(bits).view(ml_dtypes.bfloat16).astype(np.float32)
+
+
+def to_bits(vals) -> np.ndarray:
+  """Float ``vals`` rounded to bf16 (nearest even), as uint16 bits."""
+  return np.asarray(vals).astype(ml_dtypes.bfloat16).view(np.uint16)
+
+
+def _as_float32(handle):
+  """A bf16 handle's values as float32 (other handles unchanged)."""
+  if is_bfloat16(handle.dtype.scalar):
+    return values(handle.data)
+  return handle.data
+
+
+def _rounded(result, fallback_type):
+  """A computed result as a handle: bf16 bits, or int1 for comparisons."""
+  if result.dtype == np.bool_:
+    return _interpreter.TensorHandle(result, tl.int1)
+  return _interpreter.TensorHandle(to_bits(result), fallback_type)
+
+
+def _any_bf16(*handles) -> bool:
+  return any(is_bfloat16(h.dtype.scalar) for h in handles)
+
+
+def _cast_impl(original):
+  # Upstream truncates fp32 to bf16 and converts other types with a plain
+  # ``astype`` of the raw bits.
+  def cast_impl(self, src, dst_type):
+    src_ty, dst_ty = src.dtype.scalar, dst_type.scalar
+    if is_bfloat16(dst_ty) and src_ty.name in _CONVERTIBLE:
+      return _interpreter.TensorHandle(to_bits(src.data), dst_ty)
+    if is_bfloat16(src_ty) and dst_ty.name in _CONVERTIBLE:
+      data = np.asarray(src.data).view(ml_dtypes.bfloat16).astype(
+          _interpreter._get_np_dtype(dst_ty))  # pylint: disable=protected-access
+      return _interpreter.TensorHandle(data, dst_ty)
+    return original(self, src, dst_type)
+  return cast_impl
+
+
+def _dot(original):
+  # Compiled kernels multiply bf16 values exactly and accumulate in fp32.
+  def create_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
+    if not _any_bf16(a, b):
+      return original(self, a, b, d, input_precision, max_num_imprecise_acc)
+    out = np.matmul(_as_float32(a), _as_float32(b), dtype=np.float32)
+    result = (out + _as_float32(d)).astype(np.float32)
+    if is_bfloat16(d.dtype.scalar):
+      result = to_bits(result)
+    return _interpreter.TensorHandle(result, d.dtype.scalar)
+  return create_dot
+
+
+def _binary_op(original):
+  def binary_op(self, lhs, rhs, op):
+    if not _any_bf16(lhs, rhs):
+      return original(self, lhs, rhs, op)
+    return _rounded(op(_as_float32(lhs), _as_float32(rhs)), tl.bfloat16)
+  return binary_op
+
+
+def _unary_op(original):
+  # Upstream's negation of the bits wraps them as a uint16.
+  def unary_op(self, arg, op):
+    if not _any_bf16(arg):
+      return original(self, arg, op)
+    return _rounded(op(_as_float32(arg)), tl.bfloat16)
+  return unary_op
+
+
+def _ternary_op(original):
+  # A select (np.where) moves bits unchanged; a clamp compares values.
+  def ternary_op(self, lhs, rhs, other, op):
+    if op is np.where or not _any_bf16(lhs, rhs, other):
+      return original(self, lhs, rhs, other, op)
+    result = op(_as_float32(lhs), _as_float32(rhs), _as_float32(other))
+    return _rounded(result, other.dtype.scalar)
+  return ternary_op
+
+
+def _odd_float32(x, y, z):
+  """``x * y + z`` (float64 bf16 values) rounded to float32 "to odd".
+
+  A GPU's bf16 fma rounds the exact result once. Rounding it first to
+  nearest in float64 and then in bf16 could land on a bf16 tie that the
+  exact result is not on; truncating to float32 with the last bit set where
+  anything was cut ("round to odd", 24 >= 8 + 2 bits) keeps the one
+  rounding to bf16 correct.
+  """
+  with np.errstate(all="ignore"):
+    product = x * y  # Exact: two 8-bit significands.
+    total = product + z
+    back = total - product
+    error = (product - (total - back)) + (z - back)  # exact = total + error
+    nearest = total.astype(np.float32)
+    # Sign of (nearest - exact); the first difference is exact in float64.
+    over = (nearest.astype(np.float64) - total) - error
+    finite = np.isfinite(total)
+    overshoots = finite & (over * np.sign(nearest) > 0)
+    cut = np.where(overshoots, np.nextafter(nearest, np.float32(0)), nearest)
+    bits = np.asarray(cut, np.float32).view(np.uint32)
+    bits = np.where(finite & (over != 0), bits | np.uint32(1), bits)
+  return bits.view(np.float32)
+
+
+def _fma(original):
+  def create_fma(self, x, y, z):
+    if not _any_bf16(x, y, z):
+      return original(self, x, y, z)
+    wide = [np.asarray(_as_float32(h), np.float64) for h in (x, y, z)]
+    return _interpreter.TensorHandle(to_bits(_odd_float32(*wide)),
+                                     z.dtype.scalar)
+  return create_fma
+
+
+@contextlib.contextmanager
+def bfloat16_like_compiled():
+  """Routes the interpreter's bf16 arithmetic for one launch (see above)."""
+  builder = _interpreter.InterpreterBuilder
+  with _compat.attributes_replaced(builder, {
+      "cast_impl": _cast_impl(builder.cast_impl),
+      "create_dot": _dot(builder.create_dot),
+      "binary_op": _binary_op(builder.binary_op),
+      "unary_op": _unary_op(builder.unary_op),
+      "ternary_op": _ternary_op(builder.ternary_op),
+      "create_fma": _fma(builder.create_fma)}):
+    yield

@@ -1,0 +1,191 @@
+"""Reductions and scans on bfloat16 and float8 values, as GPUs run them.
+
+Upstream's interpreter reduces bf16 (uint16) and float8 (uint8) blocks with
+NumPy on their raw bits: ``tl.sum`` of bf16 ``[1, 2, -1, 0.5, ...]`` gives
+-5.3e36 and ``tl.cumsum`` ``[1, inf, ...]``; ``tl.argmax`` ranks negative
+values backwards. Its fast paths (``tl.sum``, ``tl.max``/``tl.min`` with
+indices, ``tl.argmax``/``tl.argmin``, ``tl.cumsum``, ``tl.cumprod``) act
+here on values, in both the one-program and the vectorised launch:
+
+* bf16: a GPU combines bf16 values in bf16, rounding every partial sum or
+  product. Sums round each pairwise addition of a tree (halves added
+  together, as a GPU's lanes combine); scans round each step in order;
+  maxima, minima and their indices compare the values (exactly).
+* float8: GPUs compile none of them (LLVM has no float8 arithmetic or
+  comparisons), so each raises ``KernelTypeError`` naming the operation and
+  the dtype, as the builder's arithmetic does (``float8``).
+
+Reductions and scans with the kernel's own combine function already run on
+values: the combine's arithmetic goes through the patched builder.
+``tl.max`` and ``tl.min`` without indices widen to float32 first, upstream
+and compiled alike.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import ml_dtypes
+import numpy as np
+import triton.language as tl
+from triton.language import core as tl_core
+from triton.runtime import interpreter as _interpreter
+
+from jt_dist import _compat
+from jt_dist._cpu import bfloat16 as _bf16
+from jt_dist._cpu import float8 as _float8
+
+TensorHandle = _interpreter.TensorHandle
+
+
+def _narrow(scalar) -> bool:
+  """Whether the interpreter keeps ``scalar`` values as raw bits."""
+  return _bf16.is_bfloat16(scalar) or scalar.is_fp8()
+
+
+def _refuse_float8(kernel: str, what: str, scalar) -> None:
+  if scalar.is_fp8():
+    raise _float8.refusal(kernel, what, scalar)
+
+
+def _tree_sum(bits, axis: int) -> np.ndarray:
+  """The bf16 sum of ``bits`` along ``axis``, each partial sum rounded."""
+  vals = np.moveaxis(_bf16.values(bits), axis, -1)
+  if vals.shape[-1] == 0:
+    return _bf16.to_bits(np.zeros(vals.shape[:-1], np.float32))
+  while vals.shape[-1] > 1:
+    count = vals.shape[-1]
+    half = count // 2
+    pairs = vals[..., :half] + vals[..., half:2 * half]
+    pairs = _bf16.values(_bf16.to_bits(pairs))
+    vals = pairs if count % 2 == 0 else np.concatenate(
+        [pairs, vals[..., 2 * half:]], axis=-1)
+  return _bf16.to_bits(vals[..., 0])
+
+
+def sum_along(data, axis: int, scalar, kernel: str) -> np.ndarray:
+  """``np.sum(data, axis)`` as a GPU's ``tl.sum`` adds ``scalar`` values.
+
+  Raises:
+    KernelTypeError: ``scalar`` is a float8 type.
+  """
+  if _bf16.is_bfloat16(scalar):
+    return _tree_sum(data, axis)
+  _refuse_float8(kernel, "tl.sum", scalar)
+  return np.sum(data, axis=axis)
+
+
+def scan_along(what: str, data, axis: int, scalar, kernel: str) -> np.ndarray:
+  """``tl.cumsum`` or ``tl.cumprod`` (``what``) of ``data`` along ``axis``.
+
+  Raises:
+    KernelTypeError: ``scalar`` is a float8 type.
+  """
+  scan = np.cumsum if what == "tl.cumsum" else np.cumprod
+  if _bf16.is_bfloat16(scalar):
+    # ml_dtypes adds (multiplies) in float32 and rounds each step to bf16.
+    steps = scan(np.asarray(data).view(ml_dtypes.bfloat16), axis=axis)
+    return steps.view(np.uint16)
+  _refuse_float8(kernel, what, scalar)
+  return scan(data, axis=axis)
+
+
+def _retyped(tensor, scalar, data):
+  ty = (tl.block_type(scalar, list(tensor.type.shape))
+        if tensor.type.is_block() else scalar)
+  return tl_core.tensor(TensorHandle(data, scalar), ty)
+
+
+def _min_max_name(val_reduce_op, idx_reduce_op) -> str:
+  if idx_reduce_op is not None:
+    return "tl.argmin" if idx_reduce_op is np.nanargmin else "tl.argmax"
+  return "tl.min" if val_reduce_op is np.nanmin else "tl.max"
+
+
+class KernelNamed:
+  """A reduction or scan that knows its kernel's name, for messages."""
+
+  def __init__(self, *args, kernel: str = "?", **kwargs):
+    super().__init__(*args, **kwargs)
+    self.kernel = kernel
+
+
+class MinMaxOnValues(KernelNamed):
+  """``min_max`` of ``ReduceOps`` on bf16 values; refused on float8."""
+
+  def min_max(self, input, val_reduce_op, idx_reduce_op=None):  # pylint: disable=redefined-builtin
+    first = input[0] if isinstance(input, tuple) else input
+    scalar = first.dtype
+    if not _narrow(scalar):
+      return super().min_max(input, val_reduce_op, idx_reduce_op)
+    _refuse_float8(self.kernel, _min_max_name(val_reduce_op, idx_reduce_op),
+                   scalar)
+    wide = _retyped(first, tl.float32, _bf16.values(first.handle.data))
+    out = super().min_max(wide, val_reduce_op, idx_reduce_op)
+    outs = out if isinstance(out, tuple) else (out,)
+    # The extreme value is one of the inputs: back to bf16 exactly.
+    outs = tuple(
+        _retyped(o, tl.bfloat16, _bf16.to_bits(o.handle.data))
+        if o.dtype == tl.float32 else o for o in outs)
+    return outs if isinstance(out, tuple) else outs[0]
+
+
+class ReduceOnValues(MinMaxOnValues, _interpreter.ReduceOps):
+  """Upstream's one-program reductions, on values."""
+
+  def sum(self, input):  # pylint: disable=redefined-builtin
+    if not _narrow(input.dtype):
+      return super().sum(input)
+    data = np.asarray(input.handle.data)
+    axis = 0 if self.axis is None else int(self.axis)
+    flat = data.reshape(-1) if self.axis is None else data
+    out = sum_along(flat, axis, input.dtype, self.kernel)
+    if self.keep_dims:
+      out = (out.reshape((1,) * data.ndim) if self.axis is None
+             else np.expand_dims(out, axis))
+    return self.to_tensor(out, input.dtype)
+
+
+class ScanOnValues(KernelNamed, _interpreter.ScanOps):
+  """Upstream's one-program scans, on values."""
+
+  def _scan(self, what, input):  # pylint: disable=redefined-builtin
+    out = scan_along(what, input.handle.data, int(self.axis), input.dtype,
+                     self.kernel)
+    return [self.to_tensor(out, input.dtype)]
+
+  def cumsum(self, input):  # pylint: disable=redefined-builtin
+    if not _narrow(input.dtype):
+      return super().cumsum(input)
+    return self._scan("tl.cumsum", input)
+
+  def cumprod(self, input):  # pylint: disable=redefined-builtin
+    if not _narrow(input.dtype):
+      return super().cumprod(input)
+    return self._scan("tl.cumprod", input)
+
+
+@contextlib.contextmanager
+def reductions_on_values(kernel: str):
+  """``tl.reduce`` and ``tl.associative_scan`` on values, for one launch.
+
+  Enter inside ``_compat.interpreter_language_patched()``, whose reduce and
+  scan these replace; a vectorised launch replaces them again with its own
+  (``vector_lang``), which act on values alike.
+
+  Args:
+    kernel: the kernel's name, for the messages.
+  """
+  def reduce(input, axis, combine_fn, keep_dims=False, **kwargs):  # pylint: disable=redefined-builtin
+    del kwargs
+    return ReduceOnValues(axis, combine_fn, keep_dims,
+                          kernel=kernel).apply(input)
+
+  def scan(input, axis, combine_fn, reverse=False, **kwargs):  # pylint: disable=redefined-builtin
+    del kwargs
+    return ScanOnValues(axis, combine_fn, reverse, kernel=kernel).apply(input)
+
+  replacements = {"reduce": reduce, "associative_scan": scan}
+  with _compat.attributes_replaced(tl, replacements), \
+      _compat.attributes_replaced(tl_core, replacements):
+    yield

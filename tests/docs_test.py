@@ -5,7 +5,10 @@ in a fresh process of its own, a block marked ``<!-- continues: NAME -->``
 after the block it continues. Blocks marked ``<!-- gpu only: ... -->`` run
 on hosts with NVIDIA GPUs; ``<!-- not run: ... -->`` blocks never run.
 The benchmarks page types no figure: its tables come from
-benchmarks/results/ through benchmarks/doc_tables.py.
+benchmarks/results/ through benchmarks/doc_tables.py, and that folder holds
+exactly the files the pages render. Every example has a page that includes
+its script, and the API reference's option tables agree with the
+signatures.
 """
 
 from __future__ import annotations
@@ -146,6 +149,22 @@ class DocsTest(parameterized.TestCase):
       self.assertIn("| --- |", doc_tables.render_file(mark), mark)
     rendered = doc_tables.expand(text)
     self.assertEqual(rendered.count("*Rendered from"), len(marks))
+
+  def test_the_results_folder_holds_only_what_the_docs_render(self):
+    results = os.path.join(_ROOT, "benchmarks", "results")
+    if not os.path.isdir(results) or not os.path.isdir(_DOCS):
+      self.skipTest("benchmarks/results/ or docs/ is not in this tree")
+    rendered = set()
+    for path in _pages():
+      rendered.update(re.findall(r"^<!--\s*results:\s*(\S+)\s*-->\s*$",
+                                 _read(path), re.M))
+    present = {os.path.relpath(os.path.join(folder, name), results)
+               for folder, _, names in os.walk(results) for name in names}
+    # One JSON per benchmark and device (DEVICE/BENCHMARK.json), each
+    # rendered by a page; logs and earlier runs stay out of the repository.
+    self.assertEqual(present, rendered)
+    for name in present:
+      self.assertRegex(name, r"^[a-z0-9]+/[a-z0-9_]+\.json$")
 
 
 if __name__ == "__main__":

@@ -128,6 +128,15 @@ class KernelTypeError(TypeError):
   """
 
 
+class VectorisedMismatchError(RuntimeError):
+  """A CPU launch wrote different bytes vectorised and one program at a time.
+
+  Raised under ``JT_DIST_VECTORIZE=check``, which runs every CPU launch both
+  ways. The message names the kernel, the buffer and the first element that
+  differs; the outputs are those of the run one program at a time.
+  """
+
+
 class AutotuneError(RuntimeError):
   """jt_dist could not choose one autotuning config for every shard.
 

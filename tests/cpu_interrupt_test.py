@@ -28,6 +28,8 @@ from jt_dist import _compat
 from jt_dist import testing
 from jt_dist._cpu import interrupts
 from jt_dist._cpu import lowering
+from jt_dist._cpu import vector_builder
+from jt_dist._cpu import vector_launch
 
 import fork_server
 
@@ -130,6 +132,12 @@ def _add_one(mode: str):
   return jax.jit(call) if mode == "jit" else call
 
 
+@triton.jit
+def _add_one_rows_kernel(x_ptr, out_ptr, BLOCK: tl.constexpr):
+  offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+  tl.store(out_ptr + offsets, tl.load(x_ptr + offsets) + 1.0)
+
+
 class SignalKeptTest(parameterized.TestCase):
   """SIGINT's exception leaves a launch even where the launch replaced it.
 
@@ -226,6 +234,46 @@ class SignalKeptTest(parameterized.TestCase):
         jax.block_until_ready(f(x))
     self.assertEqual(fired, ["numeric.py"])
     np.testing.assert_array_equal(np.asarray(f(x)), x + 1)
+
+  @parameterized.parameters("eager", "jit")
+  def test_interrupt_a_vectorised_launch_replaced_stops_it(self, mode):
+    # The vectorised path gives way to one program at a time on any error;
+    # an interrupt it met as another error must stop the launch instead,
+    # and say nothing about whether the kernel vectorises.
+    if jax.default_backend() != "cpu":
+      self.skipTest("kernels run through the interpreter only on the CPU")
+    if vector_launch.mode() != vector_launch.VECTORISED:
+      self.skipTest(f"{vector_launch.ENV_VAR} runs launches"
+                    f" {vector_launch.mode()}; the vectorised path is tested")
+    original = vector_builder.VectorBuilder.create_make_range
+    fired = []
+
+    def make_range(builder, *args, **kwargs):
+      if not fired:
+        fired.append(True)
+        try:
+          signal.raise_signal(signal.SIGINT)
+        except _Interrupted:
+          # As NumPy reports an exception of Python code it called.
+          raise TypeError("expected a sequence of integers") from None
+      return original(builder, *args, **kwargs)
+
+    def call(a):
+      return jt_dist.triton_call(
+          a, kernel=_add_one_rows_kernel,
+          out_shape=jax.ShapeDtypeStruct(a.shape, a.dtype), BLOCK=16,
+          grid=(a.size // 16,))
+
+    f = jax.jit(call) if mode == "jit" else call
+    x = np.arange(64, dtype=np.float32)
+    with mock.patch.object(vector_builder.VectorBuilder, "create_make_range",
+                           make_range):
+      with self.assertRaisesRegex(_Interrupted, "interrupt 1"):
+        jax.block_until_ready(f(x))
+      np.testing.assert_array_equal(np.asarray(f(x)), x + 1)
+    self.assertEqual(fired, [True])
+    self.assertEqual(vector_launch.decisions_of(_add_one_rows_kernel.fn),
+                     {vector_launch.VECTORISED})
 
   @parameterized.parameters("eager", "jit")
   def test_launch_that_replaced_the_interrupt_raises_it(self, mode):

@@ -238,6 +238,10 @@ class MemoryChecker:
 
 # Frames from these folders are the interpreter's, not the kernel's.
 _TRITON_DIR = os.path.dirname(os.path.abspath(triton.__file__)) + os.sep
+# Where kernels are called from: Triton's grid loop, or the vectorised
+# launch's (which also runs the rest of a grid one program at a time).
+_GRID_LOOPS = (_TRITON_DIR, os.path.join(
+    os.path.dirname(os.path.abspath(__file__)), "vector_launch.py"))
 _INTERPRETER_DIRS = (
     _TRITON_DIR,
     os.path.dirname(os.path.abspath(np.__file__)) + os.sep,
@@ -250,15 +254,16 @@ def kernel_location(frames) -> str:
 
   Args:
     frames: ``(frame, line number)`` pairs, outermost first (as
-      ``traceback.walk_tb`` gives them). Below Triton's first frame (the
-      interpreter's), the deepest frame outside Triton, NumPy and
-      jt_dist._cpu is the kernel's line (or a ``@triton.jit`` helper's).
+      ``traceback.walk_tb`` gives them). Below the first frame of a grid
+      loop (Triton's or jt_dist's), the deepest frame outside Triton, NumPy
+      and jt_dist._cpu is the kernel's line (or a ``@triton.jit``
+      helper's).
   """
   found, inside = None, False
   for frame, lineno in frames:
     filename = frame.f_code.co_filename
     path = os.path.abspath(filename)
-    if path.startswith(_TRITON_DIR):
+    if path.startswith(_GRID_LOOPS):
       inside = True
     elif inside and not path.startswith(_INTERPRETER_DIRS):
       found = (filename, lineno)

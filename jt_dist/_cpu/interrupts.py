@@ -16,6 +16,11 @@ raised. If the launch then fails with anything else, that exception is
 replaced by the handler's. Nothing changes where the handler raises
 nothing, where it is not a Python function (``SIG_IGN``, ``SIG_DFL``), or
 off the main thread, which never runs signal handlers.
+
+Code that catches broad exceptions inside the launch (the vectorised
+interpreter, which gives way to one program at a time on any error) calls
+``raise_if_interrupted`` first, so that an interrupt it caught in another
+form stops the launch instead of starting it over.
 """
 
 from __future__ import annotations
@@ -23,6 +28,21 @@ from __future__ import annotations
 import contextlib
 import signal
 import threading
+
+# What the SIGINT handler raised during the launch now running on the main
+# thread (``signal_kept``), or None outside one.
+_raised: list[BaseException] | None = None
+
+
+def raise_if_interrupted() -> None:
+  """Raises the exception SIGINT raised during this launch, if it did.
+
+  Raises:
+    BaseException: the handler's own exception (``KeyboardInterrupt`` under
+      Python's default handler), when a signal arrived in this launch.
+  """
+  if _raised and threading.current_thread() is threading.main_thread():
+    raise _raised[0]
 
 
 @contextlib.contextmanager
@@ -48,6 +68,8 @@ def signal_kept():
       raised.append(e)
       raise
 
+  global _raised
+  outer, _raised = _raised, raised
   signal.signal(signal.SIGINT, handler)
   try:
     yield
@@ -57,4 +79,5 @@ def signal_kept():
       raise raised[0] from None
     raise
   finally:
+    _raised = outer
     signal.signal(signal.SIGINT, previous)

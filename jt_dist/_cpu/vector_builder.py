@@ -7,12 +7,18 @@ which NumPy broadcasts. A scalar is thus an array of shape ``(Q,)`` and a
 block of shape ``S`` an array of shape ``(Q, *S)``; upstream holds scalars
 as ``(1,)`` arrays, so a shared scalar looks the same in both.
 
-Only the operations whose upstream form names an axis, or whose side
-effects must happen once per program, are redefined here; the rest are
-upstream's own (elementwise NumPy broadcasts over the program axis).
-Programs are numbered as upstream's grid loop visits them (x outermost,
-z innermost), so element-wise memory operations over the flattened
-``(program, lane)`` order touch memory in upstream's order.
+The operations whose upstream form names an axis, or whose side effects
+must happen once per program, are redefined here. Of the rest, only those
+in ``REVIEWED`` (read and found to broadcast over the program axis, as
+elementwise NumPy does) are upstream's own; any other method of upstream's
+builder, including one a later Triton adds, raises ``Unsupported`` when a
+kernel calls it, before it computes anything, and the launch gives way to
+one program at a time.
+
+A builder spans one chunk of the grid's programs, numbered as upstream's
+grid loop visits them (x outermost, z innermost), so element-wise memory
+operations over the flattened ``(program, lane)`` order touch memory in
+upstream's order.
 """
 
 from __future__ import annotations
@@ -22,12 +28,21 @@ import triton.language as tl
 from triton.runtime import interpreter as _interpreter
 
 from jt_dist import _compat
+from jt_dist._cpu import vector_reviewed as _reviewed
 
 TensorHandle = _interpreter.TensorHandle
 
 
-class Unsupported(Exception):
-  """A vectorised launch met an operation it cannot run for all programs."""
+Unsupported = _reviewed.Unsupported
+
+
+def program_ids(grid, flat):
+  """The (x, y, z) program ids of flat program numbers ``flat`` of ``grid``.
+
+  Works on ints and on NumPy arrays alike.
+  """
+  _, gy, gz = grid
+  return flat // (gy * gz), (flat // gz) % gy, flat % gz
 
 
 def _np_dtype(tl_dtype):
@@ -52,22 +67,25 @@ def _mask_data(mask):
 
 
 class VectorBuilder(_interpreter.InterpreterBuilder):
-  """An ``InterpreterBuilder`` whose values span every program instance."""
+  """An ``InterpreterBuilder`` whose values span the programs of a chunk."""
 
-  def __init__(self, grid: tuple[int, int, int]):
+  def __init__(self, grid: tuple[int, int, int],
+               programs: range | None = None):
+    """A builder over ``programs`` of ``grid`` (all of them if None)."""
     super().__init__()
     self.set_grid_dim(*grid)
     self.grid_idx = None
-    gx, gy, gz = grid
-    self.programs = gx * gy * gz
-    flat = np.arange(self.programs, dtype=np.int64)
-    self._pids = ((flat // (gy * gz)).astype(np.int32),
-                  ((flat // gz) % gy).astype(np.int32),
-                  (flat % gz).astype(np.int32))
+    self.programs = 0
+    self._pids = ()
+    self.set_programs(range(int(np.prod(grid))) if programs is None
+                      else programs)
 
-  def program_index(self, flat: int) -> tuple[int, int, int]:
-    """The (x, y, z) program id of flat program ``flat``."""
-    return tuple(int(p[flat]) for p in self._pids)
+  def set_programs(self, programs: range) -> None:
+    """Makes values span the programs ``programs`` (flat numbers), in order."""
+    self.programs = len(programs)
+    flat = np.arange(programs.start, programs.stop, dtype=np.int64)
+    self._pids = tuple(p.astype(np.int32)
+                       for p in program_ids(self.grid_dim, flat))
 
   # --- programming model ---------------------------------------------------
 
@@ -116,9 +134,6 @@ class VectorBuilder(_interpreter.InterpreterBuilder):
     return super().create_atomic_cas(
         TensorHandle(p, ptr.dtype), TensorHandle(c, cmp.dtype),
         TensorHandle(v, val.dtype), *args, **kwargs)
-
-  def create_atomic_poll(self, *args, **kwargs):
-    raise Unsupported("atomic_poll")
 
   # --- pointers ----------------------------------------------------------
 
@@ -197,20 +212,6 @@ class VectorBuilder(_interpreter.InterpreterBuilder):
       rows.append(super().create_histogram(row, bins, row_mask).data)
     return TensorHandle(np.stack(rows), tl.int32)
 
-  # --- operations left to the one-program path ----------------------------
-
-  def create_print(self, *args, **kwargs):
-    raise Unsupported("device_print prints per program")
-
-  def create_dot_scaled(self, *args, **kwargs):
-    raise Unsupported("dot_scaled")
-
-  def create_descriptor_gather(self, *args, **kwargs):
-    raise Unsupported("tensor descriptor gather")
-
-  def create_descriptor_scatter(self, *args, **kwargs):
-    raise Unsupported("tensor descriptor scatter")
-
   # --- tensor descriptors and block pointers ------------------------------
 
   def create_make_tensor_descriptor(self, *args, **kwargs):
@@ -236,6 +237,11 @@ class VectorBuilder(_interpreter.InterpreterBuilder):
     return ret
 
 
+# Upstream's methods neither redefined above nor reviewed, which refuse:
+# whatever this Triton's builder has, a later one's new methods included.
+UNREVIEWED = tuple(_reviewed.refuse_unreviewed(
+    VectorBuilder, _interpreter.InterpreterBuilder))
+
 _ADD_OPS = (_interpreter._ir.ATOMIC_OP.ADD, _interpreter._ir.ATOMIC_OP.FADD)  # pylint: disable=protected-access
 # Types whose NumPy addition rounds (or wraps) as the native atomic's does.
 _ADDABLE = tuple(np.dtype(t) for t in (np.float32, np.float64, np.int32,
@@ -259,8 +265,8 @@ def _shared_address_add(row_ptrs, values, row_mask, programs: int):
   values = np.asarray(values)
   row_mask = np.broadcast_to(np.asarray(row_mask, dtype=bool), row_ptrs.shape)
   ptrs = row_ptrs[row_mask]
-  # Increasing addresses, compared pairwise: np.diff of uint64 addresses
-  # wraps, so a lane that goes back to an earlier address would pass.
+  # Compared, not differenced: a uint64 difference wraps a decrease (an
+  # address met twice, unsorted) into a large positive step.
   if (values.dtype not in _ADDABLE or ptrs.size == 0
       or (ptrs.size > 1 and not (ptrs[1:] > ptrs[:-1]).all())):
     return None

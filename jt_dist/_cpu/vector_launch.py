@@ -1,20 +1,26 @@
-"""Running a whole launch through the interpreter at once, or giving way.
+"""Running a launch's programs together through the interpreter, or giving way.
 
-A launch first runs vectorised (``vector_builder``, ``vector_lang``): all
-program instances together, each value carrying a leading program axis.
-Where it cannot (the kernel's Python control flow depends on the program,
-an operation has no vectorised form, or anything raises), every buffer the
-attempt wrote is put back as it was, with the bounds checker's record of
-written bytes, and the caller runs the launch one program at a time as
-Triton's interpreter does; that path also reports any fault exactly as
-before. A kernel (per signature and constexprs) that once gave way runs
-one program at a time from then on.
+A launch runs vectorised (``vector_builder``, ``vector_lang``): each value
+carries a leading program axis. It runs its grid in chunks of consecutive
+programs, in order, each sized so that its working memory stays bounded
+(``vector_chunks``); between chunks Ctrl-C stops it. Where a chunk cannot
+run as one (the kernel's Python control flow depends on the program, an
+operation is not reviewed for the program axis (``vector_reviewed``), or
+anything raises), what the chunk wrote is put back, with the bounds
+checker's record of written bytes (``vector_journal``), and its programs
+and all later ones run one at a time as Triton's interpreter runs them;
+that path also reports any fault exactly as before. Where that happens in
+the first chunk, the caller runs the whole launch so. A kernel (per
+signature and constexprs) that once gave way runs one program at a time
+from then on.
+
+``JT_DIST_VECTORIZE=check`` runs each launch both ways and compares what
+they wrote (``vector_check``).
 """
 
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import inspect
 import logging
 import os
@@ -26,15 +32,20 @@ from triton.runtime import interpreter as _interpreter
 
 from jt_dist import _compat
 from jt_dist import _errors
+from jt_dist._cpu import interrupts as _interrupts
 from jt_dist._cpu import vector_builder as _vb
+from jt_dist._cpu import vector_check as _vector_check
+from jt_dist._cpu import vector_chunks as _chunks
+from jt_dist._cpu import vector_journal as _journal
 from jt_dist._cpu import vector_lang as _vl
 
 logger = logging.getLogger("jt_dist")
 
-# The environment variable that turns vectorised launches off ("0", ...).
+# The environment variable that chooses how CPU launches run ("0", "check").
 ENV_VAR = "JT_DIST_VECTORIZE"
 ONE_AT_A_TIME = "one program at a time"
 VECTORISED = "vectorised"
+CHECK = "checked both ways"
 # A kernel's own faults, which say nothing about whether it vectorises.
 _KERNEL_FAULTS = (_errors.OutOfBoundsAccessError,
                   _errors.UnwrittenOutputReadError, _errors.KernelTypeError,
@@ -43,14 +54,23 @@ _KERNEL_FAULTS = (_errors.OutOfBoundsAccessError,
 _decisions: dict = {}
 
 
-def enabled() -> bool:
-  """Whether CPU launches try the vectorised interpreter (default on).
+def mode() -> str:
+  """How CPU launches run, as ``JT_DIST_VECTORIZE`` says (default on).
 
-  Off, launches run exactly as Triton's interpreter runs them: one program
-  at a time, memory through its native module.
+  Returns:
+    ``VECTORISED`` (the default), ``ONE_AT_A_TIME`` ("0", "false", "off",
+    "no": exactly as Triton's interpreter runs them, memory through its
+    native module) or ``CHECK`` ("check": both ways, compared).
   """
   value = os.environ.get(ENV_VAR, "1").strip().lower()
-  return value not in ("0", "false", "off", "no")
+  if value in ("0", "false", "off", "no"):
+    return ONE_AT_A_TIME
+  return CHECK if value == "check" else VECTORISED
+
+
+def enabled() -> bool:
+  """Whether CPU launches try the vectorised interpreter (default on)."""
+  return mode() != ONE_AT_A_TIME
 
 
 def run(executor, args, kwargs, checker, patched_language) -> bool:
@@ -72,33 +92,19 @@ def run(executor, args, kwargs, checker, patched_language) -> bool:
   Returns:
     True if the launch ran; False if the caller must run it one program at
     a time, with memory as it was before this call.
+
+  Raises:
+    VectorisedMismatchError: under ``JT_DIST_VECTORIZE=check``, the two
+      ways wrote different bytes.
   """
+  how = mode()
   grid = _grid(executor)
-  if grid is None or not enabled():
+  if grid is None or how == ONE_AT_A_TIME:
     return False
-  key = kernel_key(executor.fn, args, kwargs)
-  if _decisions.get(key) == ONE_AT_A_TIME:
-    return False
-  journal = _journal(args, checker)
-  if journal is None:
-    return False
-  try:
-    with _compat.interpreter_native_memory_replaced(journal), \
-        _vector_builder_installed(grid), patched_language():
-      _run_vectorised(executor, args, kwargs)
-  except _KERNEL_FAULTS as e:
-    # The kernel's own fault: the one-program path reports it as always
-    # (program id included); later, correct launches may still vectorise.
-    journal.restore()
-    logger.debug("jt_dist: kernel %s faulted vectorised; rerunning it one"
-                 " program at a time to report it: %s", key[2], e)
-    return False
-  except Exception as e:  # pylint: disable=broad-except
-    journal.restore()
-    _decide(key, ONE_AT_A_TIME, f"{type(e).__name__}: {e}")
-    return False
-  _decide(key, VECTORISED, f"{int(np.prod(grid))} programs at once")
-  return True
+  launch = Launch(executor, grid, args, kwargs, checker, patched_language)
+  if how == CHECK:
+    return _vector_check.run_both(launch)
+  return launch.vectorised()
 
 
 def kernel_key(fn, args, kwargs) -> tuple:
@@ -147,22 +153,115 @@ def _parameters(fn) -> frozenset[str]:
   return found
 
 
-def _run_vectorised(executor, args, kwargs):
+class Launch:
+  """One launch, run vectorised chunk by chunk or one program at a time."""
+
+  def __init__(self, executor, grid, args, kwargs, checker, patched_language):
+    self.executor = executor
+    self.grid = grid
+    self.args = args
+    self.kwargs = kwargs
+    self.checker = checker
+    self.patched_language = patched_language
+    self.key = kernel_key(executor.fn, args, kwargs)
+    self.programs = int(np.prod(grid))
+
+  def vectorised(self) -> bool:
+    """Runs the launch vectorised where it can (see ``run``)."""
+    if _decisions.get(self.key) == ONE_AT_A_TIME:
+      return False
+    journal = _journal.journal(self.args, self.checker)
+    if journal is None:
+      return False
+    with _compat.interpreter_native_memory_replaced(journal), \
+        _vector_builder_installed(self.grid) as builder, \
+        self.patched_language():
+      stopped, chunks = self._chunks(builder, journal)
+    if stopped is None:
+      _decide(self.key, VECTORISED,
+              f"{self.programs} programs in {chunks} chunk(s)")
+      return True
+    if stopped == 0:
+      return False
+    with self.patched_language():
+      self.one_at_a_time(stopped)
+    return True
+
+  def _chunks(self, builder, journal):
+    """Runs the chunks in order: (first program not run or None, chunks)."""
+    chunks = _chunks.Chunks(self.key, self.programs)
+    count = 0
+    for programs in chunks:
+      count += 1
+      builder.set_programs(programs)
+      try:
+        with chunks.measured(programs):
+          _run_vectorised(self.executor, self.args, self.kwargs)
+      except Exception as e:  # pylint: disable=broad-except
+        journal.restore()
+        # An interrupt that the kernel's code turned into another error
+        # stops the launch; it does not start it over.
+        _interrupts.raise_if_interrupted()
+        self._gave_way(programs, e)
+        return programs.start, count
+      journal.clear()
+    return None, count
+
+  def _gave_way(self, programs: range, error: Exception) -> None:
+    if isinstance(error, _KERNEL_FAULTS):
+      # The kernel's own fault: the one-program path reports it as always
+      # (program id included); later, correct launches may still vectorise.
+      logger.debug("jt_dist: kernel %s faulted vectorised; running its"
+                   " programs from %d on one at a time to report it: %s",
+                   self.key[2], programs.start, error)
+      return
+    _decide(self.key, ONE_AT_A_TIME, f"{type(error).__name__}: {error}")
+
+  def one_at_a_time(self, start: int = 0) -> None:
+    """Runs programs ``start`` onwards one at a time, as upstream's loop.
+
+    Inside ``patched_language``, with the interpreter's own builder.
+    """
+    if start == 0:
+      self.executor(*self.args, **self.kwargs)
+      return
+    fn = self.executor.fn
+    builder = _interpreter.interpreter_builder
+    builder.set_grid_dim(*self.grid)
+    scope = _interpreter._patch_lang(fn)  # pylint: disable=protected-access
+    try:
+      call_args = _call_args(self.executor, self.args, self.kwargs)
+      try:
+        for flat in range(start, self.programs):
+          builder.set_grid_idx(*_vb.program_ids(self.grid, flat))
+          fn(**call_args)
+      except Exception as e:  # As upstream's grid loop reports it.
+        raise _compat.InterpreterError(repr(e)) from e
+    finally:
+      scope.restore()
+
+
+def _call_args(executor, args, kwargs) -> dict:
+  """The kernel's arguments by name, as upstream's executor passes them."""
   fn = executor.fn
   accepted = _parameters(fn)
   kwargs = {k: v for k, v in kwargs.items() if k in accepted}
+  call_args = inspect.getcallargs(fn, *args, **kwargs)
+  return {
+      name: arg if name in executor.constexprs
+      else _interpreter._implicit_cvt(arg)  # pylint: disable=protected-access
+      for name, arg in call_args.items()
+  }
+
+
+def _run_vectorised(executor, args, kwargs):
+  fn = executor.fn
   # ``patched_language`` has patched triton.language and its core, the only
   # modules upstream's ``_patch_lang(fn)`` would patch again.
   scope = _interpreter._LangPatchScope()  # pylint: disable=protected-access
   try:
     _vl.patch(scope, fn.__name__)
-    call_args = inspect.getcallargs(fn, *args, **kwargs)
-    call_args = {
-        name: arg if name in executor.constexprs
-        else _interpreter._implicit_cvt(arg)  # pylint: disable=protected-access
-        for name, arg in call_args.items()
-    }
-    fn(**call_args)
+    fn(**_call_args(executor, args, kwargs))
   finally:
     scope.restore()
 
@@ -170,80 +269,12 @@ def _run_vectorised(executor, args, kwargs):
 @contextlib.contextmanager
 def _vector_builder_installed(grid):
   """Makes a ``VectorBuilder`` the interpreter's builder for one launch."""
-  builder = _vb.VectorBuilder(grid)
+  builder = _vb.VectorBuilder(grid, range(0))
   with (_compat.attributes_replaced(_interpreter,
                                     {"interpreter_builder": builder}),
         _compat.attributes_replaced(_interpreter.interpreter_semantic,
                                     {"builder": builder})):
     yield builder
-
-
-def _journal(args, checker):
-  """A write journal over the launch's buffers, or None if unknown."""
-  if checker is not None:
-    arrays = [b.array for b in checker.buffers]
-    windows = [checker.address_window(k) for k in range(len(arrays))]
-    written = [b.written for b in checker.buffers if b.written is not None]
-  else:
-    pointers = [a for a in args if hasattr(a, "data_ptr")]
-    if any(not isinstance(getattr(p, "buffer", None), np.ndarray)
-           for p in pointers):
-      return None
-    arrays = [p.buffer for p in pointers]
-    windows = [(a.ctypes.data, a.ctypes.data + a.nbytes) for a in arrays]
-    written = []
-  return _WriteJournal(_compat.interpreter_native_memory(), arrays, windows,
-                       written)
-
-
-class _WriteJournal:
-  """The interpreter's memory module, keeping buffers' contents before writes.
-
-  A buffer is copied just before the attempt first writes into it (by the
-  written addresses' range, masked lanes included, so possibly more than
-  needed), so that ``restore`` can undo the attempt.
-  """
-
-  def __init__(self, inner, arrays, windows, written):
-    self._inner = inner
-    self._arrays = arrays
-    self._windows = windows
-    self._saved: dict[int, np.ndarray] = {}
-    self._written = [(w, w.copy()) for w in written]
-
-  def __getattr__(self, name):
-    return getattr(self._inner, name)
-
-  def _save(self, ptrs):
-    ptrs = np.asarray(ptrs, dtype=np.uint64)
-    if ptrs.size == 0:
-      return
-    lo, hi = int(ptrs.min()), int(ptrs.max())
-    for k, (start, end) in enumerate(self._windows):
-      if k not in self._saved and lo < end and hi >= start:
-        self._saved[k] = self._arrays[k].copy()
-
-  def store(self, ptrs, values, mask):
-    self._save(ptrs)
-    return self._inner.store(ptrs, values, mask)
-
-  def atomic_rmw(self, op, ptrs, values, mask, sem):
-    self._save(ptrs)
-    return self._inner.atomic_rmw(op, ptrs, values, mask, sem)
-
-  def atomic_cas(self, ptrs, cmp, values, sem):
-    self._save(ptrs)
-    return self._inner.atomic_cas(ptrs, cmp, values, sem)
-
-  def restore(self) -> None:
-    """Puts back every buffer and written-byte map the attempt changed."""
-    for k, saved in self._saved.items():
-      target = self._arrays[k]
-      # Through the address: an input buffer may be a read-only array.
-      ctypes.memmove(target.ctypes.data, saved.ctypes.data, saved.nbytes)
-    self._saved.clear()
-    for live, saved in self._written:
-      np.copyto(live, saved)
 
 
 @contextlib.contextmanager

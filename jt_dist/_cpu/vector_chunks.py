@@ -1,0 +1,167 @@
+"""How many programs of a vectorised launch run at once.
+
+Every value of a vectorised launch carries a program axis, so its working
+memory grows with the number of programs run together: over a whole grid
+of 2**31 programs that is tens of GiB. A launch therefore runs its grid in
+chunks of consecutive programs, each sized so that its working memory
+(beyond the launch's buffers) stays under ``WORKING_MEMORY_BOUND``.
+
+Sizes come from measurement, per kernel, signature and constexprs (which
+fix the blocks' shapes):
+
+- A kernel's first chunk is one program. The bytes of every value it
+  creates, times ``_TEMPORARIES`` for what NumPy allocates on the way,
+  bound its working memory from above (over-counting values a loop
+  replaces) and cost next to nothing to count.
+- A chunk whose estimated working memory reaches ``_TRACED_FROM`` is
+  measured exactly (``tracemalloc``'s peak, which NumPy reports its arrays
+  to), where its work dwarfs what tracing costs; chunks then grow at most
+  ``_GROWTH`` times per step over the largest one measured, and measuring
+  stops once a chunk is no more than twice that one.
+
+Later launches of the kernel size their chunks from its estimate: a small
+grid runs as one chunk, unmeasured.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import tracemalloc
+from typing import Iterator
+
+from triton.runtime import interpreter as _interpreter
+
+from jt_dist import _compat
+
+# The working memory a vectorised launch may take beyond its buffers.
+WORKING_MEMORY_BOUND = 256 << 20
+# Chunks are sized for half the bound: the estimate extrapolates.
+_TARGET_FRACTION = 0.5
+# What one program's values take, times this, bounds its working memory.
+_TEMPORARIES = 4
+# Chunks estimated to take this much are measured (while the estimate is
+# not yet measured at their size).
+_TRACED_FROM = 16 << 20
+# A chunk has at most this many times the programs of the largest chunk
+# measured.
+_GROWTH = 64
+
+
+@dataclasses.dataclass(frozen=True)
+class Estimate:
+  """A kernel's working memory per program.
+
+  Attributes:
+    per_program: bytes per program.
+    programs: the programs of the chunk it was taken over.
+    traced: whether ``tracemalloc`` measured it (else values were counted).
+  """
+
+  per_program: float
+  programs: int
+  traced: bool
+
+
+# Kernel key -> Estimate; read and written under the interpreter lock.
+_estimates: dict = {}
+
+
+class Chunks:
+  """The chunks of one launch, in program order.
+
+  Iterating yields ranges of flat program numbers; run each inside
+  ``measured(programs)``, which measures it where that is needed.
+  """
+
+  def __init__(self, key, total: int):
+    self._key = key
+    self._total = total
+
+  def __iter__(self) -> Iterator[range]:
+    start = 0
+    while start < self._total:
+      programs = range(start, min(self._total, start + self._next_size()))
+      yield programs
+      start = programs.stop
+
+  def _next_size(self) -> int:
+    estimate = _estimates.get(self._key)
+    if estimate is None:
+      return 1
+    target = WORKING_MEMORY_BOUND * _TARGET_FRACTION
+    size = max(1, int(target // estimate.per_program))
+    if estimate.traced:
+      size = min(size, estimate.programs * _GROWTH)
+    return size
+
+  @contextlib.contextmanager
+  def measured(self, programs: range):
+    """Runs the block as chunk ``programs``, measuring it where needed."""
+    estimate = _estimates.get(self._key)
+    if estimate is None:
+      with _values_bytes() as counted:
+        yield
+      self._record(counted[0] * _TEMPORARIES, programs, traced=False)
+    elif _needs_tracing(estimate, len(programs)):
+      with _peak_bytes() as peak:
+        yield
+      self._record(peak[0], programs, traced=True)
+    else:
+      yield
+
+  def _record(self, nbytes: int, programs: range, traced: bool) -> None:
+    estimate = _estimates.get(self._key)
+    if (estimate is None or (traced and not estimate.traced)
+        or len(programs) > estimate.programs):
+      _estimates[self._key] = Estimate(max(nbytes, 1) / len(programs),
+                                       len(programs), traced)
+
+
+def _needs_tracing(estimate: Estimate, programs: int) -> bool:
+  if estimate.per_program * programs < _TRACED_FROM:
+    return False
+  return not estimate.traced or programs > 2 * estimate.programs
+
+
+@contextlib.contextmanager
+def _values_bytes():
+  """Yields a list whose one item becomes the bytes of the block's values.
+
+  Counted as the interpreter makes each value (a ``TensorHandle``): the
+  size of its data, broadcast views at their full size.
+  """
+  handle = _interpreter.TensorHandle
+  original = getattr(handle, "__post_init__", None)
+  counted = [0]
+
+  def post_init(self):
+    if original is not None:
+      original(self)
+    counted[0] += getattr(self.data, "nbytes", 0)
+
+  with _compat.attributes_replaced(handle, {"__post_init__": post_init}):
+    yield counted
+
+
+@contextlib.contextmanager
+def _peak_bytes():
+  """Yields a list that receives the block's peak of new allocations.
+
+  Under a ``tracemalloc`` the caller started, its peak is left alone: the
+  block's peak is then bounded from above by the later of the two peaks
+  less what was allocated before the block.
+  """
+  found: list[int] = []
+  started = not tracemalloc.is_tracing()
+  if started:
+    tracemalloc.start()
+  before, peak_before = tracemalloc.get_traced_memory()
+  try:
+    yield found
+  finally:
+    _, peak = tracemalloc.get_traced_memory()
+    if started:
+      tracemalloc.stop()
+    found.append(max(peak, peak_before) - before)
+

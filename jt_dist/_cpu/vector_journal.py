@@ -1,0 +1,190 @@
+"""Undoing one chunk of a vectorised launch: the bytes its writes replaced.
+
+A vectorised launch runs its programs in chunks (``vector_launch``). When a
+chunk cannot go on as one (its programs take different paths, an operation
+is not reviewed, anything raises), what it wrote is put back, written-byte
+maps included, and its programs run one at a time. The journal keeps, for
+each write of the chunk, the bytes it is about to replace: a slice of the
+buffer where the write is dense, else the written elements' bytes alone.
+So what it holds is about the size of what the chunk stores, never a copy
+of a whole buffer, and it is dropped when the chunk completes.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import dataclasses
+
+import numpy as np
+
+from jt_dist import _compat
+
+# A write whose addresses span at most this many times its bytes (plus a
+# page) is saved as one slice: a copy instead of a gather.
+_DENSE = 2
+_PAGE = 4096
+
+
+@dataclasses.dataclass
+class Window:
+  """One buffer as the kernel addresses it.
+
+  Attributes:
+    array: the buffer.
+    start, end: the addresses that name it (the checker's tagged region, or
+      the buffer's own bytes).
+    base: the address of its first byte as the kernel sees it.
+    written: its written-byte map, or None.
+  """
+
+  array: np.ndarray
+  start: int
+  end: int
+  base: int
+  written: np.ndarray | None = None
+
+
+def windows_of(args, checker) -> list[Window] | None:
+  """The launch's buffers as windows, or None where a pointer has no array."""
+  if checker is not None:
+    return [
+        Window(b.array, *checker.address_window(k), checker.tagged_address(k),
+               b.written) for k, b in enumerate(checker.buffers)
+    ]
+  pointers = [p for p in map(_pointer_of, args) if p is not None]
+  if any(not isinstance(getattr(p, "buffer", None), np.ndarray)
+         for p in pointers):
+    return None
+  return [Window(p.buffer, p.buffer.ctypes.data,
+                 p.buffer.ctypes.data + p.buffer.nbytes, p.buffer.ctypes.data)
+          for p in pointers]
+
+
+def _pointer_of(arg):
+  """The pointer an argument reaches memory by: its own, a descriptor's."""
+  if hasattr(arg, "data_ptr"):
+    return arg
+  base = getattr(arg, "base", None)
+  return base if hasattr(base, "data_ptr") else None
+
+
+def pointer_names(args, arg_names) -> list[str]:
+  """The parameter names of the pointer arguments, as ``windows_of`` lists."""
+  return [name for arg, name in zip(args, arg_names)
+          if _pointer_of(arg) is not None]
+
+
+def writable_bytes(array: np.ndarray) -> np.ndarray:
+  """``array``'s bytes, writable even where the array is read-only.
+
+  Through the address: an input buffer may be a read-only array.
+  """
+  if not array.nbytes:
+    return np.zeros(0, np.uint8)
+  raw = (ctypes.c_uint8 * array.nbytes).from_address(array.ctypes.data)
+  return np.ctypeslib.as_array(raw)
+
+
+class WriteJournal:
+  """The interpreter's memory module, remembering what each write replaces.
+
+  Stands in for the module (``_compat.interpreter_native_memory``) during a
+  vectorised launch; ``restore`` undoes the writes since the last ``clear``.
+  """
+
+  def __init__(self, inner, windows: list[Window]):
+    self._inner = inner
+    self._windows = windows
+    self._bytes = [writable_bytes(w.array) for w in windows]
+    # (buffer, byte slice or byte indices, old bytes, old written bytes).
+    self._saved: list[tuple] = []
+
+  def __getattr__(self, name):
+    return getattr(self._inner, name)
+
+  def store(self, ptrs, values, mask):
+    self._save(ptrs, mask, np.asarray(values).dtype.itemsize)
+    return self._inner.store(ptrs, values, mask)
+
+  def atomic_rmw(self, op, ptrs, values, mask, sem):
+    self._save(ptrs, mask, np.asarray(values).dtype.itemsize)
+    return self._inner.atomic_rmw(op, ptrs, values, mask, sem)
+
+  def atomic_cas(self, ptrs, cmp, values, sem):
+    self._save(ptrs, None, np.asarray(values).dtype.itemsize)
+    return self._inner.atomic_cas(ptrs, cmp, values, sem)
+
+  def _save(self, ptrs, mask, itemsize: int) -> None:
+    ptrs = np.asarray(ptrs, dtype=np.uint64)
+    if mask is not None:
+      on = np.broadcast_to(np.asarray(mask, dtype=bool), ptrs.shape)
+      if not on.all():
+        ptrs = ptrs[on]
+    ptrs = ptrs.reshape(-1)
+    if not ptrs.size:
+      return
+    lo, hi = int(ptrs.min()), int(ptrs.max())
+    for k, w in enumerate(self._windows):
+      if not (lo < w.end and hi >= w.start):
+        continue
+      first, last = lo - w.base, hi - w.base + itemsize
+      if (w.start <= lo and hi < w.end and 0 <= first
+          and last <= w.array.nbytes and self._dense(first, last, ptrs.size,
+                                                     itemsize)):
+        # The usual write: one block of one buffer. No array of offsets.
+        self._keep(k, slice(first, last))
+      else:
+        self._save_lanes(k, ptrs[(ptrs >= w.start) & (ptrs < w.end)],
+                         itemsize)
+
+  @staticmethod
+  def _dense(first: int, last: int, lanes: int, itemsize: int) -> bool:
+    return last - first <= _DENSE * lanes * itemsize + _PAGE
+
+  def _keep(self, k: int, where) -> None:
+    w = self._windows[k]
+    old_written = None if w.written is None else w.written[where].copy()
+    self._saved.append((k, where, self._bytes[k][where].copy(), old_written))
+
+  def _save_lanes(self, k: int, ptrs, itemsize: int) -> None:
+    w = self._windows[k]
+    offsets = ptrs.view(np.int64) - np.int64(w.base)
+    # Lanes outside the buffer write nothing here: the checker refuses them,
+    # and unchecked they land outside every buffer the journal knows.
+    inside = (offsets >= 0) & (offsets <= w.array.nbytes - itemsize)
+    if not inside.all():
+      offsets = offsets[inside]
+    if not offsets.size:
+      return
+    first, last = int(offsets.min()), int(offsets.max()) + itemsize
+    if self._dense(first, last, offsets.size, itemsize):
+      self._keep(k, slice(first, last))
+    else:
+      self._keep(k, (offsets[:, None] + np.arange(itemsize)).reshape(-1))
+
+  def restore(self) -> None:
+    """Puts back what the writes since the last ``clear`` replaced."""
+    # Latest first: where two writes overlap, the earlier's bytes win.
+    for k, where, old, old_written in reversed(self._saved):
+      self._bytes[k][where] = old
+      if old_written is not None:
+        self._windows[k].written[where] = old_written
+    self._saved.clear()
+
+  def clear(self) -> None:
+    """Forgets the writes so far (their chunk completed)."""
+    self._saved.clear()
+
+
+def journal(args, checker) -> WriteJournal | None:
+  """A journal over the current memory module, or None if buffers are unknown.
+
+  Args:
+    args: the kernel's positional arguments (pointers as ``data_ptr``
+      objects carrying their ``buffer``).
+    checker: the launch's ``bounds.MemoryChecker``, or None.
+  """
+  windows = windows_of(args, checker)
+  if windows is None:
+    return None
+  return WriteJournal(_compat.interpreter_native_memory(), windows)

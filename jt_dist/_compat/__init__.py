@@ -37,6 +37,7 @@ from jt_dist._compat.interpreter import interpreter_native_memory
 from jt_dist._compat.interpreter import interpreter_native_memory_replaced
 from jt_dist._compat.interpreter import interpreter_program_id
 from jt_dist._compat.interpreter import interpreter_semantic_class
+from jt_dist._compat.interpreter import math_functions_checking_dtype
 from jt_dist._compat.interpreter_language import interpreter_language_patched
 from jt_dist._compat.jax_lowering import AxisFacts
 from jt_dist._compat.jax_lowering import is_auto_axis

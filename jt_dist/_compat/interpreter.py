@@ -10,6 +10,7 @@ import contextlib
 from typing import Any, Mapping
 
 import triton
+from triton.language import math as _math
 from triton.language import semantic as _semantic
 from triton.runtime import interpreter as _interpreter
 
@@ -77,6 +78,26 @@ def interpreter_program_id() -> tuple[int, int, int] | None:
   builder = getattr(_interpreter, "interpreter_builder", None)
   grid_idx = getattr(builder, "grid_idx", None)
   return None if grid_idx is None else tuple(int(i) for i in grid_idx)
+
+
+def math_functions_checking_dtype() -> tuple[str, ...]:
+  """The ``tl.math`` functions that refuse operands by dtype, by name.
+
+  Triton 3.6 through 3.9 wrap them in ``math._check_dtype``'s ``check``, a
+  closure over ``dtypes`` that (like ``core.builtin`` around it) keeps
+  ``__wrapped__``. Call before a launch patches ``tl.math``; with another
+  wrapping this finds none, and the refusals stay Triton's own
+  ``ValueError``s.
+  """
+  names = []
+  for name, member in vars(_math).items():
+    while member is not None:
+      code = getattr(member, "__code__", None)
+      if code is not None and "dtypes" in code.co_freevars:
+        names.append(name)
+        break
+      member = getattr(member, "__wrapped__", None)
+  return tuple(sorted(names))
 
 
 def interpreter_semantic_class() -> type:

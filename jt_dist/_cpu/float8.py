@@ -12,7 +12,9 @@ to nearest even and saturate at the largest finite value, as NVIDIA GPUs
 convert to float8_e4m3fn and float8_e5m2 (``cvt.rn.satfinite``); upstream,
 ties round up and large values come out wrong. Loads, stores, selects,
 ``tl.abs``, ``tl.dot`` and conversions from float8 already work on values
-upstream and are left alone.
+upstream and are left alone. Reductions and scans that add, multiply or
+compare float8 values are refused alike (``reductions``), and math
+functions by Triton itself (``math_dtypes`` names them).
 """
 
 from __future__ import annotations
@@ -64,6 +66,14 @@ def _type_name(scalar) -> str:
 
 
 def refusal(kernel: str, what: str, scalar) -> _errors.KernelTypeError:
+  """The error refusing operation ``what`` on float8 type ``scalar``.
+
+  Args:
+    kernel: the kernel's name.
+    what: the operation: a NumPy ufunc's name (spelled as the kernel spells
+      it, "add" as `+`) or a ``tl`` function ("tl.sum").
+    scalar: the float8 element type.
+  """
   spelled = _SPELLING.get(what)
   op = f"`{spelled}` ({what})" if spelled else f"{what}"
   return _errors.KernelTypeError(
@@ -119,7 +129,7 @@ def float8_like_compiled(kernel: str):
   builder = _interpreter.InterpreterBuilder
   saved = {name: getattr(builder, name)
            for name in ("binary_op", "unary_op", "ternary_op", "create_fma",
-                        "create_fp_to_fp")}
+                        "create_clampf", "create_fp_to_fp")}
 
   def binary_op(self, lhs, rhs, op):
     scalar = _float8_type(lhs, rhs)
@@ -146,6 +156,14 @@ def float8_like_compiled(kernel: str):
       return saved["create_fma"](self, x, y, z)
     raise refusal(kernel, "tl.fma", scalar)
 
+  def create_clampf(self, arg, lo, hi, propagate_nans):
+    # Refused as the clamp it is, before upstream splits it into a maximum
+    # and a minimum.
+    scalar = _float8_type(arg, lo, hi)
+    if scalar is None:
+      return saved["create_clampf"](self, arg, lo, hi, propagate_nans)
+    raise refusal(kernel, "clip", scalar)
+
   def create_fp_to_fp(self, src, dst_type, rounding_mode):
     converted = _saturating_conversion(src, dst_type, rounding_mode)
     if converted is None:
@@ -155,5 +173,5 @@ def float8_like_compiled(kernel: str):
   with _compat.attributes_replaced(builder, {
       "binary_op": binary_op, "unary_op": unary_op,
       "ternary_op": ternary_op, "create_fma": create_fma,
-      "create_fp_to_fp": create_fp_to_fp}):
+      "create_clampf": create_clampf, "create_fp_to_fp": create_fp_to_fp}):
     yield

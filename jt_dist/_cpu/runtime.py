@@ -26,6 +26,7 @@ from jt_dist._cpu import bfloat16 as _bfloat16
 from jt_dist._cpu import bounds as _bounds
 from jt_dist._cpu import float8 as _float8
 from jt_dist._cpu import host_memory as _host_memory
+from jt_dist._cpu import math_dtypes as _math_dtypes
 from jt_dist._cpu import reductions as _reductions
 from jt_dist._cpu import vector_lang as _vector_lang
 from jt_dist._cpu import vector_launch as _vector_launch
@@ -151,6 +152,7 @@ def _patched_language(kernel: str, debug: bool):
       _float8.float8_like_compiled(kernel), \
       _compat.interpreter_language_patched(), \
       _reductions.reductions_on_values(kernel), \
+      _math_dtypes.math_dtypes_refused_by_name(kernel), \
       _asserts.kernel_asserts(kernel, debug), _scalar_index_squeezes(kernel):
     yield
 

@@ -58,8 +58,10 @@ class Op:
     kernel: the ``@triton.jit`` function applying it.
     reference: NumPy on float64 values ``(x, y, z, cols)`` of shape
       (program, row, column); None where every dtype here is refused.
-    error: "exact", "once", "float32", or ("sums" | "products", depth,
-      axes summed for the sums' magnitude).
+    error: "exact", "once", "float32", or (kind, depth, magnitude): a result
+      of ``depth`` roundings of a running value, in the dtype ("sums",
+      "products") or in float32 ("float32 sums"); ``magnitude(x, y)``
+      bounds a sum's partial results (a product's is its own).
     float8: the refusal's spelling of the operation on float8, or None
       where float8 computes on values.
     refused: the refusal's spelling on every dtype here (math functions).
@@ -83,8 +85,15 @@ _CLAMP = r"`tl\.clamp` \(clip\)"
 # Triton 3.6 negates by subtracting from zero.
 _NEG = r"(`unary -` \(negative\)|`-` \(subtract\))"
 _ROW = 2  # The block's axis 1, after the program axis.
-_SUMS = ("sums", 4, _ROW)  # A tree of 16 values is 4 additions deep.
-_STEPS = ("sums", _BLOCK - 1, _ROW)  # One after another.
+
+
+def _row_magnitude(x, y):
+  del y
+  return np.abs(x).sum(_ROW, keepdims=True)
+
+
+_SUMS = ("sums", 4, _row_magnitude)  # A tree of 16 values: 4 deep.
+_STEPS = ("sums", _BLOCK - 1, _row_magnitude)  # One after another.
 
 
 def _softmax(x):
@@ -138,10 +147,12 @@ _OPS = {
     "sum": Op(K.sum_, lambda x, y, z, c: x.sum(_ROW, keepdims=True), _SUMS,
               r"tl\.sum"),
     "sum_all": Op(K.sum_all, lambda x, y, z, c: x.sum((1, 2), keepdims=True),
-                  ("sums", 8, (1, 2)), r"tl\.sum"),
+                  ("sums", 8, lambda x, y: np.abs(x).sum((1, 2),
+                                                         keepdims=True)),
+                  r"tl\.sum"),
     "sum_float32": Op(K.sum_float32,
                       lambda x, y, z, c: x.sum(_ROW, keepdims=True),
-                      "float32"),
+                      ("float32 sums", _BLOCK - 1, _row_magnitude)),
     "max": Op(K.max_, lambda x, y, z, c: x.max(_ROW, keepdims=True)),
     "min": Op(K.min_, lambda x, y, z, c: x.min(_ROW, keepdims=True)),
     "max_with_index": Op(K.max_with_index, lambda x, y, z, c: _with_index(
@@ -166,14 +177,15 @@ _OPS = {
                          lambda x, y, z, c: _reverse_cumsum(x), _STEPS,
                          r"tl\.cumsum"),
     "cumprod": Op(K.cumprod, lambda x, y, z, c: np.cumprod(x, _ROW),
-                  ("products", _BLOCK - 1, _ROW), r"tl\.cumprod"),
+                  ("products", _BLOCK - 1, None), r"tl\.cumprod"),
     "scan_add": Op(K.scan_add, lambda x, y, z, c: np.cumsum(x, _ROW), _STEPS,
                    _ADD),
     "sort": Op(K.sort, lambda x, y, z, c: np.sort(x, _ROW), "exact",
                r"`>` \(greater\)"),
     "flip": Op(K.flip, lambda x, y, z, c: np.flip(x, _ROW)),
     "trans": Op(K.trans, lambda x, y, z, c: np.swapaxes(x, 1, 2)),
-    "dot": Op(K.dot, lambda x, y, z, c: x @ y, "float32"),
+    "dot": Op(K.dot, lambda x, y, z, c: x @ y,
+              ("float32 sums", _BLOCK, lambda x, y: np.abs(x) @ np.abs(y))),
     **{name: Op(getattr(K, name), None, refused=rf"tl\.{name}")
        for name in _MATH},
 }
@@ -258,9 +270,11 @@ class NarrowFloatsTest(testing.TestCase):
       np.testing.assert_allclose(out, reference, rtol=1e-5, atol=1e-6,
                                  err_msg=msg)
     else:
-      kind, depth, axes = op.error
-      scale = (np.abs(wide[0]).sum(axes, keepdims=True) if kind == "sums"
-               else np.abs(reference))
+      kind, depth, magnitude = op.error
+      if kind == "float32 sums":
+        eps = float(np.finfo(np.float32).eps)
+      scale = (np.abs(reference) if magnitude is None
+               else magnitude(*wide[:2]))
       excess = np.abs(out - reference) - depth * eps * scale
       self.assertLessEqual(float(np.max(excess)), 1e-30,
                            f"{out} against {reference} ({msg})")

@@ -10,11 +10,13 @@ interpreter does the same: such an operation raises ``KernelTypeError``
 naming the kernel, the operation and the dtype. Conversions to float8 round
 to nearest even and saturate at the largest finite value, as NVIDIA GPUs
 convert to float8_e4m3fn and float8_e5m2 (``cvt.rn.satfinite``); upstream,
-ties round up and large values come out wrong. Loads, stores, selects,
-``tl.abs``, ``tl.dot`` and conversions from float8 already work on values
-upstream and are left alone. Reductions and scans that add, multiply or
-compare float8 values are refused alike (``reductions``), and math
-functions by Triton itself (``math_dtypes`` names them).
+ties round up and large values come out wrong. Conversions from float8 and
+``tl.dot`` take the values (upstream converts the bits, and turns NaN and
+infinities into large numbers and float8_e5m2's subnormals into float16
+zeros). Loads, stores, selects and ``tl.abs`` move bits and are left
+alone. Reductions and scans that add, multiply or compare float8 values are
+refused alike (``reductions``), and math functions by Triton itself
+(``math_dtypes`` names them).
 """
 
 from __future__ import annotations
@@ -119,6 +121,44 @@ def _saturating_conversion(src, dst_type, rounding_mode):
   return _interpreter.TensorHandle(bits, dst)
 
 
+def _values(handle):
+  """A float8 handle's values as float32, or None (no NumPy twin)."""
+  twin = _VALUE_TYPES.get(handle.dtype.scalar.name)
+  if twin is None:
+    return None
+  return np.asarray(handle.data).view(twin).astype(np.float32)
+
+
+def _widening_conversion(src, dst_type):
+  """float8 ``src`` converted exactly to a wider float type, or None.
+
+  Upstream converts the bits: NaN and infinities come out as large numbers
+  (float8_e4m3fn's NaN as 480), and float8_e5m2's subnormals as float16
+  zeros. Every float8 value is a float16, bfloat16 and float32 value.
+  """
+  values = _values(src)
+  dst = dst_type.scalar
+  if values is None or dst.name not in _FLOAT_SOURCES:
+    return None
+  data = values.astype(_FLOAT_SOURCES[dst.name])
+  if dst.name == "bf16":
+    data = data.view(np.uint16)
+  return _interpreter.TensorHandle(data, dst)
+
+
+def _dot(original):
+  # Upstream converts float8 operands to float16 through the same bit
+  # conversion as its casts (see _widening_conversion).
+  def create_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
+    a_values, b_values = _values(a), _values(b)
+    if a_values is None or b_values is None:
+      return original(self, a, b, d, input_precision, max_num_imprecise_acc)
+    acc = np.asarray(d.data)
+    out = np.matmul(a_values, b_values, dtype=acc.dtype) + acc
+    return _interpreter.TensorHandle(out, d.dtype.scalar)
+  return create_dot
+
+
 @contextlib.contextmanager
 def float8_like_compiled(kernel: str):
   """Routes the interpreter's float8 arithmetic for one launch (see above).
@@ -165,7 +205,10 @@ def float8_like_compiled(kernel: str):
     raise refusal(kernel, "clip", scalar)
 
   def create_fp_to_fp(self, src, dst_type, rounding_mode):
+    # (A handle's truth is its data's: compared with None, not `or`ed.)
     converted = _saturating_conversion(src, dst_type, rounding_mode)
+    if converted is None:
+      converted = _widening_conversion(src, dst_type)
     if converted is None:
       return saved["create_fp_to_fp"](self, src, dst_type, rounding_mode)
     return converted
@@ -173,5 +216,6 @@ def float8_like_compiled(kernel: str):
   with _compat.attributes_replaced(builder, {
       "binary_op": binary_op, "unary_op": unary_op,
       "ternary_op": ternary_op, "create_fma": create_fma,
-      "create_clampf": create_clampf, "create_fp_to_fp": create_fp_to_fp}):
+      "create_clampf": create_clampf, "create_fp_to_fp": create_fp_to_fp,
+      "create_dot": _dot(builder.create_dot)}):
     yield

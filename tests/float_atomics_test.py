@@ -6,7 +6,10 @@ program at a time (``JT_DIST_VECTORIZE=0``), program 0 runs both before
 program 1 runs either; the vectorised launch must hand every lane the same
 old value, on fresh random values of both signs that several lanes of every
 program send to the same addresses. ``tl.atomic_add`` into such addresses
-(a lane going back to an earlier address) must do the same.
+(a lane going back to an earlier address) must do the same, and so must a
+float32 ``tl.atomic_xchg`` and a bfloat16 ``tl.atomic_add``, which Triton's
+interpreter cannot run natively; the final values are checked against
+NumPy, the lanes taken in order.
 """
 
 from __future__ import annotations
@@ -45,6 +48,8 @@ def shared_slots_kernel(x_ptr, acc_ptr, old_ptr, OP: tl.constexpr,
     old = tl.atomic_max(slots, x)
   elif OP == "min":
     old = tl.atomic_min(slots, x)
+  elif OP == "xchg":
+    old = tl.atomic_xchg(slots, x)
   else:
     old = tl.atomic_add(slots, x)
   tl.store(old_ptr + offsets, old)
@@ -66,24 +71,32 @@ class FloatAtomicsOrderTest(testing.TestCase):
         input_output_aliases={1: 0}, grid=(_PROGRAMS,), OP=op, BLOCK=_BLOCK,
         SLOTS=_SLOTS))
 
-  @parameterized.parameters("max", "min", "add")
-  def test_old_values_match_one_program_at_a_time(self, op):
-    x = self.random((_PROGRAMS * _BLOCK,))
-    acc = self.random((_SLOTS,))
+  @parameterized.parameters(("max", np.float32), ("min", np.float32),
+                            ("add", np.float32), ("xchg", np.float32),
+                            ("add", jnp.bfloat16))
+  def test_old_values_match_one_program_at_a_time(self, op, dtype):
+    x = self.random((_PROGRAMS * _BLOCK,)).astype(dtype)
+    acc = self.random((_SLOTS,)).astype(dtype)
     with self.assertLogs("jt_dist", level="DEBUG") as logs:
       vectorised_acc, vectorised_old = self._call(op, x, acc)
     with mock.patch.dict(os.environ, {"JT_DIST_VECTORIZE": "0"}):
       acc_one, old_one = self._call(op, x, acc)
-    msg = f"atomic_{op}, seed {self.seed}"
+    msg = f"atomic_{op} on {np.dtype(dtype).name}, seed {self.seed}"
     np.testing.assert_array_equal(vectorised_old, old_one, err_msg=msg)
     np.testing.assert_array_equal(vectorised_acc, acc_one, err_msg=msg)
     per_slot = x.reshape(-1, _SLOTS)
     if op == "add":
-      # Lanes and programs in order, as one program at a time adds them.
+      # Lanes and programs in order, each sum rounded to the dtype.
       expected = acc.copy()
       for row in per_slot:
-        expected += row
+        expected = (expected.astype(np.float32) + row.astype(np.float32)
+                    ).astype(dtype)
       np.testing.assert_array_equal(acc_one, expected, err_msg=msg)
+    elif op == "xchg":
+      np.testing.assert_array_equal(acc_one, per_slot[-1], err_msg=msg)
+      np.testing.assert_array_equal(
+          old_one.reshape(-1, _SLOTS),
+          np.concatenate([acc[None], per_slot[:-1]]), err_msg=msg)
     else:
       extreme = np.maximum if op == "max" else np.minimum
       np.testing.assert_array_equal(

@@ -314,5 +314,23 @@ def trans(x, y, z, cols):
 
 
 @triton.jit
+def join_split(x, y, z, cols):
+  first, second = tl.split(tl.join(x, y))
+  return tl.where(cols % 2 == 0, first, second)
+
+
+@triton.jit
+def permute(x, y, z, cols):
+  blocks = tl.reshape(x, (4, x.shape[0] // 4, x.shape[1]))
+  return tl.reshape(tl.permute(blocks, (1, 0, 2)), x.shape)
+
+
+@triton.jit
+def gather(x, y, z, cols):
+  index = tl.broadcast_to((cols * 5) % x.shape[1], x.shape)
+  return tl.gather(x, index, 1)
+
+
+@triton.jit
 def dot(x, y, z, cols):
   return tl.dot(x, y)

@@ -184,6 +184,11 @@ _OPS = {
                r"`>` \(greater\)"),
     "flip": Op(K.flip, lambda x, y, z, c: np.flip(x, _ROW)),
     "trans": Op(K.trans, lambda x, y, z, c: np.swapaxes(x, 1, 2)),
+    "join_split": Op(K.join_split,
+                     lambda x, y, z, c: np.where(c % 2 == 0, x, y)),
+    "permute": Op(K.permute, lambda x, y, z, c: x.reshape(
+        -1, 4, _BLOCK // 4, _BLOCK).transpose(0, 2, 1, 3).reshape(x.shape)),
+    "gather": Op(K.gather, lambda x, y, z, c: x[..., (c * 5) % _BLOCK]),
     "dot": Op(K.dot, lambda x, y, z, c: x @ y,
               ("float32 sums", _BLOCK, lambda x, y: np.abs(x) @ np.abs(y))),
     **{name: Op(getattr(K, name), None, refused=rf"tl\.{name}")

@@ -22,6 +22,7 @@ from triton.runtime import interpreter as _interpreter
 from jt_dist import _compat
 from jt_dist import _errors
 from jt_dist._cpu import asserts as _asserts
+from jt_dist._cpu import atomics as _atomics
 from jt_dist._cpu import bfloat16 as _bfloat16
 from jt_dist._cpu import bounds as _bounds
 from jt_dist._cpu import float8 as _float8
@@ -149,7 +150,7 @@ def _patched_language(kernel: str, debug: bool):
   # call builtins through `triton.language.core`. jt_dist's own replacements
   # of language functions are entered after, so that they win.
   with _helpers_run_interpreted(), _bfloat16.bfloat16_like_compiled(), \
-      _float8.float8_like_compiled(kernel), \
+      _float8.float8_like_compiled(kernel), _atomics.float_atomics_on_values(), \
       _compat.interpreter_language_patched(), \
       _reductions.reductions_on_values(kernel), \
       _math_dtypes.math_dtypes_refused_by_name(kernel), \

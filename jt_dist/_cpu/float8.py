@@ -82,8 +82,9 @@ def refusal(kernel: str, what: str, scalar) -> _errors.KernelTypeError:
       f"triton_call: kernel {kernel!r}, program id"
       f" {_compat.interpreter_program_id()}: {op} on {_type_name(scalar)}"
       " operands. Triton does not compile arithmetic, comparisons, minimum,"
-      " maximum or math functions on float8 values for GPUs, and the CPU"
-      " interpreter would apply them to the raw bits. Cast to a wider type first, e.g."
+      " maximum or math functions on float8 values for GPUs, nor the"
+      " reductions and scans made of them, and the CPU interpreter would"
+      " apply them to the raw bits. Cast to a wider type first, e.g."
       " `x.to(tl.float32)`, and back with"
       f" `.to(tl.{_language_name(scalar)})` for a float8 result.")
 

@@ -38,10 +38,10 @@ def _refusal(kernel: str, name: str, found) -> _errors.KernelTypeError:
   return _errors.KernelTypeError(
       f"triton_call: kernel {kernel!r}, program id"
       f" {_compat.interpreter_program_id()}: tl.{name} on {found['got']}"
-      f" operands. It takes {', '.join(accepted)} operands only, and"
+      f" operands. It takes {' or '.join(accepted)} operands only, and"
       f" compiling it for a GPU fails too (\"{found.group(0)}\"). Cast"
-      f" first, e.g. `tl.{name}(x.to(tl.{first}))`, and back with"
-      " `.to(...)` where a narrower result is wanted.")
+      f" the operands first, e.g. `x.to(tl.{first})`, and the result back"
+      " with `.to(...)` where a narrower one is wanted.")
 
 
 def _refusing(kernel: str, name: str, function):

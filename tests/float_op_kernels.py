@@ -27,6 +27,13 @@ def float_op_kernel(x_ptr, y_ptr, z_ptr, out_ptr, OP: tl.constexpr,
 
 
 @triton.jit
+def print_kernel(x_ptr, out_ptr, BLOCK: tl.constexpr):
+  x = tl.load(x_ptr + tl.arange(0, BLOCK))
+  tl.device_print("x", x)
+  tl.store(out_ptr + tl.arange(0, BLOCK), x)
+
+
+@triton.jit
 def _plus(a, b):
   return a + b
 

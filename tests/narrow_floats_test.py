@@ -24,7 +24,9 @@ the same bits.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import io
 import os
 from typing import Any, Callable
 from unittest import mock
@@ -304,6 +306,23 @@ class NarrowFloatsTest(testing.TestCase):
     np.testing.assert_array_equal(vectorised, one_at_a_time,
                                   err_msg=f"seed {self.seed}")
     self.assertMatches(vectorised, op, inputs, jnp_dtype)
+
+  @parameterized.named_parameters((f"_{name}", dtype) for dtype, name in _DTYPES)
+  def test_device_print_shows_values(self, dtype):
+    x = self.np_rng.uniform(-2, 2, (_BLOCK,)).astype(np.float32).astype(dtype)
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+      jax.block_until_ready(jt_dist.triton_call(
+          jnp.asarray(x), kernel=K.print_kernel,
+          out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype), grid=(1,),
+          BLOCK=_BLOCK))
+    line = printed.getvalue().strip()
+    shown = np.array(line[line.index("[") + 1:line.rindex("]")].split(),
+                     np.float64)
+    # NumPy prints at most 8 digits after the point.
+    np.testing.assert_allclose(shown, x.astype(np.float64), rtol=1e-7,
+                               atol=1e-8,
+                               err_msg=f"{line!r} (seed {self.seed})")
 
 
 if __name__ == "__main__":

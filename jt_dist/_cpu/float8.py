@@ -13,8 +13,8 @@ convert to float8_e4m3fn and float8_e5m2 (``cvt.rn.satfinite``); upstream,
 ties round up and large values come out wrong. Conversions from float8 and
 ``tl.dot`` take the values (upstream converts the bits, and turns NaN and
 infinities into large numbers and float8_e5m2's subnormals into float16
-zeros). Loads, stores, selects and ``tl.abs`` move bits and are left
-alone. Reductions and scans that add, multiply or compare float8 values are
+zeros); ``tl.device_print`` prints the values. Loads, stores, selects and
+``tl.abs`` move bits and are left alone. Reductions and scans that add, multiply or compare float8 values are
 refused alike (``reductions``), and math functions by Triton itself
 (``math_dtypes`` names them).
 """
@@ -25,6 +25,7 @@ import contextlib
 
 import ml_dtypes
 import numpy as np
+import triton.language as tl
 from triton.runtime import interpreter as _interpreter
 
 from jt_dist import _compat
@@ -160,6 +161,17 @@ def _dot(original):
   return create_dot
 
 
+def _print(original):
+  # As bfloat16's (``bfloat16._print``): numbers print as their values.
+  def create_print(self, prefix, hex, handles, isSigned):  # pylint: disable=redefined-builtin,invalid-name
+    if not hex:
+      handles = [h if _values(h) is None
+                 else _interpreter.TensorHandle(_values(h), tl.float32)
+                 for h in handles]
+    return original(self, prefix, hex, handles, isSigned)
+  return create_print
+
+
 @contextlib.contextmanager
 def float8_like_compiled(kernel: str):
   """Routes the interpreter's float8 arithmetic for one launch (see above).
@@ -218,5 +230,6 @@ def float8_like_compiled(kernel: str):
       "binary_op": binary_op, "unary_op": unary_op,
       "ternary_op": ternary_op, "create_fma": create_fma,
       "create_clampf": create_clampf, "create_fp_to_fp": create_fp_to_fp,
-      "create_dot": _dot(builder.create_dot)}):
+      "create_dot": _dot(builder.create_dot),
+      "create_print": _print(builder.create_print)}):
     yield

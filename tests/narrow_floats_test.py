@@ -246,8 +246,14 @@ class NarrowFloatsTest(testing.TestCase):
     vectorised (or faulted there)."""
     with self.assertLogs("jt_dist", level="DEBUG") as logs:
       vectorised = self._call(op, inputs)
-    how = ("faulted vectorised" if isinstance(vectorised, Exception)
-           else "runs vectorised")
+    if not isinstance(vectorised, Exception):
+      how = "runs vectorised"
+    elif "compiling it for a GPU fails too" in str(vectorised):
+      # A math function's refusal is Triton's own ValueError until the
+      # one-program run reports it, so the vectorised attempt gave way.
+      how = "runs one program at a time"
+    else:
+      how = "faulted vectorised"
     self.assertTrue(any(how in line for line in logs.output), logs.output)
     with mock.patch.dict(os.environ, {"JT_DIST_VECTORIZE": "0"}):
       one_at_a_time = self._call(op, inputs)

@@ -32,12 +32,12 @@ from jt_dist._compat.descriptors import descriptors_round_to_tf32
 from jt_dist._compat.descriptors import interpreter_descriptor
 from jt_dist._compat.descriptors import tma_parameter
 from jt_dist._compat.interpreter import attributes_replaced
+from jt_dist._compat.interpreter import dtype_refusing_function
 from jt_dist._compat.interpreter import interpreter_block_pointer
 from jt_dist._compat.interpreter import interpreter_native_memory
 from jt_dist._compat.interpreter import interpreter_native_memory_replaced
 from jt_dist._compat.interpreter import interpreter_program_id
 from jt_dist._compat.interpreter import interpreter_semantic_class
-from jt_dist._compat.interpreter import math_functions_checking_dtype
 from jt_dist._compat.interpreter_language import interpreter_language_patched
 from jt_dist._compat.jax_lowering import AxisFacts
 from jt_dist._compat.jax_lowering import is_auto_axis

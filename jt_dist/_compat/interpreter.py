@@ -10,7 +10,6 @@ import contextlib
 from typing import Any, Mapping
 
 import triton
-from triton.language import math as _math
 from triton.language import semantic as _semantic
 from triton.runtime import interpreter as _interpreter
 
@@ -80,24 +79,22 @@ def interpreter_program_id() -> tuple[int, int, int] | None:
   return None if grid_idx is None else tuple(int(i) for i in grid_idx)
 
 
-def math_functions_checking_dtype() -> tuple[str, ...]:
-  """The ``tl.math`` functions that refuse operands by dtype, by name.
+def dtype_refusing_function(traceback) -> str | None:
+  """The math function whose dtype check raised along ``traceback``.
 
-  Triton 3.6 through 3.9 wrap them in ``math._check_dtype``'s ``check``, a
-  closure over ``dtypes`` that (like ``core.builtin`` around it) keeps
-  ``__wrapped__``. Call before a launch patches ``tl.math``; with another
-  wrapping this finds none, and the refusals stay Triton's own
-  ``ValueError``s.
+  Triton 3.6 through 3.9 check a math function's operands in
+  ``math._check_dtype``'s ``check``, a closure over the accepted ``dtypes``
+  and the function ``fn``; None where no frame of the traceback is one.
   """
-  names = []
-  for name, member in vars(_math).items():
-    while member is not None:
-      code = getattr(member, "__code__", None)
-      if code is not None and "dtypes" in code.co_freevars:
-        names.append(name)
-        break
-      member = getattr(member, "__wrapped__", None)
-  return tuple(sorted(names))
+  while traceback is not None:
+    frame = traceback.tb_frame
+    if "dtypes" in frame.f_code.co_freevars:
+      fn = frame.f_locals.get("fn")
+      name = getattr(fn, "__name__", None)
+      if name is not None:
+        return name
+    traceback = traceback.tb_next
+  return None
 
 
 def interpreter_semantic_class() -> type:

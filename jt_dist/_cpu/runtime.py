@@ -91,8 +91,9 @@ def run(python_fn, grid: tuple[int, int, int], args, kwargs, checker=None,
       access (unwrapped from the interpreter's InterpreterError).
     KernelAssertionError: a ``tl.device_assert`` (with ``debug``) or a
       ``tl.static_assert`` failed.
-    KernelTypeError: the kernel computes on float8 values, or converts a
-      pointer or float to an int (a loop bound, step or index).
+    KernelTypeError: the kernel computes on float8 values, applies a math
+      function to operands it does not take, or converts a pointer or float
+      to an int (a loop bound, step or index).
   """
   interpreted = _interpreted(python_fn)
   executor = _HostBufferExecutor(interpreted.rewrite(),
@@ -103,6 +104,9 @@ def run(python_fn, grid: tuple[int, int, int], args, kwargs, checker=None,
   except _compat.InterpreterError as e:
     if isinstance(e.__cause__, _KERNEL_FAULTS):
       raise e.__cause__ from None
+    refused = _math_dtypes.refusal(e.__cause__, python_fn.__name__)
+    if refused is not None:
+      raise refused from None
     raise
 
 
@@ -153,7 +157,6 @@ def _patched_language(kernel: str, debug: bool):
       _float8.float8_like_compiled(kernel), _atomics.float_atomics_on_values(), \
       _compat.interpreter_language_patched(), \
       _reductions.reductions_on_values(kernel), \
-      _math_dtypes.math_dtypes_refused_by_name(kernel), \
       _asserts.kernel_asserts(kernel, debug), _scalar_index_squeezes(kernel):
     yield
 

@@ -120,11 +120,12 @@ class KernelTypeError(TypeError):
   """A kernel applies an operation to a dtype Triton cannot compile it for.
 
   Raised on the CPU interpreter for arithmetic, comparisons, minimum,
-  maximum or math functions on float8 values, and for a loop bound, step or
-  index that is a pointer or a float (a jax array, even 0-d, reaches a
-  kernel as a pointer), which Triton refuses to compile too. The message
-  names the kernel, the program id, the operation or conversion and the
-  dtype.
+  maximum, reductions and scans on float8 values, for math functions on
+  operands they do not take (``tl.exp`` on bfloat16, say), and for a loop
+  bound, step or index that is a pointer or a float (a jax array, even 0-d,
+  reaches a kernel as a pointer), all of which Triton refuses to compile
+  too. The message names the kernel, the program id, the operation or
+  conversion and the dtype.
   """
 
 

@@ -271,6 +271,38 @@ class Float8Test(testing.TestCase):
         np.asarray(out).astype(np.float32), reference.astype(np.float32),
         err_msg=f"inputs {values.astype(np.float32)} (seed {self.seed})")
 
+  @parameterized.product(
+      src=tuple(dtype for dtype, _ in _FLOAT8),
+      dst=(jnp.float32, jnp.float16, jnp.bfloat16))
+  def test_casts_from_float8_keep_every_value(self, src, dst):
+    # Every bit pattern: NaN, infinities and subnormals too, which a
+    # conversion of the bits gets wrong.
+    self._skip_unless_loadable(src)
+    values = np.arange(256, dtype=np.uint8).view(src)
+    out = jt_dist.triton_call(
+        jnp.asarray(values), kernel=cast_kernel,
+        out_shape=jax.ShapeDtypeStruct(values.shape, dst), grid=(1,),
+        BLOCK=values.size)
+    np.testing.assert_array_equal(
+        np.asarray(out).astype(np.float32),
+        values.astype(np.float32).astype(dst).astype(np.float32),
+        err_msg=f"{np.dtype(src).name} to {np.dtype(dst).name}")
+
+  @parameterized.parameters(jnp.float8_e4m3fn, jnp.float8_e5m2)
+  def test_dot_multiplies_subnormal_values(self, jnp_dtype):
+    # Random finite bit patterns, about one in forty of them subnormal.
+    m = n = 16
+    k = 32
+    finite = np.arange(256, dtype=np.uint8)
+    finite = finite[np.isfinite(finite.view(jnp_dtype).astype(np.float32))]
+    a, b = (self.np_rng.choice(finite, size).view(jnp_dtype)
+            for size in ((m, k), (k, n)))
+    out = jt_dist.triton_call(
+        jnp.asarray(a), jnp.asarray(b), kernel=dot_kernel,
+        out_shape=jax.ShapeDtypeStruct((m, n), jnp.float32), grid=(1,),
+        M=m, N=n, K=k)
+    self.assertDotClose(out, a.astype(np.float64) @ b.astype(np.float64))
+
   @parameterized.parameters(jnp.float8_e4m3fn, jnp.float8_e5m2)
   def test_dot_multiplies_values(self, jnp_dtype):
     m = n = 16

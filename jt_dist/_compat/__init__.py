@@ -32,6 +32,7 @@ from jt_dist._compat.descriptors import descriptors_round_to_tf32
 from jt_dist._compat.descriptors import interpreter_descriptor
 from jt_dist._compat.descriptors import tma_parameter
 from jt_dist._compat.interpreter import attributes_replaced
+from jt_dist._compat.interpreter import dtype_refusing_function
 from jt_dist._compat.interpreter import interpreter_block_pointer
 from jt_dist._compat.interpreter import interpreter_native_memory
 from jt_dist._compat.interpreter import interpreter_native_memory_replaced

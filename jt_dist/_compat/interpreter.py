@@ -79,6 +79,24 @@ def interpreter_program_id() -> tuple[int, int, int] | None:
   return None if grid_idx is None else tuple(int(i) for i in grid_idx)
 
 
+def dtype_refusing_function(traceback) -> str | None:
+  """The math function whose dtype check raised along ``traceback``.
+
+  Triton 3.6 through 3.9 check a math function's operands in
+  ``math._check_dtype``'s ``check``, a closure over the accepted ``dtypes``
+  and the function ``fn``; None where no frame of the traceback is one.
+  """
+  while traceback is not None:
+    frame = traceback.tb_frame
+    if "dtypes" in frame.f_code.co_freevars:
+      fn = frame.f_locals.get("fn")
+      name = getattr(fn, "__name__", None)
+      if name is not None:
+        return name
+    traceback = traceback.tb_next
+  return None
+
+
 def interpreter_semantic_class() -> type:
   """The class of Triton's semantic layer, whose methods lower ``tl`` calls.
 

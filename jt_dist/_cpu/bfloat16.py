@@ -7,9 +7,9 @@ launch (the caller holds the interpreter lock) every builder operation
 that computes on bf16 operands takes their values, computes in float32
 (float64 for ``tl.fma``, which rounds once) and rounds the result to bf16,
 to nearest even, as GPUs round each bf16 operation. Conversions to bf16
-round to nearest even too (upstream truncates). Selects, loads, stores and
-``tl.abs`` move bits and are left alone; reductions and scans are in
-``reductions``.
+round to nearest even too (upstream truncates), and ``tl.device_print``
+prints the values. Selects, loads, stores and ``tl.abs`` move bits and are
+left alone; reductions and scans are in ``reductions``.
 """
 
 from __future__ import annotations
@@ -150,6 +150,17 @@ def _fma(original):
   return create_fma
 
 
+def _print(original):
+  # Numbers print as their values, as a GPU prints them; a hex print shows
+  # the bits either way.
+  def create_print(self, prefix, hex, handles, isSigned):  # pylint: disable=redefined-builtin,invalid-name
+    if not hex:
+      handles = [_interpreter.TensorHandle(values(h.data), tl.float32)
+                 if is_bfloat16(h.dtype.scalar) else h for h in handles]
+    return original(self, prefix, hex, handles, isSigned)
+  return create_print
+
+
 @contextlib.contextmanager
 def bfloat16_like_compiled():
   """Routes the interpreter's bf16 arithmetic for one launch (see above)."""
@@ -160,5 +171,6 @@ def bfloat16_like_compiled():
       "binary_op": _binary_op(builder.binary_op),
       "unary_op": _unary_op(builder.unary_op),
       "ternary_op": _ternary_op(builder.ternary_op),
-      "create_fma": _fma(builder.create_fma)}):
+      "create_fma": _fma(builder.create_fma),
+      "create_print": _print(builder.create_print)}):
     yield

@@ -10,9 +10,13 @@ interpreter does the same: such an operation raises ``KernelTypeError``
 naming the kernel, the operation and the dtype. Conversions to float8 round
 to nearest even and saturate at the largest finite value, as NVIDIA GPUs
 convert to float8_e4m3fn and float8_e5m2 (``cvt.rn.satfinite``); upstream,
-ties round up and large values come out wrong. Loads, stores, selects,
-``tl.abs``, ``tl.dot`` and conversions from float8 already work on values
-upstream and are left alone.
+ties round up and large values come out wrong. Conversions from float8 and
+``tl.dot`` take the values (upstream converts the bits, and turns NaN and
+infinities into large numbers and float8_e5m2's subnormals into float16
+zeros); ``tl.device_print`` prints the values. Loads, stores, selects and
+``tl.abs`` move bits and are left alone. Reductions and scans that add, multiply or compare float8 values are
+refused alike (``reductions``), and math functions by Triton itself
+(``math_dtypes`` names them).
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import contextlib
 
 import ml_dtypes
 import numpy as np
+import triton.language as tl
 from triton.runtime import interpreter as _interpreter
 
 from jt_dist import _compat
@@ -64,14 +69,23 @@ def _type_name(scalar) -> str:
 
 
 def refusal(kernel: str, what: str, scalar) -> _errors.KernelTypeError:
+  """The error refusing operation ``what`` on float8 type ``scalar``.
+
+  Args:
+    kernel: the kernel's name.
+    what: the operation: a NumPy ufunc's name (spelled as the kernel spells
+      it, "add" as `+`) or a ``tl`` function ("tl.sum").
+    scalar: the float8 element type.
+  """
   spelled = _SPELLING.get(what)
   op = f"`{spelled}` ({what})" if spelled else f"{what}"
   return _errors.KernelTypeError(
       f"triton_call: kernel {kernel!r}, program id"
       f" {_compat.interpreter_program_id()}: {op} on {_type_name(scalar)}"
       " operands. Triton does not compile arithmetic, comparisons, minimum,"
-      " maximum or math functions on float8 values for GPUs, and the CPU"
-      " interpreter would apply them to the raw bits. Cast to a wider type first, e.g."
+      " maximum or math functions on float8 values for GPUs, nor the"
+      " reductions and scans made of them, and the CPU interpreter would"
+      " apply them to the raw bits. Cast to a wider type first, e.g."
       " `x.to(tl.float32)`, and back with"
       f" `.to(tl.{_language_name(scalar)})` for a float8 result.")
 
@@ -109,6 +123,55 @@ def _saturating_conversion(src, dst_type, rounding_mode):
   return _interpreter.TensorHandle(bits, dst)
 
 
+def _values(handle):
+  """A float8 handle's values as float32, or None (no NumPy twin)."""
+  twin = _VALUE_TYPES.get(handle.dtype.scalar.name)
+  if twin is None:
+    return None
+  return np.asarray(handle.data).view(twin).astype(np.float32)
+
+
+def _widening_conversion(src, dst_type):
+  """float8 ``src`` converted exactly to a wider float type, or None.
+
+  Upstream converts the bits: NaN and infinities come out as large numbers
+  (float8_e4m3fn's NaN as 480), and float8_e5m2's subnormals as float16
+  zeros. Every float8 value is a float16, bfloat16 and float32 value.
+  """
+  values = _values(src)
+  dst = dst_type.scalar
+  if values is None or dst.name not in _FLOAT_SOURCES:
+    return None
+  data = values.astype(_FLOAT_SOURCES[dst.name])
+  if dst.name == "bf16":
+    data = data.view(np.uint16)
+  return _interpreter.TensorHandle(data, dst)
+
+
+def _dot(original):
+  # Upstream converts float8 operands to float16 through the same bit
+  # conversion as its casts (see _widening_conversion).
+  def create_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
+    a_values, b_values = _values(a), _values(b)
+    if a_values is None or b_values is None:
+      return original(self, a, b, d, input_precision, max_num_imprecise_acc)
+    acc = np.asarray(d.data)
+    out = np.matmul(a_values, b_values, dtype=acc.dtype) + acc
+    return _interpreter.TensorHandle(out, d.dtype.scalar)
+  return create_dot
+
+
+def _print(original):
+  # As bfloat16's (``bfloat16._print``): numbers print as their values.
+  def create_print(self, prefix, hex, handles, isSigned):  # pylint: disable=redefined-builtin,invalid-name
+    if not hex:
+      handles = [h if _values(h) is None
+                 else _interpreter.TensorHandle(_values(h), tl.float32)
+                 for h in handles]
+    return original(self, prefix, hex, handles, isSigned)
+  return create_print
+
+
 @contextlib.contextmanager
 def float8_like_compiled(kernel: str):
   """Routes the interpreter's float8 arithmetic for one launch (see above).
@@ -119,7 +182,7 @@ def float8_like_compiled(kernel: str):
   builder = _interpreter.InterpreterBuilder
   saved = {name: getattr(builder, name)
            for name in ("binary_op", "unary_op", "ternary_op", "create_fma",
-                        "create_fp_to_fp")}
+                        "create_clampf", "create_fp_to_fp")}
 
   def binary_op(self, lhs, rhs, op):
     scalar = _float8_type(lhs, rhs)
@@ -146,8 +209,19 @@ def float8_like_compiled(kernel: str):
       return saved["create_fma"](self, x, y, z)
     raise refusal(kernel, "tl.fma", scalar)
 
+  def create_clampf(self, arg, lo, hi, propagate_nans):
+    # Refused as the clamp it is, before upstream splits it into a maximum
+    # and a minimum.
+    scalar = _float8_type(arg, lo, hi)
+    if scalar is None:
+      return saved["create_clampf"](self, arg, lo, hi, propagate_nans)
+    raise refusal(kernel, "clip", scalar)
+
   def create_fp_to_fp(self, src, dst_type, rounding_mode):
+    # (A handle's truth is its data's: compared with None, not `or`ed.)
     converted = _saturating_conversion(src, dst_type, rounding_mode)
+    if converted is None:
+      converted = _widening_conversion(src, dst_type)
     if converted is None:
       return saved["create_fp_to_fp"](self, src, dst_type, rounding_mode)
     return converted
@@ -155,5 +229,7 @@ def float8_like_compiled(kernel: str):
   with _compat.attributes_replaced(builder, {
       "binary_op": binary_op, "unary_op": unary_op,
       "ternary_op": ternary_op, "create_fma": create_fma,
-      "create_fp_to_fp": create_fp_to_fp}):
+      "create_clampf": create_clampf, "create_fp_to_fp": create_fp_to_fp,
+      "create_dot": _dot(builder.create_dot),
+      "create_print": _print(builder.create_print)}):
     yield

@@ -66,6 +66,12 @@ def _tree_sum(bits, axis: int) -> np.ndarray:
 def sum_along(data, axis: int, scalar, kernel: str) -> np.ndarray:
   """``np.sum(data, axis)`` as a GPU's ``tl.sum`` adds ``scalar`` values.
 
+  Args:
+    data: the block's storage (bits for bf16 and float8).
+    axis: the NumPy axis to reduce.
+    scalar: the Triton element type.
+    kernel: the kernel's name, for a refusal.
+
   Raises:
     KernelTypeError: ``scalar`` is a float8 type.
   """
@@ -77,6 +83,13 @@ def sum_along(data, axis: int, scalar, kernel: str) -> np.ndarray:
 
 def scan_along(what: str, data, axis: int, scalar, kernel: str) -> np.ndarray:
   """``tl.cumsum`` or ``tl.cumprod`` (``what``) of ``data`` along ``axis``.
+
+  Args:
+    what: "tl.cumsum" or "tl.cumprod".
+    data: the block's storage (bits for bf16 and float8).
+    axis: the NumPy axis to scan.
+    scalar: the Triton element type.
+    kernel: the kernel's name, for a refusal.
 
   Raises:
     KernelTypeError: ``scalar`` is a float8 type.

@@ -22,10 +22,12 @@ from triton.runtime import interpreter as _interpreter
 from jt_dist import _compat
 from jt_dist import _errors
 from jt_dist._cpu import asserts as _asserts
+from jt_dist._cpu import atomics as _atomics
 from jt_dist._cpu import bfloat16 as _bfloat16
 from jt_dist._cpu import bounds as _bounds
 from jt_dist._cpu import float8 as _float8
 from jt_dist._cpu import host_memory as _host_memory
+from jt_dist._cpu import math_dtypes as _math_dtypes
 from jt_dist._cpu import reductions as _reductions
 from jt_dist._cpu import vector_lang as _vector_lang
 from jt_dist._cpu import vector_launch as _vector_launch
@@ -89,8 +91,9 @@ def run(python_fn, grid: tuple[int, int, int], args, kwargs, checker=None,
       access (unwrapped from the interpreter's InterpreterError).
     KernelAssertionError: a ``tl.device_assert`` (with ``debug``) or a
       ``tl.static_assert`` failed.
-    KernelTypeError: the kernel computes on float8 values, or converts a
-      pointer or float to an int (a loop bound, step or index).
+    KernelTypeError: the kernel computes on float8 values, applies a math
+      function to operands it does not take, or converts a pointer or float
+      to an int (a loop bound, step or index).
   """
   interpreted = _interpreted(python_fn)
   executor = _HostBufferExecutor(interpreted.rewrite(),
@@ -101,6 +104,9 @@ def run(python_fn, grid: tuple[int, int, int], args, kwargs, checker=None,
   except _compat.InterpreterError as e:
     if isinstance(e.__cause__, _KERNEL_FAULTS):
       raise e.__cause__ from None
+    refused = _math_dtypes.refusal(e.__cause__, python_fn.__name__)
+    if refused is not None:
+      raise refused from None
     raise
 
 
@@ -148,7 +154,7 @@ def _patched_language(kernel: str, debug: bool):
   # call builtins through `triton.language.core`. jt_dist's own replacements
   # of language functions are entered after, so that they win.
   with _helpers_run_interpreted(), _bfloat16.bfloat16_like_compiled(), \
-      _float8.float8_like_compiled(kernel), \
+      _float8.float8_like_compiled(kernel), _atomics.float_atomics_on_values(), \
       _compat.interpreter_language_patched(), \
       _reductions.reductions_on_values(kernel), \
       _asserts.kernel_asserts(kernel, debug), _scalar_index_squeezes(kernel):

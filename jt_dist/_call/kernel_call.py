@@ -115,9 +115,7 @@ def raise_failure(error: Exception, args: Sequence[Any], call: KernelCall):
   naming the kernel; else ``error`` itself. Must be called while handling
   ``error``.
   """
-  original = _host_faults.take(error)
-  if original is not None:
-    raise original.with_traceback(None) from None
+  raise_host_fault(error)
   if isinstance(error, (ValueError, _errors.DevicePlacementError)):
     # jit refuses operands on different devices, and the lowering a call
     # sharded over several: say which argument, where it is, and the fix.
@@ -128,6 +126,16 @@ def raise_failure(error: Exception, args: Sequence[Any], call: KernelCall):
   if _gpu_faults.is_device_fault(error):
     raise _gpu_faults.launch_fault(error, _describe(call)) from error
   raise error
+
+
+def raise_host_fault(error: Exception) -> None:
+  """Raises the kernel's own exception behind ``error``, if a launch filed one.
+
+  Returns otherwise.
+  """
+  original = _host_faults.take(error)
+  if original is not None:
+    raise original.with_traceback(None) from None
 
 
 def _flat(args):

@@ -19,7 +19,6 @@ from jt_dist._core import exact as _exact
 from jt_dist._core import operands as _operands
 from jt_dist._core import pytree_args as _pytree_args
 from jt_dist._core import tensordesc as _tensordesc
-from jt_dist._cpu import host_faults as _host_faults
 from jt_dist._sharding import refs as _refs
 from jt_dist._sharding import sharded_call as _sharded_call
 from jt_dist._sharding import specs as _specs
@@ -151,10 +150,8 @@ class _ShardedCall:
     try:
       return self._jitted(*operands)
     except Exception as e:  # pylint: disable=broad-except
-      original = _host_faults.take(e)
-      if original is None:
-        raise
-      raise original.with_traceback(None) from None
+      _kernel_call.raise_host_fault(e)
+      raise
 
 
 def _per_argument(args, leaf_specs):

@@ -13,6 +13,7 @@ the script joins with ``initialize_process()``.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import operator
@@ -24,7 +25,8 @@ import sys
 import tempfile
 import time
 import traceback
-from typing import Any, Callable, Sequence
+import types
+from typing import Any, Callable, Iterator, Sequence
 
 from absl.testing import parameterized
 import jax
@@ -115,6 +117,36 @@ class TestCase(parameterized.TestCase):
       kind = "GPUs" if platform() == "gpu" else f"{devices[0].platform} devices"
       self.skipTest(f"needs >={count} {kind}, found {len(devices)}")
     return devices if count is None else devices[:count]
+
+  @contextlib.contextmanager
+  def assertRaisesKernelError(self, error_type: type[BaseException],
+                              *, jitted: bool) -> Iterator[Any]:
+    """Expects a kernel's ``error_type`` out of the ``with`` block.
+
+    A call outside any trace raises the kernel's own exception. A call
+    inside the caller's ``jax.jit`` runs, on the CPU, in a host callback of
+    the caller's program, and jax raises its ``JaxRuntimeError`` with the
+    kernel's exception type and message in it (a ``JaxRuntimeError``, or
+    a ``ValueError`` in some jax versions).
+
+    Args:
+      error_type: the kernel's exception type.
+      jitted: whether the call runs inside the caller's ``jax.jit``.
+
+    Yields:
+      An object whose ``message`` is the kernel's message once the block
+      has raised.
+    """
+    caught = types.SimpleNamespace(message=None)
+    expected = Exception if jitted else error_type
+    with self.assertRaises(expected) as raised:
+      yield caught
+    message = str(raised.exception)
+    if jitted:
+      head = f"{error_type.__name__}: "
+      self.assertIn(head, message)
+      message = message[message.index(head) + len(head):]
+    caught.message = message
 
   def assertAllClose(self, actual, expected, *, rtol=1e-5, atol=1e-5,
                      msg: str = ""):

@@ -147,15 +147,11 @@ class BoundsCheckTest(testing.TestCase):
     self.addCleanup(env.stop)
 
   def assertFault(self, error_type, jit, regexes, *args, **kwargs):
-    """Eager calls and jit on one device raise ``error_type`` itself.
-
-    The kernel runs on the main thread there, and jt_dist raises its
-    exception in the caller rather than through jax's callback error.
-    """
-    with self.assertRaises(error_type) as caught:
+    """The call raises ``error_type``, in jax's error under the caller's jit."""
+    with self.assertRaisesKernelError(error_type, jitted=jit) as caught:
       jax.block_until_ready(_call(jit, *args, **kwargs))
     for regex in regexes:
-      self.assertRegex(str(caught.exception), regex)
+      self.assertRegex(caught.message, regex)
 
   @parameterized.parameters(False, True)
   def test_example_add_reading_past_its_inputs(self, jit):

@@ -89,11 +89,11 @@ class KernelAssertTest(testing.TestCase):
   def test_failing_device_assert_under_jit(self):
     bad = int(self.np_rng.integers(4))
     x = self._input(4, bad)
-    # On one CPU device the kernel's own error reaches the caller under jit.
-    with self.assertRaises(jt_dist.KernelAssertionError) as caught:
+    with self.assertRaisesKernelError(jt_dist.KernelAssertionError,
+                                      jitted=True) as caught:
       _copy(x, 1.5, debug=True, jit=True)
     self.assertRegex(
-        str(caught.exception),
+        caught.message,
         rf"'checked_copy_kernel', program id"
         rf" \({bad}, 0, 0\).*x must stay below the limit")
 

@@ -81,9 +81,10 @@ class LoopBoundTest(testing.TestCase):
     # step makes that a few iterations, and this test a failure, not a hang.
     f = jax.jit(lambda a, m: _call(a, m, STEP=1 << 40))
     with self._path(one_at_a_time):
-      with self.assertRaises(jt_dist.KernelTypeError) as e:
+      with self.assertRaisesKernelError(jt_dist.KernelTypeError,
+                                        jitted=True) as e:
         jax.block_until_ready(f(self.x, 3))
-    message = str(e.exception)
+    message = e.message
     self.assertIn("kernel 'count_kernel', program id (0, 0, 0)", message)
     self.assertIn("got a value of type pointer<int32>", message)
     self.assertIn("For loop bounds and step must all be ints", message)

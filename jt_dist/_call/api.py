@@ -164,7 +164,9 @@ def triton_call(*args: Any, kernel: Any, out_shape: Any = None, grid: Any,
     key = (id(kernel), _memo.out_key(out_shape), _memo.grid_key(grid),
            _exact.items_key(kwargs.items()), _template(args))
     call = _memo.triton_calls.get(key)
-  except TypeError:  # An unhashable part: an array by keyword, a closure.
+  except (TypeError, AttributeError):
+    # An unhashable part (an array by keyword, a closure), or a malformed
+    # out_shape that binding reports in full.
     key = call = None
   if call is None or call.kernel is not kernel:
     return _first_call(args, kernel, out_shape, grid, kwargs, key)

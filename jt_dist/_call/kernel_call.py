@@ -116,13 +116,18 @@ def raise_failure(error: Exception, args: Sequence[Any], call: KernelCall):
   ``error``.
   """
   raise_host_fault(error)
-  if isinstance(error, (ValueError, _errors.DevicePlacementError)):
+  concrete = not any(isinstance(a, jax.core.Tracer) for a in _flat(args))
+  if concrete and isinstance(error, TypeError):
+    # jit refuses an operand it cannot read as an array (a string or object
+    # array) before jt_dist sees it: binding says which and why.
+    _local_call.check_binding(args, call.kernel, call.out_shape, call.grid,
+                              call.options, call.metaparams)
+  if concrete and isinstance(error,
+                             (ValueError, _errors.DevicePlacementError)):
     # jit refuses operands on different devices, and the lowering a call
     # sharded over several: say which argument, where it is, and the fix.
-    concrete = [a for a in args if not isinstance(a, jax.core.Tracer)]
-    if len(concrete) == len(args):
-      name = _kernel_name(call.kernel)
-      _placement.check_concrete(_flat(args), name, call.device)
+    name = _kernel_name(call.kernel)
+    _placement.check_concrete(_flat(args), name, call.device)
   if _gpu_faults.is_device_fault(error):
     raise _gpu_faults.launch_fault(error, _describe(call)) from error
   raise error

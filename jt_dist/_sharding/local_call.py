@@ -85,6 +85,19 @@ def options_from_keywords(kwargs: dict):
   return _binding.make_options(**named), metaparams
 
 
+def check_binding(args, kernel, out_shape, grid, options, metaparams):
+  """Binds a call on concrete ``args`` without launching it.
+
+  Raises what binding raises: jt_dist's words for operands that jax.jit
+  refused before tracing (a string or object array, say).
+  """
+  args, metaparams = _operands.merge_keywords(kernel, args, metaparams)
+  args, descriptors = _tensordesc.split(args)
+  args, metaparams = _shard_size.resolve(args, metaparams)
+  _binding.bind_call(_operands.canonical_numpy(args), kernel, out_shape,
+                     grid, options.with_descriptors(descriptors), metaparams)
+
+
 def _with_refs(args, kernel, out_shape, grid, options, metaparams, device):
   """A call with Ref arguments: reads them, calls, writes them back."""
   _refs.check(args, options, options.sharding_rule, "triton_call")

@@ -96,7 +96,7 @@ class BackendOptionsTest(testing.TestCase):
     options = bind.call_args.args[4]
     self.assertEqual(options.num_warps, 2)
     self.assertEqual(options.num_stages, 1)
-    self.assertEqual(options.backend_options, {"maxnreg": 96})
+    self.assertEqual(dict(options.backend_options), {"maxnreg": 96})
 
   def test_fast_path_key_follows_backend_options(self):
     x, y = self._inputs()

@@ -23,7 +23,6 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
 import jt_dist
-from jt_dist._core import binding as _binding
 from jt_dist._gpu import lowering as _gpu_lowering
 from jt_dist import testing
 from jt_dist._cpu import runtime as _cpu_runtime
@@ -109,11 +108,10 @@ class CpuRefusalTest(testing.TestCase):
         r" run Gluon"):
       f(x)
 
-  def test_eager_gluon_call_is_refused_before_binding(self):
+  def test_eager_gluon_call_is_refused_before_it_runs(self):
     x = jnp.asarray(self.random((100,)))
-    with mock.patch.object(_binding, "bind_call",
-                           side_effect=AssertionError("bound")), \
-        self.assertRaisesRegex(NotImplementedError, "'gluon_copy_kernel'"):
+    with self._never_interpreted(), self.assertRaisesRegex(
+        NotImplementedError, "'gluon_copy_kernel' is a Gluon kernel"):
       _gluon_copy(x)
 
   def test_gluon_kernel_is_refused_under_vmap_and_shard_map(self):

@@ -16,8 +16,6 @@ import jt_dist
 from jt_dist._call import memo as _memo
 from jt_dist import testing
 
-import cpu_route_util
-
 testing.configure_cpu_devices()
 
 _ILLEGAL = ("INTERNAL: Failed to launch: CUDA_ERROR_ILLEGAL_ADDRESS: an"
@@ -47,12 +45,8 @@ def _failing_jit(message):
   return lambda fn, **kwargs: run
 
 
-class LaunchFaultTest(cpu_route_util.XlaRouteMixin, testing.TestCase):
-  """jaxlib's runtime error is simulated: a real one needs a faulty GPU run.
-
-  On the CPU the executables the error comes from are XLA's, which eager
-  calls take only with direct launches off.
-  """
+class LaunchFaultTest(testing.TestCase):
+  """jaxlib's runtime error is simulated: a real one needs a faulty GPU run."""
 
   def setUp(self):
     super().setUp()

@@ -56,7 +56,9 @@ class KernelCall:
     self.statics = tuple(statics)
     self.device = device
     self._fixed = any(s is not OPERAND for s in self.statics)
-    self._jitted = jax.jit(self._traced)
+    # Every operand is the primitive's, and a committed one places the call
+    # even where nothing reads it (outputs that are all empty).
+    self._jitted = jax.jit(self._traced, keep_unused=True)
     # A rule splits concrete sharded operands by their shardings, which a
     # trace does not see; device= moves uncommitted ones first.
     self._eager_first = (options.sharding_rule is not None
@@ -116,14 +118,15 @@ def raise_failure(error: Exception, args: Sequence[Any], call: KernelCall):
   ``error``.
   """
   raise_host_fault(error)
-  concrete = not any(isinstance(a, jax.core.Tracer) for a in _flat(args))
-  if concrete and isinstance(error, TypeError):
+  # jax's own errors only: jt_dist's have said what they mean already.
+  concrete = (type(error) in (TypeError, ValueError)
+              and not any(isinstance(a, jax.core.Tracer) for a in _flat(args)))
+  if concrete and type(error) is TypeError:
     # jit refuses an operand it cannot read as an array (a string or object
     # array) before jt_dist sees it: binding says which and why.
     _local_call.check_binding(args, call.kernel, call.out_shape, call.grid,
                               call.options, call.metaparams)
-  if concrete and isinstance(error,
-                             (ValueError, _errors.DevicePlacementError)):
+  if concrete and call.options.sharding_rule is None:
     # jit refuses operands on different devices, and the lowering a call
     # sharded over several: say which argument, where it is, and the fix.
     name = _kernel_name(call.kernel)

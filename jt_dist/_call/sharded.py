@@ -110,9 +110,10 @@ def sharded_triton_call(
   # Eagerly, the mesh and the in_specs the arguments imply are fixed now:
   # the jitted call's trace sees no concrete shardings.
   mesh = _specs.resolve_mesh(mesh, _pytree_args.flatten(args).leaves)
+  leaf_specs = _specs.in_specs_for(in_specs, args, mesh)
   if in_specs is None:
-    in_specs = tuple(_specs.in_specs_for(None, args, mesh))
-    in_specs = _per_argument(args, in_specs)
+    in_specs = _per_argument(args, leaf_specs)
+  args = _placed(args, leaf_specs, mesh)
   statics = tuple(OPERAND if _api._is_operand(a) else a for a in args)  # pylint: disable=protected-access
   specs = (mesh, in_specs, out_specs, out_reduce, sharding_rule)
   try:
@@ -152,6 +153,20 @@ class _ShardedCall:
     except Exception as e:  # pylint: disable=broad-except
       _kernel_call.raise_host_fault(e)
       raise
+
+
+def _placed(args, leaf_specs, mesh):
+  """``args`` with each array leaf laid out on ``mesh`` by its spec.
+
+  One jitted call takes its operands where they are, and refuses them on
+  devices other than the mesh's: host arrays and arrays on one device are
+  moved first, as ``jax.shard_map`` in_specs say.
+  """
+  flat = _pytree_args.flatten(args)
+  specs = iter(leaf_specs)
+  return flat.rebuild([
+      _specs.place(leaf, next(specs), mesh) if _specs.is_array(leaf)
+      else leaf for leaf in flat.leaves])
 
 
 def _per_argument(args, leaf_specs):

@@ -3,8 +3,7 @@
 Checked in the CPU lowering rule, before the host callback exists: a call
 never reaches Triton's interpreter only to fail there from inside a
 callback, and a call lowered for a GPU on this host (cross-lowering) is not
-affected. An eager Gluon call on CPU arrays is refused earlier still, before
-anything is bound or traced.
+affected.
 """
 
 from __future__ import annotations

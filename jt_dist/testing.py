@@ -123,19 +123,17 @@ class TestCase(parameterized.TestCase):
                               *, jitted: bool) -> Iterator[Any]:
     """Expects a kernel's ``error_type`` out of the ``with`` block.
 
-    A call outside any trace raises the kernel's own exception. A call
-    inside the caller's ``jax.jit`` runs, on the CPU, in a host callback of
-    the caller's program, and jax raises its ``JaxRuntimeError`` with the
-    kernel's exception type and message in it (a ``JaxRuntimeError``, or
-    a ``ValueError`` in some jax versions).
+    Outside any trace a call raises the kernel's own exception; inside the
+    caller's ``jax.jit`` the kernel runs in a host callback (on the CPU),
+    and jax's error (``JaxRuntimeError``, or ``ValueError`` in some jax
+    versions) carries the kernel's exception type and message.
 
     Args:
       error_type: the kernel's exception type.
       jitted: whether the call runs inside the caller's ``jax.jit``.
 
     Yields:
-      An object whose ``message`` is the kernel's message once the block
-      has raised.
+      An object whose ``message`` is the kernel's message, once raised.
     """
     caught = types.SimpleNamespace(message=None)
     expected = Exception if jitted else error_type

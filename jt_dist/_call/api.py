@@ -13,9 +13,12 @@ from jt_dist._call import memo as _memo
 from jt_dist._core import exact as _exact
 from jt_dist._core import operands as _operands
 from jt_dist._core import tensordesc as _tensordesc
+from jt_dist._core import types as _types
 from jt_dist._sharding import refs as _refs
 
 OPERAND = _kernel_call.OPERAND
+# A memo entry saying: key this call's scalars by their values.
+_BY_VALUE = object()
 # Argument types passed at call time; grows by the classes of concrete
 # jax.Arrays (jaxlib's ArrayImpl) as they are met.
 _OPERAND_TYPES = {np.ndarray, _tensordesc.TensorDescriptor}
@@ -160,18 +163,23 @@ def triton_call(*args: Any, kernel: Any, out_shape: Any = None, grid: Any,
       automatic mesh axes on the CPU, or its shardings were given only to
       ``jax.jit``.
   """
+  # On the CPU a scalar's value can come at run time: keyed by its type.
+  runtime = not callable(grid) and jax.default_backend() == "cpu"
   try:
     key = (id(kernel), _memo.out_key(out_shape), _memo.grid_key(grid),
-           _exact.items_key(kwargs.items()), _template(args))
+           _exact.items_key(kwargs.items()), _template(args, runtime))
     call = _memo.triton_calls.get(key)
+    if call is _BY_VALUE:  # Something static reads the scalars' values.
+      key = (*key[:-1], _template(args, False))
+      call = _memo.triton_calls.get(key)
   except (TypeError, AttributeError):
     # An unhashable part (an array by keyword, a closure), or a malformed
     # out_shape that binding reports in full.
     key = call = None
-  if call is None or call.kernel is not kernel:
-    return _first_call(args, kernel, out_shape, grid, kwargs, key)
+  if call is None or not call.made_for(kernel):
+    return _first_call(args, kernel, out_shape, grid, kwargs, key, runtime)
   if call._fixed:  # pylint: disable=protected-access
-    return call(*[a for a, s in zip(args, key[-1]) if s is OPERAND])
+    return call(*[a for a, passed in zip(args, call.passed) if passed])
   return call(*args)
 
 
@@ -188,37 +196,54 @@ def _is_operand(arg: Any) -> bool:
   return _refs.has_refs((arg,))
 
 
-def _template(args: Sequence[Any]) -> tuple:
-  """Per argument: ``OPERAND``, or the exact key of a value fixed in the call.
+def _template(args: Sequence[Any], runtime: bool) -> tuple:
+  """Per argument: ``OPERAND``, or the key of a value fixed in the call.
+
+  The exact key, or for a scalar that may come at run time (``runtime``)
+  its type and Triton's type for its value.
 
   Raises TypeError for a tuple mixing arrays and scalars: such a call is
   made afresh each time.
   """
-  return tuple(OPERAND if _is_operand(a) else _exact.key(a) for a in args)
+  return tuple(
+      OPERAND if _is_operand(a)
+      else (type(a), _types.scalar_type(a)) if runtime and _types.is_scalar(a)
+      else _exact.key(a) for a in args)
 
 
-def _first_call(args, kernel, out_shape, grid, kwargs, key):
+def _first_call(args, kernel, out_shape, grid, kwargs, key, runtime):
   """A call with no memo entry under ``key``: keyword operands merged.
 
   Array operands given by keyword make ``key`` None (unhashable); the call
-  is keyed again once they have joined the positional operands.
+  is keyed again once they have joined the positional operands (and their
+  scalars by value).
   """
   merged, metaparams = _operands.merge_keywords(kernel, args, kwargs)
   statics = tuple(OPERAND if _is_operand(a) else a for a in merged)
-  operands = [a for a, s in zip(merged, statics) if s is OPERAND]
   if key is None and len(merged) != len(args):
+    runtime = False
     try:
       key = (id(kernel), _memo.out_key(out_shape), _memo.grid_key(grid),
-             _exact.items_key(metaparams.items()), _template(merged), True)
+             _exact.items_key(metaparams.items()), _template(merged, False),
+             True)
       call = _memo.triton_calls.get(key)
-      if call is not None and call.kernel is kernel:
-        return call(*operands)
+      if call is not None and call.made_for(kernel):
+        return call(*[a for a, s in zip(merged, statics) if s is OPERAND])
     except TypeError:
       key = None
-  call = _kernel_call.make(kernel, out_shape, grid, metaparams, statics)
+  call = _kernel_call.make(kernel, out_shape, grid, metaparams, statics,
+                           runtime)
   if key is not None:
-    _memo.triton_calls.put(key, call)
-  return call(*operands)
+    if runtime and call.passed != tuple(s is OPERAND for s in statics):
+      _memo.triton_calls.put(key, call)
+    elif runtime and any(_types.is_scalar(a) for a in merged):
+      # Keyed by the scalars' types, the call needs their values: the key
+      # says so, and the call is kept under its values.
+      _memo.triton_calls.put(key, _BY_VALUE)
+      _memo.triton_calls.put((*key[:-1], _template(merged, False)), call)
+    else:
+      _memo.triton_calls.put(key, call)
+  return call(*[a for a, passed in zip(merged, call.passed) if passed])
 
 
 def _with_options(

@@ -15,9 +15,12 @@ from typing import Any, Sequence
 
 import jax
 
+from jt_dist import _compat
 from jt_dist import _errors
 from jt_dist._core import kernel as _kernel
-from jt_dist._cpu import host_faults as _host_faults
+from jt_dist._core import types as _types
+from jt_dist._cpu import scalars as _cpu_scalars
+from jt_dist._core import host_faults as _host_faults
 from jt_dist._gpu import faults as _gpu_faults
 from jt_dist._sharding import local_call as _local_call
 from jt_dist._sharding import placement as _placement
@@ -31,11 +34,14 @@ class KernelCall:
 
   Call it with the kernel's array operands, in order. Positional values
   fixed when it was made (``statics``: scalars passed by value, ``None``,
-  ``shard_size`` placeholders) keep their places among them.
+  ``shard_size`` placeholders) keep their places among them; on the CPU,
+  scalars that nothing static reads are passed at call time instead
+  (``passed``), and a new value compiles nothing.
   """
 
   def __init__(self, kernel, out_shape, grid, options, metaparams,
-               statics: Sequence[Any] = (), device: Any = None):
+               statics: Sequence[Any] = (), device: Any = None,
+               runtime_scalars: bool = False):
     """Makes the call; see ``kernel_call``.
 
     Args:
@@ -47,6 +53,9 @@ class KernelCall:
       statics: one entry per positional argument: ``OPERAND`` for an
         operand given at call time, else the fixed value.
       device: ``device=`` as given, or None.
+      runtime_scalars: whether the scalars among ``statics`` may come at
+        call time, as one runtime operand (on the CPU), where nothing
+        static reads their values.
     """
     self.kernel = kernel
     self.out_shape = out_shape
@@ -55,23 +64,73 @@ class KernelCall:
     self.metaparams = metaparams
     self.statics = tuple(statics)
     self.device = device
-    self._fixed = any(s is not OPERAND for s in self.statics)
+    # The source the call was made for: Triton lets it be replaced.
+    self._fn = _kernel.kernel_info(kernel).fn
+    self._src = getattr(self._fn, "src", None)
+    # device= moves uncommitted operands before the call.
+    self._eager_first = device is not None
+    self._slots = self._runtime_slots() if runtime_scalars else ()
+    self._scalar_types = tuple(_types.scalar_type(self.statics[i])
+                               for i in self._slots)
+    # Per positional argument: whether the caller passes it at call time.
+    self.passed = tuple(s is OPERAND or i in self._slots
+                        for i, s in enumerate(self.statics))
+    self._fixed = not all(self.passed)
+    # Per argument passed at call time: whether it is a runtime scalar.
+    self._is_scalar = tuple(i in self._slots
+                            for i, s in enumerate(self.statics)
+                            if self.passed[i])
     # Every operand is the primitive's, and a committed one places the call
     # even where nothing reads it (outputs that are all empty).
-    self._jitted = jax.jit(self._traced, keep_unused=True)
-    # A rule splits concrete sharded operands by their shardings, which a
-    # trace does not see; device= moves uncommitted ones first.
-    self._eager_first = (options.sharding_rule is not None
-                         or device is not None)
+    self._jitted = jax.jit(
+        self._traced_runtime if self._slots else self._traced,
+        keep_unused=True)
+    # A rule splits concrete operands by their shardings, which a trace
+    # sees only on explicit mesh axes: the layout found on them is static.
+    self._split = (None if options.sharding_rule is None else jax.jit(
+        self._traced_split, static_argnums=0, keep_unused=True))
     # JT_DIST_SYNC_LAUNCHES, read when the call is made: wait for each
     # launch, so that a device fault is reported by the call that caused it.
     self._sync = _gpu_faults.sync_launches()
 
+  def made_for(self, kernel: Any) -> bool:
+    """Whether this call is ``kernel``'s, made for its current source."""
+    return kernel is self.kernel and getattr(self._fn, "src",
+                                             None) is self._src
+
+  def _runtime_slots(self) -> tuple[int, ...]:
+    """Positions of the scalars that can come at call time, or ().
+
+    None where anything static reads a scalar's value: a callable grid or
+    ``zeroed_outputs``, autotuning or heuristics, a constexpr or declared
+    type of its parameter, a sharding rule, or an eager placement step.
+    """
+    if (callable(self.grid) or callable(self.options.zeroed_outputs)
+        or self._eager_first or self.options.sharding_rule is not None):
+      return ()
+    info = _kernel.kernel_info(self.kernel)
+    if info.layers:
+      return ()
+    slots = []
+    for i, value in enumerate(self.statics):
+      if value is OPERAND or not _types.is_scalar(value):
+        continue
+      if i >= len(info.params):
+        return ()
+      param = info.params[i]
+      if (param.is_constexpr or param.annotation
+          or not _cpu_scalars.packable(_types.scalar_type(value))):
+        return ()
+      slots.append(i)
+    return tuple(slots)
+
   def _args(self, operands: Sequence[Any]) -> list[Any]:
+    """The positional arguments: ``operands`` with the statics in place."""
     if not self._fixed:
       return list(operands)
     it = iter(operands)
-    args = [next(it) if s is OPERAND else s for s in self.statics]
+    args = [next(it) if passed else s
+            for s, passed in zip(self.statics, self.passed)]
     args.extend(it)
     return args
 
@@ -80,18 +139,49 @@ class KernelCall:
                             self.out_shape, self.grid, self.options,
                             self.metaparams)
 
+  def _traced_split(self, layout, *operands):
+    return _local_call.call(self._args(operands), self.kernel,
+                            self.out_shape, self.grid, self.options,
+                            self.metaparams, layout=layout)
+
+  def _traced_runtime(self, *operands):
+    """The call on its arrays and, last, its packed runtime scalars."""
+    *arrays, packed = operands
+    it = iter(arrays)
+    # Binding types the scalars by the values the call was made with.
+    args = [next(it) if s is OPERAND else s for s in self.statics]
+    args.extend(it)
+    return _local_call.call(args, self.kernel, self.out_shape, self.grid,
+                            self.options, self.metaparams,
+                            runtime_scalars=packed)
+
+  def _packed(self, operands: Sequence[Any]) -> list[Any]:
+    """The arrays among ``operands``, then the scalars packed in one."""
+    arrays, values = [], []
+    for x, is_scalar in zip(operands, self._is_scalar):
+      (values if is_scalar else arrays).append(x)
+    arrays.extend(operands[len(self._is_scalar):])
+    arrays.append(_cpu_scalars.pack(self._scalar_types, values))
+    return arrays
+
   def __call__(self, *operands: Any) -> Any:
-    for x in operands:
-      if isinstance(x, jax.core.Tracer):
-        # Inside the caller's trace the primitive is bound where the caller
-        # can see it (its jaxpr, its transformations), as jax's own are.
-        return self._traced(*operands)
+    if _traced_within(operands) or (self._slots
+                                    and not _compat.at_top_level()):
+      # Inside the caller's trace the primitive is bound where the caller
+      # can see it (its jaxpr, its transformations), as jax's own are; its
+      # scalars are then the caller's to lower for any platform.
+      return self._traced(*operands)
     if self._eager_first:
       return self._eager(operands)
     try:
+      if self._split is not None:
+        layout = _local_call.find_layout(self._args(operands), self.options)
+        if layout is not None:
+          return self._split(layout, *operands)
+      jitted_operands = self._packed(operands) if self._slots else operands
       if self._sync:
-        return jax.block_until_ready(self._jitted(*operands))
-      return self._jitted(*operands)
+        return jax.block_until_ready(self._jitted(*jitted_operands))
+      return self._jitted(*jitted_operands)
     except Exception as e:  # pylint: disable=broad-except
       raise_failure(e, self._args(operands), self)
 
@@ -109,6 +199,16 @@ class KernelCall:
     return f"jt_dist.kernel_call({name}, grid={self.grid!r})"
 
 
+def _traced_within(operands: Sequence[Any]) -> bool:
+  """Whether an operand, or an array in a tuple operand, is a tracer."""
+  for x in operands:
+    if isinstance(x, jax.core.Tracer):
+      return True
+    if type(x) is tuple and _traced_within(x):  # pylint: disable=unidiomatic-typecheck
+      return True
+  return False
+
+
 def raise_failure(error: Exception, args: Sequence[Any], call: KernelCall):
   """Raises a failed call's error in jt_dist's words where it has them.
 
@@ -118,8 +218,10 @@ def raise_failure(error: Exception, args: Sequence[Any], call: KernelCall):
   ``error``.
   """
   raise_host_fault(error)
-  # jax's own errors only: jt_dist's have said what they mean already.
-  concrete = (type(error) in (TypeError, ValueError)
+  # jax's own errors, and placement found in the trace: said again on the
+  # concrete arrays, naming their devices.
+  concrete = ((type(error) in (TypeError, ValueError)
+               or isinstance(error, _errors.DevicePlacementError))
               and not any(isinstance(a, jax.core.Tracer) for a in _flat(args)))
   if concrete and type(error) is TypeError:
     # jit refuses an operand it cannot read as an array (a string or object
@@ -141,9 +243,7 @@ def raise_host_fault(error: Exception) -> None:
 
   Returns otherwise.
   """
-  original = _host_faults.take(error)
-  if original is not None:
-    raise original.with_traceback(None) from None
+  _host_faults.raise_original(error)
 
 
 def _flat(args):
@@ -203,7 +303,8 @@ def kernel_call(kernel: Any, *, out_shape: Any = None, grid: Any,
   return make(kernel, out_shape, grid, options_and_metaparams, ())
 
 
-def make(kernel, out_shape, grid, kwargs: dict, statics) -> KernelCall:
+def make(kernel, out_shape, grid, kwargs: dict, statics,
+         runtime_scalars: bool = False) -> KernelCall:
   """A ``KernelCall`` of ``triton_call``'s keywords and fixed arguments."""
   kwargs = dict(kwargs)
   out_type = kwargs.pop("out_type", None)
@@ -212,7 +313,7 @@ def make(kernel, out_shape, grid, kwargs: dict, statics) -> KernelCall:
   device = kwargs.pop("device", None)
   options, metaparams = _local_call.options_from_keywords(kwargs)
   return KernelCall(kernel, out_shape, grid, options, metaparams, statics,
-                    device)
+                    device, runtime_scalars)
 
 
 def resolve_out_shape(out_shape: Any, out_type: Any) -> Any:

@@ -53,6 +53,7 @@ from jt_dist._compat.jax_lowering import vary_over
 from jt_dist._compat.jax_lowering import varying_axes
 from jt_dist._compat.environ import environ_parts
 from jt_dist._compat.environ import environ_reader
+from jt_dist._compat.jax_runtime import at_top_level
 from jt_dist._compat.jax_runtime import primitive_impl
 from jt_dist._compat.jax_runtime import distributed_client
 from jt_dist._compat.jax_runtime import host_buffer_callback

@@ -41,6 +41,17 @@ def primitive_impl(primitive) -> Callable[..., Any]:
   return functools.partial(dispatch.apply_primitive, primitive)
 
 
+def at_top_level() -> bool:
+  """Whether no trace is under way (an eager call, not inside a jit).
+
+  jax has no public name for it; ``core.trace_state_clean`` is in every
+  supported release. A call with no traced operand can still be inside the
+  caller's trace (arrays closed over, scalars only).
+  """
+  from jax._src import core  # pylint: disable=g-import-not-at-top
+  return core.trace_state_clean()
+
+
 def is_ref(x: Any) -> bool:
   """Whether ``x`` is a ``jax.Ref`` (``jax.new_ref``), concrete or traced.
 

@@ -85,6 +85,16 @@ class CallSpec:
   def info(self) -> _kernel.KernelInfo:
     return _kernel.kernel_info(self.kernel)
 
+  def with_runtime_scalars(self) -> "CallSpec":
+    """This spec with its scalar values taken out: they come at run time.
+
+    The scalars then travel as one operand after the arrays, which a
+    platform that supports it unpacks (the CPU: ``jt_dist._cpu.scalars``).
+    """
+    operands = tuple(dataclasses.replace(op, value=None)
+                     if op.kind == "scalar" else op for op in self.operands)
+    return dataclasses.replace(self, operands=operands, runtime_scalars=True)
+
   def __repr__(self) -> str:
     grids = sorted({launch.grid for launch in self.launches})
     batch = f", batch={self.batch.layout.sizes}" if self.batch else ""

@@ -12,6 +12,7 @@ from jax.extend import core as jex_core
 from jax.interpreters import ad
 
 from jt_dist import _compat
+from jt_dist._core import host_faults as _host_faults
 
 triton_call_p = jex_core.Primitive("jt_dist_triton_call")
 triton_call_p.multiple_results = True
@@ -32,9 +33,23 @@ triton_call_p.def_effectful_abstract_eval(_abstract_eval)
 # computes), which also keeps it inside nested jaxprs (an effect).
 _compat.register_dce_rule(triton_call_p, lambda eqn: True)
 
-# Bound outside any trace (a transformation's rule run eagerly, or
-# jax.disable_jit()): jax's own dispatch compiles and caches the call.
-triton_call_p.def_impl(_compat.primitive_impl(triton_call_p))
+_apply_primitive = _compat.primitive_impl(triton_call_p)
+
+
+def _impl(*args, spec):
+  """The primitive bound outside any trace: jax's own dispatch.
+
+  A transformation's rule run eagerly, or ``jax.disable_jit()``: jax
+  compiles and caches the call, and a kernel's error is raised as itself.
+  """
+  try:
+    return _apply_primitive(*args, spec=spec)
+  except Exception as e:  # pylint: disable=broad-except
+    _host_faults.raise_original(e)
+    raise
+
+
+triton_call_p.def_impl(_impl)
 
 
 def _refuse_jvp(primals, tangents, *, spec):

@@ -30,7 +30,7 @@ from jt_dist._core import pytree_args as _pytree_args
 from jt_dist._core import types as _types
 from jt_dist._cpu import bounds as _bounds
 from jt_dist._cpu import ffi_target as _ffi_target
-from jt_dist._cpu import host_faults as _host_faults
+from jt_dist._core import host_faults as _host_faults
 from jt_dist._cpu import interrupts as _interrupts
 from jt_dist._cpu import runtime as _interpreter_runtime
 from jt_dist._cpu import scalars as _scalars

@@ -3,10 +3,11 @@
 A scalar's value is part of a ``CallSpec``, so an eager loop passing a new
 value each step (a learning rate, a step count) would otherwise make a new
 XLA executable every step. On the CPU nothing needs the value at compile
-time: the eager fast path (``jt_dist._call.dispatch``) lowers a spec whose
-scalars are marked runtime, and passes their 64-bit patterns as one extra
-``uint32`` operand (64-bit integers do not survive JAX's default 32-bit
-mode), which the host callback unpacks before the launch.
+time: a ``KernelCall`` made for the CPU binds a spec whose scalars are
+marked runtime (``CallSpec.with_runtime_scalars``), and passes their 64-bit
+patterns as one extra ``uint32`` operand of its jitted function (64-bit
+integers do not survive JAX's default 32-bit mode), which the host callback
+unpacks before the launch.
 """
 
 from __future__ import annotations
@@ -28,27 +29,13 @@ def _scalar_types(spec) -> tuple[str, ...]:
   return tuple(op.type for op in spec.operands if op.kind == "scalar")
 
 
-def supported(spec) -> bool:
-  """Whether ``spec``'s scalars can travel as a runtime operand.
-
-  Not for autotuned kernels (the choice's key reads the values), batched
-  calls, or a type without an 8-byte slot.
-  """
-  return (not spec.info.layers and spec.batch is None
-          and all(t in _FORMATS for t in _scalar_types(spec)))
+def packable(scalar_type: str | None) -> bool:
+  """Whether a scalar of Triton type ``scalar_type`` has a runtime slot."""
+  return scalar_type in _FORMATS
 
 
 def _struct(spec) -> struct.Struct:
   return _layout(_scalar_types(spec))
-
-
-def layout(spec) -> struct.Struct:
-  """The packing of ``spec``'s scalars: ``layout(spec).pack(*values)``.
-
-  Python and NumPy ints and floats pack as they are (ints through
-  ``__index__``), so callers need no conversion per value.
-  """
-  return _struct(spec)
 
 
 @functools.lru_cache(maxsize=256)
@@ -56,16 +43,13 @@ def _layout(types: tuple[str, ...]) -> struct.Struct:
   return struct.Struct("<" + "".join(_FORMATS[t] for t in types))
 
 
-def runtime_spec(spec):
-  """``spec`` with its scalar values taken out (they come at run time)."""
-  operands = tuple(dataclasses.replace(op, value=None)
-                   if op.kind == "scalar" else op for op in spec.operands)
-  return dataclasses.replace(spec, operands=operands, runtime_scalars=True)
+def pack(types: Sequence[str], values: Sequence[Any]) -> np.ndarray:
+  """The operand that carries ``values`` of Triton ``types``, in order.
 
-
-def pack(spec, values: Sequence[Any]) -> np.ndarray:
-  """The operand that carries ``values`` (in ``spec``'s scalar order)."""
-  return np.frombuffer(_struct(spec).pack(*values), np.uint32)
+  Python and NumPy ints and floats pack as they are (ints through
+  ``__index__``), so callers need no conversion per value.
+  """
+  return np.frombuffer(_layout(tuple(types)).pack(*values), np.uint32)
 
 
 def unpack(spec, arrays: Sequence[Any]):

@@ -34,7 +34,8 @@ _NO_LAUNCH_GRID = (1,)
 
 
 def call(args, kernel, out_shape, grid, options: _binding.CallOptions,
-         metaparams: dict, device: Any = None) -> Any:
+         metaparams: dict, device: Any = None,
+         runtime_scalars: Any = None, layout: Any = None) -> Any:
   """Runs one ``triton_call`` on ``args``, tracers or concrete arrays.
 
   Args:
@@ -46,6 +47,12 @@ def call(args, kernel, out_shape, grid, options: _binding.CallOptions,
     metaparams: the remaining keywords: the kernel's constexprs, and its
       keyword operands (non-constexpr parameters by name).
     device: ``device=`` as given, or None.
+    runtime_scalars: the scalars' values packed in one operand, when they
+      come at run time (``CallSpec.with_runtime_scalars``); ``args`` then
+      hold values of the same types, for binding.
+    layout: for a call with a ``sharding_rule``, the ``partition.Layout``
+      found on its concrete operands before they were traced; by default
+      the operands' own (traced operands show explicit mesh axes only).
 
   Returns:
     The outputs in the structure of ``out_shape``.
@@ -61,14 +68,22 @@ def call(args, kernel, out_shape, grid, options: _binding.CallOptions,
   options = options.with_descriptors(descriptors)
   if _refs.has_refs(args):
     return _with_refs(args, kernel, out_shape, grid, options, metaparams,
-                      device)
+                      device, runtime_scalars)
   if options.sharding_rule is not None:
     outs = _partitioned(args, kernel, out_shape, grid, options, metaparams,
-                        device)
+                        device, layout)
     if outs is not _NOT_PARTITIONED:
       return outs
   return single_device(args, kernel, out_shape, grid, options, metaparams,
-                       device)[0]
+                       device, runtime_scalars)[0]
+
+
+def find_layout(args, options):
+  """The layout a rule's call on concrete ``args`` is split over, or None."""
+  if options.sharding_rule is None or _refs.has_refs(args):
+    return None
+  rule = _rule.check(options.sharding_rule, "triton_call")
+  return _partition.find_layout(args, rule, "triton_call")
 
 
 def shard_call(*args, kernel, out_shape, grid, **kwargs) -> Any:
@@ -98,20 +113,21 @@ def check_binding(args, kernel, out_shape, grid, options, metaparams):
                      grid, options.with_descriptors(descriptors), metaparams)
 
 
-def _with_refs(args, kernel, out_shape, grid, options, metaparams, device):
+def _with_refs(args, kernel, out_shape, grid, options, metaparams, device,
+               runtime_scalars):
   """A call with Ref arguments: reads them, calls, writes them back."""
   _refs.check(args, options, options.sharding_rule, "triton_call")
   ref_arrays, ref_leaves = _refs.array_positions(args)
   values, value_leaves = _refs.read(args, ref_leaves)
   options = options.with_refs(tuple(ref_arrays))
   outs, updated = single_device(values, kernel, out_shape, grid, options,
-                                metaparams, device)
+                                metaparams, device, runtime_scalars)
   _refs.write(args, ref_leaves, updated, value_leaves)
   return outs
 
 
 def single_device(args, kernel, out_shape, grid, options, metaparams,
-                  device=None):
+                  device=None, runtime_scalars=None):
   """Binds, places and launches a call on one device.
 
   Returns:
@@ -131,6 +147,9 @@ def single_device(args, kernel, out_shape, grid, options, metaparams,
     # buffers (and the grid usually rounds to 0 blocks).
     outs = [jax.numpy.zeros(shape, dtype) for shape, dtype in spec.out_shapes]
     return jax.tree_util.tree_unflatten(out_tree, outs), ()
+  if runtime_scalars is not None:
+    spec = spec.with_runtime_scalars()
+    arrays = [*arrays, runtime_scalars]
   outs = _primitive.triton_call_p.bind(*arrays, spec=spec)
   n = len(outs) - spec.ref_outputs
   return jax.tree_util.tree_unflatten(out_tree, outs[:n]), tuple(outs[n:])
@@ -139,7 +158,8 @@ def single_device(args, kernel, out_shape, grid, options, metaparams,
 _NOT_PARTITIONED = object()
 
 
-def _partitioned(args, kernel, out_shape, grid, options, metaparams, device):
+def _partitioned(args, kernel, out_shape, grid, options, metaparams, device,
+                 layout=None):
   """Runs a call with a rule once per shard; ``_NOT_PARTITIONED`` if unsplit.
 
   The shapes are checked against the rule first, so that a rule that does
@@ -148,7 +168,8 @@ def _partitioned(args, kernel, out_shape, grid, options, metaparams, device):
   rule = _rule.check(options.sharding_rule, "triton_call")
   out_shapes, out_tree = _binding.flatten_out_shape(out_shape)
   _partition.factor_sizes(rule, args, out_shapes)
-  layout = _partition.find_layout(args, rule, "triton_call")
+  if layout is None:
+    layout = _partition.find_layout(args, rule, "triton_call")
   if layout is None:
     return _NOT_PARTITIONED
   if device is not None:

@@ -277,7 +277,10 @@ def move_target(x: Any, spec: P, mesh) -> NamedSharding | None:
   if isinstance(current, NamedSharding) and current.mesh == mesh and (
       _trimmed(current.spec) == _trimmed(spec)):
     return None
-  return NamedSharding(mesh, spec)
+  target = NamedSharding(mesh, spec)
+  if current is not None and current.is_equivalent_to(target, x.ndim):
+    return None  # On the mesh's one device already, say.
+  return target
 
 
 def _refuse_local_array(x, spec, mesh):

@@ -3,10 +3,12 @@
 jax reports an exception raised in a host callback as its own runtime
 error, with the original's text last. A launch on the CPU therefore files
 its exception under a fresh token and raises a ``HostFault`` whose message
-carries the token; the front door, the one boundary jt_dist owns, takes the
-token from jax's error and raises the kernel's own exception in its place
-(``take``). Under a caller's own ``jax.jit`` the runtime error reaches the
-caller as jax raised it, with the kernel's message and the token in it.
+carries the token; the boundaries jt_dist owns (a ``KernelCall``'s call,
+the primitive's eager implementation under ``jax.vmap`` or
+``jax.disable_jit``) take the token from jax's error and raise the kernel's
+own exception in its place (``raise_original``). Under a caller's own
+``jax.jit`` the runtime error reaches the caller as jax raised it, with the
+kernel's message and the token in it.
 """
 
 from __future__ import annotations
@@ -41,6 +43,17 @@ def file(error: BaseException) -> HostFault:
       _filed.popitem(last=False)
   text = str(error) or type(error).__name__
   return HostFault(f"{type(error).__name__}: {text} [jt_dist fault {token}]")
+
+
+def raise_original(error: BaseException) -> None:
+  """Raises the kernel's own exception behind ``error``, if one was filed.
+
+  Returns otherwise. Called at a boundary jt_dist owns, while handling
+  ``error``.
+  """
+  original = take(error)
+  if original is not None:
+    raise original.with_traceback(None) from None
 
 
 def take(error: BaseException) -> BaseException | None:

@@ -1,0 +1,371 @@
+"""Tests over several processes joined by ``jax.distributed``.
+
+``jt_dist.testing.run_processes`` starts them; each calls
+``initialize_process``. Re-exported by ``jt_dist.testing``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import operator
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from typing import Any, Callable, Sequence
+
+import jax
+
+_DEFAULT_CPU_DEVICES = 8
+
+
+def configure_cpu_devices(count: int = _DEFAULT_CPU_DEVICES) -> None:
+  """Asks JAX for ``count`` virtual CPU devices.
+
+  Must run before JAX initialises its backends (before the first array is
+  made); afterwards it has no effect. Set ``JT_DIST_CPU_DEVICES`` to override
+  the count.
+
+  Args:
+    count: the number of CPU devices to create.
+  """
+  count = int(os.environ.get("JT_DIST_CPU_DEVICES", count))
+  try:
+    jax.config.update("jax_num_cpu_devices", count)
+  except RuntimeError:
+    pass  # Backends already initialised: keep what they have.
+
+
+_ENV_COORDINATOR = "JT_DIST_COORDINATOR"
+_ENV_NUM_PROCESSES = "JT_DIST_NUM_PROCESSES"
+_ENV_PROCESS_ID = "JT_DIST_PROCESS_ID"
+# Where a process writes the traceback of an exception it did not catch.
+_ENV_FAILURE_FILE = "JT_DIST_FAILURE_FILE"
+_TRACEBACK_START = "Traceback (most recent call last):"
+# After one process fails, the others get this long to fail or finish too:
+# a peer blocked in a collective with a dead process would otherwise wait
+# for jax.distributed's own heartbeat timeout.
+_GRACE_S = 10.0
+_PORT_IN_USE = ("Address already in use", "address already in use",
+                "Failed to add port")
+
+
+class MultiProcessError(AssertionError):
+  """A process of ``run_processes`` failed, hung or could not start."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ProcessOutput:
+  """What one process of ``run_processes`` printed, and how it ended.
+
+  Attributes:
+    process_id: its ``jax.process_index()``.
+    returncode: its exit status; None when ``run_processes`` killed it
+      (at the timeout, or after another process failed).
+    stdout: everything it printed to stdout.
+    stderr: everything it printed to stderr.
+  """
+
+  process_id: int
+  returncode: int | None
+  stdout: str
+  stderr: str
+
+  def json_lines(self) -> list[Any]:
+    """Every stdout line that is a JSON document, parsed, in order."""
+    found = []
+    for line in self.stdout.splitlines():
+      line = line.strip()
+      if line.startswith(("{", "[")):
+        try:
+          found.append(json.loads(line))
+        except ValueError:
+          pass
+    return found
+
+
+def free_port() -> int:
+  """A TCP port on localhost that no one listens on at the moment."""
+  with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+    s.bind(("localhost", 0))
+    return s.getsockname()[1]
+
+
+def initialize_process() -> tuple[int, int]:
+  """Joins this process to a ``run_processes`` group with jax.distributed.
+
+  Call it first thing in a script started by ``run_processes``, before any
+  array is made. On the CPU it asks for the per-process device count and
+  for the CPU collectives (gloo) that cross-process computations need.
+
+  It also wraps ``sys.excepthook`` (the previous hook still runs) so that
+  an exception the script does not catch reaches ``run_processes`` with its
+  traceback at once: the process may never exit by itself, as
+  ``jax.distributed``'s shutdown waits for peers that may be blocked in a
+  collective.
+
+  Returns:
+    ``(process_id, num_processes)``.
+
+  Raises:
+    RuntimeError: the script was not started by ``run_processes``.
+  """
+  if _ENV_COORDINATOR not in os.environ:
+    raise RuntimeError(
+        "initialize_process: JT_DIST_COORDINATOR is not set; start this"
+        " script with jt_dist.testing.run_processes(...).")
+  process_id = int(os.environ[_ENV_PROCESS_ID])
+  num_processes = int(os.environ[_ENV_NUM_PROCESSES])
+  _report_uncaught_exceptions(os.environ.get(_ENV_FAILURE_FILE))
+  if os.environ.get("JAX_PLATFORMS", "") == "cpu":
+    configure_cpu_devices(int(os.environ.get("JT_DIST_CPU_DEVICES", 4)))
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+  jax.distributed.initialize(
+      coordinator_address=os.environ[_ENV_COORDINATOR],
+      num_processes=num_processes, process_id=process_id)
+  return process_id, num_processes
+
+
+def _report_uncaught_exceptions(path: str | None) -> None:
+  """Writes an uncaught exception's traceback to ``path`` for the parent."""
+  if not path:
+    return
+  previous = sys.excepthook
+
+  def hook(kind, value, tb):
+    previous(kind, value, tb)
+    text = "".join(traceback.format_exception(kind, value, tb))
+    try:
+      # Renamed into place: the parent never reads half a traceback.
+      with open(path + ".tmp", "w") as f:
+        f.write(text)
+      os.replace(path + ".tmp", path)
+    except OSError:
+      pass  # The exit status and stderr still tell the parent.
+
+  sys.excepthook = hook
+
+
+def _process_env(base, port, process_id, num_processes, cpu_devices,
+                 gpus_per_process):
+  env = dict(os.environ if base is None else base)
+  env.update({
+      _ENV_COORDINATOR: f"localhost:{port}",
+      _ENV_NUM_PROCESSES: str(num_processes),
+      _ENV_PROCESS_ID: str(process_id),
+      "PYTHONUNBUFFERED": "1",
+  })
+  # The children import the jt_dist this process runs, not another copy
+  # installed elsewhere.
+  root = os.path.dirname(os.path.dirname(os.path.dirname(
+      os.path.abspath(__file__))))
+  path = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+  env["PYTHONPATH"] = os.pathsep.join([root] + [p for p in path if p != root])
+  if gpus_per_process:
+    first = process_id * gpus_per_process
+    env["CUDA_VISIBLE_DEVICES"] = ",".join(
+        str(first + i) for i in range(gpus_per_process))
+    env.pop("JAX_PLATFORMS", None)
+  else:
+    env["JAX_PLATFORMS"] = "cpu"
+    env["JT_DIST_CPU_DEVICES"] = str(cpu_devices)
+  return env
+
+
+def _report(outputs: Sequence[ProcessOutput], headline: str,
+            failed: Sequence[int] = ()) -> str:
+  parts = [headline]
+  for out in outputs:
+    status = ("killed by run_processes" if out.returncode is None
+              else f"exit status {out.returncode}")
+    if out.returncode is None and out.process_id in failed:
+      status = "raised, then " + status
+    parts.append(
+        f"----- process {out.process_id} ({status}) stdout -----\n"
+        f"{out.stdout[-6000:]}\n"
+        f"----- process {out.process_id} stderr -----\n{out.stderr[-6000:]}")
+  return "\n".join(parts)
+
+
+def _wait(procs, markers, deadline: float,
+          grace_s: float) -> tuple[set[int], str, list[int]]:
+  """Waits for every process.
+
+  Returns:
+    The processes killed, why ("timeout", "failure" or "" if none), and
+    those that failed (exited with an error or wrote a traceback to their
+    marker), in the order they were seen to fail.
+  """
+  failed: list[int] = []
+  failed_at = None
+  while True:
+    codes = [p.poll() for p in procs]
+    failed += [i for i, c in enumerate(codes) if i not in failed and (
+        c not in (None, 0) or os.path.exists(markers[i]))]
+    if all(c is not None for c in codes):
+      return set(), "", failed
+    now = time.monotonic()
+    if failed_at is None and failed:
+      failed_at = now
+    timed_out = now > deadline
+    if timed_out or (failed_at is not None and now > failed_at + grace_s):
+      killed = set()
+      for i, p in enumerate(procs):
+        if p.poll() is None:
+          os.killpg(p.pid, signal.SIGKILL)  # Its own session: see Popen.
+          p.wait()
+          killed.add(i)
+      return killed, "timeout" if timed_out else "failure", failed
+    time.sleep(0.05)
+
+
+def _traceback(marker: str, stderr: str) -> str:
+  """The traceback a process reported, else the last one in its stderr."""
+  try:
+    with open(marker) as f:
+      return f.read()
+  except OSError:
+    start = stderr.rfind(_TRACEBACK_START)
+    return stderr[start:] if start >= 0 else ""
+
+
+def _run_once(argv, num_processes, env_for, timeout_s, grace_s, cwd, popen):
+  """Runs the group once: outputs, why it was killed, failed, tracebacks."""
+  with tempfile.TemporaryDirectory(prefix="jt_dist_procs_") as logs:
+    procs, files = [], []
+    markers = [os.path.join(logs, f"{i}.traceback")
+               for i in range(num_processes)]
+    for i in range(num_processes):
+      out = open(os.path.join(logs, f"{i}.out"), "w+")
+      err = open(os.path.join(logs, f"{i}.err"), "w+")
+      files.append((out, err))
+      # A session of its own, so that a hung process and anything it
+      # started can be killed together by its process group id.
+      procs.append(popen(
+          list(argv), env={**env_for(i), _ENV_FAILURE_FILE: markers[i]},
+          cwd=cwd, stdout=out, stderr=err, start_new_session=True))
+    killed, why, failed = _wait(procs, markers, time.monotonic() + timeout_s,
+                                grace_s)
+    outputs = []
+    for i, (p, (out, err)) in enumerate(zip(procs, files)):
+      out.seek(0)
+      err.seek(0)
+      code = None if i in killed else p.returncode
+      outputs.append(ProcessOutput(i, code, out.read(), err.read()))
+      out.close()
+      err.close()
+    tracebacks = {i: _traceback(markers[i], outputs[i].stderr)
+                  for i in failed}
+  return outputs, why, failed, tracebacks
+
+
+def run_processes(argv: Sequence[str], *, num_processes: int = 2,
+                  cpu_devices_per_process: int = 4,
+                  gpus_per_process: int | None = None,
+                  timeout_s: float = 300.0, grace_s: float = _GRACE_S,
+                  env: dict | None = None,
+                  cwd: str | None = None,
+                  popen: Callable[..., Any] = subprocess.Popen
+                  ) -> list[ProcessOutput]:
+  """Runs ``argv`` as ``num_processes`` processes joined by jax.distributed.
+
+  Each process gets its id, the group size and a free localhost port for
+  the coordinator through the environment; the script calls
+  ``initialize_process()`` to join. On the CPU every process has
+  ``cpu_devices_per_process`` virtual devices; with ``gpus_per_process``
+  each sees only its own GPUs (``CUDA_VISIBLE_DEVICES``).
+
+  Args:
+    argv: the command, e.g. ``[sys.executable, "worker.py"]``.
+    num_processes: how many processes to start (at least 1).
+    cpu_devices_per_process: virtual CPU devices per process.
+    gpus_per_process: GPUs per process; None runs on the CPU.
+    timeout_s: the most the whole group may take.
+    grace_s: how long the others may run on once one process failed.
+    env: the base environment (default: this process's).
+    cwd: the working directory.
+    popen: starts each process, called as ``subprocess.Popen`` is:
+      ``popen(argv, env=..., cwd=..., stdout=file, stderr=file,
+      start_new_session=True)``. The object it returns needs ``pid`` (the
+      process group to kill), ``poll()``, ``wait()`` and ``returncode``.
+      Pass a launcher of your own, e.g. one that forks a process that has
+      already imported jax, where a fresh interpreter per process costs
+      too much.
+
+  Returns:
+    One ``ProcessOutput`` per process, by process id.
+
+  Raises:
+    MultiProcessError: a process exited with an error or raised an
+      exception it did not catch (seen when it raises if it joined with
+      ``initialize_process()``, else when it exits), or the group ran past
+      ``timeout_s``. After a failure the others, and the failed process
+      if it has not exited (``jax.distributed``'s shutdown can wait
+      forever), are killed ``grace_s`` later at the latest. The message
+      names the first process seen to fail and gives its traceback, then
+      every process's stdout and stderr.
+    TypeError: ``num_processes`` is not an int.
+    ValueError: ``num_processes`` is below 1.
+  """
+  num_processes = _checked_count(num_processes)
+  for _ in range(3):
+    port = free_port()
+    outputs, why, failed, tracebacks = _run_once(
+        argv, num_processes,
+        lambda i, port=port: _process_env(env, port, i, num_processes,
+                                          cpu_devices_per_process,
+                                          gpus_per_process),
+        timeout_s, grace_s, cwd, popen)
+    # The port was free when chosen but another program may take it
+    # before the coordinator binds it: then try another one.
+    if not any(m in o.stderr for o in outputs for m in _PORT_IN_USE):
+      break
+  _raise_if_failed(argv, num_processes, outputs, why, failed, tracebacks,
+                   timeout_s, grace_s)
+  return outputs
+
+
+def _raise_if_failed(argv, num_processes, outputs, why, failed, tracebacks,
+                     timeout_s, grace_s) -> None:
+  """Raises ``MultiProcessError`` for a failed or timed-out group."""
+  if failed:
+    first = failed[0]
+    headline = (
+        f"run_processes: {argv} failed in process(es) {sorted(failed)} of"
+        f" {num_processes}; process {first} failed first, and any process"
+        f" still running {grace_s:g} s later was killed.")
+    if why == "timeout":
+      headline += f" The group also ran past timeout_s={timeout_s:g}."
+    text = tracebacks.get(first) or "(none printed)"
+    headline += f"\n----- process {first} traceback -----\n{text[-6000:]}"
+    raise MultiProcessError(_report(outputs, headline, failed))
+  if why == "timeout":
+    raise MultiProcessError(_report(outputs, (
+        f"run_processes: {argv} in {num_processes} processes did not finish"
+        f" within {timeout_s:g} s; the processes still running were"
+        " killed.")))
+
+
+def _checked_count(num_processes: Any) -> int:
+  if isinstance(num_processes, bool):
+    count = None
+  else:
+    try:
+      count = operator.index(num_processes)
+    except TypeError:
+      count = None
+  if count is None:
+    raise TypeError(
+        f"run_processes: num_processes={num_processes!r} of type"
+        f" {type(num_processes).__name__} must be an int, e.g. 2.")
+  if count < 1:
+    raise ValueError(
+        f"run_processes: num_processes={count} must be at least 1; with"
+        " none, nothing would run and a test built on it would pass"
+        " without running anything.")
+  return count

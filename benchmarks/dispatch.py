@@ -1,28 +1,36 @@
 """Eager and jitted dispatch of a 1,024-float add: XLA, jax-triton, jt_dist.
 
-Each case is one call followed by a sync, on two fresh random vectors of
-1,024 float32. The cases take turns in a fresh random order every round, in
-one process, and the medians (with quartiles) of every call are reported:
+Each case is one call followed by a sync, on two random vectors of 1,024
+float32. The cases take turns in a fresh random order every round, in one
+process, and the medians (with quartiles) of every call are reported, and
+each case's median over the even and over the odd rounds (the same case
+timed twice: a difference between cases smaller than theirs is noise):
 
 - ``xla``: ``a + b``, eagerly and inside ``jax.jit``;
 - ``jax_triton``: ``jax_triton.triton_call`` as its docs call it (the size
   as a keyword metaparam), eagerly and jitted (skipped, with a note, where
   jax_triton cannot be imported);
 - ``jt_dist``: the same call through ``jt_dist.triton_call``, and
-  ``jt_dist_scalar_n`` with the size as a runtime scalar argument;
+  ``jt_dist_scalar_n`` with the size as a runtime scalar argument (the
+  README's quickstart form);
+- ``jt_dist_kernel_call_eager``: ``jt_dist.kernel_call`` of the same kernel,
+  outputs, grid and metaparams, made once; each call passes the two arrays
+  alone, and goes straight to ``jax.jit``'s dispatch;
 - ``jt_dist_sharded_1dev``: ``jt_dist.sharded_triton_call`` over a mesh of
   one device, eagerly.
 
 Diagnostic rows, to tell jt_dist's Python from its executable:
 
-- ``diag_jt_dist_entry_fn_eager``: the compiled callable jt_dist's fast
-  path cached for ``jt_dist_eager``, called directly (no jt_dist Python);
+- ``diag_jt_dist_entry_fn_eager``: the jitted function that
+  ``triton_call``'s memo holds for ``jt_dist_eager``, called directly (no
+  jt_dist Python);
 - ``diag_xla_eager_prebuilt_sds``: ``a + b`` after building the
   ``ShapeDtypeStruct`` and grid that every Triton call builds (the caller's
   share of a ``triton_call``, which XLA's ``a + b`` does not pay).
 - ``diag_floor_caller_args_entry_fn``: that ``ShapeDtypeStruct`` and grid,
-  then the cached callable directly: what ``jt_dist_eager`` would cost if
-  jt_dist's own Python took no time at all (the floor of any design).
+  then the memo's jitted function directly: what ``jt_dist_eager`` would
+  cost if jt_dist's own Python took no time at all (the floor of any
+  design).
 - ``jt_dist_jit_legacy_target``: ``jt_dist_jit`` on jaxlib's legacy
   custom-call target (``custom_call_target_name="triton_kernel_call"``, as
   jax-triton 0.3 emits);
@@ -35,21 +43,26 @@ And ``hlo``: whether the jitted jt_dist and jax-triton functions lower to
 the same HLO (custom-call target, operands, layouts, aliases; the kernel
 payload in ``backend_config`` differs by construction), and
 ``fast_path``: how many of jax's Python functions run per call of each
-case's cached callable (0 means jax's C++ dispatch took it).
+callable (0 means jax's C++ dispatch took it).
 
 Then, for jt_dist's eager call:
 
-- ``python_wall_us`` / ``python_cpu_us``: jt_dist's own Python per call, the kernel excluded
-  (``python_kw_*``: the same for the keyword form of ``jt_dist_eager``). The
-  call's cached executable is swapped for a jitted ``a + b`` and timed
-  against that jitted ``a + b`` alone, interleaved; the difference is
-  jt_dist's key, lookup and entry. On the CPU this is the number the
-  interpreter would otherwise drown.
-- ``profile``: a cProfile of repeated calls, split by stage (the lean key
-  and call, the whole hit path, signature, lookup, preparing the options,
-  binding, placement, making the entry, dispatch), for the lean path (the
-  keyword form: arrays only), the fast path (a scalar operand: the full
-  key) and the bind path (the signature cache emptied before each call);
+- ``python_wall_us`` / ``python_cpu_us``: jt_dist's own Python per call,
+  the kernel excluded (``python_kw_*``: the same for the keyword form of
+  ``jt_dist_eager``; ``python_kernel_call_*``: for a held
+  ``kernel_call``). The jitted function of the call's ``KernelCall`` is
+  replaced, for the measurement only, by a jitted ``a + b``, and the call
+  is timed against that jitted ``a + b`` alone, interleaved; the
+  difference is jt_dist's key, memo lookup and call boundary. On the CPU
+  this is the number the interpreter would otherwise drown.
+- ``profile``: a cProfile of repeated calls, split by stage (the front
+  door, its key, the ``KernelCall``, and on a first call making the
+  ``KernelCall`` and tracing it), for the keyword form (arrays only), the
+  scalar form, a held ``kernel_call``, and a first call (the memo emptied
+  before each call);
+- ``first_call``: one call and a sync with nothing of the call kept but
+  the compiled Triton kernel: ``triton_call`` with its memo emptied, and
+  a ``kernel_call`` made afresh (jax traces, lowers and compiles again);
 - ``per_step_scalar``: an eager ``x * s`` with the same ``s`` every call,
   and with a new ``s`` every call (what a learning rate or a step count
   passed as a scalar costs per step).
@@ -58,6 +71,7 @@ Then, for jt_dist's eager call:
     python benchmarks/dispatch.py --smoke      # tiny, any host (CI sanity)
 """
 
+import contextlib
 import cProfile
 import functools
 import json
@@ -67,6 +81,7 @@ import pstats
 import re
 import sys
 import time
+from unittest import mock
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -78,10 +93,8 @@ import triton  # pylint: disable=g-import-not-at-top
 import triton.language as tl  # pylint: disable=g-import-not-at-top
 
 import jt_dist  # pylint: disable=g-import-not-at-top
-from jt_dist._call import dispatch as _dispatch  # pylint: disable=g-import-not-at-top
-from jt_dist._core import call_cache as _call_cache  # pylint: disable=g-import-not-at-top
+from jt_dist._call import memo as _memo  # pylint: disable=g-import-not-at-top
 from jt_dist._gpu import lowering as _gpu_lowering  # pylint: disable=g-import-not-at-top
-from jt_dist._sharding import replay as _replay  # pylint: disable=g-import-not-at-top
 import kernels  # pylint: disable=g-import-not-at-top
 import timing  # pylint: disable=g-import-not-at-top
 
@@ -97,9 +110,9 @@ SIZE = 1024
 BLOCK = 1024
 SIZES = {
     "full": dict(rounds=600, calls=5, python_rounds=200, python_calls=50,
-                 profile_calls=2000, scalar_calls=300),
+                 profile_calls=2000, first_calls=30, scalar_calls=300),
     "smoke": dict(rounds=6, calls=2, python_rounds=10, python_calls=20,
-                  profile_calls=20, scalar_calls=5),
+                  profile_calls=20, first_calls=2, scalar_calls=5),
 }
 
 
@@ -135,12 +148,12 @@ def scale(x, s):
 def per_step_scalar(x, calls):
   """Eager ``x * s`` with one float ``s`` throughout, or a new ``s`` per call.
 
-  On the CPU a new value is a new runtime operand of one executable; on
-  GPUs jaxlib's custom call carries the value, so each new one is traced,
-  lowered (the compiled Triton kernel comes from the cache) and compiled
-  by XLA again, once.
+  Whatever a new value costs (a call traced, lowered and compiled again,
+  or only a new runtime operand) shows in the second run's median.
+  ``executables_kept``: ``triton_call``'s memo entries after both runs,
+  each a ``KernelCall`` whose jitted function was compiled once here.
   """
-  _dispatch.invalidate()
+  _memo.triton_calls.clear()
   jax.block_until_ready(scale(x, 0.5))
   timings = {}
   for name, values in (("same_value", [0.5] * calls),
@@ -152,8 +165,8 @@ def per_step_scalar(x, calls):
       jax.block_until_ready(scale(x, s))
       each.append(time.perf_counter() - start)
     timings[f"{name}_us"] = float(np.median(each)) * 1e6
-  timings["executables_kept"] = len(_dispatch.executables)
-  _dispatch.invalidate()
+  timings["executables_kept"] = len(_memo.triton_calls)
+  _memo.triton_calls.clear()
   return timings
 
 
@@ -162,6 +175,29 @@ def add_kw(call, x, y):
               out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
               grid=(triton.cdiv(x.size, BLOCK),), n_elements=x.size,
               BLOCK_SIZE=BLOCK)
+
+
+def add_kernel_call():
+  """``add_kw``'s call as a ``jt_dist.kernel_call``, made once by its caller."""
+  return jt_dist.kernel_call(
+      add_kw_kernel, out_shape=jax.ShapeDtypeStruct((SIZE,), jnp.float32),
+      grid=(triton.cdiv(SIZE, BLOCK),), n_elements=SIZE, BLOCK_SIZE=BLOCK)
+
+
+def filed_call(memo, fn, args):
+  """The call object that ``fn(*args)`` files in ``memo`` (a front door's).
+
+  The caller empties ``memo`` first, or knows the call is not in it yet.
+  Read through the memo's ``put``, so that no cache internals are touched;
+  entries that are no call (markers a front door may file beside it) are
+  passed over.
+  """
+  with mock.patch.object(memo, "put", wraps=memo.put) as put:
+    jax.block_until_ready(fn(*args))
+  calls = [c.args[1] for c in put.call_args_list
+           if callable(getattr(c.args[1], "_jitted", None))]
+  assert len(calls) == 1, f"{len(calls)} calls filed, not 1"
+  return calls[0]
 
 
 def _sharded(mesh):
@@ -187,6 +223,8 @@ def _cases():
       "jt_dist_jit": jax.jit(lambda a, b: add_kw(jt, a, b)),
       "jt_dist_scalar_n_eager": lambda a, b: kernels.add(jt, a, b),
       "jt_dist_scalar_n_jit": jax.jit(lambda a, b: kernels.add(jt, a, b)),
+      # Made here, once, as a hot loop would hold it.
+      "jt_dist_kernel_call_eager": add_kernel_call(),
   }
   if jax_triton is not None:
     jxt = jax_triton.triton_call
@@ -209,9 +247,8 @@ def _target_cases():
       jt_dist.triton_call, custom_call_target_name=_gpu_lowering.LEGACY_TARGET)
   no_cubin = jax.jit(lambda a, b: add_kw(jt_dist.triton_call, a, b))
   # A jitted function is lowered at its first call: make it under the choice.
-  zeros = jnp.zeros((SIZE,), jnp.float32)
   with _gpu_lowering.proto_choices(module_images=False):
-    jax.block_until_ready(no_cubin(zeros, zeros))
+    jax.block_until_ready(no_cubin(*_inputs(5)))
   return {"jt_dist_jit_legacy_target": jax.jit(
               lambda a, b: add_kw(legacy, a, b)),
           "jt_dist_jit_ffi_no_cubin": no_cubin}
@@ -219,10 +256,9 @@ def _target_cases():
 
 def _diagnostic_cases(cases, args):
   """Rows that split a case's time into its parts (see the module doc)."""
-  _dispatch.invalidate()
-  jax.block_until_ready(cases["jt_dist_eager"](*args))
-  entry = _newest_entry()
-  fn = entry.fn
+  _memo.triton_calls.clear()
+  call = filed_call(_memo.triton_calls, cases["jt_dist_eager"], args)
+  fn = call._jitted  # pylint: disable=protected-access
 
   def xla_with_caller_args(a, b):
     jax.ShapeDtypeStruct(a.shape, a.dtype)
@@ -232,10 +268,10 @@ def _diagnostic_cases(cases, args):
   def floor(a, b):
     jax.ShapeDtypeStruct(a.shape, a.dtype)
     (triton.cdiv(a.size, BLOCK),)  # pylint: disable=expression-not-assigned
-    return fn(a, b)[0]
+    return fn(a, b)
 
   return {
-      "diag_jt_dist_entry_fn_eager": lambda a, b: fn(a, b)[0],
+      "diag_jt_dist_entry_fn_eager": fn,
       "diag_xla_eager_prebuilt_sds": xla_with_caller_args,
       "diag_floor_caller_args_entry_fn": floor,
   }
@@ -258,18 +294,32 @@ def _python_calls_in_jax(fn, args, calls=5):
 
 
 def fast_path_report(cases, diag, args):
-  """Per cached callable: jax Python calls per call (0 = C++ fast path)."""
+  """Per callable: jax Python calls per call (0 = C++ fast path).
+
+  ``jt_dist_front_door`` is ``triton_call`` with its ``out_shape`` and grid
+  made once, so that the caller's ``ShapeDtypeStruct`` (jax Python) is not
+  counted; ``jt_dist_sharded_entry_fn`` is the jitted ``shard_map`` that
+  the sharded front door's memo holds.
+  """
+  sds = jax.ShapeDtypeStruct((SIZE,), jnp.float32)
+  grid = (triton.cdiv(SIZE, BLOCK),)
+  front_door = lambda a, b: jt_dist.triton_call(
+      a, b, kernel=add_kw_kernel, out_shape=sds, grid=grid,
+      n_elements=SIZE, BLOCK_SIZE=BLOCK)
   out = {"xla_jit": _python_calls_in_jax(cases["xla_jit"], args),
          "jt_dist_jit": _python_calls_in_jax(cases["jt_dist_jit"], args),
          "jt_dist_entry_fn": _python_calls_in_jax(
-             lambda a, b: diag["diag_jt_dist_entry_fn_eager"](a, b), args)}
+             diag["diag_jt_dist_entry_fn_eager"], args),
+         "jt_dist_kernel_call": _python_calls_in_jax(
+             cases["jt_dist_kernel_call_eager"], args),
+         "jt_dist_front_door": _python_calls_in_jax(front_door, args)}
   if "jax_triton_jit" in cases:
     out["jax_triton_jit"] = _python_calls_in_jax(cases["jax_triton_jit"], args)
-  cases["jt_dist_sharded_1dev_eager"](*args)
-  replay = _newest_entry()
-  if isinstance(replay, _replay.ReplayEntry):
-    out["jt_dist_sharded_replay_fn"] = _python_calls_in_jax(replay.fn, args)
-    out["jt_dist_sharded_replay_moves"] = bool(replay.moves)
+  _memo.sharded_calls.clear()
+  sharded = filed_call(_memo.sharded_calls,
+                       cases["jt_dist_sharded_1dev_eager"], args)
+  out["jt_dist_sharded_entry_fn"] = _python_calls_in_jax(
+      sharded._jitted, args)  # pylint: disable=protected-access
   return out
 
 
@@ -310,41 +360,35 @@ def _inputs(seed):
 
 
 def _check(cases):
-  x, y = _inputs(int.from_bytes(os.urandom(4), "little"))
-  expected = np.asarray(x) + np.asarray(y)
+  """Every case against NumPy, on fresh random inputs per case."""
   for name, fn in cases.items():
+    x, y = _inputs(int.from_bytes(os.urandom(4), "little"))
+    expected = np.asarray(x) + np.asarray(y)
     np.testing.assert_allclose(np.asarray(fn(x, y)), expected, rtol=1e-6,
                                err_msg=name)
 
 
 def _interleaved(cases, args, rounds, calls, seed=0):
-  """Seconds of every call + sync per case, cases in a random order per round."""
+  """Seconds of every call + sync per case, cases in a random order per round.
+
+  Returns:
+    ``(samples, halves)``: per case every call's seconds, and the same
+    split into the even and the odd rounds.
+  """
   rng = np.random.default_rng(seed)
   names = list(cases)
   samples = {name: [] for name in names}
-  for _ in range(rounds):
+  halves = {name: ([], []) for name in names}
+  for r in range(rounds):
     for k in rng.permutation(len(names)):
       fn = cases[names[k]]
       for _ in range(calls):
         start = time.perf_counter()
         jax.block_until_ready(fn(*args))
-        samples[names[k]].append(time.perf_counter() - start)
-  return samples
-
-
-def _newest_entry():
-  # The benchmark reads the cache's internals to swap one executable.
-  return next(reversed(_dispatch.entries._entries.values()))  # pylint: disable=protected-access
-
-
-def swap_fn(entry, fn):
-  """Makes ``fn`` the executable of ``entry``, the lean hit's copy too.
-
-  The compiled lean hit keeps each entry's executable it last ran: its
-  memo is emptied, and the next call files the entry again.
-  """
-  entry.fn = fn
-  _call_cache.clear_lean()
+        seconds = time.perf_counter() - start
+        samples[names[k]].append(seconds)
+        halves[names[k]][r % 2].append(seconds)
+  return samples, halves
 
 
 def _batches(cases, args, rounds, calls, clock, seed):
@@ -362,69 +406,79 @@ def _batches(cases, args, rounds, calls, clock, seed):
   return {name: float(np.median(v)) * 1e6 for name, v in samples.items()}
 
 
-def python_overhead(args, rounds, calls):
-  """jt_dist's own Python per eager call: its kernel swapped for ``a + b``.
+def _stubbed_cases(args, stack):
+  """The three eager jt_dist forms, each with a jitted ``a + b`` for kernel.
 
-  Timed by the wall clock and by the process's CPU time (which a busy,
-  shared host does not inflate), in batches of back-to-back calls.
+  The front doors' ``KernelCall``s, and a held ``kernel_call``, get
+  ``stub`` in place of their jitted function while ``stack`` is open.
+  The calls' own arguments are made once, as a loop that calls the same
+  kernel would: what is timed is jt_dist's, not the caller's, Python.
   """
-  _dispatch.invalidate()
   jt = jt_dist.triton_call
-  jax.block_until_ready(kernels.add(jt, *args))
-  entry = _newest_entry()
-  assert len(_dispatch.entries) == 1
-  stub = jax.jit(lambda a, b, *scalars: [a + b])
-  extra = [np.zeros(2, np.uint32)] if entry.runtime else []
-  swap_fn(entry, stub)
-  # The call's own arguments are made once, as a loop that calls the same
-  # kernel would: what is timed is jt_dist's, not the caller's, Python.
+  # Takes and drops what a KernelCall may pass beside the arrays (on the
+  # CPU, its runtime scalars packed in one operand).
+  stub = jax.jit(lambda a, b, *rest: a + b)
   sds = jax.ShapeDtypeStruct(args[0].shape, args[0].dtype)
   grid = (triton.cdiv(SIZE, kernels.ADD_BLOCK),)
-  # The keyword form (the headline ``jt_dist_eager`` case): no scalar
-  # operand, so its entry takes the plainest path.
   kw_grid = (triton.cdiv(SIZE, BLOCK),)
-  jax.block_until_ready(jt(*args, kernel=add_kw_kernel, out_shape=sds,
-                           grid=kw_grid, n_elements=SIZE, BLOCK_SIZE=BLOCK))
-  kw_stub = jax.jit(lambda a, b: [a + b])
-  swap_fn(_newest_entry(), kw_stub)
   cases = {"jt_dist_fast_path": lambda a, b: jt(
                a, b, SIZE, kernel=kernels.add_kernel, out_shape=sds,
                grid=grid, BLOCK=kernels.ADD_BLOCK),
-           "stub_alone": lambda a, b: stub(a, b, *extra),
+           # The keyword form (the headline ``jt_dist_eager`` case): no
+           # scalar operand, so no fixed value among the operands.
            "jt_dist_kw_fast_path": lambda a, b: jt(
                a, b, kernel=add_kw_kernel, out_shape=sds, grid=kw_grid,
                n_elements=SIZE, BLOCK_SIZE=BLOCK),
-           "kw_stub_alone": kw_stub}
-  for fn in cases.values():
-    for _ in range(20):
-      jax.block_until_ready(fn(*args))
+           "jt_dist_kernel_call": add_kernel_call(),
+           "stub_alone": stub}
+  _memo.triton_calls.clear()
+  calls = [filed_call(_memo.triton_calls, cases[name], args)
+           for name in ("jt_dist_fast_path", "jt_dist_kw_fast_path")]
+  calls.append(cases["jt_dist_kernel_call"])
+  for call in calls:
+    stack.enter_context(mock.patch.object(call, "_jitted", stub))
+  return cases
+
+
+def python_overhead(args, rounds, calls):
+  """jt_dist's own Python per eager call: its kernel replaced by ``a + b``.
+
+  Timed by the wall clock and by the process's CPU time (which a busy,
+  shared host does not inflate), in batches of back-to-back calls. Both
+  forms of ``triton_call`` and a held ``kernel_call`` are timed against
+  the same jitted ``a + b`` alone; the differences are jt_dist's.
+  """
   out = {}
-  for clock_name, clock in (("wall", time.perf_counter),
-                            ("cpu", time.process_time)):
-    medians = _batches(cases, args, rounds, calls, clock, seed=1)
-    out.update({f"{k}_{clock_name}_us": v for k, v in medians.items()})
-    out[f"python_{clock_name}_us"] = (medians["jt_dist_fast_path"]
-                                      - medians["stub_alone"])
-    out[f"python_kw_{clock_name}_us"] = (medians["jt_dist_kw_fast_path"]
-                                         - medians["kw_stub_alone"])
-  jax.block_until_ready(stub(*args, *extra))
-  _dispatch.invalidate()
+  with contextlib.ExitStack() as stack:
+    cases = _stubbed_cases(args, stack)
+    for fn in cases.values():
+      for _ in range(20):
+        jax.block_until_ready(fn(*args))
+    for clock_name, clock in (("wall", time.perf_counter),
+                              ("cpu", time.process_time)):
+      medians = _batches(cases, args, rounds, calls, clock, seed=1)
+      out.update({f"{k}_{clock_name}_us": v for k, v in medians.items()})
+      stub = medians["stub_alone"]
+      out[f"python_{clock_name}_us"] = medians["jt_dist_fast_path"] - stub
+      out[f"python_kw_{clock_name}_us"] = (medians["jt_dist_kw_fast_path"]
+                                           - stub)
+      out[f"python_kernel_call_{clock_name}_us"] = (
+          medians["jt_dist_kernel_call"] - stub)
+  # The memo's calls have their jitted functions back; start afresh anyway.
+  _memo.triton_calls.clear()
   return out
 
 
 _STAGES = {
-    # The lean hit: compiled (a builtin, which cProfile files under "~"),
-    # or in Python.
-    "lean_hit_compiled": ("~", "<built-in method jt_dist._call._lean_hit.hit>"),
-    "lean_hit_python": ("_call/lean.py", "_py_hit"),
-    "hit_path": ("_call/dispatch.py", "cached"),
-    "signature": ("_call/dispatch.py", "key"),
-    "lookup": ("_gpu/cache.py", "hit"),
-    "prepare": ("_call/api.py", "_prepare"),
-    "bind": ("_core/binding.py", "bind_call"),
-    "place": ("_call/api.py", "_place"),
-    "entry": ("_call/entries.py", "make_entry"),
-    "dispatch": ("_call/entries.py", "__call__"),
+    "front_door": (("_call/api.py", "triton_call"),),
+    "key": (("_call/memo.py", "out_key"), ("_call/memo.py", "grid_key"),
+            ("_core/exact.py", "items_key"), ("_call/api.py", "_template")),
+    # The KernelCall's frame, with jax.jit's dispatch (C++) inside it.
+    "kernel_call": (("_call/kernel_call.py", "__call__"),),
+    "first_call": (("_call/api.py", "_first_call"),),
+    "make": (("_call/kernel_call.py", "make"),),
+    "trace": (("_call/kernel_call.py", "_traced"),
+              ("_call/kernel_call.py", "_traced_runtime")),
 }
 
 
@@ -440,25 +494,55 @@ def _profile(fn, args, calls, before=None):
   # Each value: (primitive calls, calls, own time, cumulative time, callers).
   total = sum(own for (_, _, own, _, _) in stats.values())
   out = {"total_us": total / calls * 1e6}
-  for stage, (file_end, name) in _STAGES.items():
+  for stage, functions in _STAGES.items():
     cum = sum(ct for (path, _, fname), (_, _, _, ct, _) in stats.items()
-              if fname == name and path.endswith(file_end))
+              if any(fname == name and path.endswith(file_end)
+                     for file_end, name in functions))
     out[f"{stage}_us"] = cum / calls * 1e6
   return out
 
 
 def profiles(args, calls):
-  """cProfile stage breakdown of the eager call, fast path and bind path."""
+  """cProfile stage breakdown: both forms, a held call, a first call."""
   fn = lambda a, b: kernels.add(jt_dist.triton_call, a, b)
-  jax.block_until_ready(fn(*args))
   kw = lambda a, b: add_kw(jt_dist.triton_call, a, b)
-  jax.block_until_ready(kw(*args))
-  return {
-      "lean_path": _profile(kw, args, calls),
+  held = add_kernel_call()
+  for f in (fn, kw, held):
+    jax.block_until_ready(f(*args))
+  out = {
+      "keyword_form": _profile(kw, args, calls),
       "fast_path": _profile(fn, args, calls),
-      "bind_path": _profile(fn, args, max(1, calls // 10),
-                            before=_dispatch.entries.clear),
+      "kernel_call": _profile(held, args, calls),
+      "first_call": _profile(fn, args, max(1, calls // 10),
+                             before=_memo.triton_calls.clear),
   }
+  _memo.triton_calls.clear()
+  return out
+
+
+def first_call(args, calls):
+  """One call and a sync with only the compiled Triton kernel kept, µs.
+
+  ``triton_call`` with its memo emptied before each call, and a
+  ``kernel_call`` made afresh each time (made and called, timed together).
+  """
+  jt = jt_dist.triton_call
+  cases = {"triton_call_us": (lambda: add_kw(jt, *args),
+                              _memo.triton_calls.clear),
+           "kernel_call_us": (lambda: add_kernel_call()(*args), None)}
+  out = {}
+  for name, (fn, before) in cases.items():
+    each = []
+    for _ in range(calls):
+      if before is not None:
+        before()
+      start = time.perf_counter()
+      jax.block_until_ready(fn())
+      each.append(time.perf_counter() - start)
+    out[name] = float(np.median(each)) * 1e6
+  out["calls"] = calls
+  _memo.triton_calls.clear()
+  return out
 
 
 def _environment():
@@ -473,66 +557,88 @@ def _environment():
   }
 
 
+def _rows(samples, halves):
+  """One row per case: median, quartiles, and the two halves' medians."""
+  rows = []
+  for name, values in samples.items():
+    p25, p50, p75 = np.percentile(values, [25, 50, 75]) * 1e6
+    rows.append({"case": name, "median_us": p50, "p25_us": p25,
+                 "p75_us": p75, "samples": len(values),
+                 "halves_median_us": [float(np.median(h)) * 1e6
+                                      for h in halves[name] if h]})
+  return rows
+
+
+def _ratios(rows):
+  """Each case over XLA's (eager or jit), and the pairs worth comparing."""
+  med = {r["case"]: r["median_us"] for r in rows}
+  ratios = {f"{r['case']}_over_xla_{'jit' if 'jit' in r['case'] else 'eager'}":
+            r["median_us"] / med["xla_jit" if "jit" in r["case"]
+                                 else "xla_eager"] for r in rows}
+  for mode in ("eager", "jit"):
+    if f"jax_triton_{mode}" in med:
+      ratios[f"jt_dist_{mode}_over_jax_triton_{mode}"] = (
+          med[f"jt_dist_{mode}"] / med[f"jax_triton_{mode}"])
+  if "jax_triton_eager" in med:
+    ratios["jt_dist_kernel_call_eager_over_jax_triton_eager"] = (
+        med["jt_dist_kernel_call_eager"] / med["jax_triton_eager"])
+  # What the front door adds to a held kernel_call, as a ratio.
+  ratios["jt_dist_eager_over_jt_dist_kernel_call_eager"] = (
+      med["jt_dist_eager"] / med["jt_dist_kernel_call_eager"])
+  if "jax_triton_jit" in med:
+    for name in ("jt_dist_jit_legacy_target", "jt_dist_jit_ffi_no_cubin"):
+      ratios[f"{name}_over_jax_triton_jit"] = (
+          med[name] / med["jax_triton_jit"])
+  return ratios
+
+
+def _print(result):
+  """The table and the other sections, short, on stdout."""
+  print("\n| case | median µs | p25 | p75 | even / odd rounds |\n"
+        "| --- | --- | --- | --- | --- |")
+  for r in result["results"]:
+    halves = " / ".join(f"{h:.1f}" for h in r["halves_median_us"])
+    print(f"| {r['case']} | {r['median_us']:.1f} | {r['p25_us']:.1f} |"
+          f" {r['p75_us']:.1f} | {halves} |")
+  rounded = lambda d: json.dumps({k: round(v, 3) for k, v in d.items()})
+  print("\nratios:", rounded(result["ratios"]))
+  print("jt_dist python per eager call:", rounded(result["python_overhead"]))
+  print("jax Python calls per call (0 = C++ fast path):",
+        json.dumps(result["fast_path"]))
+  print("hlo:", json.dumps(result["hlo"]))
+  print("profile (µs per call):", json.dumps(
+      {k: {s: round(v, 1) for s, v in p.items()}
+       for k, p in result["profile"].items()}))
+  print("first call:", rounded(result["first_call"]))
+  print("per-step scalar:", rounded(result["per_step_scalar"]))
+  if JAX_TRITON_NOTE:
+    print("note:", JAX_TRITON_NOTE)
+
+
 def main(argv=None):
   flags = timing.smoke_flags(__doc__, argv)
   sizes = SIZES["smoke" if flags.smoke else "full"]
   cases = _cases()
   _check(cases)
   args = _inputs(7)
-  for fn in cases.values():  # Warm up: compile, fill every cache.
-    for _ in range(3):
-      jax.block_until_ready(fn(*args))
   diag = _diagnostic_cases(cases, args)
   timed = {**cases, **diag}
-  for fn in diag.values():
+  for fn in timed.values():  # Warm up: compile, fill every cache.
     for _ in range(3):
       jax.block_until_ready(fn(*args))
-  samples = _interleaved(timed, args, sizes["rounds"], sizes["calls"])
-  rows = []
-  for name, values in samples.items():
-    p25, p50, p75 = np.percentile(values, [25, 50, 75]) * 1e6
-    rows.append({"case": name, "median_us": p50, "p25_us": p25,
-                 "p75_us": p75, "samples": len(values)})
-  xla = {r["case"]: r["median_us"] for r in rows}
-  ratios = {f"{r['case']}_over_xla_{'jit' if 'jit' in r['case'] else 'eager'}":
-            r["median_us"] / xla["xla_jit" if "jit" in r["case"]
-                                 else "xla_eager"] for r in rows}
-  for mode in ("eager", "jit"):
-    if f"jax_triton_{mode}" in xla:
-      ratios[f"jt_dist_{mode}_over_jax_triton_{mode}"] = (
-          xla[f"jt_dist_{mode}"] / xla[f"jax_triton_{mode}"])
-  if "jax_triton_jit" in xla:
-    for name in ("jt_dist_jit_legacy_target", "jt_dist_jit_ffi_no_cubin"):
-      ratios[f"{name}_over_jax_triton_jit"] = (
-          xla[name] / xla["jax_triton_jit"])
+  rows = _rows(*_interleaved(timed, args, sizes["rounds"], sizes["calls"]))
   result = {
       "environment": _environment(), "sizes": sizes, "results": rows,
-      "ratios": ratios,
+      "ratios": _ratios(rows),
       "fast_path": fast_path_report(cases, diag, args),
       "hlo": hlo_report(cases, args),
       "python_overhead": python_overhead(args, sizes["python_rounds"],
                                          sizes["python_calls"]),
       "profile": profiles(args, sizes["profile_calls"]),
+      "first_call": first_call(args, sizes["first_calls"]),
       "per_step_scalar": per_step_scalar(args[0], sizes["scalar_calls"]),
   }
-  print("\n| case | median µs | p25 | p75 |\n| --- | --- | --- | --- |")
-  for r in rows:
-    print(f"| {r['case']} | {r['median_us']:.1f} | {r['p25_us']:.1f} |"
-          f" {r['p75_us']:.1f} |")
-  print("\nratios:", json.dumps({k: round(v, 3) for k, v in ratios.items()}))
-  print("jt_dist python per eager call:",
-        json.dumps({k: round(v, 2)
-                    for k, v in result["python_overhead"].items()}))
-  print("jax Python calls per cached call (0 = C++ fast path):",
-        json.dumps(result["fast_path"]))
-  print("hlo:", json.dumps(result["hlo"]))
-  print("profile (µs per call):", json.dumps(
-      {k: {s: round(v, 1) for s, v in p.items()}
-       for k, p in result["profile"].items()}))
-  print("per-step scalar:", json.dumps(
-      {k: round(v, 1) for k, v in result["per_step_scalar"].items()}))
-  if JAX_TRITON_NOTE:
-    print("note:", JAX_TRITON_NOTE)
+  _print(result)
   timing.write_json(flags.out, result)
   return result
 

@@ -202,6 +202,14 @@ def _dispatch(data: dict[str, Any]) -> str:
     out.append("**custom calls of the jitted functions**\n\n" + _table(
         ["function", "custom-call target", "API version", "HLO instructions"],
         hlo))
+  first = data.get("first_call")
+  if isinstance(first, dict):
+    out.append("**a first call, eagerly** (the compiled Triton kernel"
+               " kept, nothing else)\n\n" + _table(
+                   ["triton_call, memo emptied, µs",
+                    "kernel_call made afresh, µs"],
+                   [[first.get("triton_call_us", ""),
+                     first.get("kernel_call_us", "")]]))
   scalar = data.get("per_step_scalar")
   if isinstance(scalar, dict):
     out.append("**a per-step scalar, eagerly**\n\n" + _table(
@@ -235,6 +243,10 @@ _WALL_COST = (
     ("wall_us_per_hot_us", "wall µs per hot µs of padding, after a sync"),
     ("jt_dist_hot_us", "jt_dist's Python per call, hot loop, µs"),
     ("jt_dist_wall_us", "jt_dist's Python per call, after a sync, µs"),
+    ("kernel_call_hot_us",
+     "a held kernel_call's Python per call, hot loop, µs"),
+    ("kernel_call_wall_us",
+     "a held kernel_call's Python per call, after a sync, µs"),
     ("budget_wall_us", "the bound's budget above the floor, wall µs"),
     ("budget_hot_us", "that budget at the padding's rate, hot µs"),
     ("floor_over_xla_eager", "floor / XLA eager"),

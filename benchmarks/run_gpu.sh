@@ -8,7 +8,8 @@
 #      more GPUs, one process per GPU (benchmarks/multiprocess_gpu.py),
 #   5. scaling.py and auto_partition.py at 1, 2, 4 and 8 GPUs (as many as
 #      the host has),
-#   6. eager and jitted dispatch (benchmarks/dispatch.py) on one GPU.
+#   6. eager and jitted dispatch (benchmarks/dispatch.py), and what Python
+#      costs an eager call (benchmarks/python_wall_cost.py), on one GPU.
 #
 # Usage:
 #   bash benchmarks/run_gpu.sh [all|tests|examples|bench|autotune|scaling|dispatch] [run.py args...]
@@ -19,8 +20,9 @@
 #   * each benchmark's JSON: benchmarks/results/<device>/<benchmark>.json
 #     (the files the docs render), with a copy under $OUT/results/<device>/
 #     so that it comes back from a lent machine. <device> is the GPU's model
-#     and count, e.g. h100x1 or h200x2 (dispatch.py, which runs on one GPU:
-#     h200x1); set DEVICE and DEVICE_ONE to name them otherwise.
+#     and count, e.g. h100x1 or h200x2 (dispatch.py and python_wall_cost.py,
+#     which run on one GPU: h200x1); set DEVICE and DEVICE_ONE to name them
+#     otherwise.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 what=${1:-all}
@@ -42,7 +44,7 @@ gpu_model=$(echo "${gpu_names:-none}" | head -n 1 | sed 's/^NVIDIA //' \
   | awk '{print tolower($1)}' | cut -d- -f1)
 gpu_count=$(echo "$gpu_names" | grep -c .)
 DEVICE=${DEVICE:-${gpu_model}x${gpu_count}}
-# dispatch.py runs on one GPU of the host.
+# dispatch.py and python_wall_cost.py run on one GPU of the host.
 ONE_DEVICE=${DEVICE_ONE:-${gpu_model}x1}
 
 if compgen -G ".whl/*.whl" > /dev/null; then
@@ -112,6 +114,7 @@ if [[ $what == all || $what == scaling ]]; then
 fi
 if [[ $what == all || $what == dispatch ]]; then
   CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0} bench "$ONE_DEVICE" dispatch
+  CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0} bench "$ONE_DEVICE" python_wall_cost
 fi
 echo "run_gpu.sh: logs in $OUT; results in benchmarks/results/ and $OUT/results/"
 exit $status

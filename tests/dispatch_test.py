@@ -192,6 +192,23 @@ class DispatchTest(testing.TestCase):
         self.assertAllClose(out[:n], x[:n])
     self.assertEqual(counting.binds, 1)
 
+  def test_scalars_by_keyword_and_position_change_between_calls(self):
+    # A keyword scalar is keyed by value; a positional one may come at run
+    # time: neither may take another call's value.
+    x = self.random((64,))
+    xs = jnp.asarray(x)
+    for s, n in ((2.0, 16), (3.0, 16), (3.0, 48), (2.0, 48), (2.0, 16)):
+      for out in (_scale(xs, s, n),
+                  jt_dist.triton_call(
+                      xs, s, kernel=scale_kernel, out_shape=xs,
+                      grid=(4,), n=n, BLOCK=_BLOCK),
+                  jt_dist.triton_call(
+                      xs, kernel=scale_kernel, out_shape=xs, grid=(4,),
+                      s=s, n=n, BLOCK=_BLOCK)):
+        out = np.asarray(out)
+        self.assertAllClose(out[:n], x[:n] * np.float32(s))
+        self._assert_unwritten(out[n:])
+
   def test_types_of_equal_scalars_are_not_confused(self):
     x = jnp.asarray(self.random((16,)))
     with _Counting() as counting:

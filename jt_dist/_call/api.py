@@ -164,10 +164,10 @@ def triton_call(*args: Any, kernel: Any, out_shape: Any = None, grid: Any,
       ``jax.jit``.
   """
   # On the CPU a scalar's value can come at run time: keyed by its type.
-  runtime = not callable(grid) and jax.default_backend() == "cpu"
+  runtime = not callable(grid)
   try:
     key = (id(kernel), _memo.out_key(out_shape), _memo.grid_key(grid),
-           _exact.items_key(kwargs.items()), _template(args, runtime))
+           _exact.dict_key(kwargs), _template(args, runtime))
     call = _memo.triton_calls.get(key)
     if call is _BY_VALUE:  # Something static reads the scalars' values.
       key = (*key[:-1], _template(args, False))
@@ -205,10 +205,16 @@ def _template(args: Sequence[Any], runtime: bool) -> tuple:
   Raises TypeError for a tuple mixing arrays and scalars: such a call is
   made afresh each time.
   """
-  return tuple(
-      OPERAND if _is_operand(a)
-      else (type(a), _types.scalar_type(a)) if runtime and _types.is_scalar(a)
-      else _exact.key(a) for a in args)
+  template = []
+  for a in args:
+    kind = type(a)
+    if kind in _OPERAND_TYPES or _is_operand(a):
+      template.append(OPERAND)
+    elif runtime and _types.is_scalar(a) and jax.default_backend() == "cpu":
+      template.append((kind, _types.scalar_type(a)))
+    else:
+      template.append(_exact.key(a))
+  return tuple(template)
 
 
 def _first_call(args, kernel, out_shape, grid, kwargs, key, runtime):
@@ -224,25 +230,27 @@ def _first_call(args, kernel, out_shape, grid, kwargs, key, runtime):
     runtime = False
     try:
       key = (id(kernel), _memo.out_key(out_shape), _memo.grid_key(grid),
-             _exact.items_key(metaparams.items()), _template(merged, False),
+             _exact.dict_key(metaparams), _template(merged, False),
              True)
       call = _memo.triton_calls.get(key)
       if call is not None and call.made_for(kernel):
         return call(*[a for a, s in zip(merged, statics) if s is OPERAND])
     except TypeError:
       key = None
+  # Scalars given by keyword are keyed by value: they stay static.
   call = _kernel_call.make(kernel, out_shape, grid, metaparams, statics,
-                           runtime)
+                           runtime and len(merged) == len(args))
   if key is not None:
-    if runtime and call.passed != tuple(s is OPERAND for s in statics):
+    by_type = [i for i, a in enumerate(args)
+               if runtime and not _is_operand(a) and _types.is_scalar(a)
+               and jax.default_backend() == "cpu"]
+    if all(call.passed[i] for i in by_type):
       _memo.triton_calls.put(key, call)
-    elif runtime and any(_types.is_scalar(a) for a in merged):
+    else:
       # Keyed by the scalars' types, the call needs their values: the key
       # says so, and the call is kept under its values.
       _memo.triton_calls.put(key, _BY_VALUE)
-      _memo.triton_calls.put((*key[:-1], _template(merged, False)), call)
-    else:
-      _memo.triton_calls.put(key, call)
+      _memo.triton_calls.put((*key[:-1], _template(args, False)), call)
   return call(*[a for a, passed in zip(merged, call.passed) if passed])
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 import jax
+import numpy as np
 
 from jt_dist import _compat
 from jt_dist import _errors
@@ -199,13 +200,22 @@ class KernelCall:
     return f"jt_dist.kernel_call({name}, grid={self.grid!r})"
 
 
+# Types of operands known not to be tracers; grows by the classes of
+# concrete jax.Arrays (jaxlib's ArrayImpl) as they are met.
+_CONCRETE = {np.ndarray}
+
+
 def _traced_within(operands: Sequence[Any]) -> bool:
   """Whether an operand, or an array in a tuple operand, is a tracer."""
+  if _CONCRETE.issuperset(map(type, operands)):
+    return False
   for x in operands:
     if isinstance(x, jax.core.Tracer):
       return True
     if type(x) is tuple and _traced_within(x):  # pylint: disable=unidiomatic-typecheck
       return True
+    if isinstance(x, jax.Array):
+      _CONCRETE.add(type(x))
   return False
 
 

@@ -24,9 +24,8 @@ class Memo:
   def __init__(self, max_entries: int = DEFAULT_ENTRIES):
     self.max_entries = max_entries
     self._entries: dict[Any, Any] = {}
-
-  def get(self, key: Any) -> Any:
-    return self._entries.get(key)
+    # The dict's own lookup: a front door calls it once per call.
+    self.get = self._entries.get
 
   def put(self, key: Any, value: Any) -> None:
     self._entries[key] = value
@@ -72,6 +71,8 @@ def grid_key(grid: Any) -> Any:
   closure's and defaults' values tell two lambdas apart. Raises TypeError
   for a closure over an unhashable value: the caller then keys nothing.
   """
+  if type(grid) is tuple:  # pylint: disable=unidiomatic-typecheck
+    return _exact.plain_tuple_key(grid)
   code = getattr(grid, "__code__", None)
   if code is None:
     return _exact.key(grid)

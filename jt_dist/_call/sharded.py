@@ -118,7 +118,7 @@ def sharded_triton_call(
   specs = (mesh, in_specs, out_specs, out_reduce, sharding_rule)
   try:
     key = (id(kernel), _memo.out_key(out_shape), _memo.grid_key(grid),
-           _exact.items_key(kwargs.items()),
+           _exact.dict_key(kwargs),
            tuple(s if s is OPERAND else _exact.key(s) for s in statics),
            tuple(map(_hashable, specs)))
     call = _memo.sharded_calls.get(key)

@@ -47,3 +47,21 @@ def key(value: Any) -> Any:
 def items_key(items) -> tuple:
   """``key`` of each value of ``(name, value)`` pairs, names kept."""
   return tuple((name, key(value)) for name, value in items)
+
+
+def dict_key(mapping: dict) -> tuple:
+  """``items_key`` of a dict's items; quickly for ints and strings."""
+  kinds = tuple(map(type, mapping.values()))
+  if _PLAIN.issuperset(kinds):
+    # The common case, keyed without a Python loop.
+    return tuple(mapping.items()), kinds
+  return items_key(mapping.items())
+
+
+def plain_tuple_key(value: Any) -> Any:
+  """``key`` of a tuple of ints (a grid, say), quickly; else ``key``."""
+  if type(value) is tuple:  # pylint: disable=unidiomatic-typecheck
+    kinds = tuple(map(type, value))
+    if _PLAIN.issuperset(kinds):
+      return kinds, value
+  return key(value)

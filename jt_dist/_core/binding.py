@@ -176,10 +176,3 @@ def bind_call(args, kernel, out_shape, grid, options: CallOptions, metaparams):
   return arrays, spec, out_tree
 
 
-def with_scalar_values(spec: CallSpec, values: Sequence[Any]) -> CallSpec:
-  """``spec`` with its scalar operands' values replaced, in order."""
-  it = iter(values)
-  operands = tuple(
-      dataclasses.replace(op, value=_types.python_scalar(next(it)))
-      if op.kind == "scalar" else op for op in spec.operands)
-  return dataclasses.replace(spec, operands=operands)

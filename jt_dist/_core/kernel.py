@@ -73,18 +73,6 @@ class KernelInfo:
   def param_by_name(self) -> dict[str, Param]:
     return {p.name: p for p in self.params}
 
-  @functools.cached_property
-  def value_positions(self):
-    """Positions whose scalar value (not only its type) binding depends on.
-
-    A constexpr is compiled in, a declared type is range-checked, and
-    heuristics and autotuning see every value: "all" for those kernels.
-    """
-    if self.layers:
-      return "all"
-    return frozenset(i for i, p in enumerate(self.params)
-                     if p.is_constexpr or p.annotation)
-
 
 def _is_base_function(obj: Any) -> bool:
   return isinstance(obj, (_compat.JITFunction, _compat.InterpretedFunction))

@@ -173,17 +173,6 @@ def split(args: Sequence[Any]) -> tuple[tuple[Any, ...], tuple]:
   return tuple(out), tuple(found)
 
 
-def bases(args: Sequence[Any]) -> tuple[Any, ...]:
-  """``args`` with each descriptor replaced by its array (no checks)."""
-  return tuple(a.base if isinstance(a, TensorDescriptor) else a for a in args)
-
-
-def static_fields(desc: TensorDescriptor) -> tuple:
-  """What of a descriptor, beside its array, a call's signature holds."""
-  return (desc.shape, desc.strides, desc.block_shape, desc.layout,
-          desc.padding, desc.round_f32_to_tf32, type(desc.round_f32_to_tf32))
-
-
 def _info(desc: TensorDescriptor, i: int) -> Info:
   base = desc.base
   if not (hasattr(base, "shape") and hasattr(base, "dtype")):

@@ -199,19 +199,6 @@ def _in_parameter_order(spec, args, kwargs):
   return ordered, kwargs
 
 
-def launch_on_host(spec, inputs, outputs) -> None:
-  """Runs ``spec``'s launch on host buffers: ``outputs`` are written.
-
-  For an eager call that launches directly (``jt_dist._cpu.direct``): the
-  kernel's own exception leaves as itself, with no frames of the
-  interpreter behind it (its message names the kernel's line).
-  """
-  try:
-    _launch(spec, inputs, outputs)
-  except Exception as e:  # pylint: disable=broad-except
-    raise e.with_traceback(None) from e.__cause__
-
-
 def _launch(spec, inputs, outputs):
   if spec.runtime_scalars:  # The eager fast path's scalars: see scalars.py.
     spec, inputs = _scalars.unpack(spec, inputs)

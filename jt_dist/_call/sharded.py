@@ -111,7 +111,8 @@ def sharded_triton_call(
   # the jitted call's trace sees no concrete shardings.
   mesh = _specs.resolve_mesh(mesh, _pytree_args.flatten(args).leaves)
   if in_specs is None:
-    in_specs = tuple(_specs.in_specs_for(None, args, mesh))
+    in_specs = tuple(_sharded_call.infer_in_specs(
+        args, mesh, out_shape, out_specs, sharding_rule))
     in_specs = _per_argument(args, in_specs)
   statics = tuple(OPERAND if _api._is_operand(a) else a for a in args)  # pylint: disable=protected-access
   specs = (mesh, in_specs, out_specs, out_reduce, sharding_rule)

@@ -36,8 +36,8 @@ from jt_dist._errors import OutOfBoundsAccessError
 from jt_dist._errors import ShardingSpecError
 from jt_dist._errors import UnwrittenOutputReadError
 from jt_dist._sharding.rule import ShardingRule
-from jt_dist._sharding.shard_size import ShardSize
-from jt_dist._sharding.shard_size import shard_size
+from jt_dist._core.shard_size import ShardSize
+from jt_dist._core.shard_size import shard_size
 from jt_dist._call.sharded import sharded_triton_call
 from jt_dist._gpu.lowering import CUSTOM_CALL_TARGET_NAME
 from jt_dist._core.tensordesc import TensorDescriptor

@@ -110,9 +110,12 @@ def sharded_triton_call(
   # Eagerly, the mesh and the in_specs the arguments imply are fixed now:
   # the jitted call's trace sees no concrete shardings.
   mesh = _specs.resolve_mesh(mesh, _pytree_args.flatten(args).leaves)
-  leaf_specs = _specs.in_specs_for(in_specs, args, mesh)
   if in_specs is None:
+    leaf_specs = _sharded_call.infer_in_specs(args, mesh, out_shape,
+                                              out_specs, sharding_rule)
     in_specs = _per_argument(args, leaf_specs)
+  else:
+    leaf_specs = _specs.in_specs_for(in_specs, args, mesh)
   args = _placed(args, leaf_specs, mesh)
   statics = tuple(OPERAND if _api._is_operand(a) else a for a in args)  # pylint: disable=protected-access
   specs = (mesh, in_specs, out_specs, out_reduce, sharding_rule)

@@ -18,6 +18,7 @@ import numpy as np
 from jt_dist import _errors
 from jt_dist._core import kernel as _kernel
 from jt_dist._core import types as _types
+from jt_dist._core import shard_size as _shard_size
 
 
 def _operand_names(info, metaparams) -> list[str]:
@@ -47,7 +48,8 @@ def merge_keywords(kernel: Any, args: Sequence[Any],
   placed or a parameter no keyword binds (an output's, usually) is met.
   A scalar keyword operand after that point stays bound by name (its value
   is then compiled into the kernel, as jt_dist always did for scalars given
-  by name); an array there is refused.
+  by name), and so does a ``shard_size`` placeholder, which resolves to
+  one; an array there is refused.
 
   Args:
     kernel: the kernel object (anything else is left to binding to report).
@@ -97,9 +99,15 @@ def merge_keywords(kernel: Any, args: Sequence[Any],
 
 
 def _check_left(info, gap, left, rest) -> None:
-  """Array keyword operands after ``gap`` cannot be passed as pointers."""
+  """Array keyword operands after ``gap`` cannot be passed as pointers.
+
+  A scalar, or a ``shard_size`` placeholder (an int once resolved where the
+  kernel runs), stays bound by name.
+  """
   for name in sorted(left, key=info.param_names.index):
-    if not _types.is_scalar(rest[name]):
+    value = rest[name]
+    if not (_types.is_scalar(value)
+            or isinstance(value, _shard_size.ShardSize)):
       raise _errors.KernelBindingError(
           f"triton_call: kernel {info.name!r}({', '.join(info.param_names)}):"
           f" the keyword operand {name}= is not a scalar and binds a"

@@ -101,6 +101,11 @@ class FlatArgs:
     return [where(i, path) for i, path in self.places]
 
 
+  @property
+  def has_tuples(self) -> bool:
+    return any(path for _, path in self.places) or len(
+        self.places) != self.n_args
+
   def index_of(self, i: int) -> int:
     """The leaf index of the non-tuple argument ``args[i]``."""
     return self.places.index((i, ()))

@@ -26,7 +26,7 @@ from jt_dist._sharding import partition as _partition
 from jt_dist._sharding import placement as _placement
 from jt_dist._sharding import refs as _refs
 from jt_dist._sharding import rule as _rule
-from jt_dist._sharding import shard_size as _shard_size
+from jt_dist._core import shard_size as _shard_size
 
 # Bound in place of the user's grid when there is nothing to launch, so that
 # every other binding check still runs.

@@ -17,7 +17,7 @@ from jt_dist._core import pytree_args as _pytree_args
 from jt_dist._sharding import local_call as _local_call
 from jt_dist._sharding import partition as _partition
 from jt_dist._sharding import rule as _rule
-from jt_dist._sharding import shard_size as _shard_size
+from jt_dist._core import shard_size as _shard_size
 from jt_dist._sharding import specs as _specs
 from jt_dist._sharding import varying as _varying
 
@@ -101,6 +101,76 @@ def _check_placeholders(args, metaparams) -> None:
   _shard_size.resolve(args, metaparams)
 
 
+def infer_in_specs(args, mesh, out_shape, out_specs, sharding_rule) -> list[P]:
+  """The array leaves' specs when ``in_specs`` are left out: their own.
+
+  Each array's spec comes from its sharding on ``mesh``; one with none
+  there (a NumPy array, an array on one device) is taken as replicated.
+
+  Raises:
+    ShardingSpecError: ``out_specs`` split an output over a mesh axis that
+      none of those specs splits. The shards along it would get the same
+      inputs and write the same result into buffers a fraction of the
+      output's size (a kernel sized by its inputs, through ``shard_size``,
+      writes past them): the inputs were meant to be split, and
+      ``in_specs`` must say how. Axes already manual outside the call
+      (inside the caller's ``shard_map``) are not the call's to split.
+  """
+  specs = _specs.in_specs_for(None, args, mesh)
+  if sharding_rule is None and out_specs is not None and specs:
+    out_shapes, out_tree = _binding.flatten_out_shape(out_shape,
+                                                      allow_empty=True)
+    o_specs = _out_specs_for(out_specs, out_tree, len(out_shapes),
+                             out_shapes, mesh)
+    split = {a for s in specs for a in _specs.spec_axes(s)}
+    split |= set(getattr(mesh, "manual_axes", ()) or ())
+    for k, spec in enumerate(o_specs):
+      alone = [a for a in _specs.spec_axes(spec) if a not in split]
+      if alone:
+        raise _errors.ShardingSpecError(_unsplit_inputs_message(
+            args, specs, k, out_shapes[k][0], spec, out_tree, alone, mesh))
+  return specs
+
+
+def _unsplit_inputs_message(args, specs, k, shape, spec, out_tree, alone,
+                            mesh) -> str:
+  leaves = _pytree_args.flatten(args)
+  names = [name for name, leaf in zip(leaves.names, leaves.leaves)
+           if _specs.is_array(leaf)]
+  inferred = ", ".join(f"{n} {_varying.spec_text(_trimmed(s))}"
+                       for n, s in zip(names, specs))
+  local = _specs.local_shape(shape, spec, mesh)
+  name = _varying.output_names(out_tree)[k]
+  suggestion = "pass in_specs (one PartitionSpec per array argument)"
+  if not leaves.has_tuples:
+    # Inputs of the output's shape split as it is; the others replicated.
+    entries = [_varying.spec_text(spec if tuple(leaf.shape) == tuple(shape)
+                                  else P())
+               for leaf in leaves.leaves if _specs.is_array(leaf)]
+    comma = "," if len(entries) == 1 else ""
+    suggestion = f"pass in_specs=({', '.join(entries)}{comma})"
+  return (
+      f"sharded_triton_call: out_specs split output {k} ({name}, global"
+      f" shape {tuple(shape)}) over mesh axes {alone} (its entry is"
+      f" {_varying.spec_text(spec)}), but no array argument is split over"
+      " them: in_specs were left out, so each argument's spec comes from"
+      f" its sharding on mesh {dict(mesh.shape)}: {inferred} (an array with"
+      " no sharding there, such as a NumPy array or an array on one device,"
+      f" is replicated). The shards along {alone} would get the same"
+      f" inputs and each write its output into a shard of shape {local},"
+      " which a kernel sized by its inputs overruns. To split the inputs as"
+      f" the output is split, {suggestion}; if every shard is meant to"
+      " compute the same slice, give the replicated in_specs explicitly.")
+
+
+def _trimmed(spec: P) -> P:
+  """``spec`` without trailing Nones: P(None) reads as P()."""
+  entries = list(spec)
+  while entries and entries[-1] is None:
+    entries.pop()
+  return P(*entries)
+
+
 def _by_rule(args, kernel, out_shapes, out_tree, grid, mesh, arg_specs, rule,
              out_specs, out_reduce, kwargs):
   """``sharded_triton_call`` with a ``ShardingRule``: the rule picks specs."""
@@ -138,7 +208,11 @@ def run(args, kernel, out_shape, grid, mesh, in_specs,
   leaves = _pytree_args.flatten(args)
   mesh = _specs.resolve_mesh(mesh, leaves.leaves)
   _check_placeholders(args, {k: v for k, v in kwargs.items()})
-  arg_specs = _specs.in_specs_for(in_specs, args, mesh)
+  if in_specs is None:
+    arg_specs = infer_in_specs(args, mesh, out_shape, out_specs,
+                               sharding_rule)
+  else:
+    arg_specs = _specs.in_specs_for(in_specs, args, mesh)
   if sharding_rule is not None:
     return _by_rule(args, kernel, out_shapes, out_tree, grid, mesh,
                     arg_specs, sharding_rule, out_specs, out_reduce, kwargs)

@@ -46,8 +46,8 @@ def resolve_mesh(mesh: Any, args: Sequence[Any]):
   if not any(isinstance(x, jax.core.Tracer) for x in args):
     # Eagerly, jax.set_mesh's concrete mesh: the arguments are laid out on
     # its devices by their in_specs (the abstract mesh places nothing).
-    concrete = jax.sharding.get_mesh()
-    if isinstance(concrete, jax.sharding.Mesh) and not concrete.empty:
+    concrete = _concrete_ambient_mesh()
+    if concrete is not None:
       return concrete
   ambient = jax.sharding.get_abstract_mesh()
   if not ambient.empty:
@@ -57,6 +57,25 @@ def resolve_mesh(mesh: Any, args: Sequence[Any]):
       " put the inputs on a mesh with jax.device_put(x, NamedSharding(mesh,"
       " spec)), or set an ambient mesh with jax.set_mesh(mesh)."
   )
+
+
+def _concrete_ambient_mesh():
+  """``jax.set_mesh``'s concrete mesh outside any trace, else None.
+
+  ``jax.sharding.get_mesh`` raises ValueError under ``jax.jit`` (a call
+  whose arguments are all constants there has no tracer to say so), where
+  only the abstract mesh is known.
+  """
+  get_mesh = getattr(jax.sharding, "get_mesh", None)
+  if get_mesh is None:
+    return None
+  try:
+    mesh = get_mesh()
+  except (RuntimeError, ValueError):
+    return None
+  if isinstance(mesh, jax.sharding.Mesh) and not mesh.empty:
+    return mesh
+  return None
 
 
 def spec_axes(spec: P) -> list:

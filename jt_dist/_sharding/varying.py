@@ -76,7 +76,13 @@ def check(flat: Sequence[Any], outputs: Outputs,
     ShardingSpecError: an output varies over a mesh axis that its
       ``out_specs`` entry does not name.
   """
-  order = list(mesh.axis_names)
+  # Only the axes this call's shard_map makes manual: inside a caller's
+  # shard_map, an axis already manual there (the mesh is then the abstract
+  # one, that axis Manual) leaves each shard's values varying over it, and
+  # the caller's out_specs account for it, as jax.shard_map's own check
+  # leaves out ``mesh.manual_axes``.
+  outer = set(getattr(mesh, "manual_axes", ()) or ())
+  order = [a for a in mesh.axis_names if a not in outer]
   for k, x in enumerate(flat):
     varying = _compat.varying_axes(jax.typeof(x)) & set(order)
     missing = varying - set(_specs.spec_axes(outputs.specs[k]))
@@ -89,11 +95,11 @@ def check(flat: Sequence[Any], outputs: Outputs,
 def _message(k: int, varying: list, missing: list, outputs: Outputs,
              operands: Sequence[Operand], mesh) -> str:
   name, shape, spec = outputs.names[k], outputs.shapes[k], outputs.specs[k]
-  sources = [f"{o.where} with spec {_fmt(o.spec)}" for o in operands
+  sources = [f"{o.where} with spec {spec_text(o.spec)}" for o in operands
              if set(_specs.spec_axes(o.spec)) & set(varying)]
   why = (f", since inputs are split over them ({', '.join(sources)})"
          if sources else "")
-  how = (f"its out_specs entry is {_fmt(spec)}" if outputs.given else
+  how = (f"its out_specs entry is {spec_text(spec)}" if outputs.given else
          "out_specs was left out, so it is P() (replicated)")
   needed = needed_spec(shape, varying, operands, mesh)
   slice_fix = (
@@ -174,13 +180,13 @@ class _Shown:
 def _suggest_specs(outputs: Outputs, k: int, spec: P) -> str:
   """``out_specs=...`` with ``spec`` for output ``k``, the others unchanged."""
   if len(outputs.names) == 1:
-    return f"out_specs={_fmt(spec)}"
-  leaves = [_Shown(_fmt(spec if j == k else s))
+    return f"out_specs={spec_text(spec)}"
+  leaves = [_Shown(spec_text(spec if j == k else s))
             for j, s in enumerate(outputs.specs)]
   tree = jax.tree_util.tree_unflatten(outputs.out_tree, leaves)
   return f"out_specs={tree!r}"
 
 
-def _fmt(spec: P) -> str:
+def spec_text(spec: P) -> str:
   """A spec as the user writes it: P('x', None)."""
   return "P(" + ", ".join(repr(e) for e in spec) + ")"

@@ -37,7 +37,8 @@ class Memo:
     entries = self._entries
     limit = _settings.dispatch_entries()
     while len(entries) > limit:
-      del entries[next(iter(entries))]
+      # pop, not del: configure_cache may trim from another thread.
+      entries.pop(next(iter(entries)), None)
 
   def clear(self) -> None:
     self._entries.clear()

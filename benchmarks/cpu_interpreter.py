@@ -45,7 +45,7 @@ import add  # pylint: disable=wrong-import-position,wrong-import-order
 import layernorm_training  # pylint: disable=wrong-import-position,wrong-import-order
 import matmul  # pylint: disable=wrong-import-position,wrong-import-order
 import softmax  # pylint: disable=wrong-import-position,wrong-import-order
-from jt_dist._cpu import bounds as _bounds  # pylint: disable=wrong-import-position
+from jt_dist import _settings  # pylint: disable=wrong-import-position
 
 _ENV = "JT_DIST_VECTORIZE"
 
@@ -262,7 +262,7 @@ def main():
   rng = np.random.default_rng(0)
   results = {"host": {"cpus": os.cpu_count(), "python": platform.python_version(),
                       "jax": jax.__version__, "triton": triton.__version__},
-             "bounds_check": _bounds.enabled(),
+             "bounds_check": _settings.bounds_check(),
              "kernels": {}}
   print(f"{'kernel':44} {'programs':>8} {'stock':>10} {'jt_dist':>10} {'x':>6}")
   for name, programs, call in _kernel_cases(args.small, rng):

@@ -35,7 +35,7 @@ Diagnostic rows, to tell jt_dist's Python from its executable:
   custom-call target (``custom_call_target_name="triton_kernel_call"``, as
   jax-triton 0.3 emits);
 - ``jt_dist_jit_ffi_no_cubin``: ``jt_dist_jit`` on the FFI target without
-  the inline CUBIN (lowered under ``proto_choices(module_images=False)``):
+  the inline CUBIN (lowered with ``ProtoChoices(module_images=False)``):
   with ``jt_dist_jit`` and ``jax_triton_jit``, whether a gap is the CUBIN
   or the FFI call itself.
 
@@ -247,7 +247,8 @@ def _target_cases():
       jt_dist.triton_call, custom_call_target_name=_gpu_lowering.LEGACY_TARGET)
   no_cubin = jax.jit(lambda a, b: add_kw(jt_dist.triton_call, a, b))
   # A jitted function is lowered at its first call: make it under the choice.
-  with _gpu_lowering.proto_choices(module_images=False):
+  with mock.patch.object(_gpu_lowering, "proto_choices",
+                         _gpu_lowering.ProtoChoices(module_images=False)):
     jax.block_until_ready(no_cubin(*_inputs(5)))
   return {"jt_dist_jit_legacy_target": jax.jit(
               lambda a, b: add_kw(legacy, a, b)),

@@ -17,6 +17,7 @@ CUDA graph (command buffer) and the legacy target does not.
 """
 
 import functools
+from unittest import mock
 
 import jax
 import jax.numpy as jnp
@@ -49,7 +50,8 @@ def _jt_dist_fn(target, choices, body, args):
   call = functools.partial(jt_dist.triton_call, custom_call_target_name=target)
   fn = jax.jit(lambda a, b: body(call, a, b))
   # Lowering happens at the first call, so it is made under the choices.
-  with _gpu_lowering.proto_choices(**choices):
+  with mock.patch.object(_gpu_lowering, "proto_choices",
+                         _gpu_lowering.ProtoChoices(**choices)):
     jax.block_until_ready(fn(*args))
   return fn
 

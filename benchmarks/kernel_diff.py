@@ -24,6 +24,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from unittest import mock
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
@@ -112,7 +113,8 @@ def diff_rows(rows, jax_triton, folder):
   args = problem.inputs(rows, jax.random.key(rows))
   report = {}
   for name, (step, choices) in _forms(problem, jax_triton).items():
-    with _gpu_lowering.proto_choices(**choices):
+    with mock.patch.object(_gpu_lowering, "proto_choices",
+                           _gpu_lowering.ProtoChoices(**choices)):
       lowered = jax.jit(step).trace(*args).lower()
     (call,) = util.triton_custom_calls(lowered)
     kernel = call["calls"][0]
@@ -150,7 +152,8 @@ def time_forms(problem, args, jax_triton, iters=20, rounds=15):
   calls = {}
   reference = np.asarray(jax.jit(problem.reference)(*args), np.float32)
   for name, (step, choices) in _forms(problem, jax_triton).items():
-    with _gpu_lowering.proto_choices(**choices):
+    with mock.patch.object(_gpu_lowering, "proto_choices",
+                           _gpu_lowering.ProtoChoices(**choices)):
       fn = jax.jit(step).trace(*args).lower().compile()
     error = timing.relative_error(np.asarray(fn(*args), np.float32), reference)
     assert error < 2e-2, (name, error)

@@ -34,6 +34,7 @@ import json
 import math
 import os
 import sys
+from unittest import mock
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -265,7 +266,8 @@ def _implementations(problem, mesh, jax_triton):
 def compiled(step, choices, args):
   """The chained function, compiled with ``choices`` for the serialised call."""
   fn = jax.jit(chain(step))
-  with _gpu_lowering.proto_choices(**choices):
+  with mock.patch.object(_gpu_lowering, "proto_choices",
+                         _gpu_lowering.ProtoChoices(**choices)):
     return fn.trace(*args).lower().compile()
 
 

@@ -15,7 +15,6 @@ from jt_dist._call.kernel_call import KernelCall
 from jt_dist._call.kernel_call import kernel_call
 from jt_dist._autotune.api import AutotuneChoice
 from jt_dist._autotune.api import autotune_choices
-from jt_dist._autotune.api import configure_autotune
 from jt_dist._autotune.api import forget_autotune_choices
 from jt_dist._autotune.api import pin_autotune_config
 from jt_dist._tools.export import ExportedKernelCall
@@ -23,7 +22,8 @@ from jt_dist._tools.export import check_exported
 from jt_dist._tools.export import export_options
 from jt_dist._tools.export import export_safety_checks
 from jt_dist._tools.export import exported_versions
-from jt_dist._call.memo import configure_cache
+from jt_dist._settings import configure_autotune
+from jt_dist._settings import configure_cache
 from jt_dist._errors import AutoAxesError
 from jt_dist._errors import AutotuneError
 from jt_dist._errors import DevicePlacementError

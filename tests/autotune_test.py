@@ -19,10 +19,9 @@ testing.configure_cpu_devices()
 
 import jt_dist  # pylint: disable=g-import-not-at-top,wrong-import-position
 from jt_dist._core import binding as _binding  # pylint: disable=g-import-not-at-top,wrong-import-position
-from jt_dist._autotune import settings as _settings  # pylint: disable=g-import-not-at-top,wrong-import-position
+from jt_dist import _settings  # pylint: disable=g-import-not-at-top,wrong-import-position
 from jt_dist._autotune import store as _store  # pylint: disable=g-import-not-at-top,wrong-import-position
 from jt_dist._autotune import timing as _timing  # pylint: disable=g-import-not-at-top,wrong-import-position
-from jt_dist._backend import cache as _cache  # pylint: disable=g-import-not-at-top,wrong-import-position
 import numpy as np  # pylint: disable=g-import-not-at-top,wrong-import-position
 from jax.sharding import PartitionSpec as P  # pylint: disable=g-import-not-at-top,wrong-import-position
 
@@ -267,8 +266,9 @@ class TritonOptionsTest(testing.TestCase):
                              restore_value=["x_ptr"])(
                                  triton.jit(_scale_in_place_fn))
     x = self.random((70,))
-    _settings.configure(cpu_rule="time")
-    self.addCleanup(setattr, _settings._settings, "cpu_rule", None)
+    self.enter_context(mock.patch.object(
+        _settings, "_configured", _settings._configured))  # pylint: disable=protected-access
+    _settings.configure_autotune(cpu_rule="time")
     out = jax.jit(lambda a: jt_dist.triton_call(
         a, a.size, kernel=kernel, out_shape=a, grid=_grid,
         input_output_aliases={0: 0}))(x)
@@ -326,19 +326,13 @@ class AutotuneChoiceTest(testing.TestCase):
     super().setUp()
     tmp = tempfile.mkdtemp(prefix="jt_dist_autotune_test_")
     self.addCleanup(shutil.rmtree, tmp, ignore_errors=True)
-    saved = (_cache._settings.disk_cache, _cache._settings.cache_dir)
-    _cache.configure(disk_cache=True, cache_dir=tmp)
+    self.enter_context(mock.patch.object(
+        _settings, "_configured", _settings._configured))  # pylint: disable=protected-access
+    _settings.configure_cache(disk_cache=True, cache_dir=tmp)
     self.cache_dir = tmp
     rule = "time" if testing.platform() == "cpu" else None
-    _settings.configure(cpu_rule=rule or "first")
-
-    def restore():
-      _cache._settings.disk_cache, _cache._settings.cache_dir = saved
-      _settings._settings.cpu_rule = None
-      _settings._settings.mode = None
-      jt_dist.forget_autotune_choices()
-
-    self.addCleanup(restore)
+    _settings.configure_autotune(cpu_rule=rule or "first")
+    self.addCleanup(jt_dist.forget_autotune_choices)
     self.x = self.random((200,))
 
   def _run(self, kernel, jit=True):
@@ -361,7 +355,7 @@ class AutotuneChoiceTest(testing.TestCase):
   def test_cpu_rule_first_takes_the_first_config_untimed(self):
     if testing.platform() != "cpu":
       self.skipTest("the CPU rule applies on the CPU only")
-    _settings.configure(cpu_rule="first")
+    _settings.configure_autotune(cpu_rule="first")
     kernel = _tagged_kernel()
     with mock.patch.object(_timing, "time_configs",
                            side_effect=AssertionError("timed")):
@@ -516,9 +510,10 @@ class AutotuneChoiceTest(testing.TestCase):
       jt_dist.configure_autotune(timeout_s=0)
     self.enter_context(mock.patch.dict(os.environ,
                                        {"JT_DIST_AUTOTUNE_CPU": "fastest"}))
-    _settings._settings.cpu_rule = None
+    self.enter_context(mock.patch.object(
+        _settings, "_configured", _settings.Configured()))
     with self.assertRaisesRegex(ValueError, r"JT_DIST_AUTOTUNE_CPU='fastest'"):
-      _settings.cpu_rule()
+      _settings.autotune_cpu_rule()
 
   def test_config_that_fails_is_dropped_with_a_warning(self):
     if testing.platform() != "cpu":
@@ -537,7 +532,7 @@ class AutotuneChoiceTest(testing.TestCase):
     blocker = os.path.join(self.cache_dir, "not_a_dir")
     with open(blocker, "w") as f:
       f.write("x")
-    _cache.configure(cache_dir=blocker)
+    _settings.configure_cache(cache_dir=blocker)
     with self.assertLogs("jt_dist", level="WARNING") as logs:
       tag = self._run(_tagged_kernel())
     self.assertIn(tag, (1, 2, 3))

@@ -34,7 +34,7 @@ import jt_dist  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from examples.add import add_kernel  # pylint: disable=g-import-not-at-top,wrong-import-position
-from jt_dist._backend import cache as _cache  # pylint: disable=g-import-not-at-top,wrong-import-position
+from jt_dist import _settings  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 
 @triton.jit
@@ -280,7 +280,7 @@ _TRITON_CALL_CASES = (
      lambda t: jt_dist.configure_cache(memory_entries=-3),
      ValueError, r"memory_entries=-3 must be at least 1.*disk_cache=False"),
     ("env_disk_cache_unknown", lambda t: t.with_env(
-        {"JT_DIST_DISK_CACHE": "maybe"}, _cache.disk_cache_enabled),
+        {"JT_DIST_DISK_CACHE": "maybe"}, _settings.disk_cache),
      ValueError, r"JT_DIST_DISK_CACHE='maybe' is neither on.*nor off.*1 or 0"),
     ("cache_dir_bytes", lambda t: jt_dist.configure_cache(cache_dir=b"/tmp"),
      TypeError, r"cache_dir=b'/tmp' of type bytes must be a str"),
@@ -323,19 +323,13 @@ class BadInputTest(testing.TestCase):
     super().setUp()
     self.x = jnp.asarray(self.random((16,)))
     self.y = jnp.asarray(self.random((16,)))
-    saved = (_cache._settings.disk_cache, _cache._settings.cache_dir,  # pylint: disable=protected-access
-             _cache.memory_cache.max_entries)
-
-    def restore():
-      _cache._settings.disk_cache, _cache._settings.cache_dir = saved[:2]  # pylint: disable=protected-access
-      _cache.memory_cache.resize(saved[2])
-
-    self.addCleanup(restore)
+    self.enter_context(mock.patch.object(
+        _settings, "_configured", _settings._configured))  # pylint: disable=protected-access
 
   def with_env(self, env, fn):
     """Calls ``fn`` with ``env`` set and no configure_cache override."""
-    _cache._settings.disk_cache = _cache._settings.cache_dir = None  # pylint: disable=protected-access
-    with mock.patch.dict(os.environ, env):
+    with mock.patch.object(_settings, "_configured", _settings.Configured()), \
+        mock.patch.dict(os.environ, env):
       return fn()
 
   def test_table_has_sixty_distinct_cases(self):

@@ -25,6 +25,7 @@ from absl.testing import absltest
 from absl.testing import parameterized
 import jax.numpy as jnp
 
+from jt_dist import _settings
 from jt_dist._backend import cache as _cache
 from jt_dist import testing
 import cache_util
@@ -249,7 +250,7 @@ class DiskFaultTest(cache_util.CountingCompilesMixin, testing.TestCase):
     blocker = os.path.join(cache_util.tmpdir(self), "a_file")
     with open(blocker, "w") as f:
       f.write("not a directory")
-    _cache.configure(cache_dir=blocker)
+    _settings.configure_cache(cache_dir=blocker)
     paths = [cache_util.write_kernel(self.src_dir, op) for op in "+*-"]
     with self.assertLogs("jt_dist", "WARNING") as logs:
       ptxs = [_ptx(cache_util.import_file(p), self.x) for p in paths]
@@ -344,8 +345,9 @@ class RacingProcessesTest(testing.TestCase):
     self.assertEqual(os.path.basename(binary), document["binary_file"])
     self.assertEqual(self._files(".tmp-*"), [])
     key = os.path.basename(entry)[:-len(".json")]
-    with mock.patch.object(_cache, "cache_dir", return_value=self.cache_dir), \
-        mock.patch.object(_cache, "disk_cache_enabled", return_value=True):
+    with mock.patch.object(_settings, "cache_dir",
+                           return_value=self.cache_dir), \
+        mock.patch.object(_settings, "disk_cache", return_value=True):
       self.assertIsNotNone(_cache.load(key))
     ((after, _),) = self._race(1)
     self.assertEqual(after["compiled"], 0)

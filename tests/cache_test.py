@@ -12,6 +12,7 @@ from absl.testing import absltest
 import jax.numpy as jnp
 
 import jt_dist
+from jt_dist import _settings
 from jt_dist._backend import cache as _cache
 from jt_dist import testing
 import cache_util
@@ -21,7 +22,8 @@ import gpu_lowering_util as util
 class LRUCacheTest(testing.TestCase):
 
   def test_bound_evicts_least_recently_used(self):
-    cache = _cache.LRUCache(2)
+    limit = [2]
+    cache = _cache.LRUCache(lambda: limit[0])
     cache.put("a", 1)
     cache.put("b", 2)
     self.assertEqual(cache.get("a"), 1)  # "b" is now the oldest.
@@ -29,7 +31,8 @@ class LRUCacheTest(testing.TestCase):
     self.assertLen(cache, 2)
     self.assertNotIn("b", cache)
     self.assertIn("a", cache)
-    cache.resize(1)
+    limit[0] = 1
+    cache.trim()
     self.assertLen(cache, 1)
     self.assertIn("c", cache)
 
@@ -40,10 +43,9 @@ class LRUCacheTest(testing.TestCase):
                         _cache.content_key({"a": 2}))
 
   def test_configure_memory_entries(self):
-    saved = _cache.memory_cache.max_entries
-    self.addCleanup(_cache.configure, memory_entries=saved)
-    _cache.configure(memory_entries=3)
-    self.assertEqual(_cache.memory_cache.max_entries, 3)
+    util.keep_settings(self)
+    jt_dist.configure_cache(memory_entries=3)
+    self.assertEqual(_settings.memory_entries(), 3)
 
 
 @unittest.skipUnless(util.HAS_TRITON_CALL, util.SKIP_REASON)
@@ -146,7 +148,7 @@ class KernelCacheTest(cache_util.CountingCompilesMixin, testing.TestCase):
     self._assert_recompiles_with_log(path, "metadata is invalid")
 
   def test_disabled_disk_cache_writes_nothing(self):
-    _cache.configure(disk_cache=False)
+    _settings.configure_cache(disk_cache=False)
     path = cache_util.write_kernel(self.src_dir)
     cache_util.lower(cache_util.import_file(path), self.x)
     _cache.memory_cache.clear()
@@ -160,16 +162,16 @@ class KernelCacheTest(cache_util.CountingCompilesMixin, testing.TestCase):
       jt_dist.configure_cache(memory_entries=0)
 
   def test_environment_switch_and_directory(self):
-    _cache._settings.disk_cache = None  # pylint: disable=protected-access
-    _cache._settings.cache_dir = None  # pylint: disable=protected-access
+    self.enter_context(mock.patch.object(
+        _settings, "_configured", _settings.Configured()))
     other = cache_util.tmpdir(self)
     with mock.patch.dict(os.environ, {"JT_DIST_DISK_CACHE": "0",
                                       "JT_DIST_CACHE_DIR": other}):
-      self.assertFalse(_cache.disk_cache_enabled())
-      self.assertEqual(_cache.cache_dir(), other)
+      self.assertFalse(_settings.disk_cache())
+      self.assertEqual(_settings.cache_dir(), other)
     with mock.patch.dict(os.environ, {"JT_DIST_DISK_CACHE": "1",
                                       "JT_DIST_CACHE_DIR": other}):
-      self.assertTrue(_cache.disk_cache_enabled())
+      self.assertTrue(_settings.disk_cache())
       cache_util.lower(cache_util.import_file(cache_util.write_kernel(self.src_dir)), self.x)
       self.assertLen(glob.glob(os.path.join(other, "*", "*.json")), 1)
 
@@ -177,7 +179,7 @@ class KernelCacheTest(cache_util.CountingCompilesMixin, testing.TestCase):
     blocker = os.path.join(cache_util.tmpdir(self), "a_file")
     with open(blocker, "w") as f:
       f.write("not a directory")
-    _cache.configure(cache_dir=blocker)
+    _settings.configure_cache(cache_dir=blocker)
     with self.assertLogs("jt_dist", "WARNING") as logs:
       call = util.triton_custom_calls(
           cache_util.lower(cache_util.import_file(cache_util.write_kernel(self.src_dir)), self.x))[0]
@@ -212,8 +214,9 @@ class CrossProcessTest(testing.TestCase):
     self.assertEqual(after["digest"], results[0]["digest"])
     for entry in glob.glob(os.path.join(self.cache_dir, "*", "*.json")):
       key = os.path.basename(entry)[:-len(".json")]
-      with mock.patch.object(_cache, "cache_dir", return_value=self.cache_dir), \
-          mock.patch.object(_cache, "disk_cache_enabled", return_value=True):
+      with mock.patch.object(_settings, "cache_dir",
+                             return_value=self.cache_dir), \
+          mock.patch.object(_settings, "disk_cache", return_value=True):
         self.assertIsNotNone(_cache.load(key))
     leftovers = glob.glob(os.path.join(self.cache_dir, "*", ".tmp-*"))
     self.assertEqual(leftovers, [])
@@ -221,8 +224,10 @@ class CrossProcessTest(testing.TestCase):
 
 _STORE_SCRIPT = '''
 import os, sys
+from jt_dist import _settings
 from jt_dist._backend import cache as _cache
-_cache.configure(disk_cache=True, cache_dir=os.environ["JT_DIST_CACHE_DIR"])
+_settings.configure_cache(disk_cache=True,
+                          cache_dir=os.environ["JT_DIST_CACHE_DIR"])
 key = "ab" * 32
 seed = int(sys.argv[1])
 for i in range(200):

@@ -28,6 +28,7 @@ import triton.language as tl
 import jt_dist
 from jt_dist import _compat
 from jt_dist import testing
+from jt_dist import _settings
 from jt_dist._cpu import interrupts
 from jt_dist._cpu import lowering
 from jt_dist._cpu import vector_builder
@@ -264,7 +265,7 @@ class SignalKeptTest(parameterized.TestCase):
     if jax.default_backend() != "cpu":
       self.skipTest("kernels run through the interpreter only on the CPU")
     if vector_launch.mode() != vector_launch.VECTORISED:
-      self.skipTest(f"{vector_launch.ENV_VAR} runs launches"
+      self.skipTest(f"{_settings.VECTORIZE} runs launches"
                     f" {vector_launch.mode()}; the vectorised path is tested")
     original = vector_builder.VectorBuilder.create_make_range
     fired = []

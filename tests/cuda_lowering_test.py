@@ -294,12 +294,13 @@ class CudaLoweringTest(util.JaxlibAutotuningMixin, util.IsolatedCacheMixin,
   def test_ttir_only_on_request_and_padding_is_ignored(self):
     x, y = self._inputs()
     (plain,) = util.triton_custom_calls(_lower(_add, x, y))
-    with _gpu_lowering.proto_choices(ttir=True, padding_bytes=4096):
+    with mock.patch.object(_gpu_lowering, "proto_choices",
+                           _gpu_lowering.ProtoChoices(ttir=True,
+                                                      padding_bytes=4096)):
       (padded,) = util.triton_custom_calls(_lower(_add, x, y))
     self.assertEqual(plain["calls"][0]["ttir"], "")
     self.assertIn("tt.func", padded["calls"][0]["ttir"])
     self.assertEqual({**padded["calls"][0], "ttir": ""}, plain["calls"][0])
-    self.assertEqual(_gpu_lowering.ProtoChoices(), _gpu_lowering._proto_choices)  # pylint: disable=protected-access
 
   def test_module_image_per_autotuning_config_survives_the_disk_cache(self):
     x, y = self._inputs(n=512)
@@ -369,7 +370,7 @@ class CudaLoweringTest(util.JaxlibAutotuningMixin, util.IsolatedCacheMixin,
     # As Triton's launcher does: the three pointers always carry the hint,
     # the size only when it is a multiple of 16.
     x, y = self._inputs(n=n)
-    with _gpu_lowering.proto_choices(ttir=True):
+    with util.with_ttir():
       (call,) = util.triton_custom_calls(_lower(_add, x, y))
     (kernel,) = call["calls"]
     self.assertEqual(kernel["ttir"].count("tt.divisibility = 16"), hints)

@@ -21,6 +21,7 @@ import triton
 import triton.language as tl
 
 import jt_dist
+from jt_dist import _settings
 from jt_dist._core import binding as _binding
 from jt_dist._call import memo as _memo
 from jt_dist import testing
@@ -373,7 +374,7 @@ class DispatchTest(testing.TestCase):
 
   def test_cache_is_bounded(self):
     self.addCleanup(jt_dist.configure_cache,
-                    dispatch_entries=_memo.triton_calls.max_entries)
+                    dispatch_entries=_settings.dispatch_entries())
     jt_dist.configure_cache(dispatch_entries=3)
     refs = []
     for n in range(16, 16 * 9, 16):

@@ -9,14 +9,16 @@ from __future__ import annotations
 import struct
 import tempfile
 import unittest
+from unittest import mock
 import zlib
 
 import jax
 from jax._src.lib.mlir import ir
 
 from jt_dist._tools import export as _export
-from jt_dist._autotune import settings as _autotune_settings
+from jt_dist import _settings
 from jt_dist._backend import cache as _cache
+from jt_dist._gpu import lowering as _gpu_lowering
 from jt_dist import _compat
 from jt_dist._gpu import proto_wire as _proto_wire
 
@@ -173,6 +175,22 @@ def module_triton_custom_calls(module) -> list[dict]:
   return calls
 
 
+def keep_settings(test: unittest.TestCase) -> None:
+  """Restores what the ``configure_*`` functions set once ``test`` is over.
+
+  They replace ``_settings._configured`` whole, never change it in place,
+  so putting back the object found now restores every one of them.
+  """
+  test.enterContext(mock.patch.object(
+      _settings, "_configured", _settings._configured))  # pylint: disable=protected-access
+
+
+def with_ttir():
+  """Lowerings inside the block carry each kernel's TTIR, for tests to read."""
+  return mock.patch.object(_gpu_lowering, "proto_choices",
+                           _gpu_lowering.ProtoChoices(ttir=True))
+
+
 class IsolatedCacheMixin(unittest.TestCase):
   """Gives each test an empty memory cache and its own disk cache dir."""
 
@@ -180,12 +198,11 @@ class IsolatedCacheMixin(unittest.TestCase):
     super().setUp()
     self._tmp = tempfile.TemporaryDirectory()
     self.cache_dir = self._tmp.name
-    saved = (_cache._settings.disk_cache, _cache._settings.cache_dir)  # pylint: disable=protected-access
-    _cache.configure(disk_cache=True, cache_dir=self.cache_dir)
+    keep_settings(self)
+    _settings.configure_cache(disk_cache=True, cache_dir=self.cache_dir)
     _cache.memory_cache.clear()
 
     def restore():
-      _cache._settings.disk_cache, _cache._settings.cache_dir = saved  # pylint: disable=protected-access
       _cache.memory_cache.clear()
       self._tmp.cleanup()
 
@@ -201,6 +218,5 @@ class JaxlibAutotuningMixin(unittest.TestCase):
 
   def setUp(self):
     super().setUp()
-    saved = _autotune_settings._settings.mode  # pylint: disable=protected-access
-    _autotune_settings.configure(mode="jaxlib")
-    self.addCleanup(setattr, _autotune_settings._settings, "mode", saved)  # pylint: disable=protected-access
+    keep_settings(self)
+    _settings.configure_autotune(mode="jaxlib")

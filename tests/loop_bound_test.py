@@ -8,6 +8,7 @@ path refuses such a bound as compiling does, with the kernel, the program id,
 the type and the fix.
 """
 
+import os
 import re
 import unittest
 from unittest import mock
@@ -22,6 +23,7 @@ import triton.language as tl
 
 import jt_dist
 from jt_dist import testing
+from jt_dist import _settings
 from jt_dist._cpu import vector_launch
 import gpu_lowering_util as util
 
@@ -104,8 +106,8 @@ class LoopBoundTest(testing.TestCase):
 
   def _path(self, one_at_a_time):
     if one_at_a_time:
-      return vector_launch.one_program_at_a_time()
-    return mock.patch.dict("os.environ", {vector_launch.ENV_VAR: "1"})
+      return mock.patch.dict(os.environ, {_settings.VECTORIZE: "0"})
+    return mock.patch.dict(os.environ, {_settings.VECTORIZE: "1"})
 
 
 class CompiledLoopBoundTest(testing.TestCase):

@@ -298,7 +298,7 @@ class RocmLoweringTest(util.JaxlibAutotuningMixin, util.IsolatedCacheMixin,
           out_shape=jax.ShapeDtypeStruct(a.shape, a.dtype),
           grid=(triton.cdiv(n, 128),), BLOCK=128, compute_capability=cc)
 
-    with _gpu_lowering.proto_choices(ttir=True):
+    with util.with_ttir():
       (rocm,) = _rocm_calls(lambda a: f(a, arch), x)
     (kernel,) = rocm["calls"]
     size = [] if n == 1 else [("i32", n)]  # 1 is specialised away.
@@ -313,7 +313,7 @@ class RocmLoweringTest(util.JaxlibAutotuningMixin, util.IsolatedCacheMixin,
                      2 + (n % 16 == 0 and n != 1))
     if not util.HAS_TRITON_CALL:
       return  # The same expectations hold the CUDA suite's results.
-    with _gpu_lowering.proto_choices(ttir=True):
+    with util.with_ttir():
       (cuda,) = util.triton_custom_calls(
           util.lower(lambda a: f(a, 90), x, platform="cuda"))
     self.assertEqual(cuda["calls"][0]["params"], params)

@@ -29,7 +29,6 @@ testing.configure_cpu_devices()
 import jt_dist  # pylint: disable=g-import-not-at-top,wrong-import-position
 from jt_dist import _compat  # pylint: disable=g-import-not-at-top,wrong-import-position
 from jt_dist._core import types as _types  # pylint: disable=g-import-not-at-top,wrong-import-position
-from jt_dist._gpu import lowering as _gpu_lowering  # pylint: disable=g-import-not-at-top,wrong-import-position
 import gpu_lowering_util as util  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 # Every edge of Triton's integer typing, and values on either side of it.
@@ -284,7 +283,7 @@ class CudaSignatureTest(util.IsolatedCacheMixin, testing.TestCase):
   """A cross-lowered CUDA call types scalars as Triton's launcher does."""
 
   def _lower(self, f):
-    with _gpu_lowering.proto_choices(ttir=True):
+    with util.with_ttir():
       (call,) = util.triton_custom_calls(
           jax.jit(f).trace().lower(lowering_platforms=("cuda",)))
     (kernel,) = call["calls"]

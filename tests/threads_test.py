@@ -32,6 +32,7 @@ import jt_dist  # pylint: disable=g-import-not-at-top,wrong-import-position
 from jt_dist import _compat  # pylint: disable=g-import-not-at-top,wrong-import-position
 from jt_dist._core import kernel as _kernel  # pylint: disable=g-import-not-at-top,wrong-import-position
 from jt_dist._cpu import lowering as _cpu_lowering  # pylint: disable=g-import-not-at-top,wrong-import-position
+from jt_dist import _settings  # pylint: disable=g-import-not-at-top,wrong-import-position
 from jt_dist._backend import cache as _cache  # pylint: disable=g-import-not-at-top,wrong-import-position
 import cache_util  # pylint: disable=g-import-not-at-top,wrong-import-position
 import gpu_lowering_util as util  # pylint: disable=g-import-not-at-top,wrong-import-position
@@ -166,7 +167,7 @@ class ThreadsTest(cache_util.CountingCompilesMixin, testing.TestCase):
     self.assertLen(_cache.memory_cache, len(_distinct_jobs()))
     # The same PTX as compiling each alone, in this thread, from scratch.
     _cache.memory_cache.clear()
-    _cache.configure(disk_cache=False)
+    _settings.configure_cache(disk_cache=False)
     for i, ptx in enumerate(concurrent_ptx):
       self.assertEqual(ptx, ptx_of(i), f"thread {i}")
 

@@ -24,7 +24,7 @@ testing.configure_cpu_devices()
 
 import jt_dist  # pylint: disable=g-import-not-at-top,wrong-import-position
 from jt_dist import _errors  # pylint: disable=g-import-not-at-top,wrong-import-position
-from jt_dist._cpu import bounds  # pylint: disable=g-import-not-at-top,wrong-import-position
+from jt_dist import _settings  # pylint: disable=g-import-not-at-top,wrong-import-position
 from jt_dist._cpu import vector_builder  # pylint: disable=g-import-not-at-top,wrong-import-position
 from jt_dist._cpu import vector_launch  # pylint: disable=g-import-not-at-top,wrong-import-position
 
@@ -83,7 +83,7 @@ class CheckModeTest(testing.TestCase):
       self.skipTest("the vectorised interpreter is the CPU path; the default"
                     f" backend here is {jax.default_backend()}")
     self.enterContext(mock.patch.dict(os.environ, {
-        vector_launch.ENV_VAR: "check", bounds.ENV_VAR: "1"}))
+        _settings.VECTORIZE: "check", _settings.BOUNDS_CHECK: "1"}))
 
   def call(self, x, y, n):
     return jt_dist.triton_call(

@@ -23,7 +23,7 @@ from jt_dist import testing
 testing.configure_cpu_devices()
 
 import jt_dist  # pylint: disable=g-import-not-at-top,wrong-import-position
-from jt_dist._cpu import bounds  # pylint: disable=g-import-not-at-top,wrong-import-position
+from jt_dist import _settings  # pylint: disable=g-import-not-at-top,wrong-import-position
 from jt_dist._cpu import vector_builder  # pylint: disable=g-import-not-at-top,wrong-import-position
 from jt_dist._cpu import vector_chunks  # pylint: disable=g-import-not-at-top,wrong-import-position
 from jt_dist._cpu import vector_launch  # pylint: disable=g-import-not-at-top,wrong-import-position
@@ -94,7 +94,7 @@ class ChunkedLaunchTest(testing.TestCase):
       self.skipTest("the vectorised interpreter is the CPU path; the default"
                     f" backend here is {jax.default_backend()}")
     if vector_launch.mode() != vector_launch.VECTORISED:
-      self.skipTest(f"{vector_launch.ENV_VAR} runs launches"
+      self.skipTest(f"{_settings.VECTORIZE} runs launches"
                     f" {vector_launch.mode()}; these tests count the chunks of"
                     " the vectorised path")
 
@@ -144,7 +144,7 @@ class ChunkedLaunchTest(testing.TestCase):
       chunked = _outputs(call())
     with self.chunks_under(1 << 40) as whole_chunks:
       whole = _outputs(call())
-    with vector_launch.one_program_at_a_time():
+    with mock.patch.dict(os.environ, {_settings.VECTORIZE: "0"}):
       stock = _outputs(call())
     self.assertGreater(len(chunks), 4)
     self.assertInOrder(chunks, grid)
@@ -167,7 +167,7 @@ class ChunkedLaunchTest(testing.TestCase):
 
     with self.chunks_under(1 << 40) as chunks:
       outputs = _outputs(call())
-    with vector_launch.one_program_at_a_time():
+    with mock.patch.dict(os.environ, {_settings.VECTORIZE: "0"}):
       stock = _outputs(call())
     self.assertSame(outputs, stock)
     # Each element doubled once, each program counted once.
@@ -191,10 +191,10 @@ class ChunkedLaunchTest(testing.TestCase):
     messages = []
     # The checker on whatever the environment says: its report is the
     # subject.
-    with mock.patch.dict(os.environ, {bounds.ENV_VAR: "1"}):
+    with mock.patch.dict(os.environ, {_settings.BOUNDS_CHECK: "1"}):
       for one_at_a_time in (False, True):
-        with (vector_launch.one_program_at_a_time() if one_at_a_time
-              else contextlib.nullcontext()), \
+        one = {_settings.VECTORIZE: "0"} if one_at_a_time else {}
+        with mock.patch.dict(os.environ, one), \
             self.chunks_under(1 << 40) as chunks:
           with self.assertRaises(jt_dist.OutOfBoundsAccessError) as e:
             jax.block_until_ready(call())

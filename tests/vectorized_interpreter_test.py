@@ -7,7 +7,6 @@ the vectorised path keeps upstream's order of operations, atomics included.
 Each test also checks which path the kernel took.
 """
 
-import contextlib
 import importlib.util
 import os
 from unittest import mock
@@ -25,6 +24,7 @@ from jt_dist import testing
 testing.configure_cpu_devices()
 
 import jt_dist  # pylint: disable=g-import-not-at-top,wrong-import-position
+from jt_dist import _settings  # pylint: disable=g-import-not-at-top,wrong-import-position
 from jt_dist._cpu import bounds  # pylint: disable=g-import-not-at-top,wrong-import-position
 from jt_dist._cpu import host_memory  # pylint: disable=g-import-not-at-top,wrong-import-position
 from jt_dist._cpu import vector_launch  # pylint: disable=g-import-not-at-top,wrong-import-position
@@ -209,7 +209,7 @@ class VectorisedMatchesOneAtATimeTest(testing.TestCase):
     """``call``'s outputs vectorised and one program at a time, as NumPy."""
     arrays = [jnp.asarray(a) for a in arrays]
     vectorised = jax.tree.map(np.asarray, call(*arrays))
-    with vector_launch.one_program_at_a_time():
+    with mock.patch.dict(os.environ, {_settings.VECTORIZE: "0"}):
       stock = jax.tree.map(np.asarray, call(*arrays))
     return vectorised, stock
 
@@ -399,9 +399,9 @@ class VectorisedMatchesOneAtATimeTest(testing.TestCase):
     for one_at_a_time in (False, True):
       # The checker on whatever the environment says: its report is the
       # subject (unchecked, the kernel would read past its inputs).
-      with (vector_launch.one_program_at_a_time() if one_at_a_time
-            else contextlib.nullcontext()), \
-          mock.patch.dict(os.environ, {bounds.ENV_VAR: "1"}):
+      one = {_settings.VECTORIZE: "0"} if one_at_a_time else {}
+      with mock.patch.dict(os.environ, one), \
+          mock.patch.dict(os.environ, {_settings.BOUNDS_CHECK: "1"}):
         with self.assertRaises(jt_dist.OutOfBoundsAccessError) as e:
           jax.block_until_ready(fn(jnp.asarray(x), jnp.asarray(y)))
       messages.append(str(e.exception))

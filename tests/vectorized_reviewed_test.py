@@ -23,6 +23,7 @@ from jt_dist import testing
 testing.configure_cpu_devices()
 
 import jt_dist  # pylint: disable=g-import-not-at-top,wrong-import-position
+from jt_dist import _settings  # pylint: disable=g-import-not-at-top,wrong-import-position
 from jt_dist._cpu import vector_builder  # pylint: disable=g-import-not-at-top,wrong-import-position
 from jt_dist._cpu import vector_launch  # pylint: disable=g-import-not-at-top,wrong-import-position
 from jt_dist._cpu import vector_reviewed  # pylint: disable=g-import-not-at-top,wrong-import-position
@@ -114,7 +115,7 @@ class UnreviewedOperationTest(testing.TestCase):
       self.skipTest("the vectorised interpreter is the CPU path; the default"
                     f" backend here is {jax.default_backend()}")
     if vector_launch.mode() != vector_launch.VECTORISED:
-      self.skipTest(f"{vector_launch.ENV_VAR} runs launches"
+      self.skipTest(f"{_settings.VECTORIZE} runs launches"
                     f" {vector_launch.mode()}: the path taken is the subject")
 
   def test_print_runs_one_program_at_a_time_and_writes_once(self):

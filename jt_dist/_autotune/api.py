@@ -7,11 +7,10 @@ from typing import Any, Mapping
 import jax
 
 from jt_dist import _compat
-from jt_dist._autotune import settings as _settings
+from jt_dist._autotune import pins as _pins
 from jt_dist._autotune import store as _store
 
 AutotuneChoice = _store.AutotuneChoice
-configure_autotune = _settings.configure
 
 
 def _relower() -> None:
@@ -32,7 +31,7 @@ def autotune_choices(kernel: Any = None) -> list[AutotuneChoice]:
     its chosen config, the candidates, where the choice came from and, when
     timed, every candidate's time.
   """
-  name = None if kernel is None else _settings.kernel_name(kernel)
+  name = None if kernel is None else _pins.kernel_name(kernel)
   return [c for c in _store.choices() if name in (None, c.kernel)]
 
 
@@ -68,8 +67,8 @@ def pin_autotune_config(kernel: Any, config: Any = None, **fields: Any) -> None:
         f" {type(config).__name__} must be a triton.Config, a mapping of"
         " config fields, or None.")
   pinned.update(fields)
-  _settings.pin(kernel, pinned or None)
-  _store.forget_in_memory(_settings.kernel_name(kernel))
+  _pins.pin(kernel, pinned or None)
+  _store.forget_in_memory(_pins.kernel_name(kernel))
   _relower()
 
 
@@ -93,7 +92,7 @@ def forget_autotune_choices(kernel: Any = None) -> int:
     How many choices were forgotten, in memory and on disk together (files
     left alone are not counted).
   """
-  name = None if kernel is None else _settings.kernel_name(kernel)
+  name = None if kernel is None else _pins.kernel_name(kernel)
   count = _store.forget(name)
   _relower()
   return count

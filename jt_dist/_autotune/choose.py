@@ -29,7 +29,8 @@ import jax
 
 from jt_dist import _compat
 from jt_dist import _errors
-from jt_dist._autotune import settings as _settings
+from jt_dist import _settings
+from jt_dist._autotune import pins as _pins
 from jt_dist._autotune import store as _store
 from jt_dist._autotune import timing as _timing
 from jt_dist._backend import cache as _cache
@@ -110,7 +111,7 @@ def _made(spec, index, source, device_kind, key, timings=None):
 def _decide(spec, avals, device, platform, key) -> _store.AutotuneChoice:
   """Times the configs (or applies the CPU rule) on ``device``."""
   kind = device.device_kind
-  if platform == "cpu" and _settings.cpu_rule() == "first":
+  if platform == "cpu" and _settings.autotune_cpu_rule() == "first":
     return _made(spec, 0, "first config", kind, key)
   plan = _timing.CPU_PLAN if platform == "cpu" else _timing.GPU_PLAN
   start = time.perf_counter()
@@ -138,7 +139,7 @@ def _client(spec):
 def _receive(spec, share_key: str, kind: str, key: str):
   """Process 0's choice for this call, from jax.distributed's store."""
   client = _client(spec)
-  timeout = _settings.timeout_s()
+  timeout = _settings.autotune_timeout_s()
   try:
     text = client.blocking_key_value_get(_kv_key(share_key),
                                          int(timeout * 1000))
@@ -176,10 +177,10 @@ def _log(choice, device) -> None:
 
 
 def _pinned(spec, kind, key):
-  fields = _settings.pinned_fields(spec.info.name)
+  fields = _pins.pinned_fields(spec.info.name)
   if fields is None:
     return None
-  index = _settings.matching_index(
+  index = _pins.matching_index(
       spec.info.name, fields, [l.config for l in spec.launches])
   return _made(spec, index, "pinned", kind, key)
 
@@ -239,7 +240,7 @@ def for_lowering(ctx, spec, platform: str):
   """
   if len(spec.launches) == 1:
     return spec
-  jaxlib = _settings.mode() == "jaxlib" and platform != "cpu"
+  jaxlib = _settings.autotune_mode() == "jaxlib" and platform != "cpu"
   device = None if jaxlib else _local_device(ctx, platform)
   if device is None:
     # A pin needs no device: jaxlib's mode and cross-lowered code run the

@@ -16,6 +16,7 @@ import os
 import threading
 from typing import Any
 
+from jt_dist import _settings
 from jt_dist._backend import cache as _cache
 
 logger = logging.getLogger("jt_dist")
@@ -79,7 +80,7 @@ def choices() -> list[AutotuneChoice]:
 
 
 def _folder() -> str:
-  return os.path.join(_cache.cache_dir(), _SUBDIR)
+  return os.path.join(_settings.cache_dir(), _SUBDIR)
 
 
 def _path(key: str) -> str:
@@ -88,7 +89,7 @@ def _path(key: str) -> str:
 
 def save(choice: AutotuneChoice) -> None:
   """Writes ``choice`` to disk; failures are logged, never raised."""
-  if not _cache.disk_cache_enabled():
+  if not _settings.disk_cache():
     return
   document = {"format": FORMAT_VERSION, **choice.to_json()}
   folder = _folder()
@@ -103,7 +104,7 @@ def save(choice: AutotuneChoice) -> None:
 
 def load(key: str, candidates: tuple[str, ...]) -> AutotuneChoice | None:
   """The choice saved under ``key`` for these candidates, or None."""
-  if not _cache.disk_cache_enabled():
+  if not _settings.disk_cache():
     return None
   path = _path(key)
   try:

@@ -11,17 +11,13 @@ its binary, or in any field of a well-formed document) is discarded and
 recompiled, never used. The checks catch damage and stale entries, not a
 deliberate forgery by someone who can write the cache directory.
 
-Environment:
-  ``JT_DIST_CACHE_DIR``: the disk cache's directory (default
-  ``~/.cache/jt_dist``).
-  ``JT_DIST_DISK_CACHE``: ``0`` (or ``false``/``off``/``no``) turns the disk
-  cache off; it is on by default.
+Where the disk cache lives, whether it is on, and how many kernels the
+memory cache keeps are settings (``jt_dist._settings``), read at each use.
 """
 
 from __future__ import annotations
 
 import collections
-import dataclasses
 import hashlib
 import json
 import logging
@@ -31,15 +27,14 @@ import tempfile
 import threading
 from typing import Any, Callable, Mapping
 
+from jt_dist import _settings
+
 logger = logging.getLogger("jt_dist")
 
 # Bumped whenever the entry layout or the meaning of its metadata changes,
 # so that an older jt_dist's entries are never read as this one's.
 FORMAT_VERSION = 3
-DEFAULT_MEMORY_ENTRIES = 256
 _KEY_PATTERN = re.compile(r"^[0-9a-f]{64}$")
-_OFF_VALUES = ("0", "false", "off", "no")
-_ON_VALUES = ("", "1", "true", "on", "yes")
 
 
 def content_key(parts: Mapping[str, Any]) -> str:
@@ -56,10 +51,16 @@ def is_content_key(text: str) -> bool:
 class LRUCache:
   """A thread-safe, bounded map that evicts the least recently used entry."""
 
-  def __init__(self, max_entries: int):
+  def __init__(self, max_entries: Callable[[], int]):
+    """A cache that keeps at most ``max_entries()`` entries.
+
+    Args:
+      max_entries: the limit, asked at each put and trim, so that the
+        setting it reads has one owner.
+    """
     self._entries: collections.OrderedDict[str, Any] = collections.OrderedDict()
     self._lock = threading.Lock()
-    self.max_entries = max_entries
+    self._max_entries = max_entries
     # The most recently used value: a hit on it (a loop calling the same
     # thing) need not move it, which would hash the key a second time.
     self._newest: Any = None
@@ -93,13 +94,14 @@ class LRUCache:
       self._newest = value
       self._evict()
 
-  def resize(self, max_entries: int) -> None:
+  def trim(self) -> None:
+    """Evicts the oldest entries over the limit."""
     with self._lock:
-      self.max_entries = max_entries
       self._evict()
 
   def _evict(self) -> None:
-    while len(self._entries) > max(self.max_entries, 0):
+    limit = max(self._max_entries(), 0)
+    while len(self._entries) > limit:
       _, value = self._entries.popitem(last=False)
       if value is self._newest:
         self._newest = None
@@ -118,16 +120,8 @@ class LRUCache:
       return key in self._entries
 
 
-@dataclasses.dataclass
-class _Settings:
-  """Overrides set by ``configure``; None defers to the environment."""
-
-  disk_cache: bool | None = None
-  cache_dir: str | None = None
-
-
-_settings = _Settings()
-memory_cache = LRUCache(DEFAULT_MEMORY_ENTRIES)
+memory_cache = LRUCache(_settings.memory_entries)
+_settings.trim_on_configure(memory_cache.trim)
 _warned_unwritable: set[str] = set()
 _warned_lock = threading.Lock()
 # Striped rather than one lock per key: bounded, and two different kernels
@@ -135,90 +129,9 @@ _warned_lock = threading.Lock()
 _CREATE_LOCKS = tuple(threading.Lock() for _ in range(64))
 
 
-def configure(*, disk_cache: bool | None = None, cache_dir: str | None = None,
-              memory_entries: int | None = None) -> None:
-  """Sets how compiled kernels are cached; arguments left None are unchanged.
-
-  Args:
-    disk_cache: whether to use the on-disk cache (overrides
-      ``JT_DIST_DISK_CACHE``).
-    cache_dir: the on-disk cache's directory (overrides ``JT_DIST_CACHE_DIR``).
-    memory_entries: how many compiled kernels the in-process cache keeps.
-
-  Raises:
-    TypeError: an argument has the wrong type.
-    ValueError: ``memory_entries`` is below 1, or ``cache_dir`` is empty or
-      holds a NUL character.
-  """
-  if memory_entries is not None:
-    if not isinstance(memory_entries, int) or isinstance(memory_entries, bool):
-      raise TypeError(
-          f"configure_cache: memory_entries={memory_entries!r} of type"
-          f" {type(memory_entries).__name__} must be an int, e.g. 256.")
-    if memory_entries < 1:
-      raise ValueError(
-          f"configure_cache: memory_entries={memory_entries!r} must be at"
-          " least 1; to stop reusing kernels across processes, pass"
-          " disk_cache=False.")
-  if disk_cache is not None and not isinstance(disk_cache, bool):
-    raise TypeError(
-        f"configure_cache: disk_cache={disk_cache!r} of type"
-        f" {type(disk_cache).__name__} must be True or False (a string such"
-        " as 'no' would count as True).")
-  if cache_dir is not None:
-    cache_dir = _checked_dir(cache_dir, "configure_cache: cache_dir")
-  if disk_cache is not None:
-    _settings.disk_cache = disk_cache
-  if cache_dir is not None:
-    _settings.cache_dir = cache_dir
-  if memory_entries is not None:
-    memory_cache.resize(memory_entries)
-
-
-def _checked_dir(value: Any, where: str) -> str:
-  if not isinstance(value, (str, os.PathLike)):
-    raise TypeError(
-        f"{where}={value!r} of type {type(value).__name__} must be a str or"
-        " os.PathLike naming a directory.")
-  path = os.fspath(value)
-  if not isinstance(path, str) or not path or "\0" in path:
-    raise ValueError(
-        f"{where}={value!r} is not a usable directory name (empty, bytes, or"
-        " holding a NUL character). Pass a path such as"
-        " '~/.cache/jt_dist'.")
-  return path
-
-
-def disk_cache_enabled() -> bool:
-  """Whether compiled kernels are read from and written to disk."""
-  if _settings.disk_cache is not None:
-    return _settings.disk_cache
-  raw = os.environ.get("JT_DIST_DISK_CACHE", "1")
-  value = raw.strip().lower()
-  if value in _OFF_VALUES:
-    return False
-  if value in _ON_VALUES:
-    return True
-  raise ValueError(
-      f"JT_DIST_DISK_CACHE={raw!r} is neither on ({', '.join(_ON_VALUES)})"
-      f" nor off ({', '.join(_OFF_VALUES)}). Set it to 1 or 0, or unset it"
-      " (the disk cache is on by default).")
-
-
-def cache_dir() -> str:
-  """The on-disk cache's directory."""
-  if _settings.cache_dir is not None:
-    return _settings.cache_dir
-  default = os.path.join(os.path.expanduser("~"), ".cache", "jt_dist")
-  value = os.environ.get("JT_DIST_CACHE_DIR")
-  if not value:
-    return default
-  return _checked_dir(value, "JT_DIST_CACHE_DIR")
-
-
 def _entry_paths(key: str) -> tuple[str, str]:
   # Two-character fan-out keeps directories small on busy hosts.
-  folder = os.path.join(cache_dir(), key[:2])
+  folder = os.path.join(_settings.cache_dir(), key[:2])
   return folder, os.path.join(folder, key + ".json")
 
 
@@ -256,7 +169,7 @@ def load(key: str) -> tuple[dict[str, Any], bytes] | None:
   size or sha256 differ from the recorded ones) is deleted, logged, and
   reported as missing.
   """
-  if not disk_cache_enabled() or not _KEY_PATTERN.match(key):
+  if not _settings.disk_cache() or not _KEY_PATTERN.match(key):
     return None
   folder, json_path = _entry_paths(key)
   try:
@@ -330,7 +243,7 @@ def _atomic_write(folder: str, path: str, data: bytes) -> None:
 
 def store(key: str, metadata: Mapping[str, Any], binary: bytes) -> None:
   """Writes the entry for ``key``; failures are logged, never raised."""
-  if not disk_cache_enabled() or not _KEY_PATTERN.match(key):
+  if not _settings.disk_cache() or not _KEY_PATTERN.match(key):
     return
   folder, json_path = _entry_paths(key)
   digest = hashlib.sha256(binary).hexdigest()
@@ -354,15 +267,16 @@ def store(key: str, metadata: Mapping[str, Any], binary: bytes) -> None:
   except OSError as e:
     # Once per cache directory, not per entry: a full disk or a read-only
     # directory fails every write, and one line says so.
-    root = cache_dir()
+    root = _settings.cache_dir()
     with _warned_lock:
       if root in _warned_unwritable:
         return
       _warned_unwritable.add(root)
     logger.warning(
         "jt_dist: cannot write the disk cache in %s (%s); compiled kernels"
-        " will not be kept across processes. Set JT_DIST_CACHE_DIR to a"
-        " writable directory, or JT_DIST_DISK_CACHE=0.", folder, e)
+        " will not be kept across processes. Set %s to a writable"
+        " directory, or %s=0.", folder, e, _settings.CACHE_DIR,
+        _settings.DISK_CACHE)
 
 
 def _create_lock(key: str) -> threading.Lock:

@@ -18,6 +18,7 @@ import numpy as np
 
 from jt_dist import _compat
 from jt_dist import _errors
+from jt_dist import _settings
 from jt_dist._core import kernel as _kernel
 from jt_dist._core import types as _types
 from jt_dist._cpu import scalars as _cpu_scalars
@@ -92,7 +93,7 @@ class KernelCall:
         self._traced_split, static_argnums=0, keep_unused=True))
     # JT_DIST_SYNC_LAUNCHES, read when the call is made: wait for each
     # launch, so that a device fault is reported by the call that caused it.
-    self._sync = _gpu_faults.sync_launches()
+    self._sync = _settings.sync_launches()
 
   def made_for(self, kernel: Any) -> bool:
     """Whether this call is ``kernel``'s, made for its current source."""

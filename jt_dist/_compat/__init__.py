@@ -19,7 +19,6 @@ the modules behind them:
 - ``interpreter_language``: ``triton.language`` patched as the interpreter
   patches it, recorded once.
 - ``jax_lowering``: JAX facts for lowering rules and primitive registries.
-- ``environ``: environment variables read on the eager fast path.
 - ``jax_runtime``: JAX facts at call time (tracing state, Refs, services).
 - ``xla_ffi``: the XLA FFI C API's struct layouts (the CPU FFI target).
 """
@@ -51,8 +50,6 @@ from jt_dist._compat.jax_lowering import output_avals
 from jt_dist._compat.jax_lowering import register_dce_rule
 from jt_dist._compat.jax_lowering import vary_over
 from jt_dist._compat.jax_lowering import varying_axes
-from jt_dist._compat.environ import environ_parts
-from jt_dist._compat.environ import environ_reader
 from jt_dist._compat.jax_runtime import at_top_level
 from jt_dist._compat.jax_runtime import primitive_impl
 from jt_dist._compat.jax_runtime import distributed_client

@@ -6,15 +6,11 @@ pointer arithmetic is passed, and jaxlib's TMA descriptor parameter.
 
 from __future__ import annotations
 
-import sys
 from typing import Any
 
 import triton
 
-
-def _package() -> Any:
-  # Tests replace ``_compat.jaxlib_version`` on the package; read it there.
-  return sys.modules[__package__]
+from jt_dist._compat.jaxlib_triton import jaxlib_version
 
 
 def descriptors_round_to_tf32() -> bool:
@@ -87,7 +83,7 @@ def tma_parameter(lib, meta, info, platform: str):
         "triton_call: a TensorDescriptor compiled to a TMA descriptor needs"
         " jaxlib's Triton call to build it at launch"
         " (create_tma_descriptor_parameter), which the installed jaxlib"
-        f" ({_package().jaxlib_version()}, {platform}) lacks; jaxlib 0.11.2"
+        f" ({jaxlib_version()}, {platform}) lacks; jaxlib 0.11.2"
         " has it."
         " Upgrade jax and its CUDA plugin, or pass the array itself and"
         " build the descriptor inside the kernel (tl.make_tensor_descriptor).")

@@ -1,10 +1,6 @@
 """jaxlib's Triton custom call: the parts whose presence and signatures differ.
 
 Used only when lowering for CUDA or ROCm, and by ``jt_dist.doctor``.
-
-Calls between these functions go through the package (``_package()``):
-tests replace ``_compat.gpu_triton_module`` and ``_compat.jaxlib_version``
-there, and every caller of ``_compat`` must see the same replacement.
 """
 
 from __future__ import annotations
@@ -12,12 +8,6 @@ from __future__ import annotations
 import functools
 import importlib
 import itertools
-import sys
-from typing import Any
-
-
-def _package() -> Any:
-  return sys.modules[__package__]
 
 
 @functools.lru_cache(maxsize=None)
@@ -36,7 +26,7 @@ def gpu_triton_module():
 
 def triton_ffi_targets(platform: str) -> frozenset[str]:
   """FFI custom-call targets registered by the GPU plugin of ``platform``."""
-  module = _package().gpu_triton_module()
+  module = gpu_triton_module()
   plugin = None if module is None else getattr(
       module, "_cuda_triton" if platform == "cuda" else "_hip_triton", None)
   if plugin is None or not hasattr(plugin, "registrations"):
@@ -60,7 +50,7 @@ def make_triton_kernel(lib, name, num_warps, num_ctas, shared_mem, binary,
     raise NotImplementedError(
         f"triton_call: kernel {name!r} needs {scratch_size} bytes of global"
         " scratch memory (e.g. for on-device TMA descriptors), which this"
-        f" jaxlib ({_package().jaxlib_version()})"
+        f" jaxlib ({jaxlib_version()})"
         " cannot allocate. Upgrade jax and jaxlib to a release whose"
         " TritonKernel takes a global scratch size, or avoid the feature."
     ) from None
@@ -90,4 +80,4 @@ _MODULE_IMAGE_JAXLIB = (0, 11, 1)
 
 def jaxlib_takes_module_image() -> bool:
   """Whether jaxlib's Triton proto reads a kernel's CUBIN (module_image)."""
-  return _version_tuple(_package().jaxlib_version()) >= _MODULE_IMAGE_JAXLIB
+  return _version_tuple(jaxlib_version()) >= _MODULE_IMAGE_JAXLIB

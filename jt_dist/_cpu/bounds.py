@@ -14,6 +14,9 @@ Output buffers the kernel must write before reading also carry a byte map
 of what the launch has written; a load or atomic from an unwritten byte
 raises too. Aliased outputs (they hold the input) and zeroed outputs start
 written.
+
+``JT_DIST_BOUNDS_CHECK=0`` (``jt_dist._settings``, read at each launch by
+``lowering``) runs launches unchecked.
 """
 
 from __future__ import annotations
@@ -28,10 +31,9 @@ import triton
 
 from jt_dist import _compat
 from jt_dist import _errors
+from jt_dist import _settings
 from jt_dist._cpu import host_memory as _host_memory
 
-# The environment variable that turns the check off ("0", "false", "off").
-ENV_VAR = "JT_DIST_BOUNDS_CHECK"
 _REGION_BITS = 40
 _HALF_REGION = 1 << (_REGION_BITS - 1)
 # Tagged addresses keep the real address's low bits, so alignment checks in
@@ -39,12 +41,6 @@ _HALF_REGION = 1 << (_REGION_BITS - 1)
 # would see unchecked.
 _ALIGN_MASK = 0xFFF
 _SHOWN_OFFSETS = 8
-
-
-def enabled() -> bool:
-  """Whether launches on the CPU check their memory accesses (default on)."""
-  value = os.environ.get(ENV_VAR, "1").strip().lower()
-  return value not in ("0", "false", "off", "no")
 
 
 @dataclasses.dataclass
@@ -219,7 +215,8 @@ class MemoryChecker:
         f" {_first(elements)} (in {itemsize}-byte elements). The buffer"
         f" {self._extent(k)}, so offsets must lie in [0, {size}). Mask in"
         f" force: {_mask_text(on)}. Mask the access (e.g. `mask=offsets < n`)"
-        f" or shrink the grid.{hint} Set {ENV_VAR}=0 to run unchecked."
+        f" or shrink the grid.{hint} Set {_settings.BOUNDS_CHECK}=0 to run"
+        " unchecked."
         f"{_stack_location()}"
     )
 
@@ -231,7 +228,8 @@ class MemoryChecker:
         f" buffer {self._extent(k)}. Mask in force: {_mask_text(on)}. An"
         " output starts undefined on a GPU: write it before reading it, or"
         " pass zeroed_outputs= (starts at zero) or input_output_aliases="
-        f" (starts as the input). Set {ENV_VAR}=0 to run unchecked."
+        f" (starts as the input). Set {_settings.BOUNDS_CHECK}=0 to run"
+        " unchecked."
         f"{_stack_location()}"
     )
 

@@ -24,6 +24,7 @@ from jax.experimental import io_callback
 import numpy as np
 
 from jt_dist import _compat
+from jt_dist import _settings
 from jt_dist._autotune import choose as _choose
 from jt_dist._core import primitive as _primitive
 from jt_dist._core import pytree_args as _pytree_args
@@ -207,7 +208,7 @@ def _launch(spec, inputs, outputs):
   _prepare_outputs(spec, launch, inputs, outputs)
   buffers = _pointer_buffers(spec, launch, inputs, outputs)
   checker = (_bounds.MemoryChecker(spec.info.name, buffers)
-             if _bounds.enabled() else None)
+             if _settings.bounds_check() else None)
   args, kwargs = _in_parameter_order(
       spec, _kernel_args(spec, buffers, checker), dict(launch.config.kwargs))
   with _INTERPRETER_LOCK, _interrupts.signal_kept():

@@ -14,8 +14,9 @@ the first chunk, the caller runs the whole launch so. A kernel (per
 signature and constexprs) that once gave way runs one program at a time
 from then on.
 
-``JT_DIST_VECTORIZE=check`` runs each launch both ways and compares what
-they wrote (``vector_check``).
+``JT_DIST_VECTORIZE`` (``jt_dist._settings``, read at each launch) turns
+this off (``0``), or runs each launch both ways and compares what they
+wrote (``check``, ``vector_check``).
 """
 
 from __future__ import annotations
@@ -23,7 +24,6 @@ from __future__ import annotations
 import contextlib
 import inspect
 import logging
-import os
 import weakref
 
 import numpy as np
@@ -32,6 +32,7 @@ from triton.runtime import interpreter as _interpreter
 
 from jt_dist import _compat
 from jt_dist import _errors
+from jt_dist import _settings
 from jt_dist._cpu import interrupts as _interrupts
 from jt_dist._cpu import vector_builder as _vb
 from jt_dist._cpu import vector_check as _vector_check
@@ -41,11 +42,11 @@ from jt_dist._cpu import vector_lang as _vl
 
 logger = logging.getLogger("jt_dist")
 
-# The environment variable that chooses how CPU launches run ("0", "check").
-ENV_VAR = "JT_DIST_VECTORIZE"
 ONE_AT_A_TIME = "one program at a time"
 VECTORISED = "vectorised"
 CHECK = "checked both ways"
+# The setting's values, as this module names them.
+_MODES = {"on": VECTORISED, "off": ONE_AT_A_TIME, "check": CHECK}
 # A kernel's own faults, which say nothing about whether it vectorises.
 _KERNEL_FAULTS = (_errors.OutOfBoundsAccessError,
                   _errors.UnwrittenOutputReadError, _errors.KernelTypeError,
@@ -62,10 +63,7 @@ def mode() -> str:
     "no": exactly as Triton's interpreter runs them, memory through its
     native module) or ``CHECK`` ("check": both ways, compared).
   """
-  value = os.environ.get(ENV_VAR, "1").strip().lower()
-  if value in ("0", "false", "off", "no"):
-    return ONE_AT_A_TIME
-  return CHECK if value == "check" else VECTORISED
+  return _MODES[_settings.vectorize()]
 
 
 def enabled() -> bool:
@@ -275,20 +273,6 @@ def _vector_builder_installed(grid):
         _compat.attributes_replaced(_interpreter.interpreter_semantic,
                                     {"builder": builder})):
     yield builder
-
-
-@contextlib.contextmanager
-def one_program_at_a_time():
-  """Turns vectorised launches off within the block (tests, benchmarks)."""
-  previous = os.environ.get(ENV_VAR)
-  os.environ[ENV_VAR] = "0"
-  try:
-    yield
-  finally:
-    if previous is None:
-      del os.environ[ENV_VAR]
-    else:
-      os.environ[ENV_VAR] = previous
 
 
 def decisions_of(python_fn) -> set[str]:

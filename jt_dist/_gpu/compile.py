@@ -9,10 +9,8 @@ config's keyword arguments are constexprs, integer scalars equal to 1 become
 the constexpr 1 (and are not passed at launch), and every pointer is assumed
 16-byte aligned, which jaxlib checks before each launch. Results go through
 ``_cache``, so a kernel is compiled once per content, not once per process.
-
-Environment:
-  ``JT_DIST_DUMP_DIR``: a directory receiving, per compiled kernel, its
-  TTIR, TTGIR, LLIR, PTX or HSACO, and its launch metadata as JSON.
+With ``JT_DIST_DUMP_DIR`` set (``jt_dist._settings``), each compiled kernel's
+TTIR, TTGIR, LLIR, PTX or HSACO and its launch metadata are written there.
 """
 
 from __future__ import annotations
@@ -25,6 +23,7 @@ from typing import Any
 
 from jt_dist._backend import cache as _cache
 from jt_dist import _compat
+from jt_dist import _settings
 from jt_dist._core import pytree_args as _pytree_args
 from jt_dist._backend import target as _target
 
@@ -292,7 +291,7 @@ def run_triton(spec, launch, target: _target.Target,
         f" tensor memory; the GPU has {_TMEM_LIMIT}. Use smaller blocks.")
   if spec.debug:
     _print_irs(compiled.name, irs)
-  dump_dir = os.environ.get("JT_DIST_DUMP_DIR")
+  dump_dir = _settings.dump_dir()
   if dump_dir:
     _dump(dump_dir, compiled, irs, launch, target)
   return compiled
@@ -348,7 +347,7 @@ def compiled_kernel(spec, launch, target: _target.Target,
     compiled = run_triton(spec, launch, target, object_file)
     return (compiled, *compiled.to_entry())
 
-  use_cached = not (spec.debug or os.environ.get("JT_DIST_DUMP_DIR"))
+  use_cached = not (spec.debug or _settings.dump_dir())
   compiled = _cache.get_or_create(
       key, create, CompiledKernel.from_entry, use_cached=use_cached)
   check_shared_memory(compiled, target, launch)

@@ -11,27 +11,17 @@ its kernel, so that the fault is reported by the call that caused it.
 
 from __future__ import annotations
 
-import os
 import re
 
-import jax
-
 from jt_dist import _errors
+from jt_dist import _settings
 
-# The environment variable that makes eager GPU calls wait for their kernel.
-SYNC_ENV_VAR = "JT_DIST_SYNC_LAUNCHES"
 _DEVICE_FAULT = re.compile(
     r"ILLEGAL_ADDRESS|illegal memory access|illegal address|LAUNCH_FAILED"
     r"|launch failure|unspecified launch|hipErrorLaunchFailure"
     r"|hipErrorIllegalAddress|misaligned address|MISALIGNED_ADDRESS",
     re.IGNORECASE,
 )
-
-
-def sync_launches() -> bool:
-  """Whether eager calls wait for their kernel (``JT_DIST_SYNC_LAUNCHES``)."""
-  return os.environ.get(SYNC_ENV_VAR, "0").strip().lower() in (
-      "1", "true", "on", "yes")
 
 
 def is_device_fault(error: BaseException) -> bool:
@@ -45,13 +35,14 @@ def launch_fault(error: BaseException,
 
   ``call`` describes the call: its kernel, grid and options.
   """
-  synced = sync_launches()
+  synced = _settings.sync_launches()
   where = ("this call's kernel" if synced else
            "this call, or a kernel launched before it (launches are"
            " asynchronous)")
   hint = ("" if synced else
-          f" Set {SYNC_ENV_VAR}=1 to make each eager call wait for its kernel,"
-          " so that the fault is reported by the call that caused it.")
+          f" Set {_settings.SYNC_LAUNCHES}=1 to make each eager call wait for"
+          " its kernel, so that the fault is reported by the call that"
+          " caused it.")
   return _errors.KernelLaunchError(
       f"The device reported a fault in {where}. The call:"
       f" {call}."
@@ -60,9 +51,3 @@ def launch_fault(error: BaseException,
       f" {error}"
   )
 
-
-def wait_if_synced(outs):
-  """Blocks until ``outs`` are ready when ``JT_DIST_SYNC_LAUNCHES`` is on."""
-  if sync_launches():
-    jax.block_until_ready(outs)
-  return outs

@@ -18,14 +18,12 @@ in only on request, and the versions are recorded on the custom call.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import hashlib
 import json
 import logging
 import os
 import tempfile
-import threading
 import zlib
 
 import jax
@@ -81,25 +79,10 @@ class ProtoChoices:
 _PADDING_FIELD = 99
 
 
-_proto_choices = ProtoChoices()
-_proto_choices_lock = threading.Lock()
-
-
-@contextlib.contextmanager
-def proto_choices(**changes):
-  """Changes the ``ProtoChoices`` of lowerings made inside the block.
-
-  For benchmarks/dispatch_profile.py, which measures each choice's cost
-  per call; the lock keeps two such blocks from interleaving.
-  """
-  global _proto_choices
-  with _proto_choices_lock:
-    saved = _proto_choices
-    _proto_choices = dataclasses.replace(saved, **changes)
-    try:
-      yield
-    finally:
-      _proto_choices = saved
+# What every lowering puts in the serialised call, read as it lowers.
+# benchmarks/dispatch_profile.py prices each choice by replacing it
+# (mock.patch.object), as tests do to read a kernel's TTIR.
+proto_choices = ProtoChoices()
 
 
 def plugin(platform: str):
@@ -228,7 +211,7 @@ def _kernel_call(lib, spec, launch, target, object_file):
         f"triton_call: kernel {compiled.name!r} was compiled with profiling"
         " instrumentation (Proton), which needs a profile scratch buffer that"
         " jaxlib does not allocate. Turn the instrumentation off.")
-  ttir = compiled.ttir if _proto_choices.ttir else ""
+  ttir = compiled.ttir if proto_choices.ttir else ""
   kernel = _compat.make_triton_kernel(
       lib, compiled.name, compiled.num_warps, compiled.num_ctas,
       compiled.shared_mem, _binary_argument(compiled, target.platform),
@@ -392,7 +375,7 @@ def gpu_lowering(ctx, *args, spec, platform: str):
   call = (calls[0] if len(calls) == 1
           else _autotuned_call(lib, spec, calls, launches, ctx, order))
   serialized = call.to_proto(spec.name, spec.serialized_metadata)
-  choices = _proto_choices
+  choices = proto_choices
   if platform == "rocm":
     with_images = rocm_binary_inline()
   elif exporting:

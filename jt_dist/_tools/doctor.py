@@ -28,7 +28,7 @@ import triton
 import triton.language as tl
 
 from jt_dist import _compat
-from jt_dist._backend import cache as _cache
+from jt_dist import _settings
 from jt_dist._gpu import lowering as _gpu_lowering
 from jt_dist._backend import target as _target
 
@@ -296,8 +296,8 @@ def disk_cache(report: Report) -> None:
   """The disk cache section: location, size, whether it can be written."""
   report.section("disk cache of compiled kernels")
   try:
-    enabled = _cache.disk_cache_enabled()
-    root = _cache.cache_dir()
+    enabled = _settings.disk_cache()
+    root = _settings.cache_dir()
   except (TypeError, ValueError) as e:
     report.line("setting", f"INVALID: {e}")
     report.problem(f"the disk cache's settings are invalid: {e}",

@@ -21,6 +21,8 @@ from typing import Any, Callable, Sequence
 
 import jax
 
+from jt_dist import _settings
+
 _DEFAULT_CPU_DEVICES = 8
 
 
@@ -34,13 +36,15 @@ def configure_cpu_devices(count: int = _DEFAULT_CPU_DEVICES) -> None:
   Args:
     count: the number of CPU devices to create.
   """
-  count = int(os.environ.get("JT_DIST_CPU_DEVICES", count))
+  count = _settings.cpu_devices(count)
   try:
     jax.config.update("jax_num_cpu_devices", count)
   except RuntimeError:
     pass  # Backends already initialised: keep what they have.
 
 
+# A run's coordinates, from run_processes to the processes it starts: this
+# module's protocol with itself, which no user sets (so not in _settings).
 _ENV_COORDINATOR = "JT_DIST_COORDINATOR"
 _ENV_NUM_PROCESSES = "JT_DIST_NUM_PROCESSES"
 _ENV_PROCESS_ID = "JT_DIST_PROCESS_ID"
@@ -123,7 +127,7 @@ def initialize_process() -> tuple[int, int]:
   num_processes = int(os.environ[_ENV_NUM_PROCESSES])
   _report_uncaught_exceptions(os.environ.get(_ENV_FAILURE_FILE))
   if os.environ.get("JAX_PLATFORMS", "") == "cpu":
-    configure_cpu_devices(int(os.environ.get("JT_DIST_CPU_DEVICES", 4)))
+    configure_cpu_devices(4)
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
   jax.distributed.initialize(
       coordinator_address=os.environ[_ENV_COORDINATOR],
@@ -173,7 +177,7 @@ def _process_env(base, port, process_id, num_processes, cpu_devices,
     env.pop("JAX_PLATFORMS", None)
   else:
     env["JAX_PLATFORMS"] = "cpu"
-    env["JT_DIST_CPU_DEVICES"] = str(cpu_devices)
+    env[_settings.CPU_DEVICES] = str(cpu_devices)
   return env
 
 

@@ -1,0 +1,392 @@
+"""Every ``JT_DIST_*`` environment variable, and the ``configure_*`` functions.
+
+jt_dist reads its settings here and nowhere else. What ``configure_cache``
+or ``configure_autotune`` set wins over the environment; otherwise each
+variable is read whenever its reader asks, so a value set through
+``os.environ`` (or ``mock.patch.dict``) counts from the next read on. This
+module imports nothing from jt_dist, so that every layer may import it.
+
+Environment (what each variable means; who reads it, and when):
+  ``JT_DIST_CACHE_DIR``: the directory of the disk cache of compiled
+  kernels and autotuning choices (default ``~/.cache/jt_dist``). Read by
+  ``_backend.cache`` and ``_autotune.store`` at each disk lookup and write.
+  ``JT_DIST_DISK_CACHE``: the disk cache, on (``1``/``true``/``on``/``yes``,
+  the default) or off (``0``/``false``/``off``/``no``); anything else is an
+  error. Read with ``JT_DIST_CACHE_DIR``.
+  ``JT_DIST_DUMP_DIR``: a directory receiving, per compiled kernel, its IRs
+  and launch metadata; while set, every GPU launch is compiled afresh.
+  Read by ``_gpu.compile`` at each launch it compiles.
+  ``JT_DIST_SYNC_LAUNCHES``: on (``1``/``true``/``on``/``yes``), each eager
+  call on a GPU waits for its kernel, so that a device fault is reported
+  by the call that caused it; anything else is off (the default). Read
+  by ``_call.kernel_call`` when a ``KernelCall`` is made, and by
+  ``_gpu.faults`` when it describes a device fault.
+  ``JT_DIST_BOUNDS_CHECK``: off (``0``/``false``/``off``/``no``) runs CPU
+  launches without the memory check; anything else is on (the default).
+  Read by ``_cpu.lowering`` at each CPU launch.
+  ``JT_DIST_VECTORIZE``: off (``0``/``false``/``off``/``no``) runs each CPU
+  launch one program at a time; ``check`` runs it both ways and compares;
+  anything else is on (the default). Read by ``_cpu.vector_launch`` at
+  each CPU launch.
+  ``JT_DIST_AUTOTUNE``: ``choose`` (the default: jt_dist times the configs
+  once and every shard runs the winner) or ``jaxlib`` (jaxlib's Triton
+  call times them on its first run, in each process).
+  ``JT_DIST_AUTOTUNE_CPU``: ``first`` (the default: on the CPU, the first
+  config left after pruning) or ``time`` (time the interpreter anyway).
+  ``JT_DIST_AUTOTUNE_PIN``: a JSON object mapping kernel names to the
+  config fields to pin, e.g. ``{"matmul_kernel": {"BLOCK_M": 128}}``.
+  ``JT_DIST_AUTOTUNE_TIMEOUT_S``: how long, in seconds, a process waits for
+  process 0's choice in a multi-process run (default 600). These four are
+  read by ``_autotune`` each time an autotuned call is lowered.
+  ``JT_DIST_CPU_DEVICES``: how many virtual CPU devices
+  ``jt_dist.testing.configure_cpu_devices`` asks for, over its argument;
+  ``run_processes`` sets it for the processes it starts. Read by
+  ``_tools.processes`` at each call.
+
+Not here: ``JT_DIST_COORDINATOR``, ``JT_DIST_NUM_PROCESSES``,
+``JT_DIST_PROCESS_ID`` and ``JT_DIST_FAILURE_FILE`` carry a run's
+coordinates from ``jt_dist.testing.run_processes`` to the processes it
+starts. ``_tools.processes`` writes and reads them, and no user sets them:
+they are that module's protocol with itself, not settings.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import threading
+from typing import Any, Callable
+
+CACHE_DIR = "JT_DIST_CACHE_DIR"
+DISK_CACHE = "JT_DIST_DISK_CACHE"
+DUMP_DIR = "JT_DIST_DUMP_DIR"
+SYNC_LAUNCHES = "JT_DIST_SYNC_LAUNCHES"
+BOUNDS_CHECK = "JT_DIST_BOUNDS_CHECK"
+VECTORIZE = "JT_DIST_VECTORIZE"
+AUTOTUNE = "JT_DIST_AUTOTUNE"
+AUTOTUNE_CPU = "JT_DIST_AUTOTUNE_CPU"
+AUTOTUNE_PIN = "JT_DIST_AUTOTUNE_PIN"
+AUTOTUNE_TIMEOUT_S = "JT_DIST_AUTOTUNE_TIMEOUT_S"
+CPU_DEVICES = "JT_DIST_CPU_DEVICES"
+
+DEFAULT_ENTRIES = 256
+DEFAULT_TIMEOUT_S = 600.0
+AUTOTUNE_MODES = ("choose", "jaxlib")
+AUTOTUNE_CPU_RULES = ("first", "time")
+_ON = ("1", "true", "on", "yes")
+_OFF = ("0", "false", "off", "no")
+
+
+@dataclasses.dataclass(frozen=True)
+class Configured:
+  """What the ``configure_*`` functions set; None defers to the environment."""
+
+  disk_cache: bool | None = None
+  cache_dir: str | None = None
+  memory_entries: int = DEFAULT_ENTRIES
+  dispatch_entries: int = DEFAULT_ENTRIES
+  autotune_mode: str | None = None
+  autotune_cpu_rule: str | None = None
+  autotune_timeout_s: float | None = None
+
+
+# Replaced whole, never changed in place: a reader sees one consistent value
+# without a lock, and a test restores it with mock.patch.object.
+_configured = Configured()
+_lock = threading.Lock()
+# The caches' trims, which configure_cache calls after it changes a limit.
+_trims: list[Callable[[], None]] = []
+
+
+# One parser per kind of variable. Each error names the variable, the value
+# found and what to set instead.
+
+
+def _flag(name: str, default: bool, *, strict: bool) -> bool:
+  """An on/off variable; unset or empty is ``default``.
+
+  Any other value is an error where ``strict``, else ``default``: the
+  lenient variables name only the spellings that change their default.
+  """
+  raw = os.environ.get(name, "")
+  value = raw.strip().lower()
+  if value in _ON:
+    return True
+  if value in _OFF:
+    return False
+  if not value or not strict:
+    return default
+  raise ValueError(
+      f"{name}={raw!r} is neither on ({', '.join(_ON)}) nor off"
+      f" ({', '.join(_OFF)}). Set it to 1 or 0, or unset it (it is"
+      f" {'on' if default else 'off'} by default).")
+
+
+def _choice(name: str, default: str, choices: tuple[str, ...]) -> str:
+  """A variable taking one of ``choices``; unset or empty is ``default``."""
+  raw = os.environ.get(name, "")
+  value = raw.strip().lower() or default
+  if value not in choices:
+    raise ValueError(
+        f"{name}={raw!r} is not one of {list(choices)}. Set one of them, or"
+        f" unset it (the default is {default!r}).")
+  return value
+
+
+def _path(name: str) -> str | None:
+  """A directory variable; None where it is unset or empty."""
+  raw = os.environ.get(name)
+  return _checked_dir(raw, name) if raw else None
+
+
+def _number(name: str, default, convert: Callable[[str], Any]):
+  """A positive number (``convert``: ``int`` or ``float``); unset is default."""
+  raw = os.environ.get(name, "")
+  if not raw.strip():
+    return default
+  try:
+    value = convert(raw)
+  except ValueError:
+    value = None
+  if value is None or not value > 0:
+    kind = "whole number" if convert is int else "number"
+    raise ValueError(
+        f"{name}={raw!r} is not a positive {kind}. Set it to one, e.g."
+        f" {default}, or unset it (the default is {default}).")
+  return value
+
+
+def _json_pins(name: str) -> dict[str, dict[str, Any]] | None:
+  """A JSON object of kernel names to objects of config fields, or None."""
+  text = os.environ.get(name, "").strip()
+  if not text:
+    return None
+  try:
+    pins = json.loads(text)
+  except ValueError as e:
+    raise ValueError(
+        f"{name}={text!r} is not JSON ({e}). Write an object mapping kernel"
+        ' names to config fields, e.g. {"matmul_kernel": {"BLOCK_M": 128,'
+        ' "num_warps": 8}}.') from None
+  if not isinstance(pins, dict) or not all(
+      isinstance(v, dict) for v in pins.values()):
+    raise ValueError(
+        f"{name}={text!r} must map kernel names to objects of config"
+        ' fields, e.g. {"matmul_kernel": {"BLOCK_M": 128}}.')
+  return pins
+
+
+# The settings, as their readers ask for them.
+
+
+def disk_cache() -> bool:
+  """Whether compiled kernels and choices are read from and written to disk."""
+  configured = _configured.disk_cache
+  if configured is not None:
+    return configured
+  return _flag(DISK_CACHE, True, strict=True)
+
+
+def cache_dir() -> str:
+  """The disk cache's directory."""
+  configured = _configured.cache_dir
+  if configured is not None:
+    return configured
+  return _path(CACHE_DIR) or os.path.join(
+      os.path.expanduser("~"), ".cache", "jt_dist")
+
+
+def memory_entries() -> int:
+  """How many compiled kernels the in-process cache keeps."""
+  return _configured.memory_entries
+
+
+def dispatch_entries() -> int:
+  """How many call signatures each front door's memo keeps."""
+  return _configured.dispatch_entries
+
+
+def dump_dir() -> str | None:
+  """Where compiled kernels' IRs are written, or None."""
+  return _path(DUMP_DIR)
+
+
+def sync_launches() -> bool:
+  """Whether eager GPU calls wait for their kernel."""
+  return _flag(SYNC_LAUNCHES, False, strict=False)
+
+
+def bounds_check() -> bool:
+  """Whether CPU launches check their memory accesses."""
+  return _flag(BOUNDS_CHECK, True, strict=False)
+
+
+def vectorize() -> str:
+  """How CPU launches run: ``"on"``, ``"off"`` or ``"check"``."""
+  if os.environ.get(VECTORIZE, "").strip().lower() == "check":
+    return "check"
+  return "on" if _flag(VECTORIZE, True, strict=False) else "off"
+
+
+def autotune_mode() -> str:
+  """Who picks an autotuned kernel's config: ``"choose"`` or ``"jaxlib"``."""
+  configured = _configured.autotune_mode
+  if configured is not None:
+    return configured
+  return _choice(AUTOTUNE, "choose", AUTOTUNE_MODES)
+
+
+def autotune_cpu_rule() -> str:
+  """How a config is picked on the CPU: ``"first"`` or ``"time"``."""
+  configured = _configured.autotune_cpu_rule
+  if configured is not None:
+    return configured
+  return _choice(AUTOTUNE_CPU, "first", AUTOTUNE_CPU_RULES)
+
+
+def autotune_timeout_s() -> float:
+  """How long a process waits for process 0's autotuning choice."""
+  configured = _configured.autotune_timeout_s
+  if configured is not None:
+    return configured
+  return _number(AUTOTUNE_TIMEOUT_S, DEFAULT_TIMEOUT_S, float)
+
+
+def autotune_pins() -> dict[str, dict[str, Any]]:
+  """The configs pinned from the environment: kernel name -> fields."""
+  return _json_pins(AUTOTUNE_PIN) or {}
+
+
+def cpu_devices(default: int) -> int:
+  """How many virtual CPU devices to ask for, ``default`` unless set."""
+  return _number(CPU_DEVICES, default, int)
+
+
+# Setting them from Python.
+
+
+def _checked_dir(value: Any, where: str) -> str:
+  if not isinstance(value, (str, os.PathLike)):
+    raise TypeError(
+        f"{where}={value!r} of type {type(value).__name__} must be a str or"
+        " os.PathLike naming a directory.")
+  path = os.fspath(value)
+  if not isinstance(path, str) or not path or "\0" in path:
+    raise ValueError(
+        f"{where}={value!r} is not a usable directory name (empty, bytes, or"
+        " holding a NUL character). Pass a path such as"
+        " '~/.cache/jt_dist'.")
+  return path
+
+
+def _checked_count(name: str, value: Any, fix: str) -> int:
+  if not isinstance(value, int) or isinstance(value, bool):
+    raise TypeError(
+        f"configure_cache: {name}={value!r} of type {type(value).__name__}"
+        f" must be an int, e.g. {DEFAULT_ENTRIES}.")
+  if value < 1:
+    raise ValueError(
+        f"configure_cache: {name}={value!r} must be at least 1{fix}")
+  return value
+
+
+def _update(**changes: Any) -> None:
+  global _configured
+  with _lock:
+    _configured = dataclasses.replace(_configured, **changes)
+
+
+def trim_on_configure(trim: Callable[[], None]) -> None:
+  """Has ``configure_cache`` call ``trim`` after it changes a cache limit.
+
+  The caches read their limits here whenever they grow; ``trim`` lets a
+  lowered limit free their extra entries at once, without this module
+  importing them.
+  """
+  _trims.append(trim)
+
+
+# Each parameter shares its name with the reader of what it sets.
+def configure_cache(*, disk_cache: bool | None = None,
+                    cache_dir: str | None = None,
+                    memory_entries: int | None = None,
+                    dispatch_entries: int | None = None) -> None:
+  """Sets how kernels and calls are cached; arguments left None are unchanged.
+
+  Args:
+    disk_cache: whether to use the on-disk cache of compiled kernels
+      (overrides ``JT_DIST_DISK_CACHE``).
+    cache_dir: the on-disk cache's directory (overrides
+      ``JT_DIST_CACHE_DIR``).
+    memory_entries: how many compiled kernels the in-process cache keeps.
+    dispatch_entries: how many eager call signatures ``triton_call`` and
+      ``sharded_triton_call`` each keep (256 by default). Each holds a
+      jitted function and its compiled executables until it is evicted.
+
+  Raises:
+    TypeError: an argument has the wrong type.
+    ValueError: ``memory_entries`` or ``dispatch_entries`` is below 1, or
+      ``cache_dir`` is empty or holds a NUL character.
+  """
+  changes: dict[str, Any] = {}
+  if dispatch_entries is not None:
+    changes["dispatch_entries"] = _checked_count(
+        "dispatch_entries", dispatch_entries,
+        " (the number of eager call signatures kept in memory).")
+  if memory_entries is not None:
+    changes["memory_entries"] = _checked_count(
+        "memory_entries", memory_entries,
+        "; to stop reusing kernels across processes, pass disk_cache=False.")
+  if disk_cache is not None:
+    if not isinstance(disk_cache, bool):
+      raise TypeError(
+          f"configure_cache: disk_cache={disk_cache!r} of type"
+          f" {type(disk_cache).__name__} must be True or False (a string"
+          " such as 'no' would count as True).")
+    changes["disk_cache"] = disk_cache
+  if cache_dir is not None:
+    changes["cache_dir"] = _checked_dir(cache_dir, "configure_cache: cache_dir")
+  _update(**changes)
+  if "memory_entries" in changes or "dispatch_entries" in changes:
+    for trim in _trims:
+      trim()
+
+
+def _checked_choice(name: str, value: Any, choices: tuple[str, ...]) -> str:
+  if value not in choices:
+    raise ValueError(
+        f"jt_dist autotuning: {name}={value!r} is not one of {list(choices)}.")
+  return value
+
+
+def configure_autotune(*, mode: str | None = None,
+                       cpu_rule: str | None = None,
+                       timeout_s: float | None = None) -> None:
+  """Sets how autotuned kernels are tuned; arguments left None are unchanged.
+
+  Args:
+    mode: ``"choose"`` (jt_dist times the configs once and every shard runs
+      the winner) or ``"jaxlib"`` (jaxlib times them on the first run, per
+      process); overrides ``JT_DIST_AUTOTUNE``.
+    cpu_rule: on the CPU, ``"first"`` (the first config left after pruning)
+      or ``"time"`` (time Triton's interpreter); overrides
+      ``JT_DIST_AUTOTUNE_CPU``.
+    timeout_s: how long a process waits for process 0's choice; overrides
+      ``JT_DIST_AUTOTUNE_TIMEOUT_S``.
+
+  Raises:
+    ValueError: an unknown mode or rule, or a timeout that is not positive.
+  """
+  changes: dict[str, Any] = {}
+  if mode is not None:
+    changes["autotune_mode"] = _checked_choice("mode", mode, AUTOTUNE_MODES)
+  if cpu_rule is not None:
+    changes["autotune_cpu_rule"] = _checked_choice(
+        "cpu_rule", cpu_rule, AUTOTUNE_CPU_RULES)
+  if timeout_s is not None:
+    if not float(timeout_s) > 0:
+      raise ValueError(
+          f"jt_dist autotuning: timeout_s={timeout_s!r} must be positive.")
+    changes["autotune_timeout_s"] = float(timeout_s)
+  _update(**changes)

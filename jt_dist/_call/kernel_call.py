@@ -103,12 +103,14 @@ class KernelCall:
   def _runtime_slots(self) -> tuple[int, ...]:
     """Positions of the scalars that can come at call time, or ().
 
-    None where anything static reads a scalar's value: a callable grid or
+    None off the CPU (a GPU compiles the value in), and where anything
+    static reads a scalar's value: a callable grid or
     ``zeroed_outputs``, autotuning or heuristics, a constexpr or declared
     type of its parameter, a sharding rule, or an eager placement step.
     """
     if (callable(self.grid) or callable(self.options.zeroed_outputs)
-        or self._eager_first or self.options.sharding_rule is not None):
+        or self._eager_first or self.options.sharding_rule is not None
+        or jax.default_backend() != "cpu"):
       return ()
     info = _kernel.kernel_info(self.kernel)
     if info.layers:

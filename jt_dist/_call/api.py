@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import itertools
 from typing import Any, Callable, Mapping, Sequence
 
 import jax
@@ -17,6 +18,8 @@ from jt_dist._core import types as _types
 from jt_dist._sharding import refs as _refs
 
 OPERAND = _kernel_call.OPERAND
+_SHAPE_DTYPE = jax.ShapeDtypeStruct
+_INTS = frozenset((int, bool))
 # A memo entry saying: key this call's scalars by their values.
 _BY_VALUE = object()
 # Argument types passed at call time; grows by the classes of concrete
@@ -163,6 +166,14 @@ def triton_call(*args: Any, kernel: Any, out_shape: Any = None, grid: Any,
       automatic mesh axes on the CPU, or its shardings were given only to
       ``jax.jit``.
   """
+  arg_types = tuple(map(type, args))
+  if type(out_shape) is _SHAPE_DTYPE and type(grid) is tuple:  # pylint: disable=unidiomatic-typecheck
+    key = _plain_key(kernel, out_shape, grid, kwargs, args, arg_types)
+    if key is not None:
+      call = _memo.triton_calls.get(key)
+      if call is None or not call.made_for(kernel):
+        return _first_call(args, kernel, out_shape, grid, kwargs, key, False)
+      return call(*itertools.compress(args, call.passed))
   # On the CPU a scalar's value can come at run time: keyed by its type.
   runtime = not callable(grid)
   try:
@@ -178,9 +189,36 @@ def triton_call(*args: Any, kernel: Any, out_shape: Any = None, grid: Any,
     key = call = None
   if call is None or not call.made_for(kernel):
     return _first_call(args, kernel, out_shape, grid, kwargs, key, runtime)
-  if call._fixed:  # pylint: disable=protected-access
-    return call(*[a for a, passed in zip(args, call.passed) if passed])
-  return call(*args)
+  return call(*itertools.compress(args, call.passed))
+
+
+def _plain_key(kernel, out_shape, grid, kwargs, args, arg_types):
+  """The memo key of the commonest call, built without a Python loop; or None.
+
+  That call: one ``ShapeDtypeStruct`` out, a grid of ints, metaparams that
+  are ints or strings, array operands and (off the CPU, where a scalar's
+  value is compiled in) int scalars. Their types and values are the exact
+  key (``jt_dist._core.exact``) of each.
+  """
+  kinds = tuple(map(type, kwargs.values()))
+  grid_kinds = tuple(map(type, grid))
+  if not (_exact.PLAIN.issuperset(kinds)
+          and _exact.PLAIN.issuperset(grid_kinds)):
+    return None
+  if not _OPERAND_TYPES.issuperset(arg_types):
+    for a in args:
+      _is_operand(a)  # Learns the classes of concrete jax.Arrays.
+  if _OPERAND_TYPES.issuperset(arg_types):
+    scalars = ()
+  elif (_OPERAND_TYPES.issuperset(frozenset(arg_types) - _INTS)
+        and jax.default_backend() != "cpu"):
+    scalars = tuple(itertools.compress(args,
+                                       map(_INTS.__contains__, arg_types)))
+  else:
+    return None
+  return (id(kernel), out_shape.shape, out_shape.dtype, out_shape.weak_type,
+          out_shape.sharding, grid, grid_kinds, tuple(kwargs.items()), kinds,
+          arg_types, scalars)
 
 
 def _is_operand(arg: Any) -> bool:

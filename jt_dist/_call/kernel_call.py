@@ -94,6 +94,9 @@ class KernelCall:
     # JT_DIST_SYNC_LAUNCHES, read when the call is made: wait for each
     # launch, so that a device fault is reported by the call that caused it.
     self._sync = _settings.sync_launches()
+    # Nothing to do around jax's dispatch on concrete operands.
+    self._plain = not (self._slots or self._split or self._eager_first
+                       or self._sync)
 
   def made_for(self, kernel: Any) -> bool:
     """Whether this call is ``kernel``'s, made for its current source."""
@@ -169,6 +172,12 @@ class KernelCall:
     return arrays
 
   def __call__(self, *operands: Any) -> Any:
+    if self._plain and _CONCRETE.issuperset(map(type, operands)):
+      # Concrete arrays and nothing to add: jax's dispatch alone.
+      try:
+        return self._jitted(*operands)
+      except Exception as e:  # pylint: disable=broad-except
+        raise_failure(e, self._args(operands), self)
     if _traced_within(operands) or (self._slots
                                     and not _compat.at_top_level()):
       # Inside the caller's trace the primitive is bound where the caller

@@ -18,7 +18,7 @@ from triton import language as tl
 
 # Types whose ``==`` already tells every Triton-distinct value apart once
 # the type is compared too.
-_PLAIN = frozenset((int, bool, str, bytes, type(None)))
+PLAIN = frozenset((int, bool, str, bytes, type(None)))
 
 
 def key(value: Any) -> Any:
@@ -27,7 +27,7 @@ def key(value: Any) -> Any:
   Unhashable values of unknown types raise TypeError, as hashing them would.
   """
   kind = type(value)
-  if kind in _PLAIN:
+  if kind in PLAIN:
     return kind, value
   if kind is float:
     # The sign of zero, NaNs and infinities are in the bits.
@@ -52,7 +52,7 @@ def items_key(items) -> tuple:
 def dict_key(mapping: dict) -> tuple:
   """``items_key`` of a dict's items; quickly for ints and strings."""
   kinds = tuple(map(type, mapping.values()))
-  if _PLAIN.issuperset(kinds):
+  if PLAIN.issuperset(kinds):
     # The common case, keyed without a Python loop.
     return tuple(mapping.items()), kinds
   return items_key(mapping.items())
@@ -62,6 +62,6 @@ def plain_tuple_key(value: Any) -> Any:
   """``key`` of a tuple of ints (a grid, say), quickly; else ``key``."""
   if type(value) is tuple:  # pylint: disable=unidiomatic-typecheck
     kinds = tuple(map(type, value))
-    if _PLAIN.issuperset(kinds):
+    if PLAIN.issuperset(kinds):
       return kinds, value
   return key(value)

@@ -11,15 +11,17 @@ on the same values. Each result must be
 * rounded once: ``+``, ``-``, ``*``, ``tl.fma`` on bf16 (within one unit in
   the last place);
 * float32's: what Triton computes in float32 (``/``, ``%``, ``fdiv``,
-  ``tl.softmax``, ``tl.dot``, ``tl.sum(..., dtype=tl.float32)``);
+  ``tl.softmax``, ``tl.dot``, ``tl.sum(..., dtype=tl.float32)``; Triton 3.6
+  divides bf16 in bf16 with ``fdiv``, rounding once);
 * accumulated: bf16 sums, scans and products round every partial result,
   as a GPU does, so they stay within ``depth`` roundings of the running
   value;
 
 or refused with ``KernelTypeError`` naming the operation and the dtype,
 where Triton does not compile it for a GPU: float8 arithmetic, comparisons,
-reductions and scans, and math functions on either dtype. Both paths give
-the same bits.
+reductions and scans, math functions on either dtype, and (Triton 3.6,
+whose ``tl.maximum`` returns float32 for bf16) a bf16 ``tl.reduce`` whose
+combine function returns float32. Both paths give the same bits.
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ from jt_dist import testing
 testing.configure_cpu_devices()
 
 import jt_dist  # pylint: disable=g-import-not-at-top,wrong-import-position
+from jt_dist import _compat  # pylint: disable=g-import-not-at-top,wrong-import-position
 import float_op_kernels as K  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 _BLOCK = 16
@@ -196,6 +199,25 @@ _OPS = {
     **{name: Op(getattr(K, name), None, refused=rf"tl\.{name}")
        for name in _MATH},
 }
+
+
+def _as_triton_defines(name: str, op: Op, triton_name: str) -> Op:
+  """``op`` on ``triton_name`` as the installed Triton defines it.
+
+  Triton 3.6 (``_compat.triton36_floats``; remove when its support ends)
+  divides bf16 in bf16 with ``tl.math.fdiv``, and its ``tl.maximum``
+  returns float32 for bf16, which ``tl.reduce`` refuses from a combine
+  function.
+  """
+  if triton_name != "bf16":
+    return op
+  if name == "fdiv" and not _compat.fdiv_widens_bfloat16():
+    return dataclasses.replace(op, error="once")
+  if name == "reduce_max" and _compat.min_max_widen_bfloat16():
+    return dataclasses.replace(op, refused=r"tl\.reduce")
+  return op
+
+
 # Operations whose result tells a NaN operand from a number.
 _NAN_SENSITIVE = ("maximum", "minimum", "maximum_nan", "minimum_nan", "clamp",
                   "clamp_nan")
@@ -296,7 +318,8 @@ class NarrowFloatsTest(testing.TestCase):
       (f"_{name}_{dtype[1]}", name, dtype)
       for name in sorted(_OPS) for dtype in _DTYPES)
   def test_operation(self, name, dtype):
-    op, (jnp_dtype, triton_name) = _OPS[name], dtype
+    jnp_dtype, triton_name = dtype
+    op = _as_triton_defines(name, _OPS[name], triton_name)
     inputs = self._inputs(name, jnp_dtype)
     vectorised, one_at_a_time = self._both(op, inputs)
     float8 = np.dtype(jnp_dtype).itemsize == 1

@@ -18,6 +18,8 @@ the modules behind them:
 - ``interpreter``: hooks into Triton's interpreter for the CPU runtime.
 - ``interpreter_language``: ``triton.language`` patched as the interpreter
   patches it, recorded once.
+- ``triton36_floats``: where Triton 3.6 treats floats otherwise than 3.9
+  (remove when Triton 3.6 support ends).
 - ``jax_lowering``: JAX facts for lowering rules and primitive registries.
 - ``jax_runtime``: JAX facts at call time (tracing state, Refs, services).
 - ``xla_ffi``: the XLA FFI C API's struct layouts (the CPU FFI target).
@@ -38,6 +40,10 @@ from jt_dist._compat.interpreter import interpreter_native_memory_replaced
 from jt_dist._compat.interpreter import interpreter_program_id
 from jt_dist._compat.interpreter import interpreter_semantic_class
 from jt_dist._compat.interpreter_language import interpreter_language_patched
+from jt_dist._compat.triton36_floats import fdiv_widens_bfloat16
+from jt_dist._compat.triton36_floats import interpreter_builder_backported
+from jt_dist._compat.triton36_floats import min_max_widen_bfloat16
+from jt_dist._compat.triton36_floats import nan_ignoring
 from jt_dist._compat.jax_lowering import AxisFacts
 from jt_dist._compat.jax_lowering import is_auto_axis
 from jt_dist._compat.jax_lowering import kernel_side_effect

@@ -7,9 +7,11 @@ launch (the caller holds the interpreter lock) every builder operation
 that computes on bf16 operands takes their values, computes in float32
 (float64 for ``tl.fma``, which rounds once) and rounds the result to bf16,
 to nearest even, as GPUs round each bf16 operation. Conversions to bf16
-round to nearest even too (upstream truncates), and ``tl.device_print``
-prints the values. Selects, loads, stores and ``tl.abs`` move bits and are
-left alone; reductions and scans are in ``reductions``.
+round to nearest even too (upstream truncates), so do bf16 constants
+(``x + 1.5``, ``tl.full(..., tl.bfloat16)``; Triton 3.6's interpreter has
+no constructor for them), and ``tl.device_print`` prints the values.
+Selects, loads, stores and ``tl.abs`` move bits and are left alone;
+reductions and scans are in ``reductions``.
 """
 
 from __future__ import annotations
@@ -73,6 +75,13 @@ def _cast_impl(original):
       return _interpreter.TensorHandle(data, dst_ty)
     return original(self, src, dst_type)
   return cast_impl
+
+
+def _constant(self, value):
+  # Triton 3.9's interpreter rounds a bf16 constant through float32 too.
+  del self
+  return _interpreter.TensorHandle(to_bits(np.float32(value)).reshape(1),
+                                   tl.bfloat16)
 
 
 def _dot(original):
@@ -172,5 +181,6 @@ def bfloat16_like_compiled():
       "unary_op": _unary_op(builder.unary_op),
       "ternary_op": _ternary_op(builder.ternary_op),
       "create_fma": _fma(builder.create_fma),
-      "create_print": _print(builder.create_print)}):
+      "create_print": _print(builder.create_print),
+      "get_bf16": _constant}):
     yield

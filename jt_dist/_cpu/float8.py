@@ -10,13 +10,16 @@ interpreter does the same: such an operation raises ``KernelTypeError``
 naming the kernel, the operation and the dtype. Conversions to float8 round
 to nearest even and saturate at the largest finite value, as NVIDIA GPUs
 convert to float8_e4m3fn and float8_e5m2 (``cvt.rn.satfinite``); upstream,
-ties round up and large values come out wrong. Conversions from float8 and
-``tl.dot`` take the values (upstream converts the bits, and turns NaN and
-infinities into large numbers and float8_e5m2's subnormals into float16
-zeros); ``tl.device_print`` prints the values. Loads, stores, selects and
-``tl.abs`` move bits and are left alone. Reductions and scans that add, multiply or compare float8 values are
-refused alike (``reductions``), and math functions by Triton itself
-(``math_dtypes`` names them).
+ties round up and large values come out wrong. Float8 constants
+(``tl.full``, a Python number next to a float8 operand) are rounded alike
+(upstream makes them from the number's integer part). Conversions from
+float8 and ``tl.dot`` take the values (upstream converts the bits, and
+turns NaN and infinities into large numbers and float8_e5m2's subnormals
+into float16 zeros); ``tl.device_print`` prints the values. Loads, stores,
+selects and ``tl.abs`` move bits and are left alone. Reductions and scans
+that add, multiply or compare float8 values are refused alike
+(``reductions``), and math functions by Triton itself (``math_dtypes``
+names them).
 """
 
 from __future__ import annotations
@@ -106,21 +109,57 @@ def _source_values(handle):
   return values if name == "fp64" else values.astype(np.float32)
 
 
-def _saturating_conversion(src, dst_type, rounding_mode):
-  """``src`` converted to float8 as NVIDIA GPUs convert, or None."""
-  dst = dst_type.scalar
-  if (dst.name not in _VALUE_TYPES
-      or getattr(rounding_mode, "name", None) != "RTNE"):
-    return None
-  values = _source_values(src)
-  if values is None:
-    return None
-  twin = _VALUE_TYPES[dst.name]
+def _to_float8(values, scalar):
+  """Float ``values`` as bits of ``scalar``, a float8 type with a twin.
+
+  Rounded to nearest even, saturating, as NVIDIA GPUs convert.
+  """
+  twin = _VALUE_TYPES[scalar.name]
   largest = float(ml_dtypes.finfo(twin).max)
   # NaN stays NaN; anything beyond the largest finite value becomes it.
   clipped = np.clip(values, -largest, largest)
   bits = np.asarray(clipped).astype(twin).view(np.uint8)
-  return _interpreter.TensorHandle(bits, dst)
+  return _interpreter.TensorHandle(bits, scalar)
+
+
+def _narrowing_conversion(src, dst_type):
+  """``src`` converted to float8 as NVIDIA GPUs convert, or None."""
+  dst = dst_type.scalar
+  values = _source_values(src) if dst.name in _VALUE_TYPES else None
+  return None if values is None else _to_float8(values, dst)
+
+
+def _saturating_conversion(src, dst_type, rounding_mode):
+  """A cast to float8 (``tl.cast``, ``.to``) on values, or None."""
+  if getattr(rounding_mode, "name", None) != "RTNE":
+    return None
+  return _narrowing_conversion(src, dst_type)
+
+
+def _constants() -> dict:
+  """Builder constructors of float8 constants, by name, on values.
+
+  Triton 3.6's interpreter has none (``x + 1.5`` on float8 fails there
+  before the addition is refused); 3.9's makes a float32 constant and
+  truncates it (``_fp_trunc``).
+  """
+  def constant(scalar):
+    def get(self, value):
+      del self
+      return _to_float8(np.array([value], np.float32), scalar)
+    return get
+  return {f"get_{name}": constant(tl.dtype(name)) for name in _VALUE_TYPES}
+
+
+def _fp_trunc(original):
+  # Upstream truncates to float8 with a plain ``astype`` of the number: a
+  # float8 constant 1.5 became the bits 0x01.
+  def create_fp_trunc(self, src, dst_type):
+    converted = _narrowing_conversion(src, dst_type)
+    if converted is None:
+      return original(self, src, dst_type)
+    return converted
+  return create_fp_trunc
 
 
 def _values(handle):
@@ -230,6 +269,7 @@ def float8_like_compiled(kernel: str):
       "binary_op": binary_op, "unary_op": unary_op,
       "ternary_op": ternary_op, "create_fma": create_fma,
       "create_clampf": create_clampf, "create_fp_to_fp": create_fp_to_fp,
+      "create_fp_trunc": _fp_trunc(builder.create_fp_trunc),
       "create_dot": _dot(builder.create_dot),
-      "create_print": _print(builder.create_print)}):
+      "create_print": _print(builder.create_print), **_constants()}):
     yield

@@ -16,9 +16,13 @@ here on values, in both the one-program and the vectorised launch:
   the dtype, as the builder's arithmetic does (``float8``).
 
 Reductions and scans with the kernel's own combine function already run on
-values: the combine's arithmetic goes through the patched builder.
-``tl.max`` and ``tl.min`` without indices widen to float32 first, upstream
-and compiled alike.
+values: the combine's arithmetic goes through the patched builder. A
+combine function must return its operands' types, or compiling fails
+("'tt.reduce' op type mismatch on combine operation"); upstream stores
+what it returns into the operands' type anyway (float values as bf16 bits),
+so such a combine is refused with ``KernelTypeError`` (Triton 3.6's
+``tl.maximum`` returns float32 for bf16 operands). ``tl.max`` and ``tl.min``
+without indices widen to float32 first, upstream and compiled alike.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from triton.language import core as tl_core
 from triton.runtime import interpreter as _interpreter
 
 from jt_dist import _compat
+from jt_dist import _errors
 from jt_dist._cpu import bfloat16 as _bf16
 from jt_dist._cpu import float8 as _float8
 
@@ -110,9 +115,56 @@ def _retyped(tensor, scalar, data):
 
 
 def _min_max_name(val_reduce_op, idx_reduce_op) -> str:
+  """The ``tl`` function behind NaN-ignoring (``nan_ignoring``) reductions."""
   if idx_reduce_op is not None:
     return "tl.argmin" if idx_reduce_op is np.nanargmin else "tl.argmax"
   return "tl.min" if val_reduce_op is np.nanmin else "tl.max"
+
+
+def combine_refusal(kernel: str, what: str, operand,
+                    returned) -> _errors.KernelTypeError:
+  """The error refusing a combine function that changes its operands' type.
+
+  Args:
+    kernel: the kernel's name.
+    what: "tl.reduce" or "tl.associative_scan".
+    operand: the operand's element type.
+    returned: the element type the combine function returned for it.
+  """
+  op = "tt.reduce" if what == "tl.reduce" else "tt.scan"
+  return _errors.KernelTypeError(
+      f"triton_call: kernel {kernel!r}, program id"
+      f" {_compat.interpreter_program_id()}: {what} on {operand.name}"
+      f" operands whose combine function returns {returned.name} values."
+      " A combine function must return its operands' types: Triton's"
+      f" compiler refuses it (\"'{op}' op type mismatch on combine"
+      " operation\"), and the CPU interpreter would store the values into"
+      f" {operand.name} as they are. Cast what it returns, e.g."
+      " `tl.maximum(a, b).to(a.dtype)` (Triton 3.6's tl.minimum, tl.maximum"
+      " and tl.clamp return float32 for bfloat16 operands).")
+
+
+class CheckedCombine:
+  """A combine function that refuses to change its operands' types.
+
+  Upstream's reductions and scans call ``combine_fn.fn(*accumulated,
+  *next)``; this stands in for ``combine_fn`` there.
+  """
+
+  def __init__(self, combine_fn, kernel: str, what: str):
+    self.combine_fn = combine_fn
+    self.kernel = kernel
+    self.what = what
+
+  def fn(self, *args):
+    returned = self.combine_fn.fn(*args)
+    results = returned if isinstance(returned, tuple) else (returned,)
+    for result, operand in zip(results, args):
+      # Python numbers are left to upstream, as it leaves them.
+      if isinstance(result, tl_core.tensor) and result.dtype != operand.dtype:
+        raise combine_refusal(self.kernel, self.what, operand.dtype,
+                              result.dtype)
+    return returned
 
 
 class KernelNamed:
@@ -124,13 +176,19 @@ class KernelNamed:
 
 
 class MinMaxOnValues(KernelNamed):
-  """``min_max`` of ``ReduceOps`` on bf16 values; refused on float8."""
+  """``min_max`` of ``ReduceOps`` on bf16 values; refused on float8.
+
+  Maxima and minima ignore NaN, as Triton 3.9's interpreter reduces them
+  (``_compat.nan_ignoring``).
+  """
 
   def min_max(self, input, val_reduce_op, idx_reduce_op=None):  # pylint: disable=redefined-builtin
     first = input[0] if isinstance(input, tuple) else input
     scalar = first.dtype
     if not _narrow(scalar):
       return super().min_max(input, val_reduce_op, idx_reduce_op)
+    val_reduce_op = _compat.nan_ignoring(val_reduce_op)
+    idx_reduce_op = _compat.nan_ignoring(idx_reduce_op)
     _refuse_float8(self.kernel, _min_max_name(val_reduce_op, idx_reduce_op),
                    scalar)
     wide = _retyped(first, tl.float32, _bf16.values(first.handle.data))
@@ -158,9 +216,18 @@ class ReduceOnValues(MinMaxOnValues, _interpreter.ReduceOps):
              else np.expand_dims(out, axis))
     return self.to_tensor(out, input.dtype)
 
+  def generic_reduce(self, input):  # pylint: disable=redefined-builtin
+    self.combine_fn = CheckedCombine(self.combine_fn, self.kernel, "tl.reduce")
+    return super().generic_reduce(input)
+
 
 class ScanOnValues(KernelNamed, _interpreter.ScanOps):
   """Upstream's one-program scans, on values."""
+
+  def generic_scan(self, input):  # pylint: disable=redefined-builtin
+    self.combine_fn = CheckedCombine(self.combine_fn, self.kernel,
+                                     "tl.associative_scan")
+    return super().generic_scan(input)
 
   def _scan(self, what, input):  # pylint: disable=redefined-builtin
     out = scan_along(what, input.handle.data, int(self.axis), input.dtype,

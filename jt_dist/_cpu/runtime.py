@@ -152,8 +152,10 @@ def _patched_language(kernel: str, debug: bool):
   # Both language modules, not only those the kernel's globals name (usually
   # `tl`): library helpers such as tl.zeros are @triton.jit functions that
   # call builtins through `triton.language.core`. jt_dist's own replacements
-  # of language functions are entered after, so that they win.
-  with _helpers_run_interpreted(), _bfloat16.bfloat16_like_compiled(), \
+  # of language functions are entered after, so that they win; the builder's
+  # backports before the bf16 and float8 patches, which wrap them.
+  with _helpers_run_interpreted(), _compat.interpreter_builder_backported(), \
+      _bfloat16.bfloat16_like_compiled(), \
       _float8.float8_like_compiled(kernel), _atomics.float_atomics_on_values(), \
       _compat.interpreter_language_patched(), \
       _reductions.reductions_on_values(kernel), \

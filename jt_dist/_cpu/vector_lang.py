@@ -191,9 +191,11 @@ class _ProgramsReduce(_reductions.KernelNamed, _interpreter.ReduceOps):
     axis = self._flat(input[0].handle.data)[1]
     dtypes = [t.dtype for t in input]
     acc = [np.take(d, 0, axis=axis) for d in datas]
+    combine_fn = _reductions.CheckedCombine(self.combine_fn, self.kernel,
+                                            "tl.reduce")
     for i in range(1, datas[0].shape[axis]):
       step = [np.take(d, i, axis=axis) for d in datas]
-      acc = _combine(self.combine_fn, acc, step, dtypes)
+      acc = _combine(combine_fn, acc, step, dtypes)
     block_ndim = input[0].handle.data.ndim - 1
     return [self.to_tensor(self._shaped(a, block_ndim), dt)
             for a, dt in zip(acc, dtypes)]
@@ -207,7 +209,7 @@ def _combine(combine_fn, acc, step, dtypes):
   """One combine step over all programs, rounded to the inputs' types.
 
   Upstream stores each step's result into an array of the input's type, so
-  this casts back likewise.
+  this casts back likewise (a ``CheckedCombine`` refuses other types).
   """
   args = [_to_tensor(a, dt) for a, dt in zip(acc, dtypes)]
   args += [_to_tensor(s, dt) for s, dt in zip(step, dtypes)]
@@ -254,9 +256,11 @@ class VectorScan(_reductions.KernelNamed, _interpreter.ScanOps):
     datas = _same_programs(datas)
     acc = [np.take(d, 0, axis=axis).astype(d.dtype) for d in datas]
     steps = [[a] for a in acc]
+    combine_fn = _reductions.CheckedCombine(self.combine_fn, self.kernel,
+                                            "tl.associative_scan")
     for i in range(1, datas[0].shape[axis]):
       step = [np.take(d, i, axis=axis) for d in datas]
-      acc = _combine(self.combine_fn, acc, step, dtypes)
+      acc = _combine(combine_fn, acc, step, dtypes)
       for j, a in enumerate(acc):
         steps[j].append(a)
     return [np.stack(s, axis=axis) for s in steps]

@@ -1,18 +1,20 @@
-"""What an eager CPU call costs, launched directly and through XLA.
+"""What an eager CPU call costs: its first call and a repeated one.
 
-An eager ``triton_call`` on CPU arrays launches the kernel directly on the
-arrays' host buffers (``jt_dist._cpu.direct``); with direct launches off it
-compiles an XLA executable per new signature and runs the kernel in XLA's
-host callback, as a call under ``jax.jit`` does. On one CPU device, with
-the bounds check on (the default), this times a 16-float add:
+An eager ``triton_call`` on CPU arrays runs an XLA executable with the
+kernel in a host callback, as a call under ``jax.jit`` does: its first call
+of a new signature (here a new length) traces the call and compiles an
+executable, and a repeated call finds its ``KernelCall`` in
+``triton_call``'s memo and runs the executable through ``jax.jit``'s
+dispatch. On one CPU device, with the bounds check on (the default), this
+times a 16-float add:
 
 - the first call of each new signature (a new length each time), and
 - a repeated call (one call and a sync), hot,
 
-for jt_dist's direct launch, jt_dist with direct launches off, and XLA's
+for jt_dist's ``triton_call``, for a held ``jt_dist.kernel_call`` (repeated
+call only: it is ``triton_call`` without the memo lookup), and for XLA's
 own eager ``a + b`` (``jnp.add``, a new length each time for the first
-call); and, for the repeated call, a signature called more than
-``PROMOTE_AFTER`` times, which has switched to its executable. Rounds alternate the three, and each figure is a median over them.
+call). Rounds alternate the rows, and each figure is a median over them.
 jax-triton has no CPU path, so it has no row.
 
     python benchmarks/cpu_first_call.py --out benchmarks/results/cpu/cpu_first_call.json
@@ -30,9 +32,7 @@ import time
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, _ROOT)
 
-# jt_dist first: it imports jax quietly on hosts without GPUs.
 import jt_dist  # pylint: disable=g-bad-import-order,wrong-import-position
-from jt_dist._cpu import direct  # pylint: disable=wrong-import-position
 
 import jax  # pylint: disable=wrong-import-position
 import jax.numpy as jnp  # pylint: disable=wrong-import-position
@@ -41,6 +41,7 @@ import triton  # pylint: disable=wrong-import-position
 import triton.language as tl  # pylint: disable=wrong-import-position
 
 _BLOCK = 16
+_WHERE = "eager, 1 CPU device"
 
 
 @triton.jit
@@ -59,21 +60,17 @@ def _add(x, y):
       grid=(triton.cdiv(x.size, _BLOCK),), BLOCK=_BLOCK)
 
 
-def _impls():
-  """name -> (function of two arrays, whether direct launches are on)."""
-  return {"jt_dist, direct launch": (_add, True),
-          "jt_dist, XLA executable (direct launches off)": (_add, False),
-          "XLA jnp.add": (jnp.add, True)}
+def _held(x):
+  """A ``kernel_call`` made once for arrays shaped as ``x``."""
+  return jt_dist.kernel_call(
+      add_kernel, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
+      grid=(triton.cdiv(x.size, _BLOCK),), n=x.size, BLOCK=_BLOCK)
 
 
-def _timed(fn, x, y, on):
-  previous = direct.use_direct(on)
-  try:
-    start = time.perf_counter()
-    jax.block_until_ready(fn(x, y))
-    return time.perf_counter() - start
-  finally:
-    direct.use_direct(previous)
+def _timed(fn, x, y):
+  start = time.perf_counter()
+  jax.block_until_ready(fn(x, y))
+  return time.perf_counter() - start
 
 
 def _arrays(rng, n):
@@ -84,45 +81,45 @@ def _arrays(rng, n):
 def measure(rounds: int, hot_calls: int, seed: int) -> list[dict]:
   """First calls on fresh lengths; repeated calls on one length each.
 
-  The repeated calls' lengths (61 to 64) all take 4 programs. The direct
-  launch's signature gets fewer than ``PROMOTE_AFTER`` calls in all, and
-  the promoted one more before timing starts.
+  The repeated calls' lengths (62 to 64) all take 4 programs. Each
+  function is called once before timing starts, so that its executable is
+  compiled; every result is checked against NumPy's.
   """
-  if rounds * hot_calls >= direct.PROMOTE_AFTER:
-    raise ValueError(
-        f"--rounds {rounds} x --hot-calls {hot_calls} must stay under"
-        f" PROMOTE_AFTER={direct.PROMOTE_AFTER}: the direct launch's"
-        " signature would switch to its executable mid-run.")
   rng = np.random.default_rng(seed)
-  impls = _impls()
-  promoted = "jt_dist, past PROMOTE_AFTER calls (its XLA executable)"
-  hot_arrays = {name: _arrays(rng, 64 - k) for k, name in
-                enumerate([*impls, promoted])}
-  for _ in range(direct.PROMOTE_AFTER + 1):
-    jax.block_until_ready(_add(*hot_arrays[promoted]))
-  hot_impls = {**impls, promoted: (_add, True)}
-  first = {name: [] for name in impls}
+  first_impls = {"jt_dist triton_call": _add, "XLA jnp.add": jnp.add}
+  hot_arrays = {"jt_dist triton_call": _arrays(rng, 64),
+                "jt_dist kernel_call held": _arrays(rng, 63),
+                "XLA jnp.add": _arrays(rng, 62)}
+  held = _held(hot_arrays["jt_dist kernel_call held"][0])
+  hot_impls = {"jt_dist triton_call": _add,
+               "jt_dist kernel_call held": held,
+               "XLA jnp.add": jnp.add}
+  for name, fn in hot_impls.items():
+    x, y = hot_arrays[name]
+    np.testing.assert_allclose(np.asarray(fn(x, y)),
+                               np.asarray(x) + np.asarray(y), rtol=1e-6)
+  first = {name: [] for name in first_impls}
   hot = {name: [] for name in hot_impls}
   for r in range(rounds):
-    for k, (name, (fn, on)) in enumerate(impls.items()):
-      # A length no implementation has seen: a new signature for each.
-      x, y = _arrays(rng, 100 + 3 * (r * len(impls) + k))
+    for k, (name, fn) in enumerate(first_impls.items()):
+      # A length neither implementation has seen: a new signature for each.
+      x, y = _arrays(rng, 100 + 3 * (r * len(first_impls) + k))
       jax.block_until_ready((x, y))
-      first[name].append(_timed(fn, x, y, on))
-    for name, (fn, on) in hot_impls.items():
+      first[name].append(_timed(fn, x, y))
+    for name, fn in hot_impls.items():
       for _ in range(hot_calls):
-        hot[name].append(_timed(fn, *hot_arrays[name], on))
+        hot[name].append(_timed(fn, *hot_arrays[name]))
   rows = []
-  for name in impls:
+  for name, times in first.items():
     rows.append({"case": "first eager call of a new signature",
-                 "impl": name, "where": "eager, 1 CPU device",
-                 "ms": statistics.median(first[name]) * 1e3,
-                 "samples": len(first[name])})
-  for name in hot:
+                 "impl": name, "where": _WHERE,
+                 "ms": statistics.median(times) * 1e3,
+                 "samples": len(times)})
+  for name, times in hot.items():
     rows.append({"case": "repeated eager call, hot (one call and a sync)",
-                 "impl": name, "where": "eager, 1 CPU device",
-                 "us": statistics.median(hot[name]) * 1e6,
-                 "samples": len(hot[name])})
+                 "impl": name, "where": _WHERE,
+                 "us": statistics.median(times) * 1e6,
+                 "samples": len(times)})
   return rows
 
 

@@ -10,6 +10,8 @@ times an int constexpr wraps around, times a float one does not; a positive
 float times ``-0.0`` is ``-0.0``.
 """
 
+import functools
+
 from absl.testing import absltest
 from absl.testing import parameterized
 import jax
@@ -41,6 +43,33 @@ def scale_first_kernel(x_ptr, out_ptr, SCALES: tl.constexpr,
   offsets = tl.arange(0, BLOCK)
   tl.store(out_ptr + offsets,
            (tl.load(x_ptr + offsets) * SCALES[0]).to(tl.float32))
+
+
+@triton.jit
+def negative_zero_probe_kernel(x_ptr, out_ptr, Z: tl.constexpr,
+                               BLOCK: tl.constexpr):
+  offsets = tl.arange(0, BLOCK)
+  tl.store(out_ptr + offsets, (tl.load(x_ptr + offsets) * Z).to(tl.float32))
+
+
+@functools.cache
+def _negative_zero_kept() -> bool:
+  """Whether this Triton compiles a ``-0.0`` constexpr as ``-0.0``.
+
+  Triton 3.6 makes it ``+0.0`` (compiled, and so in the interpreter): the
+  two values then are one kernel. Its own kernel, only ever called with
+  ``-0.0``, so that no cached call can answer for another value.
+  """
+  x = jnp.ones((_N,), jnp.float32)
+  out = jt_dist.triton_call(
+      x, kernel=negative_zero_probe_kernel, out_shape=x, grid=(1,), Z=-0.0,
+      BLOCK=_N)
+  return bool((np.asarray(out).view(np.int32) < 0).all())
+
+
+def _has_negative_zero(*values) -> bool:
+  return any(isinstance(_unwrap(v), float) and _unwrap(v) == 0.0
+             and np.signbit(_unwrap(v)) for v in values)
 
 
 def _unwrap(value):
@@ -127,7 +156,13 @@ class EagerMetaparamTest(testing.TestCase):
         out.view(np.int32), expected.view(np.int32),
         err_msg=f"{what} with {value!r} ran another kernel")
 
+  def _skip_unless_distinct(self, first, second):
+    if _has_negative_zero(first, second) and not _negative_zero_kept():
+      self.skipTest("this Triton compiles a -0.0 constexpr as +0.0, so"
+                    " Z=0.0 and Z=-0.0 are one kernel")
+
   def _run_pair(self, call, kernel, name, first, second, dtype):
+    self._skip_unless_distinct(first, second)
     x = self._input(dtype)
     xs = jnp.asarray(x)
     for value in (first, second, first, second):
@@ -156,6 +191,7 @@ class EagerMetaparamTest(testing.TestCase):
   def test_held_kernel_calls_stay_apart(self, kernel, name, first, second,
                                         dtype):
     # Both calls made first, then called alternately.
+    self._skip_unless_distinct(first, second)
     x = self._input(dtype)
     out = jax.ShapeDtypeStruct(x.shape, jnp.float32)
     calls = {i: jt_dist.kernel_call(kernel, out_shape=out, grid=(1,),

@@ -168,7 +168,8 @@ def _placed(args, leaf_specs, mesh):
   flat = _pytree_args.flatten(args)
   specs = iter(leaf_specs)
   return flat.rebuild([
-      _specs.place(leaf, next(specs), mesh) if _specs.is_array(leaf)
+      _specs.place(leaf, next(specs), mesh, equivalent_ok=True)
+      if _specs.is_array(leaf)
       else leaf for leaf in flat.leaves])
 
 

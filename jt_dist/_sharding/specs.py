@@ -267,11 +267,14 @@ def _trimmed(spec) -> tuple:
   return tuple(entries)
 
 
-def place(x: Any, spec: P, mesh):
+def place(x: Any, spec: P, mesh, equivalent_ok: bool = False):
   """Lays ``x`` out as ``NamedSharding(mesh, spec)`` if it is not already.
 
   Users hand in host arrays or arrays on one device; ``shard_map`` over
-  explicit mesh axes insists on inputs already laid out by its in_specs.
+  explicit mesh axes insists on inputs already laid out by its in_specs,
+  and so does one inside a trace for a concrete array the trace closes
+  over. ``equivalent_ok``: an array laid out equivalently (on the mesh's
+  one device, say) stays where it is, for a ``jax.jit`` to take.
   """
   if isinstance(x, jax.core.Tracer):
     current = getattr(jax.typeof(x), "sharding", None)
@@ -281,7 +284,7 @@ def place(x: Any, spec: P, mesh):
     return x
   if not isinstance(mesh, jax.sharding.Mesh):
     return x
-  target = move_target(x, spec, mesh)
+  target = move_target(x, spec, mesh, equivalent_ok)
   if target is None:
     return x
   if (isinstance(x, jax.Array) and getattr(x, "committed", False)
@@ -290,15 +293,17 @@ def place(x: Any, spec: P, mesh):
   return jax.device_put(x, target)
 
 
-def move_target(x: Any, spec: P, mesh) -> NamedSharding | None:
+def move_target(x: Any, spec: P, mesh,
+                equivalent_ok: bool = False) -> NamedSharding | None:
   """Where ``place`` moves a concrete ``x``: None if it is laid out already."""
   current = getattr(x, "sharding", None)
   if isinstance(current, NamedSharding) and current.mesh == mesh and (
       _trimmed(current.spec) == _trimmed(spec)):
     return None
   target = NamedSharding(mesh, spec)
-  if current is not None and current.is_equivalent_to(target, x.ndim):
-    return None  # On the mesh's one device already, say.
+  if equivalent_ok and current is not None and current.is_equivalent_to(
+      target, x.ndim):
+    return None
   return target
 
 

@@ -32,7 +32,6 @@ import time
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, _ROOT)
 
-# jt_dist first: it imports jax quietly on hosts without GPUs.
 import jt_dist  # pylint: disable=g-bad-import-order,wrong-import-position
 
 import jax  # pylint: disable=wrong-import-position

@@ -6,8 +6,6 @@ through Triton's interpreter, with a smaller input so that it takes seconds.
     python examples/add.py
 """
 
-# jt_dist first: it imports jax without the CUDA plugin's start-up lines
-# on hosts without GPUs (docs/installation.md, "Quiet start-up").
 import jt_dist  # pylint: disable=g-bad-import-order
 
 import jax

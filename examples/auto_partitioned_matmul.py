@@ -14,8 +14,6 @@ once per device on its shard, with no ``shard_map`` in user code:
     python examples/auto_partitioned_matmul.py
 """
 
-# jt_dist first: it imports jax without the CUDA plugin's start-up lines
-# on hosts without GPUs (docs/installation.md, "Quiet start-up").
 import jt_dist  # pylint: disable=g-bad-import-order
 
 import jax

@@ -16,8 +16,6 @@ PTX the jaxlib of a Triton 3.6 host assembles), for sm_90.
 
 from __future__ import annotations
 
-# jt_dist first: it imports jax without the CUDA plugin's start-up lines
-# on hosts without GPUs (docs/installation.md, "Quiet start-up").
 import jt_dist  # pylint: disable=g-bad-import-order
 
 import argparse

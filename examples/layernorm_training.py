@@ -10,8 +10,6 @@ summed across shards with ``out_reduce`` before they leave them.
     python examples/layernorm_training.py
 """
 
-# jt_dist first: it imports jax without the CUDA plugin's start-up lines
-# on hosts without GPUs (docs/installation.md, "Quiet start-up").
 import jt_dist  # pylint: disable=g-bad-import-order
 
 import functools

@@ -8,8 +8,6 @@ through Triton's interpreter, on small matrices.
     python examples/matmul.py
 """
 
-# jt_dist first: it imports jax without the CUDA plugin's start-up lines
-# on hosts without GPUs (docs/installation.md, "Quiet start-up").
 import jt_dist  # pylint: disable=g-bad-import-order
 
 import jax

@@ -6,8 +6,6 @@ GPUs it runs Triton's interpreter on 8 virtual CPU devices.
     python examples/sharded_add.py
 """
 
-# jt_dist first: it imports jax without the CUDA plugin's start-up lines
-# on hosts without GPUs (docs/installation.md, "Quiet start-up").
 import jt_dist  # pylint: disable=g-bad-import-order
 
 import jax

@@ -6,8 +6,6 @@ constexpr; nothing in the kernel depends on the array's size.
     python examples/softmax.py
 """
 
-# jt_dist first: it imports jax without the CUDA plugin's start-up lines
-# on hosts without GPUs (docs/installation.md, "Quiet start-up").
 import jt_dist  # pylint: disable=g-bad-import-order
 
 import jax

@@ -104,7 +104,7 @@ _PRELOADED = ("triton.compiler.code_generator",
 _SERVER = r"""
 import gc, importlib, os, sys
 base_path = list(sys.path)
-import jt_dist  # jax and Triton, imported the quiet way users import them.
+import jt_dist  # jax and Triton, imported as users import them.
 for name in sys.argv[2:]:
   try:
     importlib.import_module(name)

@@ -123,8 +123,9 @@ class ReadmeTest(absltest.TestCase):
   def test_eager_table_is_the_committed_results(self):
     rows = re.findall(r"^\| one (H100|H200) \| (.*) \|$", _readme(), re.M)
     self.assertLen(rows, 2)
-    cases = ("xla_eager", "jax_triton_eager", "jt_dist_eager", "xla_jit",
-             "jax_triton_jit", "jt_dist_jit")
+    cases = ("xla_eager", "jax_triton_eager", "jt_dist_eager",
+             "jt_dist_kernel_call_eager", "xla_jit", "jax_triton_jit",
+             "jt_dist_jit")
     for device, cells in rows:
       path = os.path.join(_ROOT, "benchmarks", "results",
                           f"{device.lower()}x1", "dispatch.json")

@@ -173,6 +173,8 @@ def triton_call(*args: Any, kernel: Any, out_shape: Any = None, grid: Any,
       call = _memo.triton_calls.get(key)
       if call is None or not call.made_for(kernel):
         return _first_call(args, kernel, out_shape, grid, kwargs, key, False)
+      if call.passed_all:
+        return call(*args)
       return call(*itertools.compress(args, call.passed))
   # On the CPU a scalar's value can come at run time: keyed by its type.
   runtime = not callable(grid)

@@ -78,6 +78,7 @@ class KernelCall:
     self.passed = tuple(s is OPERAND or i in self._slots
                         for i, s in enumerate(self.statics))
     self._fixed = not all(self.passed)
+    self.passed_all = not self._fixed
     # Per argument passed at call time: whether it is a runtime scalar.
     self._is_scalar = tuple(i in self._slots
                             for i, s in enumerate(self.statics)

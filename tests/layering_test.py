@@ -11,10 +11,11 @@ import os
 from absl.testing import absltest
 from absl.testing import parameterized
 
+import jt_dist
 import layout_test
 
-_PACKAGE = os.path.join(os.path.dirname(os.path.dirname(
-    os.path.abspath(__file__))), "jt_dist")
+# The package the suite imports: the clone's, or an installed wheel's.
+_PACKAGE = os.path.dirname(os.path.abspath(jt_dist.__file__))
 
 # Subpackages a lower layer must never import.
 _PLATFORMS = ("_cpu", "_gpu", "_vmap", "_autotune")

@@ -73,20 +73,6 @@ class LRUCache:
         self._newest = value
       return value
 
-  def hit(self, key: Any) -> Any | None:
-    """``get`` for the eager fast path: takes no lock on the newest value.
-
-    A dict lookup is atomic in CPython; only moving a value that is not
-    the newest needs the lock.
-    """
-    value = self._entries.get(key)
-    if value is not None and value is not self._newest:
-      with self._lock:
-        if key in self._entries:
-          self._entries.move_to_end(key)
-          self._newest = value
-    return value
-
   def put(self, key: str, value: Any) -> None:
     with self._lock:
       self._entries[key] = value

@@ -6,7 +6,7 @@ As in jax-triton 0.4, ``num_warps``, ``num_stages``, ``num_ctas`` and
 rest (``maxnreg``, ``extern_libs``, ...) go to the Triton backend's ``parse_options`` on
 GPUs; the CPU interpreter compiles nothing and ignores them. The merged
 options are kept as a sorted tuple of pairs, so that they can be part of
-the eager fast path's key and of the static ``CallSpec``.
+the front door's memo key and of the static ``CallSpec``.
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ def merge(backend_options: Any, *, num_warps: Any, num_stages: Any,
     ValueError: an option is given both as an argument and in
       ``backend_options``.
   """
-  if backend_options is None:  # The eager fast path's usual case.
+  if backend_options is None:  # The usual case.
     return Merged(num_warps, num_stages, num_ctas, debug, enable_fp_fusion,
                   ())
   if not isinstance(backend_options, collections.abc.Mapping):

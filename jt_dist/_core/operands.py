@@ -2,7 +2,7 @@
 
 A keyword that names a non-``constexpr`` parameter of the kernel is an
 operand, as if passed positionally: an array is a pointer, a scalar a value.
-Everything downstream (binding, the eager fast path, ``ShardingRule``s,
+Everything downstream (binding, the front door's memo, ``ShardingRule``s,
 ``jax.vmap``, the CPU bounds checker) works on positional operands, so the
 keyword operands are moved into the positional arguments here, in the
 kernel's parameter order, before anything else sees the call.

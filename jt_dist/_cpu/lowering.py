@@ -201,7 +201,7 @@ def _in_parameter_order(spec, args, kwargs):
 
 
 def _launch(spec, inputs, outputs):
-  if spec.runtime_scalars:  # The eager fast path's scalars: see scalars.py.
+  if spec.runtime_scalars:  # Scalars passed at run time: see scalars.py.
     spec, inputs = _scalars.unpack(spec, inputs)
   _log_once(spec)
   launch = spec.launches[0]

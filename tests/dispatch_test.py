@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import os
 import sys
@@ -115,9 +116,12 @@ class ScalarOperandTest(parameterized.TestCase):
   def test_round_trip(self, *values):
     from jt_dist._cpu import scalars as _cpu_scalars  # pylint: disable=g-import-not-at-top
     out = jax.ShapeDtypeStruct((16,), np.float32)
-    _, spec, _ = _binding.bind_call(
-        values, five_scalars_kernel, out, (1,), _binding.CallOptions(),
-        {"BLOCK": 16})
+    numpy_float = any(isinstance(v, np.float32) for v in values)
+    with (self.assertWarnsRegex(DeprecationWarning, "np.float32")
+          if numpy_float else contextlib.nullcontext()):
+      _, spec, _ = _binding.bind_call(
+          values, five_scalars_kernel, out, (1,), _binding.CallOptions(),
+          {"BLOCK": 16})
     runtime = spec.with_runtime_scalars()
     self.assertTrue(all(op.value is None for op in runtime.operands
                         if op.kind == "scalar"))

@@ -7,6 +7,8 @@ included. Sizes are small on purpose: the interpreter runs Python per program
 instance.
 """
 
+import contextlib
+
 from absl.testing import absltest
 from absl.testing import parameterized
 import chex
@@ -231,6 +233,14 @@ class AddTest(VariantsTestCase):
     self.assertAllClose(add(x2, y), x2 + y)
 
 
+def _deprecated_if_numpy(test, value):
+  """Expects jt_dist's deprecation of an ``np.float32`` scalar, if it is one."""
+  if isinstance(value, np.floating):
+    return test.assertWarnsRegex(
+        DeprecationWarning, r"passing np\.float32 scalars is deprecated")
+  return contextlib.nullcontext()
+
+
 class ScalarTest(VariantsTestCase):
 
   @chex.variants(with_jit=True, without_jit=True)
@@ -244,7 +254,8 @@ class ScalarTest(VariantsTestCase):
           out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype), grid=_cdiv_grid,
           BLOCK=16)
 
-    out = self.variant(axpy)(jnp.asarray(x), jnp.asarray(y))
+    with _deprecated_if_numpy(self, alpha):
+      out = self.variant(axpy)(jnp.asarray(x), jnp.asarray(y))
     self.assertAllClose(out, np.float32(alpha) * x + y, rtol=1e-6)
 
   @parameterized.parameters(1.0 / 3.0, np.float32(1.0 / 3.0))
@@ -252,10 +263,11 @@ class ScalarTest(VariantsTestCase):
     # A compiled kernel receives a float scalar as an fp32 parameter, so
     # fp16 * alpha is computed in fp32; the interpreter must do the same.
     x = self.random((64,), np.float16)
-    out = jt_dist.triton_call(
-        x, alpha, x.size, kernel=scale_kernel,
-        out_shape=jax.ShapeDtypeStruct(x.shape, np.float32), grid=_cdiv_grid,
-        BLOCK=64)
+    with _deprecated_if_numpy(self, alpha):
+      out = jt_dist.triton_call(
+          x, alpha, x.size, kernel=scale_kernel,
+          out_shape=jax.ShapeDtypeStruct(x.shape, np.float32),
+          grid=_cdiv_grid, BLOCK=64)
     expected = np.float32(alpha) * x.astype(np.float32)
     self.assertAllClose(out, expected, rtol=1e-6, atol=0)
     fp16_math = (np.float16(alpha) * x).astype(np.float32)

@@ -77,8 +77,7 @@ class KernelCall:
     # Per positional argument: whether the caller passes it at call time.
     self.passed = tuple(s is OPERAND or i in self._slots
                         for i, s in enumerate(self.statics))
-    self._fixed = not all(self.passed)
-    self.passed_all = not self._fixed
+    self.passed_all = all(self.passed)
     # Per argument passed at call time: whether it is a runtime scalar.
     self._is_scalar = tuple(i in self._slots
                             for i, s in enumerate(self.statics)
@@ -107,7 +106,7 @@ class KernelCall:
   def _runtime_slots(self) -> tuple[int, ...]:
     """Positions of the scalars that can come at call time, or ().
 
-    None off the CPU (a GPU compiles the value in), and where anything
+    Empty off the CPU (a GPU compiles the value in), and where anything
     static reads a scalar's value: a callable grid or
     ``zeroed_outputs``, autotuning or heuristics, a constexpr or declared
     type of its parameter, a sharding rule, or an eager placement step.
@@ -134,7 +133,7 @@ class KernelCall:
 
   def _args(self, operands: Sequence[Any]) -> list[Any]:
     """The positional arguments: ``operands`` with the statics in place."""
-    if not self._fixed:
+    if self.passed_all:
       return list(operands)
     it = iter(operands)
     args = [next(it) if passed else s

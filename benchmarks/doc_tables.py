@@ -28,6 +28,9 @@ _TITLES = {
 }
 # Keys that describe a row rather than measure it.
 _LABELS = ("case", "impl", "devices", "where", "batch")
+# Keys kept in the JSON but not shown: the docs speak of the product, not
+# of the commit a run was made on.
+_UNSHOWN = ("commit",)
 
 
 def _number(value: Any) -> str:
@@ -64,7 +67,7 @@ def _metrics(rows: list[dict[str, Any]]) -> list[str]:
   keys: list[str] = []
   for row in rows:
     for key, value in row.items():
-      if (key not in _LABELS and key not in keys
+      if (key not in _LABELS and key not in _UNSHOWN and key not in keys
           and isinstance(value, (int, float, str))
           and not (isinstance(value, str) and len(value) > 60)):
         keys.append(key)

@@ -12,7 +12,7 @@ per-process tuning (``JT_DIST_AUTOTUNE=jaxlib``): the table counts the calls
 whose shards ran different configs. Writes JSON and prints a table; exits 1
 on any failed check.
 
-    python benchmarks/multiprocess_gpu.py --out benchmarks/results/h200x2/multiprocess_gpu.json
+    python benchmarks/multiprocess_gpu.py --out $OUT/multiprocess_gpu.json
     python benchmarks/multiprocess_gpu.py --processes 2
     python benchmarks/multiprocess_gpu.py --cpu   # 2 x 4 CPU devices, any host
 """

@@ -17,12 +17,15 @@
 # Where things go:
 #   * logs, JUnit XML, nvidia-smi's and the versions' output: $OUT, a new
 #     temporary directory when OUT is unset; never the repository;
-#   * each benchmark's JSON: benchmarks/results/<device>/<benchmark>.json
-#     (the files the docs render), with a copy under $OUT/results/<device>/
-#     so that it comes back from a lent machine. <device> is the GPU's model
-#     and count, e.g. h100x1 or h200x2 (dispatch.py and python_wall_cost.py,
-#     which run on one GPU: h200x1); set DEVICE and DEVICE_ONE to name them
-#     otherwise.
+#   * each benchmark's JSON: $OUT/results/<device>/<benchmark>.json, and,
+#     where the docs render that file (a `<!-- results: <device>/<benchmark>.json -->`
+#     line in docs/), benchmarks/results/<device>/<benchmark>.json, which
+#     the run overwrites. benchmarks/results/ holds only what the docs
+#     render: to publish another device's or benchmark's result, add its
+#     line to docs/benchmarks.md and copy the file from $OUT. <device> is
+#     the GPU's model and count, e.g. h100x1 or h200x2 (dispatch.py and
+#     python_wall_cost.py, which run on one GPU: h200x1); set DEVICE and
+#     DEVICE_ONE to name them otherwise.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 what=${1:-all}
@@ -60,18 +63,24 @@ nvidia-smi > "$OUT/nvidia-smi.txt" 2>&1
 python3 -c "import jax, triton; print('jax', jax.__version__, 'triton', triton.__version__, jax.devices())" | tee "$OUT/versions.txt"
 status=0
 # Runs benchmarks/$2.py on device $1 with the rest as its arguments: its
-# JSON to benchmarks/results/$1/$2.json (and a copy in $OUT), its output to
-# $OUT/$2.log.
+# JSON to $OUT/results/$1/$2.json, copied over benchmarks/results/$1/$2.json
+# where the docs render that file; its output to $OUT/$2.log.
 bench() {
   local device=$1 name=$2
   shift 2
-  local results=benchmarks/results/$device
-  mkdir -p "$results" "$OUT/results/$device"
-  python3 "benchmarks/$name.py" --out "$results/$name.json" "$@" 2>&1 \
+  local json=$OUT/results/$device/$name.json
+  mkdir -p "$OUT/results/$device"
+  rm -f "$json"
+  python3 "benchmarks/$name.py" --out "$json" "$@" 2>&1 \
     | grep -v "cudart_stub\|absl::" | tee "$OUT/$name.log"
   (( PIPESTATUS[0] == 0 )) || status=1
-  if [[ -f $results/$name.json ]]; then
-    cp "$results/$name.json" "$OUT/results/$device/"
+  [[ -f $json ]] || return 0
+  if grep -rqE "^<!-- *results: *$device/$name\.json *-->" docs; then
+    mkdir -p "benchmarks/results/$device"
+    cp "$json" "benchmarks/results/$device/$name.json"
+    echo "run_gpu.sh: $json -> benchmarks/results/$device/ (rendered by docs/)"
+  else
+    echo "run_gpu.sh: $json is not rendered by docs/, so it stays in \$OUT"
   fi
 }
 if [[ $what == all || $what == tests ]]; then
@@ -116,5 +125,5 @@ if [[ $what == all || $what == dispatch ]]; then
   CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0} bench "$ONE_DEVICE" dispatch
   CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0} bench "$ONE_DEVICE" python_wall_cost
 fi
-echo "run_gpu.sh: logs in $OUT; results in benchmarks/results/ and $OUT/results/"
+echo "run_gpu.sh: logs and results in $OUT; the results the docs render also in benchmarks/results/"
 exit $status

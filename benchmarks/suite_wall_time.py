@@ -4,15 +4,16 @@ Runs the suites of a source tree (this one, or another commit's, exported
 with ``git archive``) in a fresh process with an empty jt_dist cache, and
 records per run the wall time, the CPU time of the pytest process and all
 its children, the load average before and after (on a shared host, others'
-work slows a run down), and pytest's counts. Results from several trees
-and commands go into one JSON file, a row per tree and command: a new run
-replaces the row of the same label.
+work slows a run down), and pytest's counts. A run overwrites ``--out``
+with its one row; with ``--merge`` it keeps the file's other rows instead
+(replacing the row of the same label), to compare several trees or
+commands in one file outside ``benchmarks/results/``.
 
     python benchmarks/suite_wall_time.py --label "this tree" --runs 3 \\
         --out benchmarks/results/cpu/suite_wall_time.json
     git archive REV | tar -x -C /tmp/other_tree
     python benchmarks/suite_wall_time.py --tree /tmp/other_tree \\
-        --commit REV --label "REV" --out /tmp/suite_wall_time.json
+        --commit REV --label "REV" --merge --out /tmp/suite_wall_time.json
 
 Arguments after ``--`` are passed to pytest (e.g. ``-- -n 0``).
 
@@ -21,7 +22,8 @@ also has (the same node ids): the same tests, timed on this tree's code,
 apart from the tests added since:
 
     python benchmarks/suite_wall_time.py --tests-of /tmp/other_tree \
-        --label "this tree, REV's tests only" --out /tmp/suite_wall_time.json
+        --label "this tree, REV's tests only" --merge \
+        --out /tmp/suite_wall_time.json
 """
 
 from __future__ import annotations
@@ -141,7 +143,10 @@ def main() -> None:
   parser.add_argument("--commit",
                       help="the tree's commit, where it is no git checkout")
   parser.add_argument("--runs", type=int, default=1)
-  parser.add_argument("--out", required=True, help="JSON file to update")
+  parser.add_argument("--out", required=True,
+                      help="the JSON file, overwritten")
+  parser.add_argument("--merge", action="store_true",
+                      help="keep --out's rows of other labels")
   parser.add_argument("--log", help="pytest's output goes to LOG.<run>")
   parser.add_argument("--tests-of", metavar="OTHER_TREE",
                       help="run only the tests OTHER_TREE also has")
@@ -166,7 +171,7 @@ def main() -> None:
          "passed": best.get("passed", 0), "skipped": best.get("skipped", 0),
          "failed": best.get("failed", 0), "runs": runs}
   data = {"results": []}
-  if os.path.exists(args.out):
+  if args.merge and os.path.exists(args.out):
     with open(args.out, encoding="utf-8") as f:
       data = json.load(f)
   data["host"] = {"python": platform.python_version(),

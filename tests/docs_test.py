@@ -13,6 +13,7 @@ signatures.
 
 from __future__ import annotations
 
+import ast
 import glob
 import importlib.util
 import inspect
@@ -165,6 +166,66 @@ class DocsTest(parameterized.TestCase):
     self.assertEqual(present, rendered)
     for name in present:
       self.assertRegex(name, r"^[a-z0-9]+/[a-z0-9_]+\.json$")
+
+  def test_every_public_name_is_on_an_api_page(self):
+    pages = glob.glob(os.path.join(_DOCS, "api", "*.md"))
+    if not pages:
+      self.skipTest("docs/api/ is not in this tree")
+    text = "".join(_read(p) for p in pages)
+    import jt_dist.testing  # pylint: disable=g-import-not-at-top
+    for module in (jt_dist, jt_dist.testing):
+      for name in module.__all__:
+        # An entry (`::: jt_dist.NAME`, or a member of `::: jt_dist.testing`)
+        # or the name in code on a page.
+        found = re.search(
+            rf"^::: {module.__name__}\.{name}$|^ +- {name}$"
+            rf"|`(?:{module.__name__}\.)?{re.escape(name)}`", text, re.M)
+        self.assertTrue(found,
+                        f"{module.__name__}.{name} is on no page of docs/api/")
+
+  def test_the_docs_speak_of_the_product_not_of_its_history(self):
+    paths = _pages() + ["README.md", "CHANGELOG.md"]
+    history = re.compile(
+        r"\bissues?\b|\bsessions?\b|(?<![\w&])#\d+\b"
+        # A commit: 7 to 40 hex digits, with a letter and a digit.
+        r"|\b(?=[0-9a-f]*[a-f])(?=[0-9a-f]*\d)[0-9a-f]{7,40}\b", re.I)
+    for path in paths:
+      if os.path.exists(os.path.join(_ROOT, path)):
+        found = [m.group(0) for m in history.finditer(_read(path))]
+        self.assertEqual(found, [], f"{path} names an issue, a session or"
+                         " a commit: say what the product does instead")
+
+  def test_rendered_tables_leave_out_commits(self):
+    table = _doc_tables()._by_case(  # pylint: disable=protected-access
+        [{"case": "suite", "impl": "this tree", "commit": "f00dfeed",
+          "wall_s": 1.5}])
+    self.assertNotIn("f00dfeed", table)
+    self.assertIn("wall_s", table)
+
+  def test_contributing_lists_every_module(self):
+    text = _read("CONTRIBUTING.md")
+    section = text.split("### Every module", 1)[-1].split("\n## ", 1)[0]
+    listed = set()
+    for item in re.split(r"^\* ", section, flags=re.M)[1:]:
+      folder = re.match(r"\*\*`(\w+/)`\*\*", item)
+      prefix = folder.group(1) if folder else ""
+      listed.update(prefix + name
+                    for name in re.findall(r"`(\w+\.py)`", item))
+    package = os.path.join(_ROOT, "jt_dist")
+    modules = set()
+    for path in glob.glob(os.path.join(package, "**", "*.py"),
+                          recursive=True):
+      name = os.path.relpath(path, package).replace(os.sep, "/")
+      # A subpackage's __init__.py that holds only its docstring is the
+      # folder's, not a module to list.
+      if name.endswith("/__init__.py") and len(
+          ast.parse(_read(os.path.join("jt_dist", name))).body) <= 1:
+        continue
+      modules.add(name)
+    self.assertEqual(sorted(listed - modules), [],
+                     "CONTRIBUTING.md lists modules that do not exist")
+    self.assertEqual(sorted(modules - listed), [],
+                     "CONTRIBUTING.md's 'Every module' leaves these out")
 
 
 if __name__ == "__main__":

@@ -15,22 +15,13 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 import triton
-import triton.language as tl
 
 import jt_dist
 from jt_dist._core import binding as _binding
 from jt_dist import testing
 from jt_dist._gpu import compile as _compile
 import gpu_lowering_util as util
-
-
-@triton.jit
-def add_kernel(x_ptr, y_ptr, n, out_ptr, BLOCK: tl.constexpr):
-  offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-  mask = offsets < n
-  x = tl.load(x_ptr + offsets, mask=mask)
-  y = tl.load(y_ptr + offsets, mask=mask)
-  tl.store(out_ptr + offsets, x + y, mask=mask)
+from feature_kernels import add_kernel
 
 
 def _add(x, y, **options):

@@ -34,7 +34,7 @@ import jt_dist  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from examples.add import add_kernel  # pylint: disable=g-import-not-at-top,wrong-import-position
-from jt_dist import _settings  # pylint: disable=g-import-not-at-top,wrong-import-position
+import gpu_lowering_util as util  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 
 @triton.jit
@@ -279,8 +279,12 @@ _TRITON_CALL_CASES = (
     ("memory_entries_negative",
      lambda t: jt_dist.configure_cache(memory_entries=-3),
      ValueError, r"memory_entries=-3 must be at least 1.*disk_cache=False"),
+    # An autotuned call asks the disk for a saved choice.
     ("env_disk_cache_unknown", lambda t: t.with_env(
-        {"JT_DIST_DISK_CACHE": "maybe"}, _settings.disk_cache),
+        {"JT_DIST_DISK_CACHE": "maybe"}, lambda: jt_dist.triton_call(
+            t.x, t.y, 16, out_shape=_OUT, grid=1, kernel=_autotuned(
+                [triton.Config({"BLOCK": 16}, num_warps=1),
+                 triton.Config({"BLOCK": 16}, num_warps=2)]))),
      ValueError, r"JT_DIST_DISK_CACHE='maybe' is neither on.*nor off.*1 or 0"),
     ("cache_dir_bytes", lambda t: jt_dist.configure_cache(cache_dir=b"/tmp"),
      TypeError, r"cache_dir=b'/tmp' of type bytes must be a str"),
@@ -323,13 +327,12 @@ class BadInputTest(testing.TestCase):
     super().setUp()
     self.x = jnp.asarray(self.random((16,)))
     self.y = jnp.asarray(self.random((16,)))
-    self.enter_context(mock.patch.object(
-        _settings, "_configured", _settings._configured))  # pylint: disable=protected-access
+    util.keep_settings(self)
 
   def with_env(self, env, fn):
-    """Calls ``fn`` with ``env`` set and no configure_cache override."""
-    with mock.patch.object(_settings, "_configured", _settings.Configured()), \
-        mock.patch.dict(os.environ, env):
+    """Calls ``fn`` with ``env`` set (no configure_cache override is left
+    over from another test: keep_settings restores them)."""
+    with mock.patch.dict(os.environ, env):
       return fn()
 
   def test_table_has_sixty_distinct_cases(self):

@@ -27,17 +27,12 @@ testing.configure_cpu_devices()
 
 import jt_dist  # pylint: disable=g-import-not-at-top,wrong-import-position
 import gpu_lowering_util as util  # pylint: disable=g-import-not-at-top,wrong-import-position
+from feature_kernels import add_kernel  # pylint: disable=g-import-not-at-top,wrong-import-position
+from feature_kernels import nested_tuple_kernel  # pylint: disable=g-import-not-at-top,wrong-import-position
+from feature_kernels import tuple_add_kernel  # pylint: disable=g-import-not-at-top,wrong-import-position
+from feature_kernels import tuple_inplace_kernel  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 _N = 16
-
-
-@triton.jit
-def add_kernel(x_ptr, y_ptr, n, out_ptr, BLOCK: tl.constexpr):
-  offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-  mask = offsets < n
-  x = tl.load(x_ptr + offsets, mask=mask)
-  y = tl.load(y_ptr + offsets, mask=mask)
-  tl.store(out_ptr + offsets, x + y, mask=mask)
 
 
 @triton.jit
@@ -97,39 +92,6 @@ def out_then_input_kernel(x_ptr, out_ptr, y_ptr, BLOCK: tl.constexpr):
 def overrun_kernel(n, io_ptr, BLOCK: tl.constexpr):
   offsets = tl.arange(0, BLOCK)  # No mask: BLOCK > n overruns.
   tl.store(io_ptr + offsets, tl.load(io_ptr + offsets) + 1)
-
-
-@triton.jit
-def tuple_add_kernel(x_ptr, yz, n, out_ptr, BLOCK: tl.constexpr):
-  offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-  mask = offsets < n
-  y_ptr = yz[0]
-  z_ptr = yz[1]
-  tl.store(out_ptr + offsets, tl.load(x_ptr + offsets, mask=mask)
-           + tl.load(y_ptr + offsets, mask=mask)
-           + tl.load(z_ptr + offsets, mask=mask), mask=mask)
-
-
-@triton.jit
-def nested_tuple_kernel(scale, ab_c, out_ptr, BLOCK: tl.constexpr):
-  ab = ab_c[0]
-  a_ptr = ab[0]
-  shift = ab[1]
-  c_ptr = ab_c[1]
-  offsets = tl.arange(0, BLOCK)
-  tl.store(out_ptr + offsets, scale * tl.load(a_ptr + offsets) + shift
-           + tl.load(c_ptr + offsets))
-
-
-@triton.jit
-def tuple_inplace_kernel(xy, n, BLOCK: tl.constexpr):
-  # y += x, in place.
-  offsets = tl.arange(0, BLOCK)
-  mask = offsets < n
-  x_ptr = xy[0]
-  y_ptr = xy[1]
-  tl.store(y_ptr + offsets, tl.load(y_ptr + offsets, mask=mask)
-           + tl.load(x_ptr + offsets, mask=mask), mask=mask)
 
 
 def _like(x):

@@ -19,12 +19,14 @@ from absl.testing import absltest
 import jax
 
 from jt_dist import testing
-from jt_dist._cpu import vector_chunks
 
 import fork_server
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _GiB = 1 << 30
+# The working memory a vectorised launch may take beyond its operands and
+# outputs: the CPU interpreter's bound, whatever the grid.
+_WORKING_MEMORY_BOUND = 256 << 20
 
 # What every child runs first: the platform, its memory readings and the
 # guard against runaway growth (argv[1], in bytes).
@@ -158,7 +160,7 @@ class BoundedMemoryTest(testing.TestCase):
     self.assertTrue(result["next_call_right"], str(result))
 
   def test_large_launch_peaks_within_its_operands_and_the_bound(self):
-    bound = vector_chunks.WORKING_MEMORY_BOUND
+    bound = _WORKING_MEMORY_BOUND
     seed = int(self.np_rng.integers(1 << 31))
     # One program at a time, the launch takes what its operands, outputs and
     # copies of them take, and next to nothing more.

@@ -19,7 +19,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import triton
-import triton.language as tl
 
 from jt_dist import testing
 import fork_server
@@ -29,18 +28,10 @@ testing.configure_cpu_devices()
 import jt_dist  # pylint: disable=g-import-not-at-top,wrong-import-position
 from jt_dist._compat import xla_ffi as _xla_ffi  # pylint: disable=g-import-not-at-top,wrong-import-position
 from jt_dist._cpu import ffi_target as _ffi_target  # pylint: disable=g-import-not-at-top,wrong-import-position
+from feature_kernels import add_kernel  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _TIMEOUT_S = 300
-
-
-@triton.jit
-def add_kernel(x_ptr, y_ptr, n, out_ptr, BLOCK: tl.constexpr):
-  offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-  mask = offsets < n
-  tl.store(out_ptr + offsets,
-           tl.load(x_ptr + offsets, mask=mask)
-           + tl.load(y_ptr + offsets, mask=mask), mask=mask)
 
 
 def _add(x, y, n=None, **kwargs):

@@ -25,27 +25,10 @@ from jt_dist._gpu import compile as _compile
 from jt_dist._gpu import lowering as _gpu_lowering
 from jt_dist._backend import target as _target
 from jt_dist import testing
-import feature_kernels
 import gpu_lowering_util as util
-
-
-@triton.jit
-def add_kernel(x_ptr, y_ptr, n, out_ptr, BLOCK: tl.constexpr):
-  offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-  mask = offsets < n
-  x = tl.load(x_ptr + offsets, mask=mask)
-  y = tl.load(y_ptr + offsets, mask=mask)
-  tl.store(out_ptr + offsets, x + y, mask=mask)
-
-
-@triton.jit
-def scale_kernel(x_ptr, alpha, negate, n, out_ptr, BLOCK: tl.constexpr):
-  offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-  mask = offsets < n
-  x = tl.load(x_ptr + offsets, mask=mask) * alpha
-  if negate:
-    x = -x
-  tl.store(out_ptr + offsets, x, mask=mask)
+from feature_kernels import acc_sum_kernel
+from feature_kernels import add_kernel
+from feature_kernels import scale_negate_kernel
 
 
 @triton.autotune(
@@ -155,7 +138,7 @@ class CudaLoweringTest(util.JaxlibAutotuningMixin, util.IsolatedCacheMixin,
 
     def f(a):
       return jt_dist.triton_call(
-          a, alpha, True, a.size, kernel=scale_kernel,
+          a, alpha, True, a.size, kernel=scale_negate_kernel,
           out_shape=jax.ShapeDtypeStruct(a.shape, a.dtype), grid=(3,),
           BLOCK=128, compute_capability=90)
 
@@ -261,7 +244,7 @@ class CudaLoweringTest(util.JaxlibAutotuningMixin, util.IsolatedCacheMixin,
 
     def f(a, b):
       return jt_dist.triton_call(
-          a, b, a.size, kernel=feature_kernels.acc_sum_kernel,
+          a, b, a.size, kernel=acc_sum_kernel,
           out_shape=(jax.ShapeDtypeStruct(b.shape, b.dtype),
                      jax.ShapeDtypeStruct((1,), jnp.float32)),
           grid=(2,), BLOCK=32, input_output_aliases={1: 0},

@@ -29,19 +29,12 @@ from jt_dist import testing
 from jt_dist._gpu import compile as _compile
 import fork_server
 import gpu_lowering_util as util
+from feature_kernels import scale_kernel
 
 testing.configure_cpu_devices()
 
 _BLOCK = 16
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-@triton.jit
-def scale_kernel(x_ptr, s, n, out_ptr, BLOCK: tl.constexpr):
-  offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-  mask = offsets < n
-  tl.store(out_ptr + offsets, tl.load(x_ptr + offsets, mask=mask) * s,
-           mask=mask)
 
 
 def _times_two(x_ptr, out_ptr, BLOCK: tl.constexpr):
@@ -212,7 +205,7 @@ class DispatchTest(testing.TestCase):
                       grid=(4,), n=n, BLOCK=_BLOCK),
                   jt_dist.triton_call(
                       xs, kernel=scale_kernel, out_shape=xs, grid=(4,),
-                      s=s, n=n, BLOCK=_BLOCK)):
+                      alpha=s, n=n, BLOCK=_BLOCK)):
         out = np.asarray(out)
         self.assertAllClose(out[:n], x[:n] * np.float32(s))
         self._assert_unwritten(out[n:])
@@ -354,7 +347,7 @@ class DispatchTest(testing.TestCase):
         # Read when a call is made: a kernel_call made under each value.
         with mock.patch.dict(os.environ, {"JT_DIST_SYNC_LAUNCHES": value}):
           scale = jt_dist.kernel_call(
-              scale_kernel, out_shape=x, grid=(1,), s=2.0, n=x.size,
+              scale_kernel, out_shape=x, grid=(1,), alpha=2.0, n=x.size,
               BLOCK=_BLOCK)
         self.assertAllClose(scale(x), np.asarray(x) * 2)
         self.assertLen(waited, expected)

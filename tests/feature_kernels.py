@@ -1,11 +1,14 @@
-"""Triton kernels shared by the feature tests (jax-triton 0.4's features).
+"""Triton kernels shared by the test suites.
 
-``tests/features_vmap_test.py``, ``tests_multigpu/features_matrix_test.py``
-and ``tests/cuda_lowering_test.py`` call them in different contexts (vmap,
-a mesh, a rule, cross-lowering), so each is written once here.
+A kernel that more than one test module calls is written once, here: the
+suites call the same kernels in different contexts (eagerly, under jit and
+vmap, on a mesh, by a sharding rule, cross-lowered for CUDA or ROCm).
+Kernels that one test module needs for its own subject stay in that module.
 """
 
 import triton
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
 import triton.language as tl
 
 
@@ -62,3 +65,56 @@ def tuple_add_kernel(x_ptr, yz, n, out_ptr, BLOCK: tl.constexpr):
   tl.store(out_ptr + offsets, tl.load(x_ptr + offsets, mask=mask)
            + tl.load(yz[0] + offsets, mask=mask)
            + tl.load(yz[1] + offsets, mask=mask), mask=mask)
+
+
+@triton.jit
+def unmasked_copy_kernel(x_ptr, out_ptr, BLOCK: tl.constexpr):
+  # No mask: faults if it ever runs on an output shorter than BLOCK.
+  offsets = tl.arange(0, BLOCK)
+  tl.store(out_ptr + offsets, tl.load(x_ptr + offsets))
+
+
+@triton.jit
+def scale_kernel(x_ptr, alpha, n, out_ptr, BLOCK: tl.constexpr):
+  offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+  mask = offsets < n
+  tl.store(out_ptr + offsets, tl.load(x_ptr + offsets, mask=mask) * alpha,
+           mask=mask)
+
+
+@triton.jit
+def scale_negate_kernel(x_ptr, alpha, negate, n, out_ptr,
+                        BLOCK: tl.constexpr):
+  # out = -alpha * x if negate else alpha * x: a float and a bool scalar.
+  offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+  mask = offsets < n
+  x = tl.load(x_ptr + offsets, mask=mask) * alpha
+  if negate:
+    x = -x
+  tl.store(out_ptr + offsets, x, mask=mask)
+
+
+@triton.jit
+def nested_tuple_kernel(scale, ab_c, out_ptr, BLOCK: tl.constexpr):
+  # out = scale * a + shift + c, with ab_c = ((a, shift), c).
+  ab = ab_c[0]
+  offsets = tl.arange(0, BLOCK)
+  tl.store(out_ptr + offsets, scale * tl.load(ab[0] + offsets) + ab[1]
+           + tl.load(ab_c[1] + offsets))
+
+
+@triton.jit
+def tuple_inplace_kernel(xy, n, BLOCK: tl.constexpr):
+  # y += x, in place.
+  offsets = tl.arange(0, BLOCK)
+  mask = offsets < n
+  tl.store(xy[1] + offsets, tl.load(xy[1] + offsets, mask=mask)
+           + tl.load(xy[0] + offsets, mask=mask), mask=mask)
+
+
+@gluon.jit
+def gluon_copy_kernel(in_ptr, out_ptr, size: gl.constexpr,
+                      block: gl.constexpr):
+  start = gl.program_id(0) * block
+  for i in range(start, min(start + block, size)):
+    gl.store(out_ptr + i, gl.load(in_ptr + i))

@@ -28,7 +28,7 @@ from jt_dist import testing
 testing.configure_cpu_devices()
 
 import jt_dist  # pylint: disable=g-import-not-at-top,wrong-import-position
-from jt_dist import _compat  # pylint: disable=g-import-not-at-top,wrong-import-position
+from feature_kernels import unmasked_copy_kernel  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 # (JAX dtype, Triton's name for it).
 _FLOAT8 = (
@@ -118,12 +118,6 @@ def dot_kernel(a_ptr, b_ptr, c_ptr, M: tl.constexpr, N: tl.constexpr,
   tl.store(c_ptr + rm[:, None] * N + rn[None, :], tl.dot(a, b))
 
 
-@triton.jit
-def copy_kernel(x_ptr, out_ptr, BLOCK: tl.constexpr):
-  offsets = tl.arange(0, BLOCK)
-  tl.store(out_ptr + offsets, tl.load(x_ptr + offsets))
-
-
 @functools.lru_cache(maxsize=None)
 def _interpreter_lacks(dtype) -> bool:
   """Whether this Triton's interpreter cannot even load ``dtype``.
@@ -133,7 +127,7 @@ def _interpreter_lacks(dtype) -> bool:
   """
   x = jnp.zeros((_BLOCK,), dtype)
   try:
-    jt_dist.triton_call(x, kernel=copy_kernel,
+    jt_dist.triton_call(x, kernel=unmasked_copy_kernel,
                         out_shape=jax.ShapeDtypeStruct(x.shape, dtype),
                         grid=(1,), BLOCK=_BLOCK).block_until_ready()
   except (jax.errors.JaxRuntimeError, triton.runtime.errors.InterpreterError,
@@ -167,8 +161,8 @@ class Float8Test(testing.TestCase):
       if _interpreter_lacks(dtype):
         self.skipTest(f"this Triton's interpreter cannot load"
                       f" {dtype.__name__}")
-    elif dtype in _FNUZ and "rocm" not in _compat.platform_version(
-        jax.devices()[0]).lower():
+    elif dtype in _FNUZ and "rocm" not in str(
+        jax.devices()[0].client.platform_version).lower():
       self.skipTest(f"{dtype.__name__} is AMD's; NVIDIA GPUs do not take it")
 
   def _inputs(self, dtype, count=2, low=-4.0, high=4.0):

@@ -18,7 +18,6 @@ from absl.testing import parameterized
 import jax
 import jax.numpy as jnp
 import triton
-import triton.language as tl
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
@@ -27,27 +26,14 @@ from jt_dist._gpu import lowering as _gpu_lowering
 from jt_dist import testing
 from jt_dist._cpu import runtime as _cpu_runtime
 import gpu_lowering_util as util
-
-
-@gluon.jit
-def gluon_copy_kernel(in_ptr, out_ptr, size: gl.constexpr,
-                      block: gl.constexpr):
-  start = gl.program_id(0) * block
-  for i in range(start, min(start + block, size)):
-    gl.store(out_ptr + i, gl.load(in_ptr + i))
+from feature_kernels import copy_kernel
+from feature_kernels import gluon_copy_kernel
 
 
 @gluon.jit
 def gluon_future_api_kernel(in_ptr, out_ptr):
   value = gl.jt_dist_test_api_from_the_future(gl.load(in_ptr))
   gl.store(out_ptr, value)
-
-
-@triton.jit
-def copy_kernel(in_ptr, size, out_ptr, BLOCK: tl.constexpr):
-  offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-  mask = offsets < size
-  tl.store(out_ptr + offsets, tl.load(in_ptr + offsets, mask=mask), mask=mask)
 
 
 def _host_tma_copy_kernel():
@@ -136,7 +122,7 @@ class CpuRefusalTest(testing.TestCase):
 
   def test_autotuned_cluster_config_is_refused(self):
     tuned = triton.autotune(
-        [triton.Config({"BLOCK": 32}, num_ctas=2)], key=["size"])(copy_kernel)
+        [triton.Config({"BLOCK": 32}, num_ctas=2)], key=["n"])(copy_kernel)
     x = jnp.asarray(self.random((100,)))
     with self.assertRaisesRegex(ValueError, r"num_ctas=2 \(config: BLOCK: 32"):
       jt_dist.triton_call(x, x.size, kernel=tuned, out_shape=x,

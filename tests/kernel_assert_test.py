@@ -22,7 +22,6 @@ from jt_dist import testing
 testing.configure_cpu_devices()
 
 import jt_dist  # pylint: disable=g-import-not-at-top,wrong-import-position
-from jt_dist._cpu import asserts  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 _BLOCK = 16
 
@@ -132,13 +131,20 @@ class KernelAssertTest(testing.TestCase):
 
   @parameterized.parameters(True, False)
   def test_overflow_checks_run_only_where_their_assert_would(self, debug):
-    # Without debug the check's device assert is a no-op: its int64
-    # arithmetic is skipped, as compiled kernels skip it.
-    options = _interpreter.InterpreterOptions()
-    launch = asserts._launch_options(options, debug)  # pylint: disable=protected-access
-    self.assertEqual(launch.debug, debug)
-    self.assertEqual(launch.sanitize_overflow, debug)
-    self.assertTrue(options.sanitize_overflow)  # Upstream's left as it was.
+    # Without debug the check's device assert is a no-op, as in compiled
+    # kernels: int32 arithmetic wraps. Triton's own defaults stay as they
+    # were, whichever way a launch went.
+    x = jnp.asarray(np.full((_BLOCK,), 2**31 - 1, np.int32))
+    for _ in range(2):
+      if debug:
+        with self.assertRaisesRegex(jt_dist.KernelAssertionError,
+                                    "int32 overflow detected"):
+          _copy(x, None, debug=True, kernel=add_one_kernel)
+      else:
+        np.testing.assert_array_equal(
+            _copy(x, None, debug=False, kernel=add_one_kernel),
+            np.full((_BLOCK,), -(2**31)))
+      self.assertTrue(_interpreter.InterpreterOptions().sanitize_overflow)
 
   def test_error_types(self):
     self.assertTrue(issubclass(jt_dist.KernelAssertionError, AssertionError))

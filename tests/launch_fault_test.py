@@ -13,7 +13,6 @@ import triton
 import triton.language as tl
 
 import jt_dist
-from jt_dist._call import memo as _memo
 from jt_dist import testing
 
 testing.configure_cpu_devices()
@@ -22,17 +21,17 @@ _ILLEGAL = ("INTERNAL: Failed to launch: CUDA_ERROR_ILLEGAL_ADDRESS: an"
             " illegal memory access was encountered")
 
 
-@triton.jit
 def scale_kernel(x_ptr, n, out_ptr, BLOCK: tl.constexpr):
+  # Undecorated: each test jits its own (see LaunchFaultTest.setUp).
   offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
   mask = offsets < n
   tl.store(out_ptr + offsets, tl.load(x_ptr + offsets, mask=mask) * 3,
            mask=mask)
 
 
-def _scale(x, **options):
+def _scale(x, kernel, **options):
   return jt_dist.triton_call(
-      x, x.size, kernel=scale_kernel,
+      x, x.size, kernel=kernel,
       out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype), grid=(4,), BLOCK=32,
       name="scaler", **options)
 
@@ -50,9 +49,9 @@ class LaunchFaultTest(testing.TestCase):
 
   def setUp(self):
     super().setUp()
-    # A call keeps the jitted function it was made with, mocked or not.
-    _memo.triton_calls.clear()
-    self.addCleanup(_memo.triton_calls.clear)
+    # A call keeps the jitted function it was made with, mocked or not: a
+    # kernel of its own keeps each test's calls apart from every other's.
+    self.kernel = triton.jit(scale_kernel)
 
   @parameterized.parameters(
       _ILLEGAL, "INTERNAL: hipErrorLaunchFailure: unspecified launch failure",
@@ -61,7 +60,7 @@ class LaunchFaultTest(testing.TestCase):
     x = jnp.asarray(self.random((100,)))
     with mock.patch.object(jax, "jit", _failing_jit(message)):
       with self.assertRaises(jt_dist.KernelLaunchError) as caught:
-        _scale(x)
+        _scale(x, self.kernel)
     text = str(caught.exception)
     for part in ("kernel 'scale_kernel'", "name='scaler'", "grid (4,)",
                  "{'BLOCK': 32}", "num_warps=", "JT_DIST_SYNC_LAUNCHES=1",
@@ -76,7 +75,7 @@ class LaunchFaultTest(testing.TestCase):
                            _failing_jit("RESOURCE_EXHAUSTED: oom")):
       with self.assertRaisesRegex(jax.errors.JaxRuntimeError,
                                   "RESOURCE_EXHAUSTED"):
-        _scale(x)
+        _scale(x, self.kernel)
 
   def test_synced_launches_wait_and_blame_this_call(self):
     x = self.random((100,))
@@ -87,13 +86,14 @@ class LaunchFaultTest(testing.TestCase):
       raise jax.errors.JaxRuntimeError(_ILLEGAL)
 
     with mock.patch.dict(os.environ, {"JT_DIST_SYNC_LAUNCHES": "1"}):
-      _memo.triton_calls.clear()  # The setting is read when a call is made.
+      # The setting is read when a call is first made.
+      self.kernel = triton.jit(scale_kernel)
       with mock.patch.object(jax, "block_until_ready", block):
         with self.assertRaisesRegex(jt_dist.KernelLaunchError,
                                     "fault in this call's kernel"):
-          _scale(jnp.asarray(x))
+          _scale(jnp.asarray(x), self.kernel)
       self.assertLen(waited, 1)
-      self.assertAllClose(_scale(jnp.asarray(x)), x * 3)
+      self.assertAllClose(_scale(jnp.asarray(x), self.kernel), x * 3)
 
 
 if __name__ == "__main__":

@@ -23,8 +23,6 @@ import triton.language as tl
 
 import jt_dist
 from jt_dist import testing
-from jt_dist import _settings
-from jt_dist._cpu import vector_launch
 import gpu_lowering_util as util
 
 
@@ -106,8 +104,8 @@ class LoopBoundTest(testing.TestCase):
 
   def _path(self, one_at_a_time):
     if one_at_a_time:
-      return mock.patch.dict(os.environ, {_settings.VECTORIZE: "0"})
-    return mock.patch.dict(os.environ, {_settings.VECTORIZE: "1"})
+      return mock.patch.dict(os.environ, {"JT_DIST_VECTORIZE": "0"})
+    return mock.patch.dict(os.environ, {"JT_DIST_VECTORIZE": "1"})
 
 
 class CompiledLoopBoundTest(testing.TestCase):

@@ -15,15 +15,10 @@ import triton.language as tl
 import jt_dist
 from jt_dist import testing
 import gpu_lowering_util as util
+from feature_kernels import copy_kernel
+from feature_kernels import unmasked_copy_kernel
 
 testing.configure_cpu_devices()
-
-
-@triton.jit
-def flat_copy_kernel(x_ptr, n, out_ptr, BLOCK: tl.constexpr):
-  offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-  mask = offsets < n
-  tl.store(out_ptr + offsets, tl.load(x_ptr + offsets, mask=mask), mask=mask)
 
 
 @triton.jit
@@ -33,16 +28,9 @@ def sum_kernel(x_ptr, n, out_ptr, BLOCK: tl.constexpr):
   tl.store(out_ptr, tl.sum(x, axis=0))
 
 
-@triton.jit
-def unmasked_store_kernel(x_ptr, out_ptr, BLOCK: tl.constexpr):
-  """Faults if it ever runs on an empty output."""
-  offsets = tl.arange(0, BLOCK)
-  tl.store(out_ptr + offsets, tl.load(x_ptr + offsets))
-
-
 def _copy(x):
   return jt_dist.triton_call(
-      x, x.size, kernel=flat_copy_kernel,
+      x, x.size, kernel=copy_kernel,
       out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
       grid=lambda meta: (triton.cdiv(meta["n"], meta["BLOCK"]),), BLOCK=32)
 
@@ -77,7 +65,7 @@ class OutputShapesTest(testing.TestCase):
   def test_zero_size_outputs_launch_nothing(self, shape):
     x = jnp.asarray(self.random((16,)))
     call = lambda x: jt_dist.triton_call(
-        x, kernel=unmasked_store_kernel,
+        x, kernel=unmasked_copy_kernel,
         out_shape=jax.ShapeDtypeStruct(shape, x.dtype),
         # A grid computed from the size rounds to 0 blocks.
         grid=lambda meta: (triton.cdiv(0, 16),), BLOCK=16)
@@ -90,7 +78,7 @@ class OutputShapesTest(testing.TestCase):
     device = self.devices()[-1]
     x = jax.device_put(jnp.asarray(self.random((16,))), device)
     out = jt_dist.triton_call(
-        x, kernel=unmasked_store_kernel,
+        x, kernel=unmasked_copy_kernel,
         out_shape=jax.ShapeDtypeStruct((0,), x.dtype), grid=(1,), BLOCK=16)
     self.assertEqual(out.devices(), {device})
 
@@ -130,7 +118,7 @@ class CudaOutputShapesTest(util.IsolatedCacheMixin, testing.TestCase):
     x = jnp.asarray(self.random((16,)))
     lowered = self._lower(
         lambda x: jt_dist.triton_call(
-            x, kernel=unmasked_store_kernel,
+            x, kernel=unmasked_copy_kernel,
             out_shape=jax.ShapeDtypeStruct((0, 4), x.dtype), grid=(1,),
             BLOCK=16, compute_capability=90), x)
     self.assertEqual(util.triton_custom_calls(lowered), [])

@@ -9,7 +9,6 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 import numpy as np
 import triton
-import triton.language as tl
 
 import jt_dist
 from jt_dist import testing
@@ -17,15 +16,7 @@ from jt_dist import testing
 testing.configure_cpu_devices()
 
 from variants_util import VariantsTestCase  # pylint: disable=g-import-not-at-top,wrong-import-position
-
-
-@triton.jit
-def add_kernel(x_ptr, y_ptr, n, out_ptr, BLOCK: tl.constexpr):
-  offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-  mask = offsets < n
-  x = tl.load(x_ptr + offsets, mask=mask)
-  y = tl.load(y_ptr + offsets, mask=mask)
-  tl.store(out_ptr + offsets, x + y, mask=mask)
+from feature_kernels import add_kernel  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 
 def add(x, y, **kwargs):

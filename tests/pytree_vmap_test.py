@@ -12,38 +12,19 @@ from absl.testing import absltest
 from absl.testing import parameterized
 import jax
 import numpy as np
-import triton
-import triton.language as tl
 
 from jt_dist import testing
 
 testing.configure_cpu_devices()
 
 import jt_dist  # pylint: disable=g-import-not-at-top,wrong-import-position
-from jt_dist._vmap import grid_kernel  # pylint: disable=g-import-not-at-top,wrong-import-position
 import gpu_lowering_util as util  # pylint: disable=g-import-not-at-top,wrong-import-position
+from feature_kernels import nested_tuple_kernel  # pylint: disable=g-import-not-at-top,wrong-import-position
 from feature_kernels import tuple_add_kernel  # pylint: disable=g-import-not-at-top,wrong-import-position
+from feature_kernels import tuple_inplace_kernel  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 _N = 16
 _BLOCK = 8
-
-
-@triton.jit
-def nested_kernel(scale, ab_c, out_ptr, BLOCK: tl.constexpr):
-  # out = scale * a + shift + c, with ab_c = ((a, shift), c).
-  ab = ab_c[0]
-  offsets = tl.arange(0, BLOCK)
-  tl.store(out_ptr + offsets, scale * tl.load(ab[0] + offsets) + ab[1]
-           + tl.load(ab_c[1] + offsets))
-
-
-@triton.jit
-def tuple_inplace_kernel(xy, n, BLOCK: tl.constexpr):
-  # y += x, in place.
-  offsets = tl.arange(0, BLOCK)
-  mask = offsets < n
-  tl.store(xy[1] + offsets, tl.load(xy[1] + offsets, mask=mask)
-           + tl.load(xy[0] + offsets, mask=mask), mask=mask)
 
 
 def _struct(shape):
@@ -58,8 +39,8 @@ def _add(x, y, z, **kwargs):
 
 def _nested(a, c, scale, shift, **kwargs):
   return jt_dist.triton_call(
-      scale, ((a, shift), c), kernel=nested_kernel, out_shape=_struct((_N,)),
-      grid=(1,), BLOCK=_N, **kwargs)
+      scale, ((a, shift), c), kernel=nested_tuple_kernel,
+      out_shape=_struct((_N,)), grid=(1,), BLOCK=_N, **kwargs)
 
 
 def _launches(f, *args):
@@ -76,8 +57,11 @@ class TupleVmapTest(testing.TestCase):
       ("only_a_leaf", (None, None, 0)),
       ("first_leaf_and_x", (0, 0, None)),
       ("leaf_at_axis_1", (None, 1, None)),
+      ("tuple_unbatched", (0, None, None)),
   )
   def test_one_launch(self, in_axes):
+    # The batched leaves move with the program's batch index, wherever they
+    # sit in the tuple; unbatched ones stay.
     shapes = {None: (_N,), 0: (3, _N), 1: (_N, 3)}
     args = [self.random(shapes[a]) for a in in_axes]
     f = jax.vmap(lambda x, y, z: _add(x, y, z, vmap_method="grid"),
@@ -125,28 +109,6 @@ class TupleVmapTest(testing.TestCase):
     with self.assertRaisesRegex(jt_dist.OutOfBoundsAccessError, r"yz\[0\]"):
       jax.block_until_ready(jax.vmap(
           lambda y: _add(x, y, x, vmap_method="grid"))(ys))
-
-
-class WrapperSourceTest(absltest.TestCase):
-
-  def test_tuple_rebuilt_with_moved_leaves(self):
-    layout = grid_kernel.Layout(
-        sizes=(3,), strides=(("x_ptr", (16,)), ("yz[1][0]", (8,))),
-        axes=(1,), counts=(3,),
-        tuples=(("yz", ((0,), (1, 0), (1, 1))),))
-    source = grid_kernel.wrapper_source(
-        "k", (("x_ptr", False), ("yz", False), ("BLOCK", True)), layout)
-    self.assertIn("x_ptr += _jt_vmap_i0 * 16", source)
-    self.assertIn("yz = (yz[0], ((yz[1][0] + _jt_vmap_i0 * 8), yz[1][1], ), )",
-                  source)
-
-  def test_unbatched_tuple_untouched(self):
-    layout = grid_kernel.Layout(
-        sizes=(3,), strides=(("x_ptr", (16,)),), axes=(1,), counts=(3,),
-        tuples=(("yz", ((0,), (1,))),))
-    source = grid_kernel.wrapper_source(
-        "k", (("x_ptr", False), ("yz", False)), layout)
-    self.assertNotIn("yz =", source)
 
 
 @unittest.skipUnless(util.HAS_TRITON_CALL, util.SKIP_REASON)

@@ -29,6 +29,7 @@ from jt_dist._core import binding as _binding  # pylint: disable=g-import-not-at
 from jt_dist._core import primitive as _primitive  # pylint: disable=g-import-not-at-top,wrong-import-position
 import gpu_lowering_util as util  # pylint: disable=g-import-not-at-top,wrong-import-position
 from variants_util import VariantsTestCase  # pylint: disable=g-import-not-at-top,wrong-import-position
+from feature_kernels import add_kernel  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 
 @triton.jit
@@ -66,15 +67,6 @@ def two_refs_kernel(a_ptr, b_ptr, n, BLOCK: tl.constexpr):
   b = tl.load(b_ptr + offsets, mask=mask)
   tl.store(a_ptr + offsets, a + b, mask=mask)
   tl.store(b_ptr + offsets, a - b, mask=mask)
-
-
-@triton.jit
-def add_kernel(x_ptr, y_ptr, n, out_ptr, BLOCK: tl.constexpr):
-  offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-  mask = offsets < n
-  tl.store(out_ptr + offsets,
-           tl.load(x_ptr + offsets, mask=mask)
-           + tl.load(y_ptr + offsets, mask=mask), mask=mask)
 
 
 _BLOCK = 8

@@ -30,7 +30,6 @@ from jax.sharding import PartitionSpec as P
 import triton
 from triton.backends import compiler as triton_backends
 from triton.compiler import compiler as triton_compiler
-import triton.language as tl
 
 import jt_dist
 from jt_dist import _compat
@@ -40,28 +39,11 @@ from jt_dist._backend import target as _target
 import amdgpu_elf
 import gpu_lowering_util as util
 import hip_stub
+from feature_kernels import add_kernel
+from feature_kernels import scale_negate_kernel
 
 ARCHS = ("gfx942", "gfx90a")
 _HERE = os.path.dirname(os.path.abspath(__file__))
-
-
-@triton.jit
-def add_kernel(x_ptr, y_ptr, n, out_ptr, BLOCK: tl.constexpr):
-  offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-  mask = offsets < n
-  x = tl.load(x_ptr + offsets, mask=mask)
-  y = tl.load(y_ptr + offsets, mask=mask)
-  tl.store(out_ptr + offsets, x + y, mask=mask)
-
-
-@triton.jit
-def scale_kernel(x_ptr, alpha, negate, n, out_ptr, BLOCK: tl.constexpr):
-  offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-  mask = offsets < n
-  x = tl.load(x_ptr + offsets, mask=mask) * alpha
-  if negate:
-    x = -x
-  tl.store(out_ptr + offsets, x, mask=mask)
 
 
 _CONFIGS = [
@@ -294,7 +276,7 @@ class RocmLoweringTest(util.JaxlibAutotuningMixin, util.IsolatedCacheMixin,
 
     def f(a, cc):
       return jt_dist.triton_call(
-          a, alpha, True, a.size, kernel=scale_kernel,
+          a, alpha, True, a.size, kernel=scale_negate_kernel,
           out_shape=jax.ShapeDtypeStruct(a.shape, a.dtype),
           grid=(triton.cdiv(n, 128),), BLOCK=128, compute_capability=cc)
 

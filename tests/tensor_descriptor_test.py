@@ -28,13 +28,7 @@ from jt_dist._core import tensordesc as _tensordesc
 from jt_dist import testing
 from jt_dist._gpu import lowering as _gpu_lowering
 import gpu_lowering_util as util
-
-
-@triton.jit
-def desc_copy_kernel(in_desc, out_ptr, M: tl.constexpr, N: tl.constexpr):
-  block = in_desc.load([0, 0])
-  offs = tl.arange(0, M)[:, None] * N + tl.arange(0, N)[None, :]
-  tl.store(out_ptr + offs, block)
+from feature_kernels import desc_copy_kernel
 
 
 @triton.jit

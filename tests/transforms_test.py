@@ -24,6 +24,7 @@ testing.configure_cpu_devices()
 
 import jt_dist  # pylint: disable=g-import-not-at-top,wrong-import-position
 from variants_util import VariantsTestCase  # pylint: disable=g-import-not-at-top,wrong-import-position
+from feature_kernels import scale_kernel  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 _REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -37,14 +38,6 @@ def _add_fn(x_ptr, y_ptr, n, out_ptr, BLOCK: tl.constexpr):
 
 
 add_kernel = triton.jit(_add_fn)
-
-
-@triton.jit
-def scale_kernel(x_ptr, alpha, n, out_ptr, BLOCK: tl.constexpr):
-  offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-  mask = offsets < n
-  tl.store(out_ptr + offsets, tl.load(x_ptr + offsets, mask=mask) * alpha,
-           mask=mask)
 
 
 def _grid(meta):

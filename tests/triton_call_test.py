@@ -24,15 +24,8 @@ testing.configure_cpu_devices()
 
 import jt_dist  # pylint: disable=g-import-not-at-top,wrong-import-position
 from variants_util import VariantsTestCase  # pylint: disable=g-import-not-at-top,wrong-import-position
-
-
-@triton.jit
-def add_kernel(x_ptr, y_ptr, n, out_ptr, BLOCK: tl.constexpr):
-  offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-  mask = offsets < n
-  x = tl.load(x_ptr + offsets, mask=mask)
-  y = tl.load(y_ptr + offsets, mask=mask)
-  tl.store(out_ptr + offsets, x + y, mask=mask)
+from feature_kernels import add_kernel  # pylint: disable=g-import-not-at-top,wrong-import-position
+from feature_kernels import scale_kernel  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 
 @triton.jit
@@ -52,14 +45,6 @@ def axpy_kernel(x_ptr, y_ptr, alpha, n, out_ptr, BLOCK: tl.constexpr):
   x = tl.load(x_ptr + offsets, mask=mask)
   y = tl.load(y_ptr + offsets, mask=mask)
   tl.store(out_ptr + offsets, alpha * x + y, mask=mask)
-
-
-@triton.jit
-def scale_kernel(x_ptr, alpha, n, out_ptr, BLOCK: tl.constexpr):
-  offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-  mask = offsets < n
-  x = tl.load(x_ptr + offsets, mask=mask)
-  tl.store(out_ptr + offsets, alpha * x, mask=mask)
 
 
 @triton.jit

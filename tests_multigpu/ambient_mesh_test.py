@@ -27,7 +27,6 @@ import triton
 
 import jt_dist
 from jt_dist import testing
-from jt_dist._sharding import specs as _specs
 
 testing.configure_cpu_devices()
 
@@ -182,19 +181,15 @@ class AmbientMeshTest(testing.TestCase):
       out = jax.jit(lambda: _add(x, y, **_SPLIT))()
     self._assert_placed(out, mesh, P("x"), x.astype(np.float64) + y)
 
-  def test_resolve_mesh(self):
-    mesh = self._mesh()
-    x = self.random((8,))
-    with jax.set_mesh(mesh):
-      # Eagerly the concrete mesh, which places the arguments.
-      self.assertIs(_specs.resolve_mesh(None, [x]), mesh)
-      seen = []
-      jax.jit(lambda: seen.append(_specs.resolve_mesh(None, [x])))()
-      jax.jit(lambda a: seen.append(_specs.resolve_mesh(None, [a])))(x)
-    for found in seen:
-      self.assertEqual(found, mesh.abstract_mesh)
-    with self.assertRaisesRegex(jt_dist.ShardingSpecError, "no mesh"):
-      _specs.resolve_mesh(None, [x])
+  @parameterized.parameters(False, True)
+  def test_no_mesh_is_refused(self, jit):
+    # Neither mesh= nor jax.set_mesh, and inputs on no mesh.
+    x, y = self._inputs()
+    call = jax.jit(_add) if jit else _add
+    with self.assertRaises(jt_dist.ShardingSpecError) as cm:
+      call(x, y)
+    for part in ("no mesh to run on", "mesh=jax.make_mesh(", "jax.set_mesh"):
+      self.assertIn(part, str(cm.exception))
 
 
 if __name__ == "__main__":

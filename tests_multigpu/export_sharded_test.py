@@ -17,18 +17,15 @@ from jax.sharding import PartitionSpec as P
 import numpy as np
 
 import jt_dist
-from jt_dist import _compat
 from jt_dist import testing
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from examples import sharded_add  # pylint: disable=g-import-not-at-top
+sys.path.insert(0, os.path.join(
+    os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests"))
+import gpu_lowering_util as util  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 testing.configure_cpu_devices()
-
-
-def _can_lower_for_cuda():
-  module = _compat.gpu_triton_module()
-  return hasattr(getattr(module, "_cuda_triton", None), "TritonKernel")
 
 
 def _export(f, *args, **options):
@@ -38,8 +35,7 @@ def _export(f, *args, **options):
         disabled_checks=jt_dist.export_safety_checks())(*args)
 
 
-@absltest.skipUnless(_can_lower_for_cuda(),
-                     "needs jax-cuda12-plugin to lower for CUDA")
+@absltest.skipUnless(util.HAS_TRITON_CALL, util.SKIP_REASON)
 class ExportShardedTest(testing.TestCase):
 
   def setUp(self):

@@ -24,8 +24,6 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 import numpy as np
 import triton
-from triton.experimental import gluon
-from triton.experimental.gluon import language as gl
 
 from jt_dist import testing
 
@@ -40,18 +38,11 @@ from feature_kernels import acc_sum_kernel  # pylint: disable=g-import-not-at-to
 from feature_kernels import add_kernel  # pylint: disable=g-import-not-at-top,wrong-import-position
 from feature_kernels import copy_kernel  # pylint: disable=g-import-not-at-top,wrong-import-position
 from feature_kernels import desc_copy_kernel  # pylint: disable=g-import-not-at-top,wrong-import-position
+from feature_kernels import gluon_copy_kernel  # pylint: disable=g-import-not-at-top,wrong-import-position
 from feature_kernels import wide_scale_kernel  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 _N = 32
 _BLOCK = 8
-
-
-@gluon.jit
-def gluon_copy_kernel(in_ptr, out_ptr, size: gl.constexpr,
-                      block: gl.constexpr):
-  start = gl.program_id(0) * block
-  for i in range(start, min(start + block, size)):
-    gl.store(out_ptr + i, gl.load(in_ptr + i))
 
 
 def _like(x):

@@ -22,7 +22,6 @@ import numpy as np
 import triton
 import triton.language as tl
 
-from jt_dist import _compat
 from jt_dist import testing
 
 testing.configure_cpu_devices()
@@ -32,6 +31,7 @@ import jt_dist  # pylint: disable=g-import-not-at-top,wrong-import-position
 sys.path.insert(0, os.path.join(
     os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests"))
 from feature_kernels import tuple_add_kernel  # pylint: disable=g-import-not-at-top,wrong-import-position
+import gpu_lowering_util as util  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 _N = 32
 _BLOCK = 8
@@ -176,10 +176,8 @@ class ShardedTupleTest(testing.TestCase):
 
   @parameterized.parameters("cpu", "cuda")
   def test_lowers_like_shard_map_by_hand(self, platform):
-    if platform == "cuda" and not hasattr(getattr(
-        _compat.gpu_triton_module(), "_cuda_triton", None), "TritonKernel"):
-      self.skipTest("cross-lowering for CUDA needs jaxlib's Triton bindings"
-                    " (jax-cuda12-plugin)")
+    if platform == "cuda" and not util.HAS_TRITON_CALL:
+      self.skipTest(util.SKIP_REASON)
     mesh = self._mesh()
     extra = {"compute_capability": 90} if platform == "cuda" else {}
     args = [jax.ShapeDtypeStruct((_N,), np.float32)] * 3

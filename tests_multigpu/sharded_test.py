@@ -21,7 +21,6 @@ import triton
 import triton.language as tl
 
 import jt_dist
-from jt_dist import _compat
 from jt_dist import testing
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -29,17 +28,15 @@ from examples import layernorm_training  # pylint: disable=g-import-not-at-top
 from examples import sharded_add  # pylint: disable=g-import-not-at-top
 from examples import sharded_attention  # pylint: disable=g-import-not-at-top
 from examples import sharded_matmul  # pylint: disable=g-import-not-at-top
+sys.path.insert(0, os.path.join(
+    os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests"))
+import gpu_lowering_util as util  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 testing.configure_cpu_devices()
 
 
 def _gpu():
   return testing.platform() == "gpu"
-
-
-def _can_lower_for_cuda():
-  module = _compat.gpu_triton_module()
-  return hasattr(getattr(module, "_cuda_triton", None), "TritonKernel")
 
 
 def _program_text(f, args, platform):
@@ -157,9 +154,8 @@ class ShardedTest(testing.TestCase):
   def test_same_program_as_a_hand_written_shard_map(self, platform):
     # sharded_triton_call must cost nothing over jax.shard_map around
     # triton_call: no extra copies, reshapes, collectives or casts.
-    if platform == "cuda" and not _can_lower_for_cuda():
-      self.skipTest("cross-lowering for CUDA needs jaxlib's Triton bindings"
-                    " (jax-cuda12-plugin)")
+    if platform == "cuda" and not util.HAS_TRITON_CALL:
+      self.skipTest(util.SKIP_REASON)
     n = 32 * self.count
     x, y = (jax.device_put(self.random((n,)), NamedSharding(self.mesh1d, P("x")))
             for _ in range(2))

@@ -264,10 +264,12 @@ def _first_call(args, kernel, out_shape, grid, kwargs, key, runtime):
   is keyed again once they have joined the positional operands (and their
   scalars by value).
   """
-  merged, metaparams = _operands.merge_keywords(kernel, args, kwargs)
+  merged_kernel, merged, metaparams = _operands.merge_keywords(
+      kernel, args, kwargs)
   statics = tuple(OPERAND if _is_operand(a) else a for a in merged)
   if key is None and len(merged) != len(args):
     runtime = False
+    kernel = merged_kernel  # A reordering wrapper is cached: one id.
     try:
       key = (id(kernel), _memo.out_key(out_shape), _memo.grid_key(grid),
              _exact.dict_key(metaparams), _template(merged, False),
@@ -278,8 +280,8 @@ def _first_call(args, kernel, out_shape, grid, kwargs, key, runtime):
     except TypeError:
       key = None
   # Scalars given by keyword are keyed by value: they stay static.
-  call = _kernel_call.make(kernel, out_shape, grid, metaparams, statics,
-                           runtime and len(merged) == len(args))
+  call = _kernel_call.make(merged_kernel, out_shape, grid, metaparams,
+                           statics, runtime and len(merged) == len(args))
   if key is not None:
     by_type = [i for i, a in enumerate(args)
                if runtime and not _is_operand(a) and _types.is_scalar(a)

@@ -57,7 +57,8 @@ def call(args, kernel, out_shape, grid, options: _binding.CallOptions,
   Returns:
     The outputs in the structure of ``out_shape``.
   """
-  args, metaparams = _operands.merge_keywords(kernel, args, metaparams)
+  kernel, args, metaparams = _operands.merge_keywords(kernel, args,
+                                                     metaparams)
   args, descriptors = _tensordesc.split(args)
   if descriptors and options.sharding_rule is not None:
     raise NotImplementedError(
@@ -106,7 +107,8 @@ def check_binding(args, kernel, out_shape, grid, options, metaparams):
   Raises what binding raises: jt_dist's words for operands that jax.jit
   refused before tracing (a string or object array, say).
   """
-  args, metaparams = _operands.merge_keywords(kernel, args, metaparams)
+  kernel, args, metaparams = _operands.merge_keywords(kernel, args,
+                                                     metaparams)
   args, descriptors = _tensordesc.split(args)
   args, metaparams = _shard_size.resolve(args, metaparams)
   _binding.bind_call(_operands.canonical_numpy(args), kernel, out_shape,

@@ -113,3 +113,20 @@ def sum_out_first_kernel(total_ptr, x_ptr, acc_ptr, n, BLOCK: tl.constexpr):
   tl.store(acc_ptr + offsets, tl.load(acc_ptr + offsets, mask=mask) + x,
            mask=mask)
   tl.atomic_add(total_ptr, tl.sum(x, axis=0))
+
+
+@triton.jit
+def scale_kernel(x_ptr, s, n, out_ptr, BLOCK: tl.constexpr):
+  offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+  mask = offsets < n
+  tl.store(out_ptr + offsets, tl.load(x_ptr + offsets, mask=mask) * s,
+           mask=mask)
+
+
+@triton.jit
+def dropout_kernel(x_ptr, out_ptr, n, p, seed, BLOCK: tl.constexpr):
+  offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+  mask = offsets < n
+  x = tl.load(x_ptr + offsets, mask=mask)
+  keep = tl.rand(seed, offsets) > p
+  tl.store(out_ptr + offsets, tl.where(keep, x / (1 - p), 0.0), mask=mask)

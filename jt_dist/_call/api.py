@@ -13,6 +13,7 @@ from jt_dist._call import kernel_call as _kernel_call
 from jt_dist._call import memo as _memo
 from jt_dist._core import exact as _exact
 from jt_dist._core import operands as _operands
+from jt_dist._core import runtime_scalar as _runtime_scalar
 from jt_dist._core import tensordesc as _tensordesc
 from jt_dist._core import types as _types
 from jt_dist._sharding import refs as _refs
@@ -24,7 +25,8 @@ _INTS = frozenset((int, bool))
 _BY_VALUE = object()
 # Argument types passed at call time; grows by the classes of concrete
 # jax.Arrays (jaxlib's ArrayImpl) as they are met.
-_OPERAND_TYPES = {np.ndarray, _tensordesc.TensorDescriptor}
+_OPERAND_TYPES = {np.ndarray, _tensordesc.TensorDescriptor,
+                  _runtime_scalar.RuntimeScalar}
 
 
 def triton_call(*args: Any, kernel: Any, out_shape: Any = None, grid: Any,

@@ -20,6 +20,7 @@ from jt_dist import _compat
 from jt_dist import _errors
 from jt_dist import _settings
 from jt_dist._core import kernel as _kernel
+from jt_dist._core import runtime_scalar as _runtime_scalar
 from jt_dist._core import types as _types
 from jt_dist._cpu import scalars as _cpu_scalars
 from jt_dist._core import host_faults as _host_faults
@@ -222,6 +223,8 @@ def _traced_within(operands: Sequence[Any]) -> bool:
   if _CONCRETE.issuperset(map(type, operands)):
     return False
   for x in operands:
+    if _runtime_scalar.is_runtime_scalar(x):
+      x = x.value
     if isinstance(x, jax.core.Tracer):
       return True
     if type(x) is tuple and _traced_within(x):  # pylint: disable=unidiomatic-typecheck

@@ -8,6 +8,7 @@ travels as a one-element buffer that a wrapper kernel loads.
 """
 
 import unittest
+from unittest import mock
 
 from absl.testing import absltest
 from absl.testing import parameterized
@@ -24,6 +25,7 @@ from jt_dist import testing
 testing.configure_cpu_devices()
 
 import jt_dist  # pylint: disable=g-import-not-at-top,wrong-import-position
+from jt_dist._call import kernel_call as _kernel_call  # pylint: disable=g-import-not-at-top,wrong-import-position
 import gpu_lowering_util as util  # pylint: disable=g-import-not-at-top,wrong-import-position
 from feature_kernels import dropout_kernel  # pylint: disable=g-import-not-at-top,wrong-import-position
 from feature_kernels import scale_kernel  # pylint: disable=g-import-not-at-top,wrong-import-position
@@ -175,6 +177,37 @@ class RuntimeScalarTest(testing.TestCase):
       _scale(x, 2.0, BLOCK=jt_dist.runtime_scalar(_BLOCK))
     for part in ("BLOCK=jt_dist.runtime_scalar(8", "tl.constexpr"):
       self.assertIn(part, str(cm.exception))
+
+
+class PerStepScalarTest(testing.TestCase):
+  """A new positional Python float every eager call compiles nothing."""
+
+  def test_new_float_values_reuse_one_executable(self):
+    x = jnp.asarray(self.random((_N,)))
+    values = [float(v) for v in self.np_rng.uniform(-3, 3, size=5)]
+    self.assertAllClose(_scale(x, values[0]), np.asarray(x) * values[0],
+                        rtol=1e-6)
+    memo = jt_dist._call.memo.triton_calls  # pylint: disable=protected-access
+    before = len(memo)
+    for s in values[1:]:
+      self.assertAllClose(_scale(x, s), np.asarray(x) * np.float32(s),
+                          rtol=1e-6)
+    self.assertEqual(len(memo), before)
+
+  @unittest.skipUnless(util.HAS_TRITON_CALL, util.SKIP_REASON)
+  def test_on_gpus_a_float_is_loaded_and_an_int_compiled_in(self):
+    x = jnp.asarray(self.random((_N,)))
+    with mock.patch.object(jax, "default_backend", lambda: "gpu"):
+      call = _kernel_call.make(
+          scale_kernel, _like(x), (4,),
+          {"BLOCK": _BLOCK, "compute_capability": 90},
+          (_kernel_call.OPERAND, 2.5, _N), runtime_scalars=True)
+      lowered = call._jitted.trace(x, 2.5).lower(  # pylint: disable=protected-access
+          lowering_platforms=("cuda",))
+    self.assertEqual(call.passed, (True, True, False))
+    (kernel,) = util.triton_custom_calls(lowered)[0]["calls"]
+    self.assertEqual(kernel["params"], [
+        ("array", 0, 16), ("array", 0, 16), ("i32", _N), ("array", 0, 16)])
 
 
 @unittest.skipUnless(util.HAS_TRITON_CALL, util.SKIP_REASON)

@@ -252,7 +252,7 @@ def _template(args: Sequence[Any], runtime: bool) -> tuple:
     kind = type(a)
     if kind in _OPERAND_TYPES or _is_operand(a):
       template.append(OPERAND)
-    elif runtime and _types.is_scalar(a) and jax.default_backend() == "cpu":
+    elif runtime and _kernel_call.runtime_typed(a):
       template.append((kind, _types.scalar_type(a)))
     else:
       template.append(_exact.key(a))
@@ -286,8 +286,8 @@ def _first_call(args, kernel, out_shape, grid, kwargs, key, runtime):
                            statics, runtime and len(merged) == len(args))
   if key is not None:
     by_type = [i for i, a in enumerate(args)
-               if runtime and not _is_operand(a) and _types.is_scalar(a)
-               and jax.default_backend() == "cpu"]
+               if runtime and not _is_operand(a)
+               and _kernel_call.runtime_typed(a)]
     if all(call.passed[i] for i in by_type):
       _memo.triton_calls.put(key, call)
     else:

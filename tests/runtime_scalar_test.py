@@ -179,6 +179,39 @@ class RuntimeScalarTest(testing.TestCase):
       self.assertIn(part, str(cm.exception))
 
 
+class ScalarPointerErrorTest(testing.TestCase):
+  """A 0-d array used as a number names the parameter and the fix."""
+
+  @parameterized.parameters(False, True)
+  def test_value_times_pointer(self, jitted):
+    x, s = jnp.asarray(self.random((_N,))), jnp.asarray(2.0)
+    f = jax.jit(_scale) if jitted else _scale
+    with self.assertRaisesKernelError(jt_dist.KernelTypeError,
+                                      jitted=jitted) as cm:
+      jax.block_until_ready(f(x, s))
+    for part in ("'scale_kernel'", "parameter 's'", "0-d array",
+                 "jt_dist.runtime_scalar(x)"):
+      self.assertIn(part, cm.message)
+
+  def test_seed_of_tl_rand(self):
+    x = jnp.asarray(self.random((_N,)))
+    with self.assertRaisesKernelError(jt_dist.KernelTypeError,
+                                      jitted=True) as cm:
+      jax.block_until_ready(jax.jit(_dropout)(x, 3))
+    for part in ("'dropout_kernel'", "parameter 'seed'",
+                 "jt_dist.runtime_scalar(x)"):
+      self.assertIn(part, cm.message)
+
+  @unittest.skipUnless(util.HAS_TRITON_CALL, util.SKIP_REASON)
+  def test_cuda_compilation_error(self):
+    x = jnp.asarray(self.random((_N,)))
+    with self.assertRaises(jt_dist.KernelTypeError) as cm:
+      util.lower(lambda a, s: _scale(a, s, compute_capability=90), x, 2.0)
+    for part in ("'scale_kernel'", "parameter 's'", "pointer<fp32>",
+                 "jt_dist.runtime_scalar(x)"):
+      self.assertIn(part, str(cm.exception))
+
+
 class PerStepScalarTest(testing.TestCase):
   """A new positional Python float every eager call compiles nothing."""
 

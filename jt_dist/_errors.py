@@ -208,9 +208,10 @@ def raise_if_scalar_pointer(error: Exception, spec, shapes) -> None:
   text = str(error)
   if "pointer" not in text and "static_assert" not in text:
     return
+  loaded = getattr(spec.info.python_fn, "loaded_by_value", ())
   names = [op.label for op in spec.operands
            if op.kind == "array" and op.index < len(shapes)
-           and tuple(shapes[op.index]) == ()]
+           and tuple(shapes[op.index]) == () and op.name not in loaded]
   if not names:
     return
   listed = ", ".join(repr(n) for n in names)

@@ -68,9 +68,8 @@ def tagged_kernel(x_ptr, out_ptr, TAG: tl.constexpr, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def five_scalars_kernel(a, b, c, d, e, out_ptr, BLOCK: tl.constexpr):
-  offsets = tl.arange(0, BLOCK)
-  tl.store(out_ptr + offsets, tl.zeros((BLOCK,), tl.float32))
+def store_scalar_kernel(v, out_ptr):
+  tl.store(out_ptr, v)
 
 
 @triton.jit
@@ -95,39 +94,6 @@ def _copy_call(kernel, x, **metaparams):
   return jt_dist.triton_call(
       x, kernel=kernel, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
       grid=(1,), BLOCK=x.size, **metaparams)
-
-
-class ScalarOperandTest(parameterized.TestCase):
-  """The CPU's runtime scalar operand carries every value bit for bit."""
-
-  @parameterized.parameters(
-      (2**31 - 1, 2**31, 2**32 - 1, 2**63 - 1, -(2**31) - 1),
-      (2**64 - 1, -(2**63), 0, 1, 17),
-      (3.0e38, -2.5, np.float32(3.25), 1e-45, float("inf")),
-      (True, False, np.int64(-7), np.uint32(4_000_000_000), np.float64(0.1)),
-  )
-  def test_round_trip(self, *values):
-    from jt_dist._cpu import scalars as _cpu_scalars  # pylint: disable=g-import-not-at-top
-    out = jax.ShapeDtypeStruct((16,), np.float32)
-    numpy_float = any(isinstance(v, np.float32) for v in values)
-    with (self.assertWarnsRegex(DeprecationWarning, "np.float32")
-          if numpy_float else contextlib.nullcontext()):
-      _, spec, _ = _binding.bind_call(
-          values, five_scalars_kernel, out, (1,), _binding.CallOptions(),
-          {"BLOCK": 16})
-    runtime = spec.with_runtime_scalars()
-    self.assertTrue(all(op.value is None for op in runtime.operands
-                        if op.kind == "scalar"))
-    words = _cpu_scalars.pack(
-        [op.type for op in runtime.operands if op.kind == "scalar"], values)
-    self.assertEqual(words.dtype, np.uint32)
-    back, arrays = _cpu_scalars.unpack(runtime, [words])
-    self.assertEqual(arrays, [])
-    self.assertFalse(back.runtime_scalars)
-    got = [op.value for op in back.operands if op.kind == "scalar"]
-    want = [op.value for op in spec.operands if op.kind == "scalar"]
-    self.assertEqual(got, want)
-    self.assertEqual([type(v) for v in got], [type(v) for v in want])
 
 
 class _Counting:
@@ -209,6 +175,22 @@ class DispatchTest(testing.TestCase):
         out = np.asarray(out)
         self.assertAllClose(out[:n], x[:n] * np.float32(s))
         self._assert_unwritten(out[n:])
+
+  @parameterized.parameters(
+      (2**31 - 1, -(2**31), np.int32, 1), (0.1, -3.0e38, np.float32, 1),
+      (True, False, np.bool_, 1), (np.int64(-7), np.int64(9), np.int32, 1),
+      # 64-bit types stay compiled in: a new value binds again.
+      (2**31, 2**31 + 5, np.uint32, 2))
+  def test_scalar_values_of_each_type_on_cpu(self, a, b, dtype, binds):
+    if testing.platform() != "cpu":
+      self.skipTest("scalars of these types come at run time on the CPU")
+    out = jax.ShapeDtypeStruct((1,), dtype)
+    with _Counting() as counting:
+      for v in (a, b, a):
+        got = jt_dist.triton_call(v, kernel=store_scalar_kernel,
+                                  out_shape=out, grid=(1,))
+        self.assertEqual(np.asarray(got)[0], np.asarray(v).astype(dtype))
+    self.assertEqual(counting.binds, binds)
 
   def test_types_of_equal_scalars_are_not_confused(self):
     x = jnp.asarray(self.random((16,)))
@@ -501,8 +483,8 @@ _RSS_SCRIPT = textwrap.dedent("""
     if mode == "layer":
       t._scale(x, 2.0)
       (call,) = _memo.triton_calls._entries.values()
-      # The scalars come packed in one operand after the array.
-      call._jitted = jax.jit(lambda a, scalars: a * 2)
+      # The scalars come after the array, each an operand of its own.
+      call._jitted = jax.jit(lambda a, s, n: a * 2)
       step = lambda i: t._scale(x, 2.0)
     else:
       step = lambda i: t._scale(x, 1.0 + i * 1e-3)

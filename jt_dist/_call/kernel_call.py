@@ -22,7 +22,6 @@ from jt_dist import _settings
 from jt_dist._core import kernel as _kernel
 from jt_dist._core import runtime_scalar as _runtime_scalar
 from jt_dist._core import types as _types
-from jt_dist._cpu import scalars as _cpu_scalars
 from jt_dist._core import host_faults as _host_faults
 from jt_dist._gpu import faults as _gpu_faults
 from jt_dist._sharding import local_call as _local_call
@@ -37,9 +36,10 @@ class KernelCall:
 
   Call it with the kernel's array operands, in order. Positional values
   fixed when it was made (``statics``: scalars passed by value, ``None``,
-  ``shard_size`` placeholders) keep their places among them; on the CPU,
-  scalars that nothing static reads are passed at call time instead
-  (``passed``), and a new value compiles nothing.
+  ``shard_size`` placeholders) keep their places among them; scalars that
+  nothing static reads and whose type comes at run time (``runtime_typed``)
+  are passed at call time instead (``passed``), as ``runtime_scalar``s, and
+  a new value compiles nothing.
   """
 
   def __init__(self, kernel, out_shape, grid, options, metaparams,
@@ -57,8 +57,7 @@ class KernelCall:
         operand given at call time, else the fixed value.
       device: ``device=`` as given, or None.
       runtime_scalars: whether the scalars among ``statics`` may come at
-        call time, as one runtime operand (on the CPU), where nothing
-        static reads their values.
+        call time, where nothing static reads their values.
     """
     self.kernel = kernel
     self.out_shape = out_shape
@@ -72,19 +71,12 @@ class KernelCall:
     self._src = getattr(self._fn, "src", None)
     # device= moves uncommitted operands before the call.
     self._eager_first = device is not None
-    self._slots = self._runtime_slots() if runtime_scalars else ()
-    # The CPU packs the runtime scalars in one operand; GPUs load each.
-    self._packs = jax.default_backend() == "cpu"
-    self._scalar_types = tuple(_types.scalar_type(self.statics[i])
-                               for i in self._slots)
+    # Position -> dtype of each scalar passed at call time.
+    self._slots = self._runtime_slots() if runtime_scalars else {}
     # Per positional argument: whether the caller passes it at call time.
     self.passed = tuple(s is OPERAND or i in self._slots
                         for i, s in enumerate(self.statics))
     self.passed_all = all(self.passed)
-    # Per argument passed at call time: whether it is a runtime scalar.
-    self._is_scalar = tuple(i in self._slots
-                            for i, s in enumerate(self.statics)
-                            if self.passed[i])
     # Every operand is the primitive's, and a committed one places the call
     # even where nothing reads it (outputs that are all empty).
     self._jitted = jax.jit(
@@ -106,8 +98,8 @@ class KernelCall:
     return kernel is self.kernel and getattr(self._fn, "src",
                                              None) is self._src
 
-  def _runtime_slots(self) -> tuple[int, ...]:
-    """Positions of the scalars that can come at call time, or ().
+  def _runtime_slots(self) -> dict[int, np.dtype]:
+    """Position -> dtype of the scalars that can come at call time, or {}.
 
     Those ``runtime_typed`` says may, unless anything static reads a
     scalar's value: a callable grid or ``zeroed_outputs``, autotuning or
@@ -116,21 +108,21 @@ class KernelCall:
     """
     if (callable(self.grid) or callable(self.options.zeroed_outputs)
         or self._eager_first or self.options.sharding_rule is not None):
-      return ()
+      return {}
     info = _kernel.kernel_info(self.kernel)
     if info.layers:
-      return ()
-    slots = []
+      return {}
+    slots = {}
     for i, value in enumerate(self.statics):
       if value is OPERAND or not runtime_typed(value):
         continue
       if i >= len(info.params):
-        return ()
+        return {}
       param = info.params[i]
       if param.is_constexpr or param.annotation:
-        return ()
-      slots.append(i)
-    return tuple(slots)
+        return {}
+      slots[i] = _RUNTIME_DTYPES[_types.scalar_type(value)]
+    return slots
 
   def _args(self, operands: Sequence[Any]) -> list[Any]:
     """The positional arguments: ``operands`` with the statics in place."""
@@ -153,35 +145,12 @@ class KernelCall:
                             self.metaparams, layout=layout)
 
   def _traced_runtime(self, *operands):
-    """The call with its scalars at run time, as the platform takes them.
-
-    Off the CPU the scalars are ``runtime_scalar``s: a GPU's call loads
-    each from a buffer. The CPU's interpreter takes them packed in one
-    operand after the arrays (``jt_dist._cpu.scalars``).
-    """
-    if not self._packs:
-      args = [_runtime_scalar.RuntimeScalar(x, np.float32)
-              if i in self._slots else x
-              for i, x in enumerate(self._args(operands))]
-      return _local_call.call(args, self.kernel, self.out_shape, self.grid,
-                              self.options, self.metaparams)
-    *arrays, packed = operands
-    it = iter(arrays)
-    # Binding types the scalars by the values the call was made with.
-    args = [next(it) if s is OPERAND else s for s in self.statics]
-    args.extend(it)
+    """The call with its scalars as ``runtime_scalar``s, of Triton's types."""
+    slots = self._slots
+    args = [_runtime_scalar.RuntimeScalar(x, slots[i]) if i in slots else x
+            for i, x in enumerate(self._args(operands))]
     return _local_call.call(args, self.kernel, self.out_shape, self.grid,
-                            self.options, self.metaparams,
-                            runtime_scalars=packed)
-
-  def _packed(self, operands: Sequence[Any]) -> list[Any]:
-    """The arrays among ``operands``, then the scalars packed in one."""
-    arrays, values = [], []
-    for x, is_scalar in zip(operands, self._is_scalar):
-      (values if is_scalar else arrays).append(x)
-    arrays.extend(operands[len(self._is_scalar):])
-    arrays.append(_cpu_scalars.pack(self._scalar_types, values))
-    return arrays
+                            self.options, self.metaparams)
 
   def __call__(self, *operands: Any) -> Any:
     if self._plain and _CONCRETE.issuperset(map(type, operands)):
@@ -203,11 +172,9 @@ class KernelCall:
         layout = _local_call.find_layout(self._args(operands), self.options)
         if layout is not None:
           return self._split(layout, *operands)
-      jitted_operands = (self._packed(operands) if self._slots and self._packs
-                         else operands)
       if self._sync:
-        return jax.block_until_ready(self._jitted(*jitted_operands))
-      return self._jitted(*jitted_operands)
+        return jax.block_until_ready(self._jitted(*operands))
+      return self._jitted(*operands)
     except Exception as e:  # pylint: disable=broad-except
       raise_failure(e, self._args(operands), self)
 
@@ -225,20 +192,28 @@ class KernelCall:
     return f"jt_dist.kernel_call({name}, grid={self.grid!r})"
 
 
+# The dtype a scalar of each Triton type travels as when it comes at run
+# time: 64-bit types stay compiled in (JAX holds them only with x64 on).
+_RUNTIME_DTYPES = {"i1": np.dtype(np.bool_), "i32": np.dtype(np.int32),
+                   "fp32": np.dtype(np.float32)}
+
+
 def runtime_typed(value: Any) -> bool:
   """Whether a positional scalar's value may come at run time, by its type.
 
-  On the CPU every scalar the interpreter's packed operand carries. On GPUs
-  a Python float that float32 holds: Triton never specialises a kernel on a
-  float's value, so only the call's executable would change with it. Ints
-  stay compiled in there (Triton specialises them on equality to 1 and
-  divisibility by 16, and a size rarely changes between calls), and so do
-  bools and doubles.
+  On the CPU every bool, int and float of a 32-bit Triton type: the
+  interpreter specialises on no value (``np.float32``, deprecated, stays
+  compiled in, where binding warns of it). On GPUs a Python float that
+  float32 holds: Triton never specialises a kernel on a float's value, so
+  only the call's executable would change with it. Ints stay compiled in
+  there (Triton specialises them on equality to 1 and divisibility by 16,
+  and a size rarely changes between calls), and so do bools.
   """
-  if jax.default_backend() == "cpu":
-    return (_types.is_scalar(value)
-            and _cpu_scalars.packable(_types.scalar_type(value)))
-  return type(value) is float and _types.scalar_type(value) == "fp32"  # pylint: disable=unidiomatic-typecheck
+  if type(value) is float:  # pylint: disable=unidiomatic-typecheck
+    return _types.scalar_type(value) == "fp32"
+  return (jax.default_backend() == "cpu" and _types.is_scalar(value)
+          and not isinstance(value, np.float32)
+          and _types.scalar_type(value) in _RUNTIME_DTYPES)
 
 
 # Types of operands known not to be tracers; grows by the classes of

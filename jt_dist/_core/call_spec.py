@@ -68,9 +68,6 @@ class CallSpec:
   # The call's ShardingRule: the lowering refuses it over several devices
   # with a message about partitioning rather than misplacement.
   sharding_rule: Any = None
-  # On the CPU, an eager call's scalars may arrive as a runtime operand
-  # after the arrays (jt_dist._cpu.scalars) rather than in ``operands``.
-  runtime_scalars: bool = False
   # The call must run even when its outputs are unused (has_side_effect=).
   has_side_effect: bool = False
   # ``cost_estimate=`` as sorted (key, int) pairs; () when not given.
@@ -84,16 +81,6 @@ class CallSpec:
   @property
   def info(self) -> _kernel.KernelInfo:
     return _kernel.kernel_info(self.kernel)
-
-  def with_runtime_scalars(self) -> "CallSpec":
-    """This spec with its scalar values taken out: they come at run time.
-
-    The scalars then travel as one operand after the arrays, which a
-    platform that supports it unpacks (the CPU: ``jt_dist._cpu.scalars``).
-    """
-    operands = tuple(dataclasses.replace(op, value=None)
-                     if op.kind == "scalar" else op for op in self.operands)
-    return dataclasses.replace(self, operands=operands, runtime_scalars=True)
 
   def __repr__(self) -> str:
     grids = sorted({launch.grid for launch in self.launches})

@@ -156,7 +156,10 @@ def _wrapper(base_fn, order, loaded: dict[str, int]):
   body.append(call_line(p, list(declared)))
   source = (f"def {python_fn.__name__}({', '.join(parts)}):\n"
             + "".join(f"    {line}\n" for line in body))
-  return make_kernel(base_fn, source, p, "wrapper", scope)
+  kernel = make_kernel(base_fn, source, p, "wrapper", scope)
+  # Pointers it loads are no 0-d arrays of the user's (jt_dist._errors).
+  kernel.fn.loaded_by_value = frozenset(loaded)
+  return kernel
 
 
 def _trailing_in_order(order, declared) -> set[str]:

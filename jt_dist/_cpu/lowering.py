@@ -35,7 +35,6 @@ from jt_dist._cpu import ffi_target as _ffi_target
 from jt_dist._core import host_faults as _host_faults
 from jt_dist._cpu import interrupts as _interrupts
 from jt_dist._cpu import runtime as _interpreter_runtime
-from jt_dist._cpu import scalars as _scalars
 from jt_dist._cpu import unsupported as _unsupported
 from jt_dist._sharding import lowering_rule as _lowering_rule
 
@@ -202,8 +201,6 @@ def _in_parameter_order(spec, args, kwargs):
 
 
 def _launch(spec, inputs, outputs):
-  if spec.runtime_scalars:  # Scalars passed at run time: see scalars.py.
-    spec, inputs = _scalars.unpack(spec, inputs)
   _log_once(spec)
   launch = spec.launches[0]
   _prepare_outputs(spec, launch, inputs, outputs)

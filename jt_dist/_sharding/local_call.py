@@ -35,8 +35,7 @@ _NO_LAUNCH_GRID = (1,)
 
 
 def call(args, kernel, out_shape, grid, options: _binding.CallOptions,
-         metaparams: dict, device: Any = None,
-         runtime_scalars: Any = None, layout: Any = None) -> Any:
+         metaparams: dict, device: Any = None, layout: Any = None) -> Any:
   """Runs one ``triton_call`` on ``args``, tracers or concrete arrays.
 
   Args:
@@ -48,9 +47,6 @@ def call(args, kernel, out_shape, grid, options: _binding.CallOptions,
     metaparams: the remaining keywords: the kernel's constexprs, and its
       keyword operands (non-constexpr parameters by name).
     device: ``device=`` as given, or None.
-    runtime_scalars: the scalars' values packed in one operand, when they
-      come at run time (``CallSpec.with_runtime_scalars``); ``args`` then
-      hold values of the same types, for binding.
     layout: for a call with a ``sharding_rule``, the ``partition.Layout``
       found on its concrete operands before they were traced; by default
       the operands' own (traced operands show explicit mesh axes only).
@@ -70,14 +66,14 @@ def call(args, kernel, out_shape, grid, options: _binding.CallOptions,
   options = options.with_descriptors(descriptors)
   if _refs.has_refs(args):
     return _with_refs(args, kernel, out_shape, grid, options, metaparams,
-                      device, runtime_scalars)
+                      device)
   if options.sharding_rule is not None:
     outs = _partitioned(args, kernel, out_shape, grid, options, metaparams,
                         device, layout)
     if outs is not _NOT_PARTITIONED:
       return outs
   return single_device(args, kernel, out_shape, grid, options, metaparams,
-                       device, runtime_scalars)[0]
+                       device)[0]
 
 
 def find_layout(args, options):
@@ -117,21 +113,20 @@ def check_binding(args, kernel, out_shape, grid, options, metaparams):
                      grid, options.with_descriptors(descriptors), metaparams)
 
 
-def _with_refs(args, kernel, out_shape, grid, options, metaparams, device,
-               runtime_scalars):
+def _with_refs(args, kernel, out_shape, grid, options, metaparams, device):
   """A call with Ref arguments: reads them, calls, writes them back."""
   _refs.check(args, options, options.sharding_rule, "triton_call")
   ref_arrays, ref_leaves = _refs.array_positions(args)
   values, value_leaves = _refs.read(args, ref_leaves)
   options = options.with_refs(tuple(ref_arrays))
   outs, updated = single_device(values, kernel, out_shape, grid, options,
-                                metaparams, device, runtime_scalars)
+                                metaparams, device)
   _refs.write(args, ref_leaves, updated, value_leaves)
   return outs
 
 
 def single_device(args, kernel, out_shape, grid, options, metaparams,
-                  device=None, runtime_scalars=None):
+                  device=None):
   """Binds, places and launches a call on one device.
 
   Returns:
@@ -152,9 +147,6 @@ def single_device(args, kernel, out_shape, grid, options, metaparams,
     # buffers (and the grid usually rounds to 0 blocks).
     outs = [jax.numpy.zeros(shape, dtype) for shape, dtype in spec.out_shapes]
     return jax.tree_util.tree_unflatten(out_tree, outs), ()
-  if runtime_scalars is not None:
-    spec = spec.with_runtime_scalars()
-    arrays = [*arrays, runtime_scalars]
   outs = _primitive.triton_call_p.bind(*arrays, spec=spec)
   n = len(outs) - spec.ref_outputs
   return jax.tree_util.tree_unflatten(out_tree, outs[:n]), tuple(outs[n:])

@@ -73,6 +73,11 @@ def store_scalar_kernel(v, out_ptr):
 
 
 @triton.jit
+def reciprocal_kernel(s: tl.float32, out_ptr):
+  tl.store(out_ptr, 1.0 / s)
+
+
+@triton.jit
 def over_read_kernel(x_ptr, out_ptr, BLOCK: tl.constexpr):
   offsets = tl.arange(0, BLOCK)
   tl.store(out_ptr + offsets, tl.load(x_ptr + offsets + 1))
@@ -191,6 +196,15 @@ class DispatchTest(testing.TestCase):
                                   out_shape=out, grid=(1,))
         self.assertEqual(np.asarray(got)[0], np.asarray(v).astype(dtype))
     self.assertEqual(counting.binds, binds)
+
+  def test_signed_zeros_compiled_in_stay_apart(self):
+    # Declared fp32, the scalar is compiled in and keyed by value, though
+    # 0.0 == -0.0 in Python.
+    out = jax.ShapeDtypeStruct((1,), np.float32)
+    for s in (0.0, -0.0, 0.0):
+      got = jt_dist.triton_call(s, kernel=reciprocal_kernel, out_shape=out,
+                                grid=(1,))
+      self.assertEqual(np.asarray(got)[0], np.copysign(np.inf, s))
 
   def test_types_of_equal_scalars_are_not_confused(self):
     x = jnp.asarray(self.random((16,)))
@@ -482,7 +496,7 @@ _RSS_SCRIPT = textwrap.dedent("""
     mode, calls = sys.argv[1], int(sys.argv[2])
     if mode == "layer":
       t._scale(x, 2.0)
-      (call,) = _memo.triton_calls._entries.values()
+      (call,) = set(_memo.triton_calls._entries.values())
       # The scalars come after the array, each an operand of its own.
       call._jitted = jax.jit(lambda a, s, n: a * 2)
       step = lambda i: t._scale(x, 2.0)
@@ -496,7 +510,9 @@ _RSS_SCRIPT = textwrap.dedent("""
         marks.append(rss_mib())
     gc.collect()
     marks.append(rss_mib())
-    print(json.dumps(dict(marks=marks, entries=len(_memo.triton_calls))))
+    calls = set(_memo.triton_calls._entries.values())
+    print(json.dumps(dict(marks=marks, entries=len(_memo.triton_calls),
+                          calls=len(calls))))
     """)
 
 
@@ -524,10 +540,12 @@ class MemoryTest(testing.TestCase):
 
   def test_rss_flat_over_1000_scalar_values(self):
     # Through the interpreter: each value is a new runtime operand of one
-    # executable and one entry, never a new one of either.
+    # executable and one call, never a new one of either. The call is kept
+    # under its scalars' types, and under the first call's values.
     result = self._run("values", 1000)
     marks = result["marks"]
-    self.assertEqual(result["entries"], 1, result)
+    self.assertEqual(result["calls"], 1, result)
+    self.assertEqual(result["entries"], 2, result)
     self.assertLess(marks[-1] - marks[1], 8.0, marks)
 
 

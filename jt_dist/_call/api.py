@@ -20,7 +20,7 @@ from jt_dist._sharding import refs as _refs
 
 OPERAND = _kernel_call.OPERAND
 _SHAPE_DTYPE = jax.ShapeDtypeStruct
-_INTS = frozenset((int, bool))
+_SCALARS = frozenset((int, bool, float))
 # A memo entry saying: key this call's scalars by their values.
 _BY_VALUE = object()
 # Argument types passed at call time; grows by the classes of concrete
@@ -169,16 +169,15 @@ def triton_call(*args: Any, kernel: Any, out_shape: Any = None, grid: Any,
       ``jax.jit``.
   """
   arg_types = tuple(map(type, args))
+  plain = None
   if type(out_shape) is _SHAPE_DTYPE and type(grid) is tuple:  # pylint: disable=unidiomatic-typecheck
-    key = _plain_key(kernel, out_shape, grid, kwargs, args, arg_types)
-    if key is not None:
-      call = _memo.triton_calls.get(key)
-      if call is None or not call.made_for(kernel):
-        return _first_call(args, kernel, out_shape, grid, kwargs, key, False)
+    plain = _plain_key(kernel, out_shape, grid, kwargs, args, arg_types)
+    call = _memo.triton_calls.get(plain)
+    if call is not None and call.made_for(kernel):
       if call.passed_all:
         return call(*args)
       return call(*itertools.compress(args, call.passed))
-  # On the CPU a scalar's value can come at run time: keyed by its type.
+  # A scalar's value may come at run time: keyed by its type.
   runtime = not callable(grid)
   try:
     key = (id(kernel), _memo.out_key(out_shape), _memo.grid_key(grid),
@@ -192,7 +191,8 @@ def triton_call(*args: Any, kernel: Any, out_shape: Any = None, grid: Any,
     # out_shape that binding reports in full.
     key = call = None
   if call is None or not call.made_for(kernel):
-    return _first_call(args, kernel, out_shape, grid, kwargs, key, runtime)
+    return _first_call(args, kernel, out_shape, grid, kwargs, key, runtime,
+                       plain)
   return call(*itertools.compress(args, call.passed))
 
 
@@ -200,26 +200,28 @@ def _plain_key(kernel, out_shape, grid, kwargs, args, arg_types):
   """The memo key of the commonest call, built without a Python loop; or None.
 
   That call: one ``ShapeDtypeStruct`` out, a grid of ints, metaparams that
-  are ints or strings, array operands and (off the CPU, where a scalar's
-  value is compiled in) int scalars. Their types and values are the exact
-  key (``jt_dist._core.exact``) of each.
+  are ints or strings, and array operands and Python scalars, the scalars
+  by value. Their types and values are the exact key
+  (``jt_dist._core.exact``) of each, but for a float: ``-0.0 == 0.0``, so
+  a call is filed under this key only where it takes its floats at run
+  time (``_first_call``), and their values do not matter.
   """
   kinds = tuple(map(type, kwargs.values()))
   grid_kinds = tuple(map(type, grid))
   if not (_exact.PLAIN.issuperset(kinds)
           and _exact.PLAIN.issuperset(grid_kinds)):
     return None
-  if not _OPERAND_TYPES.issuperset(arg_types):
-    for a in args:
-      _is_operand(a)  # Learns the classes of concrete jax.Arrays.
   if _OPERAND_TYPES.issuperset(arg_types):
     scalars = ()
-  elif (_OPERAND_TYPES.issuperset(frozenset(arg_types) - _INTS)
-        and jax.default_backend() != "cpu"):
-    scalars = tuple(itertools.compress(args,
-                                       map(_INTS.__contains__, arg_types)))
   else:
-    return None
+    others = frozenset(arg_types) - _SCALARS
+    if not _OPERAND_TYPES.issuperset(others):
+      for a in args:
+        _is_operand(a)  # Learns the classes of concrete jax.Arrays.
+      if not _OPERAND_TYPES.issuperset(others):
+        return None
+    scalars = tuple(itertools.compress(args,
+                                       map(_SCALARS.__contains__, arg_types)))
   return (id(kernel), out_shape.shape, out_shape.dtype, out_shape.weak_type,
           out_shape.sharding, grid, grid_kinds, tuple(kwargs.items()), kinds,
           arg_types, scalars)
@@ -259,12 +261,13 @@ def _template(args: Sequence[Any], runtime: bool) -> tuple:
   return tuple(template)
 
 
-def _first_call(args, kernel, out_shape, grid, kwargs, key, runtime):
+def _first_call(args, kernel, out_shape, grid, kwargs, key, runtime, plain):
   """A call with no memo entry under ``key``: keyword operands merged.
 
   Array operands given by keyword make ``key`` None (unhashable); the call
   is keyed again once they have joined the positional operands (and their
-  scalars by value).
+  scalars by value). The call is filed under ``plain`` too, if not None
+  (``_plain_key``), where it takes every float argument at run time.
   """
   merged_kernel, merged, metaparams = _operands.merge_keywords(
       kernel, args, kwargs)
@@ -284,6 +287,12 @@ def _first_call(args, kernel, out_shape, grid, kwargs, key, runtime):
   # Scalars given by keyword are keyed by value: they stay static.
   call = _kernel_call.make(merged_kernel, out_shape, grid, metaparams,
                            statics, runtime and len(merged) == len(args))
+  scalars = [i for i, a in enumerate(args) if not _is_operand(a)]
+  if plain is not None and all(call.passed[i] for i in scalars
+                               if type(args[i]) is float):  # pylint: disable=unidiomatic-typecheck
+    _memo.triton_calls.put(plain, call)
+    if not any(call.passed[i] for i in scalars):
+      key = None  # The plain key holds each scalar's value, as key would.
   if key is not None:
     by_type = [i for i, a in enumerate(args)
                if runtime and not _is_operand(a)

@@ -89,9 +89,9 @@ class KernelCall:
     # JT_DIST_SYNC_LAUNCHES, read when the call is made: wait for each
     # launch, so that a device fault is reported by the call that caused it.
     self._sync = _settings.sync_launches()
-    # Nothing to do around jax's dispatch on concrete operands.
-    self._plain = not (self._slots or self._split or self._eager_first
-                       or self._sync)
+    # Nothing to do around jax's dispatch on concrete operands (where a
+    # call with runtime scalars is at top level: see __call__).
+    self._plain = not (self._split or self._eager_first or self._sync)
 
   def made_for(self, kernel: Any) -> bool:
     """Whether this call is ``kernel``'s, made for its current source."""
@@ -153,7 +153,8 @@ class KernelCall:
                             self.options, self.metaparams)
 
   def __call__(self, *operands: Any) -> Any:
-    if self._plain and _CONCRETE.issuperset(map(type, operands)):
+    if (self._plain and _CONCRETE.issuperset(map(type, operands))
+        and (not self._slots or _compat.at_top_level())):
       # Concrete arrays and nothing to add: jax's dispatch alone.
       try:
         return self._jitted(*operands)
@@ -218,7 +219,7 @@ def runtime_typed(value: Any) -> bool:
 
 # Types of operands known not to be tracers; grows by the classes of
 # concrete jax.Arrays (jaxlib's ArrayImpl) as they are met.
-_CONCRETE = {np.ndarray}
+_CONCRETE = {np.ndarray, bool, int, float}
 
 
 def _traced_within(operands: Sequence[Any]) -> bool:

@@ -11,6 +11,8 @@ import importlib
 from typing import Any, Callable
 
 import jax
+# Private; read per eager call by at_top_level, so imported once here.
+from jax._src import core as _jax_core  # pylint: disable=g-bad-import-order
 
 
 def jit_cache_context(default: Any = None) -> Any:
@@ -48,8 +50,7 @@ def at_top_level() -> bool:
   supported release. A call with no traced operand can still be inside the
   caller's trace (arrays closed over, scalars only).
   """
-  from jax._src import core  # pylint: disable=g-import-not-at-top
-  return core.trace_state_clean()
+  return _jax_core.trace_state_clean()
 
 
 def is_ref(x: Any) -> bool:

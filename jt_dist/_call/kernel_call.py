@@ -135,22 +135,23 @@ class KernelCall:
     return args
 
   def _traced(self, *operands):
-    return _local_call.call(self._args(operands), self.kernel,
-                            self.out_shape, self.grid, self.options,
-                            self.metaparams)
+    return self._local(operands)
 
   def _traced_split(self, layout, *operands):
-    return _local_call.call(self._args(operands), self.kernel,
-                            self.out_shape, self.grid, self.options,
-                            self.metaparams, layout=layout)
+    return self._local(operands, layout=layout)
 
   def _traced_runtime(self, *operands):
     """The call with its scalars as ``runtime_scalar``s, of Triton's types."""
-    slots = self._slots
-    args = [_runtime_scalar.RuntimeScalar(x, slots[i]) if i in slots else x
-            for i, x in enumerate(self._args(operands))]
+    return self._local(operands, self._slots)
+
+  def _local(self, operands, slots=None, **where):
+    """``local_call.call`` of this call on ``operands``."""
+    args = self._args(operands)
+    if slots:
+      args = [_runtime_scalar.RuntimeScalar(x, slots[i]) if i in slots else x
+              for i, x in enumerate(args)]
     return _local_call.call(args, self.kernel, self.out_shape, self.grid,
-                            self.options, self.metaparams)
+                            self.options, self.metaparams, **where)
 
   def __call__(self, *operands: Any) -> Any:
     if (self._plain and _CONCRETE.issuperset(map(type, operands))
@@ -182,9 +183,7 @@ class KernelCall:
   def _eager(self, operands):
     """A call on concrete arrays that needs their placement first."""
     try:
-      return _local_call.call(self._args(operands), self.kernel,
-                              self.out_shape, self.grid, self.options,
-                              self.metaparams, self.device)
+      return self._local(operands, device=self.device)
     except Exception as e:  # pylint: disable=broad-except
       raise_failure(e, self._args(operands), self)
 
@@ -246,7 +245,7 @@ def raise_failure(error: Exception, args: Sequence[Any], call: KernelCall):
   naming the kernel; else ``error`` itself. Must be called while handling
   ``error``.
   """
-  raise_host_fault(error)
+  _host_faults.raise_original(error)
   # jax's own errors, and placement found in the trace: said again on the
   # concrete arrays, naming their devices.
   concrete = ((type(error) in (TypeError, ValueError)
@@ -265,14 +264,6 @@ def raise_failure(error: Exception, args: Sequence[Any], call: KernelCall):
   if _gpu_faults.is_device_fault(error):
     raise _gpu_faults.launch_fault(error, _describe(call)) from error
   raise error
-
-
-def raise_host_fault(error: Exception) -> None:
-  """Raises the kernel's own exception behind ``error``, if a launch filed one.
-
-  Returns otherwise.
-  """
-  _host_faults.raise_original(error)
 
 
 def _flat(args):

@@ -16,6 +16,7 @@ from jt_dist._call import api as _api
 from jt_dist._call import kernel_call as _kernel_call
 from jt_dist._call import memo as _memo
 from jt_dist._core import exact as _exact
+from jt_dist._core import host_faults as _host_faults
 from jt_dist._core import operands as _operands
 from jt_dist._core import pytree_args as _pytree_args
 from jt_dist._core import tensordesc as _tensordesc
@@ -154,7 +155,7 @@ class _ShardedCall:
     try:
       return self._jitted(*operands)
     except Exception as e:  # pylint: disable=broad-except
-      _kernel_call.raise_host_fault(e)
+      _host_faults.raise_original(e)
       raise
 
 

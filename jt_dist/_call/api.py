@@ -170,13 +170,23 @@ def triton_call(*args: Any, kernel: Any, out_shape: Any = None, grid: Any,
   """
   arg_types = tuple(map(type, args))
   plain = None
+  # The commonest call, keyed without a Python loop: one ShapeDtypeStruct
+  # out, a grid of ints, metaparams of PLAIN types, arrays and scalars.
   if type(out_shape) is _SHAPE_DTYPE and type(grid) is tuple:  # pylint: disable=unidiomatic-typecheck
-    plain = _plain_key(kernel, out_shape, grid, kwargs, args, arg_types)
-    call = _memo.triton_calls.get(plain)
-    if call is not None and call.made_for(kernel):
-      if call.passed_all:
-        return call(*args)
-      return call(*itertools.compress(args, call.passed))
+    kinds = tuple(map(type, kwargs.values()))
+    grid_kinds = tuple(map(type, grid))
+    if _exact.PLAIN.issuperset(kinds) and _exact.PLAIN.issuperset(grid_kinds):
+      scalars = (() if _OPERAND_TYPES.issuperset(arg_types)
+                 else _plain_scalars(args, arg_types))
+      if scalars is not None:
+        plain = (id(kernel), out_shape.shape, out_shape.dtype,
+                 out_shape.weak_type, out_shape.sharding, grid, grid_kinds,
+                 tuple(kwargs.items()), kinds, arg_types, scalars)
+        call = _memo.triton_calls.get(plain)
+        if call is not None and call.made_for(kernel):
+          if call.passed_all:
+            return call(*args)
+          return call(*itertools.compress(args, call.passed))
   # A scalar's value may come at run time: keyed by its type.
   runtime = not callable(grid)
   try:
@@ -196,35 +206,22 @@ def triton_call(*args: Any, kernel: Any, out_shape: Any = None, grid: Any,
   return call(*itertools.compress(args, call.passed))
 
 
-def _plain_key(kernel, out_shape, grid, kwargs, args, arg_types):
-  """The memo key of the commonest call, built without a Python loop; or None.
+def _plain_scalars(args, arg_types):
+  """The Python scalars among ``args``, for the plain key; or None.
 
-  That call: one ``ShapeDtypeStruct`` out, a grid of ints, metaparams that
-  are ints or strings, and array operands and Python scalars, the scalars
-  by value. Their types and values are the exact key
-  (``jt_dist._core.exact``) of each, but for a float: ``-0.0 == 0.0``, so
-  a call is filed under this key only where it takes its floats at run
-  time (``_first_call``), and their values do not matter.
+  None where an argument is neither an operand nor a Python scalar. The
+  plain key holds the scalars by value with their types: the exact key
+  (``jt_dist._core.exact``) of each but a float, as ``-0.0 == 0.0``; so a
+  call is filed under it only where it takes its floats at run time
+  (``_first_call``), and their values do not matter.
   """
-  kinds = tuple(map(type, kwargs.values()))
-  grid_kinds = tuple(map(type, grid))
-  if not (_exact.PLAIN.issuperset(kinds)
-          and _exact.PLAIN.issuperset(grid_kinds)):
-    return None
-  if _OPERAND_TYPES.issuperset(arg_types):
-    scalars = ()
-  else:
-    others = frozenset(arg_types) - _SCALARS
+  others = frozenset(arg_types) - _SCALARS
+  if not _OPERAND_TYPES.issuperset(others):
+    for a in args:
+      _is_operand(a)  # Learns the classes of concrete jax.Arrays.
     if not _OPERAND_TYPES.issuperset(others):
-      for a in args:
-        _is_operand(a)  # Learns the classes of concrete jax.Arrays.
-      if not _OPERAND_TYPES.issuperset(others):
-        return None
-    scalars = tuple(itertools.compress(args,
-                                       map(_SCALARS.__contains__, arg_types)))
-  return (id(kernel), out_shape.shape, out_shape.dtype, out_shape.weak_type,
-          out_shape.sharding, grid, grid_kinds, tuple(kwargs.items()), kinds,
-          arg_types, scalars)
+      return None
+  return tuple(itertools.compress(args, map(_SCALARS.__contains__, arg_types)))
 
 
 def _is_operand(arg: Any) -> bool:
@@ -267,7 +264,7 @@ def _first_call(args, kernel, out_shape, grid, kwargs, key, runtime, plain):
   Array operands given by keyword make ``key`` None (unhashable); the call
   is keyed again once they have joined the positional operands (and their
   scalars by value). The call is filed under ``plain`` too, if not None
-  (``_plain_key``), where it takes every float argument at run time.
+  (``_plain_scalars``), where it takes every float argument at run time.
   """
   merged_kernel, merged, metaparams = _operands.merge_keywords(
       kernel, args, kwargs)

@@ -21,6 +21,7 @@ from jt_dist import _errors
 from jt_dist import _settings
 from jt_dist._core import kernel as _kernel
 from jt_dist._core import runtime_scalar as _runtime_scalar
+from jt_dist._core import shard_size as _shard_size
 from jt_dist._core import types as _types
 from jt_dist._core import host_faults as _host_faults
 from jt_dist._gpu import faults as _gpu_faults
@@ -102,12 +103,16 @@ class KernelCall:
     """Position -> dtype of the scalars that can come at call time, or {}.
 
     Those ``runtime_typed`` says may, unless anything static reads a
-    scalar's value: a callable grid or ``zeroed_outputs``, autotuning or
-    heuristics, a constexpr or declared type of its parameter, a sharding
-    rule, or an eager placement step.
+    scalar's value or place: a callable grid or ``zeroed_outputs``,
+    autotuning or heuristics, a constexpr or declared type of its
+    parameter, a sharding rule, an eager placement step, aliases (which
+    count the array arguments) or a ``shard_size`` metaparam.
     """
     if (callable(self.grid) or callable(self.options.zeroed_outputs)
-        or self._eager_first or self.options.sharding_rule is not None):
+        or self._eager_first or self.options.sharding_rule is not None
+        or self.options.input_output_aliases
+        or any(isinstance(v, _shard_size.ShardSize)
+               for v in self.metaparams.values())):
       return {}
     info = _kernel.kernel_info(self.kernel)
     if info.layers:

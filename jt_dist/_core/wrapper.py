@@ -156,6 +156,11 @@ def _wrapper(base_fn, order, loaded: dict[str, int]):
   body.append(call_line(p, list(declared)))
   source = (f"def {python_fn.__name__}({', '.join(parts)}):\n"
             + "".join(f"    {line}\n" for line in body))
+  if loaded:
+    # The CPU's launch decisions (jt_dist._cpu.vector_launch) are recorded
+    # as the user's kernel's, which the wrapper runs unchanged; the
+    # interpreter's rewrite of the wrapper keeps its globals.
+    scope["_jt_dist_user_fn"] = python_fn
   kernel = make_kernel(base_fn, source, p, "wrapper", scope)
   # Pointers it loads are no 0-d arrays of the user's (jt_dist._errors).
   kernel.fn.loaded_by_value = frozenset(loaded)

@@ -107,6 +107,8 @@ def run(executor, args, kwargs, checker, patched_language) -> bool:
 
 def kernel_key(fn, args, kwargs) -> tuple:
   """What a decision is cached under: kernel, argument types, constexprs."""
+  # A runtime scalar's wrapper (jt_dist._core.wrapper): the user's kernel.
+  fn = fn.__globals__.get("_jt_dist_user_fn", fn)
   code = fn.__code__
   sig = tuple(_arg_signature(a) for a in args)
   consts = tuple(sorted((k, repr(v)) for k, v in kwargs.items()))

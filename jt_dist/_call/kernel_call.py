@@ -90,9 +90,11 @@ class KernelCall:
     # JT_DIST_SYNC_LAUNCHES, read when the call is made: wait for each
     # launch, so that a device fault is reported by the call that caused it.
     self._sync = _settings.sync_launches()
-    # Nothing to do around jax's dispatch on concrete operands (where a
-    # call with runtime scalars is at top level: see __call__).
-    self._plain = not (self._split or self._eager_first or self._sync)
+    # Nothing to do around jax's dispatch on concrete operands; with
+    # runtime scalars, where the call is at top level (see __call__).
+    self._plain = not (self._slots or self._split or self._eager_first
+                       or self._sync)
+    self._plain_at_top = bool(self._slots) and not self._sync
 
   def made_for(self, kernel: Any) -> bool:
     """Whether this call is ``kernel``'s, made for its current source."""
@@ -159,8 +161,8 @@ class KernelCall:
                             self.options, self.metaparams, **where)
 
   def __call__(self, *operands: Any) -> Any:
-    if (self._plain and _CONCRETE.issuperset(map(type, operands))
-        and (not self._slots or _compat.at_top_level())):
+    if ((self._plain or self._plain_at_top and _compat.at_top_level())
+        and _CONCRETE.issuperset(map(type, operands))):
       # Concrete arrays and nothing to add: jax's dispatch alone.
       try:
         return self._jitted(*operands)

@@ -159,8 +159,9 @@ def _receive(spec, share_key: str, kind: str, key: str):
 
 def _publish(spec, choice, share_key: str) -> None:
   client = _client(spec)
-  _compat.key_value_set(client, _kv_key(share_key), json.dumps(
-      {"config": choice.config, "timings_s": choice.timings_s}))
+  client.key_value_set(_kv_key(share_key), json.dumps(
+      {"config": choice.config, "timings_s": choice.timings_s}),
+                       allow_overwrite=True)
 
 
 def _log(choice, device) -> None:

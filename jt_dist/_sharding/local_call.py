@@ -15,7 +15,6 @@ from typing import Any
 import jax
 
 from jt_dist import _errors
-from jt_dist._core import backend_options as _backend_options
 from jt_dist._core import binding as _binding
 from jt_dist._core import operands as _operands
 from jt_dist._core import primitive as _primitive

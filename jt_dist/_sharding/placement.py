@@ -282,5 +282,6 @@ def unify_varying_axes(arrays: Sequence[Any]) -> list[Any]:
   out = []
   for x in arrays:
     missing = union - _compat.varying_axes(jax.typeof(x))
-    out.append(_compat.vary_over(x, tuple(sorted(missing))) if missing else x)
+    out.append(jax.lax.pcast(x, tuple(sorted(missing)), to="varying")
+               if missing else x)
   return out

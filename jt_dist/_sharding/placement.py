@@ -185,11 +185,11 @@ def check_traced(args: Sequence[Any], kernel_name: str) -> None:
   for i, x in enumerate(args):
     if not isinstance(x, jax.core.Tracer):
       continue
-    sharding = getattr(jax.typeof(x), "sharding", None)
-    mesh = getattr(sharding, "mesh", None)
-    if mesh is None or mesh.empty:
+    mesh = _specs.mesh_of(x)
+    if mesh is None:
       continue
-    manual = frozenset(getattr(mesh, "manual_axes", ()))
+    manual = _specs.manual_axes(mesh)
+    sharding = _specs.sharding_of(x)
     axes = frozenset(_specs.spec_axes(sharding.spec)) - manual
     if axes:
       sizes = ", ".join(f"{a}={mesh.shape[a]}" for a in sorted(axes))

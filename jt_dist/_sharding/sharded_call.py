@@ -21,9 +21,6 @@ from jt_dist._core import shard_size as _shard_size
 from jt_dist._sharding import specs as _specs
 from jt_dist._sharding import varying as _varying
 
-_COLLECTIVES = {"sum": jax.lax.psum, "max": jax.lax.pmax, "min": jax.lax.pmin}
-
-
 def _is_spec_leaf(x: Any) -> bool:
   return x is None or isinstance(x, P)
 
@@ -69,13 +66,14 @@ def _reductions_for(out_reduce, out_tree, n_out, mesh) -> list:
 
 
 def _check_reduction(k: int, entry, mesh):
+  """``(op, axes)`` with ``axes`` a tuple of the mesh's axes, or None."""
   if entry is None:
     return None
   op, axes = entry
-  if op not in _COLLECTIVES:
+  if op not in _specs.COLLECTIVES:
     raise ValueError(
         f"sharded_triton_call: out_reduce of output {k} is {entry!r}; the"
-        f" collective must be one of {sorted(_COLLECTIVES)}."
+        f" collective must be one of {sorted(_specs.COLLECTIVES)}."
     )
   axes = (axes,) if isinstance(axes, str) else tuple(axes)
   unknown = [a for a in axes if a not in mesh.shape]
@@ -84,21 +82,7 @@ def _check_reduction(k: int, entry, mesh):
         f"sharded_triton_call: out_reduce of output {k} reduces over mesh"
         f" axes {list(axes)}, but the mesh has axes {dict(mesh.shape)}."
     )
-  return _COLLECTIVES[op], axes
-
-
-def _reduction_named(reduction):
-  """``(collective, axes)`` as the user wrote it: ``(op, axes)``, or None."""
-  if reduction is None:
-    return None
-  op = next(name for name, f in _COLLECTIVES.items() if f is reduction[0])
-  return op, tuple(reduction[1])
-
-
-def _check_placeholders(args, metaparams) -> None:
-  # Resolving against the global arguments checks indices early, at the
-  # caller's line; the values used are resolved again inside each shard.
-  _shard_size.resolve(args, metaparams)
+  return op, axes
 
 
 def infer_in_specs(args, mesh, out_shape, out_specs, sharding_rule) -> list[P]:
@@ -123,7 +107,7 @@ def infer_in_specs(args, mesh, out_shape, out_specs, sharding_rule) -> list[P]:
     o_specs = _out_specs_for(out_specs, out_tree, len(out_shapes),
                              out_shapes, mesh)
     split = {a for s in specs for a in _specs.spec_axes(s)}
-    split |= set(getattr(mesh, "manual_axes", ()) or ())
+    split |= _specs.manual_axes(mesh)
     for k, spec in enumerate(o_specs):
       alone = [a for a in _specs.spec_axes(spec) if a not in split]
       if alone:
@@ -137,7 +121,7 @@ def _unsplit_inputs_message(args, specs, k, shape, spec, out_tree, alone,
   leaves = _pytree_args.flatten(args)
   names = [name for name, leaf in zip(leaves.names, leaves.leaves)
            if _specs.is_array(leaf)]
-  inferred = ", ".join(f"{n} {_varying.spec_text(_trimmed(s))}"
+  inferred = ", ".join(f"{n} {_varying.spec_text(_specs.trimmed(s))}"
                        for n, s in zip(names, specs))
   local = _specs.local_shape(shape, spec, mesh)
   name = _varying.output_names(out_tree)[k]
@@ -161,14 +145,6 @@ def _unsplit_inputs_message(args, specs, k, shape, spec, out_tree, alone,
       " which a kernel sized by its inputs overruns. To split the inputs as"
       f" the output is split, {suggestion}; if every shard is meant to"
       " compute the same slice, give the replicated in_specs explicitly.")
-
-
-def _trimmed(spec: P) -> P:
-  """``spec`` without trailing Nones: P(None) reads as P()."""
-  entries = list(spec)
-  while entries and entries[-1] is None:
-    entries.pop()
-  return P(*entries)
 
 
 def _by_rule(args, kernel, out_shapes, out_tree, grid, mesh, arg_specs, rule,
@@ -207,7 +183,9 @@ def run(args, kernel, out_shape, grid, mesh, in_specs,
   # Tuple operands' leaves are split one by one, as positional arrays are.
   leaves = _pytree_args.flatten(args)
   mesh = _specs.resolve_mesh(mesh, leaves.leaves)
-  _check_placeholders(args, {k: v for k, v in kwargs.items()})
+  # Resolving against the global arguments checks indices early, at the
+  # caller's line; the values used are resolved again inside each shard.
+  _shard_size.resolve(args, kwargs)
   if in_specs is None:
     arg_specs = infer_in_specs(args, mesh, out_shape, out_specs,
                                sharding_rule)
@@ -250,7 +228,6 @@ def _shard_body(leaves, arg_specs, kernel, grid, kwargs, mesh,
     leaves: the call's ``pytree_args.FlatArgs``; the body takes its array
       leaves' shards, in order, and rebuilds the tuples around them.
     arg_specs: the array leaves' specs.
-    call: ``jt_dist.triton_call``, from the front door.
     kernel, grid, kwargs: as for ``triton_call``.
     mesh: the mesh.
     ref_args: argument indices of Refs' values (see ``run``).
@@ -266,7 +243,7 @@ def _shard_body(leaves, arg_specs, kernel, grid, kwargs, mesh,
       names=_varying.output_names(out_tree),
       shapes=tuple(shape for shape, _ in out_shapes), specs=tuple(o_specs),
       given=given, out_tree=out_tree,
-      reduced=tuple(_reduction_named(r) for r in reductions))
+      reduced=tuple(reductions))
   names = leaves.names
   operands = [
       _varying.Operand(names[k], tuple(leaves.leaves[k].shape), spec)
@@ -280,7 +257,8 @@ def _shard_body(leaves, arg_specs, kernel, grid, kwargs, mesh,
         local_args, ref_args, lambda *a: _local_call.shard_call(
             *a, kernel=kernel, out_shape=local_out, grid=grid, **kwargs))
     flat = jax.tree_util.tree_leaves(result)
-    flat = [x if r is None else r[0](x, r[1]) for x, r in zip(flat, reductions)]
+    flat = [x if r is None else _specs.COLLECTIVES[r[0]](x, r[1])
+            for x, r in zip(flat, reductions)]
     _varying.check(flat, outputs, operands, mesh)
     return tuple(flat) + tuple(updated)
 

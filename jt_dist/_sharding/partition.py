@@ -47,9 +47,8 @@ class Layout:
 
 @dataclasses.dataclass(frozen=True)
 class Plan:
-  """Which mesh axes split which factor, and the specs that follow."""
+  """The specs that follow from which mesh axes split which factor."""
 
-  factor_axes: dict
   in_specs: tuple[P, ...]
   out_specs: tuple[P, ...]
   # Per output: ((op, axes), ...) to apply to the shard's partial result.
@@ -179,7 +178,7 @@ def make_plan(rule, sizes: dict[str, int], layout: Layout) -> Plan:
       tuple((op, factor_axes[f]) for f, op in rule.reductions
             if f not in out and f in factor_axes)
       for out in rule.outputs)
-  return Plan(factor_axes, in_specs, out_specs, reductions)
+  return Plan(in_specs, out_specs, reductions)
 
 
 def _describe_move(name, factors, current, target) -> list[str]:

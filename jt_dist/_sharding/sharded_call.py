@@ -25,9 +25,9 @@ def _is_spec_leaf(x: Any) -> bool:
   return x is None or isinstance(x, P)
 
 
-def _out_specs_for(out_specs, out_tree, n_out, out_shapes, mesh) -> list[P]:
+def _out_specs_for(out_specs, out_tree, out_shapes, mesh) -> list[P]:
   if out_specs is None or isinstance(out_specs, P):
-    specs = [out_specs] * n_out
+    specs = [out_specs] * len(out_shapes)
   else:
     leaves, tree = jax.tree_util.tree_flatten(out_specs, is_leaf=_is_spec_leaf)
     if tree != out_tree:
@@ -104,8 +104,7 @@ def infer_in_specs(args, mesh, out_shape, out_specs, sharding_rule) -> list[P]:
   if sharding_rule is None and out_specs is not None and specs:
     out_shapes, out_tree = _binding.flatten_out_shape(out_shape,
                                                       allow_empty=True)
-    o_specs = _out_specs_for(out_specs, out_tree, len(out_shapes),
-                             out_shapes, mesh)
+    o_specs = _out_specs_for(out_specs, out_tree, out_shapes, mesh)
     split = {a for s in specs for a in _specs.spec_axes(s)}
     split |= _specs.manual_axes(mesh)
     for k, spec in enumerate(o_specs):
@@ -194,14 +193,15 @@ def run(args, kernel, out_shape, grid, mesh, in_specs,
   if sharding_rule is not None:
     return _by_rule(args, kernel, out_shapes, out_tree, grid, mesh,
                     arg_specs, sharding_rule, out_specs, out_reduce, kwargs)
-  o_specs = _out_specs_for(out_specs, out_tree, len(out_shapes), out_shapes,
-                           mesh)
+  o_specs = _out_specs_for(out_specs, out_tree, out_shapes, mesh)
   reductions = _reductions_for(out_reduce, out_tree, len(out_shapes), mesh)
-  is_array = [_specs.is_array(a) for a in leaves.leaves]
-  positions = [k for k, flag in enumerate(is_array) if flag]
-  per_shard = _shard_body(
-      leaves, arg_specs, kernel, grid, kwargs, mesh, ref_args,
-      (out_shapes, out_tree, o_specs, reductions, out_specs is not None))
+  positions = [k for k, a in enumerate(leaves.leaves) if _specs.is_array(a)]
+  outputs = _varying.Outputs(
+      names=_varying.output_names(out_tree),
+      shapes=tuple(shape for shape, _ in out_shapes), specs=tuple(o_specs),
+      given=out_specs is not None, out_tree=out_tree, reduced=tuple(reductions))
+  per_shard = _shard_body(leaves, positions, arg_specs, kernel, grid, kwargs,
+                          mesh, ref_args, out_shapes, outputs)
   ref_specs = tuple(arg_specs[positions.index(leaves.index_of(i))]
                     for i in ref_args)
   arrays = [_specs.place(leaves.leaves[k], spec, mesh)
@@ -220,60 +220,35 @@ def run(args, kernel, out_shape, grid, mesh, in_specs,
   return jax.tree_util.tree_unflatten(out_tree, flat)
 
 
-def _shard_body(leaves, arg_specs, kernel, grid, kwargs, mesh,
-                ref_args, outs):
+def _shard_body(leaves, positions, arg_specs, kernel, grid, kwargs, mesh,
+                ref_args, out_shapes, outputs):
   """The function each device runs: the kernel on its shards, reduced.
 
-  Args:
-    leaves: the call's ``pytree_args.FlatArgs``; the body takes its array
-      leaves' shards, in order, and rebuilds the tuples around them.
-    arg_specs: the array leaves' specs.
-    kernel, grid, kwargs: as for ``triton_call``.
-    mesh: the mesh.
-    ref_args: argument indices of Refs' values (see ``run``).
-    outs: ``(out_shapes, out_tree, out_specs, reductions, specs_given)``.
+  It takes the shards of ``leaves``' arrays (at ``positions``), in order,
+  rebuilds the tuples around them, and gives each Ref's value (at
+  ``ref_args``) to the kernel as a new Ref, whose value it returns after
+  the outputs.
   """
-  out_shapes, out_tree, o_specs, reductions, given = outs
-  local_out = jax.tree_util.tree_unflatten(out_tree, [
+  local_out = jax.tree_util.tree_unflatten(outputs.out_tree, [
       jax.ShapeDtypeStruct(_specs.local_shape(shape, spec, mesh), dtype)
-      for (shape, dtype), spec in zip(out_shapes, o_specs)
-  ])
-  is_array = [_specs.is_array(a) for a in leaves.leaves]
-  outputs = _varying.Outputs(
-      names=_varying.output_names(out_tree),
-      shapes=tuple(shape for shape, _ in out_shapes), specs=tuple(o_specs),
-      given=given, out_tree=out_tree,
-      reduced=tuple(reductions))
-  names = leaves.names
+      for (shape, dtype), spec in zip(out_shapes, outputs.specs)])
   operands = [
-      _varying.Operand(names[k], tuple(leaves.leaves[k].shape), spec)
-      for k, spec in zip([k for k, f in enumerate(is_array) if f], arg_specs)]
+      _varying.Operand(leaves.names[k], tuple(leaves.leaves[k].shape), spec)
+      for k, spec in zip(positions, arg_specs)]
 
   def per_shard(*local_arrays):
-    it = iter(local_arrays)
-    local_args = leaves.rebuild(
-        [next(it) if flag else a for a, flag in zip(leaves.leaves, is_array)])
-    result, updated = _with_fresh_refs(
-        local_args, ref_args, lambda *a: _local_call.shard_call(
-            *a, kernel=kernel, out_shape=local_out, grid=grid, **kwargs))
-    flat = jax.tree_util.tree_leaves(result)
+    local = list(leaves.leaves)
+    for k, x in zip(positions, local_arrays):
+      local[k] = x
+    local_args = leaves.rebuild(local)
+    for i in ref_args:
+      local_args[i] = jax.new_ref(local_args[i])
+    result = _local_call.shard_call(
+        *local_args, kernel=kernel, out_shape=local_out, grid=grid, **kwargs)
     flat = [x if r is None else _specs.COLLECTIVES[r[0]](x, r[1])
-            for x, r in zip(flat, reductions)]
+            for x, r in zip(jax.tree_util.tree_leaves(result),
+                            outputs.reduced)]
     _varying.check(flat, outputs, operands, mesh)
-    return tuple(flat) + tuple(updated)
+    return (*flat, *(local_args[i][...] for i in ref_args))
 
   return per_shard
-
-
-def _with_fresh_refs(args, ref_args, fn):
-  """Calls ``fn`` on ``args`` with new Refs of the values at ``ref_args``.
-
-  Returns:
-    ``(fn's result, the Refs' values afterwards)``: how a per-shard body
-    gives back its shard of a Ref as an output.
-  """
-  local = list(args)
-  for i in ref_args:
-    local[i] = jax.new_ref(args[i])
-  result = fn(*local)
-  return result, [local[i][...] for i in ref_args]

@@ -55,10 +55,9 @@ def pin_autotune_config(kernel: Any, config: Any = None, **fields: Any) -> None:
     TypeError: ``config`` is neither a ``triton.Config`` nor a mapping.
   """
   if isinstance(config, _compat.Config):
-    pinned = {**config.kwargs, "num_warps": config.num_warps,
-              "num_stages": config.num_stages, "num_ctas": config.num_ctas}
-    if getattr(config, "maxnreg", None) is not None:
-      pinned["maxnreg"] = config.maxnreg
+    pinned = _pins.config_fields(config)
+    if pinned["maxnreg"] is None:
+      del pinned["maxnreg"]
   elif config is None or isinstance(config, Mapping):
     pinned = dict(config or {})
   else:

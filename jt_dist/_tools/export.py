@@ -201,15 +201,8 @@ def exported_versions(exported: Any) -> list[ExportedKernelCall]:
   return calls
 
 
-def _local_devices(platform: str) -> list[Any]:
-  try:
-    return jax.devices(platform)
-  except RuntimeError:  # No such backend on this host.
-    return []
-
-
 def _local_capabilities() -> list[int]:
-  found = (_target.cuda_capability(d) for d in _local_devices("cuda"))
+  found = (_target.cuda_capability(d) for d in _target.local_devices("cuda"))
   return sorted({cc for cc in found if cc is not None})
 
 
@@ -273,7 +266,7 @@ def check_exported(exported: Any, *,
 
 
 def _local_rocm_archs() -> list[str]:
-  return sorted({a for a in map(_target.rocm_arch, _local_devices("rocm"))
+  return sorted({a for a in map(_target.rocm_arch, _target.local_devices("rocm"))
                  if a})
 
 

@@ -147,16 +147,13 @@ def _recorded(op) -> dict[str, str] | None:
   return found or None
 
 
-def _recorded_gpu(text: str) -> int | str:
-  return int(text) if text.isdigit() else text  # 90, or "gfx942".
-
-
 def _as_call(recorded: dict[str, str]) -> ExportedKernelCall:
+  gpu = recorded["compute_capability"]  # "90", or "gfx942".
   return ExportedKernelCall(
       target=recorded["target"],
       kernels=tuple(k for k in recorded["kernels"].split(",") if k),
       platform=recorded["platform"],
-      compute_capability=_recorded_gpu(recorded["compute_capability"]),
+      compute_capability=int(gpu) if gpu.isdigit() else gpu,
       binary=recorded["binary"], jt_dist=recorded["jt_dist"],
       jax=recorded["jax"], jaxlib=recorded["jaxlib"],
       triton=recorded["triton"])

@@ -48,13 +48,9 @@ def _specs_of(shapes: Sequence[Any], mesh) -> tuple[P, ...]:
 def run(args: Sequence[Any], call: Callable[..., Any], kernel: Any,
         out_shapes, out_tree, grid: Any, rule, kwargs: dict,
         where: str) -> Any:
-  """Runs the call through ``custom_partitioning`` with ``rule``.
+  """``partition.run`` through ``custom_partitioning``, without a layout.
 
-  Arguments are those of ``partition.run``, without a layout: the layout is
-  the partitioner's, known only when it calls back.
-
-  Returns:
-    The global outputs, in the structure of ``out_tree``.
+  The layout is the partitioner's, known only when it calls back.
   """
   flat = _pytree_args.flatten(args)
   positions = _partition.array_positions(args)

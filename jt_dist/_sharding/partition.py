@@ -247,10 +247,7 @@ def factor_sizes(rule, args: Sequence[Any], out_shapes) -> dict[str, int]:
 
 
 def log_plan(where, rule, kernel, names, layout, plan) -> None:
-  """Names, at debug level, every collective the plan adds around the call.
-
-  ``names``: the array operands' names, e.g. ``args[1][0]``.
-  """
+  """Names, at debug level, every collective the plan adds around the call."""
   if not logger.isEnabledFor(logging.DEBUG):
     return
   name = _kernel_name(kernel)
@@ -310,22 +307,13 @@ def shard_body(args, call, kernel, out_shapes, out_tree, grid, kwargs, plan,
 def run(args: Sequence[Any], call: Callable[..., Any], kernel: Any,
         out_shapes, out_tree, grid: Any, rule, layout: Layout, kwargs: dict,
         where: str) -> Any:
-  """Runs ``call`` (``triton_call``) once per shard of ``layout.mesh``.
+  """Runs ``call`` once per shard of ``layout.mesh``, split by ``rule``.
 
-  Args:
-    args: the call's positional arguments (arrays global).
-    call: the per-shard call (``jt_dist._sharding.local_call.shard_call``).
-    kernel: the Triton kernel.
-    out_shapes: ``((shape, dtype), ...)``, global.
-    out_tree: the structure of ``out_shape``.
-    grid: the per-shard grid.
-    rule: the checked ``ShardingRule``.
-    layout: from ``find_layout`` or ``sharded_triton_call``'s specs.
-    kwargs: every other keyword of ``triton_call``, metaparams included.
-    where: the public function's name, for messages.
-
-  Returns:
-    The global outputs, in the structure of ``out_tree``.
+  ``call`` is the per-shard call (``local_call.shard_call``), given ``args``
+  (arrays global, cut to shards), ``kernel``, the per-shard ``grid`` and
+  ``kwargs`` (every other keyword, metaparams included); ``out_shapes``
+  (``((shape, dtype), ...)``) are global. ``where`` names the public
+  function in messages. Returns the global outputs, shaped by ``out_tree``.
   """
   flat = _pytree_args.flatten(args)
   positions = array_positions(args)

@@ -27,22 +27,12 @@ from jax.sharding import PartitionSpec as P
 from jt_dist._core import pytree_args as _pytree_args
 from jt_dist._sharding import partition as _partition
 
-def _shardy_rule(rule) -> dict:
-  """``def_partition`` keywords stating ``rule`` for Shardy's propagation."""
-  return dict(
-      sharding_rule=rule.rule,
-      reduction_factors=tuple(f for f, _ in rule.reductions),
-      need_replication_factors=tuple(rule.whole))
 
-
-def _specs_of(shapes: Sequence[Any], mesh) -> tuple[P, ...]:
-  """The specs the partitioner chose, on ``mesh`` (replicated if none)."""
-  out = []
-  for shape in shapes:
-    sharding = getattr(shape, "sharding", None)
-    spec = getattr(sharding, "spec", None)
-    out.append(spec if isinstance(sharding, NamedSharding) else P())
-  return tuple(out)
+def _specs_of(shapes: Sequence[Any]) -> tuple[P, ...]:
+  """The specs the partitioner chose (replicated where it chose none)."""
+  return tuple(
+      s.sharding.spec if isinstance(getattr(s, "sharding", None),
+                                    NamedSharding) else P() for s in shapes)
 
 
 def run(args: Sequence[Any], call: Callable[..., Any], kernel: Any,
@@ -70,7 +60,7 @@ def run(args: Sequence[Any], call: Callable[..., Any], kernel: Any,
              **kwargs)))
 
   def plan_for(mesh, arg_shapes):
-    layout = _partition.Layout(mesh, _specs_of(arg_shapes, mesh))
+    layout = _partition.Layout(mesh, _specs_of(arg_shapes))
     return layout, _partition.make_plan(rule, sizes, layout)
 
   def infer(mesh, arg_shapes, result_shape):
@@ -89,7 +79,10 @@ def run(args: Sequence[Any], call: Callable[..., Any], kernel: Any,
             tuple(NamedSharding(mesh, s) for s in plan.in_specs))
 
   op = custom_partitioning(whole_call)
+  # Shardy propagates shardings through the op by the rule.
   op.def_partition(partition, infer_sharding_from_operands=infer,
-                   **_shardy_rule(rule))
+                   sharding_rule=rule.rule,
+                   reduction_factors=tuple(f for f, _ in rule.reductions),
+                   need_replication_factors=tuple(rule.whole))
   outs = op(*[flat.leaves[k] for k in positions])
   return jax.tree_util.tree_unflatten(out_tree, list(outs))

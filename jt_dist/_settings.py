@@ -224,9 +224,9 @@ def autotune_pins() -> dict[str, dict[str, Any]]:
     pins = json.loads(text)
   except ValueError as e:
     raise ValueError(
-        f"{AUTOTUNE_PIN}={text!r} is not JSON ({e}). Write an object mapping kernel"
-        ' names to config fields, e.g. {"matmul_kernel": {"BLOCK_M": 128,'
-        ' "num_warps": 8}}.') from None
+        f"{AUTOTUNE_PIN}={text!r} is not JSON ({e}). Write an object"
+        ' mapping kernel names to config fields, e.g. {"matmul_kernel":'
+        ' {"BLOCK_M": 128, "num_warps": 8}}.') from None
   if not isinstance(pins, dict) or not all(
       isinstance(v, dict) for v in pins.values()):
     raise ValueError(

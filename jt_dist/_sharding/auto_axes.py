@@ -52,9 +52,7 @@ def run(args: Sequence[Any], call: Callable[..., Any], kernel: Any,
   def whole_call(*arrays):
     # Traced once with global shapes for the op's types, and run as is
     # where nothing is split (one device).
-    it = iter(arrays)
-    full = flat.rebuild([next(it) if k in positions else a
-                         for k, a in enumerate(flat.leaves)])
+    full = _partition.with_arrays(flat, positions, arrays)
     return tuple(jax.tree_util.tree_leaves(
         call(*full, kernel=kernel, out_shape=global_out, grid=grid,
              **kwargs)))

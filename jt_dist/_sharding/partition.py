@@ -233,6 +233,17 @@ def array_positions(args: Sequence[Any]) -> list[int]:
           if _specs.is_array(a)]
 
 
+def with_arrays(flat, positions: Sequence[int], arrays) -> list[Any]:
+  """``flat``'s arguments, ``arrays`` in place of the leaves at ``positions``.
+
+  ``positions``: where the array leaves are (``array_positions``).
+  """
+  leaves = list(flat.leaves)
+  for k, x in zip(positions, arrays):
+    leaves[k] = x
+  return flat.rebuild(leaves)
+
+
 def factor_sizes(rule, args: Sequence[Any], out_shapes) -> dict[str, int]:
   """``rule``'s factor sizes from the call's arrays and ``out_shapes``.
 
@@ -282,15 +293,13 @@ def shard_body(args, call, kernel, out_shapes, out_tree, grid, kwargs, plan,
   lacks.
   """
   flat = _pytree_args.flatten(args)
-  positions = set(array_positions(args))
+  positions = array_positions(args)
   local_out = jax.tree_util.tree_unflatten(out_tree, [
       jax.ShapeDtypeStruct(_specs.local_shape(shape, spec, mesh), dtype)
       for (shape, dtype), spec in zip(out_shapes, plan.out_specs)])
 
   def per_shard(*local_arrays):
-    it = iter(local_arrays)
-    local_args = flat.rebuild([next(it) if k in positions else a
-                               for k, a in enumerate(flat.leaves)])
+    local_args = with_arrays(flat, positions, local_arrays)
     outs = jax.tree_util.tree_leaves(
         call(*local_args, kernel=kernel, out_shape=local_out, grid=grid,
              **kwargs))

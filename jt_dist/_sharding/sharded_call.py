@@ -237,10 +237,7 @@ def _shard_body(leaves, positions, arg_specs, kernel, grid, kwargs, mesh,
       for k, spec in zip(positions, arg_specs)]
 
   def per_shard(*local_arrays):
-    local = list(leaves.leaves)
-    for k, x in zip(positions, local_arrays):
-      local[k] = x
-    local_args = leaves.rebuild(local)
+    local_args = _partition.with_arrays(leaves, positions, local_arrays)
     for i in ref_args:
       local_args[i] = jax.new_ref(local_args[i])
     result = _local_call.shard_call(

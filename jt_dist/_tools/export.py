@@ -263,8 +263,8 @@ def check_exported(exported: Any, *,
 
 
 def _local_rocm_archs() -> list[str]:
-  return sorted({a for a in map(_target.rocm_arch, _target.local_devices("rocm"))
-                 if a})
+  devices = _target.local_devices("rocm")
+  return sorted({a for a in map(_target.rocm_arch, devices) if a})
 
 
 def _check_rocm(calls: list[ExportedKernelCall], arch: str | None) -> None:

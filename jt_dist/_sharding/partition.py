@@ -234,10 +234,7 @@ def array_positions(args: Sequence[Any]) -> list[int]:
 
 
 def with_arrays(flat, positions: Sequence[int], arrays) -> list[Any]:
-  """``flat``'s arguments, ``arrays`` in place of the leaves at ``positions``.
-
-  ``positions``: where the array leaves are (``array_positions``).
-  """
+  """``flat``'s arguments, ``arrays`` put at their leaves' ``positions``."""
   leaves = list(flat.leaves)
   for k, x in zip(positions, arrays):
     leaves[k] = x

@@ -13,13 +13,6 @@ from jt_dist._autotune import store as _store
 AutotuneChoice = _store.AutotuneChoice
 
 
-def _relower() -> None:
-  # A choice is made when a call is lowered; dropping JAX's compiled
-  # functions (every kernel_call's among them) makes later calls lower
-  # again.
-  jax.clear_caches()
-
-
 def autotune_choices(kernel: Any = None) -> list[AutotuneChoice]:
   """The autotuning choices this process made, loaded or received.
 
@@ -68,7 +61,10 @@ def pin_autotune_config(kernel: Any, config: Any = None, **fields: Any) -> None:
   pinned.update(fields)
   _pins.pin(kernel, pinned or None)
   _store.forget_in_memory(_pins.kernel_name(kernel))
-  _relower()
+  # A choice is made when a call is lowered; dropping JAX's compiled
+  # functions (every kernel_call's among them) makes later calls lower
+  # again.
+  jax.clear_caches()
 
 
 def forget_autotune_choices(kernel: Any = None) -> int:
@@ -93,5 +89,5 @@ def forget_autotune_choices(kernel: Any = None) -> int:
   """
   name = None if kernel is None else _pins.kernel_name(kernel)
   count = _store.forget(name)
-  _relower()
+  jax.clear_caches()  # As pin_autotune_config does.
   return count

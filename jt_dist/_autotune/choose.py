@@ -228,12 +228,7 @@ def _leave_to_jaxlib(spec, platform: str, asked: bool) -> None:
 
 
 def for_lowering(ctx, spec, platform: str):
-  """The spec to lower: with the chosen config alone, or unchanged.
-
-  Args:
-    ctx: the lowering rule's context.
-    spec: the call's ``CallSpec``.
-    platform: "cpu", "cuda" or "rocm".
+  """The ``CallSpec`` to lower on ``platform`` ("cpu", "cuda" or "rocm").
 
   Returns:
     ``spec`` with one launch where a choice was made; ``spec`` itself for

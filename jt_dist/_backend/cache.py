@@ -270,9 +270,6 @@ def get_or_create(key: str, create: Callable[[], tuple[Any, dict, bytes]],
     restore: rebuilds the value from a disk entry's metadata and binary;
       raising ``ValueError``/``KeyError``/``TypeError`` marks the entry bad.
     use_cached: False skips both lookups (the value is still stored).
-
-  Returns:
-    The value.
   """
   if not use_cached:
     return _create_and_store(key, create)

@@ -167,14 +167,8 @@ def resolve_target(ctx, platform: str, compute_capability: int | None
                    ) -> Target:
   """The GPU to compile for, from the override or the lowering's devices.
 
-  Args:
-    ctx: the lowering rule's context.
-    platform: "cuda" or "rocm".
-    compute_capability: the caller's override: e.g. 90 on CUDA, "gfx942"
-      on ROCm.
-
-  Returns:
-    The target.
+  ``compute_capability`` is the caller's override: e.g. 90 on CUDA
+  (``platform`` "cuda"), "gfx942" on ROCm.
 
   Raises:
     ValueError: no device of the platform is known and no

@@ -119,10 +119,7 @@ def _global_index_hint(index: int) -> str:
 def check_concrete(args: Sequence[Any], kernel_name: str, device: Any = None):
   """Checks where concrete array arguments live; returns the target device.
 
-  Args:
-    args: the call's positional arguments (scalars are skipped).
-    kernel_name: for messages.
-    device: an optional device index or ``jax.Device`` the caller expects.
+  ``device``: an optional device index or ``jax.Device`` the caller expects.
 
   Returns:
     The device every committed array sits on (or ``device``), or None when

@@ -66,11 +66,7 @@ def check(flat: Sequence[Any], outputs: Outputs,
           operands: Sequence[Operand], mesh) -> None:
   """Raises if an output varies over a mesh axis its spec does not name.
 
-  Args:
-    flat: the shard's outputs (tracers), after any ``out_reduce``.
-    outputs: the call's outputs.
-    operands: the call's array arguments.
-    mesh: the call's mesh.
+  ``flat`` are the shard's outputs (tracers), after any ``out_reduce``.
 
   Raises:
     ShardingSpecError: an output varies over a mesh axis that its

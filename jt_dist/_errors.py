@@ -11,22 +11,6 @@ from typing import Any, Callable
 
 import jax
 
-__all__ = [
-    "AutoAxesError",
-    "AutotuneError",
-    "DevicePlacementError",
-    "ExportError",
-    "call_user",
-    "callable_name",
-    "KernelAssertionError",
-    "KernelBindingError",
-    "KernelLaunchError",
-    "KernelTypeError",
-    "OutOfBoundsAccessError",
-    "ShardingSpecError",
-    "UnwrittenOutputReadError",
-]
-
 
 class KernelBindingError(TypeError):
   """The arguments of a call do not bind the kernel's parameters.

@@ -540,7 +540,7 @@ class TargetTest(testing.TestCase):
 
   def test_devices_of_the_lowering_not_device_zero(self):
     ctx = _ctx([_fake_device("cuda", "8.6", 1)])
-    with mock.patch.object(_target, "_local_devices",
+    with mock.patch.object(_target, "local_devices",
                            return_value=[_fake_device("cuda", "9.0", 0)]):
       self.assertEqual(_target.resolve_target(ctx, "cuda", None).arch, 86)
 

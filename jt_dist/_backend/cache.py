@@ -61,23 +61,17 @@ class LRUCache:
     self._entries: collections.OrderedDict[str, Any] = collections.OrderedDict()
     self._lock = threading.Lock()
     self._max_entries = max_entries
-    # The most recently used value: a hit on it (a loop calling the same
-    # thing) need not move it, which would hash the key a second time.
-    self._newest: Any = None
 
   def get(self, key: str) -> Any | None:
     with self._lock:
-      value = self._entries.get(key)
-      if value is not None and value is not self._newest:
+      if key in self._entries:
         self._entries.move_to_end(key)
-        self._newest = value
-      return value
+      return self._entries.get(key)
 
   def put(self, key: str, value: Any) -> None:
     with self._lock:
       self._entries[key] = value
       self._entries.move_to_end(key)
-      self._newest = value
       self._evict()
 
   def trim(self) -> None:
@@ -88,14 +82,11 @@ class LRUCache:
   def _evict(self) -> None:
     limit = max(self._max_entries(), 0)
     while len(self._entries) > limit:
-      _, value = self._entries.popitem(last=False)
-      if value is self._newest:
-        self._newest = None
+      self._entries.popitem(last=False)
 
   def clear(self) -> None:
     with self._lock:
       self._entries.clear()
-      self._newest = None
 
   def __len__(self) -> int:
     with self._lock:
@@ -265,10 +256,6 @@ def store(key: str, metadata: Mapping[str, Any], binary: bytes) -> None:
         _settings.DISK_CACHE)
 
 
-def _create_lock(key: str) -> threading.Lock:
-  return _CREATE_LOCKS[hash(key) % len(_CREATE_LOCKS)]
-
-
 def get_or_create(key: str, create: Callable[[], tuple[Any, dict, bytes]],
                   restore: Callable[[dict, bytes], Any], *,
                   use_cached: bool = True) -> Any:
@@ -283,16 +270,13 @@ def get_or_create(key: str, create: Callable[[], tuple[Any, dict, bytes]],
     restore: rebuilds the value from a disk entry's metadata and binary;
       raising ``ValueError``/``KeyError``/``TypeError`` marks the entry bad.
     use_cached: False skips both lookups (the value is still stored).
-
-  Returns:
-    The value.
   """
   if not use_cached:
     return _create_and_store(key, create)
   value = memory_cache.get(key)
   if value is not None:
     return value
-  with _create_lock(key):
+  with _CREATE_LOCKS[hash(key) % len(_CREATE_LOCKS)]:
     value = memory_cache.get(key)  # Created while this thread waited.
     if value is None:
       value = _restore_from_disk(key, restore)

@@ -44,7 +44,6 @@ from jt_dist._compat.triton36_floats import fdiv_widens_bfloat16
 from jt_dist._compat.triton36_floats import interpreter_builder_backported
 from jt_dist._compat.triton36_floats import min_max_widen_bfloat16
 from jt_dist._compat.triton36_floats import nan_ignoring
-from jt_dist._compat.jax_lowering import AxisFacts
 from jt_dist._compat.jax_lowering import is_auto_axis
 from jt_dist._compat.jax_lowering import kernel_side_effect
 from jt_dist._compat.jax_lowering import lowering_axis_facts
@@ -54,16 +53,13 @@ from jt_dist._compat.jax_lowering import mesh_devices
 from jt_dist._compat.jax_lowering import mesh_platform
 from jt_dist._compat.jax_lowering import output_avals
 from jt_dist._compat.jax_lowering import register_dce_rule
-from jt_dist._compat.jax_lowering import vary_over
 from jt_dist._compat.jax_lowering import varying_axes
 from jt_dist._compat.jax_runtime import at_top_level
 from jt_dist._compat.jax_runtime import primitive_impl
 from jt_dist._compat.jax_runtime import distributed_client
 from jt_dist._compat.jax_runtime import host_buffer_callback
-from jt_dist._compat.jax_runtime import is_ref
 from jt_dist._compat.jax_runtime import is_ref_view
 from jt_dist._compat.jax_runtime import jit_cache_context
-from jt_dist._compat.jax_runtime import key_value_set
 from jt_dist._compat.jax_runtime import platform_version
 from jt_dist._compat.jaxlib_triton import gpu_triton_module
 from jt_dist._compat.jaxlib_triton import jaxlib_takes_module_image

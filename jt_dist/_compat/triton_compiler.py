@@ -36,8 +36,7 @@ def cache_invalidating_env_vars() -> dict[str, str]:
   """Environment variables that Triton says change what it compiles."""
   from triton._C import libtriton  # pylint: disable=g-import-not-at-top
 
-  getter = getattr(libtriton, "get_cache_invalidating_env_vars", None)
-  return dict(getter()) if getter is not None else {}
+  return dict(libtriton.get_cache_invalidating_env_vars())
 
 
 def ast_to_ttir(jit_fn, backend, target, options, signature, constexprs,
@@ -117,12 +116,9 @@ def compiler_stages(backend, options, gluon: bool = False) -> dict[str, Any]:
   from triton.backends import compiler as backend_compiler  # pylint: disable=g-import-not-at-top
 
   stages: dict[str, Any] = {}
-  language = getattr(backend_compiler, "Language", None)
-  if language is not None:
-    backend.add_stages(stages, options,
-                       language.GLUON if gluon else language.TRITON)
-  else:  # Releases before the Gluon frontend took no language argument.
-    backend.add_stages(stages, options)
+  language = backend_compiler.Language
+  backend.add_stages(stages, options,
+                     language.GLUON if gluon else language.TRITON)
   return stages
 
 

@@ -15,7 +15,6 @@ from typing import Any
 import jax
 
 from jt_dist import _errors
-from jt_dist._core import backend_options as _backend_options
 from jt_dist._core import binding as _binding
 from jt_dist._core import operands as _operands
 from jt_dist._core import primitive as _primitive
@@ -40,14 +39,10 @@ def call(args, kernel, out_shape, grid, options: _binding.CallOptions,
   """Runs one ``triton_call`` on ``args``, tracers or concrete arrays.
 
   Args:
-    args: the positional operands.
-    kernel: the Triton kernel.
-    out_shape: the outputs, as given.
-    grid: the grid, as given.
-    options: the call's options, checked (``jt_dist._core.call_options``).
+    args, kernel, out_shape, grid, device: as the call was given them.
+    options: the call's checked options.
     metaparams: the remaining keywords: the kernel's constexprs, and its
       keyword operands (non-constexpr parameters by name).
-    device: ``device=`` as given, or None.
     runtime_scalars: the scalars' values packed in one operand, when they
       come at run time (``CallSpec.with_runtime_scalars``); ``args`` then
       hold values of the same types, for binding.

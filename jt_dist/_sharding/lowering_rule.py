@@ -47,13 +47,10 @@ def _manual_over_rest(ctx, args, spec, facts):
 
 def checked(rule: Callable[..., Any], choose: Callable[..., Any],
             platform: str) -> Callable[..., Any]:
-  """``rule`` behind the placement check, with ``choose``'s config.
+  """``rule(ctx, *args, spec=spec)`` behind the placement check.
 
-  Args:
-    rule: the platform's lowering, ``rule(ctx, *args, spec=spec)``.
-    choose: ``choose(ctx, spec, platform)`` returns the spec with the one
-      config an autotuned call is lowered with (``jt_dist._autotune``).
-    platform: the platform's name in jax, e.g. "cuda".
+  It lowers the one config ``choose(ctx, spec, platform)`` picks for an
+  autotuned call (``jt_dist._autotune``).
   """
   @functools.wraps(rule)
   def lowering(ctx, *args, spec, **kwargs):

@@ -28,6 +28,7 @@ from jt_dist._call import memo as _memo
 from jt_dist import testing
 from jt_dist._gpu import compile as _compile
 import fork_server
+import cache_util
 import gpu_lowering_util as util
 from feature_kernels import scale_kernel
 
@@ -466,7 +467,7 @@ class DispatchTest(testing.TestCase):
     self.assertEqual(made.call_count, 2)
 
 
-class ScalarRecompileTest(util.IsolatedCacheMixin, testing.TestCase):
+class ScalarRecompileTest(cache_util.EmptyCacheMixin, testing.TestCase):
   """A new scalar value compiles Triton again only where Triton would."""
 
   def _lower(self, n):

@@ -466,6 +466,20 @@ class DispatchTest(testing.TestCase):
         self.assertAllClose(out, x * 2)
     self.assertEqual(made.call_count, 2)
 
+  def test_fast_path_rebinds_on_a_changed_side_effect_or_cost(self):
+    x = jnp.asarray(self.random((8,)))
+    with mock.patch.object(_binding, "bind_call",
+                           wraps=_binding.bind_call) as bind:
+      calls = [dict(has_side_effect=False), dict(has_side_effect=True),
+               dict(cost_estimate={"flops": 8}),
+               dict(cost_estimate={"flops": 9}), dict(has_side_effect=True)]
+      for options in calls:
+        self.assertAllClose(_scale(x, 2.0, **options), np.asarray(x) * 2)
+    seen = [(c.args[4].has_side_effect, c.args[4].cost_estimate)
+            for c in bind.call_args_list]
+    self.assertEqual(seen, [(False, None), (True, None), (False, {"flops": 8}),
+                            (False, {"flops": 9})])
+
 
 class ScalarRecompileTest(cache_util.EmptyCacheMixin, testing.TestCase):
   """A new scalar value compiles Triton again only where Triton would."""

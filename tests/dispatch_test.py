@@ -480,6 +480,25 @@ class DispatchTest(testing.TestCase):
     self.assertEqual(seen, [(False, None), (True, None), (False, {"flops": 8}),
                             (False, {"flops": 9})])
 
+  def test_fast_path_key_follows_backend_options(self):
+    x = jnp.asarray(self.random((40,)))
+    specs = []
+    real = _binding.bind_call
+
+    def bind(*args, **kwargs):
+      out = real(*args, **kwargs)
+      specs.append(out[1])
+      return out
+
+    with mock.patch.object(_binding, "bind_call", bind):
+      for options in ({"maxnreg": 64}, {"maxnreg": 64}, {"maxnreg": 128},
+                      {"maxnreg": 64}, {"num_warps": 2}):
+        self.assertAllClose(_scale(x, 2.0, backend_options=options),
+                            np.asarray(x) * 2)
+    self.assertEqual([s.backend_options for s in specs],
+                     [(("maxnreg", 64),), (("maxnreg", 128),), ()])
+    self.assertEqual(specs[-1].launches[0].config.num_warps, 2)
+
 
 class ScalarRecompileTest(cache_util.EmptyCacheMixin, testing.TestCase):
   """A new scalar value compiles Triton again only where Triton would."""

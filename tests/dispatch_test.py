@@ -25,6 +25,7 @@ import jt_dist
 from jt_dist import _settings
 from jt_dist._core import binding as _binding
 from jt_dist._call import memo as _memo
+from jt_dist._core import exact as _exact
 from jt_dist import testing
 from jt_dist._gpu import compile as _compile
 import fork_server
@@ -498,6 +499,35 @@ class DispatchTest(testing.TestCase):
     self.assertEqual([s.backend_options for s in specs],
                      [(("maxnreg", 64),), (("maxnreg", 128),), ()])
     self.assertEqual(specs[-1].launches[0].config.num_warps, 2)
+
+
+class ExactKeyTest(parameterized.TestCase):
+  """``exact.key``, the fast path's key, tells apart what Triton compiles apart."""
+
+  @parameterized.named_parameters(
+      ("int_float", 4, 4.0),
+      ("bool_int", True, 1),
+      ("tuple", (4,), (4.0,)),
+      ("nested_tuple", ((1, 2),), ((1, 2.0),)),
+      ("list", [4], [4.0]),
+      ("signed_zero", 0.0, -0.0),
+      ("signed_zero_in_tuple", (0.0,), (-0.0,)),
+      ("constexpr", tl.constexpr(4), tl.constexpr(4.0)),
+      ("constexpr_signed_zero", tl.constexpr(0.0), tl.constexpr(-0.0)),
+      ("numpy_signed_zero", np.float32(0.0), np.float32(-0.0)),
+      ("dict", {"a": 1}, {"a": 1.0}),
+  )
+  def test_python_equal_values_get_different_keys(self, a, b):
+    self.assertEqual(a, b)  # Python's view: equal.
+    self.assertNotEqual(_exact.key(a), _exact.key(b))
+
+  @parameterized.named_parameters(
+      ("int", 4), ("float", 2.5), ("negative_zero", -0.0),
+      ("nan", float("nan")), ("inf", float("-inf")), ("tuple", (1, 2.0)),
+      ("constexpr", tl.constexpr(3)), ("str", "x"), ("none", None))
+  def test_same_value_same_key(self, value):
+    self.assertEqual(_exact.key(value), _exact.key(value))
+    self.assertEqual(hash(_exact.key(value)), hash(_exact.key(value)))
 
 
 class ScalarRecompileTest(cache_util.EmptyCacheMixin, testing.TestCase):

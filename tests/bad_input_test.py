@@ -34,6 +34,7 @@ import jt_dist  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from examples.add import add_kernel  # pylint: disable=g-import-not-at-top,wrong-import-position
+import cache_util  # pylint: disable=g-import-not-at-top,wrong-import-position
 import gpu_lowering_util as util  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 
@@ -327,7 +328,7 @@ class BadInputTest(testing.TestCase):
     super().setUp()
     self.x = jnp.asarray(self.random((16,)))
     self.y = jnp.asarray(self.random((16,)))
-    util.keep_settings(self)
+    cache_util.keep_settings(self)
 
   def with_env(self, env, fn):
     """Calls ``fn`` with ``env`` set (no configure_cache override is left

@@ -278,7 +278,7 @@ class DiskFaultTest(cache_util.CountingCompilesMixin, testing.TestCase):
     self.assertTrue(os.path.exists(binary))
 
 
-class EntryDigestTest(util.IsolatedCacheMixin, testing.TestCase):
+class EntryDigestTest(cache_util.EmptyCacheMixin, testing.TestCase):
   """The entry's own checks, without Triton: on every host and jax."""
 
   def _stored(self):

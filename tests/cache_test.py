@@ -43,7 +43,7 @@ class LRUCacheTest(testing.TestCase):
                         _cache.content_key({"a": 2}))
 
   def test_configure_memory_entries(self):
-    util.keep_settings(self)
+    cache_util.keep_settings(self)
     jt_dist.configure_cache(memory_entries=3)
     self.assertEqual(_settings.memory_entries(), 3)
 

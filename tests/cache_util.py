@@ -15,6 +15,8 @@ import uuid
 
 import jax
 
+from jt_dist import _settings
+from jt_dist._backend import cache as _cache
 from jt_dist._gpu import compile as _compile
 import fork_server
 import gpu_lowering_util as util
@@ -137,7 +139,31 @@ def result(stdout: str) -> dict:
   return json.loads(line[len("RESULT "):])
 
 
-class CountingCompilesMixin(util.IsolatedCacheMixin):
+def keep_settings(test) -> None:
+  """Restores what the ``configure_*`` functions set once ``test`` is over.
+
+  They replace ``_settings._configured`` whole, never change it in place,
+  so putting back the object found now restores every one of them.
+  """
+  test.enterContext(mock.patch.object(
+      _settings, "_configured", _settings._configured))  # pylint: disable=protected-access
+
+
+class EmptyCacheMixin(util.IsolatedCacheMixin):
+  """An empty memory cache and a disk cache dir of its own, per test.
+
+  The settings that a test changes with ``configure_*`` are restored.
+  """
+
+  def setUp(self):
+    super().setUp()
+    keep_settings(self)
+    _settings.configure_cache(disk_cache=True, cache_dir=self.cache_dir)
+    _cache.memory_cache.clear()
+    self.addCleanup(_cache.memory_cache.clear)
+
+
+class CountingCompilesMixin(EmptyCacheMixin):
   """An empty cache of its own and a count of Triton compilations, per test."""
 
   def setUp(self):

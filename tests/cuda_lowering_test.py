@@ -25,10 +25,17 @@ from jt_dist._gpu import compile as _compile
 from jt_dist._gpu import lowering as _gpu_lowering
 from jt_dist._backend import target as _target
 from jt_dist import testing
+import cache_util
 import gpu_lowering_util as util
 from feature_kernels import acc_sum_kernel
 from feature_kernels import add_kernel
 from feature_kernels import scale_negate_kernel
+
+
+def _with_ttir():
+  """Lowerings inside the block carry each kernel's TTIR, for tests to read."""
+  return mock.patch.object(_gpu_lowering, "proto_choices",
+                           _gpu_lowering.ProtoChoices(ttir=True))
 
 
 @triton.autotune(
@@ -89,7 +96,7 @@ def _lower(f, *args):
 
 
 @unittest.skipUnless(util.HAS_TRITON_CALL, util.SKIP_REASON)
-class CudaLoweringTest(util.JaxlibAutotuningMixin, util.IsolatedCacheMixin,
+class CudaLoweringTest(util.JaxlibAutotuningMixin, cache_util.EmptyCacheMixin,
                        testing.TestCase):
 
   def _inputs(self, n=1000, dtype=np.float32):
@@ -353,7 +360,7 @@ class CudaLoweringTest(util.JaxlibAutotuningMixin, util.IsolatedCacheMixin,
     # As Triton's launcher does: the three pointers always carry the hint,
     # the size only when it is a multiple of 16.
     x, y = self._inputs(n=n)
-    with util.with_ttir():
+    with _with_ttir():
       (call,) = util.triton_custom_calls(_lower(_add, x, y))
     (kernel,) = call["calls"]
     self.assertEqual(kernel["ttir"].count("tt.divisibility = 16"), hints)

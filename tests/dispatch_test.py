@@ -25,9 +25,11 @@ import jt_dist
 from jt_dist import _settings
 from jt_dist._core import binding as _binding
 from jt_dist._call import memo as _memo
+from jt_dist._core import exact as _exact
 from jt_dist import testing
 from jt_dist._gpu import compile as _compile
 import fork_server
+import cache_util
 import gpu_lowering_util as util
 from feature_kernels import scale_kernel
 
@@ -465,8 +467,70 @@ class DispatchTest(testing.TestCase):
         self.assertAllClose(out, x * 2)
     self.assertEqual(made.call_count, 2)
 
+  def test_fast_path_rebinds_on_a_changed_side_effect_or_cost(self):
+    x = jnp.asarray(self.random((8,)))
+    with mock.patch.object(_binding, "bind_call",
+                           wraps=_binding.bind_call) as bind:
+      calls = [dict(has_side_effect=False), dict(has_side_effect=True),
+               dict(cost_estimate={"flops": 8}),
+               dict(cost_estimate={"flops": 9}), dict(has_side_effect=True)]
+      for options in calls:
+        self.assertAllClose(_scale(x, 2.0, **options), np.asarray(x) * 2)
+    seen = [(c.args[4].has_side_effect, c.args[4].cost_estimate)
+            for c in bind.call_args_list]
+    self.assertEqual(seen, [(False, None), (True, None), (False, {"flops": 8}),
+                            (False, {"flops": 9})])
 
-class ScalarRecompileTest(util.IsolatedCacheMixin, testing.TestCase):
+  def test_fast_path_key_follows_backend_options(self):
+    x = jnp.asarray(self.random((40,)))
+    specs = []
+    real = _binding.bind_call
+
+    def bind(*args, **kwargs):
+      out = real(*args, **kwargs)
+      specs.append(out[1])
+      return out
+
+    with mock.patch.object(_binding, "bind_call", bind):
+      for options in ({"maxnreg": 64}, {"maxnreg": 64}, {"maxnreg": 128},
+                      {"maxnreg": 64}, {"num_warps": 2}):
+        self.assertAllClose(_scale(x, 2.0, backend_options=options),
+                            np.asarray(x) * 2)
+    self.assertEqual([s.backend_options for s in specs],
+                     [(("maxnreg", 64),), (("maxnreg", 128),), ()])
+    self.assertEqual(specs[-1].launches[0].config.num_warps, 2)
+
+
+class ExactKeyTest(parameterized.TestCase):
+  """``exact.key``, the fast path's key, tells apart what Triton compiles apart."""
+
+  @parameterized.named_parameters(
+      ("int_float", 4, 4.0),
+      ("bool_int", True, 1),
+      ("tuple", (4,), (4.0,)),
+      ("nested_tuple", ((1, 2),), ((1, 2.0),)),
+      ("list", [4], [4.0]),
+      ("signed_zero", 0.0, -0.0),
+      ("signed_zero_in_tuple", (0.0,), (-0.0,)),
+      ("constexpr", tl.constexpr(4), tl.constexpr(4.0)),
+      ("constexpr_signed_zero", tl.constexpr(0.0), tl.constexpr(-0.0)),
+      ("numpy_signed_zero", np.float32(0.0), np.float32(-0.0)),
+      ("dict", {"a": 1}, {"a": 1.0}),
+  )
+  def test_python_equal_values_get_different_keys(self, a, b):
+    self.assertEqual(a, b)  # Python's view: equal.
+    self.assertNotEqual(_exact.key(a), _exact.key(b))
+
+  @parameterized.named_parameters(
+      ("int", 4), ("float", 2.5), ("negative_zero", -0.0),
+      ("nan", float("nan")), ("inf", float("-inf")), ("tuple", (1, 2.0)),
+      ("constexpr", tl.constexpr(3)), ("str", "x"), ("none", None))
+  def test_same_value_same_key(self, value):
+    self.assertEqual(_exact.key(value), _exact.key(value))
+    self.assertEqual(hash(_exact.key(value)), hash(_exact.key(value)))
+
+
+class ScalarRecompileTest(cache_util.EmptyCacheMixin, testing.TestCase):
   """A new scalar value compiles Triton again only where Triton would."""
 
   def _lower(self, n):

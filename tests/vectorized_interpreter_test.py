@@ -25,9 +25,11 @@ testing.configure_cpu_devices()
 
 import jt_dist  # pylint: disable=g-import-not-at-top,wrong-import-position
 from jt_dist import _settings  # pylint: disable=g-import-not-at-top,wrong-import-position
+from jt_dist._core import tensordesc  # pylint: disable=g-import-not-at-top,wrong-import-position
 from jt_dist._cpu import bounds  # pylint: disable=g-import-not-at-top,wrong-import-position
 from jt_dist._cpu import host_memory  # pylint: disable=g-import-not-at-top,wrong-import-position
 from jt_dist._cpu import vector_launch  # pylint: disable=g-import-not-at-top,wrong-import-position
+from feature_kernels import desc_copy_kernel  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 VECTORISED = vector_launch.VECTORISED
 ONE_AT_A_TIME = vector_launch.ONE_AT_A_TIME
@@ -625,6 +627,23 @@ class CheckedHostMemoryTest(testing.TestCase):
     np.testing.assert_array_equal(self.native.addresses[0], [
         self.a.ctypes.data + 4, self.a.ctypes.data + 8,
         self.out.ctypes.data + 12])
+
+
+class DescriptorBoundsTest(testing.TestCase):
+  """The checker stands behind the call's own check of a descriptor."""
+
+  def test_descriptor_accesses_are_bounds_checked(self):
+    x = jnp.asarray(self.random((4, 16)))
+    desc = jt_dist.TensorDescriptor(x, (8, 16), (16, 1), (8, 16))
+    # The call checks a descriptor's extent against its array; with that
+    # check out of the way the interpreter's checker still catches it.
+    with mock.patch.object(tensordesc.Info, "extent", 0):
+      with self.assertRaisesRegex(jt_dist.OutOfBoundsAccessError,
+                                  r"in_desc"):
+        jt_dist.triton_call(
+            desc, kernel=desc_copy_kernel,
+            out_shape=jax.ShapeDtypeStruct((8, 16), jnp.float32), grid=1,
+            M=8, N=16)
 
 
 if __name__ == "__main__":

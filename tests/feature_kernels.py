@@ -62,3 +62,18 @@ def tuple_add_kernel(x_ptr, yz, n, out_ptr, BLOCK: tl.constexpr):
   tl.store(out_ptr + offsets, tl.load(x_ptr + offsets, mask=mask)
            + tl.load(yz[0] + offsets, mask=mask)
            + tl.load(yz[1] + offsets, mask=mask), mask=mask)
+
+
+@triton.jit
+def maybe_bias_kernel(x_ptr, bias_ptr, n, out_ptr, scale,
+                      BLOCK: tl.constexpr):
+  # bias_ptr and scale may be None (compile-time constants): Triton then
+  # compiles their branches away.
+  offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+  mask = offsets < n
+  x = tl.load(x_ptr + offsets, mask=mask)
+  if bias_ptr is not None:
+    x += tl.load(bias_ptr + offsets, mask=mask)
+  if scale is not None:
+    x *= scale
+  tl.store(out_ptr + offsets, x, mask=mask)

@@ -101,12 +101,13 @@ def merge_keywords(kernel: Any, args: Sequence[Any],
 def _check_left(info, gap, left, rest) -> None:
   """Array keyword operands after ``gap`` cannot be passed as pointers.
 
-  A scalar, or a ``shard_size`` placeholder (an int once resolved where the
-  kernel runs), stays bound by name.
+  A scalar, ``None`` (a compile-time constant wherever it binds), or a
+  ``shard_size`` placeholder (an int once resolved where the kernel runs),
+  stays bound by name.
   """
   for name in sorted(left, key=info.param_names.index):
     value = rest[name]
-    if not (_types.is_scalar(value)
+    if not (value is None or _types.is_scalar(value)
             or isinstance(value, _shard_size.ShardSize)):
       raise _errors.KernelBindingError(
           f"triton_call: kernel {info.name!r}({', '.join(info.param_names)}):"

@@ -272,14 +272,19 @@ def kernel_location(frames) -> str:
   return f"{filename}:{lineno}" + (f" (`{source}`)" if source else "")
 
 
-def _stack_location() -> str:
-  """The sentence naming the running kernel's line, or "" if none is found."""
+def running_kernel_location() -> str:
+  """``kernel_location`` of the running kernel, from the current stack."""
   frames = []
   frame = sys._getframe(1)  # pylint: disable=protected-access
   while frame is not None:
     frames.append((frame, frame.f_lineno))
     frame = frame.f_back
-  where = kernel_location(reversed(frames))
+  return kernel_location(reversed(frames))
+
+
+def _stack_location() -> str:
+  """The sentence naming the running kernel's line, or "" if none is found."""
+  where = running_kernel_location()
   return f" The access is at {where}." if where else ""
 
 

@@ -65,7 +65,13 @@ Then, for jt_dist's eager call:
   a ``kernel_call`` made afresh (jax traces, lowers and compiles again);
 - ``per_step_scalar``: an eager ``x * s`` with the same ``s`` every call,
   and with a new ``s`` every call (what a learning rate or a step count
-  passed as a scalar costs per step).
+  passed as a scalar costs per step), and their ratio;
+- ``output_order``: the kernel time of a jitted row softmax over a
+  ``OUTPUT_ORDER_SHAPE`` matrix declared output first (Triton's tutorial's
+  signature, its input bound by keyword: the call goes through jt_dist's
+  generated wrapper kernel) and the same kernel declared outputs last,
+  interleaved, back-to-back launches synced once
+  (``timing.interleaved_chained_seconds``), and their ratio.
 
     python benchmarks/dispatch.py --out benchmarks/results/h100x1/dispatch.json
     python benchmarks/dispatch.py --smoke      # tiny, any host (CI sanity)
@@ -110,10 +116,15 @@ SIZE = 1024
 BLOCK = 1024
 SIZES = {
     "full": dict(rounds=600, calls=5, python_rounds=200, python_calls=50,
-                 profile_calls=2000, first_calls=30, scalar_calls=300),
+                 profile_calls=2000, first_calls=30, scalar_calls=300,
+                 order_iters=200, order_rounds=15),
     "smoke": dict(rounds=6, calls=2, python_rounds=10, python_calls=20,
-                  profile_calls=20, first_calls=2, scalar_calls=5),
+                  profile_calls=20, first_calls=2, scalar_calls=5,
+                  order_iters=2, order_rounds=2),
 }
+# Rows and columns of output_order's softmax: long enough a kernel that
+# its device time, not the launch, is timed.
+OUTPUT_ORDER_SHAPE = {"full": (16384, 1024), "smoke": (8, 64)}
 
 
 @triton.jit
@@ -165,9 +176,67 @@ def per_step_scalar(x, calls):
       jax.block_until_ready(scale(x, s))
       each.append(time.perf_counter() - start)
     timings[f"{name}_us"] = float(np.median(each)) * 1e6
+  timings["new_over_same"] = (timings["new_value_each_call_us"]
+                              / timings["same_value_us"])
   timings["executables_kept"] = len(_memo.triton_calls)
   _memo.triton_calls.clear()
   return timings
+
+
+@triton.jit
+def softmax_out_first_kernel(output_ptr, input_ptr, input_row_stride,
+                             output_row_stride, n_cols,
+                             BLOCK_SIZE: tl.constexpr):
+  """Triton's fused-softmax tutorial's signature: the output first."""
+  row = tl.program_id(0)
+  offsets = tl.arange(0, BLOCK_SIZE)
+  mask = offsets < n_cols
+  x = tl.load(input_ptr + row * input_row_stride + offsets, mask=mask,
+              other=-float("inf"))
+  x = tl.exp(x - tl.max(x, axis=0))
+  tl.store(output_ptr + row * output_row_stride + offsets,
+           x / tl.sum(x, axis=0), mask=mask)
+
+
+@triton.jit
+def softmax_out_last_kernel(input_ptr, input_row_stride, output_row_stride,
+                            n_cols, output_ptr, BLOCK_SIZE: tl.constexpr):
+  """The same softmax with its output declared last."""
+  row = tl.program_id(0)
+  offsets = tl.arange(0, BLOCK_SIZE)
+  mask = offsets < n_cols
+  x = tl.load(input_ptr + row * input_row_stride + offsets, mask=mask,
+              other=-float("inf"))
+  x = tl.exp(x - tl.max(x, axis=0))
+  tl.store(output_ptr + row * output_row_stride + offsets,
+           x / tl.sum(x, axis=0), mask=mask)
+
+
+def output_order(shape, iters, rounds):
+  """Kernel time of the output-first softmax against the outputs-last one.
+
+  ``out_first_us`` / ``out_last_us``: median µs per launch; ``ratio``:
+  their quotient (1.0 within noise: the wrapper is inlined); ``max_diff``:
+  the largest difference between the two kernels' results.
+  """
+  rows, cols = shape
+  x = jax.random.normal(jax.random.key(3), shape, jnp.float32)
+  common = dict(out_shape=jax.ShapeDtypeStruct(shape, jnp.float32),
+                grid=(rows,), input_row_stride=cols, output_row_stride=cols,
+                n_cols=cols, BLOCK_SIZE=triton.next_power_of_2(cols))
+  fns = {
+      "out_first": jax.jit(lambda a: jt_dist.triton_call(
+          kernel=softmax_out_first_kernel, input_ptr=a, **common)),
+      "out_last": jax.jit(lambda a: jt_dist.triton_call(
+          a, kernel=softmax_out_last_kernel, **common)),
+  }
+  diff = float(jnp.max(jnp.abs(fns["out_first"](x) - fns["out_last"](x))))
+  seconds = timing.interleaved_chained_seconds(fns, (x,), iters, rounds)
+  result = {f"{name}_us": s * 1e6 for name, s in seconds.items()}
+  result["ratio"] = result["out_first_us"] / result["out_last_us"]
+  result["max_diff"] = diff
+  result["shape"] = list(shape)
+  return result
 
 
 def add_kw(call, x, y):
@@ -612,6 +681,7 @@ def _print(result):
        for k, p in result["profile"].items()}))
   print("first call:", rounded(result["first_call"]))
   print("per-step scalar:", rounded(result["per_step_scalar"]))
+  print("output order:", json.dumps(result["output_order"]))
   if JAX_TRITON_NOTE:
     print("note:", JAX_TRITON_NOTE)
 
@@ -638,6 +708,9 @@ def main(argv=None):
       "profile": profiles(args, sizes["profile_calls"]),
       "first_call": first_call(args, sizes["first_calls"]),
       "per_step_scalar": per_step_scalar(args[0], sizes["scalar_calls"]),
+      "output_order": output_order(
+          OUTPUT_ORDER_SHAPE["smoke" if flags.smoke else "full"],
+          sizes["order_iters"], sizes["order_rounds"]),
   }
   _print(result)
   timing.write_json(flags.out, result)

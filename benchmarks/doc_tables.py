@@ -218,6 +218,13 @@ def _dispatch(data: dict[str, Any]) -> str:
         [[scalar.get("same_value_us", ""), scalar.get("new_value_each_call_us",
                                                       ""),
           scalar.get("executables_kept", "")]]))
+  order = data.get("output_order")
+  if isinstance(order, dict):
+    out.append("**a kernel declaring its output first** (kernel time)\n\n"
+               + _table(["output first, µs", "outputs last, µs", "ratio"],
+                        [[order.get("out_first_us", ""),
+                          order.get("out_last_us", ""),
+                          order.get("ratio", "")]]))
   return "\n\n".join(out)
 
 

@@ -36,6 +36,8 @@ from jt_dist._errors import OutOfBoundsAccessError
 from jt_dist._errors import ShardingSpecError
 from jt_dist._errors import UnwrittenOutputReadError
 from jt_dist._sharding.rule import ShardingRule
+from jt_dist._core.runtime_scalar import RuntimeScalar
+from jt_dist._core.runtime_scalar import runtime_scalar
 from jt_dist._core.shard_size import ShardSize
 from jt_dist._core.shard_size import shard_size
 from jt_dist._call.sharded import sharded_triton_call
@@ -62,6 +64,7 @@ __all__ = [
     "KernelLaunchError",
     "KernelTypeError",
     "OutOfBoundsAccessError",
+    "RuntimeScalar",
     "ShardSize",
     "ShardingRule",
     "ShardingSpecError",
@@ -81,6 +84,7 @@ __all__ = [
     "kernel_call",
     "next_power_of_2",
     "pin_autotune_config",
+    "runtime_scalar",
     "shard_size",
     "sharded_triton_call",
     "strides_from_shape",

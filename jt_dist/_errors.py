@@ -188,3 +188,37 @@ def call_user(fn: Callable[..., Any], role: str, *args: Any,
   except Exception as e:
     e.add_note(f"jt_dist: raised by {role} {callable_name(fn)}.")
     raise
+
+
+def raise_if_scalar_pointer(error: Exception, spec, shapes) -> None:
+  """Raises a ``KernelTypeError`` for a 0-d array used as a number, if one.
+
+  A 0-d array binds a pointer parameter (as in jax-triton), and under
+  ``jax.jit`` every argument is one: a kernel that then uses the pointer as
+  a number fails inside Triton (a type error, ``tl.rand``'s static
+  assert), with no word of the parameter. When ``error`` speaks of pointers
+  or a static assert and a 0-d array binds a parameter, this names the
+  parameter and ``jt_dist.runtime_scalar``; it returns otherwise.
+
+  Args:
+    error: the kernel's failure (the interpreter's, or Triton's compiler's).
+    spec: the call's ``CallSpec``.
+    shapes: the shape of each array operand, by index.
+  """
+  text = str(error)
+  if "pointer" not in text and "static_assert" not in text:
+    return
+  names = [op.label for op in spec.operands
+           if op.kind == "array" and op.index < len(shapes)
+           and tuple(shapes[op.index]) == ()]
+  if not names:
+    return
+  listed = ", ".join(repr(n) for n in names)
+  raise KernelTypeError(
+      f"kernel {spec.info.name!r}: parameter{'s' if len(names) > 1 else ''}"
+      f" {listed} {'are' if len(names) > 1 else 'is'} bound to a 0-d array,"
+      " which a kernel receives as a pointer (as in jax-triton; under"
+      " jax.jit every argument is an array), and the kernel failed where it"
+      f" uses a pointer as a number: {text} To pass the value, wrap it:"
+      " jt_dist.runtime_scalar(x); to keep the pointer, read it with"
+      " tl.load.") from error

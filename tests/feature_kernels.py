@@ -65,6 +65,74 @@ def tuple_add_kernel(x_ptr, yz, n, out_ptr, BLOCK: tl.constexpr):
 
 
 @triton.jit
+def softmax_kernel(output_ptr, input_ptr, input_row_stride, output_row_stride,
+                   n_rows, n_cols, BLOCK_SIZE: tl.constexpr):
+  # Triton's fused-softmax tutorial's signature: the output comes first.
+  row = tl.program_id(0)
+  offsets = tl.arange(0, BLOCK_SIZE)
+  mask = offsets < n_cols
+  x = tl.load(input_ptr + row * input_row_stride + offsets, mask=mask,
+              other=-float("inf"))
+  x = tl.exp(x - tl.max(x, axis=0))
+  tl.store(output_ptr + row * output_row_stride + offsets,
+           x / tl.sum(x, axis=0), mask=mask)
+
+
+@triton.jit
+def layer_norm_kernel(X, Y, W, B, Mean, Rstd, stride, N, eps,
+                      BLOCK_SIZE: tl.constexpr):
+  # Triton's layer-norm tutorial's signature: outputs between the inputs.
+  row = tl.program_id(0)
+  cols = tl.arange(0, BLOCK_SIZE)
+  mask = cols < N
+  x = tl.load(X + row * stride + cols, mask=mask, other=0.0)
+  mean = tl.sum(x, axis=0) / N
+  centred = tl.where(mask, x - mean, 0.0)
+  rstd = 1 / tl.sqrt(tl.sum(centred * centred, axis=0) / N + eps)
+  w = tl.load(W + cols, mask=mask)
+  b = tl.load(B + cols, mask=mask)
+  tl.store(Y + row * stride + cols, centred * rstd * w + b, mask=mask)
+  tl.store(Mean + row, mean)
+  tl.store(Rstd + row, rstd)
+
+
+@triton.jit
+def add_out_first_kernel(out_ptr, x_ptr, y_ptr, n, BLOCK: tl.constexpr):
+  offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+  mask = offsets < n
+  tl.store(out_ptr + offsets, tl.load(x_ptr + offsets, mask=mask)
+           + tl.load(y_ptr + offsets, mask=mask), mask=mask)
+
+
+@triton.jit
+def sum_out_first_kernel(total_ptr, x_ptr, acc_ptr, n, BLOCK: tl.constexpr):
+  # total += sum(x) (total must start at zero); acc += x, in place.
+  offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+  mask = offsets < n
+  x = tl.load(x_ptr + offsets, mask=mask, other=0.0)
+  tl.store(acc_ptr + offsets, tl.load(acc_ptr + offsets, mask=mask) + x,
+           mask=mask)
+  tl.atomic_add(total_ptr, tl.sum(x, axis=0))
+
+
+@triton.jit
+def scale_kernel(x_ptr, s, n, out_ptr, BLOCK: tl.constexpr):
+  offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+  mask = offsets < n
+  tl.store(out_ptr + offsets, tl.load(x_ptr + offsets, mask=mask) * s,
+           mask=mask)
+
+
+@triton.jit
+def dropout_kernel(x_ptr, out_ptr, n, p, seed, BLOCK: tl.constexpr):
+  offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+  mask = offsets < n
+  x = tl.load(x_ptr + offsets, mask=mask)
+  keep = tl.rand(seed, offsets) > p
+  tl.store(out_ptr + offsets, tl.where(keep, x / (1 - p), 0.0), mask=mask)
+
+
+@triton.jit
 def maybe_bias_kernel(x_ptr, bias_ptr, n, out_ptr, scale,
                       BLOCK: tl.constexpr):
   # bias_ptr and scale may be None (compile-time constants): Triton then

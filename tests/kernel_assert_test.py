@@ -131,10 +131,10 @@ class KernelAssertTest(testing.TestCase):
 
   @parameterized.parameters(False, True)
   def test_static_assert_in_a_library_function_names_both_lines(self, jit):
-    # tl.rand asserts that its seed is an integer, with no message; a 0-d
-    # array is a pointer, so the assert fails inside Triton's library.
+    # tl.rand asserts that its seed is an integer, with no message: a float
+    # seed fails the assert inside Triton's library.
     x = jnp.asarray(self.random((_BLOCK,)))
-    seed = jnp.int32(self.np_rng.integers(1000))
+    seed = float(self.np_rng.uniform(1, 1000))
 
     def f(a, s):
       return jt_dist.triton_call(
@@ -143,7 +143,10 @@ class KernelAssertTest(testing.TestCase):
           BLOCK=_BLOCK)
     with self.assertRaisesKernelError(jt_dist.KernelAssertionError,
                                       jitted=jit) as caught:
-      jax.block_until_ready((jax.jit(f) if jit else f)(x, seed))
+      if jit:
+        jax.block_until_ready(jax.jit(lambda a: f(a, seed))(x))
+      else:
+        f(x, seed)
     for part in ("kernel 'seeded_scale_kernel'",
                  "tl.static_assert failed at ",
                  "random.py:",
@@ -208,10 +211,10 @@ class CudaStaticAssertTest(util.IsolatedCacheMixin, testing.TestCase):
   def test_static_assert_in_a_library_function_is_noted(self):
     x = jnp.zeros((_BLOCK,), jnp.float32)
     with self.assertRaises(triton.compiler.errors.CompilationError) as cm:
-      util.lower(lambda a, s: jt_dist.triton_call(
-          a, s, kernel=seeded_scale_kernel,
+      util.lower(lambda a: jt_dist.triton_call(
+          a, 7.5, kernel=seeded_scale_kernel,
           out_shape=jax.ShapeDtypeStruct(a.shape, a.dtype), grid=(1,),
-          compute_capability=90, BLOCK=_BLOCK), x, jnp.int32(7))
+          compute_capability=90, BLOCK=_BLOCK), x)
     self.assertIn("r = tl.rand(seed, offsets)", str(cm.exception))
     (note,) = [n for n in getattr(cm.exception, "__notes__", ())
                if n.startswith("jt_dist:")]

@@ -13,6 +13,7 @@ from jt_dist._call import kernel_call as _kernel_call
 from jt_dist._call import memo as _memo
 from jt_dist._core import exact as _exact
 from jt_dist._core import operands as _operands
+from jt_dist._core import runtime_scalar as _runtime_scalar
 from jt_dist._core import tensordesc as _tensordesc
 from jt_dist._core import types as _types
 from jt_dist._sharding import refs as _refs
@@ -24,7 +25,8 @@ _INTS = frozenset((int, bool))
 _BY_VALUE = object()
 # Argument types passed at call time; grows by the classes of concrete
 # jax.Arrays (jaxlib's ArrayImpl) as they are met.
-_OPERAND_TYPES = {np.ndarray, _tensordesc.TensorDescriptor}
+_OPERAND_TYPES = {np.ndarray, _tensordesc.TensorDescriptor,
+                  _runtime_scalar.RuntimeScalar}
 
 
 def triton_call(*args: Any, kernel: Any, out_shape: Any = None, grid: Any,
@@ -252,7 +254,7 @@ def _template(args: Sequence[Any], runtime: bool) -> tuple:
     kind = type(a)
     if kind in _OPERAND_TYPES or _is_operand(a):
       template.append(OPERAND)
-    elif runtime and _types.is_scalar(a) and jax.default_backend() == "cpu":
+    elif runtime and _kernel_call.runtime_typed(a):
       template.append((kind, _types.scalar_type(a)))
     else:
       template.append(_exact.key(a))
@@ -266,10 +268,12 @@ def _first_call(args, kernel, out_shape, grid, kwargs, key, runtime):
   is keyed again once they have joined the positional operands (and their
   scalars by value).
   """
-  merged, metaparams = _operands.merge_keywords(kernel, args, kwargs)
+  merged_kernel, merged, metaparams = _operands.merge_keywords(
+      kernel, args, kwargs)
   statics = tuple(OPERAND if _is_operand(a) else a for a in merged)
   if key is None and len(merged) != len(args):
     runtime = False
+    kernel = merged_kernel  # A reordering wrapper is cached: one id.
     try:
       key = (id(kernel), _memo.out_key(out_shape), _memo.grid_key(grid),
              _exact.dict_key(metaparams), _template(merged, False),
@@ -280,12 +284,12 @@ def _first_call(args, kernel, out_shape, grid, kwargs, key, runtime):
     except TypeError:
       key = None
   # Scalars given by keyword are keyed by value: they stay static.
-  call = _kernel_call.make(kernel, out_shape, grid, metaparams, statics,
-                           runtime and len(merged) == len(args))
+  call = _kernel_call.make(merged_kernel, out_shape, grid, metaparams,
+                           statics, runtime and len(merged) == len(args))
   if key is not None:
     by_type = [i for i, a in enumerate(args)
-               if runtime and not _is_operand(a) and _types.is_scalar(a)
-               and jax.default_backend() == "cpu"]
+               if runtime and not _is_operand(a)
+               and _kernel_call.runtime_typed(a)]
     if all(call.passed[i] for i in by_type):
       _memo.triton_calls.put(key, call)
     else:

@@ -20,6 +20,7 @@ from jt_dist import _compat
 from jt_dist import _errors
 from jt_dist import _settings
 from jt_dist._core import kernel as _kernel
+from jt_dist._core import runtime_scalar as _runtime_scalar
 from jt_dist._core import types as _types
 from jt_dist._cpu import scalars as _cpu_scalars
 from jt_dist._core import host_faults as _host_faults
@@ -83,6 +84,8 @@ class KernelCall:
     # device= moves uncommitted operands before the call.
     self._eager_first = device is not None
     self._slots = self._runtime_slots() if runtime_scalars else ()
+    # The CPU packs the runtime scalars in one operand; GPUs load each.
+    self._packs = jax.default_backend() == "cpu"
     self._scalar_types = tuple(_types.scalar_type(self.statics[i])
                                for i in self._slots)
     # Per positional argument: whether the caller passes it at call time.
@@ -117,27 +120,25 @@ class KernelCall:
   def _runtime_slots(self) -> tuple[int, ...]:
     """Positions of the scalars that can come at call time, or ().
 
-    Empty off the CPU (a GPU compiles the value in), and where anything
-    static reads a scalar's value: a callable grid or
-    ``zeroed_outputs``, autotuning or heuristics, a constexpr or declared
-    type of its parameter, a sharding rule, or an eager placement step.
+    Those ``runtime_typed`` says may, unless anything static reads a
+    scalar's value: a callable grid or ``zeroed_outputs``, autotuning or
+    heuristics, a constexpr or declared type of its parameter, a sharding
+    rule, or an eager placement step.
     """
     if (callable(self.grid) or callable(self.options.zeroed_outputs)
-        or self._eager_first or self.options.sharding_rule is not None
-        or jax.default_backend() != "cpu"):
+        or self._eager_first or self.options.sharding_rule is not None):
       return ()
     info = _kernel.kernel_info(self.kernel)
     if info.layers:
       return ()
     slots = []
     for i, value in enumerate(self.statics):
-      if value is OPERAND or not _types.is_scalar(value):
+      if value is OPERAND or not runtime_typed(value):
         continue
       if i >= len(info.params):
         return ()
       param = info.params[i]
-      if (param.is_constexpr or param.annotation
-          or not _cpu_scalars.packable(_types.scalar_type(value))):
+      if param.is_constexpr or param.annotation:
         return ()
       slots.append(i)
     return tuple(slots)
@@ -163,7 +164,18 @@ class KernelCall:
                             self.metaparams, layout=layout)
 
   def _traced_runtime(self, *operands):
-    """The call on its arrays and, last, its packed runtime scalars."""
+    """The call with its scalars at run time, as the platform takes them.
+
+    Off the CPU the scalars are ``runtime_scalar``s: a GPU's call loads
+    each from a buffer. The CPU's interpreter takes them packed in one
+    operand after the arrays (``jt_dist._cpu.scalars``).
+    """
+    if not self._packs:
+      args = [_runtime_scalar.RuntimeScalar(x, np.float32)
+              if i in self._slots else x
+              for i, x in enumerate(self._args(operands))]
+      return _local_call.call(args, self.kernel, self.out_shape, self.grid,
+                              self.options, self.metaparams)
     *arrays, packed = operands
     it = iter(arrays)
     # Binding types the scalars by the values the call was made with.
@@ -202,7 +214,8 @@ class KernelCall:
         layout = _local_call.find_layout(self._args(operands), self.options)
         if layout is not None:
           return self._split(layout, *operands)
-      jitted_operands = self._packed(operands) if self._slots else operands
+      jitted_operands = (self._packed(operands) if self._slots and self._packs
+                         else operands)
       if self._sync:
         return jax.block_until_ready(self._jitted(*jitted_operands))
       return self._jitted(*jitted_operands)
@@ -223,6 +236,22 @@ class KernelCall:
     return f"jt_dist.kernel_call({name}, grid={self.grid!r})"
 
 
+def runtime_typed(value: Any) -> bool:
+  """Whether a positional scalar's value may come at run time, by its type.
+
+  On the CPU every scalar the interpreter's packed operand carries. On GPUs
+  a Python float that float32 holds: Triton never specialises a kernel on a
+  float's value, so only the call's executable would change with it. Ints
+  stay compiled in there (Triton specialises them on equality to 1 and
+  divisibility by 16, and a size rarely changes between calls), and so do
+  bools and doubles.
+  """
+  if jax.default_backend() == "cpu":
+    return (_types.is_scalar(value)
+            and _cpu_scalars.packable(_types.scalar_type(value)))
+  return type(value) is float and _types.scalar_type(value) == "fp32"  # pylint: disable=unidiomatic-typecheck
+
+
 # Types of operands known not to be tracers; grows by the classes of
 # concrete jax.Arrays (jaxlib's ArrayImpl) as they are met.
 _CONCRETE = {np.ndarray}
@@ -233,6 +262,8 @@ def _traced_within(operands: Sequence[Any]) -> bool:
   if _CONCRETE.issuperset(map(type, operands)):
     return False
   for x in operands:
+    if _runtime_scalar.is_runtime_scalar(x):
+      x = x.value
     if isinstance(x, jax.core.Tracer):
       return True
     if type(x) is tuple and _traced_within(x):  # pylint: disable=unidiomatic-typecheck

@@ -98,7 +98,7 @@ def sharded_triton_call(
     out_shape = _kernel_call.resolve_out_shape(out_shape, out_type)
   _refuse_descriptors(args, kwargs)
   # Keyword operands become positional, so in_specs and rules see them.
-  args, kwargs = _operands.merge_keywords(kernel, args, kwargs)
+  kernel, args, kwargs = _operands.merge_keywords(kernel, args, kwargs)
   if _refs.has_refs(args):
     return _with_refs(args, kernel, out_shape, grid, mesh, in_specs,
                       out_specs, out_reduce, sharding_rule, kwargs)

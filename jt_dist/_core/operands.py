@@ -19,6 +19,7 @@ from jt_dist import _errors
 from jt_dist._core import kernel as _kernel
 from jt_dist._core import types as _types
 from jt_dist._core import shard_size as _shard_size
+from jt_dist._core import wrapper as _wrapper
 
 
 def _operand_names(info, metaparams) -> list[str]:
@@ -49,7 +50,12 @@ def merge_keywords(kernel: Any, args: Sequence[Any],
   A scalar keyword operand after that point stays bound by name (its value
   is then compiled into the kernel, as jt_dist always did for scalars given
   by name), and so does a ``shard_size`` placeholder, which resolves to
-  one; an array there is refused.
+  one. An array there (an input declared after an output, as in many
+  kernels written for PyTorch) makes the kernel a wrapper taking the
+  keyword operands right after the positional arguments, and the other
+  parameters in the kernel's order (``jt_dist._core.wrapper``): the
+  outputs then bind the parameters nothing else binds, in declaration
+  order, as in jax-triton 0.4.
 
   Args:
     kernel: the kernel object (anything else is left to binding to report).
@@ -57,20 +63,20 @@ def merge_keywords(kernel: Any, args: Sequence[Any],
     metaparams: every other keyword of the call.
 
   Returns:
-    ``(args, metaparams)``, unchanged when no keyword names an operand.
+    ``(kernel, args, metaparams)``, unchanged when no keyword names an
+    operand; ``kernel`` is the reordering wrapper where one is needed.
 
   Raises:
     jt_dist.KernelBindingError: a keyword operand names a parameter the
-      positional arguments already bind, or an array keyword operand comes
-      after a parameter that nothing binds.
+      positional arguments already bind.
   """
   try:
     info = _kernel.kernel_info(kernel)
   except TypeError:
-    return args, metaparams  # bind_call reports what the kernel is.
+    return kernel, args, metaparams  # bind_call reports what the kernel is.
   names = _operand_names(info, metaparams)
   if not names:
-    return args, metaparams
+    return kernel, args, metaparams
   for name in names:
     position = info.param_names.index(name)
     if position < len(args):
@@ -80,6 +86,21 @@ def merge_keywords(kernel: Any, args: Sequence[Any],
           f" keyword operand), which args[{position}] already binds: got multiple"
           f" values for argument {name!r}. Pass it once, positionally or by"
           " name.")
+  merged, rest, left = _walk(info, args, metaparams, names)
+  if any(_is_pointer(rest[name]) for name in left):
+    # An input after an output: the wrapper takes the keyword operands
+    # first, and the call is that of the wrapper.
+    moved = sorted(names, key=info.param_names.index)
+    order = (*info.param_names[:len(args)], *moved,
+             *(n for n in info.param_names[len(args):] if n not in moved))
+    kernel = _wrapper.reordered(kernel, order)
+    merged, rest, left = _walk(_kernel.kernel_info(kernel), args, metaparams,
+                               names)
+  return kernel, merged, rest
+
+
+def _walk(info, args, metaparams, names):
+  """``merge_keywords``' walk: ``(args, the rest, operands left by name)``."""
   args, rest, left = list(args), dict(metaparams), set(names)
   for param in info.params[len(args):]:
     if not left:
@@ -93,31 +114,19 @@ def merge_keywords(kernel: Any, args: Sequence[Any],
           and not _set_by_layers(info, param.name)):
       args.append(param.default)
     else:
-      _check_left(info, param, left, rest)
       break
-  return tuple(args), rest
+  return tuple(args), rest, left
 
 
-def _check_left(info, gap, left, rest) -> None:
-  """Array keyword operands after ``gap`` cannot be passed as pointers.
+def _is_pointer(value: Any) -> bool:
+  """Whether a keyword operand left by name would have to be a pointer.
 
   A scalar, ``None`` (a compile-time constant wherever it binds), or a
   ``shard_size`` placeholder (an int once resolved where the kernel runs),
-  stays bound by name.
+  can stay bound by name; anything else is an array.
   """
-  for name in sorted(left, key=info.param_names.index):
-    value = rest[name]
-    if not (value is None or _types.is_scalar(value)
-            or isinstance(value, _shard_size.ShardSize)):
-      raise _errors.KernelBindingError(
-          f"triton_call: kernel {info.name!r}({', '.join(info.param_names)}):"
-          f" the keyword operand {name}= is not a scalar and binds a"
-          f" parameter after {gap.name!r}, which nothing binds before it"
-          " (an output binds it, or an autotuner sets it). Input pointers"
-          " must come before the outputs' pointers, as jaxlib passes a"
-          " kernel's input buffers first. Declare the kernel's input pointer"
-          " parameters before its output pointer parameters"
-          + (f", or pass {gap.name}= too." if gap.is_constexpr else "."))
+  return not (value is None or _types.is_scalar(value)
+              or isinstance(value, _shard_size.ShardSize))
 
 
 def _short(value: Any) -> str:

@@ -24,6 +24,7 @@ from jax.experimental import io_callback
 import numpy as np
 
 from jt_dist import _compat
+from jt_dist import _errors
 from jt_dist import _settings
 from jt_dist._autotune import choose as _choose
 from jt_dist._core import primitive as _primitive
@@ -219,6 +220,10 @@ def _launch(spec, inputs, outputs):
       )
     except _compat.InterpreterError as e:
       _name_the_kernel(e, spec)
+      _errors.raise_if_scalar_pointer(e, spec, [a.shape for a in inputs])
+      raise
+    except (_errors.KernelAssertionError, _errors.KernelTypeError) as e:
+      _errors.raise_if_scalar_pointer(e, spec, [a.shape for a in inputs])
       raise
 
 

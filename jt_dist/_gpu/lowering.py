@@ -31,6 +31,7 @@ from jax.interpreters import mlir
 import numpy as np
 
 from jt_dist import _compat
+from jt_dist import _errors
 from jt_dist._autotune import choose as _choose
 from jt_dist._core import primitive as _primitive
 from jt_dist._cpu import lowering as _cpu_lowering
@@ -369,8 +370,13 @@ def gpu_lowering(ctx, *args, spec, platform: str):
   target = _target.resolve_target(ctx, platform, capability)
   for launch in spec.launches:
     _target.check_num_ctas(target, launch.config.num_ctas, launch.config.label)
-  calls, launches, kernels = _fitting_calls(
-      lib, spec, target, cubin or None)
+  try:
+    calls, launches, kernels = _fitting_calls(
+        lib, spec, target, cubin or None)
+  except Exception as e:  # pylint: disable=broad-except
+    # Triton's CompilationError, for a 0-d array used as a number: named.
+    _errors.raise_if_scalar_pointer(e, spec, [a.shape for a in ctx.avals_in])
+    raise
   order = result_order(spec)
   call = (calls[0] if len(calls) == 1
           else _autotuned_call(lib, spec, calls, launches, ctx, order))

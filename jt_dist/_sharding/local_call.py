@@ -20,6 +20,7 @@ from jt_dist._core import binding as _binding
 from jt_dist._core import operands as _operands
 from jt_dist._core import primitive as _primitive
 from jt_dist._core import pytree_args as _pytree_args
+from jt_dist._core import runtime_scalar as _runtime_scalar
 from jt_dist._core import tensordesc as _tensordesc
 from jt_dist._sharding import auto_axes as _auto_axes
 from jt_dist._sharding import partition as _partition
@@ -57,7 +58,8 @@ def call(args, kernel, out_shape, grid, options: _binding.CallOptions,
   Returns:
     The outputs in the structure of ``out_shape``.
   """
-  args, metaparams = _operands.merge_keywords(kernel, args, metaparams)
+  kernel, args, metaparams = _operands.merge_keywords(kernel, args,
+                                                     metaparams)
   args, descriptors = _tensordesc.split(args)
   if descriptors and options.sharding_rule is not None:
     raise NotImplementedError(
@@ -106,9 +108,11 @@ def check_binding(args, kernel, out_shape, grid, options, metaparams):
   Raises what binding raises: jt_dist's words for operands that jax.jit
   refused before tracing (a string or object array, say).
   """
-  args, metaparams = _operands.merge_keywords(kernel, args, metaparams)
+  kernel, args, metaparams = _operands.merge_keywords(kernel, args,
+                                                     metaparams)
   args, descriptors = _tensordesc.split(args)
   args, metaparams = _shard_size.resolve(args, metaparams)
+  kernel, args = _runtime_scalar.bind(kernel, args, metaparams)
   _binding.bind_call(_operands.canonical_numpy(args), kernel, out_shape,
                      grid, options.with_descriptors(descriptors), metaparams)
 
@@ -135,6 +139,7 @@ def single_device(args, kernel, out_shape, grid, options, metaparams,
     a call without Refs.
   """
   args, metaparams = _shard_size.resolve(args, metaparams)
+  kernel, args = _runtime_scalar.bind(kernel, args, metaparams)
   args = _operands.canonical_numpy(args)
   # A Ref argument is written even when every output is empty.
   empty = not options.ref_inputs and _all_outputs_empty(out_shape)

@@ -17,14 +17,11 @@ from __future__ import annotations
 import ast
 import dataclasses
 import functools
-import hashlib
-import linecache
 import math
 from typing import Any
 
-import triton.language as tl
-
 from jt_dist import _compat
+from jt_dist._core import wrapper as _wrapper
 
 # Functions whose axis argument names a grid axis.
 _AXIS_READERS = ("program_id", "num_programs")
@@ -135,10 +132,7 @@ def _used_axes(python_fn) -> frozenset[int]:
 
 def _prefix(param_names) -> str:
   # Internal names must not shadow (or be shadowed by) a parameter.
-  prefix = "_jt_vmap_"
-  while any(name.startswith(prefix) for name in param_names):
-    prefix += "_"
-  return prefix
+  return _wrapper.prefix(param_names, "_jt_vmap_")
 
 
 def _batch_index_lines(layout: Layout, p: str) -> list[str]:
@@ -212,7 +206,7 @@ def wrapper_source(name: str, params, layout: Layout) -> str:
   signature = ", ".join(
       f"{n}: tl.constexpr" if constexpr else n for n, constexpr in params)
   body = _batch_index_lines(layout, p) + _offset_lines(layout, p)
-  call = f"{p}kernel({', '.join(f'{n}={n}' for n, _ in params)})"
+  call = _wrapper.call_line(p, [n for n, _ in params])
   if math.prod(layout.counts) > layout.total:
     # A batch split over two axes may overshoot: the spare programs idle.
     body += [f"if {p}b < {layout.total}:", f"    {call}"]
@@ -220,16 +214,6 @@ def wrapper_source(name: str, params, layout: Layout) -> str:
     body.append(call)
   return f"def {name}({signature}):\n" + "".join(
       f"    {line}\n" for line in body)
-
-
-def _register_source(source: str, qualname: str) -> str:
-  """Makes ``source`` visible to ``inspect``, which Triton reads it with."""
-  digest = hashlib.sha256(source.encode("utf-8")).hexdigest()[:16]
-  filename = f"<jt_dist vmap wrapper of {qualname} {digest}>"
-  # An mtime of None keeps linecache.checkcache from dropping the entry.
-  linecache.cache[filename] = (len(source), None,
-                               source.splitlines(keepends=True), filename)
-  return filename
 
 
 @functools.lru_cache(maxsize=256)
@@ -250,25 +234,7 @@ def wrapper_kernel(base_fn: Any, params: tuple[tuple[str, bool], ...],
     same object for the same arguments, so that Triton's and jt_dist's
     caches stay warm.
   """
-  jit_fn = _compat.jit_function_of(base_fn)
-  python_fn = jit_fn.fn
+  python_fn = _compat.jit_function_of(base_fn).fn
   source = wrapper_source(python_fn.__name__, params, layout)
   p = _prefix([n for n, _ in params])
-  # The user's qualified name, which Triton makes the compiled kernel's
-  # name: profiles and errors show the user's kernel.
-  qualname = python_fn.__qualname__
-  filename = _register_source(source, qualname)
-  scope = {"tl": tl, f"{p}tl": tl, f"{p}kernel": jit_fn,
-           "__name__": python_fn.__module__}
-  # dont_inherit: this module's `from __future__ import annotations` would
-  # turn the constexpr annotations into strings, which Triton misreads.
-  code = compile(source, filename, "exec", dont_inherit=True)
-  exec(code, scope)  # pylint: disable=exec-used
-  wrapper = scope[python_fn.__name__]
-  wrapper.__qualname__ = qualname
-  if isinstance(base_fn, _compat.InterpretedFunction):
-    return _compat.InterpretedFunction(wrapper)
-  names = {n for n, _ in params}
-  pinned = [q.name for q in jit_fn.params
-            if q.do_not_specialize and q.name in names]
-  return _compat.JITFunction(wrapper, do_not_specialize=pinned or None)
+  return _wrapper.make_kernel(base_fn, source, p, "vmap wrapper")

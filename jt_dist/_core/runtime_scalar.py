@@ -1,0 +1,185 @@
+"""``jt_dist.runtime_scalar``: a scalar parameter's value, passed at run time.
+
+A scalar given by value is part of a call's static spec: on GPUs jaxlib
+compiles it into its call, so each new value is a new XLA executable, and a
+traced value (any argument of a ``jax.jit`` function) cannot be one at all;
+a 0-d array binds a pointer, as in jax-triton. ``runtime_scalar(x)`` marks
+a value to pass at run time instead: it travels as a 0-d array operand, and
+the kernel is called through a wrapper (``jt_dist._core.wrapper``) that
+loads it and passes the value on to the scalar parameter. It is the same on
+every platform, and ``jax.vmap`` batches it as any operand: each batch
+element gets its own value.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import jax
+import numpy as np
+
+from jt_dist import _errors
+from jt_dist._core import kernel as _kernel
+from jt_dist._core import types as _types
+from jt_dist._core import wrapper as _wrapper
+
+
+@jax.tree_util.register_pytree_node_class
+class RuntimeScalar:
+  """A value for a scalar parameter, passed at run time.
+
+  Made by ``jt_dist.runtime_scalar``. A pytree whose one leaf is the value,
+  so that ``jax.jit``, ``jax.vmap`` and ``jax.shard_map`` trace it.
+
+  Attributes:
+    value: a 0-d array (traced or not), or a Python or NumPy scalar.
+    dtype: the NumPy dtype the kernel receives it as.
+    divisibility: what the compiler may assume the value is a multiple of
+      (1, or 16 for an int known to be one).
+  """
+
+  __slots__ = ("value", "dtype", "divisibility")
+
+  def __init__(self, value: Any, dtype: Any, divisibility: int = 1):
+    self.value = value
+    self.dtype = np.dtype(dtype)
+    self.divisibility = divisibility
+
+  def tree_flatten(self):
+    return (self.value,), (self.dtype, self.divisibility)
+
+  @classmethod
+  def tree_unflatten(cls, aux, children):
+    return cls(children[0], *aux)
+
+  def __repr__(self) -> str:
+    return f"jt_dist.runtime_scalar({self.value!r}, dtype={self.dtype.name})"
+
+
+def runtime_scalar(x: Any, dtype: Any = None) -> RuntimeScalar:
+  """Passes ``x`` to a kernel's scalar parameter by value, at run time.
+
+  A Python scalar bound to a scalar parameter is compiled into the call;
+  a 0-d array binds a pointer parameter, as in jax-triton. Wrapped by
+  ``runtime_scalar``, either reaches a scalar parameter as a value known
+  only when the kernel runs: inside ``jax.jit`` a seed computed from a step
+  counter, or a new learning rate at every eager step, compiles nothing.
+  Positionally or by keyword, in any call form::
+
+      @jax.jit
+      def step(x, step_count):
+        seed = jt_dist.runtime_scalar(step_count * 7919)
+        return jt_dist.triton_call(x, seed, x.size, kernel=dropout_kernel,
+                                   out_shape=x, grid=(8,), BLOCK=128)
+
+  The kernel reads the parameter as any scalar (``tl.rand(seed, offsets)``,
+  ``x * scale``). It gets the value through a generated wrapper kernel that
+  loads it from a one-element buffer; on GPUs Triton inlines the kernel
+  into the wrapper, so only that one load is added. Under ``jax.vmap`` each
+  batch element gets its own value.
+
+  Args:
+    x: a 0-d array (a ``jax.Array``, a tracer, a NumPy array), or a Python
+      or NumPy scalar.
+    dtype: the dtype the kernel receives: by default ``x``'s own, and for a
+      Python scalar the one ``jax.numpy.asarray`` gives it (int32, float32
+      or bool without ``jax_enable_x64``).
+
+  Returns:
+    A ``RuntimeScalar`` to pass where the value would go.
+
+  Raises:
+    ValueError: ``x`` is an array with elements other than one, or a
+      Python int or float that its dtype cannot hold.
+    TypeError: ``x`` is neither an array nor a scalar, or its dtype is one
+      a kernel cannot take.
+  """
+  if isinstance(x, RuntimeScalar):
+    return x if dtype is None else RuntimeScalar(x.value, dtype)
+  if hasattr(x, "shape") and hasattr(x, "dtype"):
+    if tuple(x.shape) != ():
+      raise ValueError(
+          f"jt_dist.runtime_scalar: got an array of shape {tuple(x.shape)};"
+          " it takes one value: a 0-d array or a scalar. Pass x[i] or"
+          " x.reshape(()) for a one-element array.")
+    chosen = x.dtype if dtype is None else dtype
+  elif _types.is_scalar(x):
+    chosen = dtype if dtype is not None else _python_dtype(x)
+  else:
+    raise TypeError(
+        f"jt_dist.runtime_scalar: got {x!r} of type {type(x).__name__}; it"
+        " takes a 0-d array or a bool, int or float scalar.")
+  chosen = np.dtype(jax.dtypes.canonicalize_dtype(chosen))
+  _types.pointer_dtype(chosen, "jt_dist.runtime_scalar's value")
+  if _types.is_scalar(x) and not isinstance(x, (bool, np.bool_)):
+    _check_fits(x, chosen)
+  return RuntimeScalar(x, chosen)
+
+
+def _python_dtype(x) -> np.dtype:
+  if isinstance(x, (bool, np.bool_)):
+    return np.dtype(np.bool_)
+  if isinstance(x, (int, np.integer)):
+    return np.dtype(np.int32 if -(2**31) <= int(x) < 2**31 else np.int64)
+  return np.dtype(np.float32 if _types.float32_represents(float(x))
+                  else np.float64)
+
+
+def _check_fits(x, dtype: np.dtype) -> None:
+  if dtype.kind in "iu":
+    info = np.iinfo(dtype)
+    if not isinstance(x, (int, np.integer)) or not info.min <= x <= info.max:
+      raise ValueError(
+          f"jt_dist.runtime_scalar: {x!r} does not fit {dtype.name}"
+          f" ({info.min} to {info.max}). Pass an int in that range, or a"
+          " wider dtype= (64-bit types need jax_enable_x64).")
+  elif dtype == np.float32 and _types.overflows_float32(x):
+    raise ValueError(
+        f"jt_dist.runtime_scalar: {x!r} overflows a float32. Scale the"
+        " value, or pass dtype=jnp.float64 (with jax_enable_x64).")
+
+
+def is_runtime_scalar(x: Any) -> bool:
+  return type(x) is RuntimeScalar  # pylint: disable=unidiomatic-typecheck
+
+
+def bind(kernel: Any, args: Sequence[Any], metaparams: dict[str, Any]):
+  """The call's kernel and arguments with its runtime scalars as operands.
+
+  Each ``RuntimeScalar`` among ``args`` becomes a 0-d array, and the kernel
+  a wrapper that takes the parameter it binds as a pointer and loads it.
+  (Keyword operands are among ``args`` by now: ``operands.merge_keywords``.)
+
+  Returns:
+    ``(kernel, args)``, unchanged when there is no runtime scalar.
+
+  Raises:
+    jt_dist.KernelBindingError: a runtime scalar binds a ``tl.constexpr``
+      parameter.
+  """
+  for name, value in metaparams.items():
+    if is_runtime_scalar(value):
+      raise _errors.KernelBindingError(
+          f"triton_call: metaparam {name}={value!r} binds {name!r}, a"
+          " tl.constexpr parameter (or a name no parameter has), whose value"
+          " the compiler needs. Pass the value itself, or drop tl.constexpr"
+          " from the parameter to take it at run time.")
+  positions = [i for i, a in enumerate(args) if is_runtime_scalar(a)]
+  if not positions:
+    return kernel, args
+  info = _kernel.kernel_info(kernel)
+  args, loaded = list(args), []
+  for i in positions:
+    if i >= len(info.params):
+      return kernel, args  # Binding reports the extra arguments.
+    param = info.params[i]
+    if param.is_constexpr:
+      raise _errors.KernelBindingError(
+          f"triton_call: kernel {info.name!r}: args[{i}] = {args[i]!r} binds"
+          f" {param.name!r}, a tl.constexpr parameter, whose value the"
+          " compiler needs. Pass the value itself, or drop tl.constexpr from"
+          " the parameter to take it at run time.")
+    loaded.append((param.name, args[i].divisibility))
+    args[i] = jax.numpy.asarray(args[i].value, args[i].dtype)
+  kernel = _wrapper.reordered(kernel, info.param_names, tuple(loaded))
+  return kernel, tuple(args)

@@ -1,0 +1,169 @@
+"""Generated ``@triton.jit`` kernels that call a user's kernel inline.
+
+A wrapper has parameters of its own and calls the user's kernel with each
+of the user's parameters by name. Triton inlines ``@triton.jit`` callees,
+so the compiled wrapper runs the user's code unchanged, at the same cost.
+jt_dist makes two kinds, both through ``make_kernel``:
+
+- ``reordered`` (here): the user's parameters in another order, so that a
+  kernel declaring an output pointer before an input runs where buffers
+  come inputs first (jaxlib's Triton call hands a kernel its buffers in
+  parameter order, the operands' before the results'); and parameters
+  passed as a pointer to a value the wrapper loads (``runtime_scalar``),
+  since jaxlib compiles every scalar into its call.
+- ``jt_dist._vmap.grid_kernel``: the batch of a ``jax.vmap`` on a grid axis.
+
+The user's kernel object is never modified. Wrappers are cached, so that
+Triton's and jt_dist's caches stay warm.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import hashlib
+import inspect
+import linecache
+from typing import Any, Sequence
+
+import triton.language as tl
+
+from jt_dist import _compat
+from jt_dist._core import kernel as _kernel
+
+
+def prefix(param_names: Sequence[str], base: str) -> str:
+  """A prefix for internal names that no parameter starts with."""
+  while any(name.startswith(base) for name in param_names):
+    base += "_"
+  return base
+
+
+def _register_source(source: str, qualname: str, what: str) -> str:
+  """Makes ``source`` visible to ``inspect``, which Triton reads it with."""
+  digest = hashlib.sha256(source.encode("utf-8")).hexdigest()[:16]
+  filename = f"<jt_dist {what} of {qualname} {digest}>"
+  # An mtime of None keeps linecache.checkcache from dropping the entry.
+  linecache.cache[filename] = (len(source), None,
+                               source.splitlines(keepends=True), filename)
+  return filename
+
+
+def call_line(p: str, names: Sequence[str]) -> str:
+  """The wrapper's call of the user's kernel, every parameter by name."""
+  return f"{p}kernel({', '.join(f'{n}={n}' for n in names)})"
+
+
+def make_kernel(base_fn: Any, source: str, p: str, what: str,
+                scope: dict[str, Any] | None = None) -> Any:
+  """The kernel defined by ``source``, calling ``base_fn`` as ``{p}kernel``.
+
+  Args:
+    base_fn: the user's kernel without its autotuning and heuristics
+      layers: a ``JITFunction``, or an ``InterpretedFunction`` made under
+      ``TRITON_INTERPRET=1``.
+    source: one ``def`` named as the user's function, so that error
+      messages and profiles name the user's kernel; ``tl`` and ``{p}tl``
+      are ``triton.language``.
+    p: the internal names' prefix.
+    what: what the wrapper is for, in its source's file name.
+    scope: more names the source reads (annotations, defaults).
+
+  Returns:
+    A ``JITFunction`` (an ``InterpretedFunction`` for an interpreted
+    ``base_fn``, so that it is interpreted on GPUs too), whose parameters
+    the user pinned with ``do_not_specialize`` stay pinned.
+  """
+  jit_fn = _compat.jit_function_of(base_fn)
+  python_fn = jit_fn.fn
+  # The user's qualified name, which Triton makes the compiled kernel's
+  # name: profiles and errors show the user's kernel.
+  qualname = python_fn.__qualname__
+  filename = _register_source(source, qualname, what)
+  namespace = {"tl": tl, f"{p}tl": tl, f"{p}kernel": jit_fn,
+               "__name__": python_fn.__module__, **(scope or {})}
+  # dont_inherit: this module's `from __future__ import annotations` would
+  # turn the constexpr annotations into strings, which Triton misreads.
+  code = compile(source, filename, "exec", dont_inherit=True)
+  exec(code, namespace)  # pylint: disable=exec-used
+  wrapper = namespace[python_fn.__name__]
+  wrapper.__qualname__ = qualname
+  if isinstance(base_fn, _compat.InterpretedFunction):
+    return _compat.InterpretedFunction(wrapper)
+  names = set(inspect.signature(wrapper).parameters)
+  pinned = [q.name for q in jit_fn.params
+            if q.do_not_specialize and q.name in names]
+  return _compat.JITFunction(wrapper, do_not_specialize=pinned or None)
+
+
+def reordered(kernel: Any, order: tuple[str, ...],
+              loaded: tuple[tuple[str, int], ...] = ()) -> Any:
+  """``kernel`` taking its parameters in ``order``, some loaded at run time.
+
+  Args:
+    kernel: the user's kernel, with its autotuning and heuristics layers.
+    order: every parameter's name, in the wrapper's order.
+    loaded: ``(name, divisibility)`` of each parameter the wrapper takes
+      as a pointer and passes on as the value it points at, with the
+      divisibility (1 or 16) the compiler may assume of that value.
+
+  Returns:
+    A kernel object like ``kernel``: the same layers (copied, never
+    modified) around the wrapper. The same object for the same arguments.
+  """
+  return _reordered(kernel, tuple(order), tuple(loaded))
+
+
+@functools.lru_cache(maxsize=256)
+def _reordered(kernel, order, loaded):
+  info = _kernel.kernel_info(kernel)
+  wrapper = _wrapper(info.fn, order, dict(loaded))
+  for layer in reversed(info.layers):
+    layer = copy.copy(layer)
+    layer.fn = wrapper
+    wrapper = layer
+  return wrapper
+
+
+def _wrapper(base_fn, order, loaded: dict[str, int]):
+  jit_fn = _compat.jit_function_of(base_fn)
+  python_fn = jit_fn.fn
+  declared = inspect.signature(python_fn).parameters
+  constexprs = {q.name for q in jit_fn.params if q.is_constexpr}
+  p = prefix(order, "_jt_wrap_")
+  scope, parts, body = {}, [], []
+  # Python takes a default only where every later parameter has one: the
+  # defaults are kept on the trailing run of parameters in the user's
+  # order; the parameters moved before them are bound by the call anyway.
+  keep = _trailing_in_order(order, list(declared))
+  for k, name in enumerate(order):
+    param = declared[name]
+    text = name
+    if name in constexprs:
+      text += ": tl.constexpr"
+    elif name not in loaded and param.annotation is not param.empty:
+      scope[f"{p}a{k}"] = param.annotation
+      text += f": {p}a{k}"
+    if name in keep and param.default is not param.empty:
+      scope[f"{p}d{k}"] = param.default
+      text += f" = {p}d{k}"
+    parts.append(text)
+    if name in loaded:
+      value = f"{p}tl.load({name})"
+      if loaded[name] > 1:
+        value = f"{p}tl.multiple_of({value}, {loaded[name]})"
+      body.append(f"{name} = {value}")
+  body.append(call_line(p, list(declared)))
+  source = (f"def {python_fn.__name__}({', '.join(parts)}):\n"
+            + "".join(f"    {line}\n" for line in body))
+  return make_kernel(base_fn, source, p, "wrapper", scope)
+
+
+def _trailing_in_order(order, declared) -> set[str]:
+  """The longest tail of ``order`` that keeps the user's relative order."""
+  tail = []
+  for name in reversed(order):
+    if tail and declared.index(name) > declared.index(tail[-1]):
+      break
+    tail.append(name)
+  return set(tail)

@@ -217,11 +217,11 @@ def raise_if_scalar_pointer(error: Exception, spec, shapes) -> None:
   if not names:
     return
   listed = ", ".join(repr(n) for n in names)
+  plural = len(names) > 1
   raise KernelTypeError(
-      f"kernel {spec.info.name!r}: parameter{'s' if len(names) > 1 else ''}"
-      f" {listed} {'are' if len(names) > 1 else 'is'} bound to a 0-d array,"
-      " which a kernel receives as a pointer (as in jax-triton; under"
-      " jax.jit every argument is an array), and the kernel failed where it"
-      f" uses a pointer as a number: {text} To pass the value, wrap it:"
+      f"{text} (In kernel {spec.info.name!r}, parameter{'s' if plural else ''}"
+      f" {listed} {'are' if plural else 'is'} bound to a 0-d array, which a"
+      " kernel receives as a pointer, as in jax-triton; under jax.jit every"
+      " argument is an array. To pass the value, wrap it:"
       " jt_dist.runtime_scalar(x); to keep the pointer, read it with"
-      " tl.load.") from error
+      " tl.load.)") from error

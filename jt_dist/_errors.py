@@ -78,6 +78,9 @@ class UnwrittenOutputReadError(ValueError):
   Outputs start undefined on a GPU (jaxlib does not clear them) unless they
   are aliased to an input or listed in ``zeroed_outputs``; the CPU
   interpreter tracks which bytes a launch wrote and refuses such reads.
+  With ``debug=True`` it also refuses a launch that leaves part of an
+  output unwritten, which the caller would read next (without ``debug``,
+  a ``RuntimeWarning``, once per kernel).
   """
 
 

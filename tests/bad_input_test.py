@@ -179,8 +179,6 @@ _TRITON_CALL_CASES = (
         t, out_shape=[_OUT, jax.ShapeDtypeStruct((16,), jnp.complex128)]),
      TypeError, r"out_shape\[1\] has dtype complex128"),
     # --- positional arguments -------------------------------------------
-    ("arg_none", lambda t: _call(t, t.x, t.y, None),
-     TypeError, r"args\[2\] = None of type NoneType.*neither an array"),
     ("arg_complex_scalar", lambda t: _call(t, t.x, t.y, 2j),
      TypeError, r"args\[2\] = 2j of type complex"),
     ("arg_numpy_complex_scalar", lambda t: _call(t, t.x, t.y, np.complex64(1)),

@@ -179,6 +179,36 @@ class MemoryChecker:
     if writes:
       written[byte_index] = True
 
+  def unwritten_outputs(self) -> list[tuple[int, np.ndarray]]:
+    """``(k, element offsets)`` of each output buffer left partly unwritten.
+
+    Only outputs whose writes are tracked: aliased and zeroed ones (and
+    Refs, aliased to their inputs) start defined.
+    """
+    found = []
+    for k, b in enumerate(self.buffers):
+      if b.written is None or not b.array.size:
+        continue
+      whole = b.written.reshape(b.array.size, b.array.itemsize).all(axis=1)
+      if not whole.all():
+        found.append((k, np.flatnonzero(~whole)))
+    return found
+
+  def unwritten_message(self, k: int, elements: np.ndarray) -> str:
+    """What a launch left unwritten of output buffer ``k``, and the fix."""
+    return (
+        f"triton_call: kernel {self.kernel!r} left {elements.size} of"
+        f" {self.buffers[k].array.size} elements of {self._describe(k)}"
+        f" unwritten: element offsets {_first(elements)}. The buffer"
+        f" {self._extent(k)}. They come back as 0xFF bytes (NaN for floats)"
+        " on the CPU, and as whatever the memory held on a GPU. Check that"
+        " the grid and the block size cover the output (a row of n"
+        " elements needs a block of triton.next_power_of_2(n) lanes, or a"
+        " loop over blocks), or pass zeroed_outputs= (starts at zero) or"
+        " input_output_aliases= (starts as the input) if the rest is meant"
+        " to keep its start."
+    )
+
   def _describe(self, k: int) -> str:
     b = self.buffers[k]
     return f"{b.param!r} ({b.role})"
@@ -272,14 +302,19 @@ def kernel_location(frames) -> str:
   return f"{filename}:{lineno}" + (f" (`{source}`)" if source else "")
 
 
-def _stack_location() -> str:
-  """The sentence naming the running kernel's line, or "" if none is found."""
+def running_kernel_location() -> str:
+  """``kernel_location`` of the running kernel, from the current stack."""
   frames = []
   frame = sys._getframe(1)  # pylint: disable=protected-access
   while frame is not None:
     frames.append((frame, frame.f_lineno))
     frame = frame.f_back
-  where = kernel_location(reversed(frames))
+  return kernel_location(reversed(frames))
+
+
+def _stack_location() -> str:
+  """The sentence naming the running kernel's line, or "" if none is found."""
+  where = running_kernel_location()
   return f" The access is at {where}." if where else ""
 
 

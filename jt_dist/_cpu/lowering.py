@@ -17,6 +17,7 @@ import json
 import logging
 import os
 import traceback
+import warnings
 
 import jax
 from jax.interpreters import mlir
@@ -46,6 +47,8 @@ logger = logging.getLogger("jt_dist")
 # overlap a GPU compile (which reads the module): one lock for both.
 _INTERPRETER_LOCK = _compat.LANGUAGE_LOCK
 _logged_kernels: set[str] = set()
+# Kernels already warned of outputs they left unwritten.
+_warned_unwritten: set[str] = set()
 
 # Outputs the kernel does not write come back as this byte pattern (NaN for
 # floats, -1 for signed ints) rather than zeros, which would hide the bug.
@@ -225,6 +228,31 @@ def _launch(spec, inputs, outputs):
     except (_errors.KernelAssertionError, _errors.KernelTypeError) as e:
       _errors.raise_if_scalar_pointer(e, spec, [a.shape for a in inputs])
       raise
+  if checker is not None:
+    _check_all_written(spec, checker)
+
+
+def _check_all_written(spec, checker) -> None:
+  """Outputs the launch left partly unwritten: a warning, once per kernel.
+
+  With ``debug=True``, ``UnwrittenOutputReadError`` instead: the bytes
+  nobody wrote are the caller's to read next.
+  """
+  unwritten = checker.unwritten_outputs()
+  if not unwritten:
+    return
+  message = " ".join(checker.unwritten_message(k, elements)
+                     for k, elements in unwritten)
+  if spec.debug:
+    raise _errors.UnwrittenOutputReadError(message)
+  fn = spec.info.python_fn
+  key = f"{fn.__module__}.{fn.__qualname__}"
+  with _INTERPRETER_LOCK:
+    if key in _warned_unwritten:
+      return
+    _warned_unwritten.add(key)
+  warnings.warn(message + " Pass debug=True to raise instead; this warning"
+                " is shown once per kernel.", RuntimeWarning, stacklevel=2)
 
 
 def _name_the_kernel(error, spec) -> None:

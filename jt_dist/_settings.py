@@ -42,11 +42,12 @@ starts: that module's protocol with itself, which no user sets.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
 import threading
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 CACHE_DIR = "JT_DIST_CACHE_DIR"
 DISK_CACHE = "JT_DIST_DISK_CACHE"
@@ -272,6 +273,33 @@ def _update(**changes: Any) -> None:
   global _configured
   with _lock:
     _configured = dataclasses.replace(_configured, **changes)
+
+
+@contextlib.contextmanager
+def restored(*, from_environment: bool = False) -> Iterator[None]:
+  """Puts back what the ``configure_*`` functions set, on leaving.
+
+  Args:
+    from_environment: also forget what they set on entering, so that the
+      environment decides until the block sets something.
+  """
+  global _configured
+  with _lock:
+    saved = _configured
+    if from_environment:
+      _configured = Configured()
+  _trim_all()
+  try:
+    yield
+  finally:
+    with _lock:
+      _configured = saved
+    _trim_all()
+
+
+def _trim_all() -> None:
+  for trim in _trims:
+    trim()
 
 
 def trim_on_configure(trim: Callable[[], None]) -> None:

@@ -24,11 +24,13 @@ from jt_dist import _compat
 from jt_dist._gpu import compile as _compile
 from jt_dist._gpu import lowering as _gpu_lowering
 from jt_dist._backend import target as _target
+from jt_dist._call import kernel_call as _kernel_call
 from jt_dist import testing
 import cache_util
 import gpu_lowering_util as util
 from feature_kernels import acc_sum_kernel
 from feature_kernels import add_kernel
+from feature_kernels import scale_kernel
 from feature_kernels import scale_negate_kernel
 
 
@@ -102,6 +104,23 @@ class CudaLoweringTest(util.JaxlibAutotuningMixin, cache_util.EmptyCacheMixin,
   def _inputs(self, n=1000, dtype=np.float32):
     return (jnp.asarray(self.random((n,), dtype)),
             jnp.asarray(self.random((n,), dtype)))
+
+  def test_eager_call_on_gpus_loads_a_float_and_compiles_an_int_in(self):
+    # The call the front door makes for an eager call on a GPU (its
+    # positional scalars may come at run time), cross-lowered from here.
+    n = 32
+    x = jnp.asarray(self.random((n,)))
+    like = jax.ShapeDtypeStruct(x.shape, x.dtype)
+    with mock.patch.object(jax, "default_backend", lambda: "gpu"):
+      call = _kernel_call.make(
+          scale_kernel, like, (4,), {"BLOCK": 8, "compute_capability": 90},
+          (_kernel_call.OPERAND, 2.5, n), runtime_scalars=True)
+      lowered = call._jitted.trace(x, 2.5).lower(  # pylint: disable=protected-access
+          lowering_platforms=("cuda",))
+    self.assertEqual(call.passed, (True, True, False))
+    (kernel,) = util.triton_custom_calls(lowered)[0]["calls"]
+    self.assertEqual(kernel["params"], [
+        ("array", 0, 16), ("array", 0, 16), ("i32", n), ("array", 0, 16)])
 
   def test_custom_call_carries_kernel_and_ptx(self):
     x, y = self._inputs()

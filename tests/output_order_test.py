@@ -123,10 +123,12 @@ class OutputOrderTest(testing.TestCase):
   def test_repeated_eager_calls_reuse_one_call(self):
     x, y = (jnp.asarray(self.random((_N,))) for _ in range(2))
     self.assertAllClose(_add(x, y), x + y)
-    before = len(jt_dist._call.memo.triton_calls)  # pylint: disable=protected-access
+    before = jt_dist.cache_info()
     for _ in range(3):
       self.assertAllClose(_add(y, x), x + y)
-    self.assertEqual(len(jt_dist._call.memo.triton_calls), before)  # pylint: disable=protected-access
+    after = jt_dist.cache_info()
+    self.assertEqual(after.triton_call_entries, before.triton_call_entries)
+    self.assertEqual(after.lowerings, before.lowerings)
 
   @parameterized.parameters("grid", "sequential")
   def test_vmap(self, method):

@@ -99,6 +99,23 @@ class LRUCache:
 
 memory_cache = LRUCache(_settings.memory_entries)
 _settings.trim_on_configure(memory_cache.trim)
+# What ``jt_dist.cache_info`` reports: events counted as calls are lowered
+# and kernels compiled, never per eager call.
+_events: collections.Counter[str] = collections.Counter()
+_events_lock = threading.Lock()
+
+
+def count(event: str) -> None:
+  """Counts one ``event`` (``"lowerings"``, ``"compiles"``, ``"memory_hits"``,
+  ``"disk_hits"`` or ``"disk_writes"``)."""
+  with _events_lock:
+    _events[event] += 1
+
+
+def counted(event: str) -> int:
+  """How many times ``event`` was counted in this process."""
+  with _events_lock:
+    return _events[event]
 _warned_unwritable: set[str] = set()
 _warned_lock = threading.Lock()
 # Striped rather than one lock per key: bounded, and two different kernels
@@ -241,6 +258,7 @@ def store(key: str, metadata: Mapping[str, Any], binary: bytes) -> None:
     # binary it names is complete.
     _atomic_write(folder, os.path.join(folder, document["binary_file"]), binary)
     _atomic_write(folder, json_path, json.dumps(document).encode("utf-8"))
+    count("disk_writes")
   except OSError as e:
     # Once per cache directory, not per entry: a full disk or a read-only
     # directory fails every write, and one line says so.
@@ -275,11 +293,14 @@ def get_or_create(key: str, create: Callable[[], tuple[Any, dict, bytes]],
     return _create_and_store(key, create)
   value = memory_cache.get(key)
   if value is not None:
+    count("memory_hits")
     return value
   with _CREATE_LOCKS[hash(key) % len(_CREATE_LOCKS)]:
     value = memory_cache.get(key)  # Created while this thread waited.
-    if value is None:
-      value = _restore_from_disk(key, restore)
+    if value is not None:
+      count("memory_hits")
+      return value
+    value = _restore_from_disk(key, restore)
     if value is None:
       value = _create_and_store(key, create)
     return value
@@ -295,11 +316,13 @@ def _restore_from_disk(key: str, restore) -> Any | None:
     _discard(key, [_entry_paths(key)[1]], f"its metadata is invalid: {e}")
     return None
   memory_cache.put(key, value)
+  count("disk_hits")
   return value
 
 
 def _create_and_store(key: str, create) -> Any:
   value, metadata, binary = create()
+  count("compiles")
   memory_cache.put(key, value)
   store(key, metadata, binary)
   return value

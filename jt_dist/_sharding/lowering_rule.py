@@ -16,6 +16,7 @@ import jax
 from jax.interpreters import mlir
 
 from jt_dist import _compat
+from jt_dist._backend import cache as _cache
 from jt_dist._core import primitive as _primitive
 from jt_dist._sharding import placement as _placement
 
@@ -59,6 +60,8 @@ def checked(rule: Callable[..., Any], choose: Callable[..., Any],
     if facts.kind == "spmd" and facts.manual_axes != frozenset(
         facts.mesh.axis_names):
       return _manual_over_rest(ctx, args, spec, facts)
-    return rule(ctx, *args, spec=choose(ctx, spec, platform), **kwargs)
+    lowered = rule(ctx, *args, spec=choose(ctx, spec, platform), **kwargs)
+    _cache.count("lowerings")  # Once per call lowered, never per run.
+    return lowered
 
   return lowering

@@ -35,6 +35,7 @@ from jt_dist._compat.descriptors import tma_parameter
 from jt_dist._compat.interpreter import attributes_replaced
 from jt_dist._compat.interpreter import dtype_refusing_function
 from jt_dist._compat.interpreter import interpreter_block_pointer
+from jt_dist._compat.interpreter import interpreter_function_rewriter
 from jt_dist._compat.interpreter import interpreter_native_memory
 from jt_dist._compat.interpreter import interpreter_native_memory_replaced
 from jt_dist._compat.interpreter import interpreter_program_id

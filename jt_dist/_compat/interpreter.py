@@ -6,7 +6,9 @@ block pointers, and the one way jt_dist replaces its attributes for a launch.
 
 from __future__ import annotations
 
+import ast
 import contextlib
+import inspect
 from typing import Any, Mapping
 
 import triton
@@ -114,3 +116,39 @@ def interpreter_block_pointer(base, shape, strides, offsets, block_shape,
     raise NotImplementedError(
         f"Triton {triton.__version__}'s interpreter has no block pointers")
   return cls(base, shape, strides, offsets, block_shape, order)
+
+
+def interpreter_function_rewriter(python_fn, transform, name: str, value):
+  """``python_fn`` rewritten as upstream's interpreter does, then by us.
+
+  Upstream's ``FunctionRewriter`` (Triton 3.6 through 3.9) reads the
+  source from its ``def`` on and applies its ``ASTTransformer``; then
+  ``transform`` (a function of the module's AST) applies. The function is
+  defined inside an outer one that binds ``name`` to ``value``, so the
+  rewritten code reaches ``value`` as a closure variable.
+
+  Returns:
+    The rewritten function, or None where its source cannot be read.
+  """
+  rewriter = _interpreter.FunctionRewriter(python_fn)
+  try:
+    lines, _ = inspect.getsourcelines(python_fn)
+  except (OSError, TypeError):
+    return None
+  # pylint: disable=protected-access
+  rewriter.filename, rewriter.def_file_lineno = (
+      rewriter._get_jit_fn_file_line())
+  rewriter.def_lineno = rewriter._find_def(lines)
+  tree = ast.parse(rewriter._prepare_source(lines))
+  tree = transform(rewriter.ast_transformer.visit(tree))
+  fn_name = python_fn.__name__
+  outer = ast.FunctionDef(
+      name=fn_name, args=ast.arguments(
+          posonlyargs=[], args=[ast.arg(name)], kwonlyargs=[],
+          kw_defaults=[], defaults=[]),
+      body=tree.body + [ast.Return(ast.Name(fn_name, ast.Load()))],
+      decorator_list=[], returns=None)
+  tree = ast.Module(body=[outer], type_ignores=[])
+  ast.fix_missing_locations(tree)
+  ast.increment_lineno(tree, rewriter.def_file_lineno - 1)
+  return rewriter._compile_and_exec(tree)(value)

@@ -100,7 +100,7 @@ def run(python_fn, grid: tuple[int, int, int], args, kwargs, checker=None,
                                  list(interpreted.arg_names), tuple(grid))
   try:
     with _checked_memory(checker):
-      _run_patched(executor, args, kwargs, checker, python_fn.__name__, debug)
+      _run_patched(executor, args, kwargs, checker, python_fn, debug)
   except _compat.InterpreterError as e:
     if isinstance(e.__cause__, _KERNEL_FAULTS):
       raise e.__cause__ from None
@@ -133,14 +133,15 @@ def _checked_memory(checker):
     yield
 
 
-def _run_patched(executor, args, kwargs, checker, kernel, debug):
+def _run_patched(executor, args, kwargs, checker, python_fn, debug):
   # All programs at once where the kernel allows; otherwise (memory
   # restored) one at a time, as Triton's interpreter runs them.
-  patched = functools.partial(_patched_language, kernel, debug)
+  patched = functools.partial(_patched_language, python_fn.__name__, debug)
   # Tuple operands run one program at a time: the vectorised launch keys
   # and journals its pointers at the top level only.
   if (not any(isinstance(a, tuple) for a in args)
-      and _vector_launch.run(executor, args, kwargs, checker, patched)):
+      and _vector_launch.run(executor, args, kwargs, checker, patched,
+                             python_fn)):
     return
   with patched():
     executor(*args, **kwargs)

@@ -35,7 +35,7 @@ def _programs_in_order(builder, which, ptr, val, mask, sem, scope):
   """Old values of a float atomic ``which`` over all programs, in order."""
   (signed, signed_ty), (unsigned, unsigned_ty) = _FLOATS[val.dtype.scalar.name]
   ptrs, vals, on = _vb._with_programs(  # pylint: disable=protected-access
-      [ptr.data, val.data, mask.data], builder.programs)
+      [ptr.data, val.data, builder.active(mask.data)], builder.programs)
   on = on.astype(bool)
   negative = (vals.view(unsigned) >> (8 * vals.itemsize - 1)).astype(bool)
   halves = ((_HALVES[which][0], signed, signed_ty, on & ~negative),

@@ -28,6 +28,7 @@ import triton.language as tl
 from triton.runtime import interpreter as _interpreter
 
 from jt_dist import _compat
+from jt_dist._cpu import lockstep as _lockstep
 from jt_dist._cpu import vector_reviewed as _reviewed
 
 TensorHandle = _interpreter.TensorHandle
@@ -77,12 +78,14 @@ class VectorBuilder(_interpreter.InterpreterBuilder):
     self.grid_idx = None
     self.programs = 0
     self._pids = ()
+    self.masks = _lockstep.Masks()
     self.set_programs(range(int(np.prod(grid))) if programs is None
                       else programs)
 
   def set_programs(self, programs: range) -> None:
     """Makes values span the programs ``programs`` (flat numbers), in order."""
     self.programs = len(programs)
+    self.masks = _lockstep.Masks()
     flat = np.arange(programs.start, programs.stop, dtype=np.int64)
     self._pids = tuple(p.astype(np.int32)
                        for p in program_ids(self.grid_dim, flat))
@@ -98,9 +101,18 @@ class VectorBuilder(_interpreter.InterpreterBuilder):
     return TensorHandle(np.arange(start, stop, dtype=np.int32)[None], tl.int32)
 
   # --- memory: loads may stay shared; writes happen once per program -----
+  # Each honours the active programs of masked lockstep (``lockstep``).
+
+  def active(self, mask):
+    """``mask`` (a per-lane bool array) and the active programs."""
+    active = self.masks.current
+    if active is None:
+      return mask
+    mask = np.asarray(mask, dtype=bool)
+    return mask & active.reshape((-1,) + (1,) * (mask.ndim - 1))
 
   def create_masked_load(self, ptrs, mask, other, *args, **kwargs):
-    datas = [ptrs.data, _mask_data(mask)]
+    datas = [ptrs.data, self.active(_mask_data(mask))]
     if other is not None:
       datas.append(other.data)
     count = max(_lead(d) for d in datas)
@@ -111,14 +123,14 @@ class VectorBuilder(_interpreter.InterpreterBuilder):
         other, *args, **kwargs)
 
   def create_masked_store(self, ptrs, value, mask, *args, **kwargs):
-    p, v, m = _with_programs([ptrs.data, value.data, _mask_data(mask)],
-                             self.programs)
+    p, v, m = _with_programs(
+        [ptrs.data, value.data, self.active(_mask_data(mask))], self.programs)
     return super().create_masked_store(
         TensorHandle(p, ptrs.dtype), TensorHandle(v, value.dtype),
         TensorHandle(m, tl.int1), *args, **kwargs)
 
   def create_atomic_rmw(self, rmwOp, ptr, val, mask, *args, **kwargs):  # pylint: disable=invalid-name
-    mask_data = np.ones(1, bool) if mask is None else mask.data
+    mask_data = self.active(np.ones(1, bool) if mask is None else mask.data)
     if rmwOp in _ADD_OPS and _lead(ptr.data) == 1 and _lead(mask_data) == 1:
       old = _shared_address_add(ptr.data[0], val.data, mask_data[0],
                                 self.programs)
@@ -131,9 +143,25 @@ class VectorBuilder(_interpreter.InterpreterBuilder):
 
   def create_atomic_cas(self, ptr, cmp, val, *args, **kwargs):
     p, c, v = _with_programs([ptr.data, cmp.data, val.data], self.programs)
-    return super().create_atomic_cas(
-        TensorHandle(p, ptr.dtype), TensorHandle(c, cmp.dtype),
-        TensorHandle(v, val.dtype), *args, **kwargs)
+    rows = self.masks.current
+    if rows is None:
+      return super().create_atomic_cas(
+          TensorHandle(p, ptr.dtype), TensorHandle(c, cmp.dtype),
+          TensorHandle(v, val.dtype), *args, **kwargs)
+    old = np.zeros_like(v)
+    if rows.any():
+      old[rows] = super().create_atomic_cas(
+          TensorHandle(p[rows], ptr.dtype), TensorHandle(c[rows], cmp.dtype),
+          TensorHandle(v[rows], val.dtype), *args, **kwargs).data
+    return TensorHandle(old, val.dtype)
+
+  def create_assert(self, condition, message):
+    return super().create_assert(TensorHandle(
+        ~self.active(~np.asarray(condition.data, bool)), tl.int1), message)
+
+  def create_assume(self, condition):
+    return super().create_assume(TensorHandle(
+        ~self.active(~np.asarray(condition.data, bool)), tl.int1))
 
   # --- pointers ----------------------------------------------------------
 

@@ -79,6 +79,9 @@ def _one_value(tensor, what: str):
   if data.size != count:
     raise _vb.Unsupported(f"{what} of a block")
   values = data.reshape(count)
+  active = _interpreter.interpreter_builder.masks.current
+  if count > 1 and active is not None and active.any():
+    values = values[active]
   if count > 1 and not (values == values[0]).all():
     raise Divergent(f"{what} of a value that differs between programs")
   return values[0]

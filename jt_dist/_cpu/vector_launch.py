@@ -34,6 +34,7 @@ from jt_dist import _compat
 from jt_dist import _errors
 from jt_dist import _settings
 from jt_dist._cpu import interrupts as _interrupts
+from jt_dist._cpu import lockstep_rewrite as _lockstep_rewrite
 from jt_dist._cpu import vector_builder as _vb
 from jt_dist._cpu import vector_check as _vector_check
 from jt_dist._cpu import vector_chunks as _chunks
@@ -71,7 +72,7 @@ def enabled() -> bool:
   return mode() != ONE_AT_A_TIME
 
 
-def run(executor, args, kwargs, checker, patched_language) -> bool:
+def run(executor, args, kwargs, checker, patched_language, python_fn) -> bool:
   """Runs the launch vectorised if it can.
 
   The caller holds the interpreter lock, with memory patched as for a
@@ -86,6 +87,8 @@ def run(executor, args, kwargs, checker, patched_language) -> bool:
       ``triton.language`` as for a one-program-at-a-time launch; entered
       once the vectorised builder is in place (the patched builtins call
       the interpreter's semantic, whose builder this replaces).
+    python_fn: the kernel's Python function, run vectorised in its
+      lockstep form (``lockstep_rewrite``).
 
   Returns:
     True if the launch ran; False if the caller must run it one program at
@@ -99,7 +102,8 @@ def run(executor, args, kwargs, checker, patched_language) -> bool:
   grid = _grid(executor)
   if grid is None or how == ONE_AT_A_TIME:
     return False
-  launch = Launch(executor, grid, args, kwargs, checker, patched_language)
+  launch = Launch(executor, grid, args, kwargs, checker, patched_language,
+                  python_fn)
   if how == CHECK:
     return _vector_check.run_both(launch)
   return launch.vectorised()
@@ -154,7 +158,8 @@ def _parameters(fn) -> frozenset[str]:
 class Launch:
   """One launch, run vectorised chunk by chunk or one program at a time."""
 
-  def __init__(self, executor, grid, args, kwargs, checker, patched_language):
+  def __init__(self, executor, grid, args, kwargs, checker, patched_language,
+               python_fn=None):
     self.executor = executor
     self.grid = grid
     self.args = args
@@ -162,6 +167,7 @@ class Launch:
     self.checker = checker
     self.patched_language = patched_language
     self.key = kernel_key(executor.fn, args, kwargs)
+    self.python_fn = python_fn
     self.programs = int(np.prod(grid))
 
   def vectorised(self) -> bool:
@@ -194,7 +200,7 @@ class Launch:
       builder.set_programs(programs)
       try:
         with chunks.measured(programs):
-          _run_vectorised(self.executor, self.args, self.kwargs)
+          _run_vectorised(self)
       except Exception as e:  # pylint: disable=broad-except
         journal.restore()
         # An interrupt that the kernel's code turned into another error
@@ -252,16 +258,32 @@ def _call_args(executor, args, kwargs) -> dict:
   }
 
 
-def _run_vectorised(executor, args, kwargs):
-  fn = executor.fn
+def _run_vectorised(launch):
+  executor = launch.executor
+  fn = _lockstep_form(launch.python_fn, executor.fn)
   # ``patched_language`` has patched triton.language and its core, the only
   # modules upstream's ``_patch_lang(fn)`` would patch again.
   scope = _interpreter._LangPatchScope()  # pylint: disable=protected-access
   try:
     _vl.patch(scope, fn.__name__)
-    fn(**_call_args(executor, args, kwargs))
+    with _compat.attributes_replaced(
+        _compat.JITFunction, {"__call__": _call_in_lockstep}):
+      fn(**_call_args(executor, launch.args, launch.kwargs))
   finally:
     scope.restore()
+
+
+def _lockstep_form(python_fn, interpreted):
+  if python_fn is None:
+    return interpreted
+  return _lockstep_rewrite.rewrite(python_fn, lambda: interpreted)
+
+
+def _call_in_lockstep(self, *args, **kwargs):
+  """A ``@triton.jit`` helper's call, in its lockstep form."""
+  return _lockstep_rewrite.rewrite(
+      self.fn, lambda: _compat.InterpretedFunction(self.fn).rewrite())(
+          *args, **kwargs)
 
 
 @contextlib.contextmanager

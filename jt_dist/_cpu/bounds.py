@@ -131,14 +131,15 @@ class MemoryChecker:
     base = int(self._tagged[k])
     offset = ptrs.view(np.int64) - np.int64(base)
     last = int(self._nbytes[k]) - itemsize
-    if on.all():
-      # The extremes of the offsets are those of the pointers: no pass.
-      if lo - base < 0 or hi - base > last:
-        return None
+    if lo - base >= 0 and hi - base <= last:
+      # The extremes of the offsets are those of the pointers: every lane,
+      # enabled or not, is inside, with no pass over them.
       if self.buffers[k].written is not None:
-        self._track_buffer(op, k, offset.reshape(-1), on, itemsize, reads,
-                           writes)
+        starts = offset.reshape(-1) if on.all() else offset[on]
+        self._track_buffer(op, k, starts, on, itemsize, reads, writes)
       return k, offset
+    if on.all():
+      return None
     inside = (offset >= 0) & (offset <= last)
     if (on & ~inside).any():
       return None

@@ -41,12 +41,12 @@ _attention = _example("causal_attention")
 
 
 @triton.jit
-def prefix_kernel(x_ptr, out_ptr, counter_ptr, N: tl.constexpr):
+def prefix_kernel(x_ptr, step, out_ptr, counter_ptr, N: tl.constexpr):
   """Row p: the sum of rows 0..p, doubled or less one; program 3 returns."""
   pid = tl.program_id(0)
   cols = tl.arange(0, N)
   acc = tl.zeros([N], dtype=tl.float32)
-  for i in range(0, pid + 1):
+  for i in range(0, pid + 1, step):
     acc += tl.load(x_ptr + i * N + cols)
   if pid % 2 == 0:
     acc = acc * 2.0
@@ -59,12 +59,12 @@ def prefix_kernel(x_ptr, out_ptr, counter_ptr, N: tl.constexpr):
 
 
 @triton.jit
-def window_kernel(x_ptr, out_ptr, N: tl.constexpr):
-  """Row p: the sum of rows p..min(p + 2, 7) (the loop's start differs)."""
+def window_kernel(x_ptr, rows, out_ptr, N: tl.constexpr):
+  """Row p: the sum of rows p..min(p + 2, rows - 1) (starts differ)."""
   pid = tl.program_id(0)
   cols = tl.arange(0, N)
   acc = tl.zeros([N], dtype=tl.float32)
-  last = tl.minimum(pid + 3, 8)
+  last = tl.minimum(pid + 3, rows)
   for i in range(pid, last):
     acc += tl.load(x_ptr + i * N + cols)
   tl.store(out_ptr + pid * N + cols, acc)
@@ -125,7 +125,7 @@ class LockstepTest(testing.TestCase, parameterized.TestCase):
   def test_loop_bound_if_else_and_early_return(self, mode):
     x = jnp.asarray(self.random((8, 16)))
     out, count = self.both(mode, lambda x: jt_dist.triton_call(
-        x, kernel=prefix_kernel, out_shape=(_spec((8, 16)),
+        x, 1, kernel=prefix_kernel, out_shape=(_spec((8, 16)),
                                             _spec((1,), jnp.int32)),
         grid=(8,), zeroed_outputs=[0, 1], N=16), x)
     sums = np.cumsum(np.asarray(x), axis=0, dtype=np.float32)
@@ -139,7 +139,8 @@ class LockstepTest(testing.TestCase, parameterized.TestCase):
   def test_loop_start_that_differs(self, mode):
     x = jnp.asarray(self.random((8, 16)))
     out = self.both(mode, lambda x: jt_dist.triton_call(
-        x, kernel=window_kernel, out_shape=_spec((8, 16)), grid=(8,), N=16),
+        x, 8, kernel=window_kernel, out_shape=_spec((8, 16)), grid=(8,),
+        N=16),
                     x)
     rows = np.asarray(x)
     want = np.stack([rows[p:min(p + 3, 8)].sum(0) for p in range(8)])

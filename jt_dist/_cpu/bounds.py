@@ -29,9 +29,9 @@ import sys
 import numpy as np
 import triton
 
-from jt_dist import _compat
 from jt_dist import _errors
 from jt_dist import _settings
+from jt_dist._cpu import interpreter as _interpreter
 from jt_dist._cpu import host_memory as _host_memory
 
 _REGION_BITS = 40
@@ -185,7 +185,7 @@ class MemoryChecker:
     return f"{b.param!r} ({b.role})"
 
   def _where(self, op: str) -> str:
-    pid = _compat.interpreter_program_id()
+    pid = _interpreter.program_id()
     return (f"kernel {self.kernel!r}, program id {pid}: {op} through")
 
   def _extent(self, k: int) -> str:

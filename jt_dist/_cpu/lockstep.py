@@ -21,7 +21,7 @@ import builtins
 
 import numpy as np
 import triton.language as tl
-from triton.runtime import interpreter as _interpreter
+from jt_dist._cpu import interpreter as _interpreter
 
 from jt_dist._cpu import vector_reviewed as _reviewed
 
@@ -49,21 +49,21 @@ class Masks:
 
 
 def _masks():
-  return getattr(_interpreter.interpreter_builder, "masks", None)
+  return getattr(_interpreter.builder(), "masks", None)
 
 
 def _programs() -> int:
-  return _interpreter.interpreter_builder.programs
+  return _interpreter.builder().programs
 
 
 def _lanes(value):
-  """A per-program scalar's values, (programs,), or None if shared/block."""
+  """A scalar's values, (programs,) or (1,) if shared; None for a block."""
   if isinstance(value, tl.constexpr):
     value = value.value
   if not isinstance(value, tl.tensor):
     return None
   data = np.asarray(value.handle.data)
-  if data.ndim != 1 or data.shape[0] != _programs() or data.shape[0] == 1:
+  if data.ndim != 1 or data.shape[0] not in (1, _programs()):
     return None
   return data
 
@@ -229,7 +229,7 @@ class _Branch(_Region):
     self.value = None
     self.then_values: dict = {}
     values = None if masks is None else _lanes(test)
-    if values is not None:
+    if values is not None and values.size > 1:
       values = values.astype(bool)
       active = masks.current
       if not _uniform(values, active):

@@ -33,7 +33,7 @@ import ast
 import collections
 import weakref
 
-from jt_dist._compat import interpreter_function_rewriter as _rewriter
+from jt_dist._cpu import interpreter as _interpreter
 from jt_dist._cpu import lockstep as _lockstep
 
 _PREFIX = "_jt_ls"
@@ -188,7 +188,8 @@ def rewrite(python_fn, fallback):
   """
   found = _REWRITTEN.get(python_fn)
   if found is None:
-    found = _rewriter(python_fn, _lockstep_tree, _RUNTIME, _lockstep.RUNTIME)
+    found = _interpreter.function_rewriter(python_fn, _lockstep_tree,
+                                           _RUNTIME, _lockstep.RUNTIME)
     _REWRITTEN[python_fn] = found = found or fallback()
   return found
 

@@ -25,9 +25,8 @@ from __future__ import annotations
 
 import numpy as np
 import triton.language as tl
-from triton.runtime import interpreter as _interpreter
+from jt_dist._cpu import interpreter as _interpreter
 
-from jt_dist import _compat
 from jt_dist._cpu import lockstep as _lockstep
 from jt_dist._cpu import vector_reviewed as _reviewed
 
@@ -47,7 +46,7 @@ def program_ids(grid, flat):
 
 
 def _np_dtype(tl_dtype):
-  return _interpreter._get_np_dtype(tl_dtype)  # pylint: disable=protected-access
+  return _interpreter.np_dtype(tl_dtype)
 
 
 def _lead(data) -> int:
@@ -259,7 +258,7 @@ class VectorBuilder(_interpreter.InterpreterBuilder):
         TensorHandle(np.add(o.data, d.data).astype(o.data.dtype), o.dtype)
         for o, d in zip(ptr.offsets, offsets)
     ]
-    ret = _compat.interpreter_block_pointer(
+    ret = _interpreter.block_pointer(
         ptr.base, ptr.shape, ptr.strides, moved, ptr.block_shape, ptr.order)
     ret.__class__ = _vector_subclass(type(ret), _block_pointers)
     return ret
@@ -270,7 +269,7 @@ class VectorBuilder(_interpreter.InterpreterBuilder):
 UNREVIEWED = tuple(_reviewed.refuse_unreviewed(
     VectorBuilder, _interpreter.InterpreterBuilder))
 
-_ADD_OPS = (_interpreter._ir.ATOMIC_OP.ADD, _interpreter._ir.ATOMIC_OP.FADD)  # pylint: disable=protected-access
+_ADD_OPS = (_interpreter.ATOMIC_OP.ADD, _interpreter.ATOMIC_OP.FADD)  # pylint: disable=protected-access
 # Types whose NumPy addition rounds (or wraps) as the native atomic's does.
 _ADDABLE = tuple(np.dtype(t) for t in (np.float32, np.float64, np.int32,
                                        np.int64, np.uint32, np.uint64))
@@ -302,7 +301,7 @@ def _shared_address_add(row_ptrs, values, row_mask, programs: int):
   every_lane = bool(row_mask.all())
   added = np.broadcast_to(values, shape)
   added = added.reshape(programs, -1) if every_lane else added[:, row_mask]
-  memory = _compat.interpreter_native_memory()
+  memory = _interpreter.native_memory()
   on = np.ones(ptrs.shape, dtype=bool)
   sums = np.empty((programs + 1,) + ptrs.shape, dtype=values.dtype)
   sums[0] = memory.load(ptrs, on, np.zeros(ptrs.shape, values.dtype),

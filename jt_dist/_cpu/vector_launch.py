@@ -3,8 +3,10 @@
 A launch runs vectorised (``vector_builder``, ``vector_lang``): each value
 carries a leading program axis. It runs its grid in chunks of consecutive
 programs, in order, each sized so that its working memory stays bounded
-(``vector_chunks``); between chunks Ctrl-C stops it. Where a chunk cannot
-run as one (the kernel's Python control flow depends on the program, an
+(``vector_chunks``); between chunks Ctrl-C stops it. The kernel and its
+helpers run in their lockstep form (``lockstep_rewrite``): loops, ``if``s
+and returns that depend on the program run masked. Where a chunk cannot
+run as one (other control flow that depends on the program, an
 operation is not reviewed for the program axis (``vector_reviewed``), or
 anything raises), what the chunk wrote is put back, with the bounds
 checker's record of written bytes (``vector_journal``), and its programs
@@ -28,7 +30,7 @@ import weakref
 
 import numpy as np
 import triton.language as tl
-from triton.runtime import interpreter as _interpreter
+from jt_dist._cpu import interpreter as _interpreter
 
 from jt_dist import _compat
 from jt_dist import _errors
@@ -177,7 +179,7 @@ class Launch:
     journal = _journal.journal(self.args, self.checker)
     if journal is None:
       return False
-    with _compat.interpreter_native_memory_replaced(journal), \
+    with _interpreter.native_memory_replaced(journal), \
         _vector_builder_installed(self.grid) as builder, \
         self.patched_language():
       stopped, chunks = self._chunks(builder, journal)
@@ -230,9 +232,9 @@ class Launch:
       self.executor(*self.args, **self.kwargs)
       return
     fn = self.executor.fn
-    builder = _interpreter.interpreter_builder
+    builder = _interpreter.builder()
     builder.set_grid_dim(*self.grid)
-    scope = _interpreter._patch_lang(fn)  # pylint: disable=protected-access
+    scope = _interpreter.patch_lang(fn)
     try:
       call_args = _call_args(self.executor, self.args, self.kwargs)
       try:
@@ -253,7 +255,7 @@ def _call_args(executor, args, kwargs) -> dict:
   call_args = inspect.getcallargs(fn, *args, **kwargs)
   return {
       name: arg if name in executor.constexprs
-      else _interpreter._implicit_cvt(arg)  # pylint: disable=protected-access
+      else _interpreter.implicit_cvt(arg)
       for name, arg in call_args.items()
   }
 
@@ -263,7 +265,7 @@ def _run_vectorised(launch):
   fn = _lockstep_form(launch.python_fn, executor.fn)
   # ``patched_language`` has patched triton.language and its core, the only
   # modules upstream's ``_patch_lang(fn)`` would patch again.
-  scope = _interpreter._LangPatchScope()  # pylint: disable=protected-access
+  scope = _interpreter.LangPatchScope()
   try:
     _vl.patch(scope, fn.__name__)
     with _compat.attributes_replaced(
@@ -290,10 +292,7 @@ def _call_in_lockstep(self, *args, **kwargs):
 def _vector_builder_installed(grid):
   """Makes a ``VectorBuilder`` the interpreter's builder for one launch."""
   builder = _vb.VectorBuilder(grid, range(0))
-  with (_compat.attributes_replaced(_interpreter,
-                                    {"interpreter_builder": builder}),
-        _compat.attributes_replaced(_interpreter.interpreter_semantic,
-                                    {"builder": builder})):
+  with _interpreter.builder_replaced(builder):
     yield builder
 
 

@@ -1,7 +1,9 @@
-"""Hooks into Triton's interpreter for the CPU runtime (``jt_dist._cpu``).
+"""Triton's interpreter: the names and hooks jt_dist's CPU runtime uses.
 
-Where the interpreter touches memory, which program instance it runs, its
-block pointers, and the one way jt_dist replaces its attributes for a launch.
+The one module of jt_dist that imports ``triton.runtime.interpreter``
+(``_compat.triton_api`` aside, which names ``InterpretedFunction`` for the
+layers below ``_cpu``). Triton 3.6 through 3.9 hold every name below; the
+private ones are named once here, each with what it is.
 """
 
 from __future__ import annotations
@@ -9,45 +11,47 @@ from __future__ import annotations
 import ast
 import contextlib
 import inspect
-from typing import Any, Mapping
+from typing import Any
 
 import triton
 from triton.language import semantic as _semantic
 from triton.runtime import interpreter as _interpreter
 
-from jt_dist._compat.triton_api import LANGUAGE_LOCK
+from jt_dist._compat import attributes_replaced
 
-_ABSENT = object()
+TensorHandle = _interpreter.TensorHandle
+InterpreterBuilder = _interpreter.InterpreterBuilder
+GridExecutor = _interpreter.GridExecutor
+ReduceOps = _interpreter.ReduceOps
+ScanOps = _interpreter.ScanOps
+# Private: the builder's atomic operations, NumPy's dtype of a Triton type,
+# a kernel argument as the interpreter passes it, and its scope of patches
+# to ``triton.language`` and the function that fills one for a kernel.
+ATOMIC_OP = _interpreter._ir.ATOMIC_OP  # pylint: disable=protected-access
+np_dtype = _interpreter._get_np_dtype  # pylint: disable=protected-access
+implicit_cvt = _interpreter._implicit_cvt  # pylint: disable=protected-access
+LangPatchScope = _interpreter._LangPatchScope  # pylint: disable=protected-access
+patch_lang = _interpreter._patch_lang  # pylint: disable=protected-access
+
+
+def builder():
+  """The interpreter's builder in place (jt_dist replaces it per launch)."""
+  return _interpreter.interpreter_builder
+
+
+def semantic():
+  """The interpreter's semantic, whose builder is ``builder()``."""
+  return _interpreter.interpreter_semantic
 
 
 @contextlib.contextmanager
-def attributes_replaced(owner: Any, replacements: Mapping[str, Any]):
-  """Sets attributes of ``owner`` for the ``with`` block, then restores them.
-
-  The one way jt_dist patches Triton (the interpreter's builder and module,
-  ``JITFunction``): for one launch, under ``LANGUAGE_LOCK``, because the
-  interpreter and the compiler share these objects across threads. The lock
-  is reentrant, so launches that already hold it nest patches freely. An
-  attribute that ``owner`` only inherited is deleted again rather than left
-  shadowing the inherited one.
-
-  Args:
-    owner: a class, module or instance with a ``__dict__``.
-    replacements: attribute name -> the value to hold inside the block.
-  """
-  with LANGUAGE_LOCK:
-    own = vars(owner)
-    saved = {name: own.get(name, _ABSENT) for name in replacements}
-    for name, value in replacements.items():
-      setattr(owner, name, value)
-    try:
-      yield
-    finally:
-      for name, value in saved.items():
-        if value is _ABSENT:
-          delattr(owner, name)
-        else:
-          setattr(owner, name, value)
+def builder_replaced(replacement):
+  """Makes ``replacement`` the interpreter's builder for the block."""
+  with (attributes_replaced(_interpreter,
+                            {"interpreter_builder": replacement}),
+        attributes_replaced(_interpreter.interpreter_semantic,
+                            {"builder": replacement})):
+    yield
 
 
 # Triton's interpreter (3.6 through 3.9) reaches memory only through four
@@ -59,13 +63,13 @@ def attributes_replaced(owner: Any, replacements: Mapping[str, Any]):
 _NATIVE_MEMORY_ATTR = "_interpreter"
 
 
-def interpreter_native_memory() -> Any:
+def native_memory() -> Any:
   """The native module through which the interpreter touches memory."""
   return getattr(_interpreter, _NATIVE_MEMORY_ATTR)
 
 
 @contextlib.contextmanager
-def interpreter_native_memory_replaced(replacement: Any):
+def native_memory_replaced(replacement: Any):
   """Routes the interpreter's memory accesses through ``replacement``.
 
   Only for one launch, with the caller holding the interpreter lock.
@@ -74,7 +78,7 @@ def interpreter_native_memory_replaced(replacement: Any):
     yield
 
 
-def interpreter_program_id() -> tuple[int, int, int] | None:
+def program_id() -> tuple[int, int, int] | None:
   """The program instance the interpreter is running, as (x, y, z)."""
   builder = getattr(_interpreter, "interpreter_builder", None)
   grid_idx = getattr(builder, "grid_idx", None)
@@ -99,7 +103,7 @@ def dtype_refusing_function(traceback) -> str | None:
   return None
 
 
-def interpreter_semantic_class() -> type:
+def semantic_class() -> type:
   """The class of Triton's semantic layer, whose methods lower ``tl`` calls.
 
   ``TritonSemantic`` in Triton 3.6 through 3.9; the interpreter's builtins
@@ -108,7 +112,7 @@ def interpreter_semantic_class() -> type:
   return _semantic.TritonSemantic
 
 
-def interpreter_block_pointer(base, shape, strides, offsets, block_shape,
+def block_pointer(base, shape, strides, offsets, block_shape,
                               order) -> Any:
   """A block pointer handle of Triton's interpreter (Triton 3.6 has them)."""
   cls = getattr(_interpreter, "BlockPointerHandle", None)
@@ -118,7 +122,7 @@ def interpreter_block_pointer(base, shape, strides, offsets, block_shape,
   return cls(base, shape, strides, offsets, block_shape, order)
 
 
-def interpreter_function_rewriter(python_fn, transform, name: str, value):
+def function_rewriter(python_fn, transform, name: str, value):
   """``python_fn`` rewritten as upstream's interpreter does, then by us.
 
   Upstream's ``FunctionRewriter`` (Triton 3.6 through 3.9) reads the

@@ -149,14 +149,14 @@ def _cpu_interpreter(data: dict[str, Any]) -> str:
 
   body = [[name, k["programs"], k["stock_s"], k["jt_dist_s"],
            f"{k['stock_s'] / k['jt_dist_s']:.1f}×",
-           mib(k, "stock_peak_bytes"), mib(k, "jt_dist_peak_bytes"),
+           mib(k, "jt_dist_peak_bytes"),
            k.get("jnp_s", ""), over_jnp(k)]
           for name, k in data["kernels"].items()]
   out = [f"**kernels** (one CPU device, bounds check"
          f" {'on' if data.get('bounds_check', True) else 'off'})\n\n"
          + _table(["kernel", "programs", "Triton's interpreter, s",
-                   "jt_dist, s", "speed-up", "peak MiB, Triton's",
-                   "peak MiB, jt_dist", "jnp, s", "jt_dist / jnp"], body)]
+                   "jt_dist, s", "speed-up", "jt_dist's peak, MiB",
+                   "jnp, s", "jt_dist / jnp"], body)]
   steps = data.get("rms_norm_training_step", {})
   if steps:
     body = [[name, s["jnp_s"] * 1e3, s["stock_s"] * 1e3, s["jt_dist_s"] * 1e3,

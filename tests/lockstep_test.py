@@ -71,6 +71,46 @@ def window_kernel(x_ptr, rows, out_ptr, N: tl.constexpr):
 
 
 @triton.jit
+def last_row_kernel(x_ptr, out_ptr, N: tl.constexpr):
+  """Row p: row p of x, the last one its loop (p + 1 trips) loaded."""
+  pid = tl.program_id(0)
+  cols = tl.arange(0, N)
+  for i in range(pid + 1):
+    last = tl.load(x_ptr + i * N + cols)
+  tl.store(out_ptr + pid * N + cols, last)
+
+
+@triton.jit
+def _count_unless_third(counts_ptr, pid):
+  if pid % 3 == 0:
+    return
+  tl.atomic_add(counts_ptr + pid, 1.0)
+
+
+@triton.jit
+def nested_kernel(x_ptr, out_ptr, lock_ptr, counts_ptr, N: tl.constexpr):
+  """Nested loops, a per-program start and step, a CAS in a branch, and a
+  helper's early return."""
+  pid = tl.program_id(0)
+  cols = tl.arange(0, N)
+  acc = tl.zeros([N], dtype=tl.float32)
+  # Every program takes a first trip: i, read after the loop, then has a
+  # value per program to merge.
+  for i in range(pid + 1):
+    for j in range(i, pid, 2):
+      acc += tl.load(x_ptr + j * N + cols) * (i + 1)
+  for i in range(pid % 3, 8, pid % 2 + 1):
+    if i % 2 == 0:
+      acc = acc + 1.0
+    else:
+      acc = acc * 0.5
+  if pid % 2 == 1:
+    acc += tl.atomic_cas(lock_ptr + pid, 0, pid + 1).to(tl.float32)
+  _count_unless_third(counts_ptr, pid)
+  tl.store(out_ptr + pid * N + cols, acc)
+
+
+@triton.jit
 def masked_assert_kernel(x_ptr, out_ptr, N: tl.constexpr):
   """The assert fails only where the branch is not taken."""
   pid = tl.program_id(0)
@@ -146,6 +186,35 @@ class LockstepTest(testing.TestCase, parameterized.TestCase):
     want = np.stack([rows[p:min(p + 3, 8)].sum(0) for p in range(8)])
     np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-6)
     self.assertRan(window_kernel, vector_launch.VECTORISED)
+
+  def test_a_value_first_assigned_in_the_loop_is_each_programs_own(self):
+    x = jnp.asarray(self.random((8, 16)))
+    out = self.both("check", lambda x: jt_dist.triton_call(
+        x, kernel=last_row_kernel, out_shape=_spec((8, 16)), grid=(8,),
+        N=16), x)
+    np.testing.assert_array_equal(out, np.asarray(x))
+    self.assertRan(last_row_kernel, vector_launch.VECTORISED)
+
+  @parameterized.parameters("1", "check")
+  def test_nested_loops_cas_and_a_helpers_return(self, mode):
+    x = jnp.asarray(self.random((8, 16)))
+    out, lock, counts = self.both(mode, lambda x: jt_dist.triton_call(
+        x, kernel=nested_kernel, out_shape=(
+            _spec((8, 16)), _spec((8,), jnp.int32), _spec((8,))),
+        grid=(8,), zeroed_outputs=[0, 1, 2], N=16), x)
+    rows = np.asarray(x)
+    for p in range(8):
+      want = np.zeros(16, np.float32)
+      for i in range(p + 1):
+        for j in range(i, p, 2):
+          want += rows[j] * np.float32(i + 1)
+      for i in range(p % 3, 8, p % 2 + 1):
+        want = want + 1 if i % 2 == 0 else want * np.float32(0.5)
+      np.testing.assert_allclose(out[p], want, rtol=1e-5, atol=1e-5)
+    odd = np.arange(8) % 2 == 1
+    np.testing.assert_array_equal(lock, np.where(odd, np.arange(1, 9), 0))
+    np.testing.assert_array_equal(counts, (np.arange(8) % 3 != 0) * 1.0)
+    self.assertRan(nested_kernel, vector_launch.VECTORISED)
 
   def test_asserts_hold_only_where_the_branch_is_taken(self):
     x = jnp.asarray(self.random((8, 16)))

@@ -84,6 +84,16 @@ def merge(mask, new, old, name: str):
     return new
   if new is _MISSING or old is _MISSING:
     raise Unsupported(f"{name!r} is not assigned on every program's path")
+  if _python_int(new) and _python_int(old):
+    if new == old:
+      return new
+    # Python ints per program (a loop index after its loop): as a shared
+    # lo's loop index would be had the programs' indices differed.
+    return _loop_index(np.where(mask, new, old), np.ones(mask.shape, bool))
+  if _python_int(new) and _is_int32_scalar(old):
+    new = _loop_index(np.full(mask.shape, new), np.ones(mask.shape, bool))
+  if _python_int(old) and _is_int32_scalar(new):
+    old = _loop_index(np.full(mask.shape, old), np.ones(mask.shape, bool))
   if isinstance(new, tl.tensor) and isinstance(old, tl.tensor):
     new_data, old_data = np.asarray(new.handle.data), np.asarray(
         old.handle.data)
@@ -171,6 +181,14 @@ class _Loop(_Region):
   def pick(self, name, local_names):
     return merge(self.mask, local_names.get(name, _MISSING),
                  self.saved[name], name)
+
+
+def _python_int(value) -> bool:
+  return type(value) is int  # pylint: disable=unidiomatic-typecheck
+
+
+def _is_int32_scalar(value) -> bool:
+  return isinstance(value, tl.tensor) and value.type == tl.int32
 
 
 def _is_range(fn) -> bool:

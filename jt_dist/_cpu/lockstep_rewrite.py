@@ -30,7 +30,6 @@ exist and agree in type; otherwise the launch gives way
 from __future__ import annotations
 
 import ast
-import collections
 import weakref
 
 from jt_dist._cpu import interpreter as _interpreter
@@ -40,17 +39,30 @@ _PREFIX = "_jt_ls"
 _RUNTIME = _PREFIX  # The closure variable the rewritten code calls.
 
 
-def _names(nodes, ctx) -> collections.Counter:
-  """Names (not generated ones) of ``ctx`` in ``nodes``; ``x += 1`` both."""
-  found = collections.Counter()
+def _name_nodes(nodes, ctx) -> list[ast.Name]:
+  """Name nodes (not generated ones) of ``ctx`` in ``nodes``; ``x += 1`` both."""
+  found = []
   for node in nodes:
     for sub in ast.walk(node):
       if isinstance(sub, ast.AugAssign) and isinstance(sub.target, ast.Name):
-        found[sub.target.id] += 1
+        found.append(sub.target)
       elif (isinstance(sub, ast.Name) and isinstance(sub.ctx, ctx)
             and not sub.id.startswith(_PREFIX)):
-        found[sub.id] += 1
+        found.append(sub)
   return found
+
+
+def _names(nodes, ctx) -> set[str]:
+  return {n.id for n in _name_nodes(nodes, ctx)}
+
+
+def _position(node, end: bool = False) -> tuple[int, int]:
+  # A node without a position (one upstream's rewrite made) counts as last.
+  if end:
+    return (getattr(node, "end_lineno", None) or 1 << 30,
+            getattr(node, "end_col_offset", None) or 0)
+  return (getattr(node, "lineno", None) or 1 << 30,
+          getattr(node, "col_offset", None) or 0)
 
 
 def _jumps(nodes, kinds) -> bool:
@@ -98,13 +110,30 @@ class _Transformer(ast.NodeTransformer):
   """Rewrites one kernel function's loops, ``if``s and returns."""
 
   def __init__(self, function: ast.FunctionDef):
-    self._loads = _names([function], ast.Load)
+    self._loads = _name_nodes([function], ast.Load)
+    self._loops: list[ast.AST] = []  # Loops around the node visited.
     self._count = 0
 
-  def _live(self, region, stores) -> set[str]:
-    """Of ``stores``, the names read anywhere outside ``region``."""
-    inside = _names(region, ast.Load)
-    return {n for n in stores if self._loads[n] > inside[n]}
+  def _live(self, region, stores, skip=()) -> set[str]:
+    """Of ``stores``, the names read after ``region`` ends.
+
+    After it in the source, or anywhere in a loop around it (a later trip
+    runs it again), except in ``skip``. A loop's own later trips need no
+    merge: a program its bound masks stays masked until the loop ends.
+    """
+    end = max(_position(node, end=True) for node in region)
+    again = set()
+    if self._loops:
+      again = {id(n) for n in _name_nodes(self._loops[:1], ast.Load)}
+      again -= {id(n) for n in _name_nodes(skip, ast.Load)}
+    read = {n.id for n in self._loads if _position(n) > end or id(n) in again}
+    return set(stores) & read
+
+  def visit_While(self, node):
+    self._loops.append(node)
+    self.generic_visit(node)
+    self._loops.pop()
+    return node
 
   def _fresh(self) -> str:
     self._count += 1
@@ -133,10 +162,13 @@ class _Transformer(ast.NodeTransformer):
     if (node.orelse or not isinstance(node.iter, ast.Call)
         or not isinstance(node.target, ast.Name)
         or _jumps(node.body, (ast.Break, ast.Continue, ast.Return))):
-      return self.generic_visit(node)
-    stores = _names(node.body + [node.target], ast.Store)
-    live = self._live(node.body + [node.target], stores)
+      return self.visit_While(node)
+    # The target is assigned before its loop's body reads it.
+    live = (self._live(node.body, _names(node.body, ast.Store))
+            | self._live(node.body, {node.target.id}, skip=node.body))
+    self._loops.append(node)
     self.generic_visit(node)
+    self._loops.pop()
     region, index = self._fresh(), self._fresh()
     call = node.iter
     node.iter = _call("loop", call.func, *call.args, target=region,
@@ -151,10 +183,10 @@ class _Transformer(ast.NodeTransformer):
   def visit_If(self, node):
     if _jumps(node.body + node.orelse, (ast.Break, ast.Continue)):
       return self.generic_visit(node)
-    then_stores = set(_names(node.body, ast.Store))
-    else_stores = set(_names(node.orelse, ast.Store))
+    then_stores = _names(node.body, ast.Store)
+    else_stores = _names(node.orelse, ast.Store)
     # What the else branch reads of what the if branch assigned: put back.
-    restored = then_stores & set(_names(node.orelse, ast.Load))
+    restored = then_stores & _names(node.orelse, ast.Load)
     live = self._live(node.body + node.orelse, then_stores | else_stores)
     self.generic_visit(node)
     region = self._fresh()

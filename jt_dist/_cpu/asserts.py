@@ -22,7 +22,7 @@ import sys
 import numpy as np
 import triton.language as tl
 from triton.language import core as tl_core
-from triton.runtime import interpreter as _interpreter
+from jt_dist._cpu import interpreter as _interpreter
 
 from jt_dist import _compat
 from jt_dist import _errors
@@ -48,7 +48,7 @@ def _failure(kernel: str, which: str, message, detail: str = ""):
   text = message.value if isinstance(message, tl.constexpr) else message
   return _errors.KernelAssertionError(
       f"triton_call: kernel {kernel!r}, program id"
-      f" {_compat.interpreter_program_id()}: {which} failed{detail}:"
+      f" {_interpreter.program_id()}: {which} failed{detail}:"
       f" {text!s}")
 
 
@@ -71,14 +71,14 @@ def _static_assert_location(caller) -> str:
 def kernel_asserts(kernel: str, debug: bool):
   """Turns the interpreter's asserts on (``debug``) and names failures.
 
-  Enter inside ``_compat.interpreter_language_patched()``: the
+  Enter inside ``_interpreter.language_patched()``: the
   ``static_assert`` it installs replaces the interpreter's.
 
   Args:
     kernel: the kernel's name, for the messages.
     debug: the call's ``debug`` flag; device asserts run only when set.
   """
-  builder = _interpreter.interpreter_builder
+  builder = _interpreter.builder()
   saved_options = builder.options
 
   def create_assert(self, condition, message):

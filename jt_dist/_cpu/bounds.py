@@ -29,9 +29,9 @@ import sys
 import numpy as np
 import triton
 
-from jt_dist import _compat
 from jt_dist import _errors
 from jt_dist import _settings
+from jt_dist._cpu import interpreter as _interpreter
 from jt_dist._cpu import host_memory as _host_memory
 
 _REGION_BITS = 40
@@ -131,14 +131,15 @@ class MemoryChecker:
     base = int(self._tagged[k])
     offset = ptrs.view(np.int64) - np.int64(base)
     last = int(self._nbytes[k]) - itemsize
-    if on.all():
-      # The extremes of the offsets are those of the pointers: no pass.
-      if lo - base < 0 or hi - base > last:
-        return None
+    if lo - base >= 0 and hi - base <= last:
+      # The extremes of the offsets are those of the pointers: every lane,
+      # enabled or not, is inside, with no pass over them.
       if self.buffers[k].written is not None:
-        self._track_buffer(op, k, offset.reshape(-1), on, itemsize, reads,
-                           writes)
+        starts = offset.reshape(-1) if on.all() else offset[on]
+        self._track_buffer(op, k, starts, on, itemsize, reads, writes)
       return k, offset
+    if on.all():
+      return None
     inside = (offset >= 0) & (offset <= last)
     if (on & ~inside).any():
       return None
@@ -214,7 +215,7 @@ class MemoryChecker:
     return f"{b.param!r} ({b.role})"
 
   def _where(self, op: str) -> str:
-    pid = _compat.interpreter_program_id()
+    pid = _interpreter.program_id()
     return (f"kernel {self.kernel!r}, program id {pid}: {op} through")
 
   def _extent(self, k: int) -> str:

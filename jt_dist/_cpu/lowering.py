@@ -31,6 +31,7 @@ from jt_dist._autotune import choose as _choose
 from jt_dist._core import primitive as _primitive
 from jt_dist._core import pytree_args as _pytree_args
 from jt_dist._core import types as _types
+from jt_dist._cpu import interpreter as _interpreter
 from jt_dist._cpu import bounds as _bounds
 from jt_dist._cpu import ffi_target as _ffi_target
 from jt_dist._core import host_faults as _host_faults
@@ -267,7 +268,7 @@ def _name_the_kernel(error, spec) -> None:
     return
   cause = error.__cause__ if error.__cause__ is not None else error
   where = _bounds.kernel_location(traceback.walk_tb(cause.__traceback__))
-  pid = _compat.interpreter_program_id()
+  pid = _interpreter.program_id()
   error.error_message = (
       f"kernel {spec.info.name!r}, program id {pid}"
       f"{', at ' + where if where else ''}: {message}")

@@ -42,7 +42,7 @@ import triton.language as tl
 from triton.language import core as tl_core
 from triton.runtime import interpreter as _interpreter
 
-from jt_dist._compat.interpreter import attributes_replaced
+from jt_dist._compat import attributes_replaced
 from jt_dist._compat.triton_api import LANGUAGE_LOCK
 
 _ABSENT = object()
@@ -221,7 +221,7 @@ def _visibility_check(fn):
 
 
 @contextlib.contextmanager
-def interpreter_language_patched():
+def language_patched():
   """Patches ``triton.language`` and its core for one interpreted launch.
 
   As upstream's executor patches them, for both modules, whichever the

@@ -7,9 +7,13 @@ Each kernel is launched eagerly on one CPU device, with the bounds check on
   time through its native memory module (jt_dist's CPU path before the
   vectorised interpreter);
 - ``jt_dist``: the default, all program instances at once where the kernel
-  allows, one at a time otherwise (the causal attention: its key loop's
-  bound depends on the program id), with loads and stores as NumPy
-  gathers and scatters either way.
+  allows (the causal attention's loops, whose bounds depend on the program
+  id, in masked lockstep), one at a time otherwise, with loads and stores
+  as NumPy gathers and scatters either way.
+
+Each kernel's peak of new memory under jt_dist, as ``tracemalloc`` (which
+NumPy reports its arrays to) sees it, is measured in a run of its own;
+where jnp computes the same thing, its jitted time is given too.
 
 The RMSNorm training step (a 2-layer MLP whose RMSNorm forward and backward
 are Triton kernels under ``jax.custom_vjp``) is timed jitted against the
@@ -27,6 +31,7 @@ import platform
 import statistics
 import sys
 import time
+import tracemalloc
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, _ROOT)
@@ -41,39 +46,13 @@ import triton  # pylint: disable=wrong-import-position
 import triton.language as tl  # pylint: disable=wrong-import-position
 
 import add  # pylint: disable=wrong-import-position,wrong-import-order
+import causal_attention  # pylint: disable=wrong-import-position,wrong-import-order
 import layernorm_training  # pylint: disable=wrong-import-position,wrong-import-order
 import matmul  # pylint: disable=wrong-import-position,wrong-import-order
 import softmax  # pylint: disable=wrong-import-position,wrong-import-order
 from jt_dist import _settings  # pylint: disable=wrong-import-position
 
 _ENV = "JT_DIST_VECTORIZE"
-
-
-@triton.jit
-def causal_attention_kernel(q_ptr, k_ptr, v_ptr, seq_len, o_ptr,
-                            D: tl.constexpr, BLOCK: tl.constexpr):
-  """Causal attention: the key loop stops at the program's own block."""
-  pid_m = tl.program_id(0)
-  base = tl.program_id(1) * seq_len * D
-  rm = pid_m * BLOCK + tl.arange(0, BLOCK)
-  rd = tl.arange(0, D)
-  q = tl.load(q_ptr + base + rm[:, None] * D + rd[None, :])
-  m_i = tl.full([BLOCK], float("-inf"), dtype=tl.float32)
-  l_i = tl.zeros([BLOCK], dtype=tl.float32)
-  acc = tl.zeros([BLOCK, D], dtype=tl.float32)
-  for start in range(0, (pid_m + 1) * BLOCK, BLOCK):
-    rn = start + tl.arange(0, BLOCK)
-    k = tl.load(k_ptr + base + rn[:, None] * D + rd[None, :])
-    s = tl.dot(q, tl.trans(k))
-    s = tl.where(rm[:, None] >= rn[None, :], s, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(s, 1))
-    p = tl.exp(s - m_new[:, None])
-    alpha = tl.exp(m_i - m_new)
-    l_i = l_i * alpha + tl.sum(p, 1)
-    v = tl.load(v_ptr + base + rn[:, None] * D + rd[None, :])
-    acc = acc * alpha[:, None] + tl.dot(p, v)
-    m_i = m_new
-  tl.store(o_ptr + base + rm[:, None] * D + rd[None, :], acc / l_i[:, None])
 
 
 @triton.jit
@@ -161,7 +140,7 @@ def _train_step(norm):
 
 
 def _kernel_cases(small: bool, rng):
-  """(name, programs, zero-argument call) per kernel benchmark."""
+  """(name, programs, zero-argument call, jnp's call or None) per kernel."""
   def arr(*shape):
     return jnp.asarray(rng.standard_normal(shape, dtype=np.float32))
 
@@ -194,25 +173,51 @@ def _kernel_cases(small: bool, rng):
                    jax.ShapeDtypeStruct((ln_d,), f32)),
         grid=(ln_rows,), zeroed_outputs=[1, 2], BLOCK_D=ln_block)
 
-  heads, seq, d, block = (2, 128, 32, 32) if small else (4, 512, 64, 64)
-  q, k, v = arr(heads, seq, d), arr(heads, seq, d), arr(heads, seq, d)
-
-  def attention():
-    return jt_dist.triton_call(
-        q, k, v, seq, kernel=causal_attention_kernel,
-        out_shape=jax.ShapeDtypeStruct(q.shape, f32),
-        grid=(seq // block, heads), D=d, BLOCK=block)
-
+  ln_ref = layernorm_training.layer_norm_reference
+  jnp_ln_bwd = jax.jit(lambda x, w, b, dy: jax.vjp(ln_ref, x, w, b)[1](dy))
+  heads, seq, d = (2, 128, 32) if small else (4, 512, 64)
+  q, k, v, do = arr(heads, seq, d), arr(heads, seq, d), arr(heads, seq, d), arr(
+      heads, seq, d)
+  scale = d ** -0.5
+  o, lse = causal_attention.attention_forward(q, k, v, scale)
+  ref = causal_attention.reference
+  jnp_attn = jax.jit(lambda q, k, v: ref(q, k, v, scale))
+  jnp_attn_bwd = jax.jit(
+      lambda q, k, v, do: jax.vjp(lambda *a: ref(*a, scale), q, k, v)[1](do))
+  jnp_softmax, jnp_add = jax.jit(jax.nn.softmax), jax.jit(jnp.add)
+  jnp_matmul, jnp_ln = jax.jit(jnp.matmul), jax.jit(ln_ref)
+  fwd_programs = (seq // causal_attention.BLOCKS["BLOCK_M"]) * heads
+  bwd_programs = (seq // causal_attention.BWD_BLOCKS["BLOCK_N1"]) * heads
+  attn = f"{heads}x{seq}x{d}"
   return [
-      (f"add {n}", n // 1024, lambda: add.add(x, y, block=1024)),
-      (f"softmax {rows}x{cols}", rows, lambda: softmax.softmax(s)),
+      (f"add {n}", n // 1024, lambda: add.add(x, y, block=1024),
+       lambda: jnp_add(x, y)),
+      (f"softmax {rows}x{cols}", rows, lambda: softmax.softmax(s),
+       lambda: jnp_softmax(s)),
       # The autotuner's first config on the CPU: 16x16x16 blocks.
-      (f"matmul {mm}^3", (mm // 16) ** 2, lambda: matmul.matmul(a, b)),
-      (f"layer norm forward {ln_rows}x{ln_d}", ln_rows, ln_fwd),
-      (f"layer norm backward {ln_rows}x{ln_d}", ln_rows, ln_bwd),
-      (f"causal attention {heads}x{seq}x{d} (fallback)",
-       (seq // block) * heads, attention),
+      (f"matmul {mm}^3", (mm // 16) ** 2, lambda: matmul.matmul(a, b),
+       lambda: jnp_matmul(a, b)),
+      (f"layer norm forward {ln_rows}x{ln_d}", ln_rows, ln_fwd,
+       lambda: jnp_ln(lx, lw, lb)),
+      (f"layer norm backward {ln_rows}x{ln_d}", ln_rows, ln_bwd,
+       lambda: jnp_ln_bwd(lx, lw, lb, ldy)),
+      (f"causal attention forward {attn}", fwd_programs,
+       lambda: causal_attention.attention_forward(q, k, v, scale),
+       lambda: jnp_attn(q, k, v)),
+      (f"causal attention backward {attn}", bwd_programs,
+       lambda: causal_attention.attention_backward(q, k, v, scale, o, lse, do),
+       lambda: jnp_attn_bwd(q, k, v, do)),
   ]
+
+
+def _peak_bytes(call) -> int:
+  """The peak of memory ``call`` allocates, as ``tracemalloc`` sees it."""
+  tracemalloc.start()
+  try:
+    jax.block_until_ready(call())
+    return tracemalloc.get_traced_memory()[1]
+  finally:
+    tracemalloc.stop()
 
 
 def _seconds(call, repeats: int) -> float:
@@ -263,17 +268,24 @@ def main():
                       "jax": jax.__version__, "triton": triton.__version__},
              "bounds_check": _settings.bounds_check(),
              "kernels": {}}
-  print(f"{'kernel':44} {'programs':>8} {'stock':>10} {'jt_dist':>10} {'x':>6}")
-  for name, programs, call in _kernel_cases(args.small, rng):
+  print(f"{'kernel':44} {'programs':>8} {'stock':>10} {'jt_dist':>10}"
+        f" {'x':>6} {'jnp':>9} {'peak MiB':>9}")
+  for name, programs, call, jnp_call in _kernel_cases(args.small, rng):
     if args.only not in name:
       continue
     _with_env("1", _seconds, call, 1)  # Compile and decide outside timing.
     stock = _with_env("0", _seconds, call, args.stock_repeats)
     ours = _with_env("1", _seconds, call, args.repeats)
-    results["kernels"][name] = {"programs": programs, "stock_s": stock,
-                                "jt_dist_s": ours, "speedup": stock / ours}
+    case = {"programs": programs, "stock_s": stock, "jt_dist_s": ours,
+            "speedup": stock / ours,
+            "jt_dist_peak_bytes": _with_env("1", _peak_bytes, call)}
+    if jnp_call is not None:
+      _seconds(jnp_call, 1)
+      case["jnp_s"] = _seconds(jnp_call, args.repeats * 4)
+    results["kernels"][name] = case
     print(f"{name:44} {programs:8d} {stock * 1e3:8.1f}ms {ours * 1e3:8.1f}ms"
-          f" {stock / ours:6.1f}")
+          f" {stock / ours:6.1f} {case.get('jnp_s', 0) * 1e3:7.2f}ms"
+          f" {case['jt_dist_peak_bytes'] / 2**20:9.1f}")
   if args.only and args.only not in "RMSNorm":
     _write(results, args.out)
     return

@@ -43,7 +43,7 @@ _N = 16
 # Functions whose cumulative time the profile reports, by name.
 _STAGES = {
     "triton_patch_lang": "_patch_lang",
-    "jt_dist_language_scope": "interpreter_language_patched",
+    "jt_dist_language_scope": "language_patched",
 }
 
 

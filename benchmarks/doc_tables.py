@@ -144,13 +144,22 @@ def _bounds_check(data: dict[str, Any]) -> str:
 
 def _cpu_interpreter(data: dict[str, Any]) -> str:
   """cpu_interpreter.py: Triton's interpreter against jt_dist's, per kernel."""
+  def mib(k, key):
+    return f"{k[key] / 2**20:.1f}" if key in k else ""
+
+  def over_jnp(k):
+    return f"{k['jt_dist_s'] / k['jnp_s']:.0f}×" if "jnp_s" in k else ""
+
   body = [[name, k["programs"], k["stock_s"], k["jt_dist_s"],
-           f"{k['stock_s'] / k['jt_dist_s']:.1f}×"]
+           f"{k['stock_s'] / k['jt_dist_s']:.1f}×",
+           mib(k, "jt_dist_peak_bytes"),
+           k.get("jnp_s", ""), over_jnp(k)]
           for name, k in data["kernels"].items()]
   out = [f"**kernels** (one CPU device, bounds check"
          f" {'on' if data.get('bounds_check', True) else 'off'})\n\n"
          + _table(["kernel", "programs", "Triton's interpreter, s",
-                   "jt_dist, s", "speed-up"], body)]
+                   "jt_dist, s", "speed-up", "jt_dist's peak, MiB",
+                   "jnp, s", "jt_dist / jnp"], body)]
   steps = data.get("rms_norm_training_step", {})
   if steps:
     body = [[name, s["jnp_s"] * 1e3, s["stock_s"] * 1e3, s["jt_dist_s"] * 1e3,

@@ -41,6 +41,8 @@ from jt_dist._core.runtime_scalar import runtime_scalar
 from jt_dist._core.shard_size import ShardSize
 from jt_dist._core.shard_size import shard_size
 from jt_dist._call.sharded import sharded_triton_call
+from jt_dist._call.cache_info import CacheInfo
+from jt_dist._call.cache_info import cache_info
 from jt_dist._gpu.lowering import CUSTOM_CALL_TARGET_NAME
 from jt_dist._core.tensordesc import TensorDescriptor
 from jt_dist._call.helpers import cdiv
@@ -55,6 +57,7 @@ __all__ = [
     "CUSTOM_CALL_TARGET_NAME",
     "AutotuneChoice",
     "AutotuneError",
+    "CacheInfo",
     "DevicePlacementError",
     "ExportError",
     "ExportedKernelCall",
@@ -72,6 +75,7 @@ __all__ = [
     "UnwrittenOutputReadError",
     "__version__",
     "autotune_choices",
+    "cache_info",
     "cdiv",
     "check_exported",
     "configure_autotune",

@@ -11,22 +11,6 @@ from typing import Any, Callable
 
 import jax
 
-__all__ = [
-    "AutoAxesError",
-    "AutotuneError",
-    "DevicePlacementError",
-    "ExportError",
-    "call_user",
-    "callable_name",
-    "KernelAssertionError",
-    "KernelBindingError",
-    "KernelLaunchError",
-    "KernelTypeError",
-    "OutOfBoundsAccessError",
-    "ShardingSpecError",
-    "UnwrittenOutputReadError",
-]
-
 
 class KernelBindingError(TypeError):
   """The arguments of a call do not bind the kernel's parameters.
@@ -94,6 +78,9 @@ class UnwrittenOutputReadError(ValueError):
   Outputs start undefined on a GPU (jaxlib does not clear them) unless they
   are aliased to an input or listed in ``zeroed_outputs``; the CPU
   interpreter tracks which bytes a launch wrote and refuses such reads.
+  With ``debug=True`` it also refuses a launch that leaves part of an
+  output unwritten, which the caller would read next (without ``debug``,
+  a ``RuntimeWarning``, once per kernel).
   """
 
 

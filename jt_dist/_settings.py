@@ -6,57 +6,48 @@ variable is read whenever its reader asks, so a value set through
 ``os.environ`` (or ``mock.patch.dict``) counts from the next read on. This
 module imports nothing from jt_dist, so that every layer may import it.
 
-Environment (what each variable means; who reads it, and when):
-  ``JT_DIST_CACHE_DIR``: the directory of the disk cache of compiled
-  kernels and autotuning choices (default ``~/.cache/jt_dist``). Read by
-  ``_backend.cache`` and ``_autotune.store`` at each disk lookup and write.
-  ``JT_DIST_DISK_CACHE``: the disk cache, on (``1``/``true``/``on``/``yes``,
-  the default) or off (``0``/``false``/``off``/``no``); anything else is an
-  error. Read with ``JT_DIST_CACHE_DIR``.
-  ``JT_DIST_DUMP_DIR``: a directory receiving, per compiled kernel, its IRs
-  and launch metadata; while set, every GPU launch is compiled afresh.
-  Read by ``_gpu.compile`` at each launch it compiles.
-  ``JT_DIST_SYNC_LAUNCHES``: on (``1``/``true``/``on``/``yes``), each eager
-  call on a GPU waits for its kernel, so that a device fault is reported
-  by the call that caused it; anything else is off (the default). Read
-  by ``_call.kernel_call`` when a ``KernelCall`` is made, and by
-  ``_gpu.faults`` when it describes a device fault.
-  ``JT_DIST_BOUNDS_CHECK``: off (``0``/``false``/``off``/``no``) runs CPU
-  launches without the memory check; anything else is on (the default).
-  Read by ``_cpu.lowering`` at each CPU launch.
-  ``JT_DIST_VECTORIZE``: off (``0``/``false``/``off``/``no``) runs each CPU
-  launch one program at a time; ``check`` runs it both ways and compares;
-  anything else is on (the default). Read by ``_cpu.vector_launch`` at
-  each CPU launch.
-  ``JT_DIST_AUTOTUNE``: ``choose`` (the default: jt_dist times the configs
-  once and every shard runs the winner) or ``jaxlib`` (jaxlib's Triton
-  call times them on its first run, in each process).
-  ``JT_DIST_AUTOTUNE_CPU``: ``first`` (the default: on the CPU, the first
-  config left after pruning) or ``time`` (time the interpreter anyway).
-  ``JT_DIST_AUTOTUNE_PIN``: a JSON object mapping kernel names to the
-  config fields to pin, e.g. ``{"matmul_kernel": {"BLOCK_M": 128}}``.
-  ``JT_DIST_AUTOTUNE_TIMEOUT_S``: how long, in seconds, a process waits for
-  process 0's choice in a multi-process run (default 600). These four are
-  read by ``_autotune`` each time an autotuned call is lowered.
+Environment (what each means; its reader, which asks at each use):
+  ``JT_DIST_CACHE_DIR``: the disk cache's directory, for compiled kernels
+  and autotuning choices (default ``~/.cache/jt_dist``); ``_backend.cache``
+  and ``_autotune.store``.
+  ``JT_DIST_DISK_CACHE``: the disk cache on (the default) or off; any value
+  other than an on/off spelling is an error. Read with the directory.
+  ``JT_DIST_DUMP_DIR``: where each compiled kernel's IRs and launch
+  metadata go; while set, every GPU launch is compiled afresh
+  (``_gpu.compile``).
+  ``JT_DIST_SYNC_LAUNCHES``: on, each eager GPU call waits for its kernel,
+  so that a device fault is reported by the call that caused it
+  (``_call.kernel_call`` when a ``KernelCall`` is made, ``_gpu.faults``).
+  ``JT_DIST_BOUNDS_CHECK``: off runs CPU launches without the memory check
+  (``_cpu.lowering``).
+  ``JT_DIST_VECTORIZE``: off runs each CPU launch one program at a time;
+  ``check`` runs it both ways and compares (``_cpu.vector_launch``).
+  ``JT_DIST_AUTOTUNE`` (``choose``: jt_dist times the configs once and every
+  shard runs the winner; ``jaxlib``: jaxlib's Triton call times them on its
+  first run, in each process), ``JT_DIST_AUTOTUNE_CPU`` (``first``: on the
+  CPU, the first config left after pruning; ``time``: time the interpreter
+  anyway), ``JT_DIST_AUTOTUNE_PIN`` (a JSON object of kernel names to the
+  config fields to pin, e.g. ``{"matmul_kernel": {"BLOCK_M": 128}}``) and
+  ``JT_DIST_AUTOTUNE_TIMEOUT_S`` (how long a process waits for process 0's
+  choice, default 600): ``_autotune``, as an autotuned call is lowered.
   ``JT_DIST_CPU_DEVICES``: how many virtual CPU devices
-  ``jt_dist.testing.configure_cpu_devices`` asks for, over its argument;
-  ``run_processes`` sets it for the processes it starts. Read by
-  ``_tools.processes`` at each call.
+  ``jt_dist.testing.configure_cpu_devices`` asks for, over its argument
+  (``_tools.processes``; ``run_processes`` sets it for its processes).
 
 Not here: ``JT_DIST_COORDINATOR``, ``JT_DIST_NUM_PROCESSES``,
 ``JT_DIST_PROCESS_ID`` and ``JT_DIST_FAILURE_FILE`` carry a run's
 coordinates from ``jt_dist.testing.run_processes`` to the processes it
-starts. ``_tools.processes`` writes and reads them, and no user sets them:
-they are that module's protocol with itself, not settings.
+starts: that module's protocol with itself, which no user sets.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
 import threading
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 CACHE_DIR = "JT_DIST_CACHE_DIR"
 DISK_CACHE = "JT_DIST_DISK_CACHE"
@@ -157,42 +148,20 @@ def _number(name: str, default, convert: Callable[[str], Any]):
   return value
 
 
-def _json_pins(name: str) -> dict[str, dict[str, Any]] | None:
-  """A JSON object of kernel names to objects of config fields, or None."""
-  text = os.environ.get(name, "").strip()
-  if not text:
-    return None
-  try:
-    pins = json.loads(text)
-  except ValueError as e:
-    raise ValueError(
-        f"{name}={text!r} is not JSON ({e}). Write an object mapping kernel"
-        ' names to config fields, e.g. {"matmul_kernel": {"BLOCK_M": 128,'
-        ' "num_warps": 8}}.') from None
-  if not isinstance(pins, dict) or not all(
-      isinstance(v, dict) for v in pins.values()):
-    raise ValueError(
-        f"{name}={text!r} must map kernel names to objects of config"
-        ' fields, e.g. {"matmul_kernel": {"BLOCK_M": 128}}.')
-  return pins
-
-
 # The settings, as their readers ask for them.
 
 
 def disk_cache() -> bool:
   """Whether compiled kernels and choices are read from and written to disk."""
-  configured = _configured.disk_cache
-  if configured is not None:
-    return configured
+  if _configured.disk_cache is not None:
+    return _configured.disk_cache
   return _flag(DISK_CACHE, True, strict=True)
 
 
 def cache_dir() -> str:
   """The disk cache's directory."""
-  configured = _configured.cache_dir
-  if configured is not None:
-    return configured
+  if _configured.cache_dir is not None:
+    return _configured.cache_dir
   return _path(CACHE_DIR) or os.path.join(
       os.path.expanduser("~"), ".cache", "jt_dist")
 
@@ -231,31 +200,40 @@ def vectorize() -> str:
 
 def autotune_mode() -> str:
   """Who picks an autotuned kernel's config: ``"choose"`` or ``"jaxlib"``."""
-  configured = _configured.autotune_mode
-  if configured is not None:
-    return configured
-  return _choice(AUTOTUNE, "choose", AUTOTUNE_MODES)
+  return _configured.autotune_mode or _choice(AUTOTUNE, "choose",
+                                              AUTOTUNE_MODES)
 
 
 def autotune_cpu_rule() -> str:
   """How a config is picked on the CPU: ``"first"`` or ``"time"``."""
-  configured = _configured.autotune_cpu_rule
-  if configured is not None:
-    return configured
-  return _choice(AUTOTUNE_CPU, "first", AUTOTUNE_CPU_RULES)
+  return _configured.autotune_cpu_rule or _choice(AUTOTUNE_CPU, "first",
+                                                  AUTOTUNE_CPU_RULES)
 
 
 def autotune_timeout_s() -> float:
   """How long a process waits for process 0's autotuning choice."""
-  configured = _configured.autotune_timeout_s
-  if configured is not None:
-    return configured
-  return _number(AUTOTUNE_TIMEOUT_S, DEFAULT_TIMEOUT_S, float)
+  return _configured.autotune_timeout_s or _number(
+      AUTOTUNE_TIMEOUT_S, DEFAULT_TIMEOUT_S, float)
 
 
 def autotune_pins() -> dict[str, dict[str, Any]]:
   """The configs pinned from the environment: kernel name -> fields."""
-  return _json_pins(AUTOTUNE_PIN) or {}
+  text = os.environ.get(AUTOTUNE_PIN, "").strip()
+  if not text:
+    return {}
+  try:
+    pins = json.loads(text)
+  except ValueError as e:
+    raise ValueError(
+        f"{AUTOTUNE_PIN}={text!r} is not JSON ({e}). Write an object"
+        ' mapping kernel names to config fields, e.g. {"matmul_kernel":'
+        ' {"BLOCK_M": 128, "num_warps": 8}}.') from None
+  if not isinstance(pins, dict) or not all(
+      isinstance(v, dict) for v in pins.values()):
+    raise ValueError(
+        f"{AUTOTUNE_PIN}={text!r} must map kernel names to objects of config"
+        ' fields, e.g. {"matmul_kernel": {"BLOCK_M": 128}}.')
+  return pins
 
 
 def cpu_devices(default: int) -> int:
@@ -295,6 +273,33 @@ def _update(**changes: Any) -> None:
   global _configured
   with _lock:
     _configured = dataclasses.replace(_configured, **changes)
+
+
+@contextlib.contextmanager
+def restored(*, from_environment: bool = False) -> Iterator[None]:
+  """Puts back what the ``configure_*`` functions set, on leaving.
+
+  Args:
+    from_environment: also forget what they set on entering, so that the
+      environment decides until the block sets something.
+  """
+  global _configured
+  with _lock:
+    saved = _configured
+    if from_environment:
+      _configured = Configured()
+  _trim_all()
+  try:
+    yield
+  finally:
+    with _lock:
+      _configured = saved
+    _trim_all()
+
+
+def _trim_all() -> None:
+  for trim in _trims:
+    trim()
 
 
 def trim_on_configure(trim: Callable[[], None]) -> None:

@@ -7,7 +7,6 @@ checked by cross-lowering for CUDA where jaxlib's CUDA plugin is installed.
 from __future__ import annotations
 
 import unittest
-from unittest import mock
 
 from absl.testing import absltest
 from absl.testing import parameterized
@@ -17,9 +16,7 @@ from jax.sharding import PartitionSpec as P
 import triton
 
 import jt_dist
-from jt_dist._core import binding as _binding
 from jt_dist import testing
-from jt_dist._gpu import compile as _compile
 import gpu_lowering_util as util
 from feature_kernels import add_kernel
 
@@ -80,32 +77,14 @@ class BackendOptionsTest(testing.TestCase):
 
   def test_named_options_merge_into_the_launch(self):
     x, y = self._inputs()
-    with mock.patch.object(_binding, "bind_call",
-                           wraps=_binding.bind_call) as bind:
-      _add(x, y, backend_options={"num_warps": 2, "num_stages": 1,
-                                  "maxnreg": 96})
-    options = bind.call_args.args[4]
-    self.assertEqual(options.num_warps, 2)
-    self.assertEqual(options.num_stages, 1)
-    self.assertEqual(dict(options.backend_options), {"maxnreg": 96})
-
-  def test_fast_path_key_follows_backend_options(self):
-    x, y = self._inputs()
-    specs = []
-    real = _binding.bind_call
-
-    def bind(*args, **kwargs):
-      out = real(*args, **kwargs)
-      specs.append(out[1])
-      return out
-
-    with mock.patch.object(_binding, "bind_call", bind):
-      for options in ({"maxnreg": 64}, {"maxnreg": 64}, {"maxnreg": 128},
-                      {"maxnreg": 64}, {"num_warps": 2}):
-        self.assertAllClose(_add(x, y, backend_options=options), x + y)
-    self.assertEqual([s.backend_options for s in specs],
-                     [(("maxnreg", 64),), (("maxnreg", 128),), ()])
-    self.assertEqual(specs[-1].launches[0].config.num_warps, 2)
+    (eqn,) = util.bound_calls(lambda a, b: _add(
+        a, b, backend_options={"num_warps": 2, "num_stages": 1,
+                               "maxnreg": 96}), x, y)
+    spec = eqn.params["spec"]
+    (launch,) = spec.launches
+    self.assertEqual(launch.config.num_warps, 2)
+    self.assertEqual(launch.config.num_stages, 1)
+    self.assertEqual(dict(spec.backend_options), {"maxnreg": 96})
 
   def test_inside_sharded_triton_call_and_vmap(self):
     mesh = jax.make_mesh((2,), ("i",), devices=self.devices(2))
@@ -151,19 +130,12 @@ class BackendOptionsCudaTest(util.IsolatedCacheMixin, testing.TestCase):
                       x)
 
   def test_options_reach_the_compiler_and_its_cache_key(self):
-    seen = []
-    real = _compile.check_backend_options
-
-    def check(spec, options, target):
-      seen.append(options)
-      return real(spec, options, target)
-
-    with mock.patch.object(_compile, "check_backend_options", check):
-      (plain,) = util.triton_custom_calls(self._lower())
-      (limited,) = util.triton_custom_calls(
-          self._lower(backend_options={"maxnreg": 32, "num_warps": 2}))
-    self.assertIsNone(seen[0].maxnreg)
-    self.assertEqual((seen[1].maxnreg, seen[1].num_warps), (32, 2))
+    # The same kernel twice: the options must key the compiled kernel, or
+    # the second lowering would reuse the first's.
+    (plain,) = util.triton_custom_calls(self._lower())
+    (limited,) = util.triton_custom_calls(
+        self._lower(backend_options={"maxnreg": 32, "num_warps": 2}))
+    self.assertEqual(plain["calls"][0]["num_warps"], 4)
     self.assertEqual(limited["calls"][0]["num_warps"], 2)
     self.assertIn(".maxnreg 32", limited["calls"][0]["ptx"])
     self.assertNotIn(".maxnreg", plain["calls"][0]["ptx"])

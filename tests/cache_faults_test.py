@@ -4,7 +4,8 @@ Adds to tests/cache_test.py (corrupt JSON, a truncated or flipped binary, a
 missing binary, an entry rewritten for another key, a cache directory that
 is a file, four processes compiling at once). In every case here jt_dist
 must not load a wrong kernel, must not crash, must recompile, and must log
-the fault once.
+the fault once. The store's own pieces are tested here too: the in-memory
+LRU, content keys, entries written by racing writers.
 
 Kernels are compiled for CUDA by cross-lowering, so these run on any host;
 on a GPU host they exercise the same compile path.
@@ -173,6 +174,17 @@ class DiskFaultTest(cache_util.CountingCompilesMixin, testing.TestCase):
       self.assertEqual(_call(cache_util.import_file(path), self.x), expected)
     self.assertEqual(self.compiles, compiles + 1)
 
+  def test_malformed_metadata_is_discarded(self):
+    path, ptx, entry, _ = self._cached()
+    # Recorded as if written so (a writer's bug, not damage on disk): the
+    # metadata passes the entry's sha256 and fails when it is restored.
+    def drop_shared_mem(document):
+      del document["metadata"]["shared_mem"]
+      document["entry_sha256"] = _cache._entry_digest(document)  # pylint: disable=protected-access
+    _edit_document(entry, drop_shared_mem)
+    self._assert_recovers_logging_once(path, ptx,
+                                       "discarding.*metadata is invalid")
+
   def _write_fails_once_logged(self, patch, reason):
     """Two kernels compile under ``patch``: right, unstored, logged once."""
     paths = [cache_util.write_kernel(self.src_dir, op) for op in "+*"]
@@ -278,7 +290,32 @@ class DiskFaultTest(cache_util.CountingCompilesMixin, testing.TestCase):
     self.assertTrue(os.path.exists(binary))
 
 
-class EntryDigestTest(util.IsolatedCacheMixin, testing.TestCase):
+class LRUCacheTest(testing.TestCase):
+  """The in-memory cache's own bound and the content keys, without Triton."""
+
+  def test_bound_evicts_least_recently_used(self):
+    limit = [2]
+    cache = _cache.LRUCache(lambda: limit[0])
+    cache.put("a", 1)
+    cache.put("b", 2)
+    self.assertEqual(cache.get("a"), 1)  # "b" is now the oldest.
+    cache.put("c", 3)
+    self.assertLen(cache, 2)
+    self.assertNotIn("b", cache)
+    self.assertIn("a", cache)
+    limit[0] = 1
+    cache.trim()
+    self.assertLen(cache, 1)
+    self.assertIn("c", cache)
+
+  def test_content_key_is_canonical(self):
+    self.assertEqual(_cache.content_key({"a": 1, "b": [2]}),
+                     _cache.content_key({"b": [2], "a": 1}))
+    self.assertNotEqual(_cache.content_key({"a": 1}),
+                        _cache.content_key({"a": 2}))
+
+
+class EntryDigestTest(cache_util.EmptyCacheMixin, testing.TestCase):
   """The entry's own checks, without Triton: on every host and jax."""
 
   def _stored(self):
@@ -387,6 +424,34 @@ class RacingProcessesTest(testing.TestCase):
         self.assertNotIn("discarding", err)
     self.assertGreaterEqual(sum(r["compiled"] for r, _ in results), 1)
     self._assert_one_whole_entry(first["digest"])
+
+
+_STORE_SCRIPT = '''
+import os, sys
+from jt_dist import _settings
+from jt_dist._backend import cache as _cache
+_settings.configure_cache(disk_cache=True,
+                          cache_dir=os.environ["JT_DIST_CACHE_DIR"])
+key = "ab" * 32
+seed = int(sys.argv[1])
+for i in range(200):
+  binary = bytes([seed]) * (1000 + 37 * seed)
+  _cache.store(key, {"seed": seed}, binary)
+  entry = _cache.load(key)
+  assert entry is not None, "a complete entry must always be visible"
+  metadata, data = entry
+  assert data == bytes([metadata["seed"]]) * (1000 + 37 * metadata["seed"])
+print("RESULT {}")
+'''
+
+
+class ConcurrentStoreTest(testing.TestCase):
+
+  def test_racing_writers_never_pair_metadata_with_another_binary(self):
+    cache_dir = cache_util.tmpdir(self)
+    env = cache_util.child_env(cache_dir, "")
+    cache_util.run_children(self, env, script=_STORE_SCRIPT,
+                            args=[[str(seed)] for seed in range(1, 5)])
 
 
 if __name__ == "__main__":

@@ -9,13 +9,12 @@ import importlib.util
 import json
 import os
 import tempfile
-import threading
-from unittest import mock
 import uuid
 
 import jax
 
-from jt_dist._gpu import compile as _compile
+import jt_dist
+from jt_dist import testing
 import fork_server
 import gpu_lowering_util as util
 
@@ -39,21 +38,15 @@ def kernel(x_ptr, n, out_ptr, BLOCK: tl.constexpr):
            mask=mask)
 '''
 
-# Lowers the kernel in KERNEL_FILE for CUDA and reports how many times
-# Triton compiled, and a digest of the custom call.
+# Lowers the kernel in KERNEL_FILE for CUDA and reports how many kernels
+# Triton compiled, how many came from the disk cache, and a digest of the
+# custom call.
 CHILD_SCRIPT = '''
 import hashlib, importlib.util, json, os, sys
 import jt_dist
 import jax, jax.numpy as jnp
-from jt_dist._gpu import compile as _compile
 spec = importlib.util.spec_from_file_location("kmod", os.environ["KERNEL_FILE"])
 module = importlib.util.module_from_spec(spec); spec.loader.exec_module(module)
-count = [0]
-real = _compile.run_triton
-def counting(*args):
-  count[0] += 1
-  return real(*args)
-_compile.run_triton = counting
 def f(x):
   return jt_dist.triton_call(
       x, x.size, kernel=module.kernel,
@@ -61,8 +54,9 @@ def f(x):
       compute_capability=90)
 x = jnp.zeros((100,), jnp.float32)
 text = jax.jit(f).trace(x).lower(lowering_platforms=("cuda",)).as_text()
+info = jt_dist.cache_info()
 print("RESULT " + json.dumps({
-    "compiled": count[0],
+    "compiled": info.compiles, "disk_hits": info.disk_hits,
     "digest": hashlib.sha256(text.encode()).hexdigest()}))
 '''
 
@@ -91,8 +85,6 @@ def import_file(path: str):
 
 
 def call(module, x):
-  import jt_dist  # pylint: disable=g-import-not-at-top
-
   return jt_dist.triton_call(
       x, x.size, kernel=module.kernel,
       out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype), grid=(2,), BLOCK=64,
@@ -137,20 +129,33 @@ def result(stdout: str) -> dict:
   return json.loads(line[len("RESULT "):])
 
 
-class CountingCompilesMixin(util.IsolatedCacheMixin):
+def keep_settings(test) -> None:
+  """Restores what the ``configure_*`` functions set once ``test`` is over."""
+  test.enterContext(testing.isolated_settings())
+
+
+class EmptyCacheMixin(util.IsolatedCacheMixin):
+  """Empty memory caches and a disk cache dir of its own, per test.
+
+  The settings that a test changes with ``configure_*`` are restored.
+  """
+
+  def setUp(self):
+    super().setUp()
+    keep_settings(self)
+    jt_dist.configure_cache(disk_cache=True, cache_dir=self.cache_dir)
+    testing.clear_memory_caches()
+    self.addCleanup(testing.clear_memory_caches)
+
+
+class CountingCompilesMixin(EmptyCacheMixin):
   """An empty cache of its own and a count of Triton compilations, per test."""
 
   def setUp(self):
     super().setUp()
-    self.compiles = 0
-    count_lock = threading.Lock()
-    real = _compile.run_triton
+    self._compiles_before = jt_dist.cache_info().compiles
 
-    def counting(*args):
-      with count_lock:
-        self.compiles += 1
-      return real(*args)
-
-    patcher = mock.patch.object(_compile, "run_triton", counting)
-    patcher.start()
-    self.addCleanup(patcher.stop)
+  @property
+  def compiles(self) -> int:
+    """Kernels Triton compiled in this process since the test began."""
+    return jt_dist.cache_info().compiles - self._compiles_before

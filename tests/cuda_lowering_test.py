@@ -24,11 +24,20 @@ from jt_dist import _compat
 from jt_dist._gpu import compile as _compile
 from jt_dist._gpu import lowering as _gpu_lowering
 from jt_dist._backend import target as _target
+from jt_dist._call import kernel_call as _kernel_call
 from jt_dist import testing
+import cache_util
 import gpu_lowering_util as util
 from feature_kernels import acc_sum_kernel
 from feature_kernels import add_kernel
+from feature_kernels import scale_kernel
 from feature_kernels import scale_negate_kernel
+
+
+def _with_ttir():
+  """Lowerings inside the block carry each kernel's TTIR, for tests to read."""
+  return mock.patch.object(_gpu_lowering, "proto_choices",
+                           _gpu_lowering.ProtoChoices(ttir=True))
 
 
 @triton.autotune(
@@ -89,12 +98,29 @@ def _lower(f, *args):
 
 
 @unittest.skipUnless(util.HAS_TRITON_CALL, util.SKIP_REASON)
-class CudaLoweringTest(util.JaxlibAutotuningMixin, util.IsolatedCacheMixin,
+class CudaLoweringTest(util.JaxlibAutotuningMixin, cache_util.EmptyCacheMixin,
                        testing.TestCase):
 
   def _inputs(self, n=1000, dtype=np.float32):
     return (jnp.asarray(self.random((n,), dtype)),
             jnp.asarray(self.random((n,), dtype)))
+
+  def test_eager_call_on_gpus_loads_a_float_and_compiles_an_int_in(self):
+    # The call the front door makes for an eager call on a GPU (its
+    # positional scalars may come at run time), cross-lowered from here.
+    n = 32
+    x = jnp.asarray(self.random((n,)))
+    like = jax.ShapeDtypeStruct(x.shape, x.dtype)
+    with mock.patch.object(jax, "default_backend", lambda: "gpu"):
+      call = _kernel_call.make(
+          scale_kernel, like, (4,), {"BLOCK": 8, "compute_capability": 90},
+          (_kernel_call.OPERAND, 2.5, n), runtime_scalars=True)
+      lowered = call._jitted.trace(x, 2.5).lower(  # pylint: disable=protected-access
+          lowering_platforms=("cuda",))
+    self.assertEqual(call.passed, (True, True, False))
+    (kernel,) = util.triton_custom_calls(lowered)[0]["calls"]
+    self.assertEqual(kernel["params"], [
+        ("array", 0, 16), ("array", 0, 16), ("i32", n), ("array", 0, 16)])
 
   def test_custom_call_carries_kernel_and_ptx(self):
     x, y = self._inputs()
@@ -353,7 +379,7 @@ class CudaLoweringTest(util.JaxlibAutotuningMixin, util.IsolatedCacheMixin,
     # As Triton's launcher does: the three pointers always carry the hint,
     # the size only when it is a multiple of 16.
     x, y = self._inputs(n=n)
-    with util.with_ttir():
+    with _with_ttir():
       (call,) = util.triton_custom_calls(_lower(_add, x, y))
     (kernel,) = call["calls"]
     self.assertEqual(kernel["ttir"].count("tt.divisibility = 16"), hints)
@@ -540,7 +566,7 @@ class TargetTest(testing.TestCase):
 
   def test_devices_of_the_lowering_not_device_zero(self):
     ctx = _ctx([_fake_device("cuda", "8.6", 1)])
-    with mock.patch.object(_target, "_local_devices",
+    with mock.patch.object(_target, "local_devices",
                            return_value=[_fake_device("cuda", "9.0", 0)]):
       self.assertEqual(_target.resolve_target(ctx, "cuda", None).arch, 86)
 

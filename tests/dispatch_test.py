@@ -22,12 +22,12 @@ import triton
 import triton.language as tl
 
 import jt_dist
-from jt_dist import _settings
 from jt_dist._core import binding as _binding
 from jt_dist._call import memo as _memo
+from jt_dist._core import exact as _exact
 from jt_dist import testing
-from jt_dist._gpu import compile as _compile
 import fork_server
+import cache_util
 import gpu_lowering_util as util
 from feature_kernels import scale_kernel
 
@@ -369,8 +369,7 @@ class DispatchTest(testing.TestCase):
       self.assertAllClose(out, x * 2)
 
   def test_cache_is_bounded(self):
-    self.addCleanup(jt_dist.configure_cache,
-                    dispatch_entries=_settings.dispatch_entries())
+    self.enter_context(testing.isolated_settings())
     jt_dist.configure_cache(dispatch_entries=3)
     refs = []
     for n in range(16, 16 * 9, 16):
@@ -378,7 +377,7 @@ class DispatchTest(testing.TestCase):
       self.assertAllClose(_scale(jnp.asarray(x), 2.0), x * 2)
       refs.append(weakref.ref(
           list(_memo.triton_calls._entries.values())[-1]))  # pylint: disable=protected-access
-    self.assertLessEqual(len(_memo.triton_calls), 3)
+    self.assertLessEqual(jt_dist.cache_info().triton_call_entries, 3)
     gc.collect()
     self.assertGreaterEqual(sum(r() is None for r in refs), len(refs) - 3)
 
@@ -461,8 +460,70 @@ class DispatchTest(testing.TestCase):
         self.assertAllClose(out, x * 2)
     self.assertEqual(made.call_count, 2)
 
+  def test_fast_path_rebinds_on_a_changed_side_effect_or_cost(self):
+    x = jnp.asarray(self.random((8,)))
+    with mock.patch.object(_binding, "bind_call",
+                           wraps=_binding.bind_call) as bind:
+      calls = [dict(has_side_effect=False), dict(has_side_effect=True),
+               dict(cost_estimate={"flops": 8}),
+               dict(cost_estimate={"flops": 9}), dict(has_side_effect=True)]
+      for options in calls:
+        self.assertAllClose(_scale(x, 2.0, **options), np.asarray(x) * 2)
+    seen = [(c.args[4].has_side_effect, c.args[4].cost_estimate)
+            for c in bind.call_args_list]
+    self.assertEqual(seen, [(False, None), (True, None), (False, {"flops": 8}),
+                            (False, {"flops": 9})])
 
-class ScalarRecompileTest(util.IsolatedCacheMixin, testing.TestCase):
+  def test_fast_path_key_follows_backend_options(self):
+    x = jnp.asarray(self.random((40,)))
+    specs = []
+    real = _binding.bind_call
+
+    def bind(*args, **kwargs):
+      out = real(*args, **kwargs)
+      specs.append(out[1])
+      return out
+
+    with mock.patch.object(_binding, "bind_call", bind):
+      for options in ({"maxnreg": 64}, {"maxnreg": 64}, {"maxnreg": 128},
+                      {"maxnreg": 64}, {"num_warps": 2}):
+        self.assertAllClose(_scale(x, 2.0, backend_options=options),
+                            np.asarray(x) * 2)
+    self.assertEqual([s.backend_options for s in specs],
+                     [(("maxnreg", 64),), (("maxnreg", 128),), ()])
+    self.assertEqual(specs[-1].launches[0].config.num_warps, 2)
+
+
+class ExactKeyTest(parameterized.TestCase):
+  """``exact.key``, the fast path's key, tells apart what Triton compiles apart."""
+
+  @parameterized.named_parameters(
+      ("int_float", 4, 4.0),
+      ("bool_int", True, 1),
+      ("tuple", (4,), (4.0,)),
+      ("nested_tuple", ((1, 2),), ((1, 2.0),)),
+      ("list", [4], [4.0]),
+      ("signed_zero", 0.0, -0.0),
+      ("signed_zero_in_tuple", (0.0,), (-0.0,)),
+      ("constexpr", tl.constexpr(4), tl.constexpr(4.0)),
+      ("constexpr_signed_zero", tl.constexpr(0.0), tl.constexpr(-0.0)),
+      ("numpy_signed_zero", np.float32(0.0), np.float32(-0.0)),
+      ("dict", {"a": 1}, {"a": 1.0}),
+  )
+  def test_python_equal_values_get_different_keys(self, a, b):
+    self.assertEqual(a, b)  # Python's view: equal.
+    self.assertNotEqual(_exact.key(a), _exact.key(b))
+
+  @parameterized.named_parameters(
+      ("int", 4), ("float", 2.5), ("negative_zero", -0.0),
+      ("nan", float("nan")), ("inf", float("-inf")), ("tuple", (1, 2.0)),
+      ("constexpr", tl.constexpr(3)), ("str", "x"), ("none", None))
+  def test_same_value_same_key(self, value):
+    self.assertEqual(_exact.key(value), _exact.key(value))
+    self.assertEqual(hash(_exact.key(value)), hash(_exact.key(value)))
+
+
+class ScalarRecompileTest(cache_util.EmptyCacheMixin, testing.TestCase):
   """A new scalar value compiles Triton again only where Triton would."""
 
   def _lower(self, n):
@@ -473,11 +534,10 @@ class ScalarRecompileTest(util.IsolatedCacheMixin, testing.TestCase):
   @parameterized.parameters(((3, 5, 7), 1), ((3, 1), 2), ((3, 32, 48), 2),
                             ((16, 32), 1))
   def test_triton_compiles(self, values, compiles):
-    with mock.patch.object(_compile, "run_triton",
-                           wraps=_compile.run_triton) as run:
-      for n in values:
-        self.assertLen(util.triton_custom_calls(self._lower(n)), 1)
-    self.assertEqual(run.call_count, compiles)
+    before = jt_dist.cache_info()
+    for n in values:
+      self.assertLen(util.triton_custom_calls(self._lower(n)), 1)
+    self.assertEqual(jt_dist.cache_info().compiles - before.compiles, compiles)
 
 
 _RSS_SCRIPT = textwrap.dedent("""

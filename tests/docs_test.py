@@ -207,7 +207,7 @@ class DocsTest(parameterized.TestCase):
     section = text.split("### Every module", 1)[-1].split("\n## ", 1)[0]
     listed = set()
     for item in re.split(r"^\* ", section, flags=re.M)[1:]:
-      folder = re.match(r"\*\*`(\w+/)`\*\*", item)
+      folder = re.match(r"\*\*`((?:\w+/)+)`\*\*", item)
       prefix = folder.group(1) if folder else ""
       listed.update(prefix + name
                     for name in re.findall(r"`(\w+\.py)`", item))

@@ -26,7 +26,6 @@ from jt_dist import testing
 testing.configure_cpu_devices()
 
 import jt_dist  # pylint: disable=g-import-not-at-top,wrong-import-position
-from jt_dist._core import exact  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 _N = 32
 
@@ -109,35 +108,6 @@ def _cases():
   for name, *pair in _PAIRS:
     for option_name, options in _OPTIONS:
       yield (f"{name}_{option_name}", *pair, options)
-
-
-class ExactKeyTest(parameterized.TestCase):
-  """``exact.key`` tells apart values that Triton compiles apart."""
-
-  @parameterized.named_parameters(
-      ("int_float", 4, 4.0),
-      ("bool_int", True, 1),
-      ("tuple", (4,), (4.0,)),
-      ("nested_tuple", ((1, 2),), ((1, 2.0),)),
-      ("list", [4], [4.0]),
-      ("signed_zero", 0.0, -0.0),
-      ("signed_zero_in_tuple", (0.0,), (-0.0,)),
-      ("constexpr", tl.constexpr(4), tl.constexpr(4.0)),
-      ("constexpr_signed_zero", tl.constexpr(0.0), tl.constexpr(-0.0)),
-      ("numpy_signed_zero", np.float32(0.0), np.float32(-0.0)),
-      ("dict", {"a": 1}, {"a": 1.0}),
-  )
-  def test_python_equal_values_get_different_keys(self, a, b):
-    self.assertEqual(a, b)  # Python's view: equal.
-    self.assertNotEqual(exact.key(a), exact.key(b))
-
-  @parameterized.named_parameters(
-      ("int", 4), ("float", 2.5), ("negative_zero", -0.0),
-      ("nan", float("nan")), ("inf", float("-inf")), ("tuple", (1, 2.0)),
-      ("constexpr", tl.constexpr(3)), ("str", "x"), ("none", None))
-  def test_same_value_same_key(self, value):
-    self.assertEqual(exact.key(value), exact.key(value))
-    self.assertEqual(hash(exact.key(value)), hash(exact.key(value)))
 
 
 class EagerMetaparamTest(testing.TestCase):

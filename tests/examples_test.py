@@ -48,9 +48,10 @@ class ExamplesTest(testing.TestCase):
 
   def test_every_example_is_run(self):
     self.assertCountEqual(_NAMES + sorted(_TESTED_ELSEWHERE), [
-        "add", "auto_partitioned_matmul", "data_parallel_training",
+        "add", "auto_partitioned_matmul", "causal_attention",
+        "data_parallel_training",
         "export_kernel", "layernorm_training", "matmul", "sharded_add", "sharded_attention",
-        "sharded_matmul", "softmax"])
+        "seeded_dropout", "sharded_matmul", "softmax"])
 
   @parameterized.parameters(*_NAMES)
   def test_example_main(self, name):

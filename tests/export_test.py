@@ -9,6 +9,7 @@ exported ones are deserialised and run against NumPy.
 
 from __future__ import annotations
 
+import dataclasses
 import glob
 import importlib.util
 import os
@@ -17,13 +18,13 @@ from unittest import mock
 from absl.testing import absltest
 from absl.testing import parameterized
 import jax
+from jax.interpreters import mlir
 import jax.numpy as jnp
+import jaxlib
 import numpy as np
 import triton
 
 import jt_dist
-from jt_dist import _compat
-from jt_dist._gpu import export as _gpu_export
 from jt_dist import testing
 import gpu_lowering_util as util
 
@@ -60,6 +61,24 @@ def _export(f, *args, platforms=("cuda",), **options):
                              disabled_checks=checks)(*args)
 
 
+def _without_records(exported):
+  """``exported`` with its custom calls' frontend attributes taken out.
+
+  So a module exported by another tool looks: it records no versions.
+  """
+  with mlir.make_ir_context() as context:
+    module = mlir.ir.Module.parse(exported.mlir_module(), context=context)
+    stripped = 0
+    for op in util.walk_operations(module.operation):
+      if (op.name == "stablehlo.custom_call"
+          and "mhlo.frontend_attributes" in op.attributes):
+        del op.attributes["mhlo.frontend_attributes"]
+        stripped += 1
+    assert stripped, "the exported module records nothing to take out"
+    data = mlir.module_to_bytecode(module)
+  return dataclasses.replace(exported, mlir_module_serialized=data)
+
+
 def _cuda_capability():
   try:
     devices = jax.devices("cuda")
@@ -89,7 +108,7 @@ class ExportForCudaTest(testing.TestCase):
     self.assertEqual(call.kernels, ("add_kernel",))
     self.assertEqual(call.compute_capability, capability)
     self.assertEqual(call.binary, "cubin" if cubin else "ptx")
-    self.assertEqual(call.jaxlib, _compat.jaxlib_version())
+    self.assertEqual(call.jaxlib, jaxlib.__version__)
     self.assertEqual(call.triton, triton.__version__)
     self.assertEqual(call.jax, jax.__version__)
     self.assertEqual(call.jt_dist, jt_dist.__version__)
@@ -190,8 +209,7 @@ class ExportForCudaTest(testing.TestCase):
 
   def test_versions_missing_errors(self):
     x, y = self._inputs()
-    with mock.patch.object(_gpu_export, "record", lambda *a: None):
-      exported = _export(_add, x, y, compute_capability=90)
+    exported = _without_records(_export(_add, x, y, compute_capability=90))
     with self.assertRaisesRegex(
         jt_dist.ExportError, "'triton_kernel_call_ffi'.*records no versions"):
       jt_dist.exported_versions(exported)
@@ -230,11 +248,10 @@ class CheckExportedTest(testing.TestCase):
 
   def test_version_notes(self):
     exported = self._exported(compute_capability=90)
-    with mock.patch.object(_compat, "jaxlib_version", lambda: "9.9.9"):
+    with mock.patch.object(jaxlib, "__version__", "9.9.9"):
       (note,) = jt_dist.check_exported(exported, compute_capability=90)
-    self.assertIn(f"jaxlib {_compat.jaxlib_version()} and run under 9.9.9",
-                  note)
-    with mock.patch.object(_compat.triton, "__version__", "9.9.9"):
+    self.assertIn(f"jaxlib {jaxlib.__version__} and run under 9.9.9", note)
+    with mock.patch.object(triton, "__version__", "9.9.9"):
       (note,) = jt_dist.check_exported(exported, compute_capability=90)
     self.assertIn(f"PTX from Triton {triton.__version__}", note)
 
@@ -254,19 +271,28 @@ class ExportOptionsTest(testing.TestCase):
     with self.assertRaisesRegex(error, f"export_options: {named}"):
       jt_dist.export_options(**options)
 
+  @absltest.skipUnless(util.HAS_TRITON_CALL, util.SKIP_REASON)
   def test_options_are_scoped(self):
-    capability = int(self.np_rng.integers(70, 130))
+    capability = int(self.np_rng.choice([75, 80, 86, 89, 90]))
+    x = jnp.asarray(self.random(int(self.np_rng.integers(64, 512))))
     with jt_dist.export_options(compute_capability=capability, cubin=True):
-      self.assertEqual(_gpu_export.current(), _gpu_export.ExportSettings(
-          compute_capability=capability, cubin=True))
-    self.assertEqual(_gpu_export.current(), _gpu_export.ExportSettings())
+      (inside,) = jt_dist.exported_versions(_export(_add, x, x))
+    self.assertEqual((inside.compute_capability, inside.binary),
+                     (capability, "cubin"))
+    # Once the block is left, neither option holds any more.
+    with self.assertRaisesRegex(jt_dist.ExportError,
+                                "no compute_capability was given"):
+      _export(_add, x, x)
+    (after,) = jt_dist.exported_versions(_export(
+        lambda a, b: _add(a, b, compute_capability=capability), x, x))
+    self.assertEqual(after.binary, "ptx")
 
   def test_rocm_export_under_jaxlib_without_module_image_errors(self):
     # tests/rocm_lowering_test.py exports for ROCm where jaxlib can.
     x = jnp.asarray(self.random(int(self.np_rng.integers(64, 512))))
     f = lambda a, b: _add(a, b, compute_capability="gfx942")
-    with mock.patch.object(_compat, "jaxlib_takes_module_image",
-                           lambda: False):
+    # jaxlib 0.11.1 is the first to take machine code (a HSACO) inline.
+    with mock.patch.object(jaxlib, "__version__", "0.11.0"):
       with self.assertRaises(NotImplementedError) as caught:
         _export(f, x, x, platforms=("rocm",))
     message = str(caught.exception)

@@ -178,3 +178,18 @@ def dropout_kernel(x_ptr, out_ptr, n, p, seed, BLOCK: tl.constexpr):
   x = tl.load(x_ptr + offsets, mask=mask)
   keep = tl.rand(seed, offsets) > p
   tl.store(out_ptr + offsets, tl.where(keep, x / (1 - p), 0.0), mask=mask)
+
+
+@triton.jit
+def maybe_bias_kernel(x_ptr, bias_ptr, n, out_ptr, scale,
+                      BLOCK: tl.constexpr):
+  # bias_ptr and scale may be None (compile-time constants): Triton then
+  # compiles their branches away.
+  offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+  mask = offsets < n
+  x = tl.load(x_ptr + offsets, mask=mask)
+  if bias_ptr is not None:
+    x += tl.load(bias_ptr + offsets, mask=mask)
+  if scale is not None:
+    x *= scale
+  tl.store(out_ptr + offsets, x, mask=mask)

@@ -20,11 +20,10 @@ import jax.numpy as jnp
 import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
+import triton.language as tl
 
 import jt_dist
-from jt_dist._gpu import lowering as _gpu_lowering
 from jt_dist import testing
-from jt_dist._cpu import runtime as _cpu_runtime
 import gpu_lowering_util as util
 from feature_kernels import copy_kernel
 from feature_kernels import gluon_copy_kernel
@@ -34,6 +33,13 @@ from feature_kernels import gluon_copy_kernel
 def gluon_future_api_kernel(in_ptr, out_ptr):
   value = gl.jt_dist_test_api_from_the_future(gl.load(in_ptr))
   gl.store(out_ptr, value)
+
+
+@triton.jit
+def tripwire_kernel(in_ptr, n, out_ptr, BLOCK: tl.constexpr):
+  # Fails the call (debug=True) if it ever runs: a refusal must come before
+  # the launch.
+  tl.device_assert(tl.program_id(0) < 0, "tripwire_kernel ran")
 
 
 def _host_tma_copy_kernel():
@@ -66,9 +72,9 @@ def _gluon_copy(x, **options):
       size=x.size, block=64, num_warps=1, **options)
 
 
-def _copy(x, **options):
+def _copy(x, kernel=copy_kernel, **options):
   return jt_dist.triton_call(
-      x, x.size, kernel=copy_kernel, out_shape=x,
+      x, x.size, kernel=kernel, out_shape=x,
       grid=(triton.cdiv(x.size, 32),), BLOCK=32, **options)
 
 
@@ -80,45 +86,57 @@ class CpuRefusalTest(testing.TestCase):
       self.skipTest("the refusals are the CPU interpreter's")
     jax.clear_caches()
 
-  def _never_interpreted(self):
-    return mock.patch.object(_cpu_runtime, "run",
-                             side_effect=AssertionError("interpreted"))
+  def _assert_refused_when_lowered(self, f, *args, message):
+    # Lowering runs nothing: a refusal there comes before any launch.
+    with self.assertRaisesRegex(NotImplementedError, message):
+      jax.jit(f).trace(*args).lower()
 
   @parameterized.parameters(False, True)
   def test_gluon_kernel_is_refused(self, jit):
     x = jnp.asarray(self.random((100,)))
+    message = (r"kernel 'gluon_copy_kernel' is a Gluon kernel.*interpreter"
+               r" cannot run Gluon")
+    self._assert_refused_when_lowered(_gluon_copy, x, message=message)
     f = jax.jit(_gluon_copy) if jit else _gluon_copy
-    with self._never_interpreted(), self.assertRaisesRegex(
-        NotImplementedError,
-        r"kernel 'gluon_copy_kernel' is a Gluon kernel.*interpreter cannot"
-        r" run Gluon"):
+    with self.assertRaisesRegex(NotImplementedError, message):
       f(x)
 
   def test_eager_gluon_call_is_refused_before_it_runs(self):
     x = jnp.asarray(self.random((100,)))
-    with self._never_interpreted(), self.assertRaisesRegex(
-        NotImplementedError, "'gluon_copy_kernel' is a Gluon kernel"):
+    message = "'gluon_copy_kernel' is a Gluon kernel"
+    self._assert_refused_when_lowered(_gluon_copy, x, message=message)
+    with self.assertRaisesRegex(NotImplementedError, message):
       _gluon_copy(x)
 
   def test_gluon_kernel_is_refused_under_vmap_and_shard_map(self):
     x = jnp.asarray(self.random((2, 64)))
-    with self._never_interpreted():
-      with self.assertRaisesRegex(NotImplementedError, "gluon_copy_kernel"):
-        jax.vmap(_gluon_copy)(x)
-      mesh = jax.make_mesh((2,), ("i",), devices=self.devices(2))
-      spec = jax.sharding.PartitionSpec("i")
-      x = jax.device_put(x, jax.sharding.NamedSharding(mesh, spec))
-      with self.assertRaisesRegex(NotImplementedError, "gluon_copy_kernel"):
-        jax.jit(jax.shard_map(lambda a: _gluon_copy(a[0]), mesh=mesh,
-                              in_specs=spec, out_specs=spec))(x)
+    self._assert_refused_when_lowered(jax.vmap(_gluon_copy), x,
+                                      message="gluon_copy_kernel")
+    with self.assertRaisesRegex(NotImplementedError, "gluon_copy_kernel"):
+      jax.vmap(_gluon_copy)(x)
+    mesh = jax.make_mesh((2,), ("i",), devices=self.devices(2))
+    spec = jax.sharding.PartitionSpec("i")
+    x = jax.device_put(x, jax.sharding.NamedSharding(mesh, spec))
+    sharded = jax.shard_map(lambda a: _gluon_copy(a[0]), mesh=mesh,
+                            in_specs=spec, out_specs=spec)
+    self._assert_refused_when_lowered(sharded, x, message="gluon_copy_kernel")
+    with self.assertRaisesRegex(NotImplementedError, "gluon_copy_kernel"):
+      jax.jit(sharded)(x)
+
+  def test_tripwire_fires_when_run(self):
+    # What the refusals below would raise had the kernel run.
+    x = jnp.asarray(self.random((100,)))
+    with self.assertRaisesRegex(jt_dist.KernelAssertionError,
+                                "tripwire_kernel ran"):
+      _copy(x, kernel=tripwire_kernel, num_ctas=1, debug=True)
 
   @parameterized.parameters({"num_ctas": 2}, {"backend_options": {"num_ctas": 4}})
   def test_clusters_are_refused(self, **options):
     x = jnp.asarray(self.random((100,)))
-    with self._never_interpreted(), self.assertRaisesRegex(
-        ValueError, r"kernel 'copy_kernel' asks for num_ctas=\d.*clusters are"
-        r" not available on the CPU"):
-      _copy(x, **options)
+    with self.assertRaisesRegex(
+        ValueError, r"kernel 'tripwire_kernel' asks for num_ctas=\d.*clusters"
+        r" are not available on the CPU"):
+      _copy(x, kernel=tripwire_kernel, debug=True, **options)
 
   def test_autotuned_cluster_config_is_refused(self):
     tuned = triton.autotune(
@@ -185,8 +203,7 @@ class CudaTest(util.IsolatedCacheMixin, testing.TestCase):
     if kernel is None:
       self.skipTest(f"Triton {triton.__version__} has no"
                     " mbarrier.allocate_mbarrier for Gluon")
-    if not hasattr(_gpu_lowering.plugin("cuda"),
-                   "create_tma_descriptor_parameter"):
+    if not hasattr(util.plugin("cuda"), "create_tma_descriptor_parameter"):
       self.skipTest("the installed jaxlib takes no host TMA descriptors")
     x = jnp.asarray(self.random((16, 32)))
     layout = gl.NVMMASharedLayout(128, element_bitwidth=32, rank=2)

@@ -1,11 +1,16 @@
-"""Helpers for tests of the GPU lowering: custom-call extraction, protos.
+"""Helpers for tests of what a call binds and lowers: jaxprs, custom calls.
 
 jaxlib's Triton call is a protobuf; the tests decode it with the few lines
-of wire-format parsing below rather than depend on protobuf.
+of wire-format parsing below rather than depend on protobuf, or on
+jt_dist's own reader: what jt_dist writes is read back independently.
+Everything here goes through jax, jaxlib and environment variables, never
+jt_dist's private modules, so that the tests using it survive a refactor.
 """
 
 from __future__ import annotations
 
+import importlib
+import os
 import struct
 import tempfile
 import unittest
@@ -13,28 +18,53 @@ from unittest import mock
 import zlib
 
 import jax
-from jax._src.lib.mlir import ir
+from jax.extend import core as jax_core
+from jax.interpreters import mlir
 
-from jt_dist._tools import export as _export
-from jt_dist import _settings
-from jt_dist._backend import cache as _cache
-from jt_dist._gpu import lowering as _gpu_lowering
-from jt_dist import _compat
-from jt_dist._gpu import proto_wire as _proto_wire
+ir = mlir.ir
 
-HAS_TRITON_CALL = _compat.gpu_triton_module() is not None and hasattr(
-    getattr(_compat.gpu_triton_module(), "_cuda_triton", None), "TritonKernel")
+
+def plugin(platform: str):
+  """jaxlib's Triton bindings for ``platform``, or None where not installed."""
+  try:
+    module = importlib.import_module("jaxlib.gpu_triton")
+  except ImportError:
+    return None
+  found = getattr(module, "_cuda_triton" if platform == "cuda"
+                  else "_hip_triton", None)
+  return found if hasattr(found, "TritonKernel") else None
+
+
+HAS_TRITON_CALL = plugin("cuda") is not None
 SKIP_REASON = (
     "jaxlib's Triton custom call for CUDA (jaxlib.gpu_triton._cuda_triton) is"
     " missing: install jax-cuda12-plugin (--no-deps, at the jax version) to"
     " cross-lower for CUDA on this host.")
-HAS_ROCM_TRITON_CALL = _compat.gpu_triton_module() is not None and hasattr(
-    getattr(_compat.gpu_triton_module(), "_hip_triton", None), "TritonKernel")
+HAS_ROCM_TRITON_CALL = plugin("rocm") is not None
 ROCM_SKIP_REASON = (
     "jaxlib's Triton custom call for ROCm (jaxlib.gpu_triton._hip_triton) is"
     " missing: install jax-rocm7-plugin (--no-deps, at the jax version; on a"
     " host without ROCm, conftest.py loads a stub HIP runtime for it, which"
     " needs a C compiler).")
+
+
+def bound_calls(f, *args) -> list:
+  """The ``jt_dist_triton_call`` equations of ``jax.make_jaxpr(f)(*args)``.
+
+  Nested jaxprs (an eager call's own jit, a shard_map, a cond) included;
+  each equation's ``params["spec"]`` is what the call bound.
+  """
+  found = []
+
+  def walk(jaxpr):
+    for eqn in jaxpr.eqns:
+      if eqn.primitive.name == "jt_dist_triton_call":
+        found.append(eqn)
+      for sub in jax_core.jaxprs_in_params(eqn.params):
+        walk(sub)
+
+  walk(jax.make_jaxpr(f)(*args).jaxpr)
+  return found
 
 
 def lower(f, *args, platform: str = "cuda"):
@@ -45,11 +75,37 @@ def lower(f, *args, platform: str = "cuda"):
   return jax.jit(fresh).trace(*args).lower(lowering_platforms=(platform,))
 
 
+def _varint(data: bytes, pos: int) -> tuple[int, int]:
+  value = shift = 0
+  while True:
+    byte = data[pos]
+    pos += 1
+    value |= (byte & 0x7F) << shift
+    shift += 7
+    if not byte & 0x80:
+      return value, pos
+
+
 def decode(data: bytes) -> dict[int, list]:
-  """Decodes one protobuf message into {field number: [values]}."""
+  """Decodes one protobuf message into {field number: [values]}.
+
+  A varint's value is its integer; any other field's is its bytes.
+  """
   fields: dict[int, list] = {}
-  for field in _proto_wire.parse_fields(data):
-    fields.setdefault(field.number, []).append(field.value())
+  pos = 0
+  while pos < len(data):
+    tag, pos = _varint(data, pos)
+    wire_type = tag & 7
+    if wire_type == 0:
+      value, pos = _varint(data, pos)
+    else:
+      if wire_type == 2:
+        size, pos = _varint(data, pos)
+      else:  # Fixed 64 (1) or 32 (5) bits.
+        size = {1: 8, 5: 4}[wire_type]
+      value, pos = data[pos:pos + size], pos + size
+      assert pos <= len(data), f"field {tag >> 3} runs past the message"
+    fields.setdefault(tag >> 3, []).append(value)
   return fields
 
 
@@ -131,12 +187,21 @@ def triton_custom_calls(lowered) -> list[dict]:
   return module_triton_custom_calls(lowered.compiler_ir("stablehlo"))
 
 
+def walk_operations(operation):
+  """Yields ``operation`` and every operation nested in its regions."""
+  yield operation
+  for region in operation.regions:
+    for block in region.blocks:
+      for op in block.operations:
+        yield from walk_operations(op.operation)
+
+
 def legacy_opaque(lowered) -> bytes:
   """The backend config of the one legacy Triton custom call in ``lowered``."""
   module = lowered.compiler_ir("stablehlo")
   (opaque,) = [
       ir.StringAttr(op.attributes["backend_config"]).value_bytes
-      for op in _export.walk_operations(module.operation)
+      for op in walk_operations(module.operation)
       if op.name == "stablehlo.custom_call"
       and ir.StringAttr(op.attributes["call_target_name"]).value
       == "triton_kernel_call"]
@@ -145,8 +210,6 @@ def legacy_opaque(lowered) -> bytes:
 
 def exported_triton_custom_calls(exported) -> list[dict]:
   """The Triton custom calls of a ``jax.export.Exported``, decoded."""
-  from jax.interpreters import mlir  # pylint: disable=g-import-not-at-top
-
   with mlir.make_ir_context() as context:
     return module_triton_custom_calls(
         ir.Module.parse(exported.mlir_module(), context=context))
@@ -155,7 +218,7 @@ def exported_triton_custom_calls(exported) -> list[dict]:
 def module_triton_custom_calls(module) -> list[dict]:
   """The Triton custom calls of a StableHLO ``ir.Module``, decoded."""
   calls = []
-  for op in _export.walk_operations(module.operation):
+  for op in walk_operations(module.operation):
     if op.name != "stablehlo.custom_call":
       continue
     attrs = op.attributes
@@ -175,38 +238,21 @@ def module_triton_custom_calls(module) -> list[dict]:
   return calls
 
 
-def keep_settings(test: unittest.TestCase) -> None:
-  """Restores what the ``configure_*`` functions set once ``test`` is over.
-
-  They replace ``_settings._configured`` whole, never change it in place,
-  so putting back the object found now restores every one of them.
-  """
-  test.enterContext(mock.patch.object(
-      _settings, "_configured", _settings._configured))  # pylint: disable=protected-access
-
-
-def with_ttir():
-  """Lowerings inside the block carry each kernel's TTIR, for tests to read."""
-  return mock.patch.object(_gpu_lowering, "proto_choices",
-                           _gpu_lowering.ProtoChoices(ttir=True))
-
-
 class IsolatedCacheMixin(unittest.TestCase):
-  """Gives each test an empty memory cache and its own disk cache dir."""
+  """Gives each test its own disk cache dir, through the environment.
+
+  The suite leaves no ``configure_cache`` override behind (tests that set
+  one restore it), so ``JT_DIST_CACHE_DIR`` and ``JT_DIST_DISK_CACHE``
+  decide where kernels go.
+  """
 
   def setUp(self):
     super().setUp()
     self._tmp = tempfile.TemporaryDirectory()
+    self.addCleanup(self._tmp.cleanup)
     self.cache_dir = self._tmp.name
-    keep_settings(self)
-    _settings.configure_cache(disk_cache=True, cache_dir=self.cache_dir)
-    _cache.memory_cache.clear()
-
-    def restore():
-      _cache.memory_cache.clear()
-      self._tmp.cleanup()
-
-    self.addCleanup(restore)
+    self.enterContext(mock.patch.dict(os.environ, {
+        "JT_DIST_CACHE_DIR": self.cache_dir, "JT_DIST_DISK_CACHE": "1"}))
 
 
 class JaxlibAutotuningMixin(unittest.TestCase):
@@ -218,5 +264,5 @@ class JaxlibAutotuningMixin(unittest.TestCase):
 
   def setUp(self):
     super().setUp()
-    keep_settings(self)
-    _settings.configure_autotune(mode="jaxlib")
+    self.enterContext(mock.patch.dict(os.environ,
+                                      {"JT_DIST_AUTOTUNE": "jaxlib"}))

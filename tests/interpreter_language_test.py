@@ -25,7 +25,7 @@ testing.configure_cpu_devices()
 
 import jt_dist  # pylint: disable=g-import-not-at-top,wrong-import-position
 from jt_dist import _compat  # pylint: disable=g-import-not-at-top,wrong-import-position
-from jt_dist._compat import interpreter_language  # pylint: disable=g-import-not-at-top,wrong-import-position
+from jt_dist._cpu.interpreter import language as interpreter_language  # pylint: disable=g-import-not-at-top,wrong-import-position
 from jt_dist._cpu import vector_launch  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 _BLOCK = 16

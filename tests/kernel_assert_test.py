@@ -2,11 +2,15 @@
 
 A failing ``tl.device_assert`` (with ``debug=True``) or ``tl.static_assert``
 (always, as when compiling) raises ``KernelAssertionError`` naming the
-kernel, the program id and the assert's message, eagerly; under ``jax.jit``
-its text reaches the caller in jax's error.
+kernel, the program id and the assert's message (a static assert's line
+too), eagerly; under ``jax.jit`` its text reaches the caller in jax's error.
+Cross-lowered for CUDA, Triton's compiler checks static asserts, also after
+a launch on the interpreter.
 """
 
 from __future__ import annotations
+
+import unittest
 
 from absl.testing import absltest
 from absl.testing import parameterized
@@ -22,6 +26,7 @@ from jt_dist import testing
 testing.configure_cpu_devices()
 
 import jt_dist  # pylint: disable=g-import-not-at-top,wrong-import-position
+import gpu_lowering_util as util  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 _BLOCK = 16
 
@@ -39,6 +44,13 @@ def static_checked_kernel(x_ptr, out_ptr, BLOCK: tl.constexpr):
   tl.static_assert(BLOCK % 32 == 0, "BLOCK must be a multiple of 32")
   offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
   tl.store(out_ptr + offsets, tl.load(x_ptr + offsets))
+
+
+@triton.jit
+def seeded_scale_kernel(x_ptr, seed, out_ptr, BLOCK: tl.constexpr):
+  offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+  r = tl.rand(seed, offsets)
+  tl.store(out_ptr + offsets, tl.load(x_ptr + offsets) * r)
 
 
 @triton.jit
@@ -111,8 +123,37 @@ class KernelAssertTest(testing.TestCase):
     with self.assertRaisesRegex(
         jt_dist.KernelAssertionError,
         r"kernel 'static_checked_kernel', program id \(0, 0, 0\):"
-        r" tl\.static_assert failed: BLOCK must be a multiple of 32"):
+        r" tl\.static_assert failed at .*kernel_assert_test\.py:\d+"
+        r" \(`tl\.static_assert\(BLOCK % 32 == 0, .*\)`\): BLOCK must be a"
+        r" multiple of 32$"):
       _copy(x, None, debug=debug, kernel=static_checked_kernel)
+
+  @parameterized.parameters(False, True)
+  def test_static_assert_in_a_library_function_names_both_lines(self, jit):
+    # tl.rand asserts that its seed is an integer, with no message: a float
+    # seed fails the assert inside Triton's library.
+    x = jnp.asarray(self.random((_BLOCK,)))
+    seed = float(self.np_rng.uniform(1, 1000))
+
+    def f(a, s):
+      return jt_dist.triton_call(
+          a, s, kernel=seeded_scale_kernel,
+          out_shape=jax.ShapeDtypeStruct(a.shape, a.dtype), grid=(1,),
+          BLOCK=_BLOCK)
+    with self.assertRaisesKernelError(jt_dist.KernelAssertionError,
+                                      jitted=jit) as caught:
+      if jit:
+        jax.block_until_ready(jax.jit(lambda a: f(a, seed))(x))
+      else:
+        f(x, seed)
+    for part in ("kernel 'seeded_scale_kernel'",
+                 "tl.static_assert failed at ",
+                 "random.py:",
+                 "reached from the kernel's line ",
+                 "kernel_assert_test.py:",
+                 "(`r = tl.rand(seed, offsets)`)",
+                 ": (no message)"):
+      self.assertIn(part, caught.message)
 
   def test_holding_static_assert_lets_the_kernel_run(self):
     x = jnp.asarray(self.random((64,)))
@@ -150,6 +191,43 @@ class KernelAssertTest(testing.TestCase):
     self.assertTrue(issubclass(jt_dist.KernelAssertionError, AssertionError))
     self.assertTrue(issubclass(jt_dist.KernelAssertionError,
                                jt_dist.KernelLaunchError))
+
+
+@unittest.skipUnless(util.HAS_TRITON_CALL, util.SKIP_REASON)
+class CudaStaticAssertTest(util.IsolatedCacheMixin, testing.TestCase):
+  """Cross-lowered for CUDA: Triton's compiler checks the static asserts."""
+
+  def _lower(self, kernel, x, *args, **meta):
+    return util.lower(lambda a: jt_dist.triton_call(
+        a, *args, kernel=kernel,
+        out_shape=jax.ShapeDtypeStruct(a.shape, a.dtype), grid=(1,),
+        compute_capability=90, **{"BLOCK": _BLOCK, **meta}), x)
+
+  def test_static_assert_fails_the_compile_after_a_cpu_launch(self):
+    x = jnp.zeros((_BLOCK,), jnp.float32)
+    if testing.platform() == "cpu":
+      # A launch on the interpreter first: compiling afterwards must still
+      # check the kernel's static asserts.
+      with self.assertRaises(jt_dist.KernelAssertionError):
+        _copy(x, None, debug=False, kernel=static_checked_kernel)
+    with self.assertRaisesRegex(triton.compiler.errors.CompilationError,
+                                "BLOCK must be a multiple of 32"):
+      self._lower(static_checked_kernel, x)
+
+  def test_static_assert_in_a_library_function_is_noted(self):
+    x = jnp.zeros((_BLOCK,), jnp.float32)
+    with self.assertRaises(triton.compiler.errors.CompilationError) as cm:
+      util.lower(lambda a: jt_dist.triton_call(
+          a, 7.5, kernel=seeded_scale_kernel,
+          out_shape=jax.ShapeDtypeStruct(a.shape, a.dtype), grid=(1,),
+          compute_capability=90, BLOCK=_BLOCK), x)
+    self.assertIn("r = tl.rand(seed, offsets)", str(cm.exception))
+    (note,) = [n for n in getattr(cm.exception, "__notes__", ())
+               if n.startswith("jt_dist:")]
+    for part in ("tl.static_assert failed in philox",
+                 "(`tl.static_assert(seed.dtype.is_int())`)",
+                 "(no message)"):
+      self.assertIn(part, note)
 
 
 if __name__ == "__main__":

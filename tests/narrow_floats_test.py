@@ -45,7 +45,7 @@ from jt_dist import testing
 testing.configure_cpu_devices()
 
 import jt_dist  # pylint: disable=g-import-not-at-top,wrong-import-position
-from jt_dist import _compat  # pylint: disable=g-import-not-at-top,wrong-import-position
+from jt_dist._cpu import interpreter as cpu_interpreter  # pylint: disable=g-import-not-at-top,wrong-import-position
 import float_op_kernels as K  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 _BLOCK = 16
@@ -204,16 +204,16 @@ _OPS = {
 def _as_triton_defines(name: str, op: Op, triton_name: str) -> Op:
   """``op`` on ``triton_name`` as the installed Triton defines it.
 
-  Triton 3.6 (``_compat.triton36_floats``; remove when its support ends)
+  Triton 3.6 (``_cpu.interpreter.triton36_floats``; remove when its support ends)
   divides bf16 in bf16 with ``tl.math.fdiv``, and its ``tl.maximum``
   returns float32 for bf16, which ``tl.reduce`` refuses from a combine
   function.
   """
   if triton_name != "bf16":
     return op
-  if name == "fdiv" and not _compat.fdiv_widens_bfloat16():
+  if name == "fdiv" and not cpu_interpreter.fdiv_widens_bfloat16():
     return dataclasses.replace(op, error="once")
-  if name == "reduce_max" and _compat.min_max_widen_bfloat16():
+  if name == "reduce_max" and cpu_interpreter.min_max_widen_bfloat16():
     return dataclasses.replace(op, refused=r"tl\.reduce")
   return op
 

@@ -49,6 +49,14 @@ def tuned_add_out_first_kernel(out_ptr, x_ptr, y_ptr, n, BLOCK: tl.constexpr):
            + tl.load(y_ptr + offsets, mask=mask), mask=mask)
 
 
+@triton.jit
+def scale_out_first_kernel(out_ptr, x_ptr, n, BLOCK: tl.constexpr):
+  offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+  mask = offsets < n
+  tl.store(out_ptr + offsets, tl.load(x_ptr + offsets, mask=mask) * x_ptr,
+           mask=mask)
+
+
 def _like(x):
   return jax.ShapeDtypeStruct(x.shape, x.dtype)
 
@@ -115,10 +123,12 @@ class OutputOrderTest(testing.TestCase):
   def test_repeated_eager_calls_reuse_one_call(self):
     x, y = (jnp.asarray(self.random((_N,))) for _ in range(2))
     self.assertAllClose(_add(x, y), x + y)
-    before = len(jt_dist._call.memo.triton_calls)  # pylint: disable=protected-access
+    before = jt_dist.cache_info()
     for _ in range(3):
       self.assertAllClose(_add(y, x), x + y)
-    self.assertEqual(len(jt_dist._call.memo.triton_calls), before)  # pylint: disable=protected-access
+    after = jt_dist.cache_info()
+    self.assertEqual(after.triton_call_entries, before.triton_call_entries)
+    self.assertEqual(after.lowerings, before.lowerings)
 
   @parameterized.parameters("grid", "sequential")
   def test_vmap(self, method):
@@ -280,6 +290,19 @@ class OutputOrderCudaLoweringTest(util.IsolatedCacheMixin, testing.TestCase):
                      ["array", "i32", "i32", "i32", "i32", "array"])
     self.assertEqual(jt_dist.exported_versions(loaded)[0].kernels,
                      ("softmax_kernel",))
+
+  def test_compile_error_quotes_the_kernel(self):
+    # Triton reports an inlined callee's error at the wrapper's call: the
+    # user's own line is what a user must see.
+    x = jnp.asarray(self.random((_N,)))
+    with self.assertRaises(Exception) as cm:
+      util.lower(lambda a: jt_dist.triton_call(
+          kernel=scale_out_first_kernel, x_ptr=a, n=_N, out_shape=_like(a),
+          grid=(4,), BLOCK=_BLOCK, compute_capability=90), x)
+    message = str(cm.exception)
+    self.assertIn("def scale_out_first_kernel(out_ptr, x_ptr, n,", message)
+    self.assertIn("tl.load(x_ptr + offsets, mask=mask) * x_ptr", message)
+    self.assertNotIn("_jt_wrap_", message)
 
   def test_same_code_as_outputs_last(self):
     # The wrapper is inlined: its PTX is the outputs-last kernel's, but for

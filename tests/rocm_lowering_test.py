@@ -37,6 +37,7 @@ from jt_dist import testing
 from jt_dist._gpu import lowering as _gpu_lowering
 from jt_dist._backend import target as _target
 import amdgpu_elf
+import cache_util
 import gpu_lowering_util as util
 import hip_stub
 from feature_kernels import add_kernel
@@ -52,6 +53,12 @@ _CONFIGS = [
     triton.Config({"BLOCK": 256}, num_warps=8),
 ]
 tuned_add_kernel = triton.autotune(configs=_CONFIGS, key=["n"])(add_kernel)
+
+
+def _with_ttir():
+  """Lowerings inside the block carry each kernel's TTIR, for tests to read."""
+  return mock.patch.object(_gpu_lowering, "proto_choices",
+                           _gpu_lowering.ProtoChoices(ttir=True))
 
 
 def _add(x, y, arch, block=128, **options):
@@ -85,7 +92,7 @@ _ADD_SIGNATURE = {"x_ptr": "*fp32", "y_ptr": "*fp32", "n": "i32",
 
 
 @unittest.skipUnless(util.HAS_ROCM_TRITON_CALL, util.ROCM_SKIP_REASON)
-class RocmLoweringTest(util.JaxlibAutotuningMixin, util.IsolatedCacheMixin,
+class RocmLoweringTest(util.JaxlibAutotuningMixin, cache_util.EmptyCacheMixin,
                        testing.TestCase):
 
   def _inputs(self, n=1000):
@@ -280,7 +287,7 @@ class RocmLoweringTest(util.JaxlibAutotuningMixin, util.IsolatedCacheMixin,
           out_shape=jax.ShapeDtypeStruct(a.shape, a.dtype),
           grid=(triton.cdiv(n, 128),), BLOCK=128, compute_capability=cc)
 
-    with util.with_ttir():
+    with _with_ttir():
       (rocm,) = _rocm_calls(lambda a: f(a, arch), x)
     (kernel,) = rocm["calls"]
     size = [] if n == 1 else [("i32", n)]  # 1 is specialised away.
@@ -295,7 +302,7 @@ class RocmLoweringTest(util.JaxlibAutotuningMixin, util.IsolatedCacheMixin,
                      2 + (n % 16 == 0 and n != 1))
     if not util.HAS_TRITON_CALL:
       return  # The same expectations hold the CUDA suite's results.
-    with util.with_ttir():
+    with _with_ttir():
       (cuda,) = util.triton_custom_calls(
           util.lower(lambda a: f(a, 90), x, platform="cuda"))
     self.assertEqual(cuda["calls"][0]["params"], params)

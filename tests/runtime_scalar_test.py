@@ -8,7 +8,6 @@ travels as a one-element buffer that a wrapper kernel loads.
 """
 
 import unittest
-from unittest import mock
 
 from absl.testing import absltest
 from absl.testing import parameterized
@@ -25,7 +24,6 @@ from jt_dist import testing
 testing.configure_cpu_devices()
 
 import jt_dist  # pylint: disable=g-import-not-at-top,wrong-import-position
-from jt_dist._call import kernel_call as _kernel_call  # pylint: disable=g-import-not-at-top,wrong-import-position
 import gpu_lowering_util as util  # pylint: disable=g-import-not-at-top,wrong-import-position
 from feature_kernels import dropout_kernel  # pylint: disable=g-import-not-at-top,wrong-import-position
 from feature_kernels import scale_kernel  # pylint: disable=g-import-not-at-top,wrong-import-position
@@ -82,10 +80,11 @@ class RuntimeScalarTest(testing.TestCase):
     x = self._x()
     call = jt_dist.kernel_call(scale_kernel, out_shape=_like(x), grid=(4,),
                                n=_N, BLOCK=_BLOCK)
+    before = jt_dist.cache_info()
     for s in self.np_rng.uniform(-3, 3, size=4):
       self.assertAllClose(call(x, jt_dist.runtime_scalar(float(s))),
                           np.asarray(x) * np.float32(s), rtol=1e-6)
-    self.assertEqual(call._jitted._cache_size(), 1)  # pylint: disable=protected-access
+    self.assertEqual(jt_dist.cache_info().lowerings - before.lowerings, 1)
 
   def test_seed_from_a_step_counter_under_jit(self):
     x = jnp.asarray(self.random((_N,), low=1.0, high=2.0))
@@ -220,27 +219,13 @@ class PerStepScalarTest(testing.TestCase):
     values = [float(v) for v in self.np_rng.uniform(-3, 3, size=5)]
     self.assertAllClose(_scale(x, values[0]), np.asarray(x) * values[0],
                         rtol=1e-6)
-    memo = jt_dist._call.memo.triton_calls  # pylint: disable=protected-access
-    before = len(memo)
+    before = jt_dist.cache_info()
     for s in values[1:]:
       self.assertAllClose(_scale(x, s), np.asarray(x) * np.float32(s),
                           rtol=1e-6)
-    self.assertEqual(len(memo), before)
-
-  @unittest.skipUnless(util.HAS_TRITON_CALL, util.SKIP_REASON)
-  def test_on_gpus_a_float_is_loaded_and_an_int_compiled_in(self):
-    x = jnp.asarray(self.random((_N,)))
-    with mock.patch.object(jax, "default_backend", lambda: "gpu"):
-      call = _kernel_call.make(
-          scale_kernel, _like(x), (4,),
-          {"BLOCK": _BLOCK, "compute_capability": 90},
-          (_kernel_call.OPERAND, 2.5, _N), runtime_scalars=True)
-      lowered = call._jitted.trace(x, 2.5).lower(  # pylint: disable=protected-access
-          lowering_platforms=("cuda",))
-    self.assertEqual(call.passed, (True, True, False))
-    (kernel,) = util.triton_custom_calls(lowered)[0]["calls"]
-    self.assertEqual(kernel["params"], [
-        ("array", 0, 16), ("array", 0, 16), ("i32", _N), ("array", 0, 16)])
+    after = jt_dist.cache_info()
+    self.assertEqual(after.triton_call_entries, before.triton_call_entries)
+    self.assertEqual(after.lowerings, before.lowerings)
 
 
 @unittest.skipUnless(util.HAS_TRITON_CALL, util.SKIP_REASON)

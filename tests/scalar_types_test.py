@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import re
 import unittest
+from unittest import mock
 import warnings
 
 from absl.testing import absltest
@@ -29,6 +30,8 @@ testing.configure_cpu_devices()
 import jt_dist  # pylint: disable=g-import-not-at-top,wrong-import-position
 from jt_dist import _compat  # pylint: disable=g-import-not-at-top,wrong-import-position
 from jt_dist._core import types as _types  # pylint: disable=g-import-not-at-top,wrong-import-position
+from jt_dist._gpu import lowering as _gpu_lowering  # pylint: disable=g-import-not-at-top,wrong-import-position
+import cache_util  # pylint: disable=g-import-not-at-top,wrong-import-position
 import gpu_lowering_util as util  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 # Every edge of Triton's integer typing, and values on either side of it.
@@ -47,6 +50,12 @@ _MLIR_TYPES = {"i1": "i1", "i32": "i32", "u32": "i32", "i64": "i64",
 
 # The outputs are pairs of 32-bit words written as one 64-bit value, so that
 # the tests need no jax_enable_x64.
+def _with_ttir():
+  """Lowerings inside the block carry each kernel's TTIR, for tests to read."""
+  return mock.patch.object(_gpu_lowering, "proto_choices",
+                           _gpu_lowering.ProtoChoices(ttir=True))
+
+
 @triton.jit
 def store_int_kernel(n, out_ptr, times4_ptr):
   # Stored as they are: the store converts them to int64 as the kernel's
@@ -279,11 +288,11 @@ def _param_type(param):
 
 
 @unittest.skipUnless(util.HAS_TRITON_CALL, util.SKIP_REASON)
-class CudaSignatureTest(util.IsolatedCacheMixin, testing.TestCase):
+class CudaSignatureTest(cache_util.EmptyCacheMixin, testing.TestCase):
   """A cross-lowered CUDA call types scalars as Triton's launcher does."""
 
   def _lower(self, f):
-    with util.with_ttir():
+    with _with_ttir():
       (call,) = util.triton_custom_calls(
           jax.jit(f).trace().lower(lowering_platforms=("cuda",)))
     (kernel,) = call["calls"]

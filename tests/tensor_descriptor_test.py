@@ -10,23 +10,20 @@ from __future__ import annotations
 
 import re
 import unittest
-from unittest import mock
 
 from absl.testing import absltest
 from absl.testing import parameterized
 import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
+import jaxlib
 import numpy as np
 import triton
 import triton.language as tl
+from triton.tools import tensor_descriptor as host_descriptor
 
 import jt_dist
-from jt_dist._core import binding as _binding
-from jt_dist import _compat
-from jt_dist._core import tensordesc as _tensordesc
 from jt_dist import testing
-from jt_dist._gpu import lowering as _gpu_lowering
 import gpu_lowering_util as util
 from feature_kernels import desc_copy_kernel
 
@@ -40,6 +37,12 @@ def desc_tile_kernel(in_desc, scale, out_ptr, N: tl.constexpr,
   rows = i * BM + tl.arange(0, BM)[:, None]
   cols = j * BN + tl.arange(0, BN)[None, :]
   tl.store(out_ptr + rows * N + cols, block)
+
+
+def _triton_rounds_to_tf32() -> bool:
+  """Whether Triton's host descriptors take ``round_f32_to_tf32`` (3.9)."""
+  return "round_f32_to_tf32" in getattr(host_descriptor.TensorDescriptor,
+                                        "__dataclass_fields__", {})
 
 
 def _copy(desc, m, n, **options):
@@ -97,26 +100,11 @@ class TensorDescriptorTest(testing.TestCase):
 
   def test_descriptor_is_typed_as_triton_types_it(self):
     x = jnp.asarray(self.random((8, 16)))
-    with mock.patch.object(_binding, "bind_call",
-                           wraps=_binding.bind_call) as bind:
-      _copy(jt_dist.TensorDescriptor.from_array(x, (8, 16)), 8, 16)
-    (call,) = bind.call_args_list
-    options = call.args[4]
-    ((position, info),) = options.tensor_descriptors
-    self.assertEqual(position, 0)
-    self.assertEqual(info.triton_type, "tensordesc<fp32[8,16]>")
-
-  def test_accesses_are_bounds_checked(self):
-    if testing.platform() != "cpu":
-      self.skipTest("the bounds check is the CPU interpreter's")
-    x = jnp.asarray(self.random((4, 16)))
-    desc = jt_dist.TensorDescriptor(x, (8, 16), (16, 1), (8, 16))
-    # The call checks a descriptor's extent against its array; with that
-    # check out of the way the interpreter's checker still catches it.
-    with mock.patch.object(_tensordesc.Info, "extent", 0):
-      with self.assertRaisesRegex(jt_dist.OutOfBoundsAccessError,
-                                  r"in_desc"):
-        _copy(desc, 8, 16)
+    (eqn,) = util.bound_calls(lambda a: _copy(
+        jt_dist.TensorDescriptor.from_array(a, (8, 16)), 8, 16), x)
+    operand = eqn.params["spec"].operands[0]
+    self.assertEqual(operand.name, "in_desc")
+    self.assertEqual(operand.type, "tensordesc<fp32[8,16]>")
 
   def test_under_vmap_one_launch_per_element(self):
     xs = jnp.asarray(self.random((3, 8, 16)))
@@ -190,7 +178,7 @@ class TensorDescriptorTest(testing.TestCase):
       jt_dist.triton_call(desc, kernel=desc_copy_kernel, out_shape=jax.ShapeDtypeStruct((1,), jnp.float32), grid=1, M=1, N=1)
 
   def test_tf32_rounding(self):
-    if not _compat.descriptors_round_to_tf32():
+    if not _triton_rounds_to_tf32():
       x = jnp.zeros((8, 16), jnp.float32)
       with self.assertRaisesRegex(NotImplementedError,
                                   r"round_f32_to_tf32=True.*Triton"):
@@ -231,10 +219,8 @@ class TensorDescriptorCudaTest(util.IsolatedCacheMixin, testing.TestCase):
   def test_before_hopper_passes_pointer_shape_and_strides(self):
     (call,) = util.triton_custom_calls(self._lower(80))
     (kernel,) = call["calls"]
-    flags = [("bool", False)] * len(
-        _compat.descriptor_fallback_flags(_tensordesc.Info(
-            (8, 16), (16, 1), (8, 16), None, "zero", False,
-            np.dtype(np.float32))))
+    # padding == "nan", then on Triton 3.9 round_f32_to_tf32.
+    flags = [("bool", False)] * (1 + _triton_rounds_to_tf32())
     self.assertEqual(kernel["params"], [
         ("array", 0, 16), ("i64", 8), ("i64", 16), ("i64", 16), ("i64", 1),
         *flags, ("i32", 8), ("i32", 16), ("i64", 16), ("i64", 1),
@@ -244,11 +230,10 @@ class TensorDescriptorCudaTest(util.IsolatedCacheMixin, testing.TestCase):
     self.assertIn(plain, (0, 1, 2))
 
   def test_on_hopper_a_tma_descriptor(self):
-    lib = _gpu_lowering.plugin("cuda")
-    if not hasattr(lib, "create_tma_descriptor_parameter"):
+    if not hasattr(util.plugin("cuda"), "create_tma_descriptor_parameter"):
       with self.assertRaisesRegex(
           NotImplementedError, r"create_tma_descriptor_parameter.*installed"
-          r" jaxlib \(" + re.escape(_compat.jaxlib_version())):
+          r" jaxlib \(" + re.escape(jaxlib.__version__)):
         self._lower(90)
       return
     (call,) = util.triton_custom_calls(self._lower(90, (16, 32)))

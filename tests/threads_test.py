@@ -23,17 +23,15 @@ import jax.numpy as jnp
 import numpy as np
 import triton
 import triton.language as tl
+from triton.runtime import interpreter
 
 from jt_dist import testing
 
 testing.configure_cpu_devices()
 
 import jt_dist  # pylint: disable=g-import-not-at-top,wrong-import-position
-from jt_dist import _compat  # pylint: disable=g-import-not-at-top,wrong-import-position
 from jt_dist._core import kernel as _kernel  # pylint: disable=g-import-not-at-top,wrong-import-position
 from jt_dist._cpu import lowering as _cpu_lowering  # pylint: disable=g-import-not-at-top,wrong-import-position
-from jt_dist import _settings  # pylint: disable=g-import-not-at-top,wrong-import-position
-from jt_dist._backend import cache as _cache  # pylint: disable=g-import-not-at-top,wrong-import-position
 import cache_util  # pylint: disable=g-import-not-at-top,wrong-import-position
 import gpu_lowering_util as util  # pylint: disable=g-import-not-at-top,wrong-import-position
 
@@ -139,14 +137,16 @@ class ThreadsTest(cache_util.CountingCompilesMixin, testing.TestCase):
     self.assertEqual(_kernel.kernel_info.cache_info().currsize, len(_KERNELS))
     if testing.platform() == "gpu":
       # One compiled kernel per (kernel, BLOCK), compiled exactly once.
-      self.assertLen(_cache.memory_cache, len(_distinct_jobs()))
+      self.assertEqual(jt_dist.cache_info().memory_cache_entries,
+                       len(_distinct_jobs()))
       self.assertEqual(self.compiles, len(_distinct_jobs()))
     else:
       names = {f"{k.fn.__module__}.{k.fn.__qualname__}" for k, _ in _KERNELS}
       self.assertContainsSubset(names, _cpu_lowering._logged_kernels)  # pylint: disable=protected-access
       # The interpreter's own per-function state: one rewritten function per
       # kernel (Triton keys it by the Python function), made once.
-      rewritten = getattr(_compat.InterpretedFunction, "rewritten_fn", None)
+      rewritten = getattr(interpreter.InterpretedFunction, "rewritten_fn",
+                          None)
       if rewritten is not None:
         self.assertContainsSubset({k.fn for k, _ in _KERNELS}, set(rewritten))
       self.assertEqual(self.compiles, 0)
@@ -164,10 +164,11 @@ class ThreadsTest(cache_util.CountingCompilesMixin, testing.TestCase):
 
     concurrent_ptx = _in_threads(ptx_of)
     self.assertEqual(self.compiles, len(_distinct_jobs()))
-    self.assertLen(_cache.memory_cache, len(_distinct_jobs()))
+    self.assertEqual(jt_dist.cache_info().memory_cache_entries,
+                     len(_distinct_jobs()))
     # The same PTX as compiling each alone, in this thread, from scratch.
-    _cache.memory_cache.clear()
-    _settings.configure_cache(disk_cache=False)
+    testing.clear_memory_caches()
+    jt_dist.configure_cache(disk_cache=False)
     for i, ptx in enumerate(concurrent_ptx):
       self.assertEqual(ptx, ptx_of(i), f"thread {i}")
 

@@ -44,8 +44,12 @@ def scaled_add_kernel(x_ptr, y_ptr, n, out_ptr, BLOCK: tl.constexpr):
 def diverging_kernel(x_ptr, out_ptr, BLOCK: tl.constexpr):
   offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
   x = tl.load(x_ptr + offsets)
-  for _ in range(tl.program_id(0) + 1):
+  # A while loop whose condition differs between programs never runs in
+  # lockstep.
+  left = tl.program_id(0) + 1
+  while left > 0:
     x = x * 2.0
+    left -= 1
   tl.store(out_ptr + offsets, x)
 
 

@@ -55,16 +55,19 @@ def atomics_kernel(x_ptr, w_ptr, n, counter_ptr, slots_ptr, hist_ptr,
 
 @triton.jit
 def branch_after_store_kernel(in_ptr, io_ptr, flags_ptr, BLOCK: tl.constexpr):
-  """Writes, then branches on the program (``in_ptr`` aliases ``io_ptr``).
+  """Writes, then loops on the program (``in_ptr`` aliases ``io_ptr``).
 
-  The first chunk (one program) runs vectorised; the second diverges, so its
-  writes must be undone before its programs run one at a time.
+  The first chunk (one program) runs vectorised; the second diverges (a
+  ``while`` loop never runs in lockstep), so its writes must be undone
+  before its programs run one at a time.
   """
   offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
   tl.store(io_ptr + offsets, tl.load(io_ptr + offsets) * 2.0 + 1.0)
   tl.atomic_add(flags_ptr, 1)
-  if tl.program_id(0) % 3 == 1:
+  hit = (tl.program_id(0) % 3 == 1).to(tl.int32)
+  while hit > 0:
     tl.atomic_add(flags_ptr + 1, 1)
+    hit -= 1
 
 
 @triton.jit

@@ -39,6 +39,7 @@ from feature_kernels import add_kernel  # pylint: disable=g-import-not-at-top,wr
 from feature_kernels import copy_kernel  # pylint: disable=g-import-not-at-top,wrong-import-position
 from feature_kernels import desc_copy_kernel  # pylint: disable=g-import-not-at-top,wrong-import-position
 from feature_kernels import gluon_copy_kernel  # pylint: disable=g-import-not-at-top,wrong-import-position
+from feature_kernels import maybe_bias_kernel  # pylint: disable=g-import-not-at-top,wrong-import-position
 from feature_kernels import wide_scale_kernel  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 _N = 32
@@ -117,6 +118,22 @@ class ShardedFeaturesTest(_MeshCase):
         has_side_effect=True, cost_estimate={"flops": _N})
     self.assertAllClose((jax.jit(f) if jit else f)(x, y), x + y)
 
+  @parameterized.parameters(False, True)
+  def test_none_arguments(self, jit):
+    x = self.random((_N,))
+    scale = float(self.np_rng.uniform(1.5, 3.0))
+    # None takes no in_specs entry: it is no operand.
+    f = lambda a: self._sharded(
+        a, None, jt_dist.shard_size(0), kernel=maybe_bias_kernel,
+        out_shape=_like(x), grid=_grid, out_specs=P("i"), BLOCK=_BLOCK,
+        scale=scale)
+    self.assertAllClose((jax.jit(f) if jit else f)(x), x * scale, rtol=1e-6)
+    g = lambda a: self._sharded(
+        a, n=jt_dist.shard_size(0), bias_ptr=None, kernel=maybe_bias_kernel,
+        out_shape=_like(x), grid=_grid, out_specs=P("i"), BLOCK=_BLOCK,
+        scale=None)
+    self.assertAllClose((jax.jit(g) if jit else g)(x), x)
+
   def test_keyword_tensor_descriptor_is_refused(self):
     x = jnp.asarray(self.random((16, 16)))
     with self.assertRaises(NotImplementedError) as cm:
@@ -156,6 +173,17 @@ class RuleFeaturesTest(_MeshCase):
         out_shape=_like(x), grid=_grid, BLOCK=_BLOCK,
         sharding_rule=jt_dist.ShardingRule("i, i -> i")), jit, x, y)
     self.assertAllClose(out, x + y)
+    self.assertEqual(out.sharding.spec, P("i"))
+
+  @parameterized.parameters(False, True)
+  def test_none_arguments(self, jit):
+    x = self.random((_N,))
+    # The rule's operands are the arrays: None is none of them.
+    out = self._run(lambda a: jt_dist.triton_call(
+        a, None, jt_dist.shard_size(0), kernel=maybe_bias_kernel,
+        out_shape=_like(x), grid=_grid, BLOCK=_BLOCK, scale=None,
+        sharding_rule=jt_dist.ShardingRule("i -> i")), jit, x)
+    self.assertAllClose(out, x)
     self.assertEqual(out.sharding.spec, P("i"))
 
   @parameterized.parameters(False, True)

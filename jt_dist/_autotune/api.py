@@ -13,13 +13,6 @@ from jt_dist._autotune import store as _store
 AutotuneChoice = _store.AutotuneChoice
 
 
-def _relower() -> None:
-  # A choice is made when a call is lowered; dropping JAX's compiled
-  # functions (every kernel_call's among them) makes later calls lower
-  # again.
-  jax.clear_caches()
-
-
 def autotune_choices(kernel: Any = None) -> list[AutotuneChoice]:
   """The autotuning choices this process made, loaded or received.
 
@@ -55,10 +48,9 @@ def pin_autotune_config(kernel: Any, config: Any = None, **fields: Any) -> None:
     TypeError: ``config`` is neither a ``triton.Config`` nor a mapping.
   """
   if isinstance(config, _compat.Config):
-    pinned = {**config.kwargs, "num_warps": config.num_warps,
-              "num_stages": config.num_stages, "num_ctas": config.num_ctas}
-    if getattr(config, "maxnreg", None) is not None:
-      pinned["maxnreg"] = config.maxnreg
+    pinned = _pins.config_fields(config)
+    if pinned["maxnreg"] is None:
+      del pinned["maxnreg"]
   elif config is None or isinstance(config, Mapping):
     pinned = dict(config or {})
   else:
@@ -69,7 +61,10 @@ def pin_autotune_config(kernel: Any, config: Any = None, **fields: Any) -> None:
   pinned.update(fields)
   _pins.pin(kernel, pinned or None)
   _store.forget_in_memory(_pins.kernel_name(kernel))
-  _relower()
+  # A choice is made when a call is lowered; dropping JAX's compiled
+  # functions (every kernel_call's among them) makes later calls lower
+  # again.
+  jax.clear_caches()
 
 
 def forget_autotune_choices(kernel: Any = None) -> int:
@@ -94,5 +89,5 @@ def forget_autotune_choices(kernel: Any = None) -> int:
   """
   name = None if kernel is None else _pins.kernel_name(kernel)
   count = _store.forget(name)
-  _relower()
+  jax.clear_caches()  # As pin_autotune_config does.
   return count

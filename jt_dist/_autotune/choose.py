@@ -159,8 +159,9 @@ def _receive(spec, share_key: str, kind: str, key: str):
 
 def _publish(spec, choice, share_key: str) -> None:
   client = _client(spec)
-  _compat.key_value_set(client, _kv_key(share_key), json.dumps(
-      {"config": choice.config, "timings_s": choice.timings_s}))
+  client.key_value_set(_kv_key(share_key), json.dumps(
+      {"config": choice.config, "timings_s": choice.timings_s}),
+                       allow_overwrite=True)
 
 
 def _log(choice, device) -> None:
@@ -227,12 +228,7 @@ def _leave_to_jaxlib(spec, platform: str, asked: bool) -> None:
 
 
 def for_lowering(ctx, spec, platform: str):
-  """The spec to lower: with the chosen config alone, or unchanged.
-
-  Args:
-    ctx: the lowering rule's context.
-    spec: the call's ``CallSpec``.
-    platform: "cpu", "cuda" or "rocm".
+  """The ``CallSpec`` to lower on ``platform`` ("cpu", "cuda" or "rocm").
 
   Returns:
     ``spec`` with one launch where a choice was made; ``spec`` itself for

@@ -115,7 +115,12 @@ def load(key: str, candidates: tuple[str, ...]) -> AutotuneChoice | None:
   except (OSError, UnicodeDecodeError, ValueError) as e:
     _discard(path, f"unreadable: {e}")
     return None
-  problem = _problem(document, key, candidates)
+  problem = _problem(document, key)
+  if not problem and (
+      tuple(document["candidates"]) != candidates
+      or not 0 <= document["index"] < len(candidates)
+      or candidates[document["index"]] != document["config"]):
+    problem = "its config is not one of this call's candidates"
   if problem:
     _discard(path, problem)
     return None
@@ -124,17 +129,18 @@ def load(key: str, candidates: tuple[str, ...]) -> AutotuneChoice | None:
   return AutotuneChoice(**{**document, "source": "disk"})
 
 
-def _problem(document: Any, key: str, candidates: tuple[str, ...]) -> str:
+def _problem(document: Any, key: str) -> str:
+  """Why ``document`` is not a choice jt_dist filed under ``key``, or ""."""
   if not isinstance(document, dict) or document.get("format") != FORMAT_VERSION:
-    return "another format"
+    return f"not a jt_dist autotuning choice of format {FORMAT_VERSION}"
   fields = {f.name for f in dataclasses.fields(AutotuneChoice)} | {"format"}
-  if set(document) != fields or document["key"] != key:
-    return "another key or malformed fields"
-  index = document["index"]
-  if (tuple(document["candidates"]) != candidates or not isinstance(index, int)
-      or not 0 <= index < len(candidates)
-      or candidates[index] != document["config"]):
-    return "its config is not one of this call's candidates"
+  if (set(document) != fields or document["key"] != key
+      or not _cache.is_content_key(key)
+      or not all(isinstance(document[f], str) for f in _STRING_FIELDS)
+      or not isinstance(document["candidates"], list)
+      or not isinstance(document["index"], int)
+      or isinstance(document["index"], bool)):
+    return "not the fields of a jt_dist autotuning choice, or misnamed"
   return ""
 
 
@@ -205,15 +211,5 @@ def _own_choice_kernel(path: str, file: str) -> tuple[str, str]:
     return "", "not valid JSON"
   except OSError as e:
     return "", f"unreadable: {e.strerror}"
-  if not isinstance(document, dict) or document.get("format") != FORMAT_VERSION:
-    return "", f"not a jt_dist autotuning choice of format {FORMAT_VERSION}"
-  fields = {f.name for f in dataclasses.fields(AutotuneChoice)} | {"format"}
-  key = file[:-len(".json")]
-  if (set(document) != fields or document["key"] != key
-      or not _cache.is_content_key(key)
-      or not all(isinstance(document[f], str) for f in _STRING_FIELDS)
-      or not isinstance(document["candidates"], list)
-      or not isinstance(document["index"], int)
-      or isinstance(document["index"], bool)):
-    return "", "not the fields of a jt_dist autotuning choice, or misnamed"
-  return document["kernel"], ""
+  problem = _problem(document, file[:-len(".json")])
+  return ("", problem) if problem else (document["kernel"], "")

@@ -114,11 +114,8 @@ def time_configs(spec, avals: Sequence[Any], device,
                  plan: Plan) -> list[float | None]:
   """Seconds per launch of each of ``spec``'s configs on ``device``.
 
-  Args:
-    spec: the call's ``CallSpec``, with every candidate launch.
-    avals: the abstract values of its array operands (shard-local shapes).
-    device: a device this process addresses.
-    plan: how many rounds and launches to time.
+  ``avals`` are those of its array operands (shard-local shapes), and
+  ``device`` one this process addresses.
 
   Returns:
     The median time of each config, None where it failed to compile or run.

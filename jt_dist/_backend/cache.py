@@ -61,23 +61,17 @@ class LRUCache:
     self._entries: collections.OrderedDict[str, Any] = collections.OrderedDict()
     self._lock = threading.Lock()
     self._max_entries = max_entries
-    # The most recently used value: a hit on it (a loop calling the same
-    # thing) need not move it, which would hash the key a second time.
-    self._newest: Any = None
 
   def get(self, key: str) -> Any | None:
     with self._lock:
-      value = self._entries.get(key)
-      if value is not None and value is not self._newest:
+      if key in self._entries:
         self._entries.move_to_end(key)
-        self._newest = value
-      return value
+      return self._entries.get(key)
 
   def put(self, key: str, value: Any) -> None:
     with self._lock:
       self._entries[key] = value
       self._entries.move_to_end(key)
-      self._newest = value
       self._evict()
 
   def trim(self) -> None:
@@ -88,14 +82,11 @@ class LRUCache:
   def _evict(self) -> None:
     limit = max(self._max_entries(), 0)
     while len(self._entries) > limit:
-      _, value = self._entries.popitem(last=False)
-      if value is self._newest:
-        self._newest = None
+      self._entries.popitem(last=False)
 
   def clear(self) -> None:
     with self._lock:
       self._entries.clear()
-      self._newest = None
 
   def __len__(self) -> int:
     with self._lock:
@@ -108,6 +99,23 @@ class LRUCache:
 
 memory_cache = LRUCache(_settings.memory_entries)
 _settings.trim_on_configure(memory_cache.trim)
+# What ``jt_dist.cache_info`` reports: events counted as calls are lowered
+# and kernels compiled, never per eager call.
+_events: collections.Counter[str] = collections.Counter()
+_events_lock = threading.Lock()
+
+
+def count(event: str) -> None:
+  """Counts one ``event`` (``"lowerings"``, ``"compiles"``, ``"memory_hits"``,
+  ``"disk_hits"`` or ``"disk_writes"``)."""
+  with _events_lock:
+    _events[event] += 1
+
+
+def counted(event: str) -> int:
+  """How many times ``event`` was counted in this process."""
+  with _events_lock:
+    return _events[event]
 _warned_unwritable: set[str] = set()
 _warned_lock = threading.Lock()
 # Striped rather than one lock per key: bounded, and two different kernels
@@ -250,6 +258,7 @@ def store(key: str, metadata: Mapping[str, Any], binary: bytes) -> None:
     # binary it names is complete.
     _atomic_write(folder, os.path.join(folder, document["binary_file"]), binary)
     _atomic_write(folder, json_path, json.dumps(document).encode("utf-8"))
+    count("disk_writes")
   except OSError as e:
     # Once per cache directory, not per entry: a full disk or a read-only
     # directory fails every write, and one line says so.
@@ -263,10 +272,6 @@ def store(key: str, metadata: Mapping[str, Any], binary: bytes) -> None:
         " will not be kept across processes. Set %s to a writable"
         " directory, or %s=0.", folder, e, _settings.CACHE_DIR,
         _settings.DISK_CACHE)
-
-
-def _create_lock(key: str) -> threading.Lock:
-  return _CREATE_LOCKS[hash(key) % len(_CREATE_LOCKS)]
 
 
 def get_or_create(key: str, create: Callable[[], tuple[Any, dict, bytes]],
@@ -283,19 +288,19 @@ def get_or_create(key: str, create: Callable[[], tuple[Any, dict, bytes]],
     restore: rebuilds the value from a disk entry's metadata and binary;
       raising ``ValueError``/``KeyError``/``TypeError`` marks the entry bad.
     use_cached: False skips both lookups (the value is still stored).
-
-  Returns:
-    The value.
   """
   if not use_cached:
     return _create_and_store(key, create)
   value = memory_cache.get(key)
   if value is not None:
+    count("memory_hits")
     return value
-  with _create_lock(key):
+  with _CREATE_LOCKS[hash(key) % len(_CREATE_LOCKS)]:
     value = memory_cache.get(key)  # Created while this thread waited.
-    if value is None:
-      value = _restore_from_disk(key, restore)
+    if value is not None:
+      count("memory_hits")
+      return value
+    value = _restore_from_disk(key, restore)
     if value is None:
       value = _create_and_store(key, create)
     return value
@@ -311,11 +316,13 @@ def _restore_from_disk(key: str, restore) -> Any | None:
     _discard(key, [_entry_paths(key)[1]], f"its metadata is invalid: {e}")
     return None
   memory_cache.put(key, value)
+  count("disk_hits")
   return value
 
 
 def _create_and_store(key: str, create) -> Any:
   value, metadata, binary = create()
+  count("compiles")
   memory_cache.put(key, value)
   store(key, metadata, binary)
   return value

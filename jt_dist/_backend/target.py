@@ -93,16 +93,14 @@ def _parse_capability(text: Any) -> int | None:
 
 def _devices_of_mesh() -> tuple:
   """The devices of the concrete mesh set with ``jax.set_mesh``, if any."""
-  get_mesh = getattr(jax.sharding, "get_mesh", None)
-  if get_mesh is None:
-    return ()
   try:
-    return _compat.mesh_devices(get_mesh())
+    return _compat.mesh_devices(jax.sharding.get_mesh())
   except (RuntimeError, ValueError):
     return ()
 
 
-def _local_devices(platform: str) -> list[Any]:
+def local_devices(platform: str) -> list[Any]:
+  """This host's devices of ``platform``; none without such a backend."""
   try:
     return list(jax.devices(platform))
   except RuntimeError:  # No such backend on this host.
@@ -138,7 +136,7 @@ def candidate_devices(ctx, platform: str) -> list[Any]:
   """The platform's devices the call is lowered for, best source first."""
   for source in (lambda: _compat.lowering_axis_facts(ctx).devices,
                  _devices_of_mesh,
-                 lambda: _local_devices(platform)):
+                 lambda: local_devices(platform)):
     devices = _platform_devices(source(), platform)
     if devices:
       return devices
@@ -169,14 +167,8 @@ def resolve_target(ctx, platform: str, compute_capability: int | None
                    ) -> Target:
   """The GPU to compile for, from the override or the lowering's devices.
 
-  Args:
-    ctx: the lowering rule's context.
-    platform: "cuda" or "rocm".
-    compute_capability: the caller's override: e.g. 90 on CUDA, "gfx942"
-      on ROCm.
-
-  Returns:
-    The target.
+  ``compute_capability`` is the caller's override: e.g. 90 on CUDA
+  (``platform`` "cuda"), "gfx942" on ROCm.
 
   Raises:
     ValueError: no device of the platform is known and no

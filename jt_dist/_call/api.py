@@ -53,8 +53,10 @@ def triton_call(*args: Any, kernel: Any, out_shape: Any = None, grid: Any,
       kernel's writes land in the Ref, which no ``out_shape`` entry names),
       ``jt_dist.TensorDescriptor``s (host-side TMA descriptors), Python
       ``bool``/``int``/``float`` scalars (passed by value; a float as fp32
-      where float32 holds it, else fp64; ``np.float32`` is deprecated), and
-      (nested) tuples of arrays and scalars for tuple parameters.
+      where float32 holds it, else fp64; ``np.float32`` is deprecated),
+      ``None`` (a compile-time constant of whatever parameter it binds, as
+      in jax-triton 0.4.1, for ``if bias_ptr is not None:``; by keyword
+      too), and (nested) tuples of arrays and scalars for tuple parameters.
       ``jt_dist.shard_size(i)`` stands for the size of array ``args[i]``.
     kernel: a ``@triton.jit`` function, optionally wrapped by
       ``@triton.autotune`` and/or ``@triton.heuristics``.

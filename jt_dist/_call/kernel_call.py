@@ -28,8 +28,19 @@ from jt_dist._gpu import faults as _gpu_faults
 from jt_dist._sharding import local_call as _local_call
 from jt_dist._sharding import placement as _placement
 
-# Stands in a call's template for an operand passed at call time.
-OPERAND = None
+
+class _Operand:
+  """Stands in a call's template for an operand passed at call time.
+
+  Not ``None``: ``None`` is an argument a call may fix (a compile-time
+  constant of the kernel).
+  """
+
+  def __repr__(self) -> str:
+    return "OPERAND"
+
+
+OPERAND = _Operand()
 
 
 class KernelCall:

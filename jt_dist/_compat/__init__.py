@@ -11,15 +11,14 @@ The rest of jt_dist (and the tests, which replace some of these names with
 ``mock.patch.object(_compat, ...)``) uses the names re-exported here, never
 the modules behind them:
 
-- ``triton_api``: Triton's runtime classes, JIT functions, the language lock.
+- ``triton_api``: Triton's runtime classes, JIT functions, the language lock
+  and ``attributes_replaced``, the one way jt_dist patches Triton.
+
+Triton's interpreter is adapted in one place of its own,
+``jt_dist._cpu.interpreter``, the CPU runtime's.
 - ``triton_compiler``: Triton's compiler stages (GPU lowering).
 - ``jaxlib_triton``: jaxlib's Triton custom call.
 - ``descriptors``: tensor descriptors (TMA), host and device side.
-- ``interpreter``: hooks into Triton's interpreter for the CPU runtime.
-- ``interpreter_language``: ``triton.language`` patched as the interpreter
-  patches it, recorded once.
-- ``triton36_floats``: where Triton 3.6 treats floats otherwise than 3.9
-  (remove when Triton 3.6 support ends).
 - ``jax_lowering``: JAX facts for lowering rules and primitive registries.
 - ``jax_runtime``: JAX facts at call time (tracing state, Refs, services).
 - ``xla_ffi``: the XLA FFI C API's struct layouts (the CPU FFI target).
@@ -32,19 +31,6 @@ from jt_dist._compat.descriptors import descriptor_fallback_flags
 from jt_dist._compat.descriptors import descriptors_round_to_tf32
 from jt_dist._compat.descriptors import interpreter_descriptor
 from jt_dist._compat.descriptors import tma_parameter
-from jt_dist._compat.interpreter import attributes_replaced
-from jt_dist._compat.interpreter import dtype_refusing_function
-from jt_dist._compat.interpreter import interpreter_block_pointer
-from jt_dist._compat.interpreter import interpreter_native_memory
-from jt_dist._compat.interpreter import interpreter_native_memory_replaced
-from jt_dist._compat.interpreter import interpreter_program_id
-from jt_dist._compat.interpreter import interpreter_semantic_class
-from jt_dist._compat.interpreter_language import interpreter_language_patched
-from jt_dist._compat.triton36_floats import fdiv_widens_bfloat16
-from jt_dist._compat.triton36_floats import interpreter_builder_backported
-from jt_dist._compat.triton36_floats import min_max_widen_bfloat16
-from jt_dist._compat.triton36_floats import nan_ignoring
-from jt_dist._compat.jax_lowering import AxisFacts
 from jt_dist._compat.jax_lowering import is_auto_axis
 from jt_dist._compat.jax_lowering import kernel_side_effect
 from jt_dist._compat.jax_lowering import lowering_axis_facts
@@ -54,22 +40,20 @@ from jt_dist._compat.jax_lowering import mesh_devices
 from jt_dist._compat.jax_lowering import mesh_platform
 from jt_dist._compat.jax_lowering import output_avals
 from jt_dist._compat.jax_lowering import register_dce_rule
-from jt_dist._compat.jax_lowering import vary_over
 from jt_dist._compat.jax_lowering import varying_axes
 from jt_dist._compat.jax_runtime import at_top_level
 from jt_dist._compat.jax_runtime import primitive_impl
 from jt_dist._compat.jax_runtime import distributed_client
 from jt_dist._compat.jax_runtime import host_buffer_callback
-from jt_dist._compat.jax_runtime import is_ref
 from jt_dist._compat.jax_runtime import is_ref_view
 from jt_dist._compat.jax_runtime import jit_cache_context
-from jt_dist._compat.jax_runtime import key_value_set
 from jt_dist._compat.jax_runtime import platform_version
 from jt_dist._compat.jaxlib_triton import gpu_triton_module
 from jt_dist._compat.jaxlib_triton import jaxlib_takes_module_image
 from jt_dist._compat.jaxlib_triton import jaxlib_version
 from jt_dist._compat.jaxlib_triton import make_triton_kernel
 from jt_dist._compat.jaxlib_triton import triton_ffi_targets
+from jt_dist._compat.triton_api import attributes_replaced
 from jt_dist._compat.triton_api import Autotuner
 from jt_dist._compat.triton_api import Config
 from jt_dist._compat.triton_api import Heuristics

@@ -16,9 +16,8 @@ from jt_dist._compat.jaxlib_triton import jaxlib_version
 def descriptors_round_to_tf32() -> bool:
   """Whether Triton's host descriptors take ``round_f32_to_tf32`` (3.9)."""
   from triton.tools import tensor_descriptor  # pylint: disable=g-import-not-at-top
-  fields = getattr(tensor_descriptor.TensorDescriptor,
-                   "__dataclass_fields__", {})
-  return "round_f32_to_tf32" in fields
+  return ("round_f32_to_tf32"
+          in tensor_descriptor.TensorDescriptor.__dataclass_fields__)
 
 
 def check_tf32_descriptor(info, kernel: str) -> None:
@@ -50,7 +49,7 @@ def interpreter_descriptor(base, info):
             "strides": list(info.strides),
             "block_shape": list(info.block_shape), "padding": info.padding,
             "round_f32_to_tf32": info.round_f32_to_tf32}
-  for name in getattr(cls, "__dataclass_fields__", fields):
+  for name in cls.__dataclass_fields__:
     setattr(desc, name, fields[name])
   return desc
 

@@ -81,13 +81,8 @@ def lowering_axis_facts(ctx) -> AxisFacts:
 
 
 def lowering_for_export(ctx) -> bool:
-  """Whether the lowering is ``jax.export``'s, whose module is serialised.
-
-  JAX marks it in the lowering parameters of the module context (a field
-  present from jax 0.4.30 on); a missing field means a plain lowering.
-  """
-  params = getattr(ctx.module_context, "lowering_parameters", None)
-  return bool(getattr(params, "for_export", False))
+  """Whether the lowering is ``jax.export``'s, whose module is serialised."""
+  return bool(ctx.module_context.lowering_parameters.for_export)
 
 
 def mesh_devices(mesh: Any) -> tuple:
@@ -126,32 +121,20 @@ def mark_requires_devices(primitive) -> None:
   """Asks JAX to pass the device assignment to ``primitive``'s lowering.
 
   Without this, ``jit`` lowers device-independently and the lowering context
-  names no devices, so the GPU target could only be guessed.
+  names no devices, so the GPU target could only be guessed. jax has no
+  public registry for it (jax 0.10.2 and 0.12 have this private one).
   """
-  try:
-    from jax._src import dispatch  # pylint: disable=g-import-not-at-top
-  except ImportError:
-    return
-  registry = getattr(dispatch, "prim_requires_devices_during_lowering", None)
-  if registry is not None:
-    registry.add(primitive)
+  from jax._src import dispatch  # pylint: disable=g-import-not-at-top
+  dispatch.prim_requires_devices_during_lowering.add(primitive)
 
 
 def varying_axes(aval) -> frozenset:
-  """The manual mesh axes a value varies over inside ``shard_map``."""
-  vma = getattr(aval, "vma", None)
-  if vma is None:
-    vma = getattr(getattr(aval, "mat", None), "varying", None)
-  return frozenset(vma or ())
+  """The manual mesh axes a value varies over inside ``shard_map``.
 
-
-def vary_over(x, axes: tuple):
-  """Marks ``x`` as varying over ``axes`` (a no-op at run time)."""
-  if not axes:
-    return x
-  if hasattr(jax.lax, "pcast"):
-    return jax.lax.pcast(x, axes, to="varying")
-  return jax.lax.pvary(x, axes)
+  jax 0.10.2 and 0.12 record them as ``aval.mat.varying``, a private field
+  (avals without one, such as a Ref's, vary over none).
+  """
+  return frozenset(getattr(getattr(aval, "mat", None), "varying", None) or ())
 
 
 def register_dce_rule(primitive, keep: Callable[[Any], bool]) -> None:

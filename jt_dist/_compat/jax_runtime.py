@@ -7,7 +7,6 @@ versions, jax.distributed's key-value store and host buffer callbacks.
 from __future__ import annotations
 
 import functools
-import importlib
 from typing import Any, Callable
 
 import jax
@@ -53,16 +52,6 @@ def at_top_level() -> bool:
   return _jax_core.trace_state_clean()
 
 
-def is_ref(x: Any) -> bool:
-  """Whether ``x`` is a ``jax.Ref`` (``jax.new_ref``), concrete or traced.
-
-  jax 0.10.2 and 0.12 both export ``jax.Ref``, and a tracer of a Ref is an
-  instance of it; a Ref view (``ref.at[...]``) is not.
-  """
-  ref_type = getattr(jax, "Ref", None)
-  return ref_type is not None and isinstance(x, ref_type)
-
-
 def is_ref_view(x: Any) -> bool:
   """Whether ``x`` is a view of a Ref (``ref.at[...]``): jax's TransformedRef.
 
@@ -72,7 +61,7 @@ def is_ref_view(x: Any) -> bool:
   if type(x).__name__ != "TransformedRef":
     return False
   try:
-    return is_ref(x.ref)
+    return isinstance(x.ref, jax.Ref)
   except Exception:  # pylint: disable=broad-except
     return False
 
@@ -84,40 +73,20 @@ def distributed_client():
   collective, in whatever order the processes get there; JAX exposes it only
   through a private module.
   """
-  try:
-    from jax._src import distributed  # pylint: disable=g-import-not-at-top
-  except ImportError:
-    return None
-  return getattr(distributed.global_state, "client", None)
+  from jax._src import distributed  # pylint: disable=g-import-not-at-top
+  return distributed.global_state.client
 
 
-def key_value_set(client, key: str, value: str) -> None:
-  """Sets ``key``, replacing an earlier value where jaxlib allows it."""
-  try:
-    client.key_value_set(key, value, allow_overwrite=True)
-  except TypeError:  # Older jaxlibs take no allow_overwrite.
-    client.key_value_set(key, value)
-
-
-@functools.lru_cache(maxsize=None)
 def host_buffer_callback():
-  """``jax.experimental.buffer_callback.buffer_callback``, or None.
+  """``jax.experimental.buffer_callback.buffer_callback``.
 
-  It hands the callback the computation's own host buffers (jax >= 0.7;
-  the support floor, 0.10.2, has it). ``jax.pure_callback`` instead
+  It hands the callback the computation's own host buffers (every supported
+  jax has it). ``jax.pure_callback`` instead
   ``device_put``s every operand to CPU device 0 before calling back; on
   jaxlib 0.10 an operand of 102,400 bytes or more is then copied
   asynchronously on the thread pool that runs the devices' programs, and
   with a collective after the callback every thread of that pool can end up
   waiting (XLA aborts the process after its rendezvous timeout).
-
-  Returns:
-    The function, or None where this jax lacks it (callers fall back to
-    ``jax.pure_callback``).
   """
-  try:
-    module = importlib.import_module("jax.experimental.buffer_callback")
-  except ImportError:
-    return None
-  fn = getattr(module, "buffer_callback", None)
-  return fn if callable(fn) else None
+  from jax.experimental import buffer_callback  # pylint: disable=g-import-not-at-top
+  return buffer_callback.buffer_callback

@@ -7,9 +7,10 @@ compiler apart, are named here once.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import threading
-from typing import Any
+from typing import Any, Mapping
 
 import triton
 from triton.runtime import autotuner as _autotuner
@@ -65,3 +66,36 @@ def triton_launcher_scalar_type(value: Any) -> str | None:
 def jit_function_for(python_fn) -> JITFunction:
   """A ``JITFunction`` of a plain Python function, one per function."""
   return JITFunction(python_fn)
+
+
+_ABSENT = object()
+
+
+@contextlib.contextmanager
+def attributes_replaced(owner: Any, replacements: Mapping[str, Any]):
+  """Sets attributes of ``owner`` for the ``with`` block, then restores them.
+
+  The one way jt_dist patches Triton (the interpreter's builder and module,
+  ``JITFunction``): for one launch, under ``LANGUAGE_LOCK``, because the
+  interpreter and the compiler share these objects across threads. The lock
+  is reentrant, so launches that already hold it nest patches freely. An
+  attribute that ``owner`` only inherited is deleted again rather than left
+  shadowing the inherited one.
+
+  Args:
+    owner: a class, module or instance with a ``__dict__``.
+    replacements: attribute name -> the value to hold inside the block.
+  """
+  with LANGUAGE_LOCK:
+    own = vars(owner)
+    saved = {name: own.get(name, _ABSENT) for name in replacements}
+    for name, value in replacements.items():
+      setattr(owner, name, value)
+    try:
+      yield
+    finally:
+      for name, value in saved.items():
+        if value is _ABSENT:
+          delattr(owner, name)
+        else:
+          setattr(owner, name, value)

@@ -6,6 +6,7 @@ that moved between releases (3.6 to 3.9 are tested).
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import triton
@@ -36,8 +37,7 @@ def cache_invalidating_env_vars() -> dict[str, str]:
   """Environment variables that Triton says change what it compiles."""
   from triton._C import libtriton  # pylint: disable=g-import-not-at-top
 
-  getter = getattr(libtriton, "get_cache_invalidating_env_vars", None)
-  return dict(getter()) if getter is not None else {}
+  return dict(libtriton.get_cache_invalidating_env_vars())
 
 
 def ast_to_ttir(jit_fn, backend, target, options, signature, constexprs,
@@ -70,9 +70,41 @@ def ast_to_ttir(jit_fn, backend, target, options, signature, constexprs,
       # CompilationError that keeps only its text.
       missing = missing_gluon_api(jit_fn, e)
       if missing is None:
+        note = static_assert_note(e)
+        if note is not None:
+          e.add_note(note)
         raise
       raise missing from e
   return module, context
+
+
+def static_assert_note(error: Exception) -> str | None:
+  """Names the failing ``tl.static_assert`` behind ``error``, or None.
+
+  Triton (3.6 to 3.9) reports an assert that fails inside a function the
+  kernel calls (``tl.rand``'s on its seed, say) as a ``CompilationError``
+  at the kernel's line; the assert, its line and its message are only in
+  the chain of causes, one ``CompilationError`` per call, ending in a
+  ``CompileTimeAssertionFailure``. An assert in the kernel's own body is
+  that error itself, whose text shows them already.
+  """
+  from triton.compiler import errors  # pylint: disable=g-import-not-at-top
+
+  inner = error
+  while inner.__cause__ is not None:
+    inner = inner.__cause__
+  if inner is error or not isinstance(inner,
+                                      errors.CompileTimeAssertionFailure):
+    return None
+  src = getattr(inner, "src", None) or ""
+  lineno = getattr(getattr(inner, "node", None), "lineno", 0)
+  lines = src.splitlines()
+  source = lines[lineno - 1].strip() if 0 < lineno <= len(lines) else ""
+  name = re.search(r"def\s+(\w+)", src)
+  message = getattr(inner, "error_message", None) or "(no message)"
+  return (f"jt_dist: tl.static_assert failed in"
+          f" {name[1] if name else 'a function the kernel calls'}, line"
+          f" {lineno} of its source (`{source}`): {message}")
 
 
 def missing_gluon_api(fn: Any, error: Exception):
@@ -117,12 +149,9 @@ def compiler_stages(backend, options, gluon: bool = False) -> dict[str, Any]:
   from triton.backends import compiler as backend_compiler  # pylint: disable=g-import-not-at-top
 
   stages: dict[str, Any] = {}
-  language = getattr(backend_compiler, "Language", None)
-  if language is not None:
-    backend.add_stages(stages, options,
-                       language.GLUON if gluon else language.TRITON)
-  else:  # Releases before the Gluon frontend took no language argument.
-    backend.add_stages(stages, options)
+  language = backend_compiler.Language
+  backend.add_stages(stages, options,
+                     language.GLUON if gluon else language.TRITON)
   return stages
 
 

@@ -121,10 +121,11 @@ def _walk(info, args, metaparams, names):
 def _is_pointer(value: Any) -> bool:
   """Whether a keyword operand left by name would have to be a pointer.
 
-  A scalar, or a ``shard_size`` placeholder (an int once resolved where the
-  kernel runs), can stay bound by name; anything else is an array.
+  A scalar, ``None`` (a compile-time constant wherever it binds), or a
+  ``shard_size`` placeholder (an int once resolved where the kernel runs),
+  can stay bound by name; anything else is an array.
   """
-  return not (_types.is_scalar(value)
+  return not (value is None or _types.is_scalar(value)
               or isinstance(value, _shard_size.ShardSize))
 
 

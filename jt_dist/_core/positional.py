@@ -2,7 +2,9 @@
 
 Arrays bind pointer parameters, scalars value parameters (typed by their
 annotation or their value), tuples a tuple parameter leaf by leaf, and
-``tl.constexpr`` parameters take compile-time values. Metaparams bind the
+``tl.constexpr`` parameters take compile-time values. ``None`` binds any
+parameter as a compile-time ``None`` (as Triton's launcher and jax-triton
+do), so that ``if bias_ptr is not None:`` is decided when compiling. Metaparams bind the
 rest by name.
 """
 
@@ -40,6 +42,8 @@ def classify_args(args: Sequence[Any]):
           n_arrays += 1
         leaves.append((path, kind, payload))
       kinds.append(("tuple", leaves))
+    elif arg is None:
+      kinds.append(("none", None))
     elif _types.is_scalar(arg):
       if _types.scalar_type(arg) is None:
         raise ValueError(
@@ -117,6 +121,9 @@ def bind_positional(info, args, kinds, n_outputs, warn=True):
         constexprs[param.name] = args[i]
       else:
         operands.extend(_tuple_operands(param, args[i], payload))
+      continue
+    if kind == "none":
+      constexprs[param.name] = None
       continue
     if param.is_constexpr:
       if kind == "array":

@@ -36,7 +36,7 @@ def leaves_with_paths(arg: Any, path: tuple[int, ...] = ()):
 def array_leaves(args: Sequence[Any]) -> list[Any]:
   """The array operands in flattened order, tuples' leaves included."""
   return [leaf for arg in args for _, leaf in leaves_with_paths(arg)
-          if not _types.is_scalar(leaf)]
+          if leaf is not None and not _types.is_scalar(leaf)]
 
 
 def where(i: int, path: tuple[int, ...]) -> str:

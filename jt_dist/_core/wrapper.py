@@ -19,6 +19,7 @@ Triton's and jt_dist's caches stay warm.
 
 from __future__ import annotations
 
+import ast
 import copy
 import functools
 import hashlib
@@ -52,6 +53,26 @@ def _register_source(source: str, qualname: str, what: str) -> str:
 def call_line(p: str, names: Sequence[str]) -> str:
   """The wrapper's call of the user's kernel, every parameter by name."""
   return f"{p}kernel({', '.join(f'{n}={n}' for n in names)})"
+
+
+def callee_error(error: BaseException) -> BaseException:
+  """The user's kernel's own error, where ``error`` reports it at a wrapper.
+
+  Triton's code generator reports an error inside an inlined callee as a
+  ``CompilationError`` at the call, chained to the callee's own. A
+  wrapper's call line (``call_line``) is jt_dist's code, not the user's:
+  the user's error, with their kernel's line, is the one to show.
+  """
+  while error.__cause__ is not None:
+    node = getattr(error, "node", None)
+    if isinstance(node, ast.Expr):
+      node = node.value
+    if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+            and node.func.id.startswith("_jt_")
+            and node.func.id.endswith("kernel")):
+      break
+    error = error.__cause__
+  return error
 
 
 def make_kernel(base_fn: Any, source: str, p: str, what: str,

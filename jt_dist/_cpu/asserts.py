@@ -7,21 +7,26 @@ device assert is skipped, and a failing assert of either kind surfaces as a
 bare ``AssertionError`` wrapped in an ``InterpreterError``. For one launch
 (the caller holds the interpreter lock) the builder takes the call's
 ``debug`` flag, and a failing assert raises ``KernelAssertionError`` naming
-the kernel, the program id and the assert's message.
+the kernel, the program id and the assert's message; a static assert's
+also names its line and the kernel's line that reached it (an assert in a
+library function, such as ``tl.rand``'s on its seed, has no message).
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import linecache
+import sys
 
 import numpy as np
 import triton.language as tl
 from triton.language import core as tl_core
-from triton.runtime import interpreter as _interpreter
+from jt_dist._cpu import interpreter as _interpreter
 
 from jt_dist import _compat
 from jt_dist import _errors
+from jt_dist._cpu import bounds as _bounds
 
 
 def _launch_options(options, debug: bool):
@@ -43,22 +48,37 @@ def _failure(kernel: str, which: str, message, detail: str = ""):
   text = message.value if isinstance(message, tl.constexpr) else message
   return _errors.KernelAssertionError(
       f"triton_call: kernel {kernel!r}, program id"
-      f" {_compat.interpreter_program_id()}: {which} failed{detail}:"
+      f" {_interpreter.program_id()}: {which} failed{detail}:"
       f" {text!s}")
+
+
+def _static_assert_location(caller) -> str:
+  """" at FILE:LINE (`SOURCE`)" of a static assert's line ``caller``.
+
+  Where a function the kernel calls (Triton's library, a helper) holds the
+  assert, the kernel's own line that reached it follows.
+  """
+  filename, lineno = caller.f_code.co_filename, caller.f_lineno
+  source = linecache.getline(filename, lineno).strip()
+  own = f"{filename}:{lineno}" + (f" (`{source}`)" if source else "")
+  kernel_line = _bounds.running_kernel_location()
+  if not kernel_line or kernel_line == own:
+    return f" at {own}"
+  return f" at {own}, reached from the kernel's line {kernel_line}"
 
 
 @contextlib.contextmanager
 def kernel_asserts(kernel: str, debug: bool):
   """Turns the interpreter's asserts on (``debug``) and names failures.
 
-  Enter inside ``_compat.interpreter_language_patched()``: the
+  Enter inside ``_interpreter.language_patched()``: the
   ``static_assert`` it installs replaces the interpreter's.
 
   Args:
     kernel: the kernel's name, for the messages.
     debug: the call's ``debug`` flag; device asserts run only when set.
   """
-  builder = _interpreter.interpreter_builder
+  builder = _interpreter.builder()
   saved_options = builder.options
 
   def create_assert(self, condition, message):
@@ -73,7 +93,10 @@ def kernel_asserts(kernel: str, debug: bool):
     if isinstance(cond, tl.constexpr):
       cond = cond.value
     if not cond:
-      raise _failure(kernel, "tl.static_assert", msg)
+      where = _static_assert_location(sys._getframe(1))  # pylint: disable=protected-access
+      text = msg.value if isinstance(msg, tl.constexpr) else msg
+      raise _failure(kernel, "tl.static_assert", text or "(no message)",
+                     where)
 
   options = _launch_options(saved_options, bool(debug))
   # The language modules are patched already (static_assert among them);

@@ -22,13 +22,13 @@ import contextlib
 
 import numpy as np
 import triton.language as tl
-from triton.runtime import interpreter as _interpreter
+from jt_dist._cpu import interpreter as _interpreter
 
 from jt_dist import _compat
 from jt_dist._cpu import bfloat16 as _bf16
 
 TensorHandle = _interpreter.TensorHandle
-_OP = _interpreter._ir.ATOMIC_OP  # pylint: disable=protected-access
+_OP = _interpreter.ATOMIC_OP
 # Float types the native module cannot exchange -> integers of their width.
 _EXCHANGED_AS = {np.dtype(np.float32): (np.int32, tl.int32),
                  np.dtype(np.float64): (np.int64, tl.int64)}
@@ -56,7 +56,7 @@ def _bf16_add(ptr, val, mask, sem) -> TensorHandle:
   old = np.zeros(ptrs.shape, np.uint16)
   lanes = np.flatnonzero(on)
   ranks = _ranks(ptrs[lanes])
-  memory = _compat.interpreter_native_memory()
+  memory = _interpreter.native_memory()
   sem = _interpreter.InterpreterBuilder.ir_sem_to_interpreter_sem[sem]
   for rank in range(int(ranks.max()) + 1 if lanes.size else 0):
     chosen = lanes[ranks == rank]

@@ -21,7 +21,7 @@ import contextlib
 import ml_dtypes
 import numpy as np
 import triton.language as tl
-from triton.runtime import interpreter as _interpreter
+from jt_dist._cpu import interpreter as _interpreter
 
 from jt_dist import _compat
 
@@ -71,7 +71,7 @@ def _cast_impl(original):
       return _interpreter.TensorHandle(to_bits(src.data), dst_ty)
     if is_bfloat16(src_ty) and dst_ty.name in _CONVERTIBLE:
       data = np.asarray(src.data).view(ml_dtypes.bfloat16).astype(
-          _interpreter._get_np_dtype(dst_ty))  # pylint: disable=protected-access
+          _interpreter.np_dtype(dst_ty))  # pylint: disable=protected-access
       return _interpreter.TensorHandle(data, dst_ty)
     return original(self, src, dst_type)
   return cast_impl

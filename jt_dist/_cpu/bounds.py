@@ -29,9 +29,9 @@ import sys
 import numpy as np
 import triton
 
-from jt_dist import _compat
 from jt_dist import _errors
 from jt_dist import _settings
+from jt_dist._cpu import interpreter as _interpreter
 from jt_dist._cpu import host_memory as _host_memory
 
 _REGION_BITS = 40
@@ -131,14 +131,15 @@ class MemoryChecker:
     base = int(self._tagged[k])
     offset = ptrs.view(np.int64) - np.int64(base)
     last = int(self._nbytes[k]) - itemsize
-    if on.all():
-      # The extremes of the offsets are those of the pointers: no pass.
-      if lo - base < 0 or hi - base > last:
-        return None
+    if lo - base >= 0 and hi - base <= last:
+      # The extremes of the offsets are those of the pointers: every lane,
+      # enabled or not, is inside, with no pass over them.
       if self.buffers[k].written is not None:
-        self._track_buffer(op, k, offset.reshape(-1), on, itemsize, reads,
-                           writes)
+        starts = offset.reshape(-1) if on.all() else offset[on]
+        self._track_buffer(op, k, starts, on, itemsize, reads, writes)
       return k, offset
+    if on.all():
+      return None
     inside = (offset >= 0) & (offset <= last)
     if (on & ~inside).any():
       return None
@@ -179,12 +180,42 @@ class MemoryChecker:
     if writes:
       written[byte_index] = True
 
+  def unwritten_outputs(self) -> list[tuple[int, np.ndarray]]:
+    """``(k, element offsets)`` of each output buffer left partly unwritten.
+
+    Only outputs whose writes are tracked: aliased and zeroed ones (and
+    Refs, aliased to their inputs) start defined.
+    """
+    found = []
+    for k, b in enumerate(self.buffers):
+      if b.written is None or not b.array.size:
+        continue
+      whole = b.written.reshape(b.array.size, b.array.itemsize).all(axis=1)
+      if not whole.all():
+        found.append((k, np.flatnonzero(~whole)))
+    return found
+
+  def unwritten_message(self, k: int, elements: np.ndarray) -> str:
+    """What a launch left unwritten of output buffer ``k``, and the fix."""
+    return (
+        f"triton_call: kernel {self.kernel!r} left {elements.size} of"
+        f" {self.buffers[k].array.size} elements of {self._describe(k)}"
+        f" unwritten: element offsets {_first(elements)}. The buffer"
+        f" {self._extent(k)}. They come back as 0xFF bytes (NaN for floats)"
+        " on the CPU, and as whatever the memory held on a GPU. Check that"
+        " the grid and the block size cover the output (a row of n"
+        " elements needs a block of triton.next_power_of_2(n) lanes, or a"
+        " loop over blocks), or pass zeroed_outputs= (starts at zero) or"
+        " input_output_aliases= (starts as the input) if the rest is meant"
+        " to keep its start."
+    )
+
   def _describe(self, k: int) -> str:
     b = self.buffers[k]
     return f"{b.param!r} ({b.role})"
 
   def _where(self, op: str) -> str:
-    pid = _compat.interpreter_program_id()
+    pid = _interpreter.program_id()
     return (f"kernel {self.kernel!r}, program id {pid}: {op} through")
 
   def _extent(self, k: int) -> str:
@@ -272,14 +303,19 @@ def kernel_location(frames) -> str:
   return f"{filename}:{lineno}" + (f" (`{source}`)" if source else "")
 
 
-def _stack_location() -> str:
-  """The sentence naming the running kernel's line, or "" if none is found."""
+def running_kernel_location() -> str:
+  """``kernel_location`` of the running kernel, from the current stack."""
   frames = []
   frame = sys._getframe(1)  # pylint: disable=protected-access
   while frame is not None:
     frames.append((frame, frame.f_lineno))
     frame = frame.f_back
-  where = kernel_location(reversed(frames))
+  return kernel_location(reversed(frames))
+
+
+def _stack_location() -> str:
+  """The sentence naming the running kernel's line, or "" if none is found."""
+  where = running_kernel_location()
   return f" The access is at {where}." if where else ""
 
 

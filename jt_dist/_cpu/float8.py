@@ -29,7 +29,7 @@ import contextlib
 import ml_dtypes
 import numpy as np
 import triton.language as tl
-from triton.runtime import interpreter as _interpreter
+from jt_dist._cpu import interpreter as _interpreter
 
 from jt_dist import _compat
 from jt_dist import _errors
@@ -84,7 +84,7 @@ def refusal(kernel: str, what: str, scalar) -> _errors.KernelTypeError:
   op = f"`{spelled}` ({what})" if spelled else f"{what}"
   return _errors.KernelTypeError(
       f"triton_call: kernel {kernel!r}, program id"
-      f" {_compat.interpreter_program_id()}: {op} on {_type_name(scalar)}"
+      f" {_interpreter.program_id()}: {op} on {_type_name(scalar)}"
       " operands. Triton does not compile arithmetic, comparisons, minimum,"
       " maximum or math functions on float8 values for GPUs, nor the"
       " reductions and scans made of them, and the CPU interpreter would"

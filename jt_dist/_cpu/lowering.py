@@ -17,6 +17,7 @@ import json
 import logging
 import os
 import traceback
+import warnings
 
 import jax
 from jax.interpreters import mlir
@@ -30,6 +31,7 @@ from jt_dist._autotune import choose as _choose
 from jt_dist._core import primitive as _primitive
 from jt_dist._core import pytree_args as _pytree_args
 from jt_dist._core import types as _types
+from jt_dist._cpu import interpreter as _interpreter
 from jt_dist._cpu import bounds as _bounds
 from jt_dist._cpu import ffi_target as _ffi_target
 from jt_dist._core import host_faults as _host_faults
@@ -45,6 +47,8 @@ logger = logging.getLogger("jt_dist")
 # overlap a GPU compile (which reads the module): one lock for both.
 _INTERPRETER_LOCK = _compat.LANGUAGE_LOCK
 _logged_kernels: set[str] = set()
+# Kernels already warned of outputs they left unwritten.
+_warned_unwritten: set[str] = set()
 
 # Outputs the kernel does not write come back as this byte pattern (NaN for
 # floats, -1 for signed ints) rather than zeros, which would hide the bug.
@@ -222,6 +226,31 @@ def _launch(spec, inputs, outputs):
     except (_errors.KernelAssertionError, _errors.KernelTypeError) as e:
       _errors.raise_if_scalar_pointer(e, spec, [a.shape for a in inputs])
       raise
+  if checker is not None:
+    _check_all_written(spec, checker)
+
+
+def _check_all_written(spec, checker) -> None:
+  """Outputs the launch left partly unwritten: a warning, once per kernel.
+
+  With ``debug=True``, ``UnwrittenOutputReadError`` instead: the bytes
+  nobody wrote are the caller's to read next.
+  """
+  unwritten = checker.unwritten_outputs()
+  if not unwritten:
+    return
+  message = " ".join(checker.unwritten_message(k, elements)
+                     for k, elements in unwritten)
+  if spec.debug:
+    raise _errors.UnwrittenOutputReadError(message)
+  fn = spec.info.python_fn
+  key = f"{fn.__module__}.{fn.__qualname__}"
+  with _INTERPRETER_LOCK:
+    if key in _warned_unwritten:
+      return
+    _warned_unwritten.add(key)
+  warnings.warn(message + " Pass debug=True to raise instead; this warning"
+                " is shown once per kernel.", RuntimeWarning, stacklevel=2)
 
 
 def _name_the_kernel(error, spec) -> None:
@@ -236,7 +265,7 @@ def _name_the_kernel(error, spec) -> None:
     return
   cause = error.__cause__ if error.__cause__ is not None else error
   where = _bounds.kernel_location(traceback.walk_tb(cause.__traceback__))
-  pid = _compat.interpreter_program_id()
+  pid = _interpreter.program_id()
   error.error_message = (
       f"kernel {spec.info.name!r}, program id {pid}"
       f"{', at ' + where if where else ''}: {message}")

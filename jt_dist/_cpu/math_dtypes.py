@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import re
 
-from jt_dist import _compat
 from jt_dist import _errors
+from jt_dist._cpu import interpreter as _interpreter
 
 # "Expected dtype ['fp32', 'fp64'] but got bf16", from Triton's
 # ``math._check_dtype``.
@@ -42,7 +42,7 @@ def refusal(error: BaseException | None,
   """
   found = (_MESSAGE.fullmatch(str(error)) if isinstance(error, ValueError)
            else None)
-  name = None if found is None else _compat.dtype_refusing_function(
+  name = None if found is None else _interpreter.dtype_refusing_function(
       error.__traceback__)
   if name is None:
     return None
@@ -50,7 +50,7 @@ def refusal(error: BaseException | None,
   first = _LANGUAGE_NAMES.get(accepted[0], accepted[0]) if accepted else ""
   return _errors.KernelTypeError(
       f"triton_call: kernel {kernel!r}, program id"
-      f" {_compat.interpreter_program_id()}: tl.{name} on {found['got']}"
+      f" {_interpreter.program_id()}: tl.{name} on {found['got']}"
       f" operands. It takes {' or '.join(accepted)} operands only, and"
       f" compiling it for a GPU fails too (\"{found.group(0)}\"). Cast"
       f" the operands first, e.g. `x.to(tl.{first})`, and the result back"

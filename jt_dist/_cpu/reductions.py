@@ -33,7 +33,7 @@ import ml_dtypes
 import numpy as np
 import triton.language as tl
 from triton.language import core as tl_core
-from triton.runtime import interpreter as _interpreter
+from jt_dist._cpu import interpreter as _interpreter
 
 from jt_dist import _compat
 from jt_dist import _errors
@@ -134,7 +134,7 @@ def combine_refusal(kernel: str, what: str, operand,
   op = "tt.reduce" if what == "tl.reduce" else "tt.scan"
   return _errors.KernelTypeError(
       f"triton_call: kernel {kernel!r}, program id"
-      f" {_compat.interpreter_program_id()}: {what} on {operand.name}"
+      f" {_interpreter.program_id()}: {what} on {operand.name}"
       f" operands whose combine function returns {returned.name} values."
       " A combine function must return its operands' types: Triton's"
       f" compiler refuses it (\"'{op}' op type mismatch on combine"
@@ -179,7 +179,7 @@ class MinMaxOnValues(KernelNamed):
   """``min_max`` of ``ReduceOps`` on bf16 values; refused on float8.
 
   Maxima and minima ignore NaN, as Triton 3.9's interpreter reduces them
-  (``_compat.nan_ignoring``).
+  (``_interpreter.nan_ignoring``).
   """
 
   def min_max(self, input, val_reduce_op, idx_reduce_op=None):  # pylint: disable=redefined-builtin
@@ -187,8 +187,8 @@ class MinMaxOnValues(KernelNamed):
     scalar = first.dtype
     if not _narrow(scalar):
       return super().min_max(input, val_reduce_op, idx_reduce_op)
-    val_reduce_op = _compat.nan_ignoring(val_reduce_op)
-    idx_reduce_op = _compat.nan_ignoring(idx_reduce_op)
+    val_reduce_op = _interpreter.nan_ignoring(val_reduce_op)
+    idx_reduce_op = _interpreter.nan_ignoring(idx_reduce_op)
     _refuse_float8(self.kernel, _min_max_name(val_reduce_op, idx_reduce_op),
                    scalar)
     wide = _retyped(first, tl.float32, _bf16.values(first.handle.data))
@@ -245,27 +245,40 @@ class ScanOnValues(KernelNamed, _interpreter.ScanOps):
     return self._scan("tl.cumprod", input)
 
 
+def language_functions(kernel: str, reduce_ops, scan_ops) -> dict:
+  """``tl.reduce`` and ``tl.associative_scan`` run by the classes given.
+
+  Args:
+    kernel: the kernel's name, for the messages.
+    reduce_ops: a ``ReduceOps`` subclass taking ``kernel=`` (``KernelNamed``).
+    scan_ops: a ``ScanOps`` subclass likewise.
+
+  Returns:
+    The language functions' names -> their replacements.
+  """
+  def reduce(input, axis, combine_fn, keep_dims=False, **kwargs):  # pylint: disable=redefined-builtin
+    del kwargs
+    return reduce_ops(axis, combine_fn, keep_dims, kernel=kernel).apply(input)
+
+  def scan(input, axis, combine_fn, reverse=False, **kwargs):  # pylint: disable=redefined-builtin
+    del kwargs
+    return scan_ops(axis, combine_fn, reverse, kernel=kernel).apply(input)
+
+  return {"reduce": reduce, "associative_scan": scan}
+
+
 @contextlib.contextmanager
 def reductions_on_values(kernel: str):
   """``tl.reduce`` and ``tl.associative_scan`` on values, for one launch.
 
-  Enter inside ``_compat.interpreter_language_patched()``, whose reduce and
+  Enter inside ``_interpreter.language_patched()``, whose reduce and
   scan these replace; a vectorised launch replaces them again with its own
   (``vector_lang``), which act on values alike.
 
   Args:
     kernel: the kernel's name, for the messages.
   """
-  def reduce(input, axis, combine_fn, keep_dims=False, **kwargs):  # pylint: disable=redefined-builtin
-    del kwargs
-    return ReduceOnValues(axis, combine_fn, keep_dims,
-                          kernel=kernel).apply(input)
-
-  def scan(input, axis, combine_fn, reverse=False, **kwargs):  # pylint: disable=redefined-builtin
-    del kwargs
-    return ScanOnValues(axis, combine_fn, reverse, kernel=kernel).apply(input)
-
-  replacements = {"reduce": reduce, "associative_scan": scan}
+  replacements = language_functions(kernel, ReduceOnValues, ScanOnValues)
   with _compat.attributes_replaced(tl, replacements), \
       _compat.attributes_replaced(tl_core, replacements):
     yield

@@ -17,7 +17,7 @@ import weakref
 import numpy as np
 import triton.language as tl
 from triton.language import core as tl_core
-from triton.runtime import interpreter as _interpreter
+from jt_dist._cpu import interpreter as _interpreter
 
 from jt_dist import _compat
 from jt_dist import _errors
@@ -100,7 +100,7 @@ def run(python_fn, grid: tuple[int, int, int], args, kwargs, checker=None,
                                  list(interpreted.arg_names), tuple(grid))
   try:
     with _checked_memory(checker):
-      _run_patched(executor, args, kwargs, checker, python_fn.__name__, debug)
+      _run_patched(executor, args, kwargs, checker, python_fn, debug)
   except _compat.InterpreterError as e:
     if isinstance(e.__cause__, _KERNEL_FAULTS):
       raise e.__cause__ from None
@@ -121,26 +121,27 @@ def _checked_memory(checker):
   if checker is None:
     yield
     return
-  native = _compat.interpreter_native_memory()
+  native = _interpreter.native_memory()
   if _vector_launch.enabled():
     # Checked accesses reach real addresses in the launch's own buffers,
     # which NumPy can gather from and scatter into. (Off, launches run as
     # Triton's interpreter runs them, native memory module included.)
     native = _host_memory.HostMemory(native,
                                      [b.array for b in checker.buffers])
-  with _compat.interpreter_native_memory_replaced(
+  with _interpreter.native_memory_replaced(
       _bounds.CheckedMemory(native, checker)):
     yield
 
 
-def _run_patched(executor, args, kwargs, checker, kernel, debug):
+def _run_patched(executor, args, kwargs, checker, python_fn, debug):
   # All programs at once where the kernel allows; otherwise (memory
   # restored) one at a time, as Triton's interpreter runs them.
-  patched = functools.partial(_patched_language, kernel, debug)
+  patched = functools.partial(_patched_language, python_fn.__name__, debug)
   # Tuple operands run one program at a time: the vectorised launch keys
   # and journals its pointers at the top level only.
   if (not any(isinstance(a, tuple) for a in args)
-      and _vector_launch.run(executor, args, kwargs, checker, patched)):
+      and _vector_launch.run(executor, args, kwargs, checker, patched,
+                             python_fn)):
     return
   with patched():
     executor(*args, **kwargs)
@@ -154,10 +155,10 @@ def _patched_language(kernel: str, debug: bool):
   # call builtins through `triton.language.core`. jt_dist's own replacements
   # of language functions are entered after, so that they win; the builder's
   # backports before the bf16 and float8 patches, which wrap them.
-  with _helpers_run_interpreted(), _compat.interpreter_builder_backported(), \
+  with _helpers_run_interpreted(), _interpreter.builder_backported(), \
       _bfloat16.bfloat16_like_compiled(), \
       _float8.float8_like_compiled(kernel), _atomics.float_atomics_on_values(), \
-      _compat.interpreter_language_patched(), \
+      _interpreter.language_patched(), \
       _reductions.reductions_on_values(kernel), \
       _asserts.kernel_asserts(kernel, debug), _scalar_index_squeezes(kernel):
     yield

@@ -16,13 +16,12 @@ from __future__ import annotations
 
 import numpy as np
 import triton.language as tl
-from triton.runtime import interpreter as _interpreter
+from jt_dist._cpu import interpreter as _interpreter
 
-from jt_dist import _compat
 from jt_dist._cpu import vector_builder as _vb
 
 TensorHandle = _interpreter.TensorHandle
-_OP = _interpreter._ir.ATOMIC_OP  # pylint: disable=protected-access
+_OP = _interpreter.ATOMIC_OP
 # (op on the lanes with the sign bit clear, op on the others), as Triton's
 # semantic lowers a float atomic max and min.
 _HALVES = {"max": (_OP.MAX, _OP.UMIN), "min": (_OP.MIN, _OP.UMAX)}
@@ -35,7 +34,7 @@ def _programs_in_order(builder, which, ptr, val, mask, sem, scope):
   """Old values of a float atomic ``which`` over all programs, in order."""
   (signed, signed_ty), (unsigned, unsigned_ty) = _FLOATS[val.dtype.scalar.name]
   ptrs, vals, on = _vb._with_programs(  # pylint: disable=protected-access
-      [ptr.data, val.data, mask.data], builder.programs)
+      [ptr.data, val.data, builder.active(mask.data)], builder.programs)
   on = on.astype(bool)
   negative = (vals.view(unsigned) >> (8 * vals.itemsize - 1)).astype(bool)
   halves = ((_HALVES[which][0], signed, signed_ty, on & ~negative),
@@ -79,7 +78,7 @@ def patch(scope) -> None:
     scope: upstream's ``_LangPatchScope`` of the launch, which restores the
       semantic's methods when the launch ends.
   """
-  semantic = _compat.interpreter_semantic_class()
+  semantic = _interpreter.semantic_class()
   for which in _HALVES:
     name = f"atomic_{which}"
     scope.set_attr(semantic, name, _ordered(which, getattr(semantic, name)))

@@ -25,9 +25,9 @@ from __future__ import annotations
 
 import numpy as np
 import triton.language as tl
-from triton.runtime import interpreter as _interpreter
+from jt_dist._cpu import interpreter as _interpreter
 
-from jt_dist import _compat
+from jt_dist._cpu import lockstep as _lockstep
 from jt_dist._cpu import vector_reviewed as _reviewed
 
 TensorHandle = _interpreter.TensorHandle
@@ -46,7 +46,7 @@ def program_ids(grid, flat):
 
 
 def _np_dtype(tl_dtype):
-  return _interpreter._get_np_dtype(tl_dtype)  # pylint: disable=protected-access
+  return _interpreter.np_dtype(tl_dtype)
 
 
 def _lead(data) -> int:
@@ -77,12 +77,14 @@ class VectorBuilder(_interpreter.InterpreterBuilder):
     self.grid_idx = None
     self.programs = 0
     self._pids = ()
+    self.masks = _lockstep.Masks()
     self.set_programs(range(int(np.prod(grid))) if programs is None
                       else programs)
 
   def set_programs(self, programs: range) -> None:
     """Makes values span the programs ``programs`` (flat numbers), in order."""
     self.programs = len(programs)
+    self.masks = _lockstep.Masks()
     flat = np.arange(programs.start, programs.stop, dtype=np.int64)
     self._pids = tuple(p.astype(np.int32)
                        for p in program_ids(self.grid_dim, flat))
@@ -98,9 +100,18 @@ class VectorBuilder(_interpreter.InterpreterBuilder):
     return TensorHandle(np.arange(start, stop, dtype=np.int32)[None], tl.int32)
 
   # --- memory: loads may stay shared; writes happen once per program -----
+  # Each honours the active programs of masked lockstep (``lockstep``).
+
+  def active(self, mask):
+    """``mask`` (a per-lane bool array) and the active programs."""
+    active = self.masks.current
+    if active is None:
+      return mask
+    mask = np.asarray(mask, dtype=bool)
+    return mask & active.reshape((-1,) + (1,) * (mask.ndim - 1))
 
   def create_masked_load(self, ptrs, mask, other, *args, **kwargs):
-    datas = [ptrs.data, _mask_data(mask)]
+    datas = [ptrs.data, self.active(_mask_data(mask))]
     if other is not None:
       datas.append(other.data)
     count = max(_lead(d) for d in datas)
@@ -111,14 +122,14 @@ class VectorBuilder(_interpreter.InterpreterBuilder):
         other, *args, **kwargs)
 
   def create_masked_store(self, ptrs, value, mask, *args, **kwargs):
-    p, v, m = _with_programs([ptrs.data, value.data, _mask_data(mask)],
-                             self.programs)
+    p, v, m = _with_programs(
+        [ptrs.data, value.data, self.active(_mask_data(mask))], self.programs)
     return super().create_masked_store(
         TensorHandle(p, ptrs.dtype), TensorHandle(v, value.dtype),
         TensorHandle(m, tl.int1), *args, **kwargs)
 
   def create_atomic_rmw(self, rmwOp, ptr, val, mask, *args, **kwargs):  # pylint: disable=invalid-name
-    mask_data = np.ones(1, bool) if mask is None else mask.data
+    mask_data = self.active(np.ones(1, bool) if mask is None else mask.data)
     if rmwOp in _ADD_OPS and _lead(ptr.data) == 1 and _lead(mask_data) == 1:
       old = _shared_address_add(ptr.data[0], val.data, mask_data[0],
                                 self.programs)
@@ -131,9 +142,25 @@ class VectorBuilder(_interpreter.InterpreterBuilder):
 
   def create_atomic_cas(self, ptr, cmp, val, *args, **kwargs):
     p, c, v = _with_programs([ptr.data, cmp.data, val.data], self.programs)
-    return super().create_atomic_cas(
-        TensorHandle(p, ptr.dtype), TensorHandle(c, cmp.dtype),
-        TensorHandle(v, val.dtype), *args, **kwargs)
+    rows = self.masks.current
+    if rows is None:
+      return super().create_atomic_cas(
+          TensorHandle(p, ptr.dtype), TensorHandle(c, cmp.dtype),
+          TensorHandle(v, val.dtype), *args, **kwargs)
+    old = np.zeros_like(v)
+    if rows.any():
+      old[rows] = super().create_atomic_cas(
+          TensorHandle(p[rows], ptr.dtype), TensorHandle(c[rows], cmp.dtype),
+          TensorHandle(v[rows], val.dtype), *args, **kwargs).data
+    return TensorHandle(old, val.dtype)
+
+  def create_assert(self, condition, message):
+    return super().create_assert(TensorHandle(
+        ~self.active(~np.asarray(condition.data, bool)), tl.int1), message)
+
+  def create_assume(self, condition):
+    return super().create_assume(TensorHandle(
+        ~self.active(~np.asarray(condition.data, bool)), tl.int1))
 
   # --- pointers ----------------------------------------------------------
 
@@ -231,7 +258,7 @@ class VectorBuilder(_interpreter.InterpreterBuilder):
         TensorHandle(np.add(o.data, d.data).astype(o.data.dtype), o.dtype)
         for o, d in zip(ptr.offsets, offsets)
     ]
-    ret = _compat.interpreter_block_pointer(
+    ret = _interpreter.block_pointer(
         ptr.base, ptr.shape, ptr.strides, moved, ptr.block_shape, ptr.order)
     ret.__class__ = _vector_subclass(type(ret), _block_pointers)
     return ret
@@ -242,7 +269,7 @@ class VectorBuilder(_interpreter.InterpreterBuilder):
 UNREVIEWED = tuple(_reviewed.refuse_unreviewed(
     VectorBuilder, _interpreter.InterpreterBuilder))
 
-_ADD_OPS = (_interpreter._ir.ATOMIC_OP.ADD, _interpreter._ir.ATOMIC_OP.FADD)  # pylint: disable=protected-access
+_ADD_OPS = (_interpreter.ATOMIC_OP.ADD, _interpreter.ATOMIC_OP.FADD)  # pylint: disable=protected-access
 # Types whose NumPy addition rounds (or wraps) as the native atomic's does.
 _ADDABLE = tuple(np.dtype(t) for t in (np.float32, np.float64, np.int32,
                                        np.int64, np.uint32, np.uint64))
@@ -274,7 +301,7 @@ def _shared_address_add(row_ptrs, values, row_mask, programs: int):
   every_lane = bool(row_mask.all())
   added = np.broadcast_to(values, shape)
   added = added.reshape(programs, -1) if every_lane else added[:, row_mask]
-  memory = _compat.interpreter_native_memory()
+  memory = _interpreter.native_memory()
   on = np.ones(ptrs.shape, dtype=bool)
   sums = np.empty((programs + 1,) + ptrs.shape, dtype=values.dtype)
   sums[0] = memory.load(ptrs, on, np.zeros(ptrs.shape, values.dtype),

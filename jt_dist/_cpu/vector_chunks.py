@@ -30,7 +30,7 @@ import dataclasses
 import tracemalloc
 from typing import Iterator
 
-from triton.runtime import interpreter as _interpreter
+from jt_dist._cpu import interpreter as _interpreter
 
 from jt_dist import _compat
 

@@ -17,7 +17,7 @@ import dataclasses
 
 import numpy as np
 
-from jt_dist import _compat
+from jt_dist._cpu import interpreter as _interpreter
 
 # A write whose addresses span at most this many times its bytes (plus a
 # page) is saved as one slice: a copy instead of a gather.
@@ -88,7 +88,7 @@ def writable_bytes(array: np.ndarray) -> np.ndarray:
 class WriteJournal:
   """The interpreter's memory module, remembering what each write replaces.
 
-  Stands in for the module (``_compat.interpreter_native_memory``) during a
+  Stands in for the module (``interpreter.native_memory``) during a
   vectorised launch; ``restore`` undoes the writes since the last ``clear``.
   """
 
@@ -187,4 +187,4 @@ def journal(args, checker) -> WriteJournal | None:
   windows = windows_of(args, checker)
   if windows is None:
     return None
-  return WriteJournal(_compat.interpreter_native_memory(), windows)
+  return WriteJournal(_interpreter.native_memory(), windows)

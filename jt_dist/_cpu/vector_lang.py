@@ -5,17 +5,18 @@ and ``tl.reduce``/``tl.associative_scan`` for one program at a time. Here
 they act per program along the leading program axis (see
 ``vector_builder``). Converting a value to a Python ``bool`` or ``int``
 (an ``if``, a ``while``, a ``range`` bound) is where a kernel's Python
-control flow reads its data: when the programs disagree, the launch cannot
-go on as one, and ``Divergent`` says so.
+control flow reads its data. Loops, ``if``s and returns that lockstep runs
+(``lockstep_rewrite``) read per program; elsewhere, when the active
+programs disagree, the launch cannot go on as one, and ``Divergent`` says
+so.
 """
 
 from __future__ import annotations
 
 import numpy as np
 import triton.language as tl
-from triton.runtime import interpreter as _interpreter
+from jt_dist._cpu import interpreter as _interpreter
 
-from jt_dist import _compat
 from jt_dist import _errors
 from jt_dist._cpu import reductions as _reductions
 from jt_dist._cpu import vector_atomics as _vector_atomics
@@ -63,7 +64,7 @@ def require_integer(tensor, kernel: str) -> None:
           " Python int (static under jax.jit), or read the value with"
           " tl.load." if dtype.is_ptr() else
           " Convert it first, e.g. `n.to(tl.int32)`.")
-  pid = _compat.interpreter_program_id()
+  pid = _interpreter.program_id()
   where = "" if pid is None else f", program id {pid}"
   raise _errors.KernelTypeError(
       f"triton_call: kernel {kernel!r}{where}: a loop bound, step or index"
@@ -79,6 +80,9 @@ def _one_value(tensor, what: str):
   if data.size != count:
     raise _vb.Unsupported(f"{what} of a block")
   values = data.reshape(count)
+  active = _interpreter.builder().masks.current
+  if count > 1 and active is not None and active.any():
+    values = values[active]
   if count > 1 and not (values == values[0]).all():
     raise Divergent(f"{what} of a value that differs between programs")
   return values[0]
@@ -109,18 +113,11 @@ def patch(scope, kernel: str) -> None:
   scope.set_attr(tensor, "__index__", index)
   scope.set_attr(tensor, "T", property(_transpose))
 
-  def reduce(input, axis, combine_fn, keep_dims=False, **kwargs):  # pylint: disable=redefined-builtin
-    del kwargs
-    return VectorReduce(axis, combine_fn, keep_dims,
-                        kernel=kernel).apply(input)
-
-  def scan(input, axis, combine_fn, reverse=False, **kwargs):  # pylint: disable=redefined-builtin
-    del kwargs
-    return VectorScan(axis, combine_fn, reverse, kernel=kernel).apply(input)
-
+  replacements = _reductions.language_functions(kernel, VectorReduce,
+                                                VectorScan)
   for module in (tl, tl.core):
-    scope.set_attr(module, "reduce", reduce)
-    scope.set_attr(module, "associative_scan", scan)
+    for name, value in replacements.items():
+      scope.set_attr(module, name, value)
   _vector_atomics.patch(scope)
 
 

@@ -3,8 +3,10 @@
 A launch runs vectorised (``vector_builder``, ``vector_lang``): each value
 carries a leading program axis. It runs its grid in chunks of consecutive
 programs, in order, each sized so that its working memory stays bounded
-(``vector_chunks``); between chunks Ctrl-C stops it. Where a chunk cannot
-run as one (the kernel's Python control flow depends on the program, an
+(``vector_chunks``); between chunks Ctrl-C stops it. The kernel and its
+helpers run in their lockstep form (``lockstep_rewrite``): loops, ``if``s
+and returns that depend on the program run masked. Where a chunk cannot
+run as one (other control flow that depends on the program, an
 operation is not reviewed for the program axis (``vector_reviewed``), or
 anything raises), what the chunk wrote is put back, with the bounds
 checker's record of written bytes (``vector_journal``), and its programs
@@ -28,12 +30,13 @@ import weakref
 
 import numpy as np
 import triton.language as tl
-from triton.runtime import interpreter as _interpreter
+from jt_dist._cpu import interpreter as _interpreter
 
 from jt_dist import _compat
 from jt_dist import _errors
 from jt_dist import _settings
 from jt_dist._cpu import interrupts as _interrupts
+from jt_dist._cpu import lockstep_rewrite as _lockstep_rewrite
 from jt_dist._cpu import vector_builder as _vb
 from jt_dist._cpu import vector_check as _vector_check
 from jt_dist._cpu import vector_chunks as _chunks
@@ -71,7 +74,7 @@ def enabled() -> bool:
   return mode() != ONE_AT_A_TIME
 
 
-def run(executor, args, kwargs, checker, patched_language) -> bool:
+def run(executor, args, kwargs, checker, patched_language, python_fn) -> bool:
   """Runs the launch vectorised if it can.
 
   The caller holds the interpreter lock, with memory patched as for a
@@ -86,6 +89,8 @@ def run(executor, args, kwargs, checker, patched_language) -> bool:
       ``triton.language`` as for a one-program-at-a-time launch; entered
       once the vectorised builder is in place (the patched builtins call
       the interpreter's semantic, whose builder this replaces).
+    python_fn: the kernel's Python function, run vectorised in its
+      lockstep form (``lockstep_rewrite``).
 
   Returns:
     True if the launch ran; False if the caller must run it one program at
@@ -99,7 +104,8 @@ def run(executor, args, kwargs, checker, patched_language) -> bool:
   grid = _grid(executor)
   if grid is None or how == ONE_AT_A_TIME:
     return False
-  launch = Launch(executor, grid, args, kwargs, checker, patched_language)
+  launch = Launch(executor, grid, args, kwargs, checker, patched_language,
+                  python_fn)
   if how == CHECK:
     return _vector_check.run_both(launch)
   return launch.vectorised()
@@ -156,7 +162,8 @@ def _parameters(fn) -> frozenset[str]:
 class Launch:
   """One launch, run vectorised chunk by chunk or one program at a time."""
 
-  def __init__(self, executor, grid, args, kwargs, checker, patched_language):
+  def __init__(self, executor, grid, args, kwargs, checker, patched_language,
+               python_fn=None):
     self.executor = executor
     self.grid = grid
     self.args = args
@@ -164,6 +171,7 @@ class Launch:
     self.checker = checker
     self.patched_language = patched_language
     self.key = kernel_key(executor.fn, args, kwargs)
+    self.python_fn = python_fn
     self.programs = int(np.prod(grid))
 
   def vectorised(self) -> bool:
@@ -173,9 +181,12 @@ class Launch:
     journal = _journal.journal(self.args, self.checker)
     if journal is None:
       return False
-    with _compat.interpreter_native_memory_replaced(journal), \
+    # In lockstep, programs a branch or loop trip leaves out compute on
+    # masked values (a row of -inf minus its max, -inf) whose results are
+    # dropped: NumPy's floating-point warnings there are not the kernel's.
+    with _interpreter.native_memory_replaced(journal), \
         _vector_builder_installed(self.grid) as builder, \
-        self.patched_language():
+        self.patched_language(), np.errstate(all="ignore"):
       stopped, chunks = self._chunks(builder, journal)
     if stopped is None:
       _decide(self.key, VECTORISED,
@@ -196,7 +207,7 @@ class Launch:
       builder.set_programs(programs)
       try:
         with chunks.measured(programs):
-          _run_vectorised(self.executor, self.args, self.kwargs)
+          _run_vectorised(self)
       except Exception as e:  # pylint: disable=broad-except
         journal.restore()
         # An interrupt that the kernel's code turned into another error
@@ -226,9 +237,9 @@ class Launch:
       self.executor(*self.args, **self.kwargs)
       return
     fn = self.executor.fn
-    builder = _interpreter.interpreter_builder
+    builder = _interpreter.builder()
     builder.set_grid_dim(*self.grid)
-    scope = _interpreter._patch_lang(fn)  # pylint: disable=protected-access
+    scope = _interpreter.patch_lang(fn)
     try:
       call_args = _call_args(self.executor, self.args, self.kwargs)
       try:
@@ -249,31 +260,44 @@ def _call_args(executor, args, kwargs) -> dict:
   call_args = inspect.getcallargs(fn, *args, **kwargs)
   return {
       name: arg if name in executor.constexprs
-      else _interpreter._implicit_cvt(arg)  # pylint: disable=protected-access
+      else _interpreter.implicit_cvt(arg)
       for name, arg in call_args.items()
   }
 
 
-def _run_vectorised(executor, args, kwargs):
-  fn = executor.fn
+def _run_vectorised(launch):
+  executor = launch.executor
+  fn = _lockstep_form(launch.python_fn, executor.fn)
   # ``patched_language`` has patched triton.language and its core, the only
   # modules upstream's ``_patch_lang(fn)`` would patch again.
-  scope = _interpreter._LangPatchScope()  # pylint: disable=protected-access
+  scope = _interpreter.LangPatchScope()
   try:
     _vl.patch(scope, fn.__name__)
-    fn(**_call_args(executor, args, kwargs))
+    with _compat.attributes_replaced(
+        _compat.JITFunction, {"__call__": _call_in_lockstep}):
+      fn(**_call_args(executor, launch.args, launch.kwargs))
   finally:
     scope.restore()
+
+
+def _lockstep_form(python_fn, interpreted):
+  if python_fn is None:
+    return interpreted
+  return _lockstep_rewrite.rewrite(python_fn, lambda: interpreted)
+
+
+def _call_in_lockstep(self, *args, **kwargs):
+  """A ``@triton.jit`` helper's call, in its lockstep form."""
+  return _lockstep_rewrite.rewrite(
+      self.fn, lambda: _compat.InterpretedFunction(self.fn).rewrite())(
+          *args, **kwargs)
 
 
 @contextlib.contextmanager
 def _vector_builder_installed(grid):
   """Makes a ``VectorBuilder`` the interpreter's builder for one launch."""
   builder = _vb.VectorBuilder(grid, range(0))
-  with (_compat.attributes_replaced(_interpreter,
-                                    {"interpreter_builder": builder}),
-        _compat.attributes_replaced(_interpreter.interpreter_semantic,
-                                    {"builder": builder})):
+  with _interpreter.builder_replaced(builder):
     yield builder
 
 

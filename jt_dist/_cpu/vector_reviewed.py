@@ -25,8 +25,7 @@ class Unsupported(Exception):
 # conversions (NumPy broadcasts them), and operations that only call
 # redefined ones (plain loads and stores, tensor-descriptor and Triton 3.6's
 # block-pointer accesses, whose pointers a vector subclass materialises).
-# ``tl.dot`` is NumPy's matmul, which takes the program axis as a batch axis;
-# asserts and assumes hold when every lane of every program holds.
+# ``tl.dot`` is NumPy's matmul, which takes the program axis as a batch axis.
 # Left off, as per program by nature: printing, polling, a program id set
 # from outside, scaled dots and descriptor gathers/scatters (their upstream
 # forms loop over the first axis), and what the interpreter cannot run.
@@ -59,7 +58,7 @@ REVIEWED = frozenset("""
     create_sin create_erf create_rsqrt create_split create_dot
     create_atomic_load create_atomic_store create_descriptor_load
     create_descriptor_store create_tensor_pointer_load
-    create_tensor_pointer_store create_assert create_assume create_barrier
+    create_tensor_pointer_store create_barrier
 """.split())
 
 

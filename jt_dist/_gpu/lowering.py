@@ -34,6 +34,7 @@ from jt_dist import _compat
 from jt_dist import _errors
 from jt_dist._autotune import choose as _choose
 from jt_dist._core import primitive as _primitive
+from jt_dist._core import wrapper as _wrapper
 from jt_dist._cpu import lowering as _cpu_lowering
 from jt_dist._gpu import compile as _compile
 from jt_dist._gpu import export as _gpu_export
@@ -374,9 +375,14 @@ def gpu_lowering(ctx, *args, spec, platform: str):
     calls, launches, kernels = _fitting_calls(
         lib, spec, target, cubin or None)
   except Exception as e:  # pylint: disable=broad-except
+    error = _wrapper.callee_error(e)
     # Triton's CompilationError, for a 0-d array used as a number: named.
-    _errors.raise_if_scalar_pointer(e, spec, [a.shape for a in ctx.avals_in])
-    raise
+    _errors.raise_if_scalar_pointer(error, spec,
+                                    [a.shape for a in ctx.avals_in])
+    if error is e:
+      raise
+    error.__suppress_context__ = True
+    raise error  # pylint: disable=raise-missing-from
   order = result_order(spec)
   call = (calls[0] if len(calls) == 1
           else _autotuned_call(lib, spec, calls, launches, ctx, order))

@@ -27,34 +27,20 @@ from jax.sharding import PartitionSpec as P
 from jt_dist._core import pytree_args as _pytree_args
 from jt_dist._sharding import partition as _partition
 
-def _shardy_rule(rule) -> dict:
-  """``def_partition`` keywords stating ``rule`` for Shardy's propagation."""
-  return dict(
-      sharding_rule=rule.rule,
-      reduction_factors=tuple(f for f, _ in rule.reductions),
-      need_replication_factors=tuple(rule.whole))
 
-
-def _specs_of(shapes: Sequence[Any], mesh) -> tuple[P, ...]:
-  """The specs the partitioner chose, on ``mesh`` (replicated if none)."""
-  out = []
-  for shape in shapes:
-    sharding = getattr(shape, "sharding", None)
-    spec = getattr(sharding, "spec", None)
-    out.append(spec if isinstance(sharding, NamedSharding) else P())
-  return tuple(out)
+def _specs_of(shapes: Sequence[Any]) -> tuple[P, ...]:
+  """The specs the partitioner chose (replicated where it chose none)."""
+  return tuple(
+      s.sharding.spec if isinstance(getattr(s, "sharding", None),
+                                    NamedSharding) else P() for s in shapes)
 
 
 def run(args: Sequence[Any], call: Callable[..., Any], kernel: Any,
         out_shapes, out_tree, grid: Any, rule, kwargs: dict,
         where: str) -> Any:
-  """Runs the call through ``custom_partitioning`` with ``rule``.
+  """``partition.run`` through ``custom_partitioning``, without a layout.
 
-  Arguments are those of ``partition.run``, without a layout: the layout is
-  the partitioner's, known only when it calls back.
-
-  Returns:
-    The global outputs, in the structure of ``out_tree``.
+  The layout is the partitioner's, known only when it calls back.
   """
   flat = _pytree_args.flatten(args)
   positions = _partition.array_positions(args)
@@ -66,15 +52,13 @@ def run(args: Sequence[Any], call: Callable[..., Any], kernel: Any,
   def whole_call(*arrays):
     # Traced once with global shapes for the op's types, and run as is
     # where nothing is split (one device).
-    it = iter(arrays)
-    full = flat.rebuild([next(it) if k in positions else a
-                         for k, a in enumerate(flat.leaves)])
+    full = _partition.with_arrays(flat, positions, arrays)
     return tuple(jax.tree_util.tree_leaves(
         call(*full, kernel=kernel, out_shape=global_out, grid=grid,
              **kwargs)))
 
   def plan_for(mesh, arg_shapes):
-    layout = _partition.Layout(mesh, _specs_of(arg_shapes, mesh))
+    layout = _partition.Layout(mesh, _specs_of(arg_shapes))
     return layout, _partition.make_plan(rule, sizes, layout)
 
   def infer(mesh, arg_shapes, result_shape):
@@ -93,7 +77,10 @@ def run(args: Sequence[Any], call: Callable[..., Any], kernel: Any,
             tuple(NamedSharding(mesh, s) for s in plan.in_specs))
 
   op = custom_partitioning(whole_call)
+  # Shardy propagates shardings through the op by the rule.
   op.def_partition(partition, infer_sharding_from_operands=infer,
-                   **_shardy_rule(rule))
+                   sharding_rule=rule.rule,
+                   reduction_factors=tuple(f for f, _ in rule.reductions),
+                   need_replication_factors=tuple(rule.whole))
   outs = op(*[flat.leaves[k] for k in positions])
   return jax.tree_util.tree_unflatten(out_tree, list(outs))

@@ -15,7 +15,6 @@ from typing import Any
 import jax
 
 from jt_dist import _errors
-from jt_dist._core import backend_options as _backend_options
 from jt_dist._core import binding as _binding
 from jt_dist._core import operands as _operands
 from jt_dist._core import primitive as _primitive
@@ -39,14 +38,10 @@ def call(args, kernel, out_shape, grid, options: _binding.CallOptions,
   """Runs one ``triton_call`` on ``args``, tracers or concrete arrays.
 
   Args:
-    args: the positional operands.
-    kernel: the Triton kernel.
-    out_shape: the outputs, as given.
-    grid: the grid, as given.
-    options: the call's options, checked (``jt_dist._core.call_options``).
+    args, kernel, out_shape, grid, device: as the call was given them.
+    options: the call's checked options.
     metaparams: the remaining keywords: the kernel's constexprs, and its
       keyword operands (non-constexpr parameters by name).
-    device: ``device=`` as given, or None.
     layout: for a call with a ``sharding_rule``, the ``partition.Layout``
       found on its concrete operands before they were traced; by default
       the operands' own (traced operands show explicit mesh axes only).

@@ -16,6 +16,7 @@ import jax
 from jax.interpreters import mlir
 
 from jt_dist import _compat
+from jt_dist._backend import cache as _cache
 from jt_dist._core import primitive as _primitive
 from jt_dist._sharding import placement as _placement
 
@@ -47,13 +48,10 @@ def _manual_over_rest(ctx, args, spec, facts):
 
 def checked(rule: Callable[..., Any], choose: Callable[..., Any],
             platform: str) -> Callable[..., Any]:
-  """``rule`` behind the placement check, with ``choose``'s config.
+  """``rule(ctx, *args, spec=spec)`` behind the placement check.
 
-  Args:
-    rule: the platform's lowering, ``rule(ctx, *args, spec=spec)``.
-    choose: ``choose(ctx, spec, platform)`` returns the spec with the one
-      config an autotuned call is lowered with (``jt_dist._autotune``).
-    platform: the platform's name in jax, e.g. "cuda".
+  It lowers the one config ``choose(ctx, spec, platform)`` picks for an
+  autotuned call (``jt_dist._autotune``).
   """
   @functools.wraps(rule)
   def lowering(ctx, *args, spec, **kwargs):
@@ -62,6 +60,8 @@ def checked(rule: Callable[..., Any], choose: Callable[..., Any],
     if facts.kind == "spmd" and facts.manual_axes != frozenset(
         facts.mesh.axis_names):
       return _manual_over_rest(ctx, args, spec, facts)
-    return rule(ctx, *args, spec=choose(ctx, spec, platform), **kwargs)
+    lowered = rule(ctx, *args, spec=choose(ctx, spec, platform), **kwargs)
+    _cache.count("lowerings")  # Once per call lowered, never per run.
+    return lowered
 
   return lowering

@@ -34,11 +34,6 @@ from jt_dist._sharding import specs as _specs
 
 logger = logging.getLogger("jt_dist")
 
-_COLLECTIVES = {"sum": jax.lax.psum, "max": jax.lax.pmax, "min": jax.lax.pmin}
-_COLLECTIVE_NAMES = {"sum": "all-reduce (sum)", "max": "all-reduce (max)",
-                     "min": "all-reduce (min)"}
-
-
 @dataclasses.dataclass(frozen=True)
 class Layout:
   """The mesh a call runs on and the current spec of each array operand."""
@@ -52,9 +47,8 @@ class Layout:
 
 @dataclasses.dataclass(frozen=True)
 class Plan:
-  """Which mesh axes split which factor, and the specs that follow."""
+  """The specs that follow from which mesh axes split which factor."""
 
-  factor_axes: dict
   in_specs: tuple[P, ...]
   out_specs: tuple[P, ...]
   # Per output: ((op, axes), ...) to apply to the shard's partial result.
@@ -62,42 +56,14 @@ class Plan:
 
 
 def _entries(spec: Any, rank: int) -> list[tuple[str, ...]]:
-  entries = list(spec or ())[:rank]
-  entries += [None] * (rank - len(entries))
-  out = []
-  for entry in entries:
-    if entry is None or entry is P.UNCONSTRAINED:
-      out.append(())
-    else:
-      out.append(tuple(entry) if isinstance(entry, tuple) else (entry,))
-  return out
-
-
-def _spec_of(groups: Sequence[tuple[str, ...]]) -> P:
-  entries = [None if not g else g[0] if len(g) == 1 else tuple(g)
-             for g in groups]
-  while entries and entries[-1] is None:
-    entries.pop()
-  return P(*entries)
-
-
-def _sharding_of(x: Any):
-  if isinstance(x, jax.core.Tracer):
-    return getattr(jax.typeof(x), "sharding", None)
-  return getattr(x, "sharding", None)
-
-
-def _mesh_key(mesh) -> tuple:
-  return tuple(mesh.shape.items())
-
-
-def _manual_axes(mesh) -> frozenset:
-  return frozenset(getattr(mesh, "manual_axes", ()) or ())
+  """Each of ``rank`` dimensions' mesh axes under ``spec``."""
+  entries = [_specs.entry_axes(e) for e in list(spec or ())[:rank]]
+  return entries + [()] * (rank - len(entries))
 
 
 def _split_axes(mesh) -> dict[str, int]:
   """The mesh axes a call could still be split over: those not manual."""
-  manual = _manual_axes(mesh)
+  manual = _specs.manual_axes(mesh)
   return {a: n for a, n in mesh.shape.items() if a not in manual}
 
 
@@ -118,14 +84,12 @@ def find_layout(args: Sequence[Any], rule, where: str) -> Layout | None:
             if _specs.is_array(x)]
   mesh, first = None, None
   for i, x in arrays:
-    sharding = _sharding_of(x)
-    candidate = getattr(sharding, "mesh", None)
-    if not isinstance(sharding, NamedSharding) or candidate is None or (
-        candidate.empty):
+    candidate = _specs.mesh_of(x)
+    if candidate is None:
       continue
     if mesh is None:
       mesh, first = candidate, i
-    elif _mesh_key(candidate) != _mesh_key(mesh):
+    elif candidate.shape != mesh.shape:
       raise _errors.ShardingSpecError(
           f"{where}: {first} lives on mesh {dict(mesh.shape)} but"
           f" {i} on mesh {dict(candidate.shape)}; one call runs on one"
@@ -138,11 +102,8 @@ def find_layout(args: Sequence[Any], rule, where: str) -> Layout | None:
     mesh = None if ambient.empty else ambient
   if mesh is None or not _split_axes(mesh):
     return None
-  specs = []
-  for i, x in arrays:
-    sharding = _sharding_of(x)
-    same = isinstance(sharding, NamedSharding) and not sharding.mesh.empty
-    specs.append(sharding.spec if same else P())
+  specs = [P() if _specs.mesh_of(x) is None else _specs.sharding_of(x).spec
+           for _, x in arrays]
   auto = traced and _auto_axes(mesh, rule, where)
   return Layout(mesh, tuple(specs), auto=auto)
 
@@ -152,7 +113,7 @@ _GPU_PLATFORMS = ("cuda", "gpu", "rocm")
 
 def _auto_axes(mesh, rule, where: str) -> bool:
   """Whether XLA lays the call out; refused where it cannot be handed over."""
-  manual = _manual_axes(mesh)
+  manual = _specs.manual_axes(mesh)
   types = dict(zip(mesh.axis_names, getattr(mesh, "axis_types", ())))
   auto = sorted(a for a, n in mesh.shape.items()
                 if a not in manual and n > 1 and _compat.is_auto_axis(
@@ -209,15 +170,15 @@ def make_plan(rule, sizes: dict[str, int], layout: Layout) -> Plan:
         continue
       factor_axes[factor] = axes
       used.update(axes)
-  in_specs = tuple(_spec_of([factor_axes.get(f, ()) for f in factors])
+  in_specs = tuple(_specs.spec_of([factor_axes.get(f, ()) for f in factors])
                    for factors in rule.operands)
-  out_specs = tuple(_spec_of([factor_axes.get(f, ()) for f in factors])
+  out_specs = tuple(_specs.spec_of([factor_axes.get(f, ()) for f in factors])
                     for factors in rule.outputs)
   reductions = tuple(
       tuple((op, factor_axes[f]) for f, op in rule.reductions
             if f not in out and f in factor_axes)
       for out in rule.outputs)
-  return Plan(factor_axes, in_specs, out_specs, reductions)
+  return Plan(in_specs, out_specs, reductions)
 
 
 def _describe_move(name, factors, current, target) -> list[str]:
@@ -272,6 +233,14 @@ def array_positions(args: Sequence[Any]) -> list[int]:
           if _specs.is_array(a)]
 
 
+def with_arrays(flat, positions: Sequence[int], arrays) -> list[Any]:
+  """``flat``'s arguments, ``arrays`` put at their leaves' ``positions``."""
+  leaves = list(flat.leaves)
+  for k, x in zip(positions, arrays):
+    leaves[k] = x
+  return flat.rebuild(leaves)
+
+
 def factor_sizes(rule, args: Sequence[Any], out_shapes) -> dict[str, int]:
   """``rule``'s factor sizes from the call's arrays and ``out_shapes``.
 
@@ -286,10 +255,7 @@ def factor_sizes(rule, args: Sequence[Any], out_shapes) -> dict[str, int]:
 
 
 def log_plan(where, rule, kernel, names, layout, plan) -> None:
-  """Names, at debug level, every collective the plan adds around the call.
-
-  ``names``: the array operands' names, e.g. ``args[1][0]``.
-  """
+  """Names, at debug level, every collective the plan adds around the call."""
   if not logger.isEnabledFor(logging.DEBUG):
     return
   name = _kernel_name(kernel)
@@ -298,7 +264,7 @@ def log_plan(where, rule, kernel, names, layout, plan) -> None:
                                                layout.specs, plan.in_specs):
     steps += _describe_move(operand, factors, current, target)
   for k, reductions in enumerate(plan.reductions):
-    steps += [f"output {k}: {_COLLECTIVE_NAMES[op]} over mesh axes"
+    steps += [f"output {k}: all-reduce ({op}) over mesh axes"
               f" {list(axes)}" for op, axes in reductions]
   for step in steps:
     logger.debug("%s: kernel %s with %s: %s", where, name, rule, step)
@@ -315,13 +281,6 @@ def _reshard(x: Any, spec: P, layout: Layout):
   return jax.sharding.reshard(x, NamedSharding(layout.mesh, spec))
 
 
-def _local_shape(shape, spec, mesh) -> tuple:
-  sizes = dict(mesh.shape)
-  return tuple(
-      d // math.prod(sizes[a] for a in axes)
-      for d, axes in zip(shape, _entries(spec, len(shape))))
-
-
 def shard_body(args, call, kernel, out_shapes, out_tree, grid, kwargs, plan,
                mesh) -> Callable[..., tuple]:
   """The function one device runs: the kernel on its shard, then reductions.
@@ -331,22 +290,20 @@ def shard_body(args, call, kernel, out_shapes, out_tree, grid, kwargs, plan,
   lacks.
   """
   flat = _pytree_args.flatten(args)
-  positions = set(array_positions(args))
+  positions = array_positions(args)
   local_out = jax.tree_util.tree_unflatten(out_tree, [
-      jax.ShapeDtypeStruct(_local_shape(shape, spec, mesh), dtype)
+      jax.ShapeDtypeStruct(_specs.local_shape(shape, spec, mesh), dtype)
       for (shape, dtype), spec in zip(out_shapes, plan.out_specs)])
 
   def per_shard(*local_arrays):
-    it = iter(local_arrays)
-    local_args = flat.rebuild([next(it) if k in positions else a
-                               for k, a in enumerate(flat.leaves)])
+    local_args = with_arrays(flat, positions, local_arrays)
     outs = jax.tree_util.tree_leaves(
         call(*local_args, kernel=kernel, out_shape=local_out, grid=grid,
              **kwargs))
     reduced = []
     for x, steps in zip(outs, plan.reductions):
       for op, axes in steps:
-        x = _COLLECTIVES[op](x, axes)
+        x = _specs.COLLECTIVES[op](x, axes)
       reduced.append(x)
     return tuple(reduced)
 
@@ -356,22 +313,13 @@ def shard_body(args, call, kernel, out_shapes, out_tree, grid, kwargs, plan,
 def run(args: Sequence[Any], call: Callable[..., Any], kernel: Any,
         out_shapes, out_tree, grid: Any, rule, layout: Layout, kwargs: dict,
         where: str) -> Any:
-  """Runs ``call`` (``triton_call``) once per shard of ``layout.mesh``.
+  """Runs ``call`` once per shard of ``layout.mesh``, split by ``rule``.
 
-  Args:
-    args: the call's positional arguments (arrays global).
-    call: the per-shard call (``jt_dist._sharding.local_call.shard_call``).
-    kernel: the Triton kernel.
-    out_shapes: ``((shape, dtype), ...)``, global.
-    out_tree: the structure of ``out_shape``.
-    grid: the per-shard grid.
-    rule: the checked ``ShardingRule``.
-    layout: from ``find_layout`` or ``sharded_triton_call``'s specs.
-    kwargs: every other keyword of ``triton_call``, metaparams included.
-    where: the public function's name, for messages.
-
-  Returns:
-    The global outputs, in the structure of ``out_tree``.
+  ``call`` is the per-shard call (``local_call.shard_call``), given ``args``
+  (arrays global, cut to shards), ``kernel``, the per-shard ``grid`` and
+  ``kwargs`` (every other keyword, metaparams included); ``out_shapes``
+  (``((shape, dtype), ...)``) are global. ``where`` names the public
+  function in messages. Returns the global outputs, shaped by ``out_tree``.
   """
   flat = _pytree_args.flatten(args)
   positions = array_positions(args)
@@ -384,7 +332,7 @@ def run(args: Sequence[Any], call: Callable[..., Any], kernel: Any,
             for x, target in zip(arrays, plan.in_specs)]
   per_shard = shard_body(args, call, kernel, out_shapes, out_tree, grid,
                          kwargs, plan, layout.mesh)
-  manual = _manual_axes(layout.mesh)
+  manual = _specs.manual_axes(layout.mesh)
   mapped = jax.shard_map(
       per_shard, mesh=layout.mesh, in_specs=plan.in_specs,
       out_specs=plan.out_specs,

@@ -119,10 +119,7 @@ def _global_index_hint(index: int) -> str:
 def check_concrete(args: Sequence[Any], kernel_name: str, device: Any = None):
   """Checks where concrete array arguments live; returns the target device.
 
-  Args:
-    args: the call's positional arguments (scalars are skipped).
-    kernel_name: for messages.
-    device: an optional device index or ``jax.Device`` the caller expects.
+  ``device``: an optional device index or ``jax.Device`` the caller expects.
 
   Returns:
     The device every committed array sits on (or ``device``), or None when
@@ -185,11 +182,11 @@ def check_traced(args: Sequence[Any], kernel_name: str) -> None:
   for i, x in enumerate(args):
     if not isinstance(x, jax.core.Tracer):
       continue
-    sharding = getattr(jax.typeof(x), "sharding", None)
-    mesh = getattr(sharding, "mesh", None)
-    if mesh is None or mesh.empty:
+    mesh = _specs.mesh_of(x)
+    if mesh is None:
       continue
-    manual = frozenset(getattr(mesh, "manual_axes", ()))
+    manual = _specs.manual_axes(mesh)
+    sharding = _specs.sharding_of(x)
     axes = frozenset(_specs.spec_axes(sharding.spec)) - manual
     if axes:
       sizes = ", ".join(f"{a}={mesh.shape[a]}" for a in sorted(axes))
@@ -282,5 +279,6 @@ def unify_varying_axes(arrays: Sequence[Any]) -> list[Any]:
   out = []
   for x in arrays:
     missing = union - _compat.varying_axes(jax.typeof(x))
-    out.append(_compat.vary_over(x, tuple(sorted(missing))) if missing else x)
+    out.append(jax.lax.pcast(x, tuple(sorted(missing)), to="varying")
+               if missing else x)
   return out

@@ -11,7 +11,7 @@ update, and XLA reuses the buffer where the old value is dead.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any
 
 import jax
 import numpy as np
@@ -22,7 +22,8 @@ from jt_dist._core import types as _types
 
 
 def _ref_like(x: Any) -> bool:
-  return _compat.is_ref(x) or _compat.is_ref_view(x)
+  # A tracer of a Ref is a jax.Ref too; a view (ref.at[...]) is not.
+  return isinstance(x, jax.Ref) or _compat.is_ref_view(x)
 
 
 def _leaves(args):
@@ -78,7 +79,8 @@ def check(args, options: Any, rule: Any, where: str) -> None:
           " a kernel cannot take: it would need the view's strides. Pass the"
           " whole Ref and index inside the kernel, or pass the view's value"
           " (ref.at[...][...]) as an array and write the result back.")
-  refs = ", ".join(n for leaf, n in zip(leaves, names) if _compat.is_ref(leaf))
+  refs = ", ".join(n for leaf, n in zip(leaves, names)
+                   if isinstance(leaf, jax.Ref))
   aliases = (options.get("input_output_aliases")
              if isinstance(options, dict) else options.input_output_aliases)
   if aliases:
@@ -104,7 +106,7 @@ def array_positions(args) -> tuple[list[int], list[int]]:
   """
   array_index, ref_arrays, ref_leaves = 0, [], []
   for k, leaf in enumerate(_leaves(args)[0]):
-    if _compat.is_ref(leaf):
+    if isinstance(leaf, jax.Ref):
       ref_arrays.append(array_index)
       ref_leaves.append(k)
       array_index += 1
@@ -137,26 +139,13 @@ def top_level(args, where: str) -> list[int]:
   """
   leaves, names, _ = _leaves(args)
   nested = [n for leaf, n in zip(leaves, names)
-            if _compat.is_ref(leaf) and n.count("[") > 1]
+            if isinstance(leaf, jax.Ref) and n.count("[") > 1]
   if nested:
     raise NotImplementedError(
         f"{where}: the Ref {nested[0]} sits inside a pytree argument; here"
         " Refs must be arguments of their own. Pass it as a separate"
         " argument (and take it as a separate kernel parameter).")
-  return [i for i, a in enumerate(args) if _compat.is_ref(a)]
-
-
-def call(args, kernel, out_shape, grid, options: dict, device, rule,
-         metaparams, single_device: Callable) -> Any:
-  """``triton_call`` with Ref arguments: reads them, calls, writes them."""
-  check(args, options, rule, "triton_call")
-  ref_arrays, ref_leaves = array_positions(args)
-  values, value_leaves = read(args, ref_leaves)
-  outs, updated = single_device(
-      values, kernel, out_shape, grid, options, device, None,
-      metaparams, None, ref_inputs=ref_arrays)
-  write(args, ref_leaves, updated, value_leaves)
-  return outs
+  return [i for i, a in enumerate(args) if isinstance(a, jax.Ref)]
 
 
 def _check_varying(name: str, value, new) -> None:

@@ -21,16 +21,13 @@ from jt_dist._core import shard_size as _shard_size
 from jt_dist._sharding import specs as _specs
 from jt_dist._sharding import varying as _varying
 
-_COLLECTIVES = {"sum": jax.lax.psum, "max": jax.lax.pmax, "min": jax.lax.pmin}
-
-
 def _is_spec_leaf(x: Any) -> bool:
   return x is None or isinstance(x, P)
 
 
-def _out_specs_for(out_specs, out_tree, n_out, out_shapes, mesh) -> list[P]:
+def _out_specs_for(out_specs, out_tree, out_shapes, mesh) -> list[P]:
   if out_specs is None or isinstance(out_specs, P):
-    specs = [out_specs] * n_out
+    specs = [out_specs] * len(out_shapes)
   else:
     leaves, tree = jax.tree_util.tree_flatten(out_specs, is_leaf=_is_spec_leaf)
     if tree != out_tree:
@@ -69,13 +66,14 @@ def _reductions_for(out_reduce, out_tree, n_out, mesh) -> list:
 
 
 def _check_reduction(k: int, entry, mesh):
+  """``(op, axes)`` with ``axes`` a tuple of the mesh's axes, or None."""
   if entry is None:
     return None
   op, axes = entry
-  if op not in _COLLECTIVES:
+  if op not in _specs.COLLECTIVES:
     raise ValueError(
         f"sharded_triton_call: out_reduce of output {k} is {entry!r}; the"
-        f" collective must be one of {sorted(_COLLECTIVES)}."
+        f" collective must be one of {sorted(_specs.COLLECTIVES)}."
     )
   axes = (axes,) if isinstance(axes, str) else tuple(axes)
   unknown = [a for a in axes if a not in mesh.shape]
@@ -84,21 +82,7 @@ def _check_reduction(k: int, entry, mesh):
         f"sharded_triton_call: out_reduce of output {k} reduces over mesh"
         f" axes {list(axes)}, but the mesh has axes {dict(mesh.shape)}."
     )
-  return _COLLECTIVES[op], axes
-
-
-def _reduction_named(reduction):
-  """``(collective, axes)`` as the user wrote it: ``(op, axes)``, or None."""
-  if reduction is None:
-    return None
-  op = next(name for name, f in _COLLECTIVES.items() if f is reduction[0])
-  return op, tuple(reduction[1])
-
-
-def _check_placeholders(args, metaparams) -> None:
-  # Resolving against the global arguments checks indices early, at the
-  # caller's line; the values used are resolved again inside each shard.
-  _shard_size.resolve(args, metaparams)
+  return op, axes
 
 
 def infer_in_specs(args, mesh, out_shape, out_specs, sharding_rule) -> list[P]:
@@ -120,10 +104,9 @@ def infer_in_specs(args, mesh, out_shape, out_specs, sharding_rule) -> list[P]:
   if sharding_rule is None and out_specs is not None and specs:
     out_shapes, out_tree = _binding.flatten_out_shape(out_shape,
                                                       allow_empty=True)
-    o_specs = _out_specs_for(out_specs, out_tree, len(out_shapes),
-                             out_shapes, mesh)
+    o_specs = _out_specs_for(out_specs, out_tree, out_shapes, mesh)
     split = {a for s in specs for a in _specs.spec_axes(s)}
-    split |= set(getattr(mesh, "manual_axes", ()) or ())
+    split |= _specs.manual_axes(mesh)
     for k, spec in enumerate(o_specs):
       alone = [a for a in _specs.spec_axes(spec) if a not in split]
       if alone:
@@ -137,7 +120,7 @@ def _unsplit_inputs_message(args, specs, k, shape, spec, out_tree, alone,
   leaves = _pytree_args.flatten(args)
   names = [name for name, leaf in zip(leaves.names, leaves.leaves)
            if _specs.is_array(leaf)]
-  inferred = ", ".join(f"{n} {_varying.spec_text(_trimmed(s))}"
+  inferred = ", ".join(f"{n} {_varying.spec_text(_specs.trimmed(s))}"
                        for n, s in zip(names, specs))
   local = _specs.local_shape(shape, spec, mesh)
   name = _varying.output_names(out_tree)[k]
@@ -161,14 +144,6 @@ def _unsplit_inputs_message(args, specs, k, shape, spec, out_tree, alone,
       " which a kernel sized by its inputs overruns. To split the inputs as"
       f" the output is split, {suggestion}; if every shard is meant to"
       " compute the same slice, give the replicated in_specs explicitly.")
-
-
-def _trimmed(spec: P) -> P:
-  """``spec`` without trailing Nones: P(None) reads as P()."""
-  entries = list(spec)
-  while entries and entries[-1] is None:
-    entries.pop()
-  return P(*entries)
 
 
 def _by_rule(args, kernel, out_shapes, out_tree, grid, mesh, arg_specs, rule,
@@ -207,7 +182,9 @@ def run(args, kernel, out_shape, grid, mesh, in_specs,
   # Tuple operands' leaves are split one by one, as positional arrays are.
   leaves = _pytree_args.flatten(args)
   mesh = _specs.resolve_mesh(mesh, leaves.leaves)
-  _check_placeholders(args, {k: v for k, v in kwargs.items()})
+  # Resolving against the global arguments checks indices early, at the
+  # caller's line; the values used are resolved again inside each shard.
+  _shard_size.resolve(args, kwargs)
   if in_specs is None:
     arg_specs = infer_in_specs(args, mesh, out_shape, out_specs,
                                sharding_rule)
@@ -216,14 +193,15 @@ def run(args, kernel, out_shape, grid, mesh, in_specs,
   if sharding_rule is not None:
     return _by_rule(args, kernel, out_shapes, out_tree, grid, mesh,
                     arg_specs, sharding_rule, out_specs, out_reduce, kwargs)
-  o_specs = _out_specs_for(out_specs, out_tree, len(out_shapes), out_shapes,
-                           mesh)
+  o_specs = _out_specs_for(out_specs, out_tree, out_shapes, mesh)
   reductions = _reductions_for(out_reduce, out_tree, len(out_shapes), mesh)
-  is_array = [_specs.is_array(a) for a in leaves.leaves]
-  positions = [k for k, flag in enumerate(is_array) if flag]
-  per_shard = _shard_body(
-      leaves, arg_specs, kernel, grid, kwargs, mesh, ref_args,
-      (out_shapes, out_tree, o_specs, reductions, out_specs is not None))
+  positions = [k for k, a in enumerate(leaves.leaves) if _specs.is_array(a)]
+  outputs = _varying.Outputs(
+      names=_varying.output_names(out_tree),
+      shapes=tuple(shape for shape, _ in out_shapes), specs=tuple(o_specs),
+      given=out_specs is not None, out_tree=out_tree, reduced=tuple(reductions))
+  per_shard = _shard_body(leaves, positions, arg_specs, kernel, grid, kwargs,
+                          mesh, ref_args, out_shapes, outputs)
   ref_specs = tuple(arg_specs[positions.index(leaves.index_of(i))]
                     for i in ref_args)
   arrays = [_specs.place(leaves.leaves[k], spec, mesh)
@@ -242,60 +220,32 @@ def run(args, kernel, out_shape, grid, mesh, in_specs,
   return jax.tree_util.tree_unflatten(out_tree, flat)
 
 
-def _shard_body(leaves, arg_specs, kernel, grid, kwargs, mesh,
-                ref_args, outs):
+def _shard_body(leaves, positions, arg_specs, kernel, grid, kwargs, mesh,
+                ref_args, out_shapes, outputs):
   """The function each device runs: the kernel on its shards, reduced.
 
-  Args:
-    leaves: the call's ``pytree_args.FlatArgs``; the body takes its array
-      leaves' shards, in order, and rebuilds the tuples around them.
-    arg_specs: the array leaves' specs.
-    call: ``jt_dist.triton_call``, from the front door.
-    kernel, grid, kwargs: as for ``triton_call``.
-    mesh: the mesh.
-    ref_args: argument indices of Refs' values (see ``run``).
-    outs: ``(out_shapes, out_tree, out_specs, reductions, specs_given)``.
+  It takes the shards of ``leaves``' arrays (at ``positions``), in order,
+  rebuilds the tuples around them, and gives each Ref's value (at
+  ``ref_args``) to the kernel as a new Ref, whose value it returns after
+  the outputs.
   """
-  out_shapes, out_tree, o_specs, reductions, given = outs
-  local_out = jax.tree_util.tree_unflatten(out_tree, [
+  local_out = jax.tree_util.tree_unflatten(outputs.out_tree, [
       jax.ShapeDtypeStruct(_specs.local_shape(shape, spec, mesh), dtype)
-      for (shape, dtype), spec in zip(out_shapes, o_specs)
-  ])
-  is_array = [_specs.is_array(a) for a in leaves.leaves]
-  outputs = _varying.Outputs(
-      names=_varying.output_names(out_tree),
-      shapes=tuple(shape for shape, _ in out_shapes), specs=tuple(o_specs),
-      given=given, out_tree=out_tree,
-      reduced=tuple(_reduction_named(r) for r in reductions))
-  names = leaves.names
+      for (shape, dtype), spec in zip(out_shapes, outputs.specs)])
   operands = [
-      _varying.Operand(names[k], tuple(leaves.leaves[k].shape), spec)
-      for k, spec in zip([k for k, f in enumerate(is_array) if f], arg_specs)]
+      _varying.Operand(leaves.names[k], tuple(leaves.leaves[k].shape), spec)
+      for k, spec in zip(positions, arg_specs)]
 
   def per_shard(*local_arrays):
-    it = iter(local_arrays)
-    local_args = leaves.rebuild(
-        [next(it) if flag else a for a, flag in zip(leaves.leaves, is_array)])
-    result, updated = _with_fresh_refs(
-        local_args, ref_args, lambda *a: _local_call.shard_call(
-            *a, kernel=kernel, out_shape=local_out, grid=grid, **kwargs))
-    flat = jax.tree_util.tree_leaves(result)
-    flat = [x if r is None else r[0](x, r[1]) for x, r in zip(flat, reductions)]
+    local_args = _partition.with_arrays(leaves, positions, local_arrays)
+    for i in ref_args:
+      local_args[i] = jax.new_ref(local_args[i])
+    result = _local_call.shard_call(
+        *local_args, kernel=kernel, out_shape=local_out, grid=grid, **kwargs)
+    flat = [x if r is None else _specs.COLLECTIVES[r[0]](x, r[1])
+            for x, r in zip(jax.tree_util.tree_leaves(result),
+                            outputs.reduced)]
     _varying.check(flat, outputs, operands, mesh)
-    return tuple(flat) + tuple(updated)
+    return (*flat, *(local_args[i][...] for i in ref_args))
 
   return per_shard
-
-
-def _with_fresh_refs(args, ref_args, fn):
-  """Calls ``fn`` on ``args`` with new Refs of the values at ``ref_args``.
-
-  Returns:
-    ``(fn's result, the Refs' values afterwards)``: how a per-shard body
-    gives back its shard of a Ref as an output.
-  """
-  local = list(args)
-  for i in ref_args:
-    local[i] = jax.new_ref(args[i])
-  result = fn(*local)
-  return result, [local[i][...] for i in ref_args]

@@ -19,8 +19,32 @@ from jt_dist._core import pytree_args as _pytree_args
 from jt_dist._core import types as _types
 
 
+# The collectives an output may be reduced with, by the name users give.
+COLLECTIVES = {"sum": jax.lax.psum, "max": jax.lax.pmax, "min": jax.lax.pmin}
+
+
 def is_array(x: Any) -> bool:
   return not _types.is_scalar(x) and hasattr(x, "shape") and hasattr(x, "dtype")
+
+
+def sharding_of(x: Any):
+  """``x``'s sharding: its type's for a tracer, its own otherwise."""
+  if isinstance(x, jax.core.Tracer):
+    return getattr(jax.typeof(x), "sharding", None)
+  return getattr(x, "sharding", None)
+
+
+def mesh_of(x: Any):
+  """The mesh ``x`` is laid out on by a ``NamedSharding``, or None."""
+  sharding = sharding_of(x)
+  if isinstance(sharding, NamedSharding) and not sharding.mesh.empty:
+    return sharding.mesh
+  return None
+
+
+def manual_axes(mesh) -> frozenset:
+  """The mesh axes already manual (inside a caller's ``shard_map``)."""
+  return frozenset(getattr(mesh, "manual_axes", ()) or ())
 
 
 def resolve_mesh(mesh: Any, args: Sequence[Any]):
@@ -35,18 +59,12 @@ def resolve_mesh(mesh: Any, args: Sequence[Any]):
       )
     return mesh
   for x in args:
-    if not is_array(x):
-      continue
-    sharding = getattr(x, "sharding", None) if not isinstance(
-        x, jax.core.Tracer) else getattr(jax.typeof(x), "sharding", None)
-    candidate = getattr(sharding, "mesh", None)
-    if isinstance(sharding, NamedSharding) and candidate is not None and (
-        not candidate.empty):
-      return candidate
+    if is_array(x) and mesh_of(x) is not None:
+      return mesh_of(x)
   if not any(isinstance(x, jax.core.Tracer) for x in args):
     # Eagerly, jax.set_mesh's concrete mesh: the arguments are laid out on
     # its devices by their in_specs (the abstract mesh places nothing).
-    concrete = _concrete_ambient_mesh()
+    concrete = concrete_ambient_mesh()
     if concrete is not None:
       return concrete
   ambient = jax.sharding.get_abstract_mesh()
@@ -59,18 +77,15 @@ def resolve_mesh(mesh: Any, args: Sequence[Any]):
   )
 
 
-def _concrete_ambient_mesh():
+def concrete_ambient_mesh():
   """``jax.set_mesh``'s concrete mesh outside any trace, else None.
 
   ``jax.sharding.get_mesh`` raises ValueError under ``jax.jit`` (a call
   whose arguments are all constants there has no tracer to say so), where
   only the abstract mesh is known.
   """
-  get_mesh = getattr(jax.sharding, "get_mesh", None)
-  if get_mesh is None:
-    return None
   try:
-    mesh = get_mesh()
+    mesh = jax.sharding.get_mesh()
   except (RuntimeError, ValueError):
     return None
   if isinstance(mesh, jax.sharding.Mesh) and not mesh.empty:
@@ -78,20 +93,30 @@ def _concrete_ambient_mesh():
   return None
 
 
-def spec_axes(spec: P) -> list:
-  """Mesh axis names a spec uses, in order, with repeats."""
-  axes = []
-  for entry in spec:
-    if entry is None or entry is P.UNCONSTRAINED:
-      continue
-    axes.extend(entry if isinstance(entry, tuple) else (entry,))
-  return axes
-
-
-def _entry_axes(entry) -> tuple:
-  if entry is None:
+def entry_axes(entry) -> tuple:
+  """The mesh axes one spec entry splits its dimension over."""
+  if entry is None or entry is P.UNCONSTRAINED:
     return ()
   return tuple(entry) if isinstance(entry, tuple) else (entry,)
+
+
+def spec_axes(spec: P) -> list:
+  """Mesh axis names a spec uses, in order, with repeats."""
+  return [a for entry in spec for a in entry_axes(entry)]
+
+
+def trimmed(spec) -> P:
+  """``spec`` without trailing Nones: P(None) reads as P()."""
+  entries = list(spec or ())
+  while entries and entries[-1] is None:
+    entries.pop()
+  return P(*entries)
+
+
+def spec_of(groups: Sequence[Sequence[str]]) -> P:
+  """The spec splitting each dimension over its group of mesh axes."""
+  return trimmed([None if not g else g[0] if len(g) == 1 else tuple(g)
+                  for g in groups])
 
 
 def check_spec(where: str, shape: tuple, spec: Any, mesh) -> P:
@@ -134,7 +159,7 @@ def check_spec(where: str, shape: tuple, spec: Any, mesh) -> P:
         " at most one entry per dimension."
     )
   for dim, entry in enumerate(spec):
-    names = _entry_axes(entry)
+    names = entry_axes(entry)
     total = math.prod(sizes[a] for a in names)
     if names and shape[dim] % total:
       raise _errors.ShardingSpecError(
@@ -152,7 +177,7 @@ def local_shape(shape: tuple, spec: P, mesh) -> tuple:
   sizes = dict(mesh.shape)
   local = list(shape)
   for dim, entry in enumerate(spec):
-    local[dim] //= math.prod(sizes[a] for a in _entry_axes(entry))
+    local[dim] //= math.prod(sizes[a] for a in entry_axes(entry))
   return tuple(local)
 
 
@@ -162,15 +187,10 @@ def _sizes(sizes: dict) -> str:
 
 def infer_spec(x: Any, mesh) -> P:
   """The spec of ``x``'s sharding on ``mesh``; replicated when it has none."""
-  if isinstance(x, jax.core.Tracer):
-    sharding = getattr(jax.typeof(x), "sharding", None)
-  else:
-    sharding = getattr(x, "sharding", None)
-  if isinstance(sharding, NamedSharding) and not sharding.mesh.empty:
-    if tuple(sharding.mesh.axis_names) != tuple(mesh.axis_names):
-      return P()
-    return sharding.spec
-  return P()
+  own = mesh_of(x)
+  if own is None or tuple(own.axis_names) != tuple(mesh.axis_names):
+    return P()
+  return sharding_of(x).spec
 
 
 def in_specs_for(in_specs: Any, args: Sequence[Any], mesh) -> list[P]:
@@ -260,13 +280,6 @@ def _leaf_specs(arg: Any, entry: Any, where: str) -> list:
   return specs
 
 
-def _trimmed(spec) -> tuple:
-  entries = list(spec or ())
-  while entries and entries[-1] is None:
-    entries.pop()
-  return tuple(entries)
-
-
 def place(x: Any, spec: P, mesh, equivalent_ok: bool = False):
   """Lays ``x`` out as ``NamedSharding(mesh, spec)`` if it is not already.
 
@@ -279,7 +292,7 @@ def place(x: Any, spec: P, mesh, equivalent_ok: bool = False):
   if isinstance(x, jax.core.Tracer):
     current = getattr(jax.typeof(x), "sharding", None)
     explicit = tuple(getattr(mesh, "explicit_axes", ()))
-    if explicit and _trimmed(getattr(current, "spec", None)) != _trimmed(spec):
+    if explicit and trimmed(getattr(current, "spec", None)) != trimmed(spec):
       return jax.sharding.reshard(x, NamedSharding(mesh, spec))
     return x
   if not isinstance(mesh, jax.sharding.Mesh):
@@ -298,7 +311,7 @@ def move_target(x: Any, spec: P, mesh,
   """Where ``place`` moves a concrete ``x``: None if it is laid out already."""
   current = getattr(x, "sharding", None)
   if isinstance(current, NamedSharding) and current.mesh == mesh and (
-      _trimmed(current.spec) == _trimmed(spec)):
+      trimmed(current.spec) == trimmed(spec)):
     return None
   target = NamedSharding(mesh, spec)
   if equivalent_ok and current is not None and current.is_equivalent_to(

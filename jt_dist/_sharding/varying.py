@@ -66,11 +66,7 @@ def check(flat: Sequence[Any], outputs: Outputs,
           operands: Sequence[Operand], mesh) -> None:
   """Raises if an output varies over a mesh axis its spec does not name.
 
-  Args:
-    flat: the shard's outputs (tracers), after any ``out_reduce``.
-    outputs: the call's outputs.
-    operands: the call's array arguments.
-    mesh: the call's mesh.
+  ``flat`` are the shard's outputs (tracers), after any ``out_reduce``.
 
   Raises:
     ShardingSpecError: an output varies over a mesh axis that its
@@ -81,7 +77,7 @@ def check(flat: Sequence[Any], outputs: Outputs,
   # one, that axis Manual) leaves each shard's values varying over it, and
   # the caller's out_specs account for it, as jax.shard_map's own check
   # leaves out ``mesh.manual_axes``.
-  outer = set(getattr(mesh, "manual_axes", ()) or ())
+  outer = _specs.manual_axes(mesh)
   order = [a for a in mesh.axis_names if a not in outer]
   for k, x in enumerate(flat):
     varying = _compat.varying_axes(jax.typeof(x)) & set(order)
@@ -146,7 +142,7 @@ def needed_spec(shape: tuple, varying: list, operands: Sequence[Operand],
   entries: list[list] = [[] for _ in shape]
   for axis in varying:
     sizes = {o.shape[d] for o in operands for d, entry in enumerate(o.spec)
-             if axis in _entry_axes(entry)}
+             if axis in _specs.entry_axes(entry)}
     dims = [d for d, size in enumerate(shape) if size in sizes]
     if len(dims) != 1:
       return None
@@ -155,16 +151,7 @@ def needed_spec(shape: tuple, varying: list, operands: Sequence[Operand],
   if any(shape[d] % math.prod(sizes[a] for a in e)
          for d, e in enumerate(entries)):
     return None
-  while entries and not entries[-1]:
-    entries.pop()
-  return P(*[None if not e else e[0] if len(e) == 1 else tuple(e)
-             for e in entries])
-
-
-def _entry_axes(entry) -> tuple:
-  if entry is None or entry is P.UNCONSTRAINED:
-    return ()
-  return tuple(entry) if isinstance(entry, tuple) else (entry,)
+  return _specs.spec_of(entries)
 
 
 class _Shown:

@@ -72,13 +72,6 @@ def _doctor_add_kernel(x_ptr, y_ptr, n, out_ptr, BLOCK: tl.constexpr):
   tl.store(out_ptr + offsets, x + y, mask=mask)
 
 
-def _distribution_version(name: str) -> str | None:
-  try:
-    return importlib.metadata.version(name)
-  except importlib.metadata.PackageNotFoundError:
-    return None
-
-
 def _gpu_plugins() -> list[str]:
   """Installed JAX GPU plugins, as "name version"."""
   found = set()

@@ -147,16 +147,13 @@ def _recorded(op) -> dict[str, str] | None:
   return found or None
 
 
-def _recorded_gpu(text: str) -> int | str:
-  return int(text) if text.isdigit() else text  # 90, or "gfx942".
-
-
 def _as_call(recorded: dict[str, str]) -> ExportedKernelCall:
+  gpu = recorded["compute_capability"]  # "90", or "gfx942".
   return ExportedKernelCall(
       target=recorded["target"],
       kernels=tuple(k for k in recorded["kernels"].split(",") if k),
       platform=recorded["platform"],
-      compute_capability=_recorded_gpu(recorded["compute_capability"]),
+      compute_capability=int(gpu) if gpu.isdigit() else gpu,
       binary=recorded["binary"], jt_dist=recorded["jt_dist"],
       jax=recorded["jax"], jaxlib=recorded["jaxlib"],
       triton=recorded["triton"])
@@ -201,15 +198,8 @@ def exported_versions(exported: Any) -> list[ExportedKernelCall]:
   return calls
 
 
-def _local_devices(platform: str) -> list[Any]:
-  try:
-    return jax.devices(platform)
-  except RuntimeError:  # No such backend on this host.
-    return []
-
-
 def _local_capabilities() -> list[int]:
-  found = (_target.cuda_capability(d) for d in _local_devices("cuda"))
+  found = (_target.cuda_capability(d) for d in _target.local_devices("cuda"))
   return sorted({cc for cc in found if cc is not None})
 
 
@@ -273,8 +263,8 @@ def check_exported(exported: Any, *,
 
 
 def _local_rocm_archs() -> list[str]:
-  return sorted({a for a in map(_target.rocm_arch, _local_devices("rocm"))
-                 if a})
+  devices = _target.local_devices("rocm")
+  return sorted({a for a in map(_target.rocm_arch, devices) if a})
 
 
 def _check_rocm(calls: list[ExportedKernelCall], arch: str | None) -> None:

@@ -356,13 +356,11 @@ def _raise_if_failed(argv, num_processes, outputs, why, failed, tracebacks,
 
 
 def _checked_count(num_processes: Any) -> int:
-  if isinstance(num_processes, bool):
+  try:
+    count = None if isinstance(num_processes, bool) else operator.index(
+        num_processes)
+  except TypeError:
     count = None
-  else:
-    try:
-      count = operator.index(num_processes)
-    except TypeError:
-      count = None
   if count is None:
     raise TypeError(
         f"run_processes: num_processes={num_processes!r} of type"

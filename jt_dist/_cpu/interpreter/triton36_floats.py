@@ -11,7 +11,7 @@ jt_dist evens out two differences of the interpreter:
   where one is NaN, on GPUs and in Triton 3.9's interpreter (``np.fmin``,
   ``np.fmax``). Triton 3.6's interpreter computes ``np.minimum``,
   ``np.maximum`` and ``np.clip``, which return NaN.
-  ``interpreter_builder_backported`` puts 3.9's forms in place for a launch.
+  ``builder_backported`` puts 3.9's forms in place for a launch.
 * ``tl.argmin``, ``tl.argmax`` (and ``tl.min``/``tl.max`` with indices)
   reach the interpreter's reductions as ``np.min``/``np.argmin`` in 3.6 and
   as the NaN-ignoring ``np.nanmin``/``np.nanargmin`` in 3.9:
@@ -36,7 +36,7 @@ import triton.language as tl
 from triton.language import semantic as _semantic
 from triton.runtime import interpreter as _interpreter
 
-from jt_dist._compat.interpreter import attributes_replaced
+from jt_dist._compat import attributes_replaced
 from jt_dist._compat.triton_api import LANGUAGE_LOCK
 
 TensorHandle = _interpreter.TensorHandle
@@ -103,7 +103,7 @@ def _backports() -> dict:
 
 
 @contextlib.contextmanager
-def interpreter_builder_backported():
+def builder_backported():
   """Triton 3.9's NaN-ignoring minimum, maximum and clamp, for one launch.
 
   Enter before any other patch of the interpreter's builder, so that those

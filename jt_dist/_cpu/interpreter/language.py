@@ -31,11 +31,18 @@ import re
 from typing import Any
 
 import triton
+# Imported before any launch patches the language modules: Triton's code
+# generator keys what it runs at compile time (tl.static_assert,
+# tl.static_print) by the objects triton.language holds when it is first
+# imported, and Triton imports it lazily. First imported inside a launch, it
+# would key them by the interpreter's stand-ins, and every later compile for
+# a GPU in the process would skip the kernel's static asserts.
+from triton.compiler import code_generator as _code_generator  # pylint: disable=unused-import
 import triton.language as tl
 from triton.language import core as tl_core
 from triton.runtime import interpreter as _interpreter
 
-from jt_dist._compat.interpreter import attributes_replaced
+from jt_dist._compat import attributes_replaced
 from jt_dist._compat.triton_api import LANGUAGE_LOCK
 
 _ABSENT = object()
@@ -214,7 +221,7 @@ def _visibility_check(fn):
 
 
 @contextlib.contextmanager
-def interpreter_language_patched():
+def language_patched():
   """Patches ``triton.language`` and its core for one interpreted launch.
 
   As upstream's executor patches them, for both modules, whichever the

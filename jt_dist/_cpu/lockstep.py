@@ -1,0 +1,346 @@
+"""Masked lockstep: program-dependent control flow over all programs at once.
+
+The code ``lockstep_rewrite`` generates calls ``RUNTIME``. In a vectorised
+launch (the interpreter's builder a ``VectorBuilder``) the builder's
+``Masks`` hold which of its programs are active: a stack with one entry per
+region that narrowed them, and one per function frame, so that a bare
+``return`` taken by some programs retires them for the rest of their
+function. Where the programs agree, every call below does what upstream's
+Python does with one value (same statements, same loop variables), and
+nothing is pushed. One program at a time, the builder is upstream's, and
+every call acts as plain Python.
+
+Masked programs keep computing (on loads' ``other`` values), but write,
+assert and take atomics nowhere (``vector_builder``), and at a region's end
+the names its code may read later are merged from the programs' own paths.
+"""
+
+from __future__ import annotations
+
+import builtins
+
+import numpy as np
+import triton.language as tl
+from jt_dist._cpu import interpreter as _interpreter
+
+from jt_dist._cpu import vector_reviewed as _reviewed
+
+TensorHandle = _interpreter.TensorHandle
+Unsupported = _reviewed.Unsupported
+_MISSING = object()
+
+
+class Masks:
+  """Which programs of a chunk are active: a stack of masks (None: all)."""
+
+  def __init__(self):
+    self.stack: list = []
+    self.frames: list[int] = []  # Stack index of each function's entry.
+
+  @property
+  def current(self):
+    return self.stack[-1] if self.stack else None
+
+  def retire(self, frame: int, lanes) -> None:
+    """Deactivates ``lanes`` in every mask from ``frame`` on."""
+    for i in range(frame, len(self.stack)):
+      mask = self.stack[i]
+      self.stack[i] = ~lanes if mask is None else mask & ~lanes
+
+
+def _masks():
+  return getattr(_interpreter.builder(), "masks", None)
+
+
+def _programs() -> int:
+  return _interpreter.builder().programs
+
+
+def _lanes(value):
+  """A scalar's values, (programs,) or (1,) if shared; None for a block."""
+  if isinstance(value, tl.constexpr):
+    value = value.value
+  if not isinstance(value, tl.tensor):
+    return None
+  data = np.asarray(value.handle.data)
+  if data.ndim != 1 or data.shape[0] not in (1, _programs()):
+    return None
+  return data
+
+
+def _uniform(values, active) -> bool:
+  chosen = values if active is None else values[active]
+  return chosen.size == 0 or bool((chosen == chosen[0]).all())
+
+
+def _first(values, active):
+  chosen = values if active is None else values[active]
+  return (chosen if chosen.size else values)[0]
+
+
+def merge(mask, new, old, name: str):
+  """Per program, ``new`` where ``mask`` holds and ``old`` elsewhere."""
+  if new is old:
+    return new
+  if new is _MISSING or old is _MISSING:
+    raise Unsupported(f"{name!r} is not assigned on every program's path")
+  if _python_int(new) and _python_int(old):
+    if new == old:
+      return new
+    # Python ints per program (a loop index after its loop): as a shared
+    # lo's loop index would be had the programs' indices differed.
+    return _loop_index(np.where(mask, new, old), np.ones(mask.shape, bool))
+  if _python_int(new) and _is_int32_scalar(old):
+    new = _loop_index(np.full(mask.shape, new), np.ones(mask.shape, bool))
+  if _python_int(old) and _is_int32_scalar(new):
+    old = _loop_index(np.full(mask.shape, old), np.ones(mask.shape, bool))
+  if isinstance(new, tl.tensor) and isinstance(old, tl.tensor):
+    new_data, old_data = np.asarray(new.handle.data), np.asarray(
+        old.handle.data)
+    if new.type != old.type or new_data.dtype != old_data.dtype:
+      raise Unsupported(f"{name!r} changes type ({old.type} to {new.type})")
+    where = mask.reshape((-1,) + (1,) * (new_data.ndim - 1))
+    data = np.where(where, new_data, old_data)
+    return tl.tensor(TensorHandle(data, new.handle.dtype), new.type)
+  if type(new) is tuple and type(old) is tuple and len(new) == len(old):  # pylint: disable=unidiomatic-typecheck
+    return tuple(merge(mask, n, o, name) for n, o in zip(new, old))
+  if (type(new) is type(old) and isinstance(new, (int, float, bool, str))
+      and new == old):
+    return new
+  raise Unsupported(f"{name!r} holds values lockstep cannot merge")
+
+
+class _Region:
+  """A loop or ``if`` that may narrow the active programs."""
+
+  def __init__(self, masks, names):
+    self.masks = masks
+    self.names = names
+    self.depth = None if masks is None else len(masks.stack)
+    self.saved: dict = {}
+
+  def _push(self, mask) -> None:
+    del self.masks.stack[self.depth:]
+    self.masks.stack.append(mask)
+
+  def done(self) -> None:
+    if self.masks is not None:
+      del self.masks.stack[self.depth:]
+
+
+class _Loop(_Region):
+  """A ``for`` over ``range``/``tl.range`` whose trip count may differ."""
+
+  def __init__(self, masks, names):
+    super().__init__(masks, names)
+    self.mask = None
+    self.narrow = False
+
+  def loop(self, fn, *args, **kwargs):
+    """The loop's values; per program trip counts run masked."""
+    bounds = None
+    if self.masks is not None and _is_range(fn):
+      bounds = _range_bounds(fn, args, kwargs)
+    if bounds is None:
+      return fn(*args, **kwargs)
+    active = self.masks.current
+    lanes = [np.broadcast_to(b, (_programs(),)) for b in bounds]
+    if all(_uniform(b, active) for b in lanes):
+      return fn(*args, **kwargs)
+    return self._masked(*lanes)
+
+  def _masked(self, lo, hi, step):
+    if (step == 0).any():
+      raise ValueError("range() arg 3 must not be zero")
+    trips = np.where(step > 0, (hi - lo + step - 1) // np.where(
+        step > 0, step, 1), (lo - hi - step - 1) // np.where(
+            step < 0, -step, 1))
+    trips = np.maximum(trips, 0)
+    active = self.masks.current
+    if active is not None:
+      trips = np.where(active, trips, 0)
+    shared = _uniform(lo, active) and _uniform(step, active)
+    for k in range(int(trips.max(initial=0))):
+      entry = self.masks.stack[self.depth - 1] if self.depth else None
+      self.mask = k < trips if entry is None else entry & (k < trips)
+      self.narrow = bool((~self.mask if entry is None
+                          else entry & ~self.mask).any())
+      self._push(self.mask)
+      if shared:
+        yield int(_first(lo, active) + k * _first(step, active))
+      else:
+        yield _loop_index(lo + k * step, self.mask)
+
+  def save(self, local_names) -> None:
+    if self.narrow:
+      self.saved = {n: local_names.get(n, _MISSING) for n in self.names}
+
+  def narrowed(self) -> bool:
+    return self.narrow
+
+  def pick(self, name, local_names):
+    return merge(self.mask, local_names.get(name, _MISSING),
+                 self.saved[name], name)
+
+
+def _python_int(value) -> bool:
+  return type(value) is int  # pylint: disable=unidiomatic-typecheck
+
+
+def _is_int32_scalar(value) -> bool:
+  return isinstance(value, tl.tensor) and value.type == tl.int32
+
+
+def _is_range(fn) -> bool:
+  return fn is builtins.range or fn is tl.range or fn is tl.static_range
+
+
+def _range_bounds(fn, args, kwargs):
+  """(lo, hi, step) as int64 arrays, or None where one is not an int."""
+  if fn is builtins.range:
+    if kwargs:
+      return None
+    bound = args
+  else:
+    bound = list(args[:3])
+    if "step" in kwargs:
+      bound = bound[:2] + [kwargs["step"]] if len(bound) >= 2 else None
+    if bound is None:
+      return None
+  bound = [b.value if isinstance(b, tl.constexpr) else b for b in bound]
+  if len(bound) == 1:
+    bound = [0, bound[0], 1]
+  elif len(bound) == 2:
+    bound = [bound[0], bound[1], 1]
+  if len(bound) != 3:
+    return None
+  out = []
+  for b in bound:
+    if isinstance(b, bool) or b is None:
+      return None
+    if isinstance(b, int):
+      out.append(np.array([b], dtype=np.int64))
+      continue
+    data = _lanes(b)
+    if data is None or not b.dtype.is_int() or data.dtype == np.uint64:
+      return None
+    out.append(data.astype(np.int64))
+  return out
+
+
+def _loop_index(values, active):
+  """Per-program loop indices as the int32 scalar a Python int would give."""
+  chosen = values[active]
+  if chosen.size and (chosen.min() < 0 or chosen.max() >= 2**31):
+    raise Unsupported("a per-program loop index outside [0, 2**31)")
+  data = np.where(active, values, 0).astype(np.int32)
+  return tl.tensor(TensorHandle(data, tl.int32), tl.int32)
+
+
+class _Branch(_Region):
+  """An ``if`` whose condition may differ between programs."""
+
+  def __init__(self, masks, test, names, else_names):
+    super().__init__(masks, names)
+    self.else_names = else_names
+    self.cond = None  # Per program where the programs disagree.
+    self.value = None
+    self.then_values: dict = {}
+    values = None if masks is None else _lanes(test)
+    if values is not None and values.size > 1:
+      values = values.astype(bool)
+      active = masks.current
+      if not _uniform(values, active):
+        self.cond = values
+        return
+      self.value = bool(_first(values, active))
+      return
+    self.value = bool(test)
+
+  def then(self, local_names) -> bool:
+    if self.cond is None:
+      return self.value
+    self.saved = {n: local_names.get(n, _MISSING) for n in self.names}
+    entry = self.masks.current
+    self._push(self.cond if entry is None else entry & self.cond)
+    return True
+
+  def otherwise(self, local_names, has_else: bool) -> bool:
+    if self.cond is None:
+      return not self.value
+    self.then_values = {n: local_names.get(n, _MISSING) for n in self.names}
+    self.done()
+    if not has_else:
+      return False
+    entry = self.masks.current
+    self._push(~self.cond if entry is None else entry & ~self.cond)
+    return True
+
+  def diverged(self) -> bool:
+    return self.cond is not None
+
+  def old(self, name, local_names):
+    """A name's value before the ``if`` branch, for the ``else`` branch."""
+    del local_names
+    value = self.saved[name]
+    if value is _MISSING:
+      raise Unsupported(f"{name!r} is read in an else branch before it is"
+                        " assigned")
+    return value
+
+  def merging(self) -> bool:
+    if self.cond is None:
+      return False
+    self.done()
+    return True
+
+  def pick(self, name, local_names):
+    old = self.saved[name]
+    then_value = self.then_values[name]
+    else_value = (local_names.get(name, _MISSING) if name in self.else_names
+                  else old)
+    return merge(self.cond, then_value, else_value, name)
+
+
+class _Runtime:
+  """What rewritten kernels call (bound to them as ``_jt_ls``)."""
+
+  def enter(self):
+    """A function frame: its entry mask, retired from by its returns."""
+    masks = _masks()
+    if masks is None:
+      return None
+    masks.stack.append(masks.current)
+    masks.frames.append(len(masks.stack) - 1)
+    return masks.frames[-1]
+
+  def leave(self, frame) -> None:
+    masks = _masks()
+    if frame is not None and masks is not None:
+      del masks.stack[frame:]
+      del masks.frames[masks.frames.index(frame):]
+
+  def returns(self, has_value: bool) -> bool:
+    """Whether to return; else the active programs retire from the frame."""
+    masks = _masks()
+    if masks is None:
+      return True
+    frame = masks.frames[-1] if masks.frames else None
+    if frame is None or len(masks.stack) == frame + 1:
+      return True
+    if has_value:
+      raise Unsupported("a return with a value taken by some programs only")
+    current = masks.current
+    lanes = (np.ones(_programs(), bool) if current is None
+             else current.copy())
+    masks.retire(frame, lanes)
+    return False
+
+  def region(self, names) -> _Loop:
+    return _Loop(_masks(), names)
+
+  def branch(self, test, names, else_names) -> _Branch:
+    return _Branch(_masks(), test, names, else_names)
+
+
+RUNTIME = _Runtime()

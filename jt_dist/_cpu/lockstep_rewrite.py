@@ -1,0 +1,232 @@
+"""A kernel's Python control flow rewritten to run its programs in lockstep.
+
+Triton's interpreter runs a kernel's Python directly, so a loop bound, an
+``if`` or a ``return`` that depends on the program id asks for one Python
+value where a vectorised launch holds one per program. The rewrite below
+(applied after upstream's own AST rewrite, to the vectorised launch's copy
+of the kernel and its helpers only) routes each such statement through
+``lockstep``, which runs them as SIMD hardware runs SIMT code: a loop runs
+as often as its longest-running program, an ``if`` runs both branches,
+each under the mask of the programs that take it, and every load, store,
+atomic and assert honours that mask. At the end of such a region each
+variable the code after it may read is merged, per program, from the
+branch or iteration the program took (``where(mask, new, old)``).
+
+What it cannot prove right it leaves as upstream wrote it, which gives way
+to one program at a time where the programs disagree (``vector_lang``):
+
+- a ``for`` over anything but a call (``range``, ``tl.range``), with an
+  ``else``, a target other than a name, or a ``break``, ``continue`` or
+  ``return`` in its body;
+- an ``if`` containing a ``break`` or ``continue``;
+- ``while`` loops (a spin lock in lockstep would never let go),
+  conditional expressions and ``and``/``or`` on per-program values.
+
+A variable the code after a region reads is merged only where both values
+exist and agree in type; otherwise the launch gives way
+(``lockstep.Unsupported``).
+"""
+
+from __future__ import annotations
+
+import ast
+import weakref
+
+from jt_dist._cpu import interpreter as _interpreter
+from jt_dist._cpu import lockstep as _lockstep
+
+_PREFIX = "_jt_ls"
+_RUNTIME = _PREFIX  # The closure variable the rewritten code calls.
+
+
+def _name_nodes(nodes, ctx) -> list[ast.Name]:
+  """Name nodes (not generated ones) of ``ctx`` in ``nodes``; ``x += 1`` both."""
+  found = []
+  for node in nodes:
+    for sub in ast.walk(node):
+      if isinstance(sub, ast.AugAssign) and isinstance(sub.target, ast.Name):
+        found.append(sub.target)
+      elif (isinstance(sub, ast.Name) and isinstance(sub.ctx, ctx)
+            and not sub.id.startswith(_PREFIX)):
+        found.append(sub)
+  return found
+
+
+def _names(nodes, ctx) -> set[str]:
+  return {n.id for n in _name_nodes(nodes, ctx)}
+
+
+def _position(node, end: bool = False) -> tuple[int, int]:
+  # A node without a position (one upstream's rewrite made) counts as last.
+  if end:
+    return (getattr(node, "end_lineno", None) or 1 << 30,
+            getattr(node, "end_col_offset", None) or 0)
+  return (getattr(node, "lineno", None) or 1 << 30,
+          getattr(node, "col_offset", None) or 0)
+
+
+def _jumps(nodes, kinds) -> bool:
+  """Whether ``nodes`` hold a statement of ``kinds`` for their own loop."""
+  for node in nodes:
+    if isinstance(node, kinds):
+      return True
+    if isinstance(node, (ast.For, ast.While, ast.AsyncFor)):
+      # A nested loop owns its break/continue, not a return.
+      if _jumps(node.body + node.orelse, (ast.Return,)):
+        return True
+      continue
+    if isinstance(node, (ast.FunctionDef, ast.Lambda, ast.ClassDef)):
+      continue
+    if _jumps(list(ast.iter_child_nodes(node)), kinds):
+      return True
+  return False
+
+
+def _call(method: str, *args, target: str = _RUNTIME, keywords=()):
+  return ast.Call(
+      func=ast.Attribute(value=ast.Name(id=target, ctx=ast.Load()),
+                         attr=method, ctx=ast.Load()),
+      args=list(args), keywords=list(keywords))
+
+
+def _locals():
+  return ast.Call(func=ast.Name(id="locals", ctx=ast.Load()), args=[],
+                  keywords=[])
+
+
+def _assign(name: str, value) -> ast.Assign:
+  return ast.Assign(targets=[ast.Name(id=name, ctx=ast.Store())], value=value)
+
+
+def _merges(region: str, test: str, names, how: str = "pick") -> ast.If:
+  """``if region.test(): name = region.how('name', locals())`` per name."""
+  body = [_assign(n, _call(how, ast.Constant(n), _locals(), target=region))
+          for n in sorted(names)]
+  return ast.If(test=_call(test, target=region), body=body or [ast.Pass()],
+                orelse=[])
+
+
+class _Transformer(ast.NodeTransformer):
+  """Rewrites one kernel function's loops, ``if``s and returns."""
+
+  def __init__(self, function: ast.FunctionDef):
+    self._loads = _name_nodes([function], ast.Load)
+    self._loops: list[ast.AST] = []  # Loops around the node visited.
+    self._count = 0
+
+  def _live(self, region, stores, skip=()) -> set[str]:
+    """Of ``stores``, the names read after ``region`` ends.
+
+    After it in the source, or anywhere in a loop around it (a later trip
+    runs it again), except in ``skip``. A loop's own later trips need no
+    merge: a program its bound masks stays masked until the loop ends.
+    """
+    end = max(_position(node, end=True) for node in region)
+    again = set()
+    if self._loops:
+      again = {id(n) for n in _name_nodes(self._loops[:1], ast.Load)}
+      again -= {id(n) for n in _name_nodes(skip, ast.Load)}
+    read = {n.id for n in self._loads if _position(n) > end or id(n) in again}
+    return set(stores) & read
+
+  def visit_While(self, node):
+    self._loops.append(node)
+    self.generic_visit(node)
+    self._loops.pop()
+    return node
+
+  def _fresh(self) -> str:
+    self._count += 1
+    return f"{_PREFIX}_{self._count}"
+
+  def visit_FunctionDef(self, node):
+    if node.name.startswith(_PREFIX):
+      return node
+    self.generic_visit(node)
+    frame = self._fresh()
+    node.body = [_assign(frame, _call("enter")),
+                 ast.Try(body=node.body, handlers=[], orelse=[],
+                         finalbody=[ast.Expr(_call("leave",
+                                                   ast.Name(frame,
+                                                            ast.Load())))])]
+    return node
+
+  def visit_Lambda(self, node):
+    return node
+
+  def visit_Return(self, node):
+    has_value = ast.Constant(node.value is not None)
+    return ast.If(test=_call("returns", has_value), body=[node], orelse=[])
+
+  def visit_For(self, node):
+    if (node.orelse or not isinstance(node.iter, ast.Call)
+        or not isinstance(node.target, ast.Name)
+        or _jumps(node.body, (ast.Break, ast.Continue, ast.Return))):
+      return self.visit_While(node)
+    # The target is assigned before its loop's body reads it.
+    live = (self._live(node.body, _names(node.body, ast.Store))
+            | self._live(node.body, {node.target.id}, skip=node.body))
+    self._loops.append(node)
+    self.generic_visit(node)
+    self._loops.pop()
+    region, index = self._fresh(), self._fresh()
+    call = node.iter
+    node.iter = _call("loop", call.func, *call.args, target=region,
+                      keywords=call.keywords)
+    target, node.target = node.target.id, ast.Name(index, ast.Store())
+    node.body = ([ast.Expr(_call("save", _locals(), target=region)),
+                  _assign(target, ast.Name(index, ast.Load()))]
+                 + node.body + [_merges(region, "narrowed", live)])
+    return [_assign(region, _call("region", _constants(live))), node,
+            ast.Expr(_call("done", target=region))]
+
+  def visit_If(self, node):
+    if _jumps(node.body + node.orelse, (ast.Break, ast.Continue)):
+      return self.generic_visit(node)
+    then_stores = _names(node.body, ast.Store)
+    else_stores = _names(node.orelse, ast.Store)
+    # What the else branch reads of what the if branch assigned: put back.
+    restored = then_stores & _names(node.orelse, ast.Load)
+    live = self._live(node.body + node.orelse, then_stores | else_stores)
+    self.generic_visit(node)
+    region = self._fresh()
+    branch = _assign(region, _call(
+        "branch", node.test, _constants(live | restored),
+        _constants(live & else_stores)))
+    then = ast.If(test=_call("then", _locals(), target=region),
+                  body=node.body, orelse=[])
+    put_back = [_merges(region, "diverged", restored, "old")]
+    otherwise = ast.If(
+        test=_call("otherwise", _locals(), ast.Constant(bool(node.orelse)),
+                   target=region),
+        body=put_back + (node.orelse or [ast.Pass()]), orelse=[])
+    return [branch, then, otherwise, _merges(region, "merging", live)]
+
+
+def _constants(names) -> ast.Tuple:
+  return ast.Tuple([ast.Constant(n) for n in sorted(names)], ast.Load())
+
+
+# Python function -> its lockstep form (as runtime's for upstream's form).
+_REWRITTEN: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def rewrite(python_fn, fallback):
+  """``python_fn`` as upstream's interpreter rewrites it, run in lockstep.
+
+  The rewritten function calls ``lockstep`` (bound as a closure variable,
+  so the kernel's module gains no name). Where the source cannot be read,
+  ``fallback()`` (upstream's form) stands in.
+  """
+  found = _REWRITTEN.get(python_fn)
+  if found is None:
+    found = _interpreter.function_rewriter(python_fn, _lockstep_tree,
+                                           _RUNTIME, _lockstep.RUNTIME)
+    _REWRITTEN[python_fn] = found = found or fallback()
+  return found
+
+
+def _lockstep_tree(tree: ast.Module) -> ast.Module:
+  function = tree.body[0]
+  tree.body[0] = _Transformer(function).visit(function)
+  return tree

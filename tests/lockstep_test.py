@@ -1,0 +1,261 @@
+"""Control flow that depends on the program runs vectorised, masked.
+
+Loop bounds, ``if``s and early returns that differ between a launch's
+programs run in masked lockstep: each kernel here runs vectorised and one
+program at a time (or both, compared, under ``JT_DIST_VECTORIZE=check``),
+on fresh random inputs, and must agree bit for bit and with a NumPy or jnp
+reference. What lockstep cannot prove right runs one program at a time.
+"""
+
+import importlib.util
+import os
+from unittest import mock
+
+from absl.testing import absltest
+from absl.testing import parameterized
+import jax
+import jax.numpy as jnp
+import numpy as np
+import triton
+import triton.language as tl
+
+from jt_dist import testing
+
+testing.configure_cpu_devices()
+
+import jt_dist  # pylint: disable=g-import-not-at-top,wrong-import-position
+from jt_dist import _settings  # pylint: disable=g-import-not-at-top,wrong-import-position
+from jt_dist._cpu import vector_launch  # pylint: disable=g-import-not-at-top,wrong-import-position
+
+
+def _example(name):
+  root = os.path.join(os.path.dirname(os.path.dirname(__file__)), "examples")
+  spec = importlib.util.spec_from_file_location(
+      f"lockstep_test_{name}", os.path.join(root, f"{name}.py"))
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
+
+
+_attention = _example("causal_attention")
+
+
+@triton.jit
+def prefix_kernel(x_ptr, step, out_ptr, counter_ptr, N: tl.constexpr):
+  """Row p: the sum of rows 0..p, doubled or less one; program 3 returns."""
+  pid = tl.program_id(0)
+  cols = tl.arange(0, N)
+  acc = tl.zeros([N], dtype=tl.float32)
+  for i in range(0, pid + 1, step):
+    acc += tl.load(x_ptr + i * N + cols)
+  if pid % 2 == 0:
+    acc = acc * 2.0
+  else:
+    acc = acc - 1.0
+    tl.atomic_add(counter_ptr, 1)
+  if pid == 3:
+    return
+  tl.store(out_ptr + pid * N + cols, acc)
+
+
+@triton.jit
+def window_kernel(x_ptr, rows, out_ptr, N: tl.constexpr):
+  """Row p: the sum of rows p..min(p + 2, rows - 1) (starts differ)."""
+  pid = tl.program_id(0)
+  cols = tl.arange(0, N)
+  acc = tl.zeros([N], dtype=tl.float32)
+  last = tl.minimum(pid + 3, rows)
+  for i in range(pid, last):
+    acc += tl.load(x_ptr + i * N + cols)
+  tl.store(out_ptr + pid * N + cols, acc)
+
+
+@triton.jit
+def last_row_kernel(x_ptr, out_ptr, N: tl.constexpr):
+  """Row p: row p of x, the last one its loop (p + 1 trips) loaded."""
+  pid = tl.program_id(0)
+  cols = tl.arange(0, N)
+  for i in range(pid + 1):
+    last = tl.load(x_ptr + i * N + cols)
+  tl.store(out_ptr + pid * N + cols, last)
+
+
+@triton.jit
+def _count_unless_third(counts_ptr, pid):
+  if pid % 3 == 0:
+    return
+  tl.atomic_add(counts_ptr + pid, 1.0)
+
+
+@triton.jit
+def nested_kernel(x_ptr, out_ptr, lock_ptr, counts_ptr, N: tl.constexpr):
+  """Nested loops, a per-program start and step, a CAS in a branch, and a
+  helper's early return."""
+  pid = tl.program_id(0)
+  cols = tl.arange(0, N)
+  acc = tl.zeros([N], dtype=tl.float32)
+  # Every program takes a first trip: i, read after the loop, then has a
+  # value per program to merge.
+  for i in range(pid + 1):
+    for j in range(i, pid, 2):
+      acc += tl.load(x_ptr + j * N + cols) * (i + 1)
+  for i in range(pid % 3, 8, pid % 2 + 1):
+    if i % 2 == 0:
+      acc = acc + 1.0
+    else:
+      acc = acc * 0.5
+  if pid % 2 == 1:
+    acc += tl.atomic_cas(lock_ptr + pid, 0, pid + 1).to(tl.float32)
+  _count_unless_third(counts_ptr, pid)
+  tl.store(out_ptr + pid * N + cols, acc)
+
+
+@triton.jit
+def masked_assert_kernel(x_ptr, out_ptr, N: tl.constexpr):
+  """The assert fails only where the branch is not taken."""
+  pid = tl.program_id(0)
+  x = tl.load(x_ptr + pid * N + tl.arange(0, N))
+  if pid < 4:
+    tl.device_assert(pid < 4, "taken by programs 0 to 3 only")
+    x = x + 1.0
+  tl.store(out_ptr + pid * N + tl.arange(0, N), x)
+
+
+@triton.jit
+def _halve_or_keep(x, pid):
+  if pid % 2 == 0:
+    return x * 0.5
+  return x
+
+
+@triton.jit
+def value_return_kernel(x_ptr, out_ptr, N: tl.constexpr):
+  """A helper returns a value from a branch some programs take."""
+  pid = tl.program_id(0)
+  offsets = pid * N + tl.arange(0, N)
+  tl.store(out_ptr + offsets, _halve_or_keep(tl.load(x_ptr + offsets), pid))
+
+
+def _spec(shape, dtype=jnp.float32):
+  return jax.ShapeDtypeStruct(shape, dtype)
+
+
+class LockstepTest(testing.TestCase, parameterized.TestCase):
+
+  def setUp(self):
+    super().setUp()
+    if jax.default_backend() != "cpu":
+      self.skipTest("lockstep is the CPU interpreter's; the default backend"
+                    f" here is {jax.default_backend()}")
+
+  def both(self, mode, call, *arrays):
+    """``call``'s outputs in ``mode`` and one program at a time, as NumPy."""
+    with mock.patch.dict(os.environ, {_settings.VECTORIZE: mode}):
+      ours = jax.tree.map(np.asarray, call(*arrays))
+    with mock.patch.dict(os.environ, {_settings.VECTORIZE: "0"}):
+      stock = jax.tree.map(np.asarray, call(*arrays))
+    for a, b in zip(jax.tree.leaves(ours), jax.tree.leaves(stock)):
+      np.testing.assert_array_equal(a, b)
+    return ours
+
+  def assertRan(self, kernel, how):
+    self.assertEqual(vector_launch.decisions_of(kernel.fn), {how})
+
+  @parameterized.parameters("1", "check")
+  def test_loop_bound_if_else_and_early_return(self, mode):
+    x = jnp.asarray(self.random((8, 16)))
+    out, count = self.both(mode, lambda x: jt_dist.triton_call(
+        x, 1, kernel=prefix_kernel, out_shape=(_spec((8, 16)),
+                                            _spec((1,), jnp.int32)),
+        grid=(8,), zeroed_outputs=[0, 1], N=16), x)
+    sums = np.cumsum(np.asarray(x), axis=0, dtype=np.float32)
+    want = np.where((np.arange(8) % 2 == 0)[:, None], sums * 2, sums - 1)
+    want[3] = 0
+    np.testing.assert_allclose(out, want, rtol=1e-6)
+    self.assertEqual(int(count[0]), 4)
+    self.assertRan(prefix_kernel, vector_launch.VECTORISED)
+
+  @parameterized.parameters("1", "check")
+  def test_loop_start_that_differs(self, mode):
+    x = jnp.asarray(self.random((8, 16)))
+    out = self.both(mode, lambda x: jt_dist.triton_call(
+        x, 8, kernel=window_kernel, out_shape=_spec((8, 16)), grid=(8,),
+        N=16),
+                    x)
+    rows = np.asarray(x)
+    want = np.stack([rows[p:min(p + 3, 8)].sum(0) for p in range(8)])
+    np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-6)
+    self.assertRan(window_kernel, vector_launch.VECTORISED)
+
+  def test_a_value_first_assigned_in_the_loop_is_each_programs_own(self):
+    x = jnp.asarray(self.random((8, 16)))
+    out = self.both("check", lambda x: jt_dist.triton_call(
+        x, kernel=last_row_kernel, out_shape=_spec((8, 16)), grid=(8,),
+        N=16), x)
+    np.testing.assert_array_equal(out, np.asarray(x))
+    self.assertRan(last_row_kernel, vector_launch.VECTORISED)
+
+  @parameterized.parameters("1", "check")
+  def test_nested_loops_cas_and_a_helpers_return(self, mode):
+    x = jnp.asarray(self.random((8, 16)))
+    out, lock, counts = self.both(mode, lambda x: jt_dist.triton_call(
+        x, kernel=nested_kernel, out_shape=(
+            _spec((8, 16)), _spec((8,), jnp.int32), _spec((8,))),
+        grid=(8,), zeroed_outputs=[0, 1, 2], N=16), x)
+    rows = np.asarray(x)
+    for p in range(8):
+      want = np.zeros(16, np.float32)
+      for i in range(p + 1):
+        for j in range(i, p, 2):
+          want += rows[j] * np.float32(i + 1)
+      for i in range(p % 3, 8, p % 2 + 1):
+        want = want + 1 if i % 2 == 0 else want * np.float32(0.5)
+      np.testing.assert_allclose(out[p], want, rtol=1e-5, atol=1e-5)
+    odd = np.arange(8) % 2 == 1
+    np.testing.assert_array_equal(lock, np.where(odd, np.arange(1, 9), 0))
+    np.testing.assert_array_equal(counts, (np.arange(8) % 3 != 0) * 1.0)
+    self.assertRan(nested_kernel, vector_launch.VECTORISED)
+
+  def test_asserts_hold_only_where_the_branch_is_taken(self):
+    x = jnp.asarray(self.random((8, 16)))
+    out = self.both("1", lambda x: jt_dist.triton_call(
+        x, kernel=masked_assert_kernel, out_shape=_spec((8, 16)), grid=(8,),
+        debug=True, N=16), x)
+    want = np.asarray(x) + (np.arange(8) < 4)[:, None]
+    np.testing.assert_array_equal(out, want.astype(np.float32))
+    self.assertRan(masked_assert_kernel, vector_launch.VECTORISED)
+
+  def test_a_value_returned_by_some_programs_runs_one_at_a_time(self):
+    x = jnp.asarray(self.random((6, 16)))
+    out = self.both("1", lambda x: jt_dist.triton_call(
+        x, kernel=value_return_kernel, out_shape=_spec((6, 16)), grid=(6,),
+        N=16), x)
+    want = np.asarray(x) * np.where(np.arange(6) % 2 == 0, 0.5, 1.0)[:, None]
+    np.testing.assert_array_equal(out, want.astype(np.float32))
+    self.assertRan(value_return_kernel, vector_launch.ONE_AT_A_TIME)
+
+  @parameterized.parameters("1", "check")
+  def test_causal_flash_attention_forward_and_backward(self, mode):
+    heads, n_ctx, d = 2, 128, 32
+    q, k, v, do = (jnp.asarray(self.random((heads, n_ctx, d)))
+                   for _ in range(4))
+    sm_scale = d ** -0.5
+
+    def loss(f):
+      return lambda q, k, v: jnp.sum(f(q, k, v, sm_scale) * do)
+
+    with mock.patch.dict(os.environ, {_settings.VECTORIZE: mode}):
+      out = _attention.causal_attention(q, k, v, sm_scale)
+      grads = jax.grad(loss(_attention.causal_attention), (0, 1, 2))(q, k, v)
+    np.testing.assert_allclose(out, _attention.reference(q, k, v, sm_scale),
+                               rtol=2e-4, atol=2e-4)
+    want = jax.grad(loss(_attention.reference), (0, 1, 2))(q, k, v)
+    for got, expected in zip(grads, want):
+      np.testing.assert_allclose(got, expected, rtol=2e-3, atol=2e-3)
+    for kernel in (_attention.attention_fwd_kernel,
+                   _attention.attention_bwd_kernel):
+      self.assertRan(kernel, vector_launch.VECTORISED)
+
+
+if __name__ == "__main__":
+  absltest.main()

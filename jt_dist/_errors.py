@@ -193,7 +193,13 @@ def raise_if_scalar_pointer(error: Exception, spec, shapes) -> None:
     shapes: the shape of each array operand, by index.
   """
   text = str(error)
-  if "pointer" not in text and "static_assert" not in text:
+  # Triton chains a compile error inside a called function (tl.rand's
+  # static assert) to the one it reports at the call.
+  chain, cause = [], error
+  while cause is not None and len(chain) < 8:
+    chain.append(str(cause))
+    cause = cause.__cause__
+  if not any("pointer" in t or "static_assert" in t for t in chain):
     return
   loaded = getattr(spec.info.python_fn, "loaded_by_value", ())
   names = [op.label for op in spec.operands

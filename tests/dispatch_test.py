@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import gc
 import os
 import sys
 import textwrap
+import threading
 import unittest
 import weakref
 from unittest import mock
@@ -25,6 +27,7 @@ import jt_dist
 from jt_dist._core import binding as _binding
 from jt_dist._call import memo as _memo
 from jt_dist._core import exact as _exact
+from jt_dist._core import kernel as _kernel
 from jt_dist import testing
 import fork_server
 import cache_util
@@ -232,6 +235,26 @@ class DispatchTest(testing.TestCase):
                           x * (2, 3)[i % 2])
       del kernel
       gc.collect()  # A new kernel may take the old one's id().
+
+  def test_kernel_unwrapped_once_however_many_threads(self):
+    kernels = (triton.jit(_times_two), triton.jit(_times_three))
+    x = self.random((_BLOCK,))
+    barrier = threading.Barrier(8)
+
+    def call(i):
+      barrier.wait(timeout=120)
+      return np.asarray(jt_dist.triton_call(
+          jnp.asarray(x), kernel=kernels[i % 2],
+          out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype), grid=(1,),
+          BLOCK=_BLOCK))
+
+    _kernel.kernel_info.cache_clear()
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+      results = list(pool.map(call, range(8), timeout=600))
+    for i, got in enumerate(results):
+      self.assertAllClose(got, x * (2 + i % 2), msg=f"thread {i}")
+    # One unwrapped KernelInfo per kernel object, however many threads.
+    self.assertEqual(_kernel.kernel_info.cache_info().currsize, len(kernels))
 
   def test_kernel_source_changed(self):
     x = jnp.asarray(self.random((16,)))

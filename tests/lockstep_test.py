@@ -7,8 +7,10 @@ on fresh random inputs, and must agree bit for bit and with a NumPy or jnp
 reference. What lockstep cannot prove right runs one program at a time.
 """
 
+import contextlib
 import importlib.util
 import os
+import re
 from unittest import mock
 
 from absl.testing import absltest
@@ -24,8 +26,6 @@ from jt_dist import testing
 testing.configure_cpu_devices()
 
 import jt_dist  # pylint: disable=g-import-not-at-top,wrong-import-position
-from jt_dist import _settings  # pylint: disable=g-import-not-at-top,wrong-import-position
-from jt_dist._cpu import vector_launch  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 
 def _example(name):
@@ -38,6 +38,12 @@ def _example(name):
 
 
 _attention = _example("causal_attention")
+
+# How the interpreter says (on the ``jt_dist`` logger, at DEBUG, once per
+# kernel and argument signature) that a kernel's launches run.
+VECTORISED = "vectorised"
+ONE_AT_A_TIME = "one program at a time"
+_DECISION = re.compile(r"jt_dist: kernel (\S+) runs (.+?) on the CPU \(")
 
 
 @triton.jit
@@ -148,44 +154,65 @@ class LockstepTest(testing.TestCase, parameterized.TestCase):
       self.skipTest("lockstep is the CPU interpreter's; the default backend"
                     f" here is {jax.default_backend()}")
 
+  @contextlib.contextmanager
+  def deciding(self, mode):
+    """Runs the block in ``mode``, keeping how its kernels were run.
+
+    Each test launches its kernels with constexprs no other launch uses, so
+    the interpreter decides (and logs) how to run them afresh.
+
+    Args:
+      mode: the ``JT_DIST_VECTORIZE`` setting to run the block under.
+    """
+    with mock.patch.dict(os.environ, {"JT_DIST_VECTORIZE": mode}), \
+        self.assertLogs("jt_dist", "DEBUG") as logs:
+      yield
+    self.decisions = {}
+    for record in logs.records:
+      found = _DECISION.match(record.getMessage())
+      if found:
+        self.decisions.setdefault(found[1], set()).add(found[2])
+
   def both(self, mode, call, *arrays):
     """``call``'s outputs in ``mode`` and one program at a time, as NumPy."""
-    with mock.patch.dict(os.environ, {_settings.VECTORIZE: mode}):
+    with self.deciding(mode):
       ours = jax.tree.map(np.asarray, call(*arrays))
-    with mock.patch.dict(os.environ, {_settings.VECTORIZE: "0"}):
+    with mock.patch.dict(os.environ, {"JT_DIST_VECTORIZE": "0"}):
       stock = jax.tree.map(np.asarray, call(*arrays))
     for a, b in zip(jax.tree.leaves(ours), jax.tree.leaves(stock)):
       np.testing.assert_array_equal(a, b)
     return ours
 
   def assertRan(self, kernel, how):
-    self.assertEqual(vector_launch.decisions_of(kernel.fn), {how})
+    self.assertEqual(self.decisions.get(kernel.fn.__qualname__), {how},
+                     self.decisions)
 
-  @parameterized.parameters("1", "check")
-  def test_loop_bound_if_else_and_early_return(self, mode):
-    x = jnp.asarray(self.random((8, 16)))
+  # Each mode its own row width: a fresh decision for each to log.
+  @parameterized.parameters(("1", 16), ("check", 32))
+  def test_loop_bound_if_else_and_early_return(self, mode, width):
+    x = jnp.asarray(self.random((8, width)))
     out, count = self.both(mode, lambda x: jt_dist.triton_call(
-        x, 1, kernel=prefix_kernel, out_shape=(_spec((8, 16)),
+        x, 1, kernel=prefix_kernel, out_shape=(_spec((8, width)),
                                             _spec((1,), jnp.int32)),
-        grid=(8,), zeroed_outputs=[0, 1], N=16), x)
+        grid=(8,), zeroed_outputs=[0, 1], N=width), x)
     sums = np.cumsum(np.asarray(x), axis=0, dtype=np.float32)
     want = np.where((np.arange(8) % 2 == 0)[:, None], sums * 2, sums - 1)
     want[3] = 0
     np.testing.assert_allclose(out, want, rtol=1e-6)
     self.assertEqual(int(count[0]), 4)
-    self.assertRan(prefix_kernel, vector_launch.VECTORISED)
+    self.assertRan(prefix_kernel, VECTORISED)
 
-  @parameterized.parameters("1", "check")
-  def test_loop_start_that_differs(self, mode):
-    x = jnp.asarray(self.random((8, 16)))
+  @parameterized.parameters(("1", 16), ("check", 32))
+  def test_loop_start_that_differs(self, mode, width):
+    x = jnp.asarray(self.random((8, width)))
     out = self.both(mode, lambda x: jt_dist.triton_call(
-        x, 8, kernel=window_kernel, out_shape=_spec((8, 16)), grid=(8,),
-        N=16),
+        x, 8, kernel=window_kernel, out_shape=_spec((8, width)), grid=(8,),
+        N=width),
                     x)
     rows = np.asarray(x)
     want = np.stack([rows[p:min(p + 3, 8)].sum(0) for p in range(8)])
     np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-6)
-    self.assertRan(window_kernel, vector_launch.VECTORISED)
+    self.assertRan(window_kernel, VECTORISED)
 
   def test_a_value_first_assigned_in_the_loop_is_each_programs_own(self):
     x = jnp.asarray(self.random((8, 16)))
@@ -193,18 +220,18 @@ class LockstepTest(testing.TestCase, parameterized.TestCase):
         x, kernel=last_row_kernel, out_shape=_spec((8, 16)), grid=(8,),
         N=16), x)
     np.testing.assert_array_equal(out, np.asarray(x))
-    self.assertRan(last_row_kernel, vector_launch.VECTORISED)
+    self.assertRan(last_row_kernel, VECTORISED)
 
-  @parameterized.parameters("1", "check")
-  def test_nested_loops_cas_and_a_helpers_return(self, mode):
-    x = jnp.asarray(self.random((8, 16)))
+  @parameterized.parameters(("1", 16), ("check", 32))
+  def test_nested_loops_cas_and_a_helpers_return(self, mode, width):
+    x = jnp.asarray(self.random((8, width)))
     out, lock, counts = self.both(mode, lambda x: jt_dist.triton_call(
         x, kernel=nested_kernel, out_shape=(
-            _spec((8, 16)), _spec((8,), jnp.int32), _spec((8,))),
-        grid=(8,), zeroed_outputs=[0, 1, 2], N=16), x)
+            _spec((8, width)), _spec((8,), jnp.int32), _spec((8,))),
+        grid=(8,), zeroed_outputs=[0, 1, 2], N=width), x)
     rows = np.asarray(x)
     for p in range(8):
-      want = np.zeros(16, np.float32)
+      want = np.zeros(width, np.float32)
       for i in range(p + 1):
         for j in range(i, p, 2):
           want += rows[j] * np.float32(i + 1)
@@ -214,7 +241,7 @@ class LockstepTest(testing.TestCase, parameterized.TestCase):
     odd = np.arange(8) % 2 == 1
     np.testing.assert_array_equal(lock, np.where(odd, np.arange(1, 9), 0))
     np.testing.assert_array_equal(counts, (np.arange(8) % 3 != 0) * 1.0)
-    self.assertRan(nested_kernel, vector_launch.VECTORISED)
+    self.assertRan(nested_kernel, VECTORISED)
 
   def test_asserts_hold_only_where_the_branch_is_taken(self):
     x = jnp.asarray(self.random((8, 16)))
@@ -223,7 +250,7 @@ class LockstepTest(testing.TestCase, parameterized.TestCase):
         debug=True, N=16), x)
     want = np.asarray(x) + (np.arange(8) < 4)[:, None]
     np.testing.assert_array_equal(out, want.astype(np.float32))
-    self.assertRan(masked_assert_kernel, vector_launch.VECTORISED)
+    self.assertRan(masked_assert_kernel, VECTORISED)
 
   def test_a_value_returned_by_some_programs_runs_one_at_a_time(self):
     x = jnp.asarray(self.random((6, 16)))
@@ -232,11 +259,12 @@ class LockstepTest(testing.TestCase, parameterized.TestCase):
         N=16), x)
     want = np.asarray(x) * np.where(np.arange(6) % 2 == 0, 0.5, 1.0)[:, None]
     np.testing.assert_array_equal(out, want.astype(np.float32))
-    self.assertRan(value_return_kernel, vector_launch.ONE_AT_A_TIME)
+    self.assertRan(value_return_kernel, ONE_AT_A_TIME)
 
-  @parameterized.parameters("1", "check")
-  def test_causal_flash_attention_forward_and_backward(self, mode):
-    heads, n_ctx, d = 2, 128, 32
+  # Head widths other launches (the example's own run) do not use.
+  @parameterized.parameters(("1", 16), ("check", 64))
+  def test_causal_flash_attention_forward_and_backward(self, mode, d):
+    heads, n_ctx = 2, 128
     q, k, v, do = (jnp.asarray(self.random((heads, n_ctx, d)))
                    for _ in range(4))
     sm_scale = d ** -0.5
@@ -244,7 +272,7 @@ class LockstepTest(testing.TestCase, parameterized.TestCase):
     def loss(f):
       return lambda q, k, v: jnp.sum(f(q, k, v, sm_scale) * do)
 
-    with mock.patch.dict(os.environ, {_settings.VECTORIZE: mode}):
+    with self.deciding(mode):
       out = _attention.causal_attention(q, k, v, sm_scale)
       grads = jax.grad(loss(_attention.causal_attention), (0, 1, 2))(q, k, v)
     np.testing.assert_allclose(out, _attention.reference(q, k, v, sm_scale),
@@ -254,7 +282,7 @@ class LockstepTest(testing.TestCase, parameterized.TestCase):
       np.testing.assert_allclose(got, expected, rtol=2e-3, atol=2e-3)
     for kernel in (_attention.attention_fwd_kernel,
                    _attention.attention_bwd_kernel):
-      self.assertRan(kernel, vector_launch.VECTORISED)
+      self.assertRan(kernel, VECTORISED)
 
 
 if __name__ == "__main__":

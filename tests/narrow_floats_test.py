@@ -30,6 +30,7 @@ import contextlib
 import dataclasses
 import io
 import os
+import re
 from typing import Any, Callable
 from unittest import mock
 
@@ -39,13 +40,13 @@ import jax
 import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
+import triton
 
 from jt_dist import testing
 
 testing.configure_cpu_devices()
 
 import jt_dist  # pylint: disable=g-import-not-at-top,wrong-import-position
-from jt_dist._cpu import interpreter as cpu_interpreter  # pylint: disable=g-import-not-at-top,wrong-import-position
 import float_op_kernels as K  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 _BLOCK = 16
@@ -201,19 +202,23 @@ _OPS = {
 }
 
 
+# The installed Triton's (major, minor) release.
+_TRITON_VERSION = tuple(
+    int(v) for v in re.findall(r"\d+", triton.__version__)[:2])
+
+
 def _as_triton_defines(name: str, op: Op, triton_name: str) -> Op:
   """``op`` on ``triton_name`` as the installed Triton defines it.
 
-  Triton 3.6 (``_cpu.interpreter.triton36_floats``; remove when its support ends)
-  divides bf16 in bf16 with ``tl.math.fdiv``, and its ``tl.maximum``
-  returns float32 for bf16, which ``tl.reduce`` refuses from a combine
-  function.
+  Triton before 3.9 (3.6 to 3.8; remove when 3.6 support ends) divides
+  bf16 in bf16 with ``tl.math.fdiv``, and its ``tl.maximum`` returns
+  float32 for bf16, which ``tl.reduce`` refuses from a combine function.
   """
-  if triton_name != "bf16":
+  if triton_name != "bf16" or _TRITON_VERSION >= (3, 9):
     return op
-  if name == "fdiv" and not cpu_interpreter.fdiv_widens_bfloat16():
+  if name == "fdiv":
     return dataclasses.replace(op, error="once")
-  if name == "reduce_max" and cpu_interpreter.min_max_widen_bfloat16():
+  if name == "reduce_max":
     return dataclasses.replace(op, refused=r"tl\.reduce")
   return op
 

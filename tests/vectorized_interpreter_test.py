@@ -8,6 +8,7 @@ Each test also checks which path the kernel took.
 """
 
 import importlib.util
+import inspect
 import os
 from unittest import mock
 
@@ -18,6 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 import triton
 import triton.language as tl
+from triton.runtime import interpreter
 
 from jt_dist import testing
 
@@ -28,7 +30,9 @@ from jt_dist import _settings  # pylint: disable=g-import-not-at-top,wrong-impor
 from jt_dist._core import tensordesc  # pylint: disable=g-import-not-at-top,wrong-import-position
 from jt_dist._cpu import bounds  # pylint: disable=g-import-not-at-top,wrong-import-position
 from jt_dist._cpu import host_memory  # pylint: disable=g-import-not-at-top,wrong-import-position
+from jt_dist._cpu import vector_builder  # pylint: disable=g-import-not-at-top,wrong-import-position
 from jt_dist._cpu import vector_launch  # pylint: disable=g-import-not-at-top,wrong-import-position
+from jt_dist._cpu import vector_reviewed  # pylint: disable=g-import-not-at-top,wrong-import-position
 from feature_kernels import desc_copy_kernel  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 VECTORISED = vector_launch.VECTORISED
@@ -483,6 +487,66 @@ class AddPtrTest(testing.TestCase):
     np.testing.assert_array_equal(got.data, want.data)
     self.assertEqual(got.dtype, want.dtype)
     np.testing.assert_array_equal(offsets.data, before)  # Not modified.
+
+
+# Every method of Triton's interpreter builder is redefined for the program
+# axis, listed as reviewed (it broadcasts over that axis), or refused before
+# it computes anything (tests/vectorized_reviewed_test.py runs kernels that
+# call one).
+def _upstream_methods() -> list[str]:
+  return [name for name, value in inspect.getmembers(
+      interpreter.InterpreterBuilder)
+          if not name.startswith("_") and callable(value)]
+
+
+class ReviewedListTest(testing.TestCase):
+
+  def test_every_builder_method_is_redefined_reviewed_or_refused(self):
+    grid = (3, 1, 1)
+    builder = vector_builder.VectorBuilder(grid, range(3))
+    upstream = interpreter.InterpreterBuilder
+    for name in _upstream_methods():
+      ours = inspect.getattr_static(vector_builder.VectorBuilder, name)
+      if name in vars(vector_builder.VectorBuilder) and (
+          name not in vector_builder.UNREVIEWED):
+        self.assertNotIn(name, vector_reviewed.REVIEWED,
+                         f"{name} is redefined: the list need not name it")
+      elif name in vector_reviewed.REVIEWED:
+        self.assertIs(ours, inspect.getattr_static(upstream, name), name)
+      else:
+        self.assertIn(name, vector_builder.UNREVIEWED)
+        with self.assertRaisesRegex(
+            vector_builder.Unsupported,
+            f"^{name} is not reviewed for a leading program axis"
+            r" \(vector_reviewed\.REVIEWED\)$"):
+          getattr(builder, name)()
+
+  def test_a_method_a_later_triton_adds_is_refused_before_it_runs(self):
+    calls = []
+
+    class NewerBuilder(interpreter.InterpreterBuilder):
+      """A builder with an operation along the first axis, as upstream's."""
+
+      def create_first_axis_sum(self, arg):
+        calls.append(arg)
+        return interpreter.TensorHandle(np.sum(arg.data, axis=0),
+                                        arg.dtype.scalar)
+
+    class NewerVectorBuilder(vector_builder.VectorBuilder, NewerBuilder):
+      pass
+
+    refused = vector_reviewed.refuse_unreviewed(NewerVectorBuilder,
+                                                NewerBuilder)
+    self.assertEqual(refused, ["create_first_axis_sum"])
+    builder = NewerVectorBuilder((4, 1, 1), range(4))
+    block = interpreter.TensorHandle(self.random((4, 8)), tl.float32)
+    with self.assertRaisesRegex(vector_builder.Unsupported,
+                                "^create_first_axis_sum is not reviewed"):
+      builder.create_first_axis_sum(block)
+    self.assertEqual(calls, [])
+    # The builder's own forms stay (a program id per program).
+    np.testing.assert_array_equal(builder.create_get_program_id(0).data,
+                                  np.arange(4))
 
 
 class _RecordingNative:

@@ -1,14 +1,17 @@
 """The vectorised interpreter runs only builder methods reviewed for it.
 
 Every method of Triton's interpreter builder is either redefined for the
-program axis, listed as reviewed (it broadcasts over that axis), or refused:
-a refused method raises before it computes anything, and the launch runs
-one program at a time, as a kernel that calls it shows.
+program axis, listed as reviewed (it broadcasts over that axis), or refused
+(tests/vectorized_interpreter_test.py checks the list): a refused method
+raises before it computes anything, and the launch runs one program at a
+time, as a kernel that calls it shows.
 """
 
 import contextlib
-import inspect
 import io
+import os
+import re
+from unittest import mock
 
 from absl.testing import absltest
 import jax
@@ -16,19 +19,18 @@ import jax.numpy as jnp
 import numpy as np
 import triton
 import triton.language as tl
-from triton.runtime import interpreter
 
 from jt_dist import testing
 
 testing.configure_cpu_devices()
 
 import jt_dist  # pylint: disable=g-import-not-at-top,wrong-import-position
-from jt_dist import _settings  # pylint: disable=g-import-not-at-top,wrong-import-position
-from jt_dist._cpu import vector_builder  # pylint: disable=g-import-not-at-top,wrong-import-position
-from jt_dist._cpu import vector_launch  # pylint: disable=g-import-not-at-top,wrong-import-position
-from jt_dist._cpu import vector_reviewed  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 _BLOCK = 16
+# How the interpreter says (on the ``jt_dist`` logger, at DEBUG, once per
+# kernel and argument signature) that a kernel's launches run.
+_DECISION = re.compile(r"jt_dist: kernel (\S+) runs (.+?) on the CPU \(")
+ONE_AT_A_TIME = "one program at a time"
 
 
 @triton.jit
@@ -51,62 +53,6 @@ def gather_rows_kernel(x_ptr, rows_ptr, out_ptr, M: tl.constexpr,
            + tl.arange(0, N)[None, :], block)
 
 
-def _upstream_methods() -> list[str]:
-  return [name for name, value in inspect.getmembers(
-      interpreter.InterpreterBuilder)
-          if not name.startswith("_") and callable(value)]
-
-
-class ReviewedListTest(testing.TestCase):
-
-  def test_every_builder_method_is_redefined_reviewed_or_refused(self):
-    grid = (3, 1, 1)
-    builder = vector_builder.VectorBuilder(grid, range(3))
-    upstream = interpreter.InterpreterBuilder
-    for name in _upstream_methods():
-      ours = inspect.getattr_static(vector_builder.VectorBuilder, name)
-      if name in vars(vector_builder.VectorBuilder) and (
-          name not in vector_builder.UNREVIEWED):
-        self.assertNotIn(name, vector_reviewed.REVIEWED,
-                         f"{name} is redefined: the list need not name it")
-      elif name in vector_reviewed.REVIEWED:
-        self.assertIs(ours, inspect.getattr_static(upstream, name), name)
-      else:
-        self.assertIn(name, vector_builder.UNREVIEWED)
-        with self.assertRaisesRegex(
-            vector_builder.Unsupported,
-            f"^{name} is not reviewed for a leading program axis"
-            r" \(vector_reviewed\.REVIEWED\)$"):
-          getattr(builder, name)()
-
-  def test_a_method_a_later_triton_adds_is_refused_before_it_runs(self):
-    calls = []
-
-    class NewerBuilder(interpreter.InterpreterBuilder):
-      """A builder with an operation along the first axis, as upstream's."""
-
-      def create_first_axis_sum(self, arg):
-        calls.append(arg)
-        return interpreter.TensorHandle(np.sum(arg.data, axis=0),
-                                        arg.dtype.scalar)
-
-    class NewerVectorBuilder(vector_builder.VectorBuilder, NewerBuilder):
-      pass
-
-    refused = vector_reviewed.refuse_unreviewed(NewerVectorBuilder,
-                                                NewerBuilder)
-    self.assertEqual(refused, ["create_first_axis_sum"])
-    builder = NewerVectorBuilder((4, 1, 1), range(4))
-    block = interpreter.TensorHandle(self.random((4, 8)), tl.float32)
-    with self.assertRaisesRegex(vector_builder.Unsupported,
-                                "^create_first_axis_sum is not reviewed"):
-      builder.create_first_axis_sum(block)
-    self.assertEqual(calls, [])
-    # The builder's own forms stay (a program id per program).
-    np.testing.assert_array_equal(builder.create_get_program_id(0).data,
-                                  np.arange(4))
-
-
 class UnreviewedOperationTest(testing.TestCase):
 
   def setUp(self):
@@ -114,9 +60,16 @@ class UnreviewedOperationTest(testing.TestCase):
     if jax.default_backend() != "cpu":
       self.skipTest("the vectorised interpreter is the CPU path; the default"
                     f" backend here is {jax.default_backend()}")
-    if vector_launch.mode() != vector_launch.VECTORISED:
-      self.skipTest(f"{_settings.VECTORIZE} runs launches"
-                    f" {vector_launch.mode()}: the path taken is the subject")
+    # The path taken is the subject: vectorised where it can, whatever the
+    # setting the suite runs under.
+    self.enter_context(
+        mock.patch.dict(os.environ, {"JT_DIST_VECTORIZE": "1"}))
+
+  def assertRan(self, kernel, how, logs):
+    """Asserts every launch of ``kernel`` logged in ``logs`` ran ``how``."""
+    decisions = {found[2] for found in map(_DECISION.search, logs.output)
+                 if found and found[1] == kernel.fn.__qualname__}
+    self.assertEqual(decisions, {how}, logs.output)
 
   def test_print_runs_one_program_at_a_time_and_writes_once(self):
     grid = 5
@@ -133,9 +86,7 @@ class UnreviewedOperationTest(testing.TestCase):
     lines = printed.getvalue().splitlines()
     self.assertEqual([line.split(")")[0] + ")" for line in lines],
                      [f"({pid}, 0, 0)" for pid in range(grid)])
-    self.assertEqual(
-        vector_launch.decisions_of(print_after_store_kernel.fn),
-        {vector_launch.ONE_AT_A_TIME})
+    self.assertRan(print_after_store_kernel, ONE_AT_A_TIME, logs)
     self.assertTrue(any(
         "print_after_store_kernel runs one program at a time" in line
         and "create_print is not reviewed" in line for line in logs.output),
@@ -153,8 +104,7 @@ class UnreviewedOperationTest(testing.TestCase):
           out_shape=jax.ShapeDtypeStruct((grid * r, n), jnp.float32),
           grid=(grid,), M=m, N=n, R=r))
     np.testing.assert_array_equal(out, x[rows])
-    self.assertEqual(vector_launch.decisions_of(gather_rows_kernel.fn),
-                     {vector_launch.ONE_AT_A_TIME})
+    self.assertRan(gather_rows_kernel, ONE_AT_A_TIME, logs)
     self.assertTrue(any("create_descriptor_gather is not reviewed" in line
                         for line in logs.output), logs.output)
 

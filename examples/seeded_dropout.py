@@ -129,7 +129,7 @@ def main(batch=None, steps=None, seed=0):
   assert abs(kept - (1 - P_DROP)) < 0.15, kept
 
   traces = []
-  train_step = make_train_step(lr=0.1, traces=traces)
+  train_step = make_train_step(lr=0.03, traces=traces)
   losses = []
   for step in range(steps):
     params, loss = train_step(params, x, y, base_seed, jnp.int32(step))

@@ -188,7 +188,8 @@ class MemoryChecker:
     """
     found = []
     for k, b in enumerate(self.buffers):
-      if b.written is None or not b.array.size:
+      # The whole map first: one fast pass where all was written.
+      if b.written is None or not b.array.size or b.written.all():
         continue
       whole = b.written.reshape(b.array.size, b.array.itemsize).all(axis=1)
       if not whole.all():

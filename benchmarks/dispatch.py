@@ -65,7 +65,8 @@ Then, for jt_dist's eager call:
   a ``kernel_call`` made afresh (jax traces, lowers and compiles again);
 - ``per_step_scalar``: an eager ``x * s`` with the same ``s`` every call,
   and with a new ``s`` every call (what a learning rate or a step count
-  passed as a scalar costs per step), and their ratio;
+  passed as a scalar costs per step), and their ratio; each call
+  alternates with XLA's jitted ``x * s`` given the same Python float;
 - ``output_order``: the kernel time of a jitted row softmax over a
   ``OUTPUT_ORDER_SHAPE`` matrix declared output first (Triton's tutorial's
   signature, its input bound by keyword: the call goes through jt_dist's
@@ -156,11 +157,17 @@ def scale(x, s):
       BLOCK_SIZE=BLOCK)
 
 
+# XLA's own per-step scalar: a jitted ``x * s`` given a Python float.
+xla_scale = jax.jit(lambda a, s: a * s)
+
+
 def per_step_scalar(x, calls):
   """Eager ``x * s`` with one float ``s`` throughout, or a new ``s`` per call.
 
   Whatever a new value costs (a call traced, lowered and compiled again,
-  or only a new runtime operand) shows in the second run's median.
+  or only a new runtime operand) shows in the second run's median. Each
+  call alternates with XLA's ``x * s`` (``xla_*``), which copies its
+  Python ``s`` to the device at every call.
   ``executables_kept``: the ``KernelCall``s ``triton_call`` filed in its
   memo over both runs (one may be filed under several keys), each with a
   jitted function compiled once here.
@@ -170,15 +177,18 @@ def per_step_scalar(x, calls):
   with mock.patch.object(_memo.triton_calls, "put",
                          wraps=_memo.triton_calls.put) as put:
     jax.block_until_ready(scale(x, 0.5))
+    jax.block_until_ready(xla_scale(x, 0.5))
     for name, values in (("same_value", [0.5] * calls),
                          ("new_value_each_call",
                           [1.0 + 1e-4 * (i + 1) for i in range(calls)])):
-      each = []
+      each = {scale: [], xla_scale: []}
       for s in values:
-        start = time.perf_counter()
-        jax.block_until_ready(scale(x, s))
-        each.append(time.perf_counter() - start)
-      timings[f"{name}_us"] = float(np.median(each)) * 1e6
+        for fn, times in each.items():
+          start = time.perf_counter()
+          jax.block_until_ready(fn(x, s))
+          times.append(time.perf_counter() - start)
+      timings[f"{name}_us"] = float(np.median(each[scale])) * 1e6
+      timings[f"xla_{name}_us"] = float(np.median(each[xla_scale])) * 1e6
   timings["new_over_same"] = (timings["new_value_each_call_us"]
                               / timings["same_value_us"])
   timings["executables_kept"] = len({

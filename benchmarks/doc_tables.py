@@ -225,11 +225,13 @@ def _dispatch(data: dict[str, Any]) -> str:
   scalar = data.get("per_step_scalar")
   if isinstance(scalar, dict):
     out.append("**a per-step scalar, eagerly**\n\n" + _table(
-        ["same value every call, µs", "new value every call, µs",
+        ["", "same value every call, µs", "new value every call, µs",
          "executables kept"],
-        [[scalar.get("same_value_us", ""), scalar.get("new_value_each_call_us",
-                                                      ""),
-          scalar.get("executables_kept", "")]]))
+        [["jt_dist", scalar.get("same_value_us", ""),
+          scalar.get("new_value_each_call_us", ""),
+          scalar.get("executables_kept", "")],
+         ["XLA `x * s`", scalar.get("xla_same_value_us", ""),
+          scalar.get("xla_new_value_each_call_us", ""), ""]]))
   order = data.get("output_order")
   if isinstance(order, dict):
     out.append("**a kernel declaring its output first** (kernel time)\n\n"

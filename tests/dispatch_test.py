@@ -126,6 +126,9 @@ class DispatchTest(testing.TestCase):
   def setUp(self):
     super().setUp()
     jax.clear_caches()
+    # Each test's calls start unseen: what a call compiles in depends on
+    # the values its signature met before.
+    testing.clear_memory_caches()
 
   def _assert_unwritten(self, tail):
     # The CPU poisons outputs (NaN for floats); a GPU leaves whatever was
@@ -141,31 +144,32 @@ class DispatchTest(testing.TestCase):
         self.assertAllClose(_scale(xs, 2.5), x * 2.5)
     self.assertEqual(counting.binds, 1)
 
-  def test_scalar_values_reuse_binding_and_executable_on_cpu(self):
-    if testing.platform() != "cpu":
-      self.skipTest("scalars come at run time on the CPU only; a GPU"
-                    " compiles each value in")
+  def test_float_values_compile_the_first_then_come_at_run_time(self):
+    # The first value is compiled in; another makes the call take its
+    # floats at run time: one more binding and lowering, then none.
     x = self.random((40,))
     xs = jnp.asarray(x)
-    scales = self.np_rng.uniform(-3, 3, size=6)
+    first, *others = (float(s) for s in self.np_rng.uniform(-3, 3, size=6))
+    before = jt_dist.cache_info()
     with _Counting() as counting:
-      for s in scales:
-        self.assertAllClose(_scale(xs, float(s)), x * np.float32(s))
-    self.assertEqual(counting.binds, 1)
+      for s in (first, first, *others, first):
+        self.assertAllClose(_scale(xs, s), x * np.float32(s))
+    self.assertEqual(counting.binds, 2)
+    self.assertEqual(jt_dist.cache_info().lowerings - before.lowerings, 2)
 
-  @parameterized.parameters((3, 5), (3, 1), (3, 32), (48, 32))
-  def test_int_scalar_values_bind_once_on_cpu(self, a, b):
+  @parameterized.parameters((3, 5, 7), (3, 1, 2), (3, 32, 16), (48, 32, 1))
+  def test_int_scalar_values_bind_twice_on_cpu(self, a, b, c):
     # The interpreter specialises on no value (a GPU compiles 1 and
     # multiples of 16 apart, and binds each value: see ScalarRecompileTest).
     if testing.platform() != "cpu":
-      self.skipTest("scalars come at run time on the CPU only")
+      self.skipTest("int scalars come at run time on the CPU only")
     x = self.random((64,))
     xs = jnp.asarray(x)
     with _Counting() as counting:
-      for n in (a, b):
+      for n in (a, b, c, a):
         out = np.asarray(_scale(xs, 1.0, n))
         self.assertAllClose(out[:n], x[:n])
-    self.assertEqual(counting.binds, 1)
+    self.assertEqual(counting.binds, 2)
 
   def test_scalars_by_keyword_and_position_change_between_calls(self):
     # A keyword scalar is keyed by value; a positional one may come at run
@@ -185,16 +189,18 @@ class DispatchTest(testing.TestCase):
         self._assert_unwritten(out[n:])
 
   @parameterized.parameters(
-      (2**31 - 1, -(2**31), np.int32, 1), (0.1, -3.0e38, np.float32, 1),
-      (True, False, np.bool_, 1), (np.int64(-7), np.int64(9), np.int32, 1),
-      # 64-bit types stay compiled in: a new value binds again.
-      (2**31, 2**31 + 5, np.uint32, 2))
-  def test_scalar_values_of_each_type_on_cpu(self, a, b, dtype, binds):
+      ((2**31 - 1, -(2**31), 5), np.int32, 2),
+      ((0.1, -3.0e38, 7.5), np.float32, 2),
+      ((True, False), np.bool_, 2),
+      ((np.int64(-7), np.int64(9), np.int64(3)), np.int32, 2),
+      # 64-bit types stay compiled in: each new value binds again.
+      ((2**31, 2**31 + 5, 2**31 + 9), np.uint32, 3))
+  def test_scalar_values_of_each_type_on_cpu(self, values, dtype, binds):
     if testing.platform() != "cpu":
       self.skipTest("scalars of these types come at run time on the CPU")
     out = jax.ShapeDtypeStruct((1,), dtype)
     with _Counting() as counting:
-      for v in (a, b, a):
+      for v in (*values, values[0]):
         got = jt_dist.triton_call(v, kernel=store_scalar_kernel,
                                   out_shape=out, grid=(1,))
         self.assertEqual(np.asarray(got)[0], np.asarray(v).astype(dtype))
@@ -579,9 +585,10 @@ _RSS_SCRIPT = textwrap.dedent("""
     mode, calls = sys.argv[1], int(sys.argv[2])
     if mode == "layer":
       t._scale(x, 2.0)
-      (call,) = set(_memo.triton_calls._entries.values())
-      # The scalars come after the array, each an operand of its own.
-      call._jitted = jax.jit(lambda a, s, n: a * 2)
+      (call,) = {{c for c in _memo.triton_calls._entries.values()
+                  if hasattr(c, "_jitted")}}
+      # A value that repeats is compiled in: the array is the one operand.
+      call._jitted = jax.jit(lambda a: a * 2)
       step = lambda i: t._scale(x, 2.0)
     else:
       step = lambda i: t._scale(x, 1.0 + i * 1e-3)
@@ -593,7 +600,8 @@ _RSS_SCRIPT = textwrap.dedent("""
         marks.append(rss_mib())
     gc.collect()
     marks.append(rss_mib())
-    calls = set(_memo.triton_calls._entries.values())
+    calls = {{c for c in _memo.triton_calls._entries.values()
+              if hasattr(c, "_jitted")}}
     print(json.dumps(dict(marks=marks, entries=len(_memo.triton_calls),
                           calls=len(calls))))
     """)
@@ -622,13 +630,14 @@ class MemoryTest(testing.TestCase):
     self.assertLess(marks[-1] - marks[1], 8.0, marks)
 
   def test_rss_flat_over_1000_scalar_values(self):
-    # Through the interpreter: each value is a new runtime operand of one
-    # executable and one call, never a new one of either. The call is kept
-    # under its scalars' types, and under the first call's values.
+    # Through the interpreter: the first value is compiled into a call of
+    # its own; every other value is a new runtime operand of one more call
+    # and executable, never a new one of either. The calls are kept under
+    # the first and second calls' values, and the scalars' types.
     result = self._run("values", 1000)
     marks = result["marks"]
-    self.assertEqual(result["calls"], 1, result)
-    self.assertEqual(result["entries"], 2, result)
+    self.assertEqual(result["calls"], 2, result)
+    self.assertEqual(result["entries"], 3, result)
     self.assertLess(marks[-1] - marks[1], 8.0, marks)
 
 

@@ -212,20 +212,38 @@ class ScalarPointerErrorTest(testing.TestCase):
 
 
 class PerStepScalarTest(testing.TestCase):
-  """A new positional Python float every eager call compiles nothing."""
+  """A positional Python float: compiled in until a second value comes."""
 
   def test_new_float_values_reuse_one_executable(self):
+    testing.clear_memory_caches()
     x = jnp.asarray(self.random((_N,)))
-    values = [float(v) for v in self.np_rng.uniform(-3, 3, size=5)]
-    self.assertAllClose(_scale(x, values[0]), np.asarray(x) * values[0],
-                        rtol=1e-6)
+    values = [float(v) for v in self.np_rng.uniform(-3, 3, size=6)]
+    for s in values[:2]:  # The first value compiled in; then at run time.
+      self.assertAllClose(_scale(x, s), np.asarray(x) * np.float32(s),
+                          rtol=1e-6)
     before = jt_dist.cache_info()
-    for s in values[1:]:
+    for s in values[2:] + values[:2]:
       self.assertAllClose(_scale(x, s), np.asarray(x) * np.float32(s),
                           rtol=1e-6)
     after = jt_dist.cache_info()
     self.assertEqual(after.triton_call_entries, before.triton_call_entries)
     self.assertEqual(after.lowerings, before.lowerings)
+
+  def test_a_repeated_value_is_lowered_once(self):
+    # Compiled in, a value that repeats costs no buffer per call; the
+    # second value lowers the call that takes it at run time.
+    testing.clear_memory_caches()
+    x = jnp.asarray(self.random((_N,)))
+    s = float(self.np_rng.uniform(1, 2))
+    before = jt_dist.cache_info()
+    for _ in range(3):
+      self.assertAllClose(_scale(x, s), np.asarray(x) * np.float32(s),
+                          rtol=1e-6)
+    self.assertEqual(jt_dist.cache_info().lowerings - before.lowerings, 1)
+    for t in (s + 1, s + 2, s):
+      self.assertAllClose(_scale(x, t), np.asarray(x) * np.float32(t),
+                          rtol=1e-6)
+    self.assertEqual(jt_dist.cache_info().lowerings - before.lowerings, 2)
 
 
 @unittest.skipUnless(util.HAS_TRITON_CALL, util.SKIP_REASON)

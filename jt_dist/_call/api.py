@@ -23,6 +23,21 @@ _SHAPE_DTYPE = jax.ShapeDtypeStruct
 _SCALARS = frozenset((int, bool, float))
 # A memo entry saying: key this call's scalars by their values.
 _BY_VALUE = object()
+
+
+class _FirstValues:
+  """A memo entry under a call's scalar types: the values it has met.
+
+  A call's first scalars are compiled in, filed under ``key`` (its
+  scalars' values): a value that repeats every call costs no buffer.
+  Other values make the call take its scalars at run time, which replaces
+  this entry.
+  """
+
+  __slots__ = ("key",)
+
+  def __init__(self, key):
+    self.key = key
 # Argument types passed at call time; grows by the classes of concrete
 # jax.Arrays (jaxlib's ArrayImpl) as they are met.
 _OPERAND_TYPES = {np.ndarray, _tensordesc.TensorDescriptor,
@@ -191,20 +206,32 @@ def triton_call(*args: Any, kernel: Any, out_shape: Any = None, grid: Any,
           return call(*itertools.compress(args, call.passed))
   # A scalar's value may come at run time: keyed by its type.
   runtime = not callable(grid)
+  type_key = None
   try:
     key = (id(kernel), _memo.out_key(out_shape), _memo.grid_key(grid),
            _exact.dict_key(kwargs), _template(args, runtime))
     call = _memo.triton_calls.get(key)
-    if call is _BY_VALUE:  # Something static reads the scalars' values.
-      key = (*key[:-1], _template(args, False))
-      call = _memo.triton_calls.get(key)
+    if call is None:
+      by_value = (*key[:-1], _template(args, False))
+      if by_value != key:
+        # The first values of these types: compiled in, until others come.
+        type_key, key, runtime = key, by_value, False
+        call = _memo.triton_calls.get(key)
+    elif call is _BY_VALUE or type(call) is _FirstValues:  # pylint: disable=unidiomatic-typecheck
+      by_value = (*key[:-1], _template(args, False))
+      if call is _BY_VALUE or call.key == by_value:
+        # Something static reads the values, or they are the first ones.
+        key, runtime = by_value, False
+        call = _memo.triton_calls.get(key)
+      else:
+        call = None  # Other values: from now on they come at run time.
   except (TypeError, AttributeError):
     # An unhashable part (an array by keyword, a closure), or a malformed
     # out_shape that binding reports in full.
     key = call = None
   if call is None or not call.made_for(kernel):
     return _first_call(args, kernel, out_shape, grid, kwargs, key, runtime,
-                       plain)
+                       plain, type_key)
   return call(*itertools.compress(args, call.passed))
 
 
@@ -214,8 +241,8 @@ def _plain_scalars(args, arg_types):
   None where an argument is neither an operand nor a Python scalar. The
   plain key holds the scalars by value with their types: the exact key
   (``jt_dist._core.exact``) of each but a float, as ``-0.0 == 0.0``; so a
-  call is filed under it only where it takes its floats at run time
-  (``_first_call``), and their values do not matter.
+  call is filed under it only where it takes its floats at run time or
+  none of them is a zero (``_first_call``).
   """
   others = frozenset(arg_types) - _SCALARS
   if not _OPERAND_TYPES.issuperset(others):
@@ -260,13 +287,16 @@ def _template(args: Sequence[Any], runtime: bool) -> tuple:
   return tuple(template)
 
 
-def _first_call(args, kernel, out_shape, grid, kwargs, key, runtime, plain):
+def _first_call(args, kernel, out_shape, grid, kwargs, key, runtime, plain,
+                type_key=None):
   """A call with no memo entry under ``key``: keyword operands merged.
 
   Array operands given by keyword make ``key`` None (unhashable); the call
   is keyed again once they have joined the positional operands (and their
   scalars by value). The call is filed under ``plain`` too, if not None
-  (``_plain_scalars``), where it takes every float argument at run time.
+  (``_plain_scalars``), where that key tells its floats apart: they come
+  at run time, or none is a zero (``-0.0 == 0.0``). ``type_key``, if not
+  None, is the key of the scalars' types, whose first values these are.
   """
   merged_kernel, merged, metaparams = _operands.merge_keywords(
       kernel, args, kwargs)
@@ -287,8 +317,10 @@ def _first_call(args, kernel, out_shape, grid, kwargs, key, runtime, plain):
   call = _kernel_call.make(merged_kernel, out_shape, grid, metaparams,
                            statics, runtime and len(merged) == len(args))
   scalars = [i for i, a in enumerate(args) if not _is_operand(a)]
-  if plain is not None and all(call.passed[i] for i in scalars
-                               if type(args[i]) is float):  # pylint: disable=unidiomatic-typecheck
+  if type_key is not None:
+    _memo.triton_calls.put(type_key, _FirstValues(key))
+  if plain is not None and all(call.passed[i] or args[i] != 0.0
+                               for i in scalars if type(args[i]) is float):  # pylint: disable=unidiomatic-typecheck
     _memo.triton_calls.put(plain, call)
     if not any(call.passed[i] for i in scalars):
       key = None  # The plain key holds each scalar's value, as key would.

@@ -190,20 +190,27 @@ def triton_call(*args: Any, kernel: Any, out_shape: Any = None, grid: Any,
   # The commonest call, keyed without a Python loop: one ShapeDtypeStruct
   # out, a grid of ints, metaparams of PLAIN types, arrays and scalars.
   if type(out_shape) is _SHAPE_DTYPE and type(grid) is tuple:  # pylint: disable=unidiomatic-typecheck
-    kinds = tuple(map(type, kwargs.values()))
-    grid_kinds = tuple(map(type, grid))
-    if _exact.PLAIN.issuperset(kinds) and _exact.PLAIN.issuperset(grid_kinds):
+    kinds = (*map(type, kwargs.values()), *map(type, grid))
+    if _exact.PLAIN.issuperset(kinds):
       scalars = (() if _OPERAND_TYPES.issuperset(arg_types)
                  else _plain_scalars(args, arg_types))
       if scalars is not None:
+        # The metaparams' items, then their and the grid's types: the
+        # items are pairs, so no two calls' keys run into each other.
         plain = (id(kernel), out_shape.shape, out_shape.dtype,
-                 out_shape.weak_type, out_shape.sharding, grid, grid_kinds,
-                 tuple(kwargs.items()), kinds, arg_types, scalars)
+                 out_shape.weak_type, out_shape.sharding, grid,
+                 *kwargs.items(), kinds, arg_types, scalars)
         call = _memo.triton_calls.get(plain)
         if call is not None and call.made_for(kernel):
-          if call.passed_all:
-            return call(*args)
-          return call(*itertools.compress(args, call.passed))
+          operands = (args if call.passed_all
+                      else tuple(itertools.compress(args, call.passed)))
+          if call.direct and _kernel_call.CONCRETE.issuperset(arg_types):
+            # Concrete operands and nothing to add: jax's dispatch alone.
+            try:
+              return call._jitted(*operands)  # pylint: disable=protected-access
+            except Exception as e:  # pylint: disable=broad-except
+              _kernel_call.raise_failure(e, args, call)
+          return call(*operands)
   # A scalar's value may come at run time: keyed by its type.
   runtime = not callable(grid)
   type_key = None

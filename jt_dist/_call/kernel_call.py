@@ -105,6 +105,9 @@ class KernelCall:
     # runtime scalars, where the call is at top level (see __call__).
     self._plain = not (self._slots or self._split or self._eager_first
                        or self._sync)
+    # Whether a call on concrete operands is jax's dispatch alone (the
+    # front door then calls it so).
+    self.direct = self._plain
     self._plain_at_top = bool(self._slots) and not self._sync
 
   def made_for(self, kernel: Any) -> bool:
@@ -173,7 +176,7 @@ class KernelCall:
 
   def __call__(self, *operands: Any) -> Any:
     if ((self._plain or self._plain_at_top and _compat.at_top_level())
-        and _CONCRETE.issuperset(map(type, operands))):
+        and CONCRETE.issuperset(map(type, operands))):
       # Concrete arrays and nothing to add: jax's dispatch alone.
       try:
         return self._jitted(*operands)
@@ -236,12 +239,12 @@ def runtime_typed(value: Any) -> bool:
 
 # Types of operands known not to be tracers; grows by the classes of
 # concrete jax.Arrays (jaxlib's ArrayImpl) as they are met.
-_CONCRETE = {np.ndarray, bool, int, float}
+CONCRETE = {np.ndarray, bool, int, float}
 
 
 def _traced_within(operands: Sequence[Any]) -> bool:
   """Whether an operand, or an array in a tuple operand, is a tracer."""
-  if _CONCRETE.issuperset(map(type, operands)):
+  if CONCRETE.issuperset(map(type, operands)):
     return False
   for x in operands:
     if _runtime_scalar.is_runtime_scalar(x):
@@ -251,7 +254,7 @@ def _traced_within(operands: Sequence[Any]) -> bool:
     if type(x) is tuple and _traced_within(x):  # pylint: disable=unidiomatic-typecheck
       return True
     if isinstance(x, jax.Array):
-      _CONCRETE.add(type(x))
+      CONCRETE.add(type(x))
   return False
 
 

@@ -104,6 +104,25 @@ class LayeringTest(parameterized.TestCase):
              if name in _FORBIDDEN[layer]}
     self.assertEqual(wrong, {}, f"{layer} imports layers above it")
 
+  def test_only_the_interpreter_package_imports_tritons_interpreter(self):
+    # Each Triton-version difference of the interpreter is fenced there.
+    importers = []
+    for folder, _, files in os.walk(_PACKAGE):
+      for file in sorted(f for f in files if f.endswith(".py")):
+        path = os.path.join(folder, file)
+        with open(path, encoding="utf-8") as f:
+          source = f.read()
+        package = ".".join(["jt_dist", *os.path.relpath(
+            folder, _PACKAGE).split(os.sep)]).rstrip(".")
+        if any(module.startswith("triton.runtime.interpreter")
+               for _, module in layout_test.imported_modules(source, package)):
+          importers.append(os.path.relpath(path, _PACKAGE))
+    self.assertNotEqual(importers, [])
+    self.assertEqual(
+        [p for p in importers
+         if not p.startswith(os.path.join("_cpu", "interpreter") + os.sep)],
+        [])
+
   def test_cycle_finder_finds_one(self):
     graph = {"a": {"b": "a/x.py"}, "b": {"c": "b/y.py"}, "c": {"a": "c/z.py"}}
     self.assertEqual(_cycle(graph), ["a", "b", "c", "a"])

@@ -57,8 +57,9 @@ from jt_dist._compat.triton_api import attributes_replaced
 from jt_dist._compat.triton_api import Autotuner
 from jt_dist._compat.triton_api import Config
 from jt_dist._compat.triton_api import Heuristics
-from jt_dist._compat.triton_api import InterpretedFunction
 from jt_dist._compat.triton_api import InterpreterError
+from jt_dist._compat.triton_api import is_interpreted
+from jt_dist._compat.triton_api import is_triton_function
 from jt_dist._compat.triton_api import jit_function_for
 from jt_dist._compat.triton_api import jit_function_of
 from jt_dist._compat.triton_api import JITFunction

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import sys
 import threading
 from typing import Any, Mapping
 
 import triton
 from triton.runtime import autotuner as _autotuner
-from triton.runtime import interpreter as _interpreter
 from triton.runtime import jit as _jit
 
 
@@ -22,7 +22,6 @@ JITFunction = _jit.JITFunction
 Autotuner = _autotuner.Autotuner
 Heuristics = _autotuner.Heuristics
 Config = triton.Config
-InterpretedFunction = _interpreter.InterpretedFunction
 InterpreterError = triton.runtime.errors.InterpreterError
 
 
@@ -32,6 +31,23 @@ InterpreterError = triton.runtime.errors.InterpreterError
 # code from the interpreter's functions. Both hold this lock while they use
 # the module. Reentrant: an interpreted kernel may trace a nested call.
 LANGUAGE_LOCK = threading.RLock()
+
+
+def is_interpreted(fn: Any) -> bool:
+  """Whether ``fn`` is an ``InterpretedFunction`` (``TRITON_INTERPRET=1``).
+
+  Looked up, not imported: ``jt_dist._cpu.interpreter`` is the one
+  importer of Triton's interpreter, and such a kernel exists only once
+  the interpreter has been imported.
+  """
+  interpreter = sys.modules.get("triton.runtime.interpreter")
+  return (interpreter is not None
+          and isinstance(fn, interpreter.InterpretedFunction))
+
+
+def is_triton_function(fn: Any) -> bool:
+  """Whether ``fn`` is a ``@triton.jit`` function, compiled or interpreted."""
+  return isinstance(fn, JITFunction) or is_interpreted(fn)
 
 
 def jit_function_of(fn: Any) -> JITFunction:

@@ -75,7 +75,7 @@ class KernelInfo:
 
 
 def _is_base_function(obj: Any) -> bool:
-  return isinstance(obj, (_compat.JITFunction, _compat.InterpretedFunction))
+  return _compat.is_triton_function(obj)
 
 
 def _describe(obj: Any) -> str:

@@ -109,8 +109,9 @@ def make_kernel(base_fn: Any, source: str, p: str, what: str,
   exec(code, namespace)  # pylint: disable=exec-used
   wrapper = namespace[python_fn.__name__]
   wrapper.__qualname__ = qualname
-  if isinstance(base_fn, _compat.InterpretedFunction):
-    return _compat.InterpretedFunction(wrapper)
+  if not isinstance(base_fn, _compat.JITFunction):
+    # Triton's InterpretedFunction (TRITON_INTERPRET=1): the same class.
+    return type(base_fn)(wrapper)
   names = set(inspect.signature(wrapper).parameters)
   pinned = [q.name for q in jit_fn.params
             if q.do_not_specialize and q.name in names]

@@ -33,7 +33,7 @@ from jt_dist._cpu import vector_lang as _vector_lang
 from jt_dist._cpu import vector_launch as _vector_launch
 
 JITFunction = _compat.JITFunction
-InterpretedFunction = _compat.InterpretedFunction
+InterpretedFunction = _interpreter.InterpretedFunction
 
 
 class _HostBufferExecutor(_interpreter.GridExecutor):

@@ -289,7 +289,7 @@ def _lockstep_form(python_fn, interpreted):
 def _call_in_lockstep(self, *args, **kwargs):
   """A ``@triton.jit`` helper's call, in its lockstep form."""
   return _lockstep_rewrite.rewrite(
-      self.fn, lambda: _compat.InterpretedFunction(self.fn).rewrite())(
+      self.fn, lambda: _interpreter.InterpretedFunction(self.fn).rewrite())(
           *args, **kwargs)
 
 

@@ -469,7 +469,7 @@ def _rule(platform: str):
   def rule(ctx, *args, spec):
     # A kernel made under TRITON_INTERPRET=1 asks to be interpreted: honour
     # that on GPUs too (through a host callback) rather than compiling it.
-    if isinstance(spec.info.fn, _compat.InterpretedFunction):
+    if _compat.is_interpreted(spec.info.fn):
       return _cpu_lowering.cpu_lowering(ctx, *args, spec=spec)
     return gpu_lowering(ctx, *args, spec=spec, platform=platform)
   return rule

@@ -201,8 +201,7 @@ def _read_axes(base):
   kernels = [base.info.fn]
   for launch in base.launches:
     kernels += [v for _, v in launch.config.kwargs
-                if isinstance(v, (_compat.JITFunction,
-                                  _compat.InterpretedFunction))]
+                if _compat.is_triton_function(v)]
   return frozenset().union(*map(_batch_kernel.used_grid_axes, kernels))
 
 

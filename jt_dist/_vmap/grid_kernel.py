@@ -124,8 +124,7 @@ def _used_axes(python_fn) -> frozenset[int]:
         used.add(axis.value)
       callee = _resolve(node.func, scope)
       # Under TRITON_INTERPRET=1 helpers are InterpretedFunctions.
-      if isinstance(callee, (_compat.JITFunction,
-                             _compat.InterpretedFunction)):
+      if _compat.is_triton_function(callee):
         pending.append(callee.fn)
   return frozenset(used)
 

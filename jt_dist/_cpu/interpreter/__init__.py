@@ -23,6 +23,7 @@ from jt_dist._cpu.interpreter.upstream import dtype_refusing_function
 from jt_dist._cpu.interpreter.upstream import function_rewriter
 from jt_dist._cpu.interpreter.upstream import GridExecutor
 from jt_dist._cpu.interpreter.upstream import implicit_cvt
+from jt_dist._cpu.interpreter.upstream import InterpretedFunction
 from jt_dist._cpu.interpreter.upstream import InterpreterBuilder
 from jt_dist._cpu.interpreter.upstream import LangPatchScope
 from jt_dist._cpu.interpreter.upstream import native_memory

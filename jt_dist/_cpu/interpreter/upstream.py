@@ -1,8 +1,6 @@
 """Triton's interpreter: the names and hooks jt_dist's CPU runtime uses.
 
-The one module of jt_dist that imports ``triton.runtime.interpreter``
-(``_compat.triton_api`` aside, which names ``InterpretedFunction`` for the
-layers below ``_cpu``). Triton 3.6 through 3.9 hold every name below; the
+The one module of jt_dist that imports ``triton.runtime.interpreter``. Triton 3.6 through 3.9 hold every name below; the
 private ones are named once here, each with what it is.
 """
 
@@ -22,6 +20,7 @@ from jt_dist._compat import attributes_replaced
 TensorHandle = _interpreter.TensorHandle
 InterpreterBuilder = _interpreter.InterpreterBuilder
 GridExecutor = _interpreter.GridExecutor
+InterpretedFunction = _interpreter.InterpretedFunction
 ReduceOps = _interpreter.ReduceOps
 ScanOps = _interpreter.ScanOps
 # Private: the builder's atomic operations, NumPy's dtype of a Triton type,

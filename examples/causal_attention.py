@@ -202,11 +202,12 @@ def attention_bwd_kernel(q_ptr, k_ptr, v_ptr, sm_scale, do_ptr, lse_ptr,
            dq * sm_scale)
 
 
-# Forward blocks, and the backward's (dk/dv: 32 queries per step over 64
-# keys; dq: 64 queries over 32 keys per step). On the diagonal a step takes
-# a SLICE of those: GPUs' tl.dot needs every dimension >= 16.
+# Forward blocks, and the backward's (dk/dv: 32 queries per step over 32
+# keys; dq: 32 queries over 32 keys per step; a program's key block and
+# query block are the same size). On the diagonal a step takes a SLICE of
+# those: GPUs' tl.dot needs every dimension >= 16.
 BLOCKS = {"BLOCK_M": 32, "BLOCK_N": 32}
-BWD_BLOCKS = {"BLOCK_M1": 32, "BLOCK_N1": 64, "BLOCK_M2": 64,
+BWD_BLOCKS = {"BLOCK_M1": 32, "BLOCK_N1": 32, "BLOCK_M2": 32,
               "BLOCK_N2": 32, "SLICE": 2}
 
 

@@ -215,6 +215,26 @@ class DispatchTest(testing.TestCase):
                                 grid=(1,))
       self.assertEqual(np.asarray(got)[0], np.copysign(np.inf, s))
 
+  def test_signed_zeros_first_compiled_in_then_at_run_time(self):
+    # The first value is compiled in, the second comes at run time; the
+    # memo tells -0.0 from 0.0 both ways.
+    out = jax.ShapeDtypeStruct((1,), np.float32)
+    first = float(self.np_rng.choice([-0.0, 0.0]))
+    for s in (first, -first, first, -first):
+      got = np.asarray(jt_dist.triton_call(
+          s, kernel=store_scalar_kernel, out_shape=out, grid=(1,)))
+      self.assertEqual(np.signbit(got[0]), np.signbit(s), s)
+
+  def test_a_nan_compiled_in_is_bound_once(self):
+    # Each NaN is another object that equals nothing, itself included.
+    out = jax.ShapeDtypeStruct((1,), np.float32)
+    with _Counting() as counting:
+      for _ in range(3):
+        got = jt_dist.triton_call(float("nan"), kernel=store_scalar_kernel,
+                                  out_shape=out, grid=(1,))
+        self.assertTrue(np.isnan(np.asarray(got)[0]))
+    self.assertEqual(counting.binds, 1)
+
   def test_types_of_equal_scalars_are_not_confused(self):
     x = jnp.asarray(self.random((16,)))
     with _Counting() as counting:

@@ -249,7 +249,7 @@ def _plain_scalars(args, arg_types):
   plain key holds the scalars by value with their types: the exact key
   (``jt_dist._core.exact``) of each but a float, as ``-0.0 == 0.0``; so a
   call is filed under it only where it takes its floats at run time or
-  none of them is a zero (``_first_call``).
+  none of them is a zero or a NaN (``_first_call``).
   """
   others = frozenset(arg_types) - _SCALARS
   if not _OPERAND_TYPES.issuperset(others):
@@ -302,8 +302,9 @@ def _first_call(args, kernel, out_shape, grid, kwargs, key, runtime, plain,
   is keyed again once they have joined the positional operands (and their
   scalars by value). The call is filed under ``plain`` too, if not None
   (``_plain_scalars``), where that key tells its floats apart: they come
-  at run time, or none is a zero (``-0.0 == 0.0``). ``type_key``, if not
-  None, is the key of the scalars' types, whose first values these are.
+  at run time, or none is a zero (``-0.0 == 0.0``) or a NaN. ``type_key``,
+  if not None, is the key of the scalars' types, whose first values these
+  are.
   """
   merged_kernel, merged, metaparams = _operands.merge_keywords(
       kernel, args, kwargs)
@@ -326,7 +327,9 @@ def _first_call(args, kernel, out_shape, grid, kwargs, key, runtime, plain,
   scalars = [i for i, a in enumerate(args) if not _is_operand(a)]
   if type_key is not None:
     _memo.triton_calls.put(type_key, _FirstValues(key))
-  if plain is not None and all(call.passed[i] or args[i] != 0.0
+  # Equal floats are the same kernel argument but for zeros' signs, and
+  # a NaN equals nothing: such a value compiled in is keyed exactly.
+  if plain is not None and all(call.passed[i] or 0.0 != args[i] == args[i]
                                for i in scalars if type(args[i]) is float):  # pylint: disable=unidiomatic-typecheck
     _memo.triton_calls.put(plain, call)
     if not any(call.passed[i] for i in scalars):

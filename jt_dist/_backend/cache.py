@@ -52,12 +52,7 @@ class LRUCache:
   """A thread-safe, bounded map that evicts the least recently used entry."""
 
   def __init__(self, max_entries: Callable[[], int]):
-    """A cache that keeps at most ``max_entries()`` entries.
-
-    Args:
-      max_entries: the limit, asked at each put and trim, so that the
-        setting it reads has one owner.
-    """
+    # The limit is asked at each put and trim: its setting has one owner.
     self._entries: collections.OrderedDict[str, Any] = collections.OrderedDict()
     self._lock = threading.Lock()
     self._max_entries = max_entries
@@ -72,17 +67,13 @@ class LRUCache:
     with self._lock:
       self._entries[key] = value
       self._entries.move_to_end(key)
-      self._evict()
+    self.trim()
 
   def trim(self) -> None:
     """Evicts the oldest entries over the limit."""
     with self._lock:
-      self._evict()
-
-  def _evict(self) -> None:
-    limit = max(self._max_entries(), 0)
-    while len(self._entries) > limit:
-      self._entries.popitem(last=False)
+      while len(self._entries) > max(self._max_entries(), 0):
+        self._entries.popitem(last=False)
 
   def clear(self) -> None:
     with self._lock:
@@ -168,7 +159,7 @@ def load(key: str) -> tuple[dict[str, Any], bytes] | None:
   folder, json_path = _entry_paths(key)
   try:
     with open(json_path, "rb") as f:
-      raw = f.read()
+      document = _parse_document(key, f.read())
   except (FileNotFoundError, NotADirectoryError):
     # NotADirectoryError: the cache directory (or its fan-out folder) is a
     # file. Every entry would fail alike; store() says so, once.
@@ -176,7 +167,6 @@ def load(key: str) -> tuple[dict[str, Any], bytes] | None:
   except OSError as e:
     logger.warning("jt_dist: cannot read disk cache entry %s: %s", json_path, e)
     return None
-  document = _parse_document(key, raw)
   if isinstance(document, str):
     _discard(key, [json_path], document)
     return None
@@ -241,14 +231,10 @@ def store(key: str, metadata: Mapping[str, Any], binary: bytes) -> None:
     return
   folder, json_path = _entry_paths(key)
   digest = hashlib.sha256(binary).hexdigest()
-  document = {
-      "format": FORMAT_VERSION,
-      "key": key,
-      "binary_file": _binary_name(key, digest),
-      "binary_size": len(binary),
-      "binary_sha256": digest,
-      "metadata": dict(metadata),
-  }
+  document = {"format": FORMAT_VERSION, "key": key,
+              "binary_file": _binary_name(key, digest),
+              "binary_size": len(binary), "binary_sha256": digest,
+              "metadata": dict(metadata)}
   # Digested as a reader will parse it (tuples read back as lists).
   document = json.loads(json.dumps(document))
   document["entry_sha256"] = _entry_digest(document)
@@ -291,33 +277,24 @@ def get_or_create(key: str, create: Callable[[], tuple[Any, dict, bytes]],
   """
   if not use_cached:
     return _create_and_store(key, create)
-  value = memory_cache.get(key)
-  if value is not None:
+  if (value := memory_cache.get(key)) is not None:
     count("memory_hits")
     return value
   with _CREATE_LOCKS[hash(key) % len(_CREATE_LOCKS)]:
-    value = memory_cache.get(key)  # Created while this thread waited.
-    if value is not None:
+    # Created while this thread waited?
+    if (value := memory_cache.get(key)) is not None:
       count("memory_hits")
       return value
-    value = _restore_from_disk(key, restore)
-    if value is None:
-      value = _create_and_store(key, create)
-    return value
-
-
-def _restore_from_disk(key: str, restore) -> Any | None:
-  entry = load(key)
-  if entry is None:
-    return None
-  try:
-    value = restore(*entry)
-  except (ValueError, KeyError, TypeError) as e:
-    _discard(key, [_entry_paths(key)[1]], f"its metadata is invalid: {e}")
-    return None
-  memory_cache.put(key, value)
-  count("disk_hits")
-  return value
+    if (entry := load(key)) is not None:
+      try:
+        value = restore(*entry)
+      except (ValueError, KeyError, TypeError) as e:
+        _discard(key, [_entry_paths(key)[1]], f"its metadata is invalid: {e}")
+      else:
+        memory_cache.put(key, value)
+        count("disk_hits")
+        return value
+    return _create_and_store(key, create)
 
 
 def _create_and_store(key: str, create) -> Any:

@@ -20,7 +20,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Any, Callable, TextIO
+from typing import Any, TextIO
 
 import jax
 import numpy as np
@@ -46,12 +46,12 @@ class Problem:
   fix: str
 
 
+@dataclasses.dataclass
 class Report:
   """Where the doctor writes: sections of lines, then the problems."""
 
-  def __init__(self, out: TextIO):
-    self.out = out
-    self.problems: list[Problem] = []
+  out: TextIO
+  problems: list[Problem] = dataclasses.field(default_factory=list)
 
   def section(self, title: str) -> None:
     print(f"\n{title}", file=self.out)
@@ -93,8 +93,7 @@ def _driver_version() -> str:
         capture_output=True, text=True, timeout=30, check=True)
   except (OSError, subprocess.SubprocessError) as e:
     return f"unknown (nvidia-smi: {e})"
-  versions = sorted(set(result.stdout.split()))
-  return ", ".join(versions) or "unknown"
+  return ", ".join(sorted(set(result.stdout.split()))) or "unknown"
 
 
 def versions(report: Report) -> str:
@@ -123,8 +122,7 @@ def versions(report: Report) -> str:
 
 
 def _capability(device: Any) -> str:
-  value = getattr(device, "compute_capability", None)
-  return str(value) if value else "-"
+  return str(getattr(device, "compute_capability", None) or "-")
 
 
 def _is_rocm(device: Any) -> bool:
@@ -170,10 +168,9 @@ def devices(report: Report, driver: str = "-") -> list[Any]:
   backend = jax.default_backend()
   report.section(f"devices ({len(found)}, default backend {backend})")
   for device in found:
-    runtime = _compat.platform_version(device)
     report.line(f"{device.platform}:{device.id}",
                 f"{device.device_kind}; {_target_text(device)}; runtime"
-                f" {runtime}")
+                f" {_compat.platform_version(device)}")
   if backend == "cpu":
     report.line("note", "no GPU: kernels run through Triton's interpreter")
     _unseen_gpus(report, driver)
@@ -208,9 +205,8 @@ def check_kernel(device: Any) -> tuple[float, float]:
   out = np.asarray(jax.block_until_ready(fn(a, b)))
   first = time.perf_counter() - start
   if not np.array_equal(out, x + y):
-    wrong = int(np.sum(out != x + y))
-    raise AssertionError(
-        f"{wrong} of {x.size} elements differ from NumPy's x + y")
+    raise AssertionError(f"{int(np.sum(out != x + y))} of {x.size} elements"
+                         " differ from NumPy's x + y")
   start = time.perf_counter()
   jax.block_until_ready(fn(a, b))
   return first, time.perf_counter() - start
@@ -224,16 +220,13 @@ def _format_seconds(seconds: float) -> str:
   return f"{seconds * 1e6:.0f} µs"
 
 
-def kernels(report: Report, found: list[Any],
-            check: Callable[[Any], tuple[float, float]] | None = None
-            ) -> None:
-  """The kernel section: ``check`` (``check_kernel``) on every device."""
-  check = check or check_kernel
+def kernels(report: Report, found: list[Any]) -> None:
+  """The kernel section: ``check_kernel`` on every device."""
   report.section("kernel check (compile, run, compare with NumPy)")
   for device in found:
     name = f"{device.platform}:{device.id}"
     try:
-      first, launch = check(device)
+      first, launch = check_kernel(device)
     except Exception as e:  # pylint: disable=broad-except
       message = " ".join(str(e).split())[:300]
       report.line(name, f"FAILED: {type(e).__name__}: {message}")
@@ -315,11 +308,7 @@ def disk_cache(report: Report) -> None:
 
 def _has_custom_call(report: Report, platform: str, label: str, absent: str,
                      fix: str) -> bool:
-  """Whether jaxlib's Triton custom call for ``platform`` is installed.
-
-  Where it is not, reports ``label`` as ``absent`` and the plugin's error as
-  a problem with ``fix``.
-  """
+  """Whether jaxlib's Triton custom call for ``platform`` is installed."""
   try:
     _gpu_lowering.plugin(platform)
   except RuntimeError as e:
@@ -382,11 +371,10 @@ def _summary(report: Report) -> int:
   report.section("problems")
   if not report.problems:
     print("  none: jt_dist works on this machine.", file=report.out)
-    return 0
   for problem in report.problems:
     print(f"  PROBLEM: {problem.what}\n    FIX: {problem.fix}",
           file=report.out)
-  return 1
+  return 1 if report.problems else 0
 
 
 def main(argv: list[str] | None = None, out: TextIO | None = None) -> int:
@@ -407,8 +395,7 @@ def main(argv: list[str] | None = None, out: TextIO | None = None) -> int:
   args = parser.parse_args(argv)
   report = Report(out or sys.stdout)
   print("jt_dist doctor", file=report.out)
-  driver = versions(report)
-  found = devices(report, driver)
+  found = devices(report, versions(report))
   if not args.skip_kernels:
     kernels(report, found)
   disk_cache(report)

@@ -139,24 +139,18 @@ def _recorded(op) -> dict[str, str] | None:
     return None
   attrs = mlir.ir.DictAttr(op.attributes[_gpu_export.FRONTEND_ATTRIBUTES])
   prefix = _gpu_export.ATTRIBUTE_PREFIX
-  found = {}
-  for i in range(len(attrs)):
-    named = attrs[i]
-    if named.name.startswith(prefix):
-      found[named.name[len(prefix):]] = mlir.ir.StringAttr(named.attr).value
-  return found or None
+  named = (attrs[i] for i in range(len(attrs)))
+  return {a.name[len(prefix):]: mlir.ir.StringAttr(a.attr).value
+          for a in named if a.name.startswith(prefix)} or None
 
 
 def _as_call(recorded: dict[str, str]) -> ExportedKernelCall:
-  gpu = recorded["compute_capability"]  # "90", or "gfx942".
-  return ExportedKernelCall(
-      target=recorded["target"],
-      kernels=tuple(k for k in recorded["kernels"].split(",") if k),
-      platform=recorded["platform"],
-      compute_capability=int(gpu) if gpu.isdigit() else gpu,
-      binary=recorded["binary"], jt_dist=recorded["jt_dist"],
-      jax=recorded["jax"], jaxlib=recorded["jaxlib"],
-      triton=recorded["triton"])
+  fields = {f.name: recorded[f.name]
+            for f in dataclasses.fields(ExportedKernelCall)}
+  gpu = fields["compute_capability"]  # "90", or "gfx942".
+  return ExportedKernelCall(**{
+      **fields, "kernels": tuple(k for k in fields["kernels"].split(",") if k),
+      "compute_capability": int(gpu) if gpu.isdigit() else gpu})
 
 
 def exported_versions(exported: Any) -> list[ExportedKernelCall]:
@@ -198,11 +192,6 @@ def exported_versions(exported: Any) -> list[ExportedKernelCall]:
   return calls
 
 
-def _local_capabilities() -> list[int]:
-  found = (_target.cuda_capability(d) for d in _target.local_devices("cuda"))
-  return sorted({cc for cc in found if cc is not None})
-
-
 def _runs_on(call: ExportedKernelCall, capability: int) -> bool:
   """Whether ``call``'s code runs on a GPU of ``capability``."""
   made_for = call.compute_capability
@@ -236,14 +225,15 @@ def check_exported(exported: Any, *,
   """
   calls = exported_versions(exported)
   rocm_calls = [c for c in calls if c.platform == "rocm"]
+  arch = compute_capability if isinstance(compute_capability, str) else None
   if rocm_calls:
-    _check_rocm(rocm_calls, compute_capability
-                if isinstance(compute_capability, str) else None)
-  if isinstance(compute_capability, str):
+    _check_rocm(rocm_calls, arch)
+  if arch is not None:
     compute_capability = None  # A ROCm arch says nothing about CUDA GPUs.
   cuda_calls = [c for c in calls if c.platform == "cuda"]
   capabilities = ([int(compute_capability)] if compute_capability is not None
-                  else _local_capabilities())
+                  else sorted(set(map(_target.cuda_capability,
+                                      _target.local_devices("cuda"))) - {None}))
   if cuda_calls and not capabilities:
     raise ExportError(
         "check_exported: the artifact's kernels are compiled for CUDA"
@@ -262,11 +252,6 @@ def check_exported(exported: Any, *,
   return _version_notes(calls)
 
 
-def _local_rocm_archs() -> list[str]:
-  devices = _target.local_devices("rocm")
-  return sorted({a for a in map(_target.rocm_arch, devices) if a})
-
-
 def _check_rocm(calls: list[ExportedKernelCall], arch: str | None) -> None:
   """Refuses ROCm kernels this jaxlib or these GPUs cannot load."""
   names = ", ".join(k for c in calls for k in c.kernels)
@@ -275,7 +260,8 @@ def _check_rocm(calls: list[ExportedKernelCall], arch: str | None) -> None:
         f"check_exported: kernel(s) {names} carry their HSACO in the"
         " module, which jaxlib loads from 0.11.1 on; this is jaxlib"
         f" {_compat.jaxlib_version()}. Upgrade jax and jaxlib.")
-  archs = [arch] if arch else _local_rocm_archs()
+  archs = [arch] if arch else sorted({
+      a for d in _target.local_devices("rocm") if (a := _target.rocm_arch(d))})
   if not archs:
     raise ExportError(
         "check_exported: the artifact's kernels are compiled for ROCm"
@@ -293,20 +279,19 @@ def _check_rocm(calls: list[ExportedKernelCall], arch: str | None) -> None:
 
 
 def _version_notes(calls: list[ExportedKernelCall]) -> list[str]:
-  running = {"jaxlib": _compat.jaxlib_version(),
-             "triton": _compat.triton.__version__}
+  jaxlib, triton = _compat.jaxlib_version(), _compat.triton.__version__
   notes = []
   for call in calls:
-    if call.jaxlib != running["jaxlib"]:
+    if call.jaxlib != jaxlib:
       notes.append(
           f"kernel(s) {', '.join(call.kernels)} were exported under jaxlib"
-          f" {call.jaxlib} and run under {running['jaxlib']}: jaxlib's Triton"
+          f" {call.jaxlib} and run under {jaxlib}: jaxlib's Triton"
           " call format has no compatibility guarantee; if the call fails,"
           " export again under this jaxlib.")
-    if call.triton != running["triton"] and call.binary == "ptx":
+    if call.triton != triton and call.binary == "ptx":
       notes.append(
           f"kernel(s) {', '.join(call.kernels)} carry PTX from Triton"
-          f" {call.triton} (this host has {running['triton']}); if jaxlib"
+          f" {call.triton} (this host has {triton}); if jaxlib"
           " refuses its PTX ISA version, export again with this host's"
           " Triton.")
   return notes

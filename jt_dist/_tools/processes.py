@@ -36,9 +36,8 @@ def configure_cpu_devices(count: int = _DEFAULT_CPU_DEVICES) -> None:
   Args:
     count: the number of CPU devices to create.
   """
-  count = _settings.cpu_devices(count)
   try:
-    jax.config.update("jax_num_cpu_devices", count)
+    jax.config.update("jax_num_cpu_devices", _settings.cpu_devices(count))
   except RuntimeError:
     pass  # Backends already initialised: keep what they have.
 
@@ -125,7 +124,8 @@ def initialize_process() -> tuple[int, int]:
         " script with jt_dist.testing.run_processes(...).")
   process_id = int(os.environ[_ENV_PROCESS_ID])
   num_processes = int(os.environ[_ENV_NUM_PROCESSES])
-  _report_uncaught_exceptions(os.environ.get(_ENV_FAILURE_FILE))
+  if os.environ.get(_ENV_FAILURE_FILE):
+    _report_uncaught_exceptions(os.environ[_ENV_FAILURE_FILE])
   if os.environ.get("JAX_PLATFORMS", "") == "cpu":
     configure_cpu_devices(4)
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
@@ -135,10 +135,8 @@ def initialize_process() -> tuple[int, int]:
   return process_id, num_processes
 
 
-def _report_uncaught_exceptions(path: str | None) -> None:
+def _report_uncaught_exceptions(path: str) -> None:
   """Writes an uncaught exception's traceback to ``path`` for the parent."""
-  if not path:
-    return
   previous = sys.excepthook
 
   def hook(kind, value, tb):
@@ -166,10 +164,10 @@ def _process_env(base, port, process_id, num_processes, cpu_devices,
   })
   # The children import the jt_dist this process runs, not another copy
   # installed elsewhere.
-  root = os.path.dirname(os.path.dirname(os.path.dirname(
-      os.path.abspath(__file__))))
-  path = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
-  env["PYTHONPATH"] = os.pathsep.join([root] + [p for p in path if p != root])
+  root = os.path.abspath(os.path.join(__file__, "..", "..", ".."))
+  path = env.get("PYTHONPATH", "").split(os.pathsep)
+  env["PYTHONPATH"] = os.pathsep.join(
+      [root] + [p for p in path if p and p != root])
   if gpus_per_process:
     first = process_id * gpus_per_process
     env["CUDA_VISIBLE_DEVICES"] = ",".join(
@@ -188,7 +186,7 @@ def _report(outputs: Sequence[ProcessOutput], headline: str,
     status = ("killed by run_processes" if out.returncode is None
               else f"exit status {out.returncode}")
     if out.returncode is None and out.process_id in failed:
-      status = "raised, then " + status
+      status = "raised, then killed by run_processes"
     parts.append(
         f"----- process {out.process_id} ({status}) stdout -----\n"
         f"{out.stdout[-6000:]}\n"
@@ -211,28 +209,30 @@ def _wait(procs, markers, deadline: float,
     codes = [p.poll() for p in procs]
     failed += [i for i, c in enumerate(codes) if i not in failed and (
         c not in (None, 0) or os.path.exists(markers[i]))]
-    if all(c is not None for c in codes):
+    if None not in codes:
       return set(), "", failed
     now = time.monotonic()
     if failed_at is None and failed:
       failed_at = now
     timed_out = now > deadline
     if timed_out or (failed_at is not None and now > failed_at + grace_s):
-      killed = set()
-      for i, p in enumerate(procs):
-        if p.poll() is None:
-          os.killpg(p.pid, signal.SIGKILL)  # Its own session: see Popen.
-          p.wait()
-          killed.add(i)
+      killed = {i for i, p in enumerate(procs) if p.poll() is None}
+      for i in killed:
+        os.killpg(procs[i].pid, signal.SIGKILL)  # Its own session: Popen.
+        procs[i].wait()
       return killed, "timeout" if timed_out else "failure", failed
     time.sleep(0.05)
+
+
+def _read(path: str) -> str:
+  with open(path) as f:
+    return f.read()
 
 
 def _traceback(marker: str, stderr: str) -> str:
   """The traceback a process reported, else the last one in its stderr."""
   try:
-    with open(marker) as f:
-      return f.read()
+    return _read(marker)
   except OSError:
     start = stderr.rfind(_TRACEBACK_START)
     return stderr[start:] if start >= 0 else ""
@@ -241,28 +241,23 @@ def _traceback(marker: str, stderr: str) -> str:
 def _run_once(argv, num_processes, env_for, timeout_s, grace_s, cwd, popen):
   """Runs the group once: outputs, why it was killed, failed, tracebacks."""
   with tempfile.TemporaryDirectory(prefix="jt_dist_procs_") as logs:
-    procs, files = [], []
+    procs = []
     markers = [os.path.join(logs, f"{i}.traceback")
                for i in range(num_processes)]
     for i in range(num_processes):
-      out = open(os.path.join(logs, f"{i}.out"), "w+")
-      err = open(os.path.join(logs, f"{i}.err"), "w+")
-      files.append((out, err))
-      # A session of its own, so that a hung process and anything it
-      # started can be killed together by its process group id.
-      procs.append(popen(
-          list(argv), env={**env_for(i), _ENV_FAILURE_FILE: markers[i]},
-          cwd=cwd, stdout=out, stderr=err, start_new_session=True))
+      with open(os.path.join(logs, f"{i}.out"), "w") as out, \
+          open(os.path.join(logs, f"{i}.err"), "w") as err:
+        # A session of its own, so that a hung process and anything it
+        # started can be killed together by its process group id.
+        procs.append(popen(
+            list(argv), env={**env_for(i), _ENV_FAILURE_FILE: markers[i]},
+            cwd=cwd, stdout=out, stderr=err, start_new_session=True))
     killed, why, failed = _wait(procs, markers, time.monotonic() + timeout_s,
                                 grace_s)
-    outputs = []
-    for i, (p, (out, err)) in enumerate(zip(procs, files)):
-      out.seek(0)
-      err.seek(0)
-      code = None if i in killed else p.returncode
-      outputs.append(ProcessOutput(i, code, out.read(), err.read()))
-      out.close()
-      err.close()
+    outputs = [ProcessOutput(i, None if i in killed else p.returncode,
+                             *(_read(os.path.join(logs, f"{i}.{s}"))
+                               for s in ("out", "err")))
+               for i, p in enumerate(procs)]
     tracebacks = {i: _traceback(markers[i], outputs[i].stderr)
                   for i in failed}
   return outputs, why, failed, tracebacks
@@ -357,14 +352,13 @@ def _raise_if_failed(argv, num_processes, outputs, why, failed, tracebacks,
 
 def _checked_count(num_processes: Any) -> int:
   try:
-    count = None if isinstance(num_processes, bool) else operator.index(
-        num_processes)
+    if isinstance(num_processes, bool):
+      raise TypeError
+    count = operator.index(num_processes)
   except TypeError:
-    count = None
-  if count is None:
     raise TypeError(
         f"run_processes: num_processes={num_processes!r} of type"
-        f" {type(num_processes).__name__} must be an int, e.g. 2.")
+        f" {type(num_processes).__name__} must be an int, e.g. 2.") from None
   if count < 1:
     raise ValueError(
         f"run_processes: num_processes={count} must be at least 1; with"

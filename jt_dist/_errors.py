@@ -144,36 +144,22 @@ def process_note() -> str:
   return f" (in process {jax.process_index()} of {jax.process_count()})"
 
 
-def callable_name(fn: Any) -> str:
-  """A user callable as a reader finds it: qualified name, file and line."""
-  code = getattr(fn, "__code__", None)
-  name = getattr(fn, "__qualname__", None) or repr(fn)
-  if code is None:
-    return name
-  return f"{name} ({code.co_filename}:{code.co_firstlineno})"
-
-
 def call_user(fn: Callable[..., Any], role: str, *args: Any,
               **kwargs: Any) -> Any:
-  """Calls a user's callable; an exception it raises says who raised it.
+  """``fn(*args, **kwargs)``; an exception it raises says who raised it.
 
   The exception keeps its type and traceback, so that ``except KeyError``
   and debuggers see the user's own error; a note (shown under the
-  traceback) names the callable and the role jt_dist called it in.
-
-  Args:
-    fn: the user's callable (a grid, a heuristic, ...).
-    role: what it is for, e.g. "the grid callable".
-    *args: what it is called with.
-    **kwargs: what it is called with, by name.
-
-  Returns:
-    What ``fn`` returns.
+  traceback) names the callable (qualified name, file and line) and its
+  ``role`` (e.g. "the grid callable").
   """
   try:
     return fn(*args, **kwargs)
   except Exception as e:
-    e.add_note(f"jt_dist: raised by {role} {callable_name(fn)}.")
+    name = getattr(fn, "__qualname__", None) or repr(fn)
+    if (code := getattr(fn, "__code__", None)) is not None:
+      name += f" ({code.co_filename}:{code.co_firstlineno})"
+    e.add_note(f"jt_dist: raised by {role} {name}.")
     raise
 
 
@@ -186,13 +172,9 @@ def raise_if_scalar_pointer(error: Exception, spec, shapes) -> None:
   assert), with no word of the parameter. When ``error`` speaks of pointers
   or a static assert and a 0-d array binds a parameter, this names the
   parameter and ``jt_dist.runtime_scalar``; it returns otherwise.
-
-  Args:
-    error: the kernel's failure (the interpreter's, or Triton's compiler's).
-    spec: the call's ``CallSpec``.
-    shapes: the shape of each array operand, by index.
+  ``error`` is the interpreter's or Triton's compiler's, ``spec`` the call's
+  ``CallSpec``, ``shapes`` the shape of each array operand, by index.
   """
-  text = str(error)
   # Triton chains a compile error inside a called function (tl.rand's
   # static assert) to the one it reports at the call.
   chain, cause = [], error
@@ -210,7 +192,7 @@ def raise_if_scalar_pointer(error: Exception, spec, shapes) -> None:
   listed = ", ".join(repr(n) for n in names)
   plural = len(names) > 1
   raise KernelTypeError(
-      f"{text} (In kernel {spec.info.name!r}, parameter{'s' if plural else ''}"
+      f"{error} (In kernel {spec.info.name!r}, parameter{'s' if plural else ''}"
       f" {listed} {'are' if plural else 'is'} bound to a 0-d array, which a"
       " kernel receives as a pointer, as in jax-triton; under jax.jit every"
       " argument is an array. To pass the value, wrap it:"

@@ -95,10 +95,9 @@ _trims: list[Callable[[], None]] = []
 
 
 def _flag(name: str, default: bool, *, strict: bool) -> bool:
-  """An on/off variable; unset or empty is ``default``.
+  """An on/off variable; unset, empty or (unless ``strict``) other: default.
 
-  Any other value is an error where ``strict``, else ``default``: the
-  lenient variables name only the spellings that change their default.
+  The lenient variables name only the spellings that change their default.
   """
   raw = os.environ.get(name, "")
   value = raw.strip().lower()
@@ -137,15 +136,14 @@ def _number(name: str, default, convert: Callable[[str], Any]):
   if not raw.strip():
     return default
   try:
-    value = convert(raw)
+    if (value := convert(raw)) > 0:
+      return value
   except ValueError:
-    value = None
-  if value is None or not value > 0:
-    kind = "whole number" if convert is int else "number"
-    raise ValueError(
-        f"{name}={raw!r} is not a positive {kind}. Set it to one, e.g."
-        f" {default}, or unset it (the default is {default}).")
-  return value
+    pass
+  kind = "whole number" if convert is int else "number"
+  raise ValueError(
+      f"{name}={raw!r} is not a positive {kind}. Set it to one, e.g."
+      f" {default}, or unset it (the default is {default}).")
 
 
 # The settings, as their readers ask for them.
@@ -354,8 +352,7 @@ def configure_cache(*, disk_cache: bool | None = None,
     changes["cache_dir"] = _checked_dir(cache_dir, "configure_cache: cache_dir")
   _update(**changes)
   if "memory_entries" in changes or "dispatch_entries" in changes:
-    for trim in _trims:
-      trim()
+    _trim_all()
 
 
 def _checked_choice(name: str, value: Any, choices: tuple[str, ...]) -> str:

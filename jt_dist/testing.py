@@ -131,8 +131,7 @@ class TestCase(parameterized.TestCase):
       lo = max(int(low * 50), int(np.iinfo(dtype).min))
       hi = min(int(high * 50), int(np.iinfo(dtype).max))
       return self.np_rng.integers(lo, hi, size=shape, endpoint=True).astype(dtype)
-    values = self.np_rng.uniform(low, high, size=shape)
-    return values.astype(dtype)
+    return self.np_rng.uniform(low, high, size=shape).astype(dtype)
 
   def devices(self, count: int | None = None) -> list[Any]:
     """The local devices of the test platform, or skips if too few."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from typing import Any, Iterable, Sequence
+from typing import Any, Sequence
 
 import jax
 
@@ -107,13 +107,6 @@ def local_devices(platform: str) -> list[Any]:
     return []
 
 
-def _platform_devices(devices: Iterable[Any], platform: str) -> list[Any]:
-  # Cross-lowering for CUDA on a CPU host assigns CPU devices: they say
-  # nothing about the GPU target, so only devices of the platform count.
-  aliases = {"cuda": ("cuda", "gpu"), "rocm": ("rocm", "gpu")}[platform]
-  return [d for d in devices if getattr(d, "platform", None) in aliases]
-
-
 def cuda_capability(device: Any) -> int | None:
   """A CUDA device's compute capability as an int (90), or None."""
   return _parse_capability(getattr(device, "compute_capability", None))
@@ -134,10 +127,14 @@ def rocm_arch(device: Any) -> str | None:
 
 def candidate_devices(ctx, platform: str) -> list[Any]:
   """The platform's devices the call is lowered for, best source first."""
+  # Cross-lowering for CUDA on a CPU host assigns CPU devices: they say
+  # nothing about the GPU target, so only devices of the platform count.
+  aliases = (platform, "gpu")
   for source in (lambda: _compat.lowering_axis_facts(ctx).devices,
                  _devices_of_mesh,
                  lambda: local_devices(platform)):
-    devices = _platform_devices(source(), platform)
+    devices = [d for d in source()
+               if getattr(d, "platform", None) in aliases]
     if devices:
       return devices
   return []
@@ -176,17 +173,12 @@ def resolve_target(ctx, platform: str, compute_capability: int | None
   """
   if compute_capability is not None:
     return _named_target(platform, compute_capability)
-  devices = candidate_devices(ctx, platform)
-  if platform == "cuda":
-    pairs = [(d, cuda_capability(d)) for d in devices]
-    pairs = [(d, cc) for d, cc in pairs if cc is not None]
-    what = "compute capability"
-  else:
-    pairs = [(d, rocm_arch(d)) for d in devices]
-    pairs = [(d, arch) for d, arch in pairs if arch]
-    what = "GPU arch"
+  arch_of = cuda_capability if platform == "cuda" else rocm_arch
+  pairs = [(d, arch) for d in candidate_devices(ctx, platform)
+           if (arch := arch_of(d)) not in (None, "")]
   if not pairs:
     raise ValueError(_no_device_message(platform))
+  what = "compute capability" if platform == "cuda" else "GPU arch"
   return Target(platform, _lowest(pairs, platform, what))
 
 

@@ -22,12 +22,10 @@ def output_avals(in_avals, out_shapes):
   releases, so outputs are derived from an input aval with ``update``, which
   keeps whatever the running release records.
   """
-  template = None
-  for aval in in_avals:
-    mesh = getattr(getattr(aval, "sharding", None), "mesh", None)
-    if mesh is not None and not mesh.empty:
-      template = aval
-      break
+  meshes = [getattr(getattr(a, "sharding", None), "mesh", None)
+            for a in in_avals]
+  template = next((a for a, mesh in zip(in_avals, meshes)
+                   if mesh is not None and not mesh.empty), None)
   if template is None:
     return [jax.core.ShapedArray(shape, dtype) for shape, dtype in out_shapes]
   sharding = jax.sharding.NamedSharding(

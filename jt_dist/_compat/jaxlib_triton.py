@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import functools
 import importlib
-import itertools
+import re
 
 
 @functools.lru_cache(maxsize=None)
@@ -19,9 +19,7 @@ def gpu_triton_module():
     module = importlib.import_module("jaxlib.gpu_triton")
   except ImportError:
     return None
-  if not hasattr(module, "TritonKernel"):
-    return None
-  return module
+  return module if hasattr(module, "TritonKernel") else None
 
 
 def triton_ffi_targets(platform: str) -> frozenset[str]:
@@ -64,13 +62,8 @@ def jaxlib_version() -> str:
 
 
 def _version_tuple(version: str) -> tuple[int, ...]:
-  parts = []
-  for part in version.split(".")[:3]:
-    digits = "".join(itertools.takewhile(str.isdigit, part))
-    if not digits:
-      break
-    parts.append(int(digits))
-  return tuple(parts)
+  match = re.match(r"\d+(?:\.\d+){0,2}", version)
+  return tuple(map(int, match[0].split("."))) if match else ()
 
 
 # jaxlib 0.11.1 added TritonKernel.module_image: machine code that jaxlib

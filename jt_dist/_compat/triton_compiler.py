@@ -68,13 +68,11 @@ def ast_to_ttir(jit_fn, backend, target, options, signature, constexprs,
     except Exception as e:  # pylint: disable=broad-except
       # Triton's code generator wraps the AttributeError it meets in a
       # CompilationError that keeps only its text.
-      missing = missing_gluon_api(jit_fn, e)
-      if missing is None:
-        note = static_assert_note(e)
-        if note is not None:
-          e.add_note(note)
-        raise
-      raise missing from e
+      if (missing := missing_gluon_api(jit_fn, e)) is not None:
+        raise missing from e
+      if (note := static_assert_note(e)) is not None:
+        e.add_note(note)
+      raise
   return module, context
 
 

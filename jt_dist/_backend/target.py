@@ -216,11 +216,7 @@ def _no_device_message(platform: str) -> str:
 
 
 def check_num_ctas(target: Target, num_ctas: int, label: str) -> None:
-  """Refuses thread-block clusters where the target has none.
-
-  Raises:
-    ValueError: ``num_ctas > 1`` on CUDA before Hopper (sm_90).
-  """
+  """Refuses thread-block clusters (``num_ctas > 1``) before sm_90."""
   if num_ctas > 1 and target.platform == "cuda" and target.arch < 90:
     raise ValueError(
         f"triton_call: num_ctas={num_ctas} (config: {label}) needs thread"

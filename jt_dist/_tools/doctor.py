@@ -97,10 +97,9 @@ def _driver_version() -> str:
 
 
 def versions(report: Report) -> str:
-  """The versions section; an untested Triton is noted, not a problem.
+  """The versions section; returns the NVIDIA driver's version ("-": none).
 
-  Returns:
-    The NVIDIA driver's version, "-" where there is no nvidia-smi.
+  An untested Triton is noted, not a problem.
   """
   from jt_dist import __version__  # pylint: disable=g-import-not-at-top
 
@@ -180,12 +179,8 @@ def devices(report: Report, driver: str = "-") -> list[Any]:
 def check_kernel(device: Any) -> tuple[float, float]:
   """Compiles and runs a small add on ``device``, checked against NumPy.
 
-  Returns:
-    Seconds of the first call (compiling included), and of one more launch.
-
-  Raises:
-    AssertionError: the result differs from NumPy's.
-    Exception: whatever compiling or running raised.
+  Returns the seconds of the first call (compiling included) and of one
+  more launch; raises ``AssertionError`` where the result differs.
   """
   from jt_dist._call.api import triton_call  # pylint: disable=g-import-not-at-top
 

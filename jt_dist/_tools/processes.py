@@ -196,12 +196,10 @@ def _report(outputs: Sequence[ProcessOutput], headline: str,
 
 def _wait(procs, markers, deadline: float,
           grace_s: float) -> tuple[set[int], str, list[int]]:
-  """Waits for every process.
+  """Waits for every process; returns ``(killed, why, failed)``.
 
-  Returns:
-    The processes killed, why ("timeout", "failure" or "" if none), and
-    those that failed (exited with an error or wrote a traceback to their
-    marker), in the order they were seen to fail.
+  ``why`` is "timeout", "failure" or ""; ``failed``, the processes with an
+  error status or a traceback in their marker, is in the order seen.
   """
   failed: list[int] = []
   failed_at = None

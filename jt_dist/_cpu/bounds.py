@@ -25,6 +25,7 @@ import dataclasses
 import linecache
 import os
 import sys
+import traceback
 
 import numpy as np
 import triton
@@ -78,24 +79,19 @@ class MemoryChecker:
     """The [start, end) of the addresses that name buffer ``k``."""
     return (k + 1) << _REGION_BITS, (k + 2) << _REGION_BITS
 
-  def translate(self, op: str, ptrs, mask, itemsize: int, *, reads: bool,
-                writes: bool):
-    """Real addresses for ``ptrs`` after checking the lanes ``mask`` enables.
+  def real(self, k: int, offsets) -> np.ndarray:
+    """Real addresses of byte ``offsets`` into buffer ``k``."""
+    return self._real[k] + offsets.view(np.uint64)
+
+  def translate_lanes(self, op, ptrs, mask, itemsize, reads, writes):
+    """Real addresses for ``ptrs`` after checking the lanes ``mask`` enables,
+    lane by lane: pointers into several buffers, or an access to describe
+    as an error.
 
     Raises:
       OutOfBoundsAccessError: an enabled lane is outside its buffer.
       UnwrittenOutputReadError: a read of output bytes not yet written.
     """
-    ptrs = np.asarray(ptrs, dtype=np.uint64)
-    found = self.locate(op, ptrs, mask, itemsize, reads=reads, writes=writes)
-    if found is not None:
-      k, offset = found
-      return self._real[k] + offset.view(np.uint64)
-    return self.translate_lanes(op, ptrs, mask, itemsize, reads, writes)
-
-  def translate_lanes(self, op, ptrs, mask, itemsize, reads, writes):
-    """``translate`` lane by lane: pointers into several buffers, or an
-    access to describe as an error."""
     ptrs = np.asarray(ptrs, dtype=np.uint64)
     on = np.broadcast_to(np.asarray(mask, dtype=bool), ptrs.shape)
     index = (ptrs >> np.uint64(_REGION_BITS)).astype(np.int64) - 1
@@ -108,17 +104,16 @@ class MemoryChecker:
       raise self._out_of_bounds(op, index, known, offset, bad, on, itemsize)
     if self._tracks_writes:
       self._track(op, index, offset, on, itemsize, reads, writes)
-    real = self._real[index] + np.where(inside, offset, 0).astype(np.uint64)
-    return real
+    return self._real[index] + np.where(inside, offset, 0).astype(np.uint64)
 
   def locate(self, op: str, ptrs, mask, itemsize: int, *, reads: bool,
              writes: bool):
     """``(k, byte offsets)`` where every lane names buffer ``k`` (the usual
     case) and every enabled lane is inside it; else None.
 
-    Checks and records as ``translate`` does. Lanes the mask turns off get
-    offset 0, so a gather over every lane stays inside the buffer. None
-    leaves ``translate``'s general path to describe what is wrong.
+    Checks and records as ``translate_lanes`` does. Lanes the mask turns off
+    get offset 0, so a gather over every lane stays inside the buffer. None
+    leaves ``translate_lanes`` to describe what is wrong.
     """
     ptrs = np.asarray(ptrs, dtype=np.uint64)
     if not ptrs.size:
@@ -297,21 +292,19 @@ def kernel_location(frames) -> str:
       inside = True
     elif inside and not path.startswith(_INTERPRETER_DIRS):
       found = (filename, lineno)
-  if found is None:
-    return ""
-  filename, lineno = found
+  return "" if found is None else source_line(*found)
+
+
+def source_line(filename: str, lineno: int) -> str:
+  """``"FILE:LINE (`SOURCE`)"``, without the source where none is found."""
   source = linecache.getline(filename, lineno).strip()
   return f"{filename}:{lineno}" + (f" (`{source}`)" if source else "")
 
 
 def running_kernel_location() -> str:
   """``kernel_location`` of the running kernel, from the current stack."""
-  frames = []
   frame = sys._getframe(1)  # pylint: disable=protected-access
-  while frame is not None:
-    frames.append((frame, frame.f_lineno))
-    frame = frame.f_back
-  return kernel_location(reversed(frames))
+  return kernel_location(reversed(list(traceback.walk_stack(frame))))
 
 
 def _stack_location() -> str:
@@ -347,41 +340,39 @@ class CheckedMemory:
     # Enums (MEM_SEMANTIC, RMW_OP) and anything else pass through.
     return getattr(self._native, name)
 
-  def _checked(self, op, ptrs, mask, itemsize, reads, writes):
-    """``(k, offsets)`` for HostMemory to reach buffer ``k`` by, or
-    ``(None, real addresses)`` for the module underneath."""
-    if not self._direct:
-      return None, self._checker.translate(op, ptrs, mask, itemsize,
-                                           reads=reads, writes=writes)
+  def _checked(self, op, ptrs, mask, itemsize, direct=False):
+    """``(k, offsets)`` for HostMemory to reach buffer ``k`` by (``direct``
+    accesses), or ``(None, real addresses)`` for the module underneath."""
+    reads, writes = op != "store", op != "load"
     found = self._checker.locate(op, ptrs, mask, itemsize, reads=reads,
                                  writes=writes)
     if found is None:
       return None, self._checker.translate_lanes(op, ptrs, mask, itemsize,
                                                  reads, writes)
-    return found, None
+    if direct and self._direct:
+      return found, None
+    return None, self._checker.real(*found)
 
   def load(self, ptrs, mask, other, dtype):
     found, real = self._checked("load", ptrs, mask, np.dtype(dtype).itemsize,
-                                True, False)
+                                direct=True)
     if found is not None:
       return self._native.load_at(*found, mask, other, dtype)
     return self._native.load(real, mask, other, dtype)
 
   def store(self, ptrs, values, mask):
     found, real = self._checked("store", ptrs, mask,
-                                np.asarray(values).dtype.itemsize, False, True)
+                                np.asarray(values).dtype.itemsize, direct=True)
     if found is not None:
       return self._native.store_at(*found, values, mask)
     return self._native.store(real, values, mask)
 
   def atomic_rmw(self, op, ptrs, values, mask, sem):
-    itemsize = np.asarray(values).dtype.itemsize
-    real = self._checker.translate("atomic", ptrs, mask, itemsize,
-                                   reads=True, writes=True)
+    _, real = self._checked("atomic", ptrs, mask,
+                            np.asarray(values).dtype.itemsize)
     return self._native.atomic_rmw(op, real, values, mask, sem)
 
   def atomic_cas(self, ptrs, cmp, values, sem):
-    itemsize = np.asarray(values).dtype.itemsize
-    real = self._checker.translate("atomic_cas", ptrs, True, itemsize,
-                                   reads=True, writes=True)
+    _, real = self._checked("atomic_cas", ptrs, True,
+                            np.asarray(values).dtype.itemsize)
     return self._native.atomic_cas(real, cmp, values, sem)

@@ -129,13 +129,6 @@ def _narrowing_conversion(src, dst_type):
   return None if values is None else _to_float8(values, dst)
 
 
-def _saturating_conversion(src, dst_type, rounding_mode):
-  """A cast to float8 (``tl.cast``, ``.to``) on values, or None."""
-  if getattr(rounding_mode, "name", None) != "RTNE":
-    return None
-  return _narrowing_conversion(src, dst_type)
-
-
 def _constants() -> dict:
   """Builder constructors of float8 constants, by name, on values.
 
@@ -187,6 +180,21 @@ def _widening_conversion(src, dst_type):
   return _interpreter.TensorHandle(data, dst)
 
 
+def _fp_to_fp(original):
+  # A cast to float8 (``tl.cast``, ``.to``) or from it, on values.
+  def create_fp_to_fp(self, src, dst_type, rounding_mode):
+    # (A handle's truth is its data's: compared with None, not `or`ed.)
+    converted = None
+    if getattr(rounding_mode, "name", None) == "RTNE":
+      converted = _narrowing_conversion(src, dst_type)
+    if converted is None:
+      converted = _widening_conversion(src, dst_type)
+    if converted is None:
+      return original(self, src, dst_type, rounding_mode)
+    return converted
+  return create_fp_to_fp
+
+
 def _dot(original):
   # Upstream converts float8 operands to float16 through the same bit
   # conversion as its casts (see _widening_conversion).
@@ -211,6 +219,20 @@ def _print(original):
   return create_print
 
 
+def _refusing(kernel, original, operands: int, what=None):
+  """``original`` refusing float8 among its first ``operands`` arguments.
+
+  The operation is named ``what``, or by the last argument (a NumPy
+  ufunc). A select (np.where) moves bits unchanged and is left alone.
+  """
+  def method(self, *args):
+    scalar = _float8_type(*args[:operands])
+    if scalar is None or args[-1] is np.where:
+      return original(self, *args)
+    raise refusal(kernel, what or args[-1].__name__, scalar)
+  return method
+
+
 @contextlib.contextmanager
 def float8_like_compiled(kernel: str):
   """Routes the interpreter's float8 arithmetic for one launch (see above).
@@ -219,56 +241,15 @@ def float8_like_compiled(kernel: str):
     kernel: the kernel's name, for the messages.
   """
   builder = _interpreter.InterpreterBuilder
-  saved = {name: getattr(builder, name)
-           for name in ("binary_op", "unary_op", "ternary_op", "create_fma",
-                        "create_clampf", "create_fp_to_fp")}
-
-  def binary_op(self, lhs, rhs, op):
-    scalar = _float8_type(lhs, rhs)
-    if scalar is None:
-      return saved["binary_op"](self, lhs, rhs, op)
-    raise refusal(kernel, op.__name__, scalar)
-
-  def unary_op(self, arg, op):
-    scalar = _float8_type(arg)
-    if scalar is None:
-      return saved["unary_op"](self, arg, op)
-    raise refusal(kernel, op.__name__, scalar)
-
-  def ternary_op(self, lhs, rhs, other, op):
-    # A select (np.where) moves bits unchanged; a clamp compares values.
-    scalar = _float8_type(lhs, rhs, other)
-    if scalar is None or op is np.where:
-      return saved["ternary_op"](self, lhs, rhs, other, op)
-    raise refusal(kernel, op.__name__, scalar)
-
-  def create_fma(self, x, y, z):
-    scalar = _float8_type(x, y, z)
-    if scalar is None:
-      return saved["create_fma"](self, x, y, z)
-    raise refusal(kernel, "tl.fma", scalar)
-
-  def create_clampf(self, arg, lo, hi, propagate_nans):
-    # Refused as the clamp it is, before upstream splits it into a maximum
-    # and a minimum.
-    scalar = _float8_type(arg, lo, hi)
-    if scalar is None:
-      return saved["create_clampf"](self, arg, lo, hi, propagate_nans)
-    raise refusal(kernel, "clip", scalar)
-
-  def create_fp_to_fp(self, src, dst_type, rounding_mode):
-    # (A handle's truth is its data's: compared with None, not `or`ed.)
-    converted = _saturating_conversion(src, dst_type, rounding_mode)
-    if converted is None:
-      converted = _widening_conversion(src, dst_type)
-    if converted is None:
-      return saved["create_fp_to_fp"](self, src, dst_type, rounding_mode)
-    return converted
-
+  # A clamp is refused as the clamp it is, before upstream splits it into a
+  # maximum and a minimum.
   with _compat.attributes_replaced(builder, {
-      "binary_op": binary_op, "unary_op": unary_op,
-      "ternary_op": ternary_op, "create_fma": create_fma,
-      "create_clampf": create_clampf, "create_fp_to_fp": create_fp_to_fp,
+      "binary_op": _refusing(kernel, builder.binary_op, 2),
+      "unary_op": _refusing(kernel, builder.unary_op, 1),
+      "ternary_op": _refusing(kernel, builder.ternary_op, 3),
+      "create_fma": _refusing(kernel, builder.create_fma, 3, "tl.fma"),
+      "create_clampf": _refusing(kernel, builder.create_clampf, 3, "clip"),
+      "create_fp_to_fp": _fp_to_fp(builder.create_fp_to_fp),
       "create_fp_trunc": _fp_trunc(builder.create_fp_trunc),
       "create_dot": _dot(builder.create_dot),
       "create_print": _print(builder.create_print), **_constants()}):

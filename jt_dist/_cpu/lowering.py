@@ -73,22 +73,15 @@ class _HostPointer:
     return self.address
 
 
-def _log_once(spec) -> None:
+def _first_time(seen: set[str], spec) -> str | None:
+  """The kernel's qualified name, or None if it is in ``seen`` already."""
   fn = spec.info.python_fn
   key = f"{fn.__module__}.{fn.__qualname__}"
   with _INTERPRETER_LOCK:
-    if key in _logged_kernels:
-      return
-    _logged_kernels.add(key)
-  logger.info(
-      "jt_dist: kernel %s runs through Triton's interpreter on the CPU"
-      " (%d program instances per launch); expect it to be slow.",
-      key, int(np.prod(spec.launches[0].grid)),
-  )
-
-
-def _new_outputs(spec):
-  return [np.empty(shape, dtype) for shape, dtype in spec.out_shapes]
+    if key in seen:
+      return None
+    seen.add(key)
+  return key
 
 
 def _prepare_outputs(spec, launch, inputs, outputs):
@@ -152,12 +145,8 @@ def run_on_host(spec, *arrays):
   ``JT_DIST_AUTOTUNE_CPU=time`` or a pin says otherwise); a spec with
   several runs its first.
   """
-  inputs = [np.ascontiguousarray(a) for a in arrays]
-  outputs = _new_outputs(spec)
-  try:
-    _launch(spec, inputs, outputs)
-  except BaseException as e:  # pylint: disable=broad-except
-    raise _host_faults.file(e) from None
+  outputs = [np.empty(shape, dtype) for shape, dtype in spec.out_shapes]
+  _launch_filed(spec, [np.ascontiguousarray(a) for a in arrays], outputs)
   return tuple(outputs)
 
 
@@ -169,10 +158,14 @@ def _fill_buffers(spec, ctx, outputs, *inputs):
   may be the caller's array.
   """
   del ctx
+  _launch_filed(spec, [np.array(np.asarray(b), order="C") for b in inputs],
+                [np.asarray(b) for b in outputs])
+
+
+def _launch_filed(spec, inputs, outputs):
+  """``_launch``, its fault filed for the front door to raise."""
   try:
-    host_inputs = [np.array(np.asarray(b), order="C") for b in inputs]
-    host_outputs = [np.asarray(b) for b in outputs]
-    _launch(spec, host_inputs, host_outputs)
+    _launch(spec, inputs, outputs)
   except BaseException as e:  # pylint: disable=broad-except
     # Ctrl-C too: the front door raises it as itself.
     raise _host_faults.file(e) from None
@@ -205,7 +198,12 @@ def _in_parameter_order(spec, args, kwargs):
 
 
 def _launch(spec, inputs, outputs):
-  _log_once(spec)
+  key = _first_time(_logged_kernels, spec)
+  if key is not None:
+    logger.info(
+        "jt_dist: kernel %s runs through Triton's interpreter on the CPU"
+        " (%d program instances per launch); expect it to be slow.",
+        key, int(np.prod(spec.launches[0].grid)))
   launch = spec.launches[0]
   _prepare_outputs(spec, launch, inputs, outputs)
   buffers = _pointer_buffers(spec, launch, inputs, outputs)
@@ -219,11 +217,9 @@ def _launch(spec, inputs, outputs):
           spec.info.python_fn, launch.grid, args, kwargs,
           checker=checker, debug=spec.debug,
       )
-    except _compat.InterpreterError as e:
-      _name_the_kernel(e, spec)
-      _errors.raise_if_scalar_pointer(e, spec, [a.shape for a in inputs])
-      raise
-    except (_errors.KernelAssertionError, _errors.KernelTypeError) as e:
+    except (_compat.InterpreterError, _errors.KernelAssertionError,
+            _errors.KernelTypeError) as e:
+      _name_the_kernel(e, spec)  # An InterpreterError's message only.
       _errors.raise_if_scalar_pointer(e, spec, [a.shape for a in inputs])
       raise
   if checker is not None:
@@ -243,12 +239,8 @@ def _check_all_written(spec, checker) -> None:
                      for k, elements in unwritten)
   if spec.debug:
     raise _errors.UnwrittenOutputReadError(message)
-  fn = spec.info.python_fn
-  key = f"{fn.__module__}.{fn.__qualname__}"
-  with _INTERPRETER_LOCK:
-    if key in _warned_unwritten:
-      return
-    _warned_unwritten.add(key)
+  if _first_time(_warned_unwritten, spec) is None:
+    return
   warnings.warn(message + " Pass debug=True to raise instead; this warning"
                 " is shown once per kernel.", RuntimeWarning, stacklevel=2)
 
@@ -299,20 +291,20 @@ def cpu_lowering(ctx, *args, spec):
       into this process cannot be serialised), or the kernel is Gluon.
     ValueError: the call asks for clusters (``num_ctas > 1``).
   """
+  platforms = tuple(getattr(ctx.module_context, "platforms", ()) or ())
   if _compat.lowering_for_export(ctx):
-    platforms = ", ".join(getattr(ctx.module_context, "platforms", ()) or ())
     raise NotImplementedError(
         f"triton_call: kernel {spec.info.name!r} cannot be exported with"
-        f" jax.export for the CPU (platforms: {platforms}): on the CPU it"
-        " runs through Triton's interpreter in a host callback into this"
-        " process, which JAX cannot serialise. Export for the GPU instead:"
+        f" jax.export for the CPU (platforms: {', '.join(platforms)}): on"
+        " the CPU it runs through Triton's interpreter in a host callback"
+        " into this process, which JAX cannot serialise. Export for the GPU"
+        " instead:"
         " jax.export.export(fn, platforms=['cuda'],"
         " disabled_checks=jt_dist.export_safety_checks()) with"
         " compute_capability= (e.g. 90) on the call or in"
         " jt_dist.export_options; a kernel made under TRITON_INTERPRET=1"
         " is interpreted on GPUs too and cannot be exported either.")
   _unsupported.check(spec)
-  platforms = tuple(getattr(ctx.module_context, "platforms", ()) or ())
   platform = platforms[0] if len(platforms) == 1 else None
   if (spec.cost_estimate and platform == "cpu"
       and _compat.host_buffer_callback() is not None

@@ -64,11 +64,6 @@ def _interpreted(python_fn):
   return found
 
 
-def interpreted_python_fn(python_fn):
-  """The interpreter's AST-rewritten version of a kernel's Python function."""
-  return _interpreted(python_fn).rewrite()
-
-
 def run(python_fn, grid: tuple[int, int, int], args, kwargs, checker=None,
         debug: bool = False):
   """Runs ``python_fn`` over ``grid`` through Triton's interpreter.
@@ -190,7 +185,7 @@ def _helpers_run_interpreted():
   patched by the enclosing launch, so the helper needs no patching of its own.
   """
   def call_interpreted(self, *args, **kwargs):
-    return interpreted_python_fn(self.fn)(*args, **kwargs)
+    return _interpreted(self.fn).rewrite()(*args, **kwargs)
 
   with _compat.attributes_replaced(JITFunction,
                                    {"__call__": call_interpreted}):
@@ -205,15 +200,9 @@ def interpreter_scalar(value, triton_type: str):
   fp64) parameter and promotes. Triton 3.6's interpreter also stores a bool
   argument in an int32 buffer under the i1 type, which it then rejects, and
   Triton 3.9's types an int in [2**31, 2**32) i64 but stores it in 4 bytes.
-  Passing a typed tensor keeps all alike on every Triton version.
-
-  Args:
-    value: the Python scalar.
-    triton_type: its type, "fp32", "fp64", "i1", "i32", "u32", "i64" or
-      "u64".
-
-  Returns:
-    A ``tl.tensor`` holding the one value.
+  Passing a typed tensor (``tl.tensor`` of the one ``value``) keeps all
+  alike on every Triton version. ``triton_type``: "fp32", "fp64", "i1",
+  "i32", "u32", "i64" or "u64".
   """
   np_dtype, tl_dtype = {
       "fp32": (np.float32, tl.float32),

@@ -1,22 +1,16 @@
 """Bounds and initialisation checks for kernels run through the interpreter.
 
 The interpreter reads and writes raw host addresses, so a kernel that goes
-past its buffer returns garbage or kills the process. With the check on,
-each pointer parameter gets a *tagged* address instead of its buffer's real
-one: parameter ``k`` lives at ``(k + 1) << 40`` plus half a region, so any
-pointer the kernel derives from it, even with a negative or huge offset,
-still names ``k`` (its top bits) and its byte offset (the rest). Every
-access is translated back to a real address only after its masked lanes
-have been checked against the buffer's extent, so a bad access raises
-before any memory is touched.
-
-Output buffers the kernel must write before reading also carry a byte map
-of what the launch has written; a load or atomic from an unwritten byte
-raises too. Aliased outputs (they hold the input) and zeroed outputs start
-written.
-
-``JT_DIST_BOUNDS_CHECK=0`` (``jt_dist._settings``, read at each launch by
-``lowering``) runs launches unchecked.
+past its buffer returns garbage or kills the process. With the check on
+(``JT_DIST_BOUNDS_CHECK``, read at each launch by ``lowering``), pointer
+parameter ``k`` gets the *tagged* address ``(k + 1) << 40`` plus half a
+region: any pointer derived from it, even with a negative or huge offset,
+still names ``k`` (its top bits) and its byte offset (the rest). An access
+is translated back to real addresses only after its masked lanes are
+checked against the buffer's extent, so a bad one raises before memory is
+touched. Outputs the kernel must write before reading also carry a byte
+map of what the launch wrote, and reading an unwritten byte raises too
+(aliased and zeroed outputs start written).
 """
 
 from __future__ import annotations
@@ -62,8 +56,8 @@ class MemoryChecker:
     self.kernel = kernel
     self.buffers = buffers
     n = len(buffers)
-    real = np.array([b.array.ctypes.data for b in buffers] or [0], np.uint64)
-    self._real = real
+    self._real = real = np.array([b.array.ctypes.data for b in buffers]
+                                 or [0], np.uint64)
     self._nbytes = np.array([b.array.nbytes for b in buffers] or [0], np.int64)
     tags = (np.arange(1, max(n, 1) + 1, dtype=np.uint64) << _REGION_BITS)
     low_bits = real & np.uint64(_ALIGN_MASK)
@@ -84,14 +78,10 @@ class MemoryChecker:
     return self._real[k] + offsets.view(np.uint64)
 
   def translate_lanes(self, op, ptrs, mask, itemsize, reads, writes):
-    """Real addresses for ``ptrs`` after checking the lanes ``mask`` enables,
-    lane by lane: pointers into several buffers, or an access to describe
-    as an error.
-
-    Raises:
-      OutOfBoundsAccessError: an enabled lane is outside its buffer.
-      UnwrittenOutputReadError: a read of output bytes not yet written.
-    """
+    """Real addresses for ``ptrs`` after checking, lane by lane, the lanes
+    ``mask`` enables (``OutOfBoundsAccessError`` outside their buffers,
+    ``UnwrittenOutputReadError`` reading unwritten output bytes): pointers
+    into several buffers, or an access to describe as an error."""
     ptrs = np.asarray(ptrs, dtype=np.uint64)
     on = np.broadcast_to(np.asarray(mask, dtype=bool), ptrs.shape)
     index = (ptrs >> np.uint64(_REGION_BITS)).astype(np.int64) - 1
@@ -184,10 +174,8 @@ class MemoryChecker:
     found = []
     for k, b in enumerate(self.buffers):
       # The whole map first: one fast pass where all was written.
-      if b.written is None or not b.array.size or b.written.all():
-        continue
-      whole = b.written.reshape(b.array.size, b.array.itemsize).all(axis=1)
-      if not whole.all():
+      if b.written is not None and b.array.size and not b.written.all():
+        whole = b.written.reshape(b.array.size, b.array.itemsize).all(axis=1)
         found.append((k, np.flatnonzero(~whole)))
     return found
 
@@ -277,12 +265,10 @@ _INTERPRETER_DIRS = (
 def kernel_location(frames) -> str:
   """The kernel's line: ``"FILE:LINE (`SOURCE`)"``, or "" if none is found.
 
-  Args:
-    frames: ``(frame, line number)`` pairs, outermost first (as
-      ``traceback.walk_tb`` gives them). Below the first frame of a grid
-      loop (Triton's or jt_dist's), the deepest frame outside Triton, NumPy
-      and jt_dist._cpu is the kernel's line (or a ``@triton.jit``
-      helper's).
+  ``frames``: ``(frame, line number)`` pairs, outermost first (as
+  ``traceback.walk_tb`` gives them). Below the first frame of a grid loop
+  (Triton's or jt_dist's), the deepest frame outside Triton, NumPy and
+  jt_dist._cpu is the kernel's line (or a ``@triton.jit`` helper's).
   """
   found, inside = None, False
   for frame, lineno in frames:

@@ -13,13 +13,10 @@ convert to float8_e4m3fn and float8_e5m2 (``cvt.rn.satfinite``); upstream,
 ties round up and large values come out wrong. Float8 constants
 (``tl.full``, a Python number next to a float8 operand) are rounded alike
 (upstream makes them from the number's integer part). Conversions from
-float8 and ``tl.dot`` take the values (upstream converts the bits, and
-turns NaN and infinities into large numbers and float8_e5m2's subnormals
-into float16 zeros); ``tl.device_print`` prints the values. Loads, stores,
-selects and ``tl.abs`` move bits and are left alone. Reductions and scans
-that add, multiply or compare float8 values are refused alike
-(``reductions``), and math functions by Triton itself (``math_dtypes``
-names them).
+float8, ``tl.dot`` and ``tl.device_print`` take the values (upstream, the
+bits). Loads, stores, selects and ``tl.abs`` move bits and are left alone.
+Reductions and scans are refused alike (``reductions``), and math functions
+by Triton itself (``math_dtypes`` names them).
 """
 
 from __future__ import annotations
@@ -74,14 +71,13 @@ def _type_name(scalar) -> str:
 def refusal(kernel: str, what: str, scalar) -> _errors.KernelTypeError:
   """The error refusing operation ``what`` on float8 type ``scalar``.
 
-  Args:
-    kernel: the kernel's name.
-    what: the operation: a NumPy ufunc's name (spelled as the kernel spells
-      it, "add" as `+`) or a ``tl`` function ("tl.sum").
-    scalar: the float8 element type.
+  ``what`` is a NumPy ufunc's name (spelled as the kernel spells it, "add"
+  as `+`) or a ``tl`` function ("tl.sum").
   """
   spelled = _SPELLING.get(what)
   op = f"`{spelled}` ({what})" if spelled else f"{what}"
+  # The language names are the type names spelled out: fp8e5, float8e5.
+  language_name = scalar.name.replace("fp8", "float8", 1)
   return _errors.KernelTypeError(
       f"triton_call: kernel {kernel!r}, program id"
       f" {_interpreter.program_id()}: {op} on {_type_name(scalar)}"
@@ -90,13 +86,7 @@ def refusal(kernel: str, what: str, scalar) -> _errors.KernelTypeError:
       " reductions and scans made of them, and the CPU interpreter would"
       " apply them to the raw bits. Cast to a wider type first, e.g."
       " `x.to(tl.float32)`, and back with"
-      f" `.to(tl.{_language_name(scalar)})` for a float8 result.")
-
-
-def _language_name(scalar) -> str:
-  return {"fp8e4nv": "float8e4nv", "fp8e5": "float8e5",
-          "fp8e4b8": "float8e4b8", "fp8e5b16": "float8e5b16",
-          "fp8e4b15": "float8e4b15"}.get(scalar.name, scalar.name)
+      f" `.to(tl.{language_name})` for a float8 result.")
 
 
 def _source_values(handle):
@@ -149,18 +139,15 @@ def _fp_trunc(original):
   # float8 constant 1.5 became the bits 0x01.
   def create_fp_trunc(self, src, dst_type):
     converted = _narrowing_conversion(src, dst_type)
-    if converted is None:
-      return original(self, src, dst_type)
-    return converted
+    return original(self, src, dst_type) if converted is None else converted
   return create_fp_trunc
 
 
 def _values(handle):
   """A float8 handle's values as float32, or None (no NumPy twin)."""
-  twin = _VALUE_TYPES.get(handle.dtype.scalar.name)
-  if twin is None:
-    return None
-  return np.asarray(handle.data).view(twin).astype(np.float32)
+  if handle.dtype.scalar.name in _VALUE_TYPES:
+    return _source_values(handle)
+  return None
 
 
 def _widening_conversion(src, dst_type):

@@ -35,27 +35,17 @@ _raised: list[BaseException] | None = None
 
 
 def raise_if_interrupted() -> None:
-  """Raises the exception SIGINT raised during this launch, if it did.
-
-  Raises:
-    BaseException: the handler's own exception (``KeyboardInterrupt`` under
-      Python's default handler), when a signal arrived in this launch.
-  """
+  """Raises what SIGINT's handler raised during this launch, if it did
+  (``KeyboardInterrupt`` under Python's default handler)."""
   if _raised and threading.current_thread() is threading.main_thread():
     raise _raised[0]
 
 
 @contextlib.contextmanager
 def signal_kept():
-  """Within the block, SIGINT's exception is the one that leaves it.
-
-  Yields:
-    None.
-  """
-  if threading.current_thread() is not threading.main_thread():
-    yield
-    return
-  previous = signal.getsignal(signal.SIGINT)
+  """Within the block, SIGINT's exception is the one that leaves it."""
+  main = threading.current_thread() is threading.main_thread()
+  previous = signal.getsignal(signal.SIGINT) if main else None
   if not callable(previous):
     yield
     return

@@ -16,13 +16,10 @@ here on values, in both the one-program and the vectorised launch:
   the dtype, as the builder's arithmetic does (``float8``).
 
 Reductions and scans with the kernel's own combine function already run on
-values: the combine's arithmetic goes through the patched builder. A
-combine function must return its operands' types, or compiling fails
-("'tt.reduce' op type mismatch on combine operation"); upstream stores
-what it returns into the operands' type anyway (float values as bf16 bits),
-so such a combine is refused with ``KernelTypeError`` (Triton 3.6's
-``tl.maximum`` returns float32 for bf16 operands). ``tl.max`` and ``tl.min``
-without indices widen to float32 first, upstream and compiled alike.
+values (its arithmetic goes through the patched builder), but a combine
+that changes its operands' types is refused (``CheckedCombine``).
+``tl.max`` and ``tl.min`` without indices widen to float32 first, upstream
+and compiled alike.
 """
 
 from __future__ import annotations
@@ -127,8 +124,10 @@ def combine_refusal(kernel: str, what: str, operand,
 class CheckedCombine:
   """A combine function that refuses to change its operands' types.
 
-  Upstream's reductions and scans call ``combine_fn.fn(*accumulated,
-  *next)``; this stands in for ``combine_fn`` there.
+  Compiling refuses such a combine; upstream stores what it returns into
+  the operands' type anyway (float values as bf16 bits). Upstream's
+  reductions and scans call ``combine_fn.fn(*accumulated, *next)``; this
+  stands in for ``combine_fn`` there.
   """
 
   def __init__(self, combine_fn, kernel: str, what: str):

@@ -69,17 +69,11 @@ def run(python_fn, grid: tuple[int, int, int], args, kwargs, checker=None,
   """Runs ``python_fn`` over ``grid`` through Triton's interpreter.
 
   The caller must hold the interpreter lock: the interpreter patches
-  ``triton.language`` globally for the duration of the launch.
-
-  Args:
-    python_fn: the kernel's Python function.
-    grid: the launch grid.
-    args: the kernel's positional arguments (pointers as ``data_ptr``
-      objects).
-    kwargs: its constexpr keyword arguments.
-    checker: a ``bounds.MemoryChecker`` whose tagged addresses ``args``
-      carry, or None to run unchecked on real addresses.
-    debug: the call's ``debug`` flag: turns on ``tl.device_assert``.
+  ``triton.language`` globally for the duration of the launch. ``args``
+  pass pointers as ``data_ptr`` objects, at the tagged addresses of
+  ``checker`` (a ``bounds.MemoryChecker``; None runs unchecked on real
+  addresses); ``kwargs`` are constexprs; ``debug`` turns on
+  ``tl.device_assert``.
 
   Raises:
     OutOfBoundsAccessError, UnwrittenOutputReadError: the checker refused an

@@ -16,8 +16,6 @@ reductions and scans are in ``reductions``.
 
 from __future__ import annotations
 
-import contextlib
-
 import ml_dtypes
 import numpy as np
 import triton.language as tl
@@ -159,11 +157,10 @@ def _print(original):
   return create_print
 
 
-@contextlib.contextmanager
 def bfloat16_like_compiled():
   """Routes the interpreter's bf16 arithmetic for one launch (see above)."""
   builder = _interpreter.InterpreterBuilder
-  with _compat.attributes_replaced(builder, {
+  return _compat.attributes_replaced(builder, {
       "cast_impl": _cast_impl(builder.cast_impl),
       "create_dot": _dot(builder.create_dot),
       "binary_op": _on_values(builder.binary_op),
@@ -171,5 +168,4 @@ def bfloat16_like_compiled():
       "ternary_op": _on_values(builder.ternary_op, typed_by_last=True),
       "create_fma": _fma(builder.create_fma),
       "create_print": _print(builder.create_print),
-      "get_bf16": _constant}):
-    yield
+      "get_bf16": _constant})

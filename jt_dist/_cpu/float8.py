@@ -21,8 +21,6 @@ by Triton itself (``math_dtypes`` names them).
 
 from __future__ import annotations
 
-import contextlib
-
 import ml_dtypes
 import numpy as np
 import triton.language as tl
@@ -220,7 +218,6 @@ def _refusing(kernel, original, operands: int, what=None):
   return method
 
 
-@contextlib.contextmanager
 def float8_like_compiled(kernel: str):
   """Routes the interpreter's float8 arithmetic for one launch (see above).
 
@@ -230,7 +227,7 @@ def float8_like_compiled(kernel: str):
   builder = _interpreter.InterpreterBuilder
   # A clamp is refused as the clamp it is, before upstream splits it into a
   # maximum and a minimum.
-  with _compat.attributes_replaced(builder, {
+  return _compat.attributes_replaced(builder, {
       "binary_op": _refusing(kernel, builder.binary_op, 2),
       "unary_op": _refusing(kernel, builder.unary_op, 1),
       "ternary_op": _refusing(kernel, builder.ternary_op, 3),
@@ -239,5 +236,4 @@ def float8_like_compiled(kernel: str):
       "create_fp_to_fp": _fp_to_fp(builder.create_fp_to_fp),
       "create_fp_trunc": _fp_trunc(builder.create_fp_trunc),
       "create_dot": _dot(builder.create_dot),
-      "create_print": _print(builder.create_print), **_constants()}):
-    yield
+      "create_print": _print(builder.create_print), **_constants()})

@@ -105,11 +105,9 @@ _KERNEL_FAULTS = (_errors.OutOfBoundsAccessError,
                   _errors.KernelTypeError)
 
 
-@contextlib.contextmanager
 def _checked_memory(checker):
   if checker is None:
-    yield
-    return
+    return contextlib.nullcontext()
   native = _interpreter.native_memory()
   if _vector_launch.enabled():
     # Checked accesses reach real addresses in the launch's own buffers,
@@ -117,9 +115,8 @@ def _checked_memory(checker):
     # Triton's interpreter runs them, native memory module included.)
     native = _host_memory.HostMemory(native,
                                      [b.array for b in checker.buffers])
-  with _interpreter.native_memory_replaced(
-      _bounds.CheckedMemory(native, checker)):
-    yield
+  return _interpreter.native_memory_replaced(
+      _bounds.CheckedMemory(native, checker))
 
 
 def _run_patched(executor, args, kwargs, checker, python_fn, debug):
@@ -168,7 +165,6 @@ def _scalar_index_squeezes(kernel: str):
   return _compat.attributes_replaced(tl_core.tensor, {"__index__": index})
 
 
-@contextlib.contextmanager
 def _helpers_run_interpreted():
   """Lets a kernel call ``@triton.jit`` helpers while it is interpreted.
 
@@ -181,9 +177,8 @@ def _helpers_run_interpreted():
   def call_interpreted(self, *args, **kwargs):
     return _interpreted(self.fn).rewrite()(*args, **kwargs)
 
-  with _compat.attributes_replaced(JITFunction,
-                                   {"__call__": call_interpreted}):
-    yield
+  return _compat.attributes_replaced(JITFunction,
+                                     {"__call__": call_interpreted})
 
 
 def interpreter_scalar(value, triton_type: str):
@@ -198,14 +193,8 @@ def interpreter_scalar(value, triton_type: str):
   alike on every Triton version. ``triton_type``: "fp32", "fp64", "i1",
   "i32", "u32", "i64" or "u64".
   """
-  np_dtype, tl_dtype = {
-      "fp32": (np.float32, tl.float32),
-      "fp64": (np.float64, tl.float64),
-      "i1": (np.bool_, tl.int1),
-      "i32": (np.int32, tl.int32),
-      "u32": (np.uint32, tl.uint32),
-      "i64": (np.int64, tl.int64),
-      "u64": (np.uint64, tl.uint64),
-  }[triton_type]
-  handle = _interpreter.TensorHandle(np.array([value], dtype=np_dtype), tl_dtype)
-  return tl.tensor(handle, tl_dtype)
+  tl_dtype = {"fp32": tl.float32, "fp64": tl.float64, "i1": tl.int1,
+              "i32": tl.int32, "u32": tl.uint32, "i64": tl.int64,
+              "u64": tl.uint64}[triton_type]
+  data = np.array([value], dtype=_interpreter.np_dtype(tl_dtype))
+  return tl.tensor(_interpreter.TensorHandle(data, tl_dtype), tl_dtype)

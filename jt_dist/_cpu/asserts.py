@@ -52,11 +52,8 @@ def _failure(kernel: str, which: str, message, detail: str = ""):
 
 
 def _static_assert_location(caller) -> str:
-  """" at FILE:LINE (`SOURCE`)" of a static assert's line ``caller``.
-
-  Where a function the kernel calls (Triton's library, a helper) holds the
-  assert, the kernel's own line that reached it follows.
-  """
+  """" at FILE:LINE (`SOURCE`)" of a static assert's line ``caller``, then
+  the kernel's line that reached it where that differs (a helper's assert)."""
   own = _bounds.source_line(caller.f_code.co_filename, caller.f_lineno)
   kernel_line = _bounds.running_kernel_location()
   if not kernel_line or kernel_line == own:

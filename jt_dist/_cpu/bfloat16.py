@@ -44,16 +44,8 @@ def to_bits(vals) -> np.ndarray:
 
 def _as_float32(handle):
   """A bf16 handle's values as float32 (other handles unchanged)."""
-  if is_bfloat16(handle.dtype.scalar):
-    return values(handle.data)
-  return handle.data
-
-
-def _rounded(result, fallback_type):
-  """A computed result as a handle: bf16 bits, or int1 for comparisons."""
-  if result.dtype == np.bool_:
-    return _interpreter.TensorHandle(result, tl.int1)
-  return _interpreter.TensorHandle(to_bits(result), fallback_type)
+  bf16 = is_bfloat16(handle.dtype.scalar)
+  return values(handle.data) if bf16 else handle.data
 
 
 def _any_bf16(*handles) -> bool:
@@ -106,8 +98,11 @@ def _on_values(original, typed_by_last=False):
     *handles, op = args
     if op is np.where or not _any_bf16(*handles):
       return original(self, *args)
+    result = op(*map(_as_float32, handles))
+    if result.dtype == np.bool_:
+      return _interpreter.TensorHandle(result, tl.int1)
     result_type = handles[-1].dtype.scalar if typed_by_last else tl.bfloat16
-    return _rounded(op(*map(_as_float32, handles)), result_type)
+    return _interpreter.TensorHandle(to_bits(result), result_type)
   return method
 
 

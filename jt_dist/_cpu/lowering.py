@@ -56,11 +56,8 @@ _POISON_BYTE = 0xFF
 
 
 class _HostPointer:
-  """What the interpreter needs of a tensor: an address and an element type.
-
-  With the bounds check on, the address is the checker's tagged address for
-  the buffer rather than its real one.
-  """
+  """What the interpreter needs of a tensor: an address (with the bounds
+  check on, the checker's tagged one) and an element type."""
 
   __slots__ = ("buffer", "dtype", "address")
 
@@ -163,11 +160,10 @@ def _fill_buffers(spec, ctx, outputs, *inputs):
 
 
 def _launch_filed(spec, inputs, outputs):
-  """``_launch``, its fault filed for the front door to raise."""
+  """``_launch``, its fault (Ctrl-C too) filed for the front door to raise."""
   try:
     _launch(spec, inputs, outputs)
   except BaseException as e:  # pylint: disable=broad-except
-    # Ctrl-C too: the front door raises it as itself.
     raise _host_faults.file(e) from None
 
 
@@ -186,14 +182,8 @@ def _in_parameter_order(spec, args, kwargs):
   params = spec.info.params
   last = max((i for i, p in enumerate(params) if p.name in by_name),
              default=-1)
-  ordered = []
-  for param in params[:last + 1]:
-    if param.name in by_name:
-      ordered.append(by_name[param.name])
-    elif param.name in kwargs:
-      ordered.append(kwargs.pop(param.name))
-    else:
-      ordered.append(param.default)
+  ordered = [by_name[p.name] if p.name in by_name
+             else kwargs.pop(p.name, p.default) for p in params[:last + 1]]
   return ordered, kwargs
 
 
@@ -272,15 +262,12 @@ def _host_call(*arrays, spec, platform):
     return buffer_callback(functools.partial(_fill_buffers, spec),
                            result_shapes,
                            has_side_effect=spec.has_side_effect)(*arrays)
+  callback = functools.partial(run_on_host, spec)
   if spec.has_side_effect:
     # An io_callback's custom call is marked as having side effects, so XLA
     # keeps it when its results are unused.
-    return io_callback(
-        functools.partial(run_on_host, spec), result_shapes, *arrays,
-        ordered=False)
-  return jax.pure_callback(
-      functools.partial(run_on_host, spec), result_shapes, *arrays
-  )
+    return io_callback(callback, result_shapes, *arrays, ordered=False)
+  return jax.pure_callback(callback, result_shapes, *arrays)
 
 
 def cpu_lowering(ctx, *args, spec):
@@ -318,11 +305,8 @@ def cpu_lowering(ctx, *args, spec):
 
 
 def _own_target_call(ctx, *args, spec):
-  """A CPU call with a ``cost_estimate``: jt_dist's own FFI target.
-
-  It runs what the buffer callback runs, on XLA's buffers, and carries the
-  estimate as ``cost_estimate_json``, as jax-triton 0.4 records it on GPUs.
-  """
+  """A CPU call with a ``cost_estimate``: jt_dist's own FFI target, which
+  runs what the buffer callback runs and carries ``cost_estimate_json``."""
   index = _ffi_target.add_call(
       lambda inputs, outputs: _fill_buffers(spec, None, outputs, *inputs),
       ctx.avals_in, ctx.avals_out, ctx.module_context)

@@ -155,11 +155,8 @@ class KernelNamed:
 
 
 class MinMaxOnValues(KernelNamed):
-  """``min_max`` of ``ReduceOps`` on bf16 values; refused on float8.
-
-  Maxima and minima ignore NaN, as Triton 3.9's interpreter reduces them
-  (``_interpreter.nan_ignoring``).
-  """
+  """``min_max`` of ``ReduceOps`` on bf16 values (ignoring NaN, as Triton
+  3.9's interpreter does); refused on float8."""
 
   def min_max(self, input, val_reduce_op, idx_reduce_op=None):  # pylint: disable=redefined-builtin
     first = input[0] if isinstance(input, tuple) else input

@@ -37,12 +37,8 @@ InterpretedFunction = _interpreter.InterpretedFunction
 
 
 class _HostBufferExecutor(_interpreter.GridExecutor):
-  """Triton's grid executor, fed host buffers instead of torch tensors.
-
-  Upstream copies torch device tensors to the host before the launch and back
-  after it. jt_dist hands the interpreter NumPy buffers that already live on
-  the host, so both copies are identities.
-  """
+  """Triton's grid executor, fed host buffers instead of torch tensors:
+  upstream's copies of device tensors to the host and back are identities."""
 
   def _init_args_hst(self, args_dev, kwargs):
     return list(args_dev), dict(kwargs)
@@ -169,10 +165,8 @@ def _helpers_run_interpreted():
   """Lets a kernel call ``@triton.jit`` helpers while it is interpreted.
 
   Outside ``TRITON_INTERPRET=1`` the helpers are ``JITFunction``s, whose
-  ``__call__`` refuses to run outside a compiled kernel. For the duration of
-  one interpreted launch (the caller holds the interpreter lock) the call is
-  routed to the helper's interpreted form; ``triton.language`` is already
-  patched by the enclosing launch, so the helper needs no patching of its own.
+  ``__call__`` refuses to run outside a compiled kernel; for one launch the
+  call runs the helper's interpreted form, under the launch's patches.
   """
   def call_interpreted(self, *args, **kwargs):
     return _interpreted(self.fn).rewrite()(*args, **kwargs)

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import linecache
 import sys
 
 import numpy as np
@@ -53,14 +52,9 @@ def _failure(kernel: str, which: str, message, detail: str = ""):
 
 
 def _static_assert_location(caller) -> str:
-  """" at FILE:LINE (`SOURCE`)" of a static assert's line ``caller``.
-
-  Where a function the kernel calls (Triton's library, a helper) holds the
-  assert, the kernel's own line that reached it follows.
-  """
-  filename, lineno = caller.f_code.co_filename, caller.f_lineno
-  source = linecache.getline(filename, lineno).strip()
-  own = f"{filename}:{lineno}" + (f" (`{source}`)" if source else "")
+  """" at FILE:LINE (`SOURCE`)" of a static assert's line ``caller``, then
+  the kernel's line that reached it where that differs (a helper's assert)."""
+  own = _bounds.source_line(caller.f_code.co_filename, caller.f_lineno)
   kernel_line = _bounds.running_kernel_location()
   if not kernel_line or kernel_line == own:
     return f" at {own}"
@@ -69,17 +63,12 @@ def _static_assert_location(caller) -> str:
 
 @contextlib.contextmanager
 def kernel_asserts(kernel: str, debug: bool):
-  """Turns the interpreter's asserts on (``debug``) and names failures.
+  """Turns device asserts on with the call's ``debug`` and names failures.
 
   Enter inside ``_interpreter.language_patched()``: the
   ``static_assert`` it installs replaces the interpreter's.
-
-  Args:
-    kernel: the kernel's name, for the messages.
-    debug: the call's ``debug`` flag; device asserts run only when set.
   """
   builder = _interpreter.builder()
-  saved_options = builder.options
 
   def create_assert(self, condition, message):
     del self
@@ -90,17 +79,11 @@ def kernel_asserts(kernel: str, debug: bool):
 
   def static_assert(cond, msg="", **kwargs):
     del kwargs
-    if isinstance(cond, tl.constexpr):
-      cond = cond.value
-    if not cond:
+    if not cond:  # A constexpr's truth is its value's.
       where = _static_assert_location(sys._getframe(1))  # pylint: disable=protected-access
-      text = msg.value if isinstance(msg, tl.constexpr) else msg
-      raise _failure(kernel, "tl.static_assert", text or "(no message)",
-                     where)
+      raise _failure(kernel, "tl.static_assert", msg or "(no message)", where)
 
-  options = _launch_options(saved_options, bool(debug))
-  # The language modules are patched already (static_assert among them);
-  # this replaces it after them.
+  options = _launch_options(builder.options, bool(debug))
   with (_compat.attributes_replaced(builder, {"options": options}),
         _compat.attributes_replaced(_interpreter.InterpreterBuilder,
                                     {"create_assert": create_assert}),

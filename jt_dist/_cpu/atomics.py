@@ -4,21 +4,14 @@ The interpreter hands ``tl.atomic_xchg`` and ``tl.atomic_add`` to its native
 module, which exchanges only integers and adds only float16, float32,
 float64 and integers: a float32 exchange or a bfloat16 add raises
 "Unsupported data type", where GPUs run both. For one launch (the caller
-holds the interpreter lock):
-
-* a float exchange exchanges the bits, as integers of the same width;
-* a bf16 add is a 16-bit compare-and-swap per lane, lanes in order, with
-  the sum rounded to bf16 as a GPU's bf16 atomic add rounds it. Lanes that
-  go to an address an earlier lane of the same call updated wait for a
-  later round, so each address sees its lanes in order.
-
-Both go through the interpreter's memory module, checked (``bounds``) and
+holds the interpreter lock) a float exchange exchanges the bits, as integers
+of the same width, and a bf16 add is a 16-bit compare-and-swap per lane,
+lanes in order, with the sum rounded to bf16 as a GPU rounds it. Both go
+through the interpreter's memory module, checked (``bounds``) and
 journalled as any atomic.
 """
 
 from __future__ import annotations
-
-import contextlib
 
 import numpy as np
 import triton.language as tl
@@ -47,7 +40,11 @@ def _ranks(addresses) -> np.ndarray:
 
 
 def _bf16_add(ptr, val, mask, sem) -> TensorHandle:
-  """``tl.atomic_add`` of bf16 values, lane after lane (see above)."""
+  """``tl.atomic_add`` of bf16 values, lane after lane.
+
+  Lanes that go to an address an earlier lane of the call updated wait for
+  a later round, so each address sees its lanes in order.
+  """
   ptrs, vals, on = np.broadcast_arrays(
       np.asarray(ptr.data), np.asarray(val.data),
       np.asarray(mask.data, dtype=bool))
@@ -85,10 +82,8 @@ def _atomic_rmw(original):
   return create_atomic_rmw
 
 
-@contextlib.contextmanager
 def float_atomics_on_values():
   """Runs float exchanges and bf16 adds for one launch (see above)."""
   builder = _interpreter.InterpreterBuilder
-  with _compat.attributes_replaced(builder, {
-      "create_atomic_rmw": _atomic_rmw(builder.create_atomic_rmw)}):
-    yield
+  return _compat.attributes_replaced(builder, {
+      "create_atomic_rmw": _atomic_rmw(builder.create_atomic_rmw)})

@@ -16,8 +16,6 @@ reductions and scans are in ``reductions``.
 
 from __future__ import annotations
 
-import contextlib
-
 import ml_dtypes
 import numpy as np
 import triton.language as tl
@@ -46,16 +44,8 @@ def to_bits(vals) -> np.ndarray:
 
 def _as_float32(handle):
   """A bf16 handle's values as float32 (other handles unchanged)."""
-  if is_bfloat16(handle.dtype.scalar):
-    return values(handle.data)
-  return handle.data
-
-
-def _rounded(result, fallback_type):
-  """A computed result as a handle: bf16 bits, or int1 for comparisons."""
-  if result.dtype == np.bool_:
-    return _interpreter.TensorHandle(result, tl.int1)
-  return _interpreter.TensorHandle(to_bits(result), fallback_type)
+  bf16 = is_bfloat16(handle.dtype.scalar)
+  return values(handle.data) if bf16 else handle.data
 
 
 def _any_bf16(*handles) -> bool:
@@ -97,31 +87,23 @@ def _dot(original):
   return create_dot
 
 
-def _binary_op(original):
-  def binary_op(self, lhs, rhs, op):
-    if not _any_bf16(lhs, rhs):
-      return original(self, lhs, rhs, op)
-    return _rounded(op(_as_float32(lhs), _as_float32(rhs)), tl.bfloat16)
-  return binary_op
+def _on_values(original, typed_by_last=False):
+  """``binary_op``, ``unary_op`` or ``ternary_op`` on bf16 values.
 
-
-def _unary_op(original):
-  # Upstream's negation of the bits wraps them as a uint16.
-  def unary_op(self, arg, op):
-    if not _any_bf16(arg):
-      return original(self, arg, op)
-    return _rounded(op(_as_float32(arg)), tl.bfloat16)
-  return unary_op
-
-
-def _ternary_op(original):
-  # A select (np.where) moves bits unchanged; a clamp compares values.
-  def ternary_op(self, lhs, rhs, other, op):
-    if op is np.where or not _any_bf16(lhs, rhs, other):
-      return original(self, lhs, rhs, other, op)
-    result = op(_as_float32(lhs), _as_float32(rhs), _as_float32(other))
-    return _rounded(result, other.dtype.scalar)
-  return ternary_op
+  Upstream's negation of the bits wraps them as a uint16. A select
+  (np.where) moves bits unchanged; a clamp compares values. The result is
+  bf16 (int1 for a comparison), or ``typed_by_last`` the last operand's type.
+  """
+  def method(self, *args):
+    *handles, op = args
+    if op is np.where or not _any_bf16(*handles):
+      return original(self, *args)
+    result = op(*map(_as_float32, handles))
+    if result.dtype == np.bool_:
+      return _interpreter.TensorHandle(result, tl.int1)
+    result_type = handles[-1].dtype.scalar if typed_by_last else tl.bfloat16
+    return _interpreter.TensorHandle(to_bits(result), result_type)
+  return method
 
 
 def _odd_float32(x, y, z):
@@ -170,17 +152,15 @@ def _print(original):
   return create_print
 
 
-@contextlib.contextmanager
 def bfloat16_like_compiled():
   """Routes the interpreter's bf16 arithmetic for one launch (see above)."""
   builder = _interpreter.InterpreterBuilder
-  with _compat.attributes_replaced(builder, {
+  return _compat.attributes_replaced(builder, {
       "cast_impl": _cast_impl(builder.cast_impl),
       "create_dot": _dot(builder.create_dot),
-      "binary_op": _binary_op(builder.binary_op),
-      "unary_op": _unary_op(builder.unary_op),
-      "ternary_op": _ternary_op(builder.ternary_op),
+      "binary_op": _on_values(builder.binary_op),
+      "unary_op": _on_values(builder.unary_op),
+      "ternary_op": _on_values(builder.ternary_op, typed_by_last=True),
       "create_fma": _fma(builder.create_fma),
       "create_print": _print(builder.create_print),
-      "get_bf16": _constant}):
-    yield
+      "get_bf16": _constant})

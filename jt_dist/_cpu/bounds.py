@@ -1,22 +1,16 @@
 """Bounds and initialisation checks for kernels run through the interpreter.
 
 The interpreter reads and writes raw host addresses, so a kernel that goes
-past its buffer returns garbage or kills the process. With the check on,
-each pointer parameter gets a *tagged* address instead of its buffer's real
-one: parameter ``k`` lives at ``(k + 1) << 40`` plus half a region, so any
-pointer the kernel derives from it, even with a negative or huge offset,
-still names ``k`` (its top bits) and its byte offset (the rest). Every
-access is translated back to a real address only after its masked lanes
-have been checked against the buffer's extent, so a bad access raises
-before any memory is touched.
-
-Output buffers the kernel must write before reading also carry a byte map
-of what the launch has written; a load or atomic from an unwritten byte
-raises too. Aliased outputs (they hold the input) and zeroed outputs start
-written.
-
-``JT_DIST_BOUNDS_CHECK=0`` (``jt_dist._settings``, read at each launch by
-``lowering``) runs launches unchecked.
+past its buffer returns garbage or kills the process. With the check on
+(``JT_DIST_BOUNDS_CHECK``, read at each launch by ``lowering``), pointer
+parameter ``k`` gets the *tagged* address ``(k + 1) << 40`` plus half a
+region: any pointer derived from it, even with a negative or huge offset,
+still names ``k`` (its top bits) and its byte offset (the rest). An access
+is translated back to real addresses only after its masked lanes are
+checked against the buffer's extent, so a bad one raises before memory is
+touched. Outputs the kernel must write before reading also carry a byte
+map of what the launch wrote, and reading an unwritten byte raises too
+(aliased and zeroed outputs start written).
 """
 
 from __future__ import annotations
@@ -25,6 +19,7 @@ import dataclasses
 import linecache
 import os
 import sys
+import traceback
 
 import numpy as np
 import triton
@@ -61,8 +56,8 @@ class MemoryChecker:
     self.kernel = kernel
     self.buffers = buffers
     n = len(buffers)
-    real = np.array([b.array.ctypes.data for b in buffers] or [0], np.uint64)
-    self._real = real
+    self._real = real = np.array([b.array.ctypes.data for b in buffers]
+                                 or [0], np.uint64)
     self._nbytes = np.array([b.array.nbytes for b in buffers] or [0], np.int64)
     tags = (np.arange(1, max(n, 1) + 1, dtype=np.uint64) << _REGION_BITS)
     low_bits = real & np.uint64(_ALIGN_MASK)
@@ -78,24 +73,15 @@ class MemoryChecker:
     """The [start, end) of the addresses that name buffer ``k``."""
     return (k + 1) << _REGION_BITS, (k + 2) << _REGION_BITS
 
-  def translate(self, op: str, ptrs, mask, itemsize: int, *, reads: bool,
-                writes: bool):
-    """Real addresses for ``ptrs`` after checking the lanes ``mask`` enables.
-
-    Raises:
-      OutOfBoundsAccessError: an enabled lane is outside its buffer.
-      UnwrittenOutputReadError: a read of output bytes not yet written.
-    """
-    ptrs = np.asarray(ptrs, dtype=np.uint64)
-    found = self.locate(op, ptrs, mask, itemsize, reads=reads, writes=writes)
-    if found is not None:
-      k, offset = found
-      return self._real[k] + offset.view(np.uint64)
-    return self.translate_lanes(op, ptrs, mask, itemsize, reads, writes)
+  def real(self, k: int, offsets) -> np.ndarray:
+    """Real addresses of byte ``offsets`` into buffer ``k``."""
+    return self._real[k] + offsets.view(np.uint64)
 
   def translate_lanes(self, op, ptrs, mask, itemsize, reads, writes):
-    """``translate`` lane by lane: pointers into several buffers, or an
-    access to describe as an error."""
+    """Real addresses for ``ptrs`` after checking, lane by lane, the lanes
+    ``mask`` enables (``OutOfBoundsAccessError`` outside their buffers,
+    ``UnwrittenOutputReadError`` reading unwritten output bytes): pointers
+    into several buffers, or an access to describe as an error."""
     ptrs = np.asarray(ptrs, dtype=np.uint64)
     on = np.broadcast_to(np.asarray(mask, dtype=bool), ptrs.shape)
     index = (ptrs >> np.uint64(_REGION_BITS)).astype(np.int64) - 1
@@ -108,17 +94,16 @@ class MemoryChecker:
       raise self._out_of_bounds(op, index, known, offset, bad, on, itemsize)
     if self._tracks_writes:
       self._track(op, index, offset, on, itemsize, reads, writes)
-    real = self._real[index] + np.where(inside, offset, 0).astype(np.uint64)
-    return real
+    return self._real[index] + np.where(inside, offset, 0).astype(np.uint64)
 
   def locate(self, op: str, ptrs, mask, itemsize: int, *, reads: bool,
              writes: bool):
     """``(k, byte offsets)`` where every lane names buffer ``k`` (the usual
     case) and every enabled lane is inside it; else None.
 
-    Checks and records as ``translate`` does. Lanes the mask turns off get
-    offset 0, so a gather over every lane stays inside the buffer. None
-    leaves ``translate``'s general path to describe what is wrong.
+    Checks and records as ``translate_lanes`` does. Lanes the mask turns off
+    get offset 0, so a gather over every lane stays inside the buffer. None
+    leaves ``translate_lanes`` to describe what is wrong.
     """
     ptrs = np.asarray(ptrs, dtype=np.uint64)
     if not ptrs.size:
@@ -189,10 +174,8 @@ class MemoryChecker:
     found = []
     for k, b in enumerate(self.buffers):
       # The whole map first: one fast pass where all was written.
-      if b.written is None or not b.array.size or b.written.all():
-        continue
-      whole = b.written.reshape(b.array.size, b.array.itemsize).all(axis=1)
-      if not whole.all():
+      if b.written is not None and b.array.size and not b.written.all():
+        whole = b.written.reshape(b.array.size, b.array.itemsize).all(axis=1)
         found.append((k, np.flatnonzero(~whole)))
     return found
 
@@ -282,12 +265,10 @@ _INTERPRETER_DIRS = (
 def kernel_location(frames) -> str:
   """The kernel's line: ``"FILE:LINE (`SOURCE`)"``, or "" if none is found.
 
-  Args:
-    frames: ``(frame, line number)`` pairs, outermost first (as
-      ``traceback.walk_tb`` gives them). Below the first frame of a grid
-      loop (Triton's or jt_dist's), the deepest frame outside Triton, NumPy
-      and jt_dist._cpu is the kernel's line (or a ``@triton.jit``
-      helper's).
+  ``frames``: ``(frame, line number)`` pairs, outermost first (as
+  ``traceback.walk_tb`` gives them). Below the first frame of a grid loop
+  (Triton's or jt_dist's), the deepest frame outside Triton, NumPy and
+  jt_dist._cpu is the kernel's line (or a ``@triton.jit`` helper's).
   """
   found, inside = None, False
   for frame, lineno in frames:
@@ -297,21 +278,19 @@ def kernel_location(frames) -> str:
       inside = True
     elif inside and not path.startswith(_INTERPRETER_DIRS):
       found = (filename, lineno)
-  if found is None:
-    return ""
-  filename, lineno = found
+  return "" if found is None else source_line(*found)
+
+
+def source_line(filename: str, lineno: int) -> str:
+  """``"FILE:LINE (`SOURCE`)"``, without the source where none is found."""
   source = linecache.getline(filename, lineno).strip()
   return f"{filename}:{lineno}" + (f" (`{source}`)" if source else "")
 
 
 def running_kernel_location() -> str:
   """``kernel_location`` of the running kernel, from the current stack."""
-  frames = []
   frame = sys._getframe(1)  # pylint: disable=protected-access
-  while frame is not None:
-    frames.append((frame, frame.f_lineno))
-    frame = frame.f_back
-  return kernel_location(reversed(frames))
+  return kernel_location(reversed(list(traceback.walk_stack(frame))))
 
 
 def _stack_location() -> str:
@@ -347,41 +326,39 @@ class CheckedMemory:
     # Enums (MEM_SEMANTIC, RMW_OP) and anything else pass through.
     return getattr(self._native, name)
 
-  def _checked(self, op, ptrs, mask, itemsize, reads, writes):
-    """``(k, offsets)`` for HostMemory to reach buffer ``k`` by, or
-    ``(None, real addresses)`` for the module underneath."""
-    if not self._direct:
-      return None, self._checker.translate(op, ptrs, mask, itemsize,
-                                           reads=reads, writes=writes)
+  def _checked(self, op, ptrs, mask, itemsize, direct=False):
+    """``(k, offsets)`` for HostMemory to reach buffer ``k`` by (``direct``
+    accesses), or ``(None, real addresses)`` for the module underneath."""
+    reads, writes = op != "store", op != "load"
     found = self._checker.locate(op, ptrs, mask, itemsize, reads=reads,
                                  writes=writes)
     if found is None:
       return None, self._checker.translate_lanes(op, ptrs, mask, itemsize,
                                                  reads, writes)
-    return found, None
+    if direct and self._direct:
+      return found, None
+    return None, self._checker.real(*found)
 
   def load(self, ptrs, mask, other, dtype):
     found, real = self._checked("load", ptrs, mask, np.dtype(dtype).itemsize,
-                                True, False)
+                                direct=True)
     if found is not None:
       return self._native.load_at(*found, mask, other, dtype)
     return self._native.load(real, mask, other, dtype)
 
   def store(self, ptrs, values, mask):
     found, real = self._checked("store", ptrs, mask,
-                                np.asarray(values).dtype.itemsize, False, True)
+                                np.asarray(values).dtype.itemsize, direct=True)
     if found is not None:
       return self._native.store_at(*found, values, mask)
     return self._native.store(real, values, mask)
 
   def atomic_rmw(self, op, ptrs, values, mask, sem):
-    itemsize = np.asarray(values).dtype.itemsize
-    real = self._checker.translate("atomic", ptrs, mask, itemsize,
-                                   reads=True, writes=True)
+    _, real = self._checked("atomic", ptrs, mask,
+                            np.asarray(values).dtype.itemsize)
     return self._native.atomic_rmw(op, real, values, mask, sem)
 
   def atomic_cas(self, ptrs, cmp, values, sem):
-    itemsize = np.asarray(values).dtype.itemsize
-    real = self._checker.translate("atomic_cas", ptrs, True, itemsize,
-                                   reads=True, writes=True)
+    _, real = self._checked("atomic_cas", ptrs, True,
+                            np.asarray(values).dtype.itemsize)
     return self._native.atomic_cas(real, cmp, values, sem)

@@ -1,18 +1,16 @@
 """jt_dist's own CPU custom-call target: an XLA FFI handler made with ctypes.
 
 JAX's buffer callback (the CPU route, see lowering.py) lowers to a custom
-call whose handler takes exactly one attribute, so a CPU call cannot carry
+call whose handler takes exactly one attribute, so it cannot carry
 jax-triton's ``cost_estimate_json``. A call with a ``cost_estimate`` lowers
 instead to this target, which runs the same host function on XLA's buffers
-and records the estimate as jax-triton 0.4 does on GPUs (XLA's CPU cost
-analysis does not read it: a custom call counts as unknown there).
+and records the estimate as jax-triton 0.4 does on GPUs.
 
-The handler is a ctypes trampoline (no compiler, no extension module),
-registered once per process, lazily from the lowering rule: by then the CPU
-backend exists, so a failed registration raises where it can be caught
-(before it, jax replays registrations when it makes the CPU client, and a
-bad one breaks the whole backend). If registration fails the call keeps the
-buffer-callback route.
+The handler is a ctypes trampoline, registered once per process, lazily
+from the lowering rule: by then the CPU backend exists, so a failed
+registration raises where it can be caught (earlier, jax replays it when it
+makes the CPU client, and a bad one breaks the backend); the call then keeps
+the buffer-callback route.
 """
 
 from __future__ import annotations

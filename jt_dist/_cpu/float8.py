@@ -13,18 +13,13 @@ convert to float8_e4m3fn and float8_e5m2 (``cvt.rn.satfinite``); upstream,
 ties round up and large values come out wrong. Float8 constants
 (``tl.full``, a Python number next to a float8 operand) are rounded alike
 (upstream makes them from the number's integer part). Conversions from
-float8 and ``tl.dot`` take the values (upstream converts the bits, and
-turns NaN and infinities into large numbers and float8_e5m2's subnormals
-into float16 zeros); ``tl.device_print`` prints the values. Loads, stores,
-selects and ``tl.abs`` move bits and are left alone. Reductions and scans
-that add, multiply or compare float8 values are refused alike
-(``reductions``), and math functions by Triton itself (``math_dtypes``
-names them).
+float8, ``tl.dot`` and ``tl.device_print`` take the values (upstream, the
+bits). Loads, stores, selects and ``tl.abs`` move bits and are left alone.
+Reductions and scans are refused alike (``reductions``), and math functions
+by Triton itself (``math_dtypes`` names them).
 """
 
 from __future__ import annotations
-
-import contextlib
 
 import ml_dtypes
 import numpy as np
@@ -74,14 +69,13 @@ def _type_name(scalar) -> str:
 def refusal(kernel: str, what: str, scalar) -> _errors.KernelTypeError:
   """The error refusing operation ``what`` on float8 type ``scalar``.
 
-  Args:
-    kernel: the kernel's name.
-    what: the operation: a NumPy ufunc's name (spelled as the kernel spells
-      it, "add" as `+`) or a ``tl`` function ("tl.sum").
-    scalar: the float8 element type.
+  ``what`` is a NumPy ufunc's name (spelled as the kernel spells it, "add"
+  as `+`) or a ``tl`` function ("tl.sum").
   """
   spelled = _SPELLING.get(what)
   op = f"`{spelled}` ({what})" if spelled else f"{what}"
+  # The language names are the type names spelled out: fp8e5, float8e5.
+  language_name = scalar.name.replace("fp8", "float8", 1)
   return _errors.KernelTypeError(
       f"triton_call: kernel {kernel!r}, program id"
       f" {_interpreter.program_id()}: {op} on {_type_name(scalar)}"
@@ -90,13 +84,7 @@ def refusal(kernel: str, what: str, scalar) -> _errors.KernelTypeError:
       " reductions and scans made of them, and the CPU interpreter would"
       " apply them to the raw bits. Cast to a wider type first, e.g."
       " `x.to(tl.float32)`, and back with"
-      f" `.to(tl.{_language_name(scalar)})` for a float8 result.")
-
-
-def _language_name(scalar) -> str:
-  return {"fp8e4nv": "float8e4nv", "fp8e5": "float8e5",
-          "fp8e4b8": "float8e4b8", "fp8e5b16": "float8e5b16",
-          "fp8e4b15": "float8e4b15"}.get(scalar.name, scalar.name)
+      f" `.to(tl.{language_name})` for a float8 result.")
 
 
 def _source_values(handle):
@@ -129,13 +117,6 @@ def _narrowing_conversion(src, dst_type):
   return None if values is None else _to_float8(values, dst)
 
 
-def _saturating_conversion(src, dst_type, rounding_mode):
-  """A cast to float8 (``tl.cast``, ``.to``) on values, or None."""
-  if getattr(rounding_mode, "name", None) != "RTNE":
-    return None
-  return _narrowing_conversion(src, dst_type)
-
-
 def _constants() -> dict:
   """Builder constructors of float8 constants, by name, on values.
 
@@ -156,18 +137,15 @@ def _fp_trunc(original):
   # float8 constant 1.5 became the bits 0x01.
   def create_fp_trunc(self, src, dst_type):
     converted = _narrowing_conversion(src, dst_type)
-    if converted is None:
-      return original(self, src, dst_type)
-    return converted
+    return original(self, src, dst_type) if converted is None else converted
   return create_fp_trunc
 
 
 def _values(handle):
   """A float8 handle's values as float32, or None (no NumPy twin)."""
-  twin = _VALUE_TYPES.get(handle.dtype.scalar.name)
-  if twin is None:
-    return None
-  return np.asarray(handle.data).view(twin).astype(np.float32)
+  if handle.dtype.scalar.name in _VALUE_TYPES:
+    return _source_values(handle)
+  return None
 
 
 def _widening_conversion(src, dst_type):
@@ -185,6 +163,21 @@ def _widening_conversion(src, dst_type):
   if dst.name == "bf16":
     data = data.view(np.uint16)
   return _interpreter.TensorHandle(data, dst)
+
+
+def _fp_to_fp(original):
+  # A cast to float8 (``tl.cast``, ``.to``) or from it, on values.
+  def create_fp_to_fp(self, src, dst_type, rounding_mode):
+    # (A handle's truth is its data's: compared with None, not `or`ed.)
+    converted = None
+    if getattr(rounding_mode, "name", None) == "RTNE":
+      converted = _narrowing_conversion(src, dst_type)
+    if converted is None:
+      converted = _widening_conversion(src, dst_type)
+    if converted is None:
+      return original(self, src, dst_type, rounding_mode)
+    return converted
+  return create_fp_to_fp
 
 
 def _dot(original):
@@ -211,7 +204,20 @@ def _print(original):
   return create_print
 
 
-@contextlib.contextmanager
+def _refusing(kernel, original, operands: int, what=None):
+  """``original`` refusing float8 among its first ``operands`` arguments.
+
+  The operation is named ``what``, or by the last argument (a NumPy
+  ufunc). A select (np.where) moves bits unchanged and is left alone.
+  """
+  def method(self, *args):
+    scalar = _float8_type(*args[:operands])
+    if scalar is None or args[-1] is np.where:
+      return original(self, *args)
+    raise refusal(kernel, what or args[-1].__name__, scalar)
+  return method
+
+
 def float8_like_compiled(kernel: str):
   """Routes the interpreter's float8 arithmetic for one launch (see above).
 
@@ -219,57 +225,15 @@ def float8_like_compiled(kernel: str):
     kernel: the kernel's name, for the messages.
   """
   builder = _interpreter.InterpreterBuilder
-  saved = {name: getattr(builder, name)
-           for name in ("binary_op", "unary_op", "ternary_op", "create_fma",
-                        "create_clampf", "create_fp_to_fp")}
-
-  def binary_op(self, lhs, rhs, op):
-    scalar = _float8_type(lhs, rhs)
-    if scalar is None:
-      return saved["binary_op"](self, lhs, rhs, op)
-    raise refusal(kernel, op.__name__, scalar)
-
-  def unary_op(self, arg, op):
-    scalar = _float8_type(arg)
-    if scalar is None:
-      return saved["unary_op"](self, arg, op)
-    raise refusal(kernel, op.__name__, scalar)
-
-  def ternary_op(self, lhs, rhs, other, op):
-    # A select (np.where) moves bits unchanged; a clamp compares values.
-    scalar = _float8_type(lhs, rhs, other)
-    if scalar is None or op is np.where:
-      return saved["ternary_op"](self, lhs, rhs, other, op)
-    raise refusal(kernel, op.__name__, scalar)
-
-  def create_fma(self, x, y, z):
-    scalar = _float8_type(x, y, z)
-    if scalar is None:
-      return saved["create_fma"](self, x, y, z)
-    raise refusal(kernel, "tl.fma", scalar)
-
-  def create_clampf(self, arg, lo, hi, propagate_nans):
-    # Refused as the clamp it is, before upstream splits it into a maximum
-    # and a minimum.
-    scalar = _float8_type(arg, lo, hi)
-    if scalar is None:
-      return saved["create_clampf"](self, arg, lo, hi, propagate_nans)
-    raise refusal(kernel, "clip", scalar)
-
-  def create_fp_to_fp(self, src, dst_type, rounding_mode):
-    # (A handle's truth is its data's: compared with None, not `or`ed.)
-    converted = _saturating_conversion(src, dst_type, rounding_mode)
-    if converted is None:
-      converted = _widening_conversion(src, dst_type)
-    if converted is None:
-      return saved["create_fp_to_fp"](self, src, dst_type, rounding_mode)
-    return converted
-
-  with _compat.attributes_replaced(builder, {
-      "binary_op": binary_op, "unary_op": unary_op,
-      "ternary_op": ternary_op, "create_fma": create_fma,
-      "create_clampf": create_clampf, "create_fp_to_fp": create_fp_to_fp,
+  # A clamp is refused as the clamp it is, before upstream splits it into a
+  # maximum and a minimum.
+  return _compat.attributes_replaced(builder, {
+      "binary_op": _refusing(kernel, builder.binary_op, 2),
+      "unary_op": _refusing(kernel, builder.unary_op, 1),
+      "ternary_op": _refusing(kernel, builder.ternary_op, 3),
+      "create_fma": _refusing(kernel, builder.create_fma, 3, "tl.fma"),
+      "create_clampf": _refusing(kernel, builder.create_clampf, 3, "clip"),
+      "create_fp_to_fp": _fp_to_fp(builder.create_fp_to_fp),
       "create_fp_trunc": _fp_trunc(builder.create_fp_trunc),
       "create_dot": _dot(builder.create_dot),
-      "create_print": _print(builder.create_print), **_constants()}):
-    yield
+      "create_print": _print(builder.create_print), **_constants()})

@@ -27,28 +27,21 @@ class HostMemory:
     # Atomics, enums (MEM_SEMANTIC, RMW_OP) and anything else pass through.
     return getattr(self._native, name)
 
-  def _view(self, k: int, dtype: np.dtype):
-    """Buffer ``k`` as a flat array of ``dtype`` if its elements are
-    aligned there; else None."""
-    itemsize = dtype.itemsize
-    array = self._arrays[k]
-    # An empty buffer has no element 0 for the lanes a mask turns off.
-    if (itemsize not in (1, 2, 4, 8) or array.nbytes % itemsize
-        or self._starts[k] % itemsize or not array.nbytes):
-      return None
-    return array.reshape(-1).view(np.uint8).view(dtype)
-
   def _at(self, k: int, offsets, dtype: np.dtype, in_place: bool = False):
     """(flat view, element indices) for byte ``offsets`` into buffer ``k``
     (all inside it), or None where misaligned. ``in_place`` turns the
     offsets themselves into the indices."""
-    flat = self._view(k, dtype)
     itemsize = dtype.itemsize
-    # The buffer's start is aligned, so every address is where the OR of
-    # the offsets is: one pass, with no temporary array.
-    if flat is None or (itemsize > 1 and int(
-        np.bitwise_or.reduce(offsets, axis=None)) & (itemsize - 1)):
+    array = self._arrays[k]
+    # An empty buffer has no element 0 for the lanes a mask turns off. The
+    # buffer's start is aligned, so every address is where the OR of the
+    # offsets is: one pass, with no temporary array.
+    if (itemsize not in (1, 2, 4, 8) or array.nbytes % itemsize
+        or self._starts[k] % itemsize or not array.nbytes
+        or (itemsize > 1 and int(np.bitwise_or.reduce(offsets, axis=None))
+            & (itemsize - 1))):
       return None
+    flat = array.reshape(-1).view(np.uint8).view(dtype)
     shift = itemsize.bit_length() - 1
     if in_place and isinstance(offsets, np.ndarray) and offsets.flags.writeable:
       return flat, np.right_shift(offsets, shift, out=offsets)
@@ -79,32 +72,29 @@ class HostMemory:
       return self._native.store(self._real(k, offsets), values, mask)
     return None
 
-  def _elements(self, ptrs, dtype):
-    """(flat view of the buffer as ``dtype``, element indices), or None."""
-    if ptrs.size == 0:
-      return None
-    lo, hi = int(ptrs.min()), int(ptrs.max())
-    for k, (array, start) in enumerate(zip(self._arrays, self._starts)):
-      if start <= lo and hi + dtype.itemsize <= start + array.nbytes:
-        # Fresh offsets, and a fallback goes by ``ptrs``: shift in place.
-        return self._at(k, (ptrs - np.uint64(start)).view(np.int64), dtype,
-                        in_place=True)
+  def _buffer(self, ptrs, itemsize: int):
+    """(k, fresh byte offsets) where buffer ``k`` holds all of ``ptrs``, or
+    None."""
+    if ptrs.size:
+      lo, hi = int(ptrs.min()), int(ptrs.max())
+      for k, (array, start) in enumerate(zip(self._arrays, self._starts)):
+        if start <= lo and hi + itemsize <= start + array.nbytes:
+          return k, (ptrs - np.uint64(start)).view(np.int64)
     return None
 
   def load(self, ptrs, mask, other, dtype):
     ptrs = np.asarray(ptrs)
-    found = self._elements(ptrs, np.dtype(dtype))
+    found = self._buffer(ptrs, np.dtype(dtype).itemsize)
     if found is None:
       return self._native.load(ptrs, mask, other, dtype)
-    return _gather(*found, mask, other)
+    return self.load_at(*found, mask, other, dtype)
 
   def store(self, ptrs, values, mask):
     ptrs, values = np.asarray(ptrs), np.asarray(values)
-    found = self._elements(ptrs, values.dtype)
-    if (found is None or not found[0].flags.writeable
-        or not _scatter(*found, values, mask)):
+    found = self._buffer(ptrs, values.dtype.itemsize)
+    if found is None:
       return self._native.store(ptrs, values, mask)
-    return None
+    return self.store_at(*found, values, mask)
 
 
 def _gather(flat, elements, mask, other):

@@ -1,26 +1,18 @@
 """Ctrl-C during a CPU launch leaves the launch as the signal's own exception.
 
-Python runs a signal's handler between two bytecodes, so Ctrl-C raises
-``KeyboardInterrupt`` inside whatever Python code a launch is running at the
-time, and some of that code runs under C functions that replace the
-exception with their own. NumPy does: when it reads a shape through Python
-(Triton 3.9's block shapes are ``tl.tuple`` objects, whose ``__iter__`` is
-Python) and the read raises, it reports ``TypeError: expected a sequence of
-integers or a single integer``. Triton's interpreter then wraps that as a
-fault of the kernel, and the caller sees an ``InterpreterError`` instead of
-the interrupt.
+Ctrl-C raises ``KeyboardInterrupt`` inside whatever Python code a launch
+runs, and some of it runs under C functions that replace the exception: when
+NumPy reads a shape through Python (Triton 3.9's ``tl.tuple`` block shapes)
+and the read raises, it reports ``TypeError: expected a sequence of
+integers``, which Triton's interpreter wraps as a fault of the kernel.
 
-For the length of a launch on the main thread, ``signal_kept`` wraps the
-SIGINT handler in force: the wrapper runs it as it is and remembers what it
-raised. If the launch then fails with anything else, that exception is
-replaced by the handler's. Nothing changes where the handler raises
-nothing, where it is not a Python function (``SIG_IGN``, ``SIG_DFL``), or
-off the main thread, which never runs signal handlers.
-
-Code that catches broad exceptions inside the launch (the vectorised
-interpreter, which gives way to one program at a time on any error) calls
-``raise_if_interrupted`` first, so that an interrupt it caught in another
-form stops the launch instead of starting it over.
+For a launch on the main thread, ``signal_kept`` wraps the SIGINT handler
+in force (a Python function; ``SIG_IGN`` and ``SIG_DFL`` are left alone) and
+remembers what it raised; a launch that then fails with anything else
+raises the handler's exception instead. Code that catches broad exceptions
+inside the launch (the vectorised interpreter, which gives way to one
+program at a time on any error) calls ``raise_if_interrupted`` first, so
+that an interrupt caught in another form stops the launch.
 """
 
 from __future__ import annotations
@@ -35,27 +27,17 @@ _raised: list[BaseException] | None = None
 
 
 def raise_if_interrupted() -> None:
-  """Raises the exception SIGINT raised during this launch, if it did.
-
-  Raises:
-    BaseException: the handler's own exception (``KeyboardInterrupt`` under
-      Python's default handler), when a signal arrived in this launch.
-  """
+  """Raises what SIGINT's handler raised during this launch, if it did
+  (``KeyboardInterrupt`` under Python's default handler)."""
   if _raised and threading.current_thread() is threading.main_thread():
     raise _raised[0]
 
 
 @contextlib.contextmanager
 def signal_kept():
-  """Within the block, SIGINT's exception is the one that leaves it.
-
-  Yields:
-    None.
-  """
-  if threading.current_thread() is not threading.main_thread():
-    yield
-    return
-  previous = signal.getsignal(signal.SIGINT)
+  """Within the block, SIGINT's exception is the one that leaves it."""
+  main = threading.current_thread() is threading.main_thread()
+  previous = signal.getsignal(signal.SIGINT) if main else None
   if not callable(previous):
     yield
     return

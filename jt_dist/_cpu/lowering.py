@@ -56,11 +56,8 @@ _POISON_BYTE = 0xFF
 
 
 class _HostPointer:
-  """What the interpreter needs of a tensor: an address and an element type.
-
-  With the bounds check on, the address is the checker's tagged address for
-  the buffer rather than its real one.
-  """
+  """What the interpreter needs of a tensor: an address (with the bounds
+  check on, the checker's tagged one) and an element type."""
 
   __slots__ = ("buffer", "dtype", "address")
 
@@ -73,22 +70,15 @@ class _HostPointer:
     return self.address
 
 
-def _log_once(spec) -> None:
+def _first_time(seen: set[str], spec) -> str | None:
+  """The kernel's qualified name, or None if it is in ``seen`` already."""
   fn = spec.info.python_fn
   key = f"{fn.__module__}.{fn.__qualname__}"
   with _INTERPRETER_LOCK:
-    if key in _logged_kernels:
-      return
-    _logged_kernels.add(key)
-  logger.info(
-      "jt_dist: kernel %s runs through Triton's interpreter on the CPU"
-      " (%d program instances per launch); expect it to be slow.",
-      key, int(np.prod(spec.launches[0].grid)),
-  )
-
-
-def _new_outputs(spec):
-  return [np.empty(shape, dtype) for shape, dtype in spec.out_shapes]
+    if key in seen:
+      return None
+    seen.add(key)
+  return key
 
 
 def _prepare_outputs(spec, launch, inputs, outputs):
@@ -152,12 +142,8 @@ def run_on_host(spec, *arrays):
   ``JT_DIST_AUTOTUNE_CPU=time`` or a pin says otherwise); a spec with
   several runs its first.
   """
-  inputs = [np.ascontiguousarray(a) for a in arrays]
-  outputs = _new_outputs(spec)
-  try:
-    _launch(spec, inputs, outputs)
-  except BaseException as e:  # pylint: disable=broad-except
-    raise _host_faults.file(e) from None
+  outputs = [np.empty(shape, dtype) for shape, dtype in spec.out_shapes]
+  _launch_filed(spec, [np.ascontiguousarray(a) for a in arrays], outputs)
   return tuple(outputs)
 
 
@@ -169,12 +155,15 @@ def _fill_buffers(spec, ctx, outputs, *inputs):
   may be the caller's array.
   """
   del ctx
+  _launch_filed(spec, [np.array(np.asarray(b), order="C") for b in inputs],
+                [np.asarray(b) for b in outputs])
+
+
+def _launch_filed(spec, inputs, outputs):
+  """``_launch``, its fault (Ctrl-C too) filed for the front door to raise."""
   try:
-    host_inputs = [np.array(np.asarray(b), order="C") for b in inputs]
-    host_outputs = [np.asarray(b) for b in outputs]
-    _launch(spec, host_inputs, host_outputs)
+    _launch(spec, inputs, outputs)
   except BaseException as e:  # pylint: disable=broad-except
-    # Ctrl-C too: the front door raises it as itself.
     raise _host_faults.file(e) from None
 
 
@@ -193,19 +182,18 @@ def _in_parameter_order(spec, args, kwargs):
   params = spec.info.params
   last = max((i for i, p in enumerate(params) if p.name in by_name),
              default=-1)
-  ordered = []
-  for param in params[:last + 1]:
-    if param.name in by_name:
-      ordered.append(by_name[param.name])
-    elif param.name in kwargs:
-      ordered.append(kwargs.pop(param.name))
-    else:
-      ordered.append(param.default)
+  ordered = [by_name[p.name] if p.name in by_name
+             else kwargs.pop(p.name, p.default) for p in params[:last + 1]]
   return ordered, kwargs
 
 
 def _launch(spec, inputs, outputs):
-  _log_once(spec)
+  key = _first_time(_logged_kernels, spec)
+  if key is not None:
+    logger.info(
+        "jt_dist: kernel %s runs through Triton's interpreter on the CPU"
+        " (%d program instances per launch); expect it to be slow.",
+        key, int(np.prod(spec.launches[0].grid)))
   launch = spec.launches[0]
   _prepare_outputs(spec, launch, inputs, outputs)
   buffers = _pointer_buffers(spec, launch, inputs, outputs)
@@ -219,11 +207,9 @@ def _launch(spec, inputs, outputs):
           spec.info.python_fn, launch.grid, args, kwargs,
           checker=checker, debug=spec.debug,
       )
-    except _compat.InterpreterError as e:
-      _name_the_kernel(e, spec)
-      _errors.raise_if_scalar_pointer(e, spec, [a.shape for a in inputs])
-      raise
-    except (_errors.KernelAssertionError, _errors.KernelTypeError) as e:
+    except (_compat.InterpreterError, _errors.KernelAssertionError,
+            _errors.KernelTypeError) as e:
+      _name_the_kernel(e, spec)  # An InterpreterError's message only.
       _errors.raise_if_scalar_pointer(e, spec, [a.shape for a in inputs])
       raise
   if checker is not None:
@@ -243,12 +229,8 @@ def _check_all_written(spec, checker) -> None:
                      for k, elements in unwritten)
   if spec.debug:
     raise _errors.UnwrittenOutputReadError(message)
-  fn = spec.info.python_fn
-  key = f"{fn.__module__}.{fn.__qualname__}"
-  with _INTERPRETER_LOCK:
-    if key in _warned_unwritten:
-      return
-    _warned_unwritten.add(key)
+  if _first_time(_warned_unwritten, spec) is None:
+    return
   warnings.warn(message + " Pass debug=True to raise instead; this warning"
                 " is shown once per kernel.", RuntimeWarning, stacklevel=2)
 
@@ -280,15 +262,12 @@ def _host_call(*arrays, spec, platform):
     return buffer_callback(functools.partial(_fill_buffers, spec),
                            result_shapes,
                            has_side_effect=spec.has_side_effect)(*arrays)
+  callback = functools.partial(run_on_host, spec)
   if spec.has_side_effect:
     # An io_callback's custom call is marked as having side effects, so XLA
     # keeps it when its results are unused.
-    return io_callback(
-        functools.partial(run_on_host, spec), result_shapes, *arrays,
-        ordered=False)
-  return jax.pure_callback(
-      functools.partial(run_on_host, spec), result_shapes, *arrays
-  )
+    return io_callback(callback, result_shapes, *arrays, ordered=False)
+  return jax.pure_callback(callback, result_shapes, *arrays)
 
 
 def cpu_lowering(ctx, *args, spec):
@@ -299,20 +278,20 @@ def cpu_lowering(ctx, *args, spec):
       into this process cannot be serialised), or the kernel is Gluon.
     ValueError: the call asks for clusters (``num_ctas > 1``).
   """
+  platforms = tuple(getattr(ctx.module_context, "platforms", ()) or ())
   if _compat.lowering_for_export(ctx):
-    platforms = ", ".join(getattr(ctx.module_context, "platforms", ()) or ())
     raise NotImplementedError(
         f"triton_call: kernel {spec.info.name!r} cannot be exported with"
-        f" jax.export for the CPU (platforms: {platforms}): on the CPU it"
-        " runs through Triton's interpreter in a host callback into this"
-        " process, which JAX cannot serialise. Export for the GPU instead:"
+        f" jax.export for the CPU (platforms: {', '.join(platforms)}): on"
+        " the CPU it runs through Triton's interpreter in a host callback"
+        " into this process, which JAX cannot serialise. Export for the GPU"
+        " instead:"
         " jax.export.export(fn, platforms=['cuda'],"
         " disabled_checks=jt_dist.export_safety_checks()) with"
         " compute_capability= (e.g. 90) on the call or in"
         " jt_dist.export_options; a kernel made under TRITON_INTERPRET=1"
         " is interpreted on GPUs too and cannot be exported either.")
   _unsupported.check(spec)
-  platforms = tuple(getattr(ctx.module_context, "platforms", ()) or ())
   platform = platforms[0] if len(platforms) == 1 else None
   if (spec.cost_estimate and platform == "cpu"
       and _compat.host_buffer_callback() is not None
@@ -326,11 +305,8 @@ def cpu_lowering(ctx, *args, spec):
 
 
 def _own_target_call(ctx, *args, spec):
-  """A CPU call with a ``cost_estimate``: jt_dist's own FFI target.
-
-  It runs what the buffer callback runs, on XLA's buffers, and carries the
-  estimate as ``cost_estimate_json``, as jax-triton 0.4 records it on GPUs.
-  """
+  """A CPU call with a ``cost_estimate``: jt_dist's own FFI target, which
+  runs what the buffer callback runs and carries ``cost_estimate_json``."""
   index = _ffi_target.add_call(
       lambda inputs, outputs: _fill_buffers(spec, None, outputs, *inputs),
       ctx.avals_in, ctx.avals_out, ctx.module_context)

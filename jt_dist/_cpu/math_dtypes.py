@@ -30,16 +30,8 @@ _LANGUAGE_NAMES = {"fp16": "float16", "fp32": "float32", "fp64": "float64",
 
 def refusal(error: BaseException | None,
             kernel: str) -> _errors.KernelTypeError | None:
-  """The ``KernelTypeError`` for a math function's dtype refusal, or None.
-
-  Args:
-    error: what the kernel raised (the ``InterpreterError``'s cause).
-    kernel: the kernel's name.
-
-  Returns:
-    The error naming the function, or None where ``error`` is no such
-    refusal.
-  """
+  """The ``KernelTypeError`` for a math function's dtype refusal, or None
+  where ``error`` (the ``InterpreterError``'s cause) is no such refusal."""
   found = (_MESSAGE.fullmatch(str(error)) if isinstance(error, ValueError)
            else None)
   name = None if found is None else _interpreter.dtype_refusing_function(

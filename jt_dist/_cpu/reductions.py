@@ -16,13 +16,10 @@ here on values, in both the one-program and the vectorised launch:
   the dtype, as the builder's arithmetic does (``float8``).
 
 Reductions and scans with the kernel's own combine function already run on
-values: the combine's arithmetic goes through the patched builder. A
-combine function must return its operands' types, or compiling fails
-("'tt.reduce' op type mismatch on combine operation"); upstream stores
-what it returns into the operands' type anyway (float values as bf16 bits),
-so such a combine is refused with ``KernelTypeError`` (Triton 3.6's
-``tl.maximum`` returns float32 for bf16 operands). ``tl.max`` and ``tl.min``
-without indices widen to float32 first, upstream and compiled alike.
+values (its arithmetic goes through the patched builder), but a combine
+that changes its operands' types is refused (``CheckedCombine``).
+``tl.max`` and ``tl.min`` without indices widen to float32 first, upstream
+and compiled alike.
 """
 
 from __future__ import annotations
@@ -71,14 +68,8 @@ def _tree_sum(bits, axis: int) -> np.ndarray:
 def sum_along(data, axis: int, scalar, kernel: str) -> np.ndarray:
   """``np.sum(data, axis)`` as a GPU's ``tl.sum`` adds ``scalar`` values.
 
-  Args:
-    data: the block's storage (bits for bf16 and float8).
-    axis: the NumPy axis to reduce.
-    scalar: the Triton element type.
-    kernel: the kernel's name, for a refusal.
-
-  Raises:
-    KernelTypeError: ``scalar`` is a float8 type.
+  ``data`` is the block's storage (bits for bf16 and float8); float8 raises
+  ``KernelTypeError`` naming ``kernel``.
   """
   if _bf16.is_bfloat16(scalar):
     return _tree_sum(data, axis)
@@ -89,15 +80,7 @@ def sum_along(data, axis: int, scalar, kernel: str) -> np.ndarray:
 def scan_along(what: str, data, axis: int, scalar, kernel: str) -> np.ndarray:
   """``tl.cumsum`` or ``tl.cumprod`` (``what``) of ``data`` along ``axis``.
 
-  Args:
-    what: "tl.cumsum" or "tl.cumprod".
-    data: the block's storage (bits for bf16 and float8).
-    axis: the NumPy axis to scan.
-    scalar: the Triton element type.
-    kernel: the kernel's name, for a refusal.
-
-  Raises:
-    KernelTypeError: ``scalar`` is a float8 type.
+  As ``sum_along``: ``data`` is storage, and float8 is refused.
   """
   scan = np.cumsum if what == "tl.cumsum" else np.cumprod
   if _bf16.is_bfloat16(scalar):
@@ -123,14 +106,8 @@ def _min_max_name(val_reduce_op, idx_reduce_op) -> str:
 
 def combine_refusal(kernel: str, what: str, operand,
                     returned) -> _errors.KernelTypeError:
-  """The error refusing a combine function that changes its operands' type.
-
-  Args:
-    kernel: the kernel's name.
-    what: "tl.reduce" or "tl.associative_scan".
-    operand: the operand's element type.
-    returned: the element type the combine function returned for it.
-  """
+  """The error refusing a combine function (of ``what``, "tl.reduce" or
+  "tl.associative_scan") that returned ``returned`` for ``operand``."""
   op = "tt.reduce" if what == "tl.reduce" else "tt.scan"
   return _errors.KernelTypeError(
       f"triton_call: kernel {kernel!r}, program id"
@@ -147,8 +124,10 @@ def combine_refusal(kernel: str, what: str, operand,
 class CheckedCombine:
   """A combine function that refuses to change its operands' types.
 
-  Upstream's reductions and scans call ``combine_fn.fn(*accumulated,
-  *next)``; this stands in for ``combine_fn`` there.
+  Compiling refuses such a combine; upstream stores what it returns into
+  the operands' type anyway (float values as bf16 bits). Upstream's
+  reductions and scans call ``combine_fn.fn(*accumulated, *next)``; this
+  stands in for ``combine_fn`` there.
   """
 
   def __init__(self, combine_fn, kernel: str, what: str):
@@ -176,11 +155,8 @@ class KernelNamed:
 
 
 class MinMaxOnValues(KernelNamed):
-  """``min_max`` of ``ReduceOps`` on bf16 values; refused on float8.
-
-  Maxima and minima ignore NaN, as Triton 3.9's interpreter reduces them
-  (``_interpreter.nan_ignoring``).
-  """
+  """``min_max`` of ``ReduceOps`` on bf16 values (ignoring NaN, as Triton
+  3.9's interpreter does); refused on float8."""
 
   def min_max(self, input, val_reduce_op, idx_reduce_op=None):  # pylint: disable=redefined-builtin
     first = input[0] if isinstance(input, tuple) else input
@@ -229,33 +205,23 @@ class ScanOnValues(KernelNamed, _interpreter.ScanOps):
                                      "tl.associative_scan")
     return super().generic_scan(input)
 
-  def _scan(self, what, input):  # pylint: disable=redefined-builtin
+  def _scan(self, what, input, upstream):  # pylint: disable=redefined-builtin
+    if not _narrow(input.dtype):
+      return upstream(input)
     out = scan_along(what, input.handle.data, int(self.axis), input.dtype,
                      self.kernel)
     return [self.to_tensor(out, input.dtype)]
 
   def cumsum(self, input):  # pylint: disable=redefined-builtin
-    if not _narrow(input.dtype):
-      return super().cumsum(input)
-    return self._scan("tl.cumsum", input)
+    return self._scan("tl.cumsum", input, super().cumsum)
 
   def cumprod(self, input):  # pylint: disable=redefined-builtin
-    if not _narrow(input.dtype):
-      return super().cumprod(input)
-    return self._scan("tl.cumprod", input)
+    return self._scan("tl.cumprod", input, super().cumprod)
 
 
 def language_functions(kernel: str, reduce_ops, scan_ops) -> dict:
-  """``tl.reduce`` and ``tl.associative_scan`` run by the classes given.
-
-  Args:
-    kernel: the kernel's name, for the messages.
-    reduce_ops: a ``ReduceOps`` subclass taking ``kernel=`` (``KernelNamed``).
-    scan_ops: a ``ScanOps`` subclass likewise.
-
-  Returns:
-    The language functions' names -> their replacements.
-  """
+  """``tl.reduce`` and ``tl.associative_scan`` (by name) run by
+  ``reduce_ops`` and ``scan_ops``, ``KernelNamed`` ops classes."""
   def reduce(input, axis, combine_fn, keep_dims=False, **kwargs):  # pylint: disable=redefined-builtin
     del kwargs
     return reduce_ops(axis, combine_fn, keep_dims, kernel=kernel).apply(input)
@@ -274,9 +240,6 @@ def reductions_on_values(kernel: str):
   Enter inside ``_interpreter.language_patched()``, whose reduce and
   scan these replace; a vectorised launch replaces them again with its own
   (``vector_lang``), which act on values alike.
-
-  Args:
-    kernel: the kernel's name, for the messages.
   """
   replacements = language_functions(kernel, ReduceOnValues, ScanOnValues)
   with _compat.attributes_replaced(tl, replacements), \

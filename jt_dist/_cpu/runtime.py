@@ -37,12 +37,8 @@ InterpretedFunction = _interpreter.InterpretedFunction
 
 
 class _HostBufferExecutor(_interpreter.GridExecutor):
-  """Triton's grid executor, fed host buffers instead of torch tensors.
-
-  Upstream copies torch device tensors to the host before the launch and back
-  after it. jt_dist hands the interpreter NumPy buffers that already live on
-  the host, so both copies are identities.
-  """
+  """Triton's grid executor, fed host buffers instead of torch tensors:
+  upstream's copies of device tensors to the host and back are identities."""
 
   def _init_args_hst(self, args_dev, kwargs):
     return list(args_dev), dict(kwargs)
@@ -64,27 +60,16 @@ def _interpreted(python_fn):
   return found
 
 
-def interpreted_python_fn(python_fn):
-  """The interpreter's AST-rewritten version of a kernel's Python function."""
-  return _interpreted(python_fn).rewrite()
-
-
 def run(python_fn, grid: tuple[int, int, int], args, kwargs, checker=None,
         debug: bool = False):
   """Runs ``python_fn`` over ``grid`` through Triton's interpreter.
 
   The caller must hold the interpreter lock: the interpreter patches
-  ``triton.language`` globally for the duration of the launch.
-
-  Args:
-    python_fn: the kernel's Python function.
-    grid: the launch grid.
-    args: the kernel's positional arguments (pointers as ``data_ptr``
-      objects).
-    kwargs: its constexpr keyword arguments.
-    checker: a ``bounds.MemoryChecker`` whose tagged addresses ``args``
-      carry, or None to run unchecked on real addresses.
-    debug: the call's ``debug`` flag: turns on ``tl.device_assert``.
+  ``triton.language`` globally for the duration of the launch. ``args``
+  pass pointers as ``data_ptr`` objects, at the tagged addresses of
+  ``checker`` (a ``bounds.MemoryChecker``; None runs unchecked on real
+  addresses); ``kwargs`` are constexprs; ``debug`` turns on
+  ``tl.device_assert``.
 
   Raises:
     OutOfBoundsAccessError, UnwrittenOutputReadError: the checker refused an
@@ -116,11 +101,9 @@ _KERNEL_FAULTS = (_errors.OutOfBoundsAccessError,
                   _errors.KernelTypeError)
 
 
-@contextlib.contextmanager
 def _checked_memory(checker):
   if checker is None:
-    yield
-    return
+    return contextlib.nullcontext()
   native = _interpreter.native_memory()
   if _vector_launch.enabled():
     # Checked accesses reach real addresses in the launch's own buffers,
@@ -128,9 +111,8 @@ def _checked_memory(checker):
     # Triton's interpreter runs them, native memory module included.)
     native = _host_memory.HostMemory(native,
                                      [b.array for b in checker.buffers])
-  with _interpreter.native_memory_replaced(
-      _bounds.CheckedMemory(native, checker)):
-    yield
+  return _interpreter.native_memory_replaced(
+      _bounds.CheckedMemory(native, checker))
 
 
 def _run_patched(executor, args, kwargs, checker, python_fn, debug):
@@ -179,22 +161,18 @@ def _scalar_index_squeezes(kernel: str):
   return _compat.attributes_replaced(tl_core.tensor, {"__index__": index})
 
 
-@contextlib.contextmanager
 def _helpers_run_interpreted():
   """Lets a kernel call ``@triton.jit`` helpers while it is interpreted.
 
   Outside ``TRITON_INTERPRET=1`` the helpers are ``JITFunction``s, whose
-  ``__call__`` refuses to run outside a compiled kernel. For the duration of
-  one interpreted launch (the caller holds the interpreter lock) the call is
-  routed to the helper's interpreted form; ``triton.language`` is already
-  patched by the enclosing launch, so the helper needs no patching of its own.
+  ``__call__`` refuses to run outside a compiled kernel; for one launch the
+  call runs the helper's interpreted form, under the launch's patches.
   """
   def call_interpreted(self, *args, **kwargs):
-    return interpreted_python_fn(self.fn)(*args, **kwargs)
+    return _interpreted(self.fn).rewrite()(*args, **kwargs)
 
-  with _compat.attributes_replaced(JITFunction,
-                                   {"__call__": call_interpreted}):
-    yield
+  return _compat.attributes_replaced(JITFunction,
+                                     {"__call__": call_interpreted})
 
 
 def interpreter_scalar(value, triton_type: str):
@@ -205,24 +183,12 @@ def interpreter_scalar(value, triton_type: str):
   fp64) parameter and promotes. Triton 3.6's interpreter also stores a bool
   argument in an int32 buffer under the i1 type, which it then rejects, and
   Triton 3.9's types an int in [2**31, 2**32) i64 but stores it in 4 bytes.
-  Passing a typed tensor keeps all alike on every Triton version.
-
-  Args:
-    value: the Python scalar.
-    triton_type: its type, "fp32", "fp64", "i1", "i32", "u32", "i64" or
-      "u64".
-
-  Returns:
-    A ``tl.tensor`` holding the one value.
+  Passing a typed tensor (``tl.tensor`` of the one ``value``) keeps all
+  alike on every Triton version. ``triton_type``: "fp32", "fp64", "i1",
+  "i32", "u32", "i64" or "u64".
   """
-  np_dtype, tl_dtype = {
-      "fp32": (np.float32, tl.float32),
-      "fp64": (np.float64, tl.float64),
-      "i1": (np.bool_, tl.int1),
-      "i32": (np.int32, tl.int32),
-      "u32": (np.uint32, tl.uint32),
-      "i64": (np.int64, tl.int64),
-      "u64": (np.uint64, tl.uint64),
-  }[triton_type]
-  handle = _interpreter.TensorHandle(np.array([value], dtype=np_dtype), tl_dtype)
-  return tl.tensor(handle, tl_dtype)
+  tl_dtype = {"fp32": tl.float32, "fp64": tl.float64, "i1": tl.int1,
+              "i32": tl.int32, "u32": tl.uint32, "i64": tl.int64,
+              "u64": tl.uint64}[triton_type]
+  data = np.array([value], dtype=_interpreter.np_dtype(tl_dtype))
+  return tl.tensor(_interpreter.TensorHandle(data, tl_dtype), tl_dtype)

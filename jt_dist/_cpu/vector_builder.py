@@ -31,8 +31,6 @@ from jt_dist._cpu import lockstep as _lockstep
 from jt_dist._cpu import vector_reviewed as _reviewed
 
 TensorHandle = _interpreter.TensorHandle
-
-
 Unsupported = _reviewed.Unsupported
 
 
@@ -45,10 +43,6 @@ def program_ids(grid, flat):
   return flat // (gy * gz), (flat // gz) % gy, flat % gz
 
 
-def _np_dtype(tl_dtype):
-  return _interpreter.np_dtype(tl_dtype)
-
-
 def _lead(data) -> int:
   return np.shape(data)[0]
 
@@ -59,6 +53,12 @@ def _with_programs(arrays, count: int):
   shape = np.broadcast_shapes(*(a.shape for a in arrays))
   shape = (count,) + tuple(shape[1:])
   return [np.ascontiguousarray(np.broadcast_to(a, shape)) for a in arrays]
+
+
+def same_programs(arrays):
+  """``arrays`` broadcast along the program axis to the longest one's."""
+  count = max(_lead(a) for a in arrays)
+  return [np.broadcast_to(a, (count,) + a.shape[1:]) for a in arrays]
 
 
 def _mask_data(mask):
@@ -154,13 +154,16 @@ class VectorBuilder(_interpreter.InterpreterBuilder):
           TensorHandle(v[rows], val.dtype), *args, **kwargs).data
     return TensorHandle(old, val.dtype)
 
+  def _holds(self, condition):
+    """``condition``, true for every program masked off."""
+    return TensorHandle(~self.active(~np.asarray(condition.data, bool)),
+                        tl.int1)
+
   def create_assert(self, condition, message):
-    return super().create_assert(TensorHandle(
-        ~self.active(~np.asarray(condition.data, bool)), tl.int1), message)
+    return super().create_assert(self._holds(condition), message)
 
   def create_assume(self, condition):
-    return super().create_assume(TensorHandle(
-        ~self.active(~np.asarray(condition.data, bool)), tl.int1))
+    return super().create_assume(self._holds(condition))
 
   # --- pointers ----------------------------------------------------------
 
@@ -184,7 +187,8 @@ class VectorBuilder(_interpreter.InterpreterBuilder):
 
   def create_splat(self, ret_ty, arg):
     shape = tuple(int(s) for s in ret_ty.shape)
-    data = np.asarray(arg.data).astype(_np_dtype(arg.dtype), copy=False)
+    data = np.asarray(arg.data).astype(_interpreter.np_dtype(arg.dtype),
+                                       copy=False)
     count = _lead(data)
     data = data.reshape((count,) + (1,) * len(shape))
     return TensorHandle(np.broadcast_to(data, (count,) + shape),
@@ -211,11 +215,9 @@ class VectorBuilder(_interpreter.InterpreterBuilder):
     return TensorHandle(np.transpose(arg.data, perm), arg.dtype.scalar)
 
   def create_cat(self, lhs, rhs):
-    count = max(_lead(lhs.data), _lead(rhs.data))
-    lhs_data = np.broadcast_to(lhs.data, (count,) + lhs.data.shape[1:])
-    rhs_data = np.broadcast_to(rhs.data, (count,) + rhs.data.shape[1:])
-    return TensorHandle(np.concatenate([lhs_data, rhs_data], axis=1),
-                        lhs.dtype.scalar)
+    return TensorHandle(
+        np.concatenate(same_programs([lhs.data, rhs.data]), axis=1),
+        lhs.dtype.scalar)
 
   def create_join(self, lhs, rhs):
     lhs_data, rhs_data = np.broadcast_arrays(lhs.data, rhs.data)
@@ -223,9 +225,7 @@ class VectorBuilder(_interpreter.InterpreterBuilder):
                         lhs.dtype.scalar)
 
   def create_gather(self, src, indices, axis):
-    count = max(_lead(src.data), _lead(indices.data))
-    src_data = np.broadcast_to(src.data, (count,) + src.data.shape[1:])
-    idx = np.broadcast_to(indices.data, (count,) + indices.data.shape[1:])
+    src_data, idx = same_programs([src.data, indices.data])
     return TensorHandle(np.take_along_axis(src_data, idx, axis=axis + 1),
                         src.dtype.scalar)
 

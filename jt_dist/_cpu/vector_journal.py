@@ -92,8 +92,8 @@ class WriteJournal:
   vectorised launch; ``restore`` undoes the writes since the last ``clear``.
   """
 
-  def __init__(self, inner, windows: list[Window]):
-    self._inner = inner
+  def __init__(self, windows: list[Window]):
+    self._inner = _interpreter.native_memory()
     self._windows = windows
     self._bytes = [writable_bytes(w.array) for w in windows]
     # (buffer, byte slice or byte indices, old bytes, old written bytes).
@@ -174,17 +174,3 @@ class WriteJournal:
   def clear(self) -> None:
     """Forgets the writes so far (their chunk completed)."""
     self._saved.clear()
-
-
-def journal(args, checker) -> WriteJournal | None:
-  """A journal over the current memory module, or None if buffers are unknown.
-
-  Args:
-    args: the kernel's positional arguments (pointers as ``data_ptr``
-      objects carrying their ``buffer``).
-    checker: the launch's ``bounds.MemoryChecker``, or None.
-  """
-  windows = windows_of(args, checker)
-  if windows is None:
-    return None
-  return WriteJournal(_interpreter.native_memory(), windows)

@@ -123,18 +123,13 @@ def patch(scope, kernel: str) -> None:
 
 def _to_tensor(data, dtype):
   """A tensor of ``dtype`` from per-program ``data`` (program axis first)."""
-  data = np.asarray(data).astype(_vb._np_dtype(dtype), copy=False)  # pylint: disable=protected-access
+  data = np.asarray(data).astype(_interpreter.np_dtype(dtype), copy=False)
   if data.ndim > 1:
     ty = tl.block_type(dtype, list(data.shape[1:]))
   else:
     data = data.reshape(-1)
     ty = dtype
   return tl.core.tensor(TensorHandle(data, dtype.scalar), ty)
-
-
-def _same_programs(datas):
-  count = max(d.shape[0] for d in datas)
-  return [np.broadcast_to(d, (count,) + d.shape[1:]) for d in datas]
 
 
 class _ProgramsReduce(_reductions.KernelNamed, _interpreter.ReduceOps):
@@ -184,15 +179,12 @@ class _ProgramsReduce(_reductions.KernelNamed, _interpreter.ReduceOps):
     return self.to_tensor(out, input.dtype)
 
   def generic_reduce(self, input):
-    datas = _same_programs([self._flat(t.handle.data)[0] for t in input])
+    datas = [self._flat(t.handle.data)[0] for t in input]
     axis = self._flat(input[0].handle.data)[1]
     dtypes = [t.dtype for t in input]
-    acc = [np.take(d, 0, axis=axis) for d in datas]
     combine_fn = _reductions.CheckedCombine(self.combine_fn, self.kernel,
                                             "tl.reduce")
-    for i in range(1, datas[0].shape[axis]):
-      step = [np.take(d, i, axis=axis) for d in datas]
-      acc = _combine(combine_fn, acc, step, dtypes)
+    *_, acc = _running(combine_fn, datas, axis, dtypes)
     block_ndim = input[0].handle.data.ndim - 1
     return [self.to_tensor(self._shaped(a, block_ndim), dt)
             for a, dt in zip(acc, dtypes)]
@@ -200,6 +192,17 @@ class _ProgramsReduce(_reductions.KernelNamed, _interpreter.ReduceOps):
 
 class VectorReduce(_reductions.MinMaxOnValues, _ProgramsReduce):
   """The vectorised reductions, bf16 and float8 on values (``reductions``)."""
+
+
+def _running(combine_fn, datas, axis, dtypes):
+  """What ``combine_fn`` accumulates along ``axis``, after each step."""
+  datas = _vb.same_programs(datas)
+  acc = [np.take(d, 0, axis=axis) for d in datas]
+  yield acc
+  for i in range(1, datas[0].shape[axis]):
+    step = [np.take(d, i, axis=axis) for d in datas]
+    acc = _combine(combine_fn, acc, step, dtypes)
+    yield acc
 
 
 def _combine(combine_fn, acc, step, dtypes):
@@ -221,7 +224,7 @@ def _combine(combine_fn, acc, step, dtypes):
     value = r.handle.data if isinstance(r, tl.core.tensor) else r
     value = np.broadcast_to(np.asarray(value), np.broadcast_shapes(
         np.shape(value), a.shape))
-    out.append(value.astype(_vb._np_dtype(dt)))  # pylint: disable=protected-access
+    out.append(value.astype(_interpreter.np_dtype(dt)))
   return out
 
 
@@ -243,21 +246,11 @@ class VectorScan(_reductions.KernelNamed, _interpreter.ScanOps):
       outs = [_reductions.scan_along("tl.cumprod", datas[0], axis,
                                      input[0].dtype, self.kernel)]
     else:
-      outs = self._generic(datas, axis, [t.dtype for t in input])
+      combine_fn = _reductions.CheckedCombine(self.combine_fn, self.kernel,
+                                              "tl.associative_scan")
+      steps = _running(combine_fn, datas, axis, [t.dtype for t in input])
+      outs = [np.stack(s, axis=axis) for s in zip(*steps)]
     if self.reverse:
       outs = [np.flip(o, axis=axis) for o in outs]
     return [self.to_tensor(np.ascontiguousarray(o), t.dtype)
             for o, t in zip(outs, input)]
-
-  def _generic(self, datas, axis, dtypes):
-    datas = _same_programs(datas)
-    acc = [np.take(d, 0, axis=axis).astype(d.dtype) for d in datas]
-    steps = [[a] for a in acc]
-    combine_fn = _reductions.CheckedCombine(self.combine_fn, self.kernel,
-                                            "tl.associative_scan")
-    for i in range(1, datas[0].shape[axis]):
-      step = [np.take(d, i, axis=axis) for d in datas]
-      acc = _combine(combine_fn, acc, step, dtypes)
-      for j, a in enumerate(acc):
-        steps[j].append(a)
-    return [np.stack(s, axis=axis) for s in steps]

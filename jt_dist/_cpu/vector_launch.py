@@ -23,10 +23,8 @@ wrote (``check``, ``vector_check``).
 
 from __future__ import annotations
 
-import contextlib
 import inspect
 import logging
-import weakref
 
 import numpy as np
 import triton.language as tl
@@ -146,24 +144,11 @@ def _grid(executor):
   return grid if int(np.prod(grid)) > 1 else None
 
 
-# Rewritten kernel function -> the names it takes as arguments.
-_PARAMETERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-
-def _parameters(fn) -> frozenset[str]:
-  found = _PARAMETERS.get(fn)
-  if found is None:
-    spec = inspect.getfullargspec(fn)
-    found = _PARAMETERS[fn] = frozenset(spec.args) | frozenset(
-        spec.kwonlyargs)
-  return found
-
-
 class Launch:
   """One launch, run vectorised chunk by chunk or one program at a time."""
 
   def __init__(self, executor, grid, args, kwargs, checker, patched_language,
-               python_fn=None):
+               python_fn):
     self.executor = executor
     self.grid = grid
     self.args = args
@@ -178,14 +163,16 @@ class Launch:
     """Runs the launch vectorised where it can (see ``run``)."""
     if _decisions.get(self.key) == ONE_AT_A_TIME:
       return False
-    journal = _journal.journal(self.args, self.checker)
-    if journal is None:
+    windows = _journal.windows_of(self.args, self.checker)
+    if windows is None:
       return False
+    journal = _journal.WriteJournal(windows)
     # In lockstep, programs a branch or loop trip leaves out compute on
     # masked values (a row of -inf minus its max, -inf) whose results are
     # dropped: NumPy's floating-point warnings there are not the kernel's.
+    builder = _vb.VectorBuilder(self.grid, range(0))
     with _interpreter.native_memory_replaced(journal), \
-        _vector_builder_installed(self.grid) as builder, \
+        _interpreter.builder_replaced(builder), \
         self.patched_language(), np.errstate(all="ignore"):
       stopped, chunks = self._chunks(builder, journal)
     if stopped is None:
@@ -202,8 +189,7 @@ class Launch:
     """Runs the chunks in order: (first program not run or None, chunks)."""
     chunks = _chunks.Chunks(self.key, self.programs)
     count = 0
-    for programs in chunks:
-      count += 1
+    for count, programs in enumerate(chunks, 1):
       builder.set_programs(programs)
       try:
         with chunks.measured(programs):
@@ -254,10 +240,9 @@ class Launch:
 
 def _call_args(executor, args, kwargs) -> dict:
   """The kernel's arguments by name, as upstream's executor passes them."""
-  fn = executor.fn
-  accepted = _parameters(fn)
-  kwargs = {k: v for k, v in kwargs.items() if k in accepted}
-  call_args = inspect.getcallargs(fn, *args, **kwargs)
+  # As upstream drops reserved keywords the kernel does not take.
+  kwargs = {k: v for k, v in kwargs.items() if k in executor.arg_names}
+  call_args = inspect.getcallargs(executor.fn, *args, **kwargs)
   return {
       name: arg if name in executor.constexprs
       else _interpreter.implicit_cvt(arg)
@@ -267,7 +252,7 @@ def _call_args(executor, args, kwargs) -> dict:
 
 def _run_vectorised(launch):
   executor = launch.executor
-  fn = _lockstep_form(launch.python_fn, executor.fn)
+  fn = _lockstep_rewrite.rewrite(launch.python_fn, lambda: executor.fn)
   # ``patched_language`` has patched triton.language and its core, the only
   # modules upstream's ``_patch_lang(fn)`` would patch again.
   scope = _interpreter.LangPatchScope()
@@ -280,25 +265,11 @@ def _run_vectorised(launch):
     scope.restore()
 
 
-def _lockstep_form(python_fn, interpreted):
-  if python_fn is None:
-    return interpreted
-  return _lockstep_rewrite.rewrite(python_fn, lambda: interpreted)
-
-
 def _call_in_lockstep(self, *args, **kwargs):
   """A ``@triton.jit`` helper's call, in its lockstep form."""
   return _lockstep_rewrite.rewrite(
       self.fn, lambda: _interpreter.InterpretedFunction(self.fn).rewrite())(
           *args, **kwargs)
-
-
-@contextlib.contextmanager
-def _vector_builder_installed(grid):
-  """Makes a ``VectorBuilder`` the interpreter's builder for one launch."""
-  builder = _vb.VectorBuilder(grid, range(0))
-  with _interpreter.builder_replaced(builder):
-    yield builder
 
 
 def decisions_of(python_fn) -> set[str]:

@@ -25,8 +25,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
-import itertools
-import operator
 import re
 from typing import Any
 
@@ -146,9 +144,8 @@ class _OwnerPlan:
 
   def current(self) -> bool:
     own = vars(self.obj)
-    return all(map(operator.is_, map(own.get, self.names,
-                                     itertools.repeat(_ABSENT)),
-                   self.originals))
+    return all(own.get(name, _ABSENT) is original
+               for name, original in zip(self.names, self.originals))
 
   def apply(self) -> None:
     if self.is_module:

@@ -38,11 +38,6 @@ def builder():
   return _interpreter.interpreter_builder
 
 
-def semantic():
-  """The interpreter's semantic, whose builder is ``builder()``."""
-  return _interpreter.interpreter_semantic
-
-
 @contextlib.contextmanager
 def builder_replaced(replacement):
   """Makes ``replacement`` the interpreter's builder for the block."""

@@ -35,8 +35,8 @@ import weakref
 from jt_dist._cpu import interpreter as _interpreter
 from jt_dist._cpu import lockstep as _lockstep
 
+# The closure variable the rewritten code calls, and its generated names.
 _PREFIX = "_jt_ls"
-_RUNTIME = _PREFIX  # The closure variable the rewritten code calls.
 
 
 def _name_nodes(nodes, ctx) -> list[ast.Name]:
@@ -58,11 +58,9 @@ def _names(nodes, ctx) -> set[str]:
 
 def _position(node, end: bool = False) -> tuple[int, int]:
   # A node without a position (one upstream's rewrite made) counts as last.
-  if end:
-    return (getattr(node, "end_lineno", None) or 1 << 30,
-            getattr(node, "end_col_offset", None) or 0)
-  return (getattr(node, "lineno", None) or 1 << 30,
-          getattr(node, "col_offset", None) or 0)
+  prefix = "end_" if end else ""
+  return (getattr(node, prefix + "lineno", None) or 1 << 30,
+          getattr(node, prefix + "col_offset", None) or 0)
 
 
 def _jumps(nodes, kinds) -> bool:
@@ -82,7 +80,7 @@ def _jumps(nodes, kinds) -> bool:
   return False
 
 
-def _call(method: str, *args, target: str = _RUNTIME, keywords=()):
+def _call(method: str, *args, target: str = _PREFIX, keywords=()):
   return ast.Call(
       func=ast.Attribute(value=ast.Name(id=target, ctx=ast.Load()),
                          attr=method, ctx=ast.Load()),
@@ -221,7 +219,7 @@ def rewrite(python_fn, fallback):
   found = _REWRITTEN.get(python_fn)
   if found is None:
     found = _interpreter.function_rewriter(python_fn, _lockstep_tree,
-                                           _RUNTIME, _lockstep.RUNTIME)
+                                           _PREFIX, _lockstep.RUNTIME)
     _REWRITTEN[python_fn] = found = found or fallback()
   return found
 

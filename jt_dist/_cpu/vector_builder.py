@@ -242,14 +242,12 @@ class VectorBuilder(_interpreter.InterpreterBuilder):
   # --- tensor descriptors and block pointers ------------------------------
 
   def create_make_tensor_descriptor(self, *args, **kwargs):
-    desc = super().create_make_tensor_descriptor(*args, **kwargs)
-    desc.__class__ = _vector_subclass(type(desc), _descriptor_pointers)
-    return desc
+    return _vectorised(super().create_make_tensor_descriptor(*args, **kwargs),
+                       _descriptor_pointers)
 
   def create_make_block_ptr(self, *args, **kwargs):
-    ptr = super().create_make_block_ptr(*args, **kwargs)
-    ptr.__class__ = _vector_subclass(type(ptr), _block_pointers)
-    return ptr
+    return _vectorised(super().create_make_block_ptr(*args, **kwargs),
+                       _block_pointers)
 
   def create_advance(self, ptr, offsets):
     if len(ptr.offsets) != len(offsets):
@@ -260,8 +258,7 @@ class VectorBuilder(_interpreter.InterpreterBuilder):
     ]
     ret = _interpreter.block_pointer(
         ptr.base, ptr.shape, ptr.strides, moved, ptr.block_shape, ptr.order)
-    ret.__class__ = _vector_subclass(type(ret), _block_pointers)
-    return ret
+    return _vectorised(ret, _block_pointers)
 
 
 # Upstream's methods neither redefined above nor reviewed, which refuse:
@@ -357,10 +354,11 @@ def _block_pointers(self, boundary_check):
 _SUBCLASSES: dict = {}
 
 
-def _vector_subclass(cls, materialize):
-  """``cls`` with ``materialize_pointers`` working per program."""
-  key = (cls, materialize)
-  if key not in _SUBCLASSES:
-    _SUBCLASSES[key] = type("Vector" + cls.__name__, (cls,),
-                            {"materialize_pointers": materialize})
-  return _SUBCLASSES[key]
+def _vectorised(handle, materialize):
+  """``handle``, its ``materialize_pointers`` working per program."""
+  cls = type(handle)
+  if (cls, materialize) not in _SUBCLASSES:
+    _SUBCLASSES[cls, materialize] = type(
+        "Vector" + cls.__name__, (cls,), {"materialize_pointers": materialize})
+  handle.__class__ = _SUBCLASSES[cls, materialize]
+  return handle

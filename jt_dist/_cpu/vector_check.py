@@ -35,7 +35,10 @@ def run_both(launch) -> bool:
   if not launch.vectorised():
     return False
   vectorised = _snapshot(windows)
-  _put_back(windows, before)
+  for w, (data, written) in zip(windows, before):
+    _journal.writable_bytes(w.array)[...] = data
+    if written is not None:
+      w.written[...] = written
   with launch.patched_language():
     launch.one_at_a_time()
   _compare(launch, windows, vectorised)
@@ -45,13 +48,6 @@ def run_both(launch) -> bool:
 def _snapshot(windows) -> list[tuple[np.ndarray, np.ndarray | None]]:
   return [(_journal.writable_bytes(w.array).copy(),
            None if w.written is None else w.written.copy()) for w in windows]
-
-
-def _put_back(windows, saved) -> None:
-  for w, (data, written) in zip(windows, saved):
-    _journal.writable_bytes(w.array)[...] = data
-    if written is not None:
-      w.written[...] = written
 
 
 def _compare(launch, windows, vectorised) -> None:

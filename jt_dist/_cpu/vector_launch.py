@@ -199,20 +199,18 @@ class Launch:
         # An interrupt that the kernel's code turned into another error
         # stops the launch; it does not start it over.
         _interrupts.raise_if_interrupted()
-        self._gave_way(programs, e)
+        if isinstance(e, _KERNEL_FAULTS):
+          # The kernel's own fault: the one-program path reports it as
+          # always (program id included); later, correct launches may still
+          # vectorise.
+          logger.debug("jt_dist: kernel %s faulted vectorised; running its"
+                       " programs from %d on one at a time to report it: %s",
+                       self.key[2], programs.start, e)
+        else:
+          _decide(self.key, ONE_AT_A_TIME, f"{type(e).__name__}: {e}")
         return programs.start, count
       journal.clear()
     return None, count
-
-  def _gave_way(self, programs: range, error: Exception) -> None:
-    if isinstance(error, _KERNEL_FAULTS):
-      # The kernel's own fault: the one-program path reports it as always
-      # (program id included); later, correct launches may still vectorise.
-      logger.debug("jt_dist: kernel %s faulted vectorised; running its"
-                   " programs from %d on one at a time to report it: %s",
-                   self.key[2], programs.start, error)
-      return
-    _decide(self.key, ONE_AT_A_TIME, f"{type(error).__name__}: {error}")
 
   def one_at_a_time(self, start: int = 0) -> None:
     """Runs programs ``start`` onwards one at a time, as upstream's loop.

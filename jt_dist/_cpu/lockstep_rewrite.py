@@ -164,9 +164,7 @@ class _Transformer(ast.NodeTransformer):
     # The target is assigned before its loop's body reads it.
     live = (self._live(node.body, _names(node.body, ast.Store))
             | self._live(node.body, {node.target.id}, skip=node.body))
-    self._loops.append(node)
-    self.generic_visit(node)
-    self._loops.pop()
+    self.visit_While(node)  # Visits the body inside this loop.
     region, index = self._fresh(), self._fresh()
     call = node.iter
     node.iter = _call("loop", call.func, *call.args, target=region,

@@ -78,7 +78,7 @@ def patch(scope) -> None:
     scope: upstream's ``_LangPatchScope`` of the launch, which restores the
       semantic's methods when the launch ends.
   """
-  semantic = _interpreter.semantic_class()
+  semantic = _interpreter.TritonSemantic
   for which in _HALVES:
     name = f"atomic_{which}"
     scope.set_attr(semantic, name, _ordered(which, getattr(semantic, name)))

@@ -8,12 +8,8 @@ block of shape ``S`` an array of shape ``(Q, *S)``; upstream holds scalars
 as ``(1,)`` arrays, so a shared scalar looks the same in both.
 
 The operations whose upstream form names an axis, or whose side effects
-must happen once per program, are redefined here. Of the rest, only those
-in ``REVIEWED`` (read and found to broadcast over the program axis, as
-elementwise NumPy does) are upstream's own; any other method of upstream's
-builder, including one a later Triton adds, raises ``Unsupported`` when a
-kernel calls it, before it computes anything, and the launch gives way to
-one program at a time.
+must happen once per program, are redefined here; of the rest, those not
+in ``vector_reviewed.REVIEWED`` refuse.
 
 A builder spans one chunk of the grid's programs, numbered as upstream's
 grid loop visits them (x outermost, z innermost), so element-wise memory
@@ -35,10 +31,7 @@ Unsupported = _reviewed.Unsupported
 
 
 def program_ids(grid, flat):
-  """The (x, y, z) program ids of flat program numbers ``flat`` of ``grid``.
-
-  Works on ints and on NumPy arrays alike.
-  """
+  """The (x, y, z) program ids of flat program numbers (ints or arrays)."""
   _, gy, gz = grid
   return flat // (gy * gz), (flat // gz) % gy, flat % gz
 
@@ -279,12 +272,9 @@ def _shared_address_add(row_ptrs, values, row_mask, programs: int):
   accumulated over rows, say), program ``p`` sees the initial values plus
   programs ``0..p-1``'s values added one after another: a cumulative sum
   down the program axis, which NumPy adds sequentially, as the native
-  atomics would. The memory is read and written once, through the
-  interpreter's (checked) memory module.
-
-  Returns:
-    The old values per program and lane (0 where masked), or None where
-    this does not apply (the caller then runs the native atomics).
+  atomics would. Memory is read and written once, through the interpreter's
+  (checked) memory module. Returns the old values per program and lane (0
+  where masked), or None where this does not apply (then native atomics).
   """
   values = np.asarray(values)
   row_mask = np.broadcast_to(np.asarray(row_mask, dtype=bool), row_ptrs.shape)

@@ -50,17 +50,11 @@ _GROWTH = 64
 
 @dataclasses.dataclass(frozen=True)
 class Estimate:
-  """A kernel's working memory per program.
+  """A kernel's working memory per program, over a chunk of ``programs``."""
 
-  Attributes:
-    per_program: bytes per program.
-    programs: the programs of the chunk it was taken over.
-    traced: whether ``tracemalloc`` measured it (else values were counted).
-  """
-
-  per_program: float
+  per_program: float  # Bytes.
   programs: int
-  traced: bool
+  traced: bool  # Whether ``tracemalloc`` measured it (else values counted).
 
 
 # Kernel key -> Estimate; read and written under the interpreter lock.
@@ -68,10 +62,9 @@ _estimates: dict = {}
 
 
 class Chunks:
-  """The chunks of one launch, in program order.
+  """The chunks of one launch: ranges of flat program numbers, in order.
 
-  Iterating yields ranges of flat program numbers; run each inside
-  ``measured(programs)``, which measures it where that is needed.
+  Run each inside ``measured(programs)``.
   """
 
   def __init__(self, key, total: int):
@@ -126,10 +119,9 @@ def _needs_tracing(estimate: Estimate, programs: int) -> bool:
 
 @contextlib.contextmanager
 def _values_bytes():
-  """Yields a list whose one item becomes the bytes of the block's values.
+  """Yields a list whose item counts the bytes of the block's new values.
 
-  Counted as the interpreter makes each value (a ``TensorHandle``): the
-  size of its data, broadcast views at their full size.
+  Broadcast views count at their full size.
   """
   handle = _interpreter.TensorHandle
   original = getattr(handle, "__post_init__", None)

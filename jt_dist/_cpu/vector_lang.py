@@ -98,11 +98,7 @@ def _transpose(self):
 
 
 def patch(scope, kernel: str) -> None:
-  """Adds the vectorised forms to ``scope`` (upstream's ``_LangPatchScope``).
-
-  Call after upstream's ``_patch_lang`` so that these win; the scope
-  restores everything when the launch ends.
-  """
+  """Adds the vectorised forms to ``scope`` (after upstream's, to win)."""
   tensor = tl.core.tensor
 
   def index(self):
@@ -133,11 +129,7 @@ def _to_tensor(data, dtype):
 
 
 class _ProgramsReduce(_reductions.KernelNamed, _interpreter.ReduceOps):
-  """Upstream's reductions with the program axis kept apart.
-
-  Upstream picks the NumPy reduction per combine function; this keeps its
-  choice and moves the reduced axis one to the right.
-  """
+  """Upstream's reductions (its NumPy picks), reduced axes one to the right."""
 
   def to_tensor(self, ret, dtype):
     return _to_tensor(ret, dtype)
@@ -206,10 +198,10 @@ def _running(combine_fn, datas, axis, dtypes):
 
 
 def _combine(combine_fn, acc, step, dtypes):
-  """One combine step over all programs, rounded to the inputs' types.
+  """One combine step over all programs, cast back to the inputs' types.
 
-  Upstream stores each step's result into an array of the input's type, so
-  this casts back likewise (a ``CheckedCombine`` refuses other types).
+  As upstream stores each step into an array of the input's type (a
+  ``CheckedCombine`` refuses other types).
   """
   args = [_to_tensor(a, dt) for a, dt in zip(acc, dtypes)]
   args += [_to_tensor(s, dt) for s, dt in zip(step, dtypes)]

@@ -85,10 +85,8 @@ def run(executor, args, kwargs, checker, patched_language, python_fn) -> bool:
     checker: the launch's ``bounds.MemoryChecker``, or None.
     patched_language: a context manager factory that patches
       ``triton.language`` as for a one-program-at-a-time launch; entered
-      once the vectorised builder is in place (the patched builtins call
-      the interpreter's semantic, whose builder this replaces).
-    python_fn: the kernel's Python function, run vectorised in its
-      lockstep form (``lockstep_rewrite``).
+      once the vectorised builder is in place.
+    python_fn: the kernel's Python function (run in its lockstep form).
 
   Returns:
     True if the launch ran; False if the caller must run it one program at
@@ -213,10 +211,7 @@ class Launch:
     return None, count
 
   def one_at_a_time(self, start: int = 0) -> None:
-    """Runs programs ``start`` onwards one at a time, as upstream's loop.
-
-    Inside ``patched_language``, with the interpreter's own builder.
-    """
+    """Runs programs ``start`` on one at a time, inside ``patched_language``."""
     if start == 0:
       self.executor(*self.args, **self.kwargs)
       return

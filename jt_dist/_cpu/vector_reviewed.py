@@ -74,12 +74,7 @@ def _refusal(name: str):
 def refuse_unreviewed(cls, base) -> list[str]:
   """Makes ``cls`` refuse ``base``'s methods it neither redefines nor reviewed.
 
-  Args:
-    cls: a subclass of ``base`` whose values carry a program axis.
-    base: the builder it inherits from.
-
-  Returns:
-    The names of the methods that now raise ``Unsupported``.
+  Returns the names of the methods that now raise ``Unsupported``.
   """
   own = [c for c in cls.__mro__ if c not in base.__mro__]
   refused = []

@@ -31,5 +31,5 @@ from jt_dist._cpu.interpreter.upstream import patch_lang
 from jt_dist._cpu.interpreter.upstream import program_id
 from jt_dist._cpu.interpreter.upstream import ReduceOps
 from jt_dist._cpu.interpreter.upstream import ScanOps
-from jt_dist._cpu.interpreter.upstream import semantic_class
 from jt_dist._cpu.interpreter.upstream import TensorHandle
+from jt_dist._cpu.interpreter.upstream import TritonSemantic

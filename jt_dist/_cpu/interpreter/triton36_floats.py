@@ -42,15 +42,10 @@ _NAN_IGNORING = {np.min: np.nanmin, np.max: np.nanmax,
 
 
 def nan_ignoring(reduce_op):
-  """The NaN-ignoring twin of a NumPy reduction the interpreter picked.
+  """``np.nanmin`` for ``np.min`` and so on, as Triton 3.9 picks.
 
-  Args:
-    reduce_op: what upstream's ``ReduceOps.apply_impl`` hands ``min_max``
-      (``np.min``, ``np.argmin``, ... in Triton 3.6), or None.
-
-  Returns:
-    ``np.nanmin``, ``np.nanargmin``, ... as Triton 3.9 picks; anything else
-    unchanged.
+  ``reduce_op``: what upstream's ``ReduceOps.apply_impl`` hands ``min_max``
+  (``np.min``, ``np.argmin``, ... in Triton 3.6), or None; others unchanged.
   """
   return _NAN_IGNORING.get(reduce_op, reduce_op)
 

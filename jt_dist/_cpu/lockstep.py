@@ -119,9 +119,12 @@ class _Region:
     self.depth = None if masks is None else len(masks.stack)
     self.saved: dict = {}
 
-  def _push(self, mask) -> None:
+  def _push(self, mask):
+    """Narrows the programs active on entry to ``mask``; returns those."""
     del self.masks.stack[self.depth:]
-    self.masks.stack.append(mask)
+    entry = self.masks.current
+    self.masks.stack.append(mask if entry is None else entry & mask)
+    return entry
 
   def done(self) -> None:
     if self.masks is not None:
@@ -156,11 +159,10 @@ class _Loop(_Region):
       trips = np.where(active, trips, 0)
     shared = _uniform(lo, active) and _uniform(step, active)
     for k in range(int(trips.max(initial=0))):
-      entry = self.masks.stack[self.depth - 1] if self.depth else None
-      self.mask = k < trips if entry is None else entry & (k < trips)
+      entry = self._push(k < trips)
+      self.mask = self.masks.current
       self.narrow = bool((~self.mask if entry is None
                           else entry & ~self.mask).any())
-      self._push(self.mask)
       if shared:
         yield int(_first(lo, active) + k * _first(step, active))
       else:
@@ -253,8 +255,7 @@ class _Branch(_Region):
     if self.cond is None:
       return self.value
     self.saved = {n: local_names.get(n, _MISSING) for n in self.names}
-    entry = self.masks.current
-    self._push(self.cond if entry is None else entry & self.cond)
+    self._push(self.cond)
     return True
 
   def otherwise(self, local_names, has_else: bool) -> bool:
@@ -262,11 +263,9 @@ class _Branch(_Region):
       return not self.value
     self.then_values = {n: local_names.get(n, _MISSING) for n in self.names}
     self.done()
-    if not has_else:
-      return False
-    entry = self.masks.current
-    self._push(~self.cond if entry is None else entry & ~self.cond)
-    return True
+    if has_else:
+      self._push(~self.cond)
+    return has_else
 
   def diverged(self) -> bool:
     return self.cond is not None

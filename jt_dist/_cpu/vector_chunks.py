@@ -96,7 +96,8 @@ class Chunks:
       with _values_bytes() as counted:
         yield
       self._record(counted[0] * _TEMPORARIES, programs, traced=False)
-    elif _needs_tracing(estimate, len(programs)):
+    elif (estimate.per_program * len(programs) >= _TRACED_FROM
+          and (not estimate.traced or len(programs) > 2 * estimate.programs)):
       with _peak_bytes() as peak:
         yield
       self._record(peak[0], programs, traced=True)
@@ -109,12 +110,6 @@ class Chunks:
         or len(programs) > estimate.programs):
       _estimates[self._key] = Estimate(max(nbytes, 1) / len(programs),
                                        len(programs), traced)
-
-
-def _needs_tracing(estimate: Estimate, programs: int) -> bool:
-  if estimate.per_program * programs < _TRACED_FROM:
-    return False
-  return not estimate.traced or programs > 2 * estimate.programs
 
 
 @contextlib.contextmanager

@@ -152,13 +152,10 @@ class _ProgramsReduce(_reductions.KernelNamed, _interpreter.ReduceOps):
     input = input[0] if isinstance(input, tuple) else input
     data = input.handle.data
     flat, axis = self._flat(data)
-    outs = []
-    if val_reduce_op:
-      out = self._shaped(val_reduce_op(flat, axis=axis), data.ndim - 1)
-      outs.append(self.to_tensor(out, input.dtype))
-    if idx_reduce_op:
-      out = self._shaped(idx_reduce_op(flat, axis=axis), data.ndim - 1)
-      outs.append(self.to_tensor(out, tl.int32))
+    outs = [self.to_tensor(self._shaped(op(flat, axis=axis), data.ndim - 1),
+                           dtype)
+            for op, dtype in ((val_reduce_op, input.dtype),
+                              (idx_reduce_op, tl.int32)) if op]
     if not outs:
       raise ValueError("val_reduce_op and idx_reduce_op are both None")
     return outs[0] if len(outs) == 1 else tuple(outs)
@@ -223,9 +220,6 @@ def _combine(combine_fn, acc, step, dtypes):
 class VectorScan(_reductions.KernelNamed, _interpreter.ScanOps):
   """Upstream's scans with the program axis kept apart, on values."""
 
-  def to_tensor(self, ret, dtype):
-    return _to_tensor(ret, dtype)
-
   def apply_impl(self, input):
     axis = int(self.axis) + 1
     datas = [t.handle.data for t in input]
@@ -244,5 +238,5 @@ class VectorScan(_reductions.KernelNamed, _interpreter.ScanOps):
       outs = [np.stack(s, axis=axis) for s in zip(*steps)]
     if self.reverse:
       outs = [np.flip(o, axis=axis) for o in outs]
-    return [self.to_tensor(np.ascontiguousarray(o), t.dtype)
+    return [_to_tensor(np.ascontiguousarray(o), t.dtype)
             for o, t in zip(outs, input)]

@@ -57,7 +57,7 @@ def _compare(launch, windows, vectorised) -> None:
     differs = np.flatnonzero(data != reference)
     if differs.size:
       raise _mismatch(launch, names[k], w.array, differs, data, "holds")
-    if written is not None and not np.array_equal(written, w.written):
+    if written is not None and (written != w.written).any():
       differs = np.flatnonzero(written != w.written)
       raise _mismatch(launch, names[k], w.array, differs, written,
                       "marks as written")
@@ -67,8 +67,8 @@ def _names(launch) -> list[str]:
   """Each buffer as the messages name it: its parameter, and role if known."""
   if launch.checker is not None:
     return [f"{b.param!r} ({b.role})" for b in launch.checker.buffers]
-  names = _journal.pointer_names(launch.args, launch.executor.arg_names)
-  return [repr(n) for n in names]
+  return [repr(n) for n in _journal.pointer_names(launch.args,
+                                                  launch.executor.arg_names)]
 
 
 def _mismatch(launch, name, array, differs, vectorised, what):

@@ -34,17 +34,11 @@ from jt_dist._cpu import interpreter as _interpreter
 
 from jt_dist import _compat
 
-# The working memory a vectorised launch may take beyond its buffers.
 WORKING_MEMORY_BOUND = 256 << 20
 # Chunks are sized for half the bound: the estimate extrapolates.
 _TARGET_FRACTION = 0.5
-# What one program's values take, times this, bounds its working memory.
 _TEMPORARIES = 4
-# Chunks estimated to take this much are measured (while the estimate is
-# not yet measured at their size).
 _TRACED_FROM = 16 << 20
-# A chunk has at most this many times the programs of the largest chunk
-# measured.
 _GROWTH = 64
 
 

@@ -57,12 +57,10 @@ _decisions: dict = {}
 
 
 def mode() -> str:
-  """How CPU launches run, as ``JT_DIST_VECTORIZE`` says (default on).
+  """How CPU launches run, as ``JT_DIST_VECTORIZE`` says.
 
-  Returns:
-    ``VECTORISED`` (the default), ``ONE_AT_A_TIME`` ("0", "false", "off",
-    "no": exactly as Triton's interpreter runs them, memory through its
-    native module) or ``CHECK`` ("check": both ways, compared).
+  ``VECTORISED`` (the default), ``ONE_AT_A_TIME`` (exactly as Triton's
+  interpreter runs them, memory through its native module) or ``CHECK``.
   """
   return _MODES[_settings.vectorize()]
 
@@ -126,11 +124,10 @@ def _arg_signature(arg):
 
 
 def _decide(key, how: str, why: str) -> None:
-  if _decisions.get(key) == how:
-    return
-  _decisions[key] = how
-  logger.debug("jt_dist: kernel %s runs %s on the CPU (%s)", key[2], how,
-               why)
+  if _decisions.get(key) != how:
+    _decisions[key] = how
+    logger.debug("jt_dist: kernel %s runs %s on the CPU (%s)", key[2], how,
+                 why)
 
 
 def _grid(executor):

@@ -107,8 +107,7 @@ class VectorBuilder(_interpreter.InterpreterBuilder):
     datas = [ptrs.data, self.active(_mask_data(mask))]
     if other is not None:
       datas.append(other.data)
-    count = max(_lead(d) for d in datas)
-    datas = _with_programs(datas, count)
+    datas = _with_programs(datas, max(map(_lead, datas)))
     other = None if other is None else TensorHandle(datas[2], other.dtype)
     return super().create_masked_load(
         TensorHandle(datas[0], ptrs.dtype), TensorHandle(datas[1], tl.int1),
@@ -245,10 +244,8 @@ class VectorBuilder(_interpreter.InterpreterBuilder):
   def create_advance(self, ptr, offsets):
     if len(ptr.offsets) != len(offsets):
       raise ValueError("len(ptr.offsets) != len(offsets)")
-    moved = [
-        TensorHandle(np.add(o.data, d.data).astype(o.data.dtype), o.dtype)
-        for o, d in zip(ptr.offsets, offsets)
-    ]
+    moved = [TensorHandle(np.add(o.data, d.data).astype(o.data.dtype),
+                          o.dtype) for o, d in zip(ptr.offsets, offsets)]
     ret = _interpreter.block_pointer(
         ptr.base, ptr.shape, ptr.strides, moved, ptr.block_shape, ptr.order)
     return _vectorised(ret, _block_pointers)

@@ -1,13 +1,10 @@
 """``JT_DIST_VECTORIZE=check``: every launch run both ways, and compared.
 
-The vectorised interpreter must write exactly what running one program at
-a time writes. In check mode a launch runs vectorised first; what it wrote
-(every buffer's bytes, and the bounds checker's map of written output
-bytes) is kept, the buffers are put back as they were, and the launch runs
-again one program at a time. Those results stay; any difference raises
-``VectorisedMismatchError``, naming the kernel, the buffer and the first
-element that differs. A launch the vectorised path gives way on runs one
-program at a time only, with nothing to compare.
+A launch runs vectorised first; what it wrote (every buffer's bytes, and
+the bounds checker's map of written output bytes) is kept, the buffers are
+put back, and the launch runs again one program at a time. Those results
+stay; any difference raises ``VectorisedMismatchError``. A launch that
+gives way runs one program at a time only, with nothing to compare.
 """
 
 from __future__ import annotations

@@ -1,14 +1,11 @@
 """``triton.language`` as a vectorised launch needs it patched.
 
 Upstream's interpreter patches ``tl.tensor``'s conversions to Python values
-and ``tl.reduce``/``tl.associative_scan`` for one program at a time. Here
-they act per program along the leading program axis (see
-``vector_builder``). Converting a value to a Python ``bool`` or ``int``
-(an ``if``, a ``while``, a ``range`` bound) is where a kernel's Python
-control flow reads its data. Loops, ``if``s and returns that lockstep runs
-(``lockstep_rewrite``) read per program; elsewhere, when the active
-programs disagree, the launch cannot go on as one, and ``Divergent`` says
-so.
+and ``tl.reduce``/``tl.associative_scan`` for one program at a time; here
+they act per program along the leading program axis. A conversion to a
+Python ``bool`` or ``int`` (an ``if``, a ``while``, a ``range`` bound)
+outside what lockstep runs (``lockstep_rewrite``) raises ``Divergent``
+where the active programs disagree.
 """
 
 from __future__ import annotations

@@ -2,23 +2,20 @@
 
 A launch runs vectorised (``vector_builder``, ``vector_lang``): each value
 carries a leading program axis. It runs its grid in chunks of consecutive
-programs, in order, each sized so that its working memory stays bounded
-(``vector_chunks``); between chunks Ctrl-C stops it. The kernel and its
-helpers run in their lockstep form (``lockstep_rewrite``): loops, ``if``s
-and returns that depend on the program run masked. Where a chunk cannot
-run as one (other control flow that depends on the program, an
-operation is not reviewed for the program axis (``vector_reviewed``), or
-anything raises), what the chunk wrote is put back, with the bounds
-checker's record of written bytes (``vector_journal``), and its programs
-and all later ones run one at a time as Triton's interpreter runs them;
-that path also reports any fault exactly as before. Where that happens in
-the first chunk, the caller runs the whole launch so. A kernel (per
-signature and constexprs) that once gave way runs one program at a time
-from then on.
+programs, in order, each of bounded working memory (``vector_chunks``);
+between chunks Ctrl-C stops it. The kernel and its helpers run in their
+lockstep form (``lockstep_rewrite``). Where a chunk cannot run as one
+(control flow that lockstep leaves alone diverges, an operation is not
+reviewed (``vector_reviewed``), or anything raises), what it wrote is put
+back (``vector_journal``), and its programs and all later ones run one at
+a time as Triton's interpreter runs them, which reports any fault exactly
+as before; in the first chunk, the caller runs the whole launch so. A
+kernel (per signature and constexprs) that once gave way runs one program
+at a time from then on.
 
-``JT_DIST_VECTORIZE`` (``jt_dist._settings``, read at each launch) turns
-this off (``0``), or runs each launch both ways and compares what they
-wrote (``check``, ``vector_check``).
+``JT_DIST_VECTORIZE`` (read at each launch) turns this off (``0``), or runs
+each launch both ways and compares what they wrote (``check``,
+``vector_check``).
 """
 
 from __future__ import annotations

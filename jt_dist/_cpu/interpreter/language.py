@@ -206,9 +206,9 @@ def _plan_for_launch(patch_lang) -> _Plan | None:
 
 def _visibility_check(fn):
   """Upstream's ``_patch_lang(fn)`` with the modules already patched."""
-  langs = [v for v in fn.__globals__.values()
-           if inspect.ismodule(v) and v in _LANGUAGE_MODULES]
-  assert langs, "triton.language must be visible from within jit'd function"
+  assert any(inspect.ismodule(v) and v in _LANGUAGE_MODULES
+             for v in fn.__globals__.values()), (
+                 "triton.language must be visible from within jit'd function")
   return _interpreter._LangPatchScope()  # pylint: disable=protected-access
 
 

@@ -222,13 +222,13 @@ class VectorBuilder(_interpreter.InterpreterBuilder):
                         src.dtype.scalar)
 
   def create_histogram(self, data, bins, mask):
-    count = max(_lead(data.data), 1 if mask is None else _lead(mask.data))
+    datas = same_programs([data.data] + ([] if mask is None else [mask.data]))
     rows = []
-    for i in range(count):
-      row = TensorHandle(data.data[min(i, _lead(data.data) - 1)], data.dtype)
-      row_mask = None if mask is None else TensorHandle(
-          mask.data[min(i, _lead(mask.data) - 1)], mask.dtype)
-      rows.append(super().create_histogram(row, bins, row_mask).data)
+    for i, row in enumerate(datas[0]):
+      row_mask = None if mask is None else TensorHandle(datas[1][i],
+                                                        mask.dtype)
+      rows.append(super().create_histogram(TensorHandle(row, data.dtype), bins,
+                                           row_mask).data)
     return TensorHandle(np.stack(rows), tl.int32)
 
   # --- tensor descriptors and block pointers ------------------------------
@@ -305,8 +305,10 @@ def _column(data, ndim: int):
   return data.reshape((_lead(data),) + (1,) * ndim)
 
 
-def _tile_pointers(base, shape, strides, offsets, block_shape, checked_dims):
+def _tile_pointers(handle, offsets, checked_dims):
   """Pointers and mask of a tile per program; ``offsets`` per program."""
+  base, shape, strides, block_shape = (handle.base, handle.shape,
+                                       handle.strides, handle.block_shape)
   ndim = len(block_shape)
   itemsize = max(1, base.get_element_ty().primitive_bitwidth // 8)
   ptrs = _column(base.data, ndim)
@@ -329,13 +331,11 @@ def _descriptor_pointers(self, offsets):
   if np.any((np.asarray(offsets[-1].data) * itemsize) % 16 != 0):
     # Upstream asserts; the one-program path raises its own message.
     raise Unsupported("misaligned tensor descriptor offset")
-  return _tile_pointers(self.base, self.shape, self.strides, offsets,
-                        self.block_shape, range(len(self.block_shape)))
+  return _tile_pointers(self, offsets, range(len(self.block_shape)))
 
 
 def _block_pointers(self, boundary_check):
-  return _tile_pointers(self.base, self.shape, self.strides, self.offsets,
-                        self.block_shape, tuple(boundary_check))
+  return _tile_pointers(self, self.offsets, tuple(boundary_check))
 
 
 _SUBCLASSES: dict = {}

@@ -55,55 +55,52 @@ class Estimate:
 _estimates: dict = {}
 
 
-class Chunks:
+def chunks(key, total: int) -> Iterator[range]:
   """The chunks of one launch: ranges of flat program numbers, in order.
 
-  Run each inside ``measured(programs)``.
+  Run each inside ``measured(key, programs)``.
   """
+  start = 0
+  while start < total:
+    programs = range(start, min(total, start + _next_size(key)))
+    yield programs
+    start = programs.stop
 
-  def __init__(self, key, total: int):
-    self._key = key
-    self._total = total
 
-  def __iter__(self) -> Iterator[range]:
-    start = 0
-    while start < self._total:
-      programs = range(start, min(self._total, start + self._next_size()))
-      yield programs
-      start = programs.stop
+def _next_size(key) -> int:
+  estimate = _estimates.get(key)
+  if estimate is None:
+    return 1
+  target = WORKING_MEMORY_BOUND * _TARGET_FRACTION
+  size = max(1, int(target // estimate.per_program))
+  if estimate.traced:
+    size = min(size, estimate.programs * _GROWTH)
+  return size
 
-  def _next_size(self) -> int:
-    estimate = _estimates.get(self._key)
-    if estimate is None:
-      return 1
-    target = WORKING_MEMORY_BOUND * _TARGET_FRACTION
-    size = max(1, int(target // estimate.per_program))
-    if estimate.traced:
-      size = min(size, estimate.programs * _GROWTH)
-    return size
 
-  @contextlib.contextmanager
-  def measured(self, programs: range):
-    """Runs the block as chunk ``programs``, measuring it where needed."""
-    estimate = _estimates.get(self._key)
-    if estimate is None:
-      with _values_bytes() as counted:
-        yield
-      self._record(counted[0] * _TEMPORARIES, programs, traced=False)
-    elif (estimate.per_program * len(programs) >= _TRACED_FROM
-          and (not estimate.traced or len(programs) > 2 * estimate.programs)):
-      with _peak_bytes() as peak:
-        yield
-      self._record(peak[0], programs, traced=True)
-    else:
+@contextlib.contextmanager
+def measured(key, programs: range):
+  """Runs the block as chunk ``programs``, measuring it where needed."""
+  estimate = _estimates.get(key)
+  if estimate is None:
+    with _values_bytes() as counted:
       yield
+    _record(key, counted[0] * _TEMPORARIES, programs, traced=False)
+  elif (estimate.per_program * len(programs) >= _TRACED_FROM
+        and (not estimate.traced or len(programs) > 2 * estimate.programs)):
+    with _peak_bytes() as peak:
+      yield
+    _record(key, peak[0], programs, traced=True)
+  else:
+    yield
 
-  def _record(self, nbytes: int, programs: range, traced: bool) -> None:
-    estimate = _estimates.get(self._key)
-    if (estimate is None or (traced and not estimate.traced)
-        or len(programs) > estimate.programs):
-      _estimates[self._key] = Estimate(max(nbytes, 1) / len(programs),
-                                       len(programs), traced)
+
+def _record(key, nbytes: int, programs: range, traced: bool) -> None:
+  estimate = _estimates.get(key)
+  if (estimate is None or (traced and not estimate.traced)
+      or len(programs) > estimate.programs):
+    _estimates[key] = Estimate(max(nbytes, 1) / len(programs), len(programs),
+                               traced)
 
 
 @contextlib.contextmanager

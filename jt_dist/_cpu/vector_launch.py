@@ -179,12 +179,12 @@ class Launch:
 
   def _chunks(self, builder, journal):
     """Runs the chunks in order: (first program not run or None, chunks)."""
-    chunks = _chunks.Chunks(self.key, self.programs)
     count = 0
+    chunks = _chunks.chunks(self.key, self.programs)
     for count, programs in enumerate(chunks, 1):
       builder.set_programs(programs)
       try:
-        with chunks.measured(programs):
+        with _chunks.measured(self.key, programs):
           _run_vectorised(self)
       except Exception as e:  # pylint: disable=broad-except
         journal.restore()

@@ -11,8 +11,7 @@ nothing is pushed. One program at a time, the builder is upstream's, and
 every call acts as plain Python.
 
 Masked programs keep computing (on loads' ``other`` values), but write,
-assert and take atomics nowhere (``vector_builder``), and at a region's end
-the names its code may read later are merged from the programs' own paths.
+assert and take atomics nowhere (``vector_builder``).
 """
 
 from __future__ import annotations

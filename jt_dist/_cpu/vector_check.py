@@ -18,12 +18,8 @@ from jt_dist._cpu import vector_journal as _journal
 def run_both(launch) -> bool:
   """Runs ``launch`` (a ``vector_launch.Launch``) both ways and compares.
 
-  Returns:
-    True once both runs are done and agree; False where the vectorised run
-    gave way before running (the caller runs the launch one at a time).
-
-  Raises:
-    VectorisedMismatchError: the runs wrote different bytes.
+  True once both runs are done and agree (else ``VectorisedMismatchError``);
+  False where the vectorised run gave way before running.
   """
   windows = _journal.windows_of(launch.args, launch.checker)
   if windows is None:

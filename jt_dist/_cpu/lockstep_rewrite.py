@@ -142,11 +142,10 @@ class _Transformer(ast.NodeTransformer):
       return node
     self.generic_visit(node)
     frame = self._fresh()
+    leave = ast.Expr(_call("leave", ast.Name(frame, ast.Load())))
     node.body = [_assign(frame, _call("enter")),
                  ast.Try(body=node.body, handlers=[], orelse=[],
-                         finalbody=[ast.Expr(_call("leave",
-                                                   ast.Name(frame,
-                                                            ast.Load())))])]
+                         finalbody=[leave])]
     return node
 
   def visit_Lambda(self, node):

@@ -11,8 +11,7 @@ nothing is pushed. One program at a time, the builder is upstream's, and
 every call acts as plain Python.
 
 Masked programs keep computing (on loads' ``other`` values), but write,
-assert and take atomics nowhere (``vector_builder``), and at a region's end
-the names its code may read later are merged from the programs' own paths.
+assert and take atomics nowhere (``vector_builder``).
 """
 
 from __future__ import annotations
@@ -119,9 +118,12 @@ class _Region:
     self.depth = None if masks is None else len(masks.stack)
     self.saved: dict = {}
 
-  def _push(self, mask) -> None:
+  def _push(self, mask):
+    """Narrows the programs active on entry to ``mask``; returns those."""
     del self.masks.stack[self.depth:]
-    self.masks.stack.append(mask)
+    entry = self.masks.current
+    self.masks.stack.append(mask if entry is None else entry & mask)
+    return entry
 
   def done(self) -> None:
     if self.masks is not None:
@@ -138,9 +140,7 @@ class _Loop(_Region):
 
   def loop(self, fn, *args, **kwargs):
     """The loop's values; per program trip counts run masked."""
-    bounds = None
-    if self.masks is not None and _is_range(fn):
-      bounds = _range_bounds(fn, args, kwargs)
+    bounds = None if self.masks is None else _range_bounds(fn, args, kwargs)
     if bounds is None:
       return fn(*args, **kwargs)
     active = self.masks.current
@@ -152,20 +152,16 @@ class _Loop(_Region):
   def _masked(self, lo, hi, step):
     if (step == 0).any():
       raise ValueError("range() arg 3 must not be zero")
-    trips = np.where(step > 0, (hi - lo + step - 1) // np.where(
-        step > 0, step, 1), (lo - hi - step - 1) // np.where(
-            step < 0, -step, 1))
-    trips = np.maximum(trips, 0)
+    trips = np.maximum(-((lo - hi) // step), 0)  # As len(range(lo, hi, step)).
     active = self.masks.current
     if active is not None:
       trips = np.where(active, trips, 0)
     shared = _uniform(lo, active) and _uniform(step, active)
     for k in range(int(trips.max(initial=0))):
-      entry = self.masks.stack[self.depth - 1] if self.depth else None
-      self.mask = k < trips if entry is None else entry & (k < trips)
+      entry = self._push(k < trips)
+      self.mask = self.masks.current
       self.narrow = bool((~self.mask if entry is None
                           else entry & ~self.mask).any())
-      self._push(self.mask)
       if shared:
         yield int(_first(lo, active) + k * _first(step, active))
       else:
@@ -191,27 +187,25 @@ def _is_int32_scalar(value) -> bool:
   return isinstance(value, tl.tensor) and value.type == tl.int32
 
 
-def _is_range(fn) -> bool:
-  return fn is builtins.range or fn is tl.range or fn is tl.static_range
-
-
 def _range_bounds(fn, args, kwargs):
-  """(lo, hi, step) as int64 arrays, or None where one is not an int."""
+  """(lo, hi, step) of a range as int64 arrays, else None (or not ints)."""
+  bound = list(args)
   if fn is builtins.range:
     if kwargs:
       return None
-    bound = args
-  else:
-    bound = list(args[:3])
+  elif fn is tl.range or fn is tl.static_range:
+    bound = bound[:3]
     if "step" in kwargs:
-      bound = bound[:2] + [kwargs["step"]] if len(bound) >= 2 else None
-    if bound is None:
-      return None
+      if len(bound) < 2:
+        return None
+      bound = bound[:2] + [kwargs["step"]]
+  else:
+    return None
   bound = [b.value if isinstance(b, tl.constexpr) else b for b in bound]
   if len(bound) == 1:
-    bound = [0, bound[0], 1]
-  elif len(bound) == 2:
-    bound = [bound[0], bound[1], 1]
+    bound = [0] + bound
+  if len(bound) == 2:
+    bound.append(1)
   if len(bound) != 3:
     return None
   out = []
@@ -247,22 +241,20 @@ class _Branch(_Region):
     self.value = None
     self.then_values: dict = {}
     values = None if masks is None else _lanes(test)
-    if values is not None and values.size > 1:
-      values = values.astype(bool)
-      active = masks.current
-      if not _uniform(values, active):
-        self.cond = values
-        return
-      self.value = bool(_first(values, active))
+    if values is None or values.size == 1:
+      self.value = bool(test)
       return
-    self.value = bool(test)
+    values = values.astype(bool)
+    if _uniform(values, masks.current):
+      self.value = bool(_first(values, masks.current))
+    else:
+      self.cond = values
 
   def then(self, local_names) -> bool:
     if self.cond is None:
       return self.value
     self.saved = {n: local_names.get(n, _MISSING) for n in self.names}
-    entry = self.masks.current
-    self._push(self.cond if entry is None else entry & self.cond)
+    self._push(self.cond)
     return True
 
   def otherwise(self, local_names, has_else: bool) -> bool:
@@ -270,11 +262,9 @@ class _Branch(_Region):
       return not self.value
     self.then_values = {n: local_names.get(n, _MISSING) for n in self.names}
     self.done()
-    if not has_else:
-      return False
-    entry = self.masks.current
-    self._push(~self.cond if entry is None else entry & ~self.cond)
-    return True
+    if has_else:
+      self._push(~self.cond)
+    return has_else
 
   def diverged(self) -> bool:
     return self.cond is not None

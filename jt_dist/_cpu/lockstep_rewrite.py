@@ -35,8 +35,8 @@ import weakref
 from jt_dist._cpu import interpreter as _interpreter
 from jt_dist._cpu import lockstep as _lockstep
 
+# The closure variable the rewritten code calls, and its generated names.
 _PREFIX = "_jt_ls"
-_RUNTIME = _PREFIX  # The closure variable the rewritten code calls.
 
 
 def _name_nodes(nodes, ctx) -> list[ast.Name]:
@@ -58,11 +58,9 @@ def _names(nodes, ctx) -> set[str]:
 
 def _position(node, end: bool = False) -> tuple[int, int]:
   # A node without a position (one upstream's rewrite made) counts as last.
-  if end:
-    return (getattr(node, "end_lineno", None) or 1 << 30,
-            getattr(node, "end_col_offset", None) or 0)
-  return (getattr(node, "lineno", None) or 1 << 30,
-          getattr(node, "col_offset", None) or 0)
+  prefix = "end_" if end else ""
+  return (getattr(node, prefix + "lineno", None) or 1 << 30,
+          getattr(node, prefix + "col_offset", None) or 0)
 
 
 def _jumps(nodes, kinds) -> bool:
@@ -82,7 +80,7 @@ def _jumps(nodes, kinds) -> bool:
   return False
 
 
-def _call(method: str, *args, target: str = _RUNTIME, keywords=()):
+def _call(method: str, *args, target: str = _PREFIX, keywords=()):
   return ast.Call(
       func=ast.Attribute(value=ast.Name(id=target, ctx=ast.Load()),
                          attr=method, ctx=ast.Load()),
@@ -144,11 +142,10 @@ class _Transformer(ast.NodeTransformer):
       return node
     self.generic_visit(node)
     frame = self._fresh()
+    leave = ast.Expr(_call("leave", ast.Name(frame, ast.Load())))
     node.body = [_assign(frame, _call("enter")),
                  ast.Try(body=node.body, handlers=[], orelse=[],
-                         finalbody=[ast.Expr(_call("leave",
-                                                   ast.Name(frame,
-                                                            ast.Load())))])]
+                         finalbody=[leave])]
     return node
 
   def visit_Lambda(self, node):
@@ -166,9 +163,7 @@ class _Transformer(ast.NodeTransformer):
     # The target is assigned before its loop's body reads it.
     live = (self._live(node.body, _names(node.body, ast.Store))
             | self._live(node.body, {node.target.id}, skip=node.body))
-    self._loops.append(node)
-    self.generic_visit(node)
-    self._loops.pop()
+    self.visit_While(node)  # Visits the body inside this loop.
     region, index = self._fresh(), self._fresh()
     call = node.iter
     node.iter = _call("loop", call.func, *call.args, target=region,
@@ -221,7 +216,7 @@ def rewrite(python_fn, fallback):
   found = _REWRITTEN.get(python_fn)
   if found is None:
     found = _interpreter.function_rewriter(python_fn, _lockstep_tree,
-                                           _RUNTIME, _lockstep.RUNTIME)
+                                           _PREFIX, _lockstep.RUNTIME)
     _REWRITTEN[python_fn] = found = found or fallback()
   return found
 

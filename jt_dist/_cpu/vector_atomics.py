@@ -72,13 +72,8 @@ def _ordered(which: str, original):
 
 
 def patch(scope) -> None:
-  """Installs the ordered float atomics for one vectorised launch.
-
-  Args:
-    scope: upstream's ``_LangPatchScope`` of the launch, which restores the
-      semantic's methods when the launch ends.
-  """
-  semantic = _interpreter.semantic_class()
+  """Installs the ordered float atomics in the launch's ``scope``."""
+  semantic = _interpreter.TritonSemantic
   for which in _HALVES:
     name = f"atomic_{which}"
     scope.set_attr(semantic, name, _ordered(which, getattr(semantic, name)))

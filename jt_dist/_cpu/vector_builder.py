@@ -8,12 +8,8 @@ block of shape ``S`` an array of shape ``(Q, *S)``; upstream holds scalars
 as ``(1,)`` arrays, so a shared scalar looks the same in both.
 
 The operations whose upstream form names an axis, or whose side effects
-must happen once per program, are redefined here. Of the rest, only those
-in ``REVIEWED`` (read and found to broadcast over the program axis, as
-elementwise NumPy does) are upstream's own; any other method of upstream's
-builder, including one a later Triton adds, raises ``Unsupported`` when a
-kernel calls it, before it computes anything, and the launch gives way to
-one program at a time.
+must happen once per program, are redefined here; of the rest, those not
+in ``vector_reviewed.REVIEWED`` refuse.
 
 A builder spans one chunk of the grid's programs, numbered as upstream's
 grid loop visits them (x outermost, z innermost), so element-wise memory
@@ -31,22 +27,13 @@ from jt_dist._cpu import lockstep as _lockstep
 from jt_dist._cpu import vector_reviewed as _reviewed
 
 TensorHandle = _interpreter.TensorHandle
-
-
 Unsupported = _reviewed.Unsupported
 
 
 def program_ids(grid, flat):
-  """The (x, y, z) program ids of flat program numbers ``flat`` of ``grid``.
-
-  Works on ints and on NumPy arrays alike.
-  """
+  """The (x, y, z) program ids of flat program numbers (ints or arrays)."""
   _, gy, gz = grid
   return flat // (gy * gz), (flat // gz) % gy, flat % gz
-
-
-def _np_dtype(tl_dtype):
-  return _interpreter.np_dtype(tl_dtype)
 
 
 def _lead(data) -> int:
@@ -59,6 +46,12 @@ def _with_programs(arrays, count: int):
   shape = np.broadcast_shapes(*(a.shape for a in arrays))
   shape = (count,) + tuple(shape[1:])
   return [np.ascontiguousarray(np.broadcast_to(a, shape)) for a in arrays]
+
+
+def same_programs(arrays):
+  """``arrays`` broadcast along the program axis to the longest one's."""
+  count = max(_lead(a) for a in arrays)
+  return [np.broadcast_to(a, (count,) + a.shape[1:]) for a in arrays]
 
 
 def _mask_data(mask):
@@ -114,8 +107,7 @@ class VectorBuilder(_interpreter.InterpreterBuilder):
     datas = [ptrs.data, self.active(_mask_data(mask))]
     if other is not None:
       datas.append(other.data)
-    count = max(_lead(d) for d in datas)
-    datas = _with_programs(datas, count)
+    datas = _with_programs(datas, max(map(_lead, datas)))
     other = None if other is None else TensorHandle(datas[2], other.dtype)
     return super().create_masked_load(
         TensorHandle(datas[0], ptrs.dtype), TensorHandle(datas[1], tl.int1),
@@ -154,13 +146,16 @@ class VectorBuilder(_interpreter.InterpreterBuilder):
           TensorHandle(v[rows], val.dtype), *args, **kwargs).data
     return TensorHandle(old, val.dtype)
 
+  def _holds(self, condition):
+    """``condition``, true for every program masked off."""
+    return TensorHandle(~self.active(~np.asarray(condition.data, bool)),
+                        tl.int1)
+
   def create_assert(self, condition, message):
-    return super().create_assert(TensorHandle(
-        ~self.active(~np.asarray(condition.data, bool)), tl.int1), message)
+    return super().create_assert(self._holds(condition), message)
 
   def create_assume(self, condition):
-    return super().create_assume(TensorHandle(
-        ~self.active(~np.asarray(condition.data, bool)), tl.int1))
+    return super().create_assume(self._holds(condition))
 
   # --- pointers ----------------------------------------------------------
 
@@ -184,7 +179,8 @@ class VectorBuilder(_interpreter.InterpreterBuilder):
 
   def create_splat(self, ret_ty, arg):
     shape = tuple(int(s) for s in ret_ty.shape)
-    data = np.asarray(arg.data).astype(_np_dtype(arg.dtype), copy=False)
+    data = np.asarray(arg.data).astype(_interpreter.np_dtype(arg.dtype),
+                                       copy=False)
     count = _lead(data)
     data = data.reshape((count,) + (1,) * len(shape))
     return TensorHandle(np.broadcast_to(data, (count,) + shape),
@@ -211,11 +207,9 @@ class VectorBuilder(_interpreter.InterpreterBuilder):
     return TensorHandle(np.transpose(arg.data, perm), arg.dtype.scalar)
 
   def create_cat(self, lhs, rhs):
-    count = max(_lead(lhs.data), _lead(rhs.data))
-    lhs_data = np.broadcast_to(lhs.data, (count,) + lhs.data.shape[1:])
-    rhs_data = np.broadcast_to(rhs.data, (count,) + rhs.data.shape[1:])
-    return TensorHandle(np.concatenate([lhs_data, rhs_data], axis=1),
-                        lhs.dtype.scalar)
+    return TensorHandle(
+        np.concatenate(same_programs([lhs.data, rhs.data]), axis=1),
+        lhs.dtype.scalar)
 
   def create_join(self, lhs, rhs):
     lhs_data, rhs_data = np.broadcast_arrays(lhs.data, rhs.data)
@@ -223,45 +217,38 @@ class VectorBuilder(_interpreter.InterpreterBuilder):
                         lhs.dtype.scalar)
 
   def create_gather(self, src, indices, axis):
-    count = max(_lead(src.data), _lead(indices.data))
-    src_data = np.broadcast_to(src.data, (count,) + src.data.shape[1:])
-    idx = np.broadcast_to(indices.data, (count,) + indices.data.shape[1:])
+    src_data, idx = same_programs([src.data, indices.data])
     return TensorHandle(np.take_along_axis(src_data, idx, axis=axis + 1),
                         src.dtype.scalar)
 
   def create_histogram(self, data, bins, mask):
-    count = max(_lead(data.data), 1 if mask is None else _lead(mask.data))
+    datas = same_programs([data.data] + ([] if mask is None else [mask.data]))
     rows = []
-    for i in range(count):
-      row = TensorHandle(data.data[min(i, _lead(data.data) - 1)], data.dtype)
-      row_mask = None if mask is None else TensorHandle(
-          mask.data[min(i, _lead(mask.data) - 1)], mask.dtype)
-      rows.append(super().create_histogram(row, bins, row_mask).data)
+    for i, row in enumerate(datas[0]):
+      row_mask = None if mask is None else TensorHandle(datas[1][i],
+                                                        mask.dtype)
+      rows.append(super().create_histogram(TensorHandle(row, data.dtype), bins,
+                                           row_mask).data)
     return TensorHandle(np.stack(rows), tl.int32)
 
   # --- tensor descriptors and block pointers ------------------------------
 
   def create_make_tensor_descriptor(self, *args, **kwargs):
-    desc = super().create_make_tensor_descriptor(*args, **kwargs)
-    desc.__class__ = _vector_subclass(type(desc), _descriptor_pointers)
-    return desc
+    return _vectorised(super().create_make_tensor_descriptor(*args, **kwargs),
+                       _descriptor_pointers)
 
   def create_make_block_ptr(self, *args, **kwargs):
-    ptr = super().create_make_block_ptr(*args, **kwargs)
-    ptr.__class__ = _vector_subclass(type(ptr), _block_pointers)
-    return ptr
+    return _vectorised(super().create_make_block_ptr(*args, **kwargs),
+                       _block_pointers)
 
   def create_advance(self, ptr, offsets):
     if len(ptr.offsets) != len(offsets):
       raise ValueError("len(ptr.offsets) != len(offsets)")
-    moved = [
-        TensorHandle(np.add(o.data, d.data).astype(o.data.dtype), o.dtype)
-        for o, d in zip(ptr.offsets, offsets)
-    ]
+    moved = [TensorHandle(np.add(o.data, d.data).astype(o.data.dtype),
+                          o.dtype) for o, d in zip(ptr.offsets, offsets)]
     ret = _interpreter.block_pointer(
         ptr.base, ptr.shape, ptr.strides, moved, ptr.block_shape, ptr.order)
-    ret.__class__ = _vector_subclass(type(ret), _block_pointers)
-    return ret
+    return _vectorised(ret, _block_pointers)
 
 
 # Upstream's methods neither redefined above nor reviewed, which refuse:
@@ -282,12 +269,9 @@ def _shared_address_add(row_ptrs, values, row_mask, programs: int):
   accumulated over rows, say), program ``p`` sees the initial values plus
   programs ``0..p-1``'s values added one after another: a cumulative sum
   down the program axis, which NumPy adds sequentially, as the native
-  atomics would. The memory is read and written once, through the
-  interpreter's (checked) memory module.
-
-  Returns:
-    The old values per program and lane (0 where masked), or None where
-    this does not apply (the caller then runs the native atomics).
+  atomics would. Memory is read and written once, through the interpreter's
+  (checked) memory module. Returns the old values per program and lane (0
+  where masked), or None where this does not apply (then native atomics).
   """
   values = np.asarray(values)
   row_mask = np.broadcast_to(np.asarray(row_mask, dtype=bool), row_ptrs.shape)
@@ -321,8 +305,10 @@ def _column(data, ndim: int):
   return data.reshape((_lead(data),) + (1,) * ndim)
 
 
-def _tile_pointers(base, shape, strides, offsets, block_shape, checked_dims):
+def _tile_pointers(handle, offsets, checked_dims):
   """Pointers and mask of a tile per program; ``offsets`` per program."""
+  base, shape, strides, block_shape = (handle.base, handle.shape,
+                                       handle.strides, handle.block_shape)
   ndim = len(block_shape)
   itemsize = max(1, base.get_element_ty().primitive_bitwidth // 8)
   ptrs = _column(base.data, ndim)
@@ -345,22 +331,21 @@ def _descriptor_pointers(self, offsets):
   if np.any((np.asarray(offsets[-1].data) * itemsize) % 16 != 0):
     # Upstream asserts; the one-program path raises its own message.
     raise Unsupported("misaligned tensor descriptor offset")
-  return _tile_pointers(self.base, self.shape, self.strides, offsets,
-                        self.block_shape, range(len(self.block_shape)))
+  return _tile_pointers(self, offsets, range(len(self.block_shape)))
 
 
 def _block_pointers(self, boundary_check):
-  return _tile_pointers(self.base, self.shape, self.strides, self.offsets,
-                        self.block_shape, tuple(boundary_check))
+  return _tile_pointers(self, self.offsets, tuple(boundary_check))
 
 
 _SUBCLASSES: dict = {}
 
 
-def _vector_subclass(cls, materialize):
-  """``cls`` with ``materialize_pointers`` working per program."""
-  key = (cls, materialize)
-  if key not in _SUBCLASSES:
-    _SUBCLASSES[key] = type("Vector" + cls.__name__, (cls,),
-                            {"materialize_pointers": materialize})
-  return _SUBCLASSES[key]
+def _vectorised(handle, materialize):
+  """``handle``, its ``materialize_pointers`` working per program."""
+  cls = type(handle)
+  if (cls, materialize) not in _SUBCLASSES:
+    _SUBCLASSES[cls, materialize] = type(
+        "Vector" + cls.__name__, (cls,), {"materialize_pointers": materialize})
+  handle.__class__ = _SUBCLASSES[cls, materialize]
+  return handle

@@ -1,13 +1,10 @@
 """``JT_DIST_VECTORIZE=check``: every launch run both ways, and compared.
 
-The vectorised interpreter must write exactly what running one program at
-a time writes. In check mode a launch runs vectorised first; what it wrote
-(every buffer's bytes, and the bounds checker's map of written output
-bytes) is kept, the buffers are put back as they were, and the launch runs
-again one program at a time. Those results stay; any difference raises
-``VectorisedMismatchError``, naming the kernel, the buffer and the first
-element that differs. A launch the vectorised path gives way on runs one
-program at a time only, with nothing to compare.
+A launch runs vectorised first; what it wrote (every buffer's bytes, and
+the bounds checker's map of written output bytes) is kept, the buffers are
+put back, and the launch runs again one program at a time. Those results
+stay; any difference raises ``VectorisedMismatchError``. A launch that
+gives way runs one program at a time only, with nothing to compare.
 """
 
 from __future__ import annotations
@@ -21,12 +18,8 @@ from jt_dist._cpu import vector_journal as _journal
 def run_both(launch) -> bool:
   """Runs ``launch`` (a ``vector_launch.Launch``) both ways and compares.
 
-  Returns:
-    True once both runs are done and agree; False where the vectorised run
-    gave way before running (the caller runs the launch one at a time).
-
-  Raises:
-    VectorisedMismatchError: the runs wrote different bytes.
+  True once both runs are done and agree (else ``VectorisedMismatchError``);
+  False where the vectorised run gave way before running.
   """
   windows = _journal.windows_of(launch.args, launch.checker)
   if windows is None:
@@ -35,7 +28,10 @@ def run_both(launch) -> bool:
   if not launch.vectorised():
     return False
   vectorised = _snapshot(windows)
-  _put_back(windows, before)
+  for w, (data, written) in zip(windows, before):
+    _journal.writable_bytes(w.array)[...] = data
+    if written is not None:
+      w.written[...] = written
   with launch.patched_language():
     launch.one_at_a_time()
   _compare(launch, windows, vectorised)
@@ -47,13 +43,6 @@ def _snapshot(windows) -> list[tuple[np.ndarray, np.ndarray | None]]:
            None if w.written is None else w.written.copy()) for w in windows]
 
 
-def _put_back(windows, saved) -> None:
-  for w, (data, written) in zip(windows, saved):
-    _journal.writable_bytes(w.array)[...] = data
-    if written is not None:
-      w.written[...] = written
-
-
 def _compare(launch, windows, vectorised) -> None:
   names = _names(launch)
   for k, (w, (data, written)) in enumerate(zip(windows, vectorised)):
@@ -61,7 +50,7 @@ def _compare(launch, windows, vectorised) -> None:
     differs = np.flatnonzero(data != reference)
     if differs.size:
       raise _mismatch(launch, names[k], w.array, differs, data, "holds")
-    if written is not None and not np.array_equal(written, w.written):
+    if written is not None and (written != w.written).any():
       differs = np.flatnonzero(written != w.written)
       raise _mismatch(launch, names[k], w.array, differs, written,
                       "marks as written")
@@ -71,8 +60,8 @@ def _names(launch) -> list[str]:
   """Each buffer as the messages name it: its parameter, and role if known."""
   if launch.checker is not None:
     return [f"{b.param!r} ({b.role})" for b in launch.checker.buffers]
-  names = _journal.pointer_names(launch.args, launch.executor.arg_names)
-  return [repr(n) for n in names]
+  return [repr(n) for n in _journal.pointer_names(launch.args,
+                                                  launch.executor.arg_names)]
 
 
 def _mismatch(launch, name, array, differs, vectorised, what):

@@ -34,102 +34,80 @@ from jt_dist._cpu import interpreter as _interpreter
 
 from jt_dist import _compat
 
-# The working memory a vectorised launch may take beyond its buffers.
 WORKING_MEMORY_BOUND = 256 << 20
 # Chunks are sized for half the bound: the estimate extrapolates.
 _TARGET_FRACTION = 0.5
-# What one program's values take, times this, bounds its working memory.
 _TEMPORARIES = 4
-# Chunks estimated to take this much are measured (while the estimate is
-# not yet measured at their size).
 _TRACED_FROM = 16 << 20
-# A chunk has at most this many times the programs of the largest chunk
-# measured.
 _GROWTH = 64
 
 
 @dataclasses.dataclass(frozen=True)
 class Estimate:
-  """A kernel's working memory per program.
+  """A kernel's working memory per program, over a chunk of ``programs``."""
 
-  Attributes:
-    per_program: bytes per program.
-    programs: the programs of the chunk it was taken over.
-    traced: whether ``tracemalloc`` measured it (else values were counted).
-  """
-
-  per_program: float
+  per_program: float  # Bytes.
   programs: int
-  traced: bool
+  traced: bool  # Whether ``tracemalloc`` measured it (else values counted).
 
 
 # Kernel key -> Estimate; read and written under the interpreter lock.
 _estimates: dict = {}
 
 
-class Chunks:
-  """The chunks of one launch, in program order.
+def chunks(key, total: int) -> Iterator[range]:
+  """The chunks of one launch: ranges of flat program numbers, in order.
 
-  Iterating yields ranges of flat program numbers; run each inside
-  ``measured(programs)``, which measures it where that is needed.
+  Run each inside ``measured(key, programs)``.
   """
+  start = 0
+  while start < total:
+    programs = range(start, min(total, start + _next_size(key)))
+    yield programs
+    start = programs.stop
 
-  def __init__(self, key, total: int):
-    self._key = key
-    self._total = total
 
-  def __iter__(self) -> Iterator[range]:
-    start = 0
-    while start < self._total:
-      programs = range(start, min(self._total, start + self._next_size()))
-      yield programs
-      start = programs.stop
+def _next_size(key) -> int:
+  estimate = _estimates.get(key)
+  if estimate is None:
+    return 1
+  target = WORKING_MEMORY_BOUND * _TARGET_FRACTION
+  size = max(1, int(target // estimate.per_program))
+  if estimate.traced:
+    size = min(size, estimate.programs * _GROWTH)
+  return size
 
-  def _next_size(self) -> int:
-    estimate = _estimates.get(self._key)
-    if estimate is None:
-      return 1
-    target = WORKING_MEMORY_BOUND * _TARGET_FRACTION
-    size = max(1, int(target // estimate.per_program))
-    if estimate.traced:
-      size = min(size, estimate.programs * _GROWTH)
-    return size
 
-  @contextlib.contextmanager
-  def measured(self, programs: range):
-    """Runs the block as chunk ``programs``, measuring it where needed."""
-    estimate = _estimates.get(self._key)
-    if estimate is None:
-      with _values_bytes() as counted:
-        yield
-      self._record(counted[0] * _TEMPORARIES, programs, traced=False)
-    elif _needs_tracing(estimate, len(programs)):
-      with _peak_bytes() as peak:
-        yield
-      self._record(peak[0], programs, traced=True)
-    else:
+@contextlib.contextmanager
+def measured(key, programs: range):
+  """Runs the block as chunk ``programs``, measuring it where needed."""
+  estimate = _estimates.get(key)
+  if estimate is None:
+    with _values_bytes() as counted:
       yield
+    _record(key, counted[0] * _TEMPORARIES, programs, traced=False)
+  elif (estimate.per_program * len(programs) >= _TRACED_FROM
+        and (not estimate.traced or len(programs) > 2 * estimate.programs)):
+    with _peak_bytes() as peak:
+      yield
+    _record(key, peak[0], programs, traced=True)
+  else:
+    yield
 
-  def _record(self, nbytes: int, programs: range, traced: bool) -> None:
-    estimate = _estimates.get(self._key)
-    if (estimate is None or (traced and not estimate.traced)
-        or len(programs) > estimate.programs):
-      _estimates[self._key] = Estimate(max(nbytes, 1) / len(programs),
-                                       len(programs), traced)
 
-
-def _needs_tracing(estimate: Estimate, programs: int) -> bool:
-  if estimate.per_program * programs < _TRACED_FROM:
-    return False
-  return not estimate.traced or programs > 2 * estimate.programs
+def _record(key, nbytes: int, programs: range, traced: bool) -> None:
+  estimate = _estimates.get(key)
+  if (estimate is None or (traced and not estimate.traced)
+      or len(programs) > estimate.programs):
+    _estimates[key] = Estimate(max(nbytes, 1) / len(programs), len(programs),
+                               traced)
 
 
 @contextlib.contextmanager
 def _values_bytes():
-  """Yields a list whose one item becomes the bytes of the block's values.
+  """Yields a list whose item counts the bytes of the block's new values.
 
-  Counted as the interpreter makes each value (a ``TensorHandle``): the
-  size of its data, broadcast views at their full size.
+  Broadcast views count at their full size.
   """
   handle = _interpreter.TensorHandle
   original = getattr(handle, "__post_init__", None)

@@ -1,13 +1,11 @@
 """Undoing one chunk of a vectorised launch: the bytes its writes replaced.
 
-A vectorised launch runs its programs in chunks (``vector_launch``). When a
-chunk cannot go on as one (its programs take different paths, an operation
-is not reviewed, anything raises), what it wrote is put back, written-byte
-maps included, and its programs run one at a time. The journal keeps, for
-each write of the chunk, the bytes it is about to replace: a slice of the
-buffer where the write is dense, else the written elements' bytes alone.
-So what it holds is about the size of what the chunk stores, never a copy
-of a whole buffer, and it is dropped when the chunk completes.
+When a chunk gives way (``vector_launch``), what it wrote is put back,
+written-byte maps included. The journal keeps, for each write of the chunk,
+the bytes it is about to replace: a slice of the buffer where the write is
+dense, else the written elements' bytes alone. So it holds about what the
+chunk stores, never a copy of a whole buffer, and is dropped when the chunk
+completes.
 """
 
 from __future__ import annotations
@@ -27,14 +25,11 @@ _PAGE = 4096
 
 @dataclasses.dataclass
 class Window:
-  """One buffer as the kernel addresses it.
+  """One buffer (``array``) as the kernel addresses it.
 
-  Attributes:
-    array: the buffer.
-    start, end: the addresses that name it (the checker's tagged region, or
-      the buffer's own bytes).
-    base: the address of its first byte as the kernel sees it.
-    written: its written-byte map, or None.
+  ``start``/``end`` bound the addresses that name it (the checker's tagged
+  region, or the buffer's own bytes), ``base`` is its first byte's address as
+  the kernel sees it, ``written`` its written-byte map or None.
   """
 
   array: np.ndarray
@@ -75,10 +70,7 @@ def pointer_names(args, arg_names) -> list[str]:
 
 
 def writable_bytes(array: np.ndarray) -> np.ndarray:
-  """``array``'s bytes, writable even where the array is read-only.
-
-  Through the address: an input buffer may be a read-only array.
-  """
+  """``array``'s bytes, writable (by address: inputs may be read-only)."""
   if not array.nbytes:
     return np.zeros(0, np.uint8)
   raw = (ctypes.c_uint8 * array.nbytes).from_address(array.ctypes.data)
@@ -88,12 +80,11 @@ def writable_bytes(array: np.ndarray) -> np.ndarray:
 class WriteJournal:
   """The interpreter's memory module, remembering what each write replaces.
 
-  Stands in for the module (``interpreter.native_memory``) during a
-  vectorised launch; ``restore`` undoes the writes since the last ``clear``.
+  ``restore`` undoes the writes since the last ``clear``.
   """
 
-  def __init__(self, inner, windows: list[Window]):
-    self._inner = inner
+  def __init__(self, windows: list[Window]):
+    self._inner = _interpreter.native_memory()
     self._windows = windows
     self._bytes = [writable_bytes(w.array) for w in windows]
     # (buffer, byte slice or byte indices, old bytes, old written bytes).
@@ -174,17 +165,3 @@ class WriteJournal:
   def clear(self) -> None:
     """Forgets the writes so far (their chunk completed)."""
     self._saved.clear()
-
-
-def journal(args, checker) -> WriteJournal | None:
-  """A journal over the current memory module, or None if buffers are unknown.
-
-  Args:
-    args: the kernel's positional arguments (pointers as ``data_ptr``
-      objects carrying their ``buffer``).
-    checker: the launch's ``bounds.MemoryChecker``, or None.
-  """
-  windows = windows_of(args, checker)
-  if windows is None:
-    return None
-  return WriteJournal(_interpreter.native_memory(), windows)

@@ -1,14 +1,11 @@
 """``triton.language`` as a vectorised launch needs it patched.
 
 Upstream's interpreter patches ``tl.tensor``'s conversions to Python values
-and ``tl.reduce``/``tl.associative_scan`` for one program at a time. Here
-they act per program along the leading program axis (see
-``vector_builder``). Converting a value to a Python ``bool`` or ``int``
-(an ``if``, a ``while``, a ``range`` bound) is where a kernel's Python
-control flow reads its data. Loops, ``if``s and returns that lockstep runs
-(``lockstep_rewrite``) read per program; elsewhere, when the active
-programs disagree, the launch cannot go on as one, and ``Divergent`` says
-so.
+and ``tl.reduce``/``tl.associative_scan`` for one program at a time; here
+they act per program along the leading program axis. A conversion to a
+Python ``bool`` or ``int`` (an ``if``, a ``while``, a ``range`` bound)
+outside what lockstep runs (``lockstep_rewrite``) raises ``Divergent``
+where the active programs disagree.
 """
 
 from __future__ import annotations
@@ -98,11 +95,7 @@ def _transpose(self):
 
 
 def patch(scope, kernel: str) -> None:
-  """Adds the vectorised forms to ``scope`` (upstream's ``_LangPatchScope``).
-
-  Call after upstream's ``_patch_lang`` so that these win; the scope
-  restores everything when the launch ends.
-  """
+  """Adds the vectorised forms to ``scope`` (after upstream's, to win)."""
   tensor = tl.core.tensor
 
   def index(self):
@@ -123,7 +116,7 @@ def patch(scope, kernel: str) -> None:
 
 def _to_tensor(data, dtype):
   """A tensor of ``dtype`` from per-program ``data`` (program axis first)."""
-  data = np.asarray(data).astype(_vb._np_dtype(dtype), copy=False)  # pylint: disable=protected-access
+  data = np.asarray(data).astype(_interpreter.np_dtype(dtype), copy=False)
   if data.ndim > 1:
     ty = tl.block_type(dtype, list(data.shape[1:]))
   else:
@@ -132,17 +125,8 @@ def _to_tensor(data, dtype):
   return tl.core.tensor(TensorHandle(data, dtype.scalar), ty)
 
 
-def _same_programs(datas):
-  count = max(d.shape[0] for d in datas)
-  return [np.broadcast_to(d, (count,) + d.shape[1:]) for d in datas]
-
-
 class _ProgramsReduce(_reductions.KernelNamed, _interpreter.ReduceOps):
-  """Upstream's reductions with the program axis kept apart.
-
-  Upstream picks the NumPy reduction per combine function; this keeps its
-  choice and moves the reduced axis one to the right.
-  """
+  """Upstream's reductions (its NumPy picks), reduced axes one to the right."""
 
   def to_tensor(self, ret, dtype):
     return _to_tensor(ret, dtype)
@@ -165,13 +149,10 @@ class _ProgramsReduce(_reductions.KernelNamed, _interpreter.ReduceOps):
     input = input[0] if isinstance(input, tuple) else input
     data = input.handle.data
     flat, axis = self._flat(data)
-    outs = []
-    if val_reduce_op:
-      out = self._shaped(val_reduce_op(flat, axis=axis), data.ndim - 1)
-      outs.append(self.to_tensor(out, input.dtype))
-    if idx_reduce_op:
-      out = self._shaped(idx_reduce_op(flat, axis=axis), data.ndim - 1)
-      outs.append(self.to_tensor(out, tl.int32))
+    outs = [self.to_tensor(self._shaped(op(flat, axis=axis), data.ndim - 1),
+                           dtype)
+            for op, dtype in ((val_reduce_op, input.dtype),
+                              (idx_reduce_op, tl.int32)) if op]
     if not outs:
       raise ValueError("val_reduce_op and idx_reduce_op are both None")
     return outs[0] if len(outs) == 1 else tuple(outs)
@@ -184,15 +165,12 @@ class _ProgramsReduce(_reductions.KernelNamed, _interpreter.ReduceOps):
     return self.to_tensor(out, input.dtype)
 
   def generic_reduce(self, input):
-    datas = _same_programs([self._flat(t.handle.data)[0] for t in input])
+    datas = [self._flat(t.handle.data)[0] for t in input]
     axis = self._flat(input[0].handle.data)[1]
     dtypes = [t.dtype for t in input]
-    acc = [np.take(d, 0, axis=axis) for d in datas]
     combine_fn = _reductions.CheckedCombine(self.combine_fn, self.kernel,
                                             "tl.reduce")
-    for i in range(1, datas[0].shape[axis]):
-      step = [np.take(d, i, axis=axis) for d in datas]
-      acc = _combine(combine_fn, acc, step, dtypes)
+    *_, acc = _running(combine_fn, datas, axis, dtypes)
     block_ndim = input[0].handle.data.ndim - 1
     return [self.to_tensor(self._shaped(a, block_ndim), dt)
             for a, dt in zip(acc, dtypes)]
@@ -202,11 +180,22 @@ class VectorReduce(_reductions.MinMaxOnValues, _ProgramsReduce):
   """The vectorised reductions, bf16 and float8 on values (``reductions``)."""
 
 
-def _combine(combine_fn, acc, step, dtypes):
-  """One combine step over all programs, rounded to the inputs' types.
+def _running(combine_fn, datas, axis, dtypes):
+  """What ``combine_fn`` accumulates along ``axis``, after each step."""
+  datas = _vb.same_programs(datas)
+  acc = [np.take(d, 0, axis=axis) for d in datas]
+  yield acc
+  for i in range(1, datas[0].shape[axis]):
+    step = [np.take(d, i, axis=axis) for d in datas]
+    acc = _combine(combine_fn, acc, step, dtypes)
+    yield acc
 
-  Upstream stores each step's result into an array of the input's type, so
-  this casts back likewise (a ``CheckedCombine`` refuses other types).
+
+def _combine(combine_fn, acc, step, dtypes):
+  """One combine step over all programs, cast back to the inputs' types.
+
+  As upstream stores each step into an array of the input's type (a
+  ``CheckedCombine`` refuses other types).
   """
   args = [_to_tensor(a, dt) for a, dt in zip(acc, dtypes)]
   args += [_to_tensor(s, dt) for s, dt in zip(step, dtypes)]
@@ -221,15 +210,12 @@ def _combine(combine_fn, acc, step, dtypes):
     value = r.handle.data if isinstance(r, tl.core.tensor) else r
     value = np.broadcast_to(np.asarray(value), np.broadcast_shapes(
         np.shape(value), a.shape))
-    out.append(value.astype(_vb._np_dtype(dt)))  # pylint: disable=protected-access
+    out.append(value.astype(_interpreter.np_dtype(dt)))
   return out
 
 
 class VectorScan(_reductions.KernelNamed, _interpreter.ScanOps):
   """Upstream's scans with the program axis kept apart, on values."""
-
-  def to_tensor(self, ret, dtype):
-    return _to_tensor(ret, dtype)
 
   def apply_impl(self, input):
     axis = int(self.axis) + 1
@@ -243,21 +229,11 @@ class VectorScan(_reductions.KernelNamed, _interpreter.ScanOps):
       outs = [_reductions.scan_along("tl.cumprod", datas[0], axis,
                                      input[0].dtype, self.kernel)]
     else:
-      outs = self._generic(datas, axis, [t.dtype for t in input])
+      combine_fn = _reductions.CheckedCombine(self.combine_fn, self.kernel,
+                                              "tl.associative_scan")
+      steps = _running(combine_fn, datas, axis, [t.dtype for t in input])
+      outs = [np.stack(s, axis=axis) for s in zip(*steps)]
     if self.reverse:
       outs = [np.flip(o, axis=axis) for o in outs]
-    return [self.to_tensor(np.ascontiguousarray(o), t.dtype)
+    return [_to_tensor(np.ascontiguousarray(o), t.dtype)
             for o, t in zip(outs, input)]
-
-  def _generic(self, datas, axis, dtypes):
-    datas = _same_programs(datas)
-    acc = [np.take(d, 0, axis=axis).astype(d.dtype) for d in datas]
-    steps = [[a] for a in acc]
-    combine_fn = _reductions.CheckedCombine(self.combine_fn, self.kernel,
-                                            "tl.associative_scan")
-    for i in range(1, datas[0].shape[axis]):
-      step = [np.take(d, i, axis=axis) for d in datas]
-      acc = _combine(combine_fn, acc, step, dtypes)
-      for j, a in enumerate(acc):
-        steps[j].append(a)
-    return [np.stack(s, axis=axis) for s in steps]

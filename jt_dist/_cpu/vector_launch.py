@@ -2,31 +2,26 @@
 
 A launch runs vectorised (``vector_builder``, ``vector_lang``): each value
 carries a leading program axis. It runs its grid in chunks of consecutive
-programs, in order, each sized so that its working memory stays bounded
-(``vector_chunks``); between chunks Ctrl-C stops it. The kernel and its
-helpers run in their lockstep form (``lockstep_rewrite``): loops, ``if``s
-and returns that depend on the program run masked. Where a chunk cannot
-run as one (other control flow that depends on the program, an
-operation is not reviewed for the program axis (``vector_reviewed``), or
-anything raises), what the chunk wrote is put back, with the bounds
-checker's record of written bytes (``vector_journal``), and its programs
-and all later ones run one at a time as Triton's interpreter runs them;
-that path also reports any fault exactly as before. Where that happens in
-the first chunk, the caller runs the whole launch so. A kernel (per
-signature and constexprs) that once gave way runs one program at a time
-from then on.
+programs, in order, each of bounded working memory (``vector_chunks``);
+between chunks Ctrl-C stops it. The kernel and its helpers run in their
+lockstep form (``lockstep_rewrite``). Where a chunk cannot run as one
+(control flow that lockstep leaves alone diverges, an operation is not
+reviewed (``vector_reviewed``), or anything raises), what it wrote is put
+back (``vector_journal``), and its programs and all later ones run one at
+a time as Triton's interpreter runs them, which reports any fault exactly
+as before; in the first chunk, the caller runs the whole launch so. A
+kernel (per signature and constexprs) that once gave way runs one program
+at a time from then on.
 
-``JT_DIST_VECTORIZE`` (``jt_dist._settings``, read at each launch) turns
-this off (``0``), or runs each launch both ways and compares what they
-wrote (``check``, ``vector_check``).
+``JT_DIST_VECTORIZE`` (read at each launch) turns this off (``0``), or runs
+each launch both ways and compares what they wrote (``check``,
+``vector_check``).
 """
 
 from __future__ import annotations
 
-import contextlib
 import inspect
 import logging
-import weakref
 
 import numpy as np
 import triton.language as tl
@@ -59,12 +54,10 @@ _decisions: dict = {}
 
 
 def mode() -> str:
-  """How CPU launches run, as ``JT_DIST_VECTORIZE`` says (default on).
+  """How CPU launches run, as ``JT_DIST_VECTORIZE`` says.
 
-  Returns:
-    ``VECTORISED`` (the default), ``ONE_AT_A_TIME`` ("0", "false", "off",
-    "no": exactly as Triton's interpreter runs them, memory through its
-    native module) or ``CHECK`` ("check": both ways, compared).
+  ``VECTORISED`` (the default), ``ONE_AT_A_TIME`` (exactly as Triton's
+  interpreter runs them, memory through its native module) or ``CHECK``.
   """
   return _MODES[_settings.vectorize()]
 
@@ -87,10 +80,8 @@ def run(executor, args, kwargs, checker, patched_language, python_fn) -> bool:
     checker: the launch's ``bounds.MemoryChecker``, or None.
     patched_language: a context manager factory that patches
       ``triton.language`` as for a one-program-at-a-time launch; entered
-      once the vectorised builder is in place (the patched builtins call
-      the interpreter's semantic, whose builder this replaces).
-    python_fn: the kernel's Python function, run vectorised in its
-      lockstep form (``lockstep_rewrite``).
+      once the vectorised builder is in place.
+    python_fn: the kernel's Python function (run in its lockstep form).
 
   Returns:
     True if the launch ran; False if the caller must run it one program at
@@ -130,11 +121,10 @@ def _arg_signature(arg):
 
 
 def _decide(key, how: str, why: str) -> None:
-  if _decisions.get(key) == how:
-    return
-  _decisions[key] = how
-  logger.debug("jt_dist: kernel %s runs %s on the CPU (%s)", key[2], how,
-               why)
+  if _decisions.get(key) != how:
+    _decisions[key] = how
+    logger.debug("jt_dist: kernel %s runs %s on the CPU (%s)", key[2], how,
+                 why)
 
 
 def _grid(executor):
@@ -146,24 +136,11 @@ def _grid(executor):
   return grid if int(np.prod(grid)) > 1 else None
 
 
-# Rewritten kernel function -> the names it takes as arguments.
-_PARAMETERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-
-def _parameters(fn) -> frozenset[str]:
-  found = _PARAMETERS.get(fn)
-  if found is None:
-    spec = inspect.getfullargspec(fn)
-    found = _PARAMETERS[fn] = frozenset(spec.args) | frozenset(
-        spec.kwonlyargs)
-  return found
-
-
 class Launch:
   """One launch, run vectorised chunk by chunk or one program at a time."""
 
   def __init__(self, executor, grid, args, kwargs, checker, patched_language,
-               python_fn=None):
+               python_fn):
     self.executor = executor
     self.grid = grid
     self.args = args
@@ -178,14 +155,16 @@ class Launch:
     """Runs the launch vectorised where it can (see ``run``)."""
     if _decisions.get(self.key) == ONE_AT_A_TIME:
       return False
-    journal = _journal.journal(self.args, self.checker)
-    if journal is None:
+    windows = _journal.windows_of(self.args, self.checker)
+    if windows is None:
       return False
+    journal = _journal.WriteJournal(windows)
     # In lockstep, programs a branch or loop trip leaves out compute on
     # masked values (a row of -inf minus its max, -inf) whose results are
     # dropped: NumPy's floating-point warnings there are not the kernel's.
+    builder = _vb.VectorBuilder(self.grid, range(0))
     with _interpreter.native_memory_replaced(journal), \
-        _vector_builder_installed(self.grid) as builder, \
+        _interpreter.builder_replaced(builder), \
         self.patched_language(), np.errstate(all="ignore"):
       stopped, chunks = self._chunks(builder, journal)
     if stopped is None:
@@ -200,39 +179,33 @@ class Launch:
 
   def _chunks(self, builder, journal):
     """Runs the chunks in order: (first program not run or None, chunks)."""
-    chunks = _chunks.Chunks(self.key, self.programs)
     count = 0
-    for programs in chunks:
-      count += 1
+    chunks = _chunks.chunks(self.key, self.programs)
+    for count, programs in enumerate(chunks, 1):
       builder.set_programs(programs)
       try:
-        with chunks.measured(programs):
+        with _chunks.measured(self.key, programs):
           _run_vectorised(self)
       except Exception as e:  # pylint: disable=broad-except
         journal.restore()
         # An interrupt that the kernel's code turned into another error
         # stops the launch; it does not start it over.
         _interrupts.raise_if_interrupted()
-        self._gave_way(programs, e)
+        if isinstance(e, _KERNEL_FAULTS):
+          # The kernel's own fault: the one-program path reports it as
+          # always (program id included); later, correct launches may still
+          # vectorise.
+          logger.debug("jt_dist: kernel %s faulted vectorised; running its"
+                       " programs from %d on one at a time to report it: %s",
+                       self.key[2], programs.start, e)
+        else:
+          _decide(self.key, ONE_AT_A_TIME, f"{type(e).__name__}: {e}")
         return programs.start, count
       journal.clear()
     return None, count
 
-  def _gave_way(self, programs: range, error: Exception) -> None:
-    if isinstance(error, _KERNEL_FAULTS):
-      # The kernel's own fault: the one-program path reports it as always
-      # (program id included); later, correct launches may still vectorise.
-      logger.debug("jt_dist: kernel %s faulted vectorised; running its"
-                   " programs from %d on one at a time to report it: %s",
-                   self.key[2], programs.start, error)
-      return
-    _decide(self.key, ONE_AT_A_TIME, f"{type(error).__name__}: {error}")
-
   def one_at_a_time(self, start: int = 0) -> None:
-    """Runs programs ``start`` onwards one at a time, as upstream's loop.
-
-    Inside ``patched_language``, with the interpreter's own builder.
-    """
+    """Runs programs ``start`` on one at a time, inside ``patched_language``."""
     if start == 0:
       self.executor(*self.args, **self.kwargs)
       return
@@ -254,10 +227,9 @@ class Launch:
 
 def _call_args(executor, args, kwargs) -> dict:
   """The kernel's arguments by name, as upstream's executor passes them."""
-  fn = executor.fn
-  accepted = _parameters(fn)
-  kwargs = {k: v for k, v in kwargs.items() if k in accepted}
-  call_args = inspect.getcallargs(fn, *args, **kwargs)
+  # As upstream drops reserved keywords the kernel does not take.
+  kwargs = {k: v for k, v in kwargs.items() if k in executor.arg_names}
+  call_args = inspect.getcallargs(executor.fn, *args, **kwargs)
   return {
       name: arg if name in executor.constexprs
       else _interpreter.implicit_cvt(arg)
@@ -267,7 +239,7 @@ def _call_args(executor, args, kwargs) -> dict:
 
 def _run_vectorised(launch):
   executor = launch.executor
-  fn = _lockstep_form(launch.python_fn, executor.fn)
+  fn = _lockstep_rewrite.rewrite(launch.python_fn, lambda: executor.fn)
   # ``patched_language`` has patched triton.language and its core, the only
   # modules upstream's ``_patch_lang(fn)`` would patch again.
   scope = _interpreter.LangPatchScope()
@@ -280,25 +252,11 @@ def _run_vectorised(launch):
     scope.restore()
 
 
-def _lockstep_form(python_fn, interpreted):
-  if python_fn is None:
-    return interpreted
-  return _lockstep_rewrite.rewrite(python_fn, lambda: interpreted)
-
-
 def _call_in_lockstep(self, *args, **kwargs):
   """A ``@triton.jit`` helper's call, in its lockstep form."""
   return _lockstep_rewrite.rewrite(
       self.fn, lambda: _interpreter.InterpretedFunction(self.fn).rewrite())(
           *args, **kwargs)
-
-
-@contextlib.contextmanager
-def _vector_builder_installed(grid):
-  """Makes a ``VectorBuilder`` the interpreter's builder for one launch."""
-  builder = _vb.VectorBuilder(grid, range(0))
-  with _interpreter.builder_replaced(builder):
-    yield builder
 
 
 def decisions_of(python_fn) -> set[str]:

@@ -1,13 +1,11 @@
 """Which of the interpreter's builder methods run right over all programs.
 
-The vectorised interpreter (``vector_builder``) gives every value a leading
-program axis. An upstream builder method that broadcasts over it, as
-elementwise NumPy does, may run unchanged; one that names the first axis,
-loops over it or acts once per call would silently mix programs. Only the
-methods listed here, each read for this, run as upstream wrote them; every
-other one, including any a later Triton adds, refuses (``Unsupported``)
-before it computes anything, and the launch gives way to one program at a
-time.
+An upstream builder method that broadcasts over the leading program axis
+(``vector_builder``), as elementwise NumPy does, may run unchanged; one that
+names the first axis, loops over it or acts once per call would silently
+mix programs. Only the methods listed here, each read for this, run as
+upstream wrote them; every other one, a later Triton's included, refuses
+(``Unsupported``) before it computes anything.
 """
 
 from __future__ import annotations
@@ -74,12 +72,7 @@ def _refusal(name: str):
 def refuse_unreviewed(cls, base) -> list[str]:
   """Makes ``cls`` refuse ``base``'s methods it neither redefines nor reviewed.
 
-  Args:
-    cls: a subclass of ``base`` whose values carry a program axis.
-    base: the builder it inherits from.
-
-  Returns:
-    The names of the methods that now raise ``Unsupported``.
+  Returns the names of the methods that now raise ``Unsupported``.
   """
   own = [c for c in cls.__mro__ if c not in base.__mro__]
   refused = []

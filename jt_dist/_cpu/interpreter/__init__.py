@@ -12,8 +12,6 @@ The only package of jt_dist that imports ``triton.runtime.interpreter``:
 
 from jt_dist._cpu.interpreter.language import language_patched
 from jt_dist._cpu.interpreter.triton36_floats import builder_backported
-from jt_dist._cpu.interpreter.triton36_floats import fdiv_widens_bfloat16
-from jt_dist._cpu.interpreter.triton36_floats import min_max_widen_bfloat16
 from jt_dist._cpu.interpreter.triton36_floats import nan_ignoring
 from jt_dist._cpu.interpreter.upstream import ATOMIC_OP
 from jt_dist._cpu.interpreter.upstream import block_pointer
@@ -33,6 +31,5 @@ from jt_dist._cpu.interpreter.upstream import patch_lang
 from jt_dist._cpu.interpreter.upstream import program_id
 from jt_dist._cpu.interpreter.upstream import ReduceOps
 from jt_dist._cpu.interpreter.upstream import ScanOps
-from jt_dist._cpu.interpreter.upstream import semantic
-from jt_dist._cpu.interpreter.upstream import semantic_class
 from jt_dist._cpu.interpreter.upstream import TensorHandle
+from jt_dist._cpu.interpreter.upstream import TritonSemantic

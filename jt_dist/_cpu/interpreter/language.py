@@ -25,8 +25,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
-import itertools
-import operator
 import re
 from typing import Any
 
@@ -63,14 +61,15 @@ class _Recorder:
   """Stands in for upstream's ``_LangPatchScope``: records, sets nothing."""
 
   def __init__(self):
-    self.changes: dict[tuple[int, str], tuple[Any, str, Any]] = {}
+    # id(owner) -> (owner, {name: value}).
+    self.changes: dict[int, tuple[Any, dict]] = {}
     self.shared = False  # A wrapper took `interpreter_semantic`.
     self.bound = False  # A wrapper bound a semantic of its own.
 
   def set_attr(self, obj, name, value):
     # The same attribute may be set twice (tl.tensor is tl.core.tensor);
     # both values wrap the same original, and the last wins as upstream.
-    self.changes[(id(obj), name)] = (obj, name, value)
+    self.changes.setdefault(id(obj), (obj, {}))[1][name] = value
 
   def restore(self):
     pass
@@ -102,16 +101,9 @@ class _Plan:
   (whose ``__dict__`` is read-only) take one ``setattr`` per attribute.
   """
 
-  def __init__(self, patches):
-    owners = {}
-    for obj, name, value in patches:
-      owners.setdefault(id(obj), (obj, {}))[1][name] = value
-    self._owners = []
-    for obj, replacements in owners.values():
-      own = vars(obj)
-      names = tuple(replacements)
-      originals = tuple(own.get(name, _ABSENT) for name in names)
-      self._owners.append(_OwnerPlan(obj, names, originals, replacements))
+  def __init__(self, owners):
+    self._owners = [_OwnerPlan(obj, replacements)
+                    for obj, replacements in owners]
 
   def current(self) -> bool:
     """Whether the modules still hold what the plan's wrappers wrap."""
@@ -134,10 +126,11 @@ class _Plan:
 class _OwnerPlan:
   """One owner's share of a plan (a module or a class)."""
 
-  def __init__(self, obj, names, originals, replacements):
+  def __init__(self, obj, replacements):
     self.obj = obj
-    self.names = names
-    self.originals = originals
+    self.names = names = tuple(replacements)
+    self.originals = originals = tuple(vars(obj).get(name, _ABSENT)
+                                       for name in names)
     self.replacements = replacements
     self.is_module = inspect.ismodule(obj)
     self.restored = {n: v for n, v in zip(names, originals)
@@ -146,9 +139,8 @@ class _OwnerPlan:
 
   def current(self) -> bool:
     own = vars(self.obj)
-    return all(map(operator.is_, map(own.get, self.names,
-                                     itertools.repeat(_ABSENT)),
-                   self.originals))
+    return all(own.get(name, _ABSENT) is original
+               for name, original in zip(self.names, self.originals))
 
   def apply(self) -> None:
     if self.is_module:
@@ -194,7 +186,7 @@ def _recorded_plan(patch_lang) -> _Plan | None:
     return None  # Upstream's own walk, run next, reports any real fault.
   if returned is not recorder or not recorder.reusable():
     return None
-  return _Plan(list(recorder.changes.values()))
+  return _Plan(recorder.changes.values())
 
 
 def _plan_for_launch(patch_lang) -> _Plan | None:
@@ -214,9 +206,9 @@ def _plan_for_launch(patch_lang) -> _Plan | None:
 
 def _visibility_check(fn):
   """Upstream's ``_patch_lang(fn)`` with the modules already patched."""
-  langs = [v for v in fn.__globals__.values()
-           if inspect.ismodule(v) and v in _LANGUAGE_MODULES]
-  assert langs, "triton.language must be visible from within jit'd function"
+  assert any(inspect.ismodule(v) and v in _LANGUAGE_MODULES
+             for v in fn.__globals__.values()), (
+                 "triton.language must be visible from within jit'd function")
   return _interpreter._LangPatchScope()  # pylint: disable=protected-access
 
 

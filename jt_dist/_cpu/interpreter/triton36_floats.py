@@ -1,8 +1,7 @@
 """Where Triton 3.6 treats floats otherwise than 3.9 (remove with 3.6).
 
 Remove when Triton 3.6 support ends: each function here then reduces to
-Triton 3.9's behaviour (the backport to nothing, the mapping to identity,
-the probes to constants).
+Triton 3.9's behaviour (the backport to nothing, the mapping to identity).
 
 jt_dist evens out two differences of the interpreter:
 
@@ -17,13 +16,10 @@ jt_dist evens out two differences of the interpreter:
   as the NaN-ignoring ``np.nanmin``/``np.nanargmin`` in 3.9:
   ``nan_ignoring`` maps the first to the second.
 
-Two differences of Triton's language stay, as compiled kernels have them;
-the tests read them here. Triton 3.6's ``tl.minimum``, ``tl.maximum`` and
-``tl.clamp`` widen bfloat16 operands to float32
-(``min_max_widen_bfloat16``), so a ``tl.reduce`` combining bf16 values with
-``tl.maximum`` returns float32 values, which compiling refuses. And its
-``tl.math.fdiv`` divides bfloat16 operands in bfloat16
-(``fdiv_widens_bfloat16``; 3.9 divides in float32).
+Two differences of Triton's language stay, as compiled kernels have them:
+Triton 3.6's ``tl.minimum``, ``tl.maximum`` and ``tl.clamp`` widen bfloat16
+operands to float32, and its ``tl.math.fdiv`` divides bfloat16 operands in
+bfloat16 (3.9 in float32).
 """
 
 from __future__ import annotations
@@ -33,7 +29,6 @@ import functools
 
 import numpy as np
 import triton.language as tl
-from triton.language import semantic as _semantic
 from triton.runtime import interpreter as _interpreter
 
 from jt_dist._compat import attributes_replaced
@@ -47,15 +42,10 @@ _NAN_IGNORING = {np.min: np.nanmin, np.max: np.nanmax,
 
 
 def nan_ignoring(reduce_op):
-  """The NaN-ignoring twin of a NumPy reduction the interpreter picked.
+  """``np.nanmin`` for ``np.min`` and so on, as Triton 3.9 picks.
 
-  Args:
-    reduce_op: what upstream's ``ReduceOps.apply_impl`` hands ``min_max``
-      (``np.min``, ``np.argmin``, ... in Triton 3.6), or None.
-
-  Returns:
-    ``np.nanmin``, ``np.nanargmin``, ... as Triton 3.9 picks; anything else
-    unchanged.
+  ``reduce_op``: what upstream's ``ReduceOps.apply_impl`` hands ``min_max``
+  (``np.min``, ``np.argmin``, ... in Triton 3.6), or None; others unchanged.
   """
   return _NAN_IGNORING.get(reduce_op, reduce_op)
 
@@ -112,36 +102,3 @@ def builder_backported():
   with LANGUAGE_LOCK, attributes_replaced(_interpreter.InterpreterBuilder,
                                           _backports()):
     yield
-
-
-def _bfloat16_ones() -> tl.core.tensor:
-  handle = TensorHandle(np.full(1, 0x3F80, np.uint16), tl.bfloat16)  # 1.0
-  return tl.core.tensor(handle, tl.bfloat16)
-
-
-def _probe_semantic():
-  return _semantic.TritonSemantic(_interpreter.InterpreterBuilder())
-
-
-@functools.cache
-def min_max_widen_bfloat16() -> bool:
-  """Whether ``tl.minimum``/``tl.maximum`` return float32 for bf16 (3.6).
-
-  Call outside a launch (it runs upstream's unpatched language).
-  """
-  with LANGUAGE_LOCK:
-    ones = _bfloat16_ones()
-    result = tl.maximum(ones, ones, _semantic=_probe_semantic())
-  return result.dtype != tl.bfloat16
-
-
-@functools.cache
-def fdiv_widens_bfloat16() -> bool:
-  """Whether ``tl.math.fdiv`` divides bf16 operands in float32 (3.9).
-
-  Call outside a launch (it runs upstream's unpatched language).
-  """
-  with LANGUAGE_LOCK:
-    ones = _bfloat16_ones()
-    result = tl.math.fdiv(ones, ones, _semantic=_probe_semantic())
-  return result.dtype == tl.float32

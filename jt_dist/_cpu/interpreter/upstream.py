@@ -1,7 +1,8 @@
 """Triton's interpreter: the names and hooks jt_dist's CPU runtime uses.
 
-The one module of jt_dist that imports ``triton.runtime.interpreter``. Triton 3.6 through 3.9 hold every name below; the
-private ones are named once here, each with what it is.
+The one module of jt_dist that imports ``triton.runtime.interpreter``.
+Triton 3.6 through 3.9 hold every name below; the private ones are named
+once here, each with what it is.
 """
 
 from __future__ import annotations
@@ -23,6 +24,9 @@ GridExecutor = _interpreter.GridExecutor
 InterpretedFunction = _interpreter.InterpretedFunction
 ReduceOps = _interpreter.ReduceOps
 ScanOps = _interpreter.ScanOps
+# Triton's semantic layer, whose methods lower ``tl`` calls; the
+# interpreter's builtins call the methods of its module-level instance.
+TritonSemantic = _semantic.TritonSemantic
 # Private: the builder's atomic operations, NumPy's dtype of a Triton type,
 # a kernel argument as the interpreter passes it, and its scope of patches
 # to ``triton.language`` and the function that fills one for a kernel.
@@ -36,11 +40,6 @@ patch_lang = _interpreter._patch_lang  # pylint: disable=protected-access
 def builder():
   """The interpreter's builder in place (jt_dist replaces it per launch)."""
   return _interpreter.interpreter_builder
-
-
-def semantic():
-  """The interpreter's semantic, whose builder is ``builder()``."""
-  return _interpreter.interpreter_semantic
 
 
 @contextlib.contextmanager
@@ -102,17 +101,7 @@ def dtype_refusing_function(traceback) -> str | None:
   return None
 
 
-def semantic_class() -> type:
-  """The class of Triton's semantic layer, whose methods lower ``tl`` calls.
-
-  ``TritonSemantic`` in Triton 3.6 through 3.9; the interpreter's builtins
-  call the methods of its module-level instance.
-  """
-  return _semantic.TritonSemantic
-
-
-def block_pointer(base, shape, strides, offsets, block_shape,
-                              order) -> Any:
+def block_pointer(base, shape, strides, offsets, block_shape, order) -> Any:
   """A block pointer handle of Triton's interpreter (Triton 3.6 has them)."""
   cls = getattr(_interpreter, "BlockPointerHandle", None)
   if cls is None:
@@ -124,14 +113,11 @@ def block_pointer(base, shape, strides, offsets, block_shape,
 def function_rewriter(python_fn, transform, name: str, value):
   """``python_fn`` rewritten as upstream's interpreter does, then by us.
 
-  Upstream's ``FunctionRewriter`` (Triton 3.6 through 3.9) reads the
-  source from its ``def`` on and applies its ``ASTTransformer``; then
-  ``transform`` (a function of the module's AST) applies. The function is
-  defined inside an outer one that binds ``name`` to ``value``, so the
-  rewritten code reaches ``value`` as a closure variable.
-
-  Returns:
-    The rewritten function, or None where its source cannot be read.
+  Upstream's ``FunctionRewriter`` reads the source from its ``def`` on and
+  applies its ``ASTTransformer``; then ``transform`` (a function of the
+  module's AST) applies. The function is defined inside an outer one that
+  binds ``name`` to ``value``, so the rewritten code reaches ``value`` as a
+  closure variable. None where the source cannot be read.
   """
   rewriter = _interpreter.FunctionRewriter(python_fn)
   try:

@@ -9,6 +9,7 @@ concrete launch configurations the call will compile.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import functools
 from typing import Any, Mapping, Sequence
@@ -74,10 +75,6 @@ class KernelInfo:
     return {p.name: p for p in self.params}
 
 
-def _is_base_function(obj: Any) -> bool:
-  return _compat.is_triton_function(obj)
-
-
 def _describe(obj: Any) -> str:
   return f"{obj!r} of type {type(obj).__module__}.{type(obj).__qualname__}"
 
@@ -112,7 +109,7 @@ def _kernel_info(kernel: Any) -> KernelInfo:
   while isinstance(obj, (_compat.Autotuner, _compat.Heuristics)):
     layers.append(obj)
     obj = obj.fn
-  if not _is_base_function(obj):
+  if not _compat.is_triton_function(obj):
     inner = "" if obj is kernel else f" (it wraps {_describe(obj)})"
     raise TypeError(
         f"triton_call: `kernel` must be a @triton.jit function, optionally"
@@ -120,26 +117,18 @@ def _kernel_info(kernel: Any) -> KernelInfo:
         f" {_describe(kernel)}{inner}. Decorate the kernel's Python function"
         " with @triton.jit."
     )
-  params = tuple(_params_of(obj))
+  jit_fn = _compat.jit_function_of(obj)
+  params = tuple(
+      Param(name=p.name, is_constexpr=bool(p.is_constexpr),
+            has_default=bool(p.has_default),
+            default=p.default if p.has_default else None,
+            annotation=str(getattr(p, "annotation_type", "") or ""))
+      for p in jit_fn.params)
   return KernelInfo(kernel=kernel, layers=tuple(layers), fn=obj, params=params)
 
 
 kernel_info.cache_clear = _kernel_info.cache_clear
 kernel_info.cache_info = _kernel_info.cache_info
-
-
-def _params_of(fn: Any) -> list[Param]:
-  jit_fn = _compat.jit_function_of(fn)
-  return [
-      Param(
-          name=p.name,
-          is_constexpr=bool(p.is_constexpr),
-          has_default=bool(p.has_default),
-          default=p.default if p.has_default else None,
-          annotation=str(getattr(p, "annotation_type", "") or ""),
-      )
-      for p in jit_fn.params
-  ]
 
 
 def _label(kwargs: Mapping[str, Any], num_warps, num_stages, num_ctas) -> str:
@@ -148,18 +137,6 @@ def _label(kwargs: Mapping[str, Any], num_warps, num_stages, num_ctas) -> str:
       f"{items}{', ' if items else ''}num_warps: {num_warps},"
       f" num_ctas: {num_ctas}, num_stages: {num_stages}"
   )
-
-
-def _check_autotuner_hooks(info: KernelInfo, tuner: Any) -> None:
-  if getattr(tuner, "user_defined_pre_hook", False) or getattr(
-      tuner, "user_defined_post_hook", False
-  ):
-    raise NotImplementedError(
-        f"triton_call: kernel {info.name!r} is autotuned with a pre_hook or"
-        " post_hook. Hooks mutate torch tensors between benchmark runs and"
-        " have no JAX equivalent. Remove the hook; to zero an output before"
-        " each launch, pass zeroed_outputs=[...] to triton_call."
-    )
 
 
 def reset_to_zero_names(info: KernelInfo) -> list[str]:
@@ -206,7 +183,14 @@ def _autotune_configs(
     fixed: Mapping[str, Any],
     named_args: Mapping[str, Any],
 ) -> list[Any]:
-  _check_autotuner_hooks(info, tuner)
+  if (getattr(tuner, "user_defined_pre_hook", False)
+      or getattr(tuner, "user_defined_post_hook", False)):
+    raise NotImplementedError(
+        f"triton_call: kernel {info.name!r} is autotuned with a pre_hook or"
+        " post_hook. Hooks mutate torch tensors between benchmark runs and"
+        " have no JAX equivalent. Remove the hook; to zero an output before"
+        " each launch, pass zeroed_outputs=[...] to triton_call."
+    )
   configs = []
   for config in tuner.configs:
     if getattr(config, "pre_hook", None) is not None:
@@ -250,18 +234,9 @@ def expand_configs(
   Layers apply outermost first, as Triton's own launcher does: an autotuner
   outside a heuristic lets the heuristic see the config's values; a heuristic
   outside an autotuner is computed once and shared by every config.
-
-  Args:
-    info: the unwrapped kernel.
-    metaparams: constexpr values given by the caller.
-    named_args: every runtime argument by kernel parameter name (arrays as
-      shape/dtype structs, scalars as values), for heuristics and pruning.
-    num_warps: launch option for a kernel without an autotuner.
-    num_stages: launch option for a kernel without an autotuner.
-    num_ctas: launch option for a kernel without an autotuner.
-
-  Returns:
-    One ``Config`` per launch candidate; more than one only when autotuned.
+  ``named_args`` holds every bound parameter by name (arrays as shape/dtype
+  structs), for heuristics and pruning; the launch options are those of a
+  kernel without an autotuner. Returns one ``Config`` per launch candidate.
   """
   metaparams = _plain(metaparams)
   base = _compat.Config(
@@ -342,11 +317,7 @@ def missing_and_extra(
     info: KernelInfo, bound: Sequence[str], constexprs: Sequence[str]
 ) -> tuple[list[str], list[str]]:
   """Parameters left unbound (and without default), and names bound twice."""
-  seen: dict[str, int] = {}
-  for name in list(bound) + list(constexprs):
-    seen[name] = seen.get(name, 0) + 1
-  missing = [
-      p.name for p in info.params if p.name not in seen and not p.has_default
-  ]
-  twice = [name for name, count in seen.items() if count > 1]
-  return missing, twice
+  seen = collections.Counter([*bound, *constexprs])
+  missing = [p.name for p in info.params
+             if p.name not in seen and not p.has_default]
+  return missing, [name for name, count in seen.items() if count > 1]

@@ -51,20 +51,6 @@ def _check_type(name: str, value: Any, types: tuple, expected: str) -> None:
     )
 
 
-def check_compute_capability(value: Any) -> None:
-  """Checks ``compute_capability``: a CUDA int, a ROCm "gfx..." or None.
-
-  Raises:
-    TypeError: neither an int, a gfx arch nor None.
-    ValueError: an int below 1.
-  """
-  if value is None or (isinstance(value, str) and GFX_ARCH.fullmatch(value)):
-    return
-  _check_int("compute_capability", value, 1,
-             "Pass major * 10 + minor for CUDA, e.g. 90 for an H100, or a"
-             " ROCm arch without feature flags, e.g. 'gfx942' for an MI300.")
-
-
 def check(options: Any) -> None:
   """Checks the fields of a ``_binding.CallOptions``.
 
@@ -89,7 +75,11 @@ def check(options: Any) -> None:
         f"triton_call: num_ctas={options.num_ctas} must be at most"
         f" {MAX_CLUSTER}, the largest portable cluster on CUDA GPUs. Pass 1,"
         " 2, 4 or 8.")
-  check_compute_capability(options.compute_capability)
+  cc = options.compute_capability
+  if cc is not None and not (isinstance(cc, str) and GFX_ARCH.fullmatch(cc)):
+    _check_int("compute_capability", cc, 1,
+               "Pass major * 10 + minor for CUDA, e.g. 90 for an H100, or a"
+               " ROCm arch without feature flags, e.g. 'gfx942' for an MI300.")
   _check_type("name", options.name, (str,), "a str")
   _check_type("serialized_metadata", options.serialized_metadata,
               (bytes,), "bytes (e.g. b'...' or text.encode())")
@@ -214,9 +204,11 @@ def make_options(*, name: str = "", custom_call_target_name=None,
     ValueError: a count is out of range, an option is given both by name
       and in ``backend_options``, or ``vmap_method`` is unknown.
   """
-  merged = _backend_options.merge(
+  named, extra = _backend_options.merge(
       backend_options, num_warps=num_warps, num_stages=num_stages,
       num_ctas=num_ctas, debug=debug, enable_fp_fusion=enable_fp_fusion)
+  if named["num_ctas"] is None:
+    named["num_ctas"] = 1
   if vmap_method not in VMAP_METHODS:
     raise ValueError(
         f"triton_call: vmap_method={vmap_method!r} is not"
@@ -225,15 +217,12 @@ def make_options(*, name: str = "", custom_call_target_name=None,
         " launch, or an error) or 'sequential' (one launch per element).")
   options = CallOptions(
       name=name, custom_call_target_name=custom_call_target_name,
-      num_warps=merged.num_warps, num_stages=merged.num_stages,
-      num_ctas=1 if merged.num_ctas is None else merged.num_ctas,
       compute_capability=compute_capability,
-      enable_fp_fusion=merged.enable_fp_fusion,
       input_output_aliases=input_output_aliases,
-      zeroed_outputs=zeroed_outputs, debug=merged.debug,
+      zeroed_outputs=zeroed_outputs,
       serialized_metadata=serialized_metadata, vmap_method=vmap_method,
       sharding_rule=sharding_rule, has_side_effect=has_side_effect,
-      cost_estimate=cost_estimate, backend_options=tuple(merged.extra))
+      cost_estimate=cost_estimate, backend_options=extra, **named)
   check(options)
   cost_items(cost_estimate)
   return options

@@ -19,10 +19,6 @@ from jt_dist._core import positional as _positional
 from jt_dist._core import types as _types
 
 
-def _is_shape_dtype(x: Any) -> bool:
-  return hasattr(x, "shape") and hasattr(x, "dtype")
-
-
 def flatten_out_shape(out_shape: Any, allow_empty: bool = False):
   """Flattens ``out_shape`` into (shape, dtype) pairs and its treedef.
 
@@ -38,7 +34,7 @@ def flatten_out_shape(out_shape: Any, allow_empty: bool = False):
         " .dtype, one per kernel output."
     )
   leaves, tree = jax.tree_util.tree_flatten_with_path(
-      out_shape, is_leaf=_is_shape_dtype
+      out_shape, is_leaf=_types.is_shape_dtype
   )
   if not leaves and not allow_empty:
     raise ValueError(
@@ -49,7 +45,7 @@ def flatten_out_shape(out_shape: Any, allow_empty: bool = False):
   flat = []
   for path, leaf in leaves:
     where = "out_shape" + jax.tree_util.keystr(path)
-    if not _is_shape_dtype(leaf):
+    if not _types.is_shape_dtype(leaf):
       raise TypeError(
           f"triton_call: {where} is {leaf!r} of type {type(leaf).__name__},"
           " which has no .shape and .dtype. Describe each output with"

@@ -23,10 +23,6 @@ from jt_dist._core import call_spec as _call_spec
 from jt_dist._core import types as _types
 
 
-def _is_shape_dtype(x) -> bool:
-  return hasattr(x, "shape") and hasattr(x, "dtype")
-
-
 def classify_args(args: Sequence[Any]):
   """Splits positional args into ('array', index) and ('scalar', value)."""
   kinds = []
@@ -52,7 +48,7 @@ def classify_args(args: Sequence[Any]):
             f" [{-(2**63)}, {2**64 - 1}], or split it across two parameters."
         )
       kinds.append(("scalar", arg))
-    elif _is_shape_dtype(arg):
+    elif _types.is_shape_dtype(arg):
       _types.pointer_dtype(arg.dtype, f"args[{i}]", arg.shape)
       kinds.append(("array", n_arrays))
       n_arrays += 1
@@ -180,7 +176,7 @@ def _scalar_type(info, i, param, value, warn=True) -> str:
         " np.float32 scalars is deprecated (as in jax-triton 0.4). Pass a"
         f" Python float, float({float(value)!r}), which is passed as a"
         " float32 where float32 holds it.", DeprecationWarning, stacklevel=8)
-  scalar_type = (_types.annotated_scalar_type(param.annotation)
+  scalar_type = (_types.ANNOTATED_TYPES.get(param.annotation)
                  or _types.scalar_type(value))
   if scalar_type == "fp32" and _types.overflows_float32(value):
     raise ValueError(

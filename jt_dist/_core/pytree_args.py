@@ -14,8 +14,6 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Sequence
 
-import numpy as np
-
 from jt_dist._core import types as _types
 
 
@@ -64,16 +62,11 @@ def check_leaf(i: int, path: tuple[int, ...], leaf: Any) -> None:
     raise TypeError(
         f"triton_call: {where(i, path)} is an empty tuple, which binds no"
         " operand. Pass arrays and scalars, or nested tuples of them.")
-  if not (_types.is_scalar(leaf) or (hasattr(leaf, "shape")
-                                     and hasattr(leaf, "dtype"))):
+  if not (_types.is_scalar(leaf) or _types.is_shape_dtype(leaf)):
     raise TypeError(
         f"triton_call: {where(i, path)} = {leaf!r} of type"
         f" {type(leaf).__name__} is neither an array nor a bool/int/float"
         " scalar. A tuple operand holds arrays, scalars and tuples of them.")
-
-
-def pointer_dtype(leaf: Any) -> np.dtype:
-  return np.dtype(leaf.dtype)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -99,7 +92,6 @@ class FlatArgs:
   def names(self) -> list[str]:
     """Each leaf as messages name it: ``args[1]``, ``args[1][0]``."""
     return [where(i, path) for i, path in self.places]
-
 
   @property
   def has_tuples(self) -> bool:

@@ -96,7 +96,7 @@ def runtime_scalar(x: Any, dtype: Any = None) -> RuntimeScalar:
   """
   if isinstance(x, RuntimeScalar):
     return x if dtype is None else RuntimeScalar(x.value, dtype)
-  if hasattr(x, "shape") and hasattr(x, "dtype"):
+  if _types.is_shape_dtype(x):
     if tuple(x.shape) != ():
       raise ValueError(
           f"jt_dist.runtime_scalar: got an array of shape {tuple(x.shape)};"

@@ -163,19 +163,15 @@ def split(args: Sequence[Any]) -> tuple[tuple[Any, ...], tuple]:
   """
   if not any(isinstance(a, TensorDescriptor) for a in args):
     return tuple(args), ()
-  out, found = [], []
-  for i, arg in enumerate(args):
-    if not isinstance(arg, TensorDescriptor):
-      out.append(arg)
-      continue
-    found.append((i, _info(arg, i)))
-    out.append(arg.base)
-  return tuple(out), tuple(found)
+  found = tuple((i, _info(a, i)) for i, a in enumerate(args)
+                if isinstance(a, TensorDescriptor))
+  return tuple(a.base if isinstance(a, TensorDescriptor) else a
+               for a in args), found
 
 
 def _info(desc: TensorDescriptor, i: int) -> Info:
   base = desc.base
-  if not (hasattr(base, "shape") and hasattr(base, "dtype")):
+  if not _types.is_shape_dtype(base):
     raise TypeError(
         f"triton_call: args[{i}] is a TensorDescriptor whose base is {base!r}"
         f" of type {type(base).__name__}; its base must be a jax.Array.")

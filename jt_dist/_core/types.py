@@ -34,22 +34,17 @@ SUPPORTED_DTYPES = tuple(_POINTER_ELEMENT_TYPES)
 FLOAT32_OVERFLOW = 2.0**128 - 2.0**103
 FLOAT32_MAX = float(np.finfo(np.float32).max)
 FLOAT32_TINY = float(np.finfo(np.float32).tiny)
-# The scalar types jaxlib's Triton call can carry, which a parameter's
-# annotation may choose (Triton 3.9 spells bool "u1").
-_ANNOTATED_TYPES = {"i1": "i1", "u1": "i1", "i32": "i32", "u32": "u32",
-                    "i64": "i64", "u64": "u64", "fp32": "fp32",
-                    "fp64": "fp64"}
+# The scalar types jaxlib's Triton call can carry, by the annotation that
+# chooses them (Triton's name for a declared type, from ``x: tl.float64`` or
+# ``n: "i64"``; Triton 3.9 spells bool "u1"). Other annotations leave the
+# type to the value.
+ANNOTATED_TYPES = {"i1": "i1", "u1": "i1", "i32": "i32", "u32": "u32",
+                   "i64": "i64", "u64": "u64", "fp32": "fp32", "fp64": "fp64"}
 
-def checked_dtype(dtype: Any, where: str) -> np.dtype:
-  """``dtype`` as a NumPy dtype; TypeError naming ``where`` if it is none."""
-  try:
-    return np.dtype(dtype)
-  except TypeError:
-    raise TypeError(
-        f"triton_call: {where} has dtype {dtype!r}, which is not a dtype."
-        f" Use a NumPy or JAX dtype such as jnp.float32; supported:"
-        f" {', '.join(SUPPORTED_DTYPES)}."
-    ) from None
+
+def is_shape_dtype(x: Any) -> bool:
+  """Whether ``x`` describes an array: it has ``.shape`` and ``.dtype``."""
+  return hasattr(x, "shape") and hasattr(x, "dtype")
 
 
 def pointer_dtype(dtype: Any, where: str, shape: Any = None) -> np.dtype:
@@ -64,28 +59,29 @@ def pointer_dtype(dtype: Any, where: str, shape: Any = None) -> np.dtype:
   Raises:
     TypeError: ``dtype`` is not a dtype, or one Triton kernels cannot take.
   """
-  dtype = checked_dtype(dtype, where)
+  try:
+    dtype = np.dtype(dtype)
+  except TypeError:
+    raise TypeError(
+        f"triton_call: {where} has dtype {dtype!r}, which is not a dtype."
+        f" Use a NumPy or JAX dtype such as jnp.float32; supported:"
+        f" {', '.join(SUPPORTED_DTYPES)}."
+    ) from None
   if pointer_type(dtype) is not None:
     return dtype
   if shape is None:
     given, supported, hint = f"dtype {dtype.name}", "Supported dtypes", ""
   else:
     given, supported, hint = (f"shape {tuple(shape)} and dtype {dtype.name}",
-                              "Supported", _complex_hint(dtype))
+                              "Supported", "")
+  if shape is not None and dtype.kind == "c":
+    hint = (" Pass the real and imaginary parts as two arrays (jnp.real(x),"
+            " jnp.imag(x)), or view them as pairs of reals with"
+            " jax.lax.bitcast_convert_type.")
   raise TypeError(
       f"triton_call: {where} has {given}, which Triton kernels cannot take."
       f" {supported}: {', '.join(SUPPORTED_DTYPES)}.{hint}"
   )
-
-
-def _complex_hint(dtype: np.dtype) -> str:
-  if dtype.kind == "c":
-    return (
-        " Pass the real and imaginary parts as two arrays (jnp.real(x),"
-        " jnp.imag(x)), or view them as pairs of reals with"
-        " jax.lax.bitcast_convert_type."
-    )
-  return ""
 
 
 def pointer_type(dtype: Any) -> str | None:
@@ -141,26 +137,13 @@ def float32_represents(value: float) -> bool:
           or FLOAT32_TINY <= magnitude <= FLOAT32_MAX)
 
 
-def annotated_scalar_type(annotation: str) -> str | None:
-  """The type a parameter's annotation gives its scalar, as Triton's launcher.
-
-  Args:
-    annotation: Triton's name for the declared type (from ``x: tl.float64``
-      or ``n: "i64"``), or "".
-
-  Returns:
-    The type name jaxlib carries, or None when the annotation does not fix
-    one that jaxlib can carry (the value's own type is used then).
-  """
-  return _ANNOTATED_TYPES.get(annotation)
-
-
 def overflows_float32(value: Any) -> bool:
   """Whether a finite float scalar rounds to infinity as a float32."""
   if isinstance(value, (bool, np.bool_, int, np.integer)):
     return False
   magnitude = abs(float(value))
   return magnitude != float("inf") and magnitude >= FLOAT32_OVERFLOW
+
 
 def python_scalar(value: Any, as_type: str | None = None) -> bool | int | float:
   """A scalar as the Python scalar jaxlib's nanobind casters accept.
@@ -171,12 +154,7 @@ def python_scalar(value: Any, as_type: str | None = None) -> bool | int | float:
       by the Python type (a bool for i1, an int for integer types, a float
       for fp32 and fp64); by default the value's own kind.
   """
-  if as_type is None:
-    if isinstance(value, (bool, np.bool_)):
-      return bool(value)
-    if isinstance(value, (int, np.integer)):
-      return int(value)
-    return float(value)
+  as_type = as_type or scalar_type(value)
   if as_type == "i1":
     return bool(value)
   if as_type.startswith("fp"):

@@ -26,12 +26,10 @@ from jax.interpreters import batching as _jax_batching
 from jt_dist._vmap import grid_kernel as _batch_kernel
 from jt_dist import _compat
 from jt_dist._core import grid as _grid
+from jt_dist._core import positional as _positional
 from jt_dist._core import primitive as _primitive
 
 logger = logging.getLogger("jt_dist")
-
-# The methods ``triton_call`` accepts; None is the default.
-
 
 @dataclasses.dataclass(frozen=True)
 class Batched:
@@ -42,7 +40,7 @@ class Batched:
     layout: where the batch lives in memory and on the grid.
   """
 
-  base: Any  # _binding.CallSpec
+  base: Any  # _call_spec.CallSpec
   layout: _batch_kernel.Layout
 
 
@@ -50,22 +48,16 @@ class _NoRoom(Exception):
   """The grid cannot take the batch; the message says why."""
 
 
-def batch_rule(bind, args, dims, spec):
-  """The primitive's batching rule.
+def _batch(args, dims, *, spec):
+  """The primitive's batching rule; every output is batched on axis 0.
 
-  Args:
-    bind: binds the primitive: ``bind(*args, spec=...)``.
-    args: the array operands.
-    dims: each operand's batch dimension, or None where unbatched.
-    spec: the call's ``CallSpec`` (already batched under nested vmaps).
-
-  Returns:
-    The outputs, and their batch dimensions (all 0).
+  ``spec`` is already batched under nested vmaps.
 
   Raises:
     NotImplementedError: ``vmap_method="grid"`` and the grid cannot take
       the batch.
   """
+  bind = _primitive.triton_call_p.bind
   size = next(a.shape[d] for a, d in zip(args, dims) if d is not None)
   args = [a if d is None else jax.numpy.moveaxis(a, d, 0)
           for a, d in zip(args, dims)]
@@ -107,8 +99,7 @@ def _on_grid(bind, args, batched, spec, size):
     # The wrapper is a @triton.jit kernel, which cannot inline Gluon code.
     raise _NoRoom("it is a Gluon kernel, which the generated @triton.jit"
                   " wrapper that reads the batch index cannot call.")
-  if any(op.kind == "array" and op.type.startswith("tensordesc")
-         for op in base.operands):
+  if any(map(_positional.is_descriptor, base.operands)):
     # The wrapper moves pointers by the batch index; a descriptor is not one.
     raise _NoRoom("it takes a TensorDescriptor, which the wrapper cannot"
                   " move to a batch element.")
@@ -227,10 +218,6 @@ def _batched_launch(base, launch, params, layout):
       kwargs[name] = base.info.param_by_name[name].default
   config = dataclasses.replace(launch.config, kwargs=tuple(kwargs.items()))
   return dataclasses.replace(launch, config=config, grid=tuple(grid))
-
-
-def _batch(args, dims, *, spec):
-  return batch_rule(_primitive.triton_call_p.bind, args, dims, spec)
 
 
 _jax_batching.primitive_batchers[_primitive.triton_call_p] = _batch

@@ -21,6 +21,7 @@ import math
 from typing import Any
 
 from jt_dist import _compat
+from jt_dist._core import pytree_args as _pytree_args
 from jt_dist._core import wrapper as _wrapper
 
 # Functions whose axis argument names a grid axis.
@@ -88,14 +89,8 @@ def used_grid_axes(kernel_fn: Any) -> frozenset[int]:
   An axis is read through ``tl.program_id(axis)`` or
   ``tl.num_programs(axis)``. An axis that is not a literal integer (a
   constexpr parameter, say) could be any axis, so all three count as read.
-
-  Args:
-    kernel_fn: a ``JITFunction`` or an ``InterpretedFunction``.
-
-  Returns:
-    The axes, a subset of {0, 1, 2}. Calls the scan cannot resolve to a
-    function (a kernel passed as a constexpr, say) are not followed: the
-    caller scans constexpr kernels itself.
+  Calls the scan cannot resolve to a function (a kernel passed as a
+  constexpr, say) are not followed: the caller scans constexpr kernels.
   """
   # Keyed by the Python function: hashing a JITFunction computes its
   # cache_key, which fails for kernels calling interpreted helpers.
@@ -129,11 +124,6 @@ def _used_axes(python_fn) -> frozenset[int]:
   return frozenset(used)
 
 
-def _prefix(param_names) -> str:
-  # Internal names must not shadow (or be shadowed by) a parameter.
-  return _wrapper.prefix(param_names, "_jt_vmap_")
-
-
 def _batch_index_lines(layout: Layout, p: str) -> list[str]:
   """Source lines computing the per-level batch indices ``{p}i0``, ..."""
   lines = [f"{p}b = {p}tl.program_id({layout.axes[0]}).to({p}tl.int64)"]
@@ -162,19 +152,15 @@ def _offset_lines(layout: Layout, p: str) -> list[str]:
     if name not in tuples and "[" not in name:
       lines.append(f"{name} += {offset}")
   for name, paths in layout.tuples:
-    if any(_leaf_label(name, path) in offsets for path in paths):
+    if any(_pytree_args.label(name, path) in offsets for path in paths):
       # Tuples are immutable: the wrapper rebuilds one with moved leaves.
       lines.append(f"{name} = {_tuple_expr(name, (), paths, offsets)}")
   return lines
 
 
-def _leaf_label(name: str, path: tuple[int, ...]) -> str:
-  return name + "".join(f"[{k}]" for k in path)
-
-
 def _tuple_expr(name, prefix, paths, offsets) -> str:
   """The source of the tuple at ``prefix`` with its pointers moved."""
-  label = _leaf_label(name, prefix)
+  label = _pytree_args.label(name, prefix)
   if prefix in paths:
     return f"({label} + {offsets[label]})" if label in offsets else label
   depth = len(prefix)
@@ -186,19 +172,13 @@ def _tuple_expr(name, prefix, paths, offsets) -> str:
 
 
 def wrapper_source(name: str, params, layout: Layout) -> str:
-  """The Python source of the wrapper kernel.
+  """The source of the wrapper kernel: one ``def`` named ``name``.
 
-  Args:
-    name: the user kernel's name, which the wrapper takes too, so that
-      error messages and profiles name the user's kernel.
-    params: the wrapper's parameters as ``(name, is_constexpr)`` pairs, in
-      the user kernel's order.
-    layout: the batch layout.
-
-  Returns:
-    The source of one ``def``.
+  ``name`` is the user kernel's, so that errors and profiles name the
+  user's kernel; ``params`` are the wrapper's ``(name, is_constexpr)``
+  pairs, in the user kernel's order.
   """
-  p = _prefix([n for n, _ in params])
+  p = _prefix(params)
   # Annotations are evaluated where the function is defined, so a parameter
   # named `tl` cannot shadow this one; Triton's interpreter reads them as
   # text, and knows `tl.constexpr` by name.
@@ -215,25 +195,22 @@ def wrapper_source(name: str, params, layout: Layout) -> str:
       f"    {line}\n" for line in body)
 
 
+def _prefix(params) -> str:
+  # Internal names must not shadow (or be shadowed by) a parameter.
+  return _wrapper.prefix([n for n, _ in params], "_jt_vmap_")
+
+
 @functools.lru_cache(maxsize=256)
 def wrapper_kernel(base_fn: Any, params: tuple[tuple[str, bool], ...],
                    layout: Layout) -> Any:
   """The cached kernel running ``base_fn`` over ``layout``'s batch.
 
-  Args:
-    base_fn: the user's kernel without its autotuning and heuristics
-      layers: a ``JITFunction``, or an ``InterpretedFunction`` made under
-      ``TRITON_INTERPRET=1``.
-    params: the wrapper's parameters as ``(name, is_constexpr)`` pairs.
-    layout: the batch layout.
-
-  Returns:
-    A ``JITFunction`` taking ``params`` (an ``InterpretedFunction`` for an
-    interpreted ``base_fn``, so that it is interpreted on GPUs too); the
-    same object for the same arguments, so that Triton's and jt_dist's
-    caches stay warm.
+  ``base_fn`` is the user's kernel without its autotuning and heuristics
+  layers, ``params`` the wrapper's ``(name, is_constexpr)`` pairs. The
+  result (an ``InterpretedFunction`` for an interpreted ``base_fn``, so that
+  it is interpreted on GPUs too) is the same object for the same arguments,
+  so that Triton's and jt_dist's caches stay warm.
   """
   python_fn = _compat.jit_function_of(base_fn).fn
   source = wrapper_source(python_fn.__name__, params, layout)
-  p = _prefix([n for n, _ in params])
-  return _wrapper.make_kernel(base_fn, source, p, "vmap wrapper")
+  return _wrapper.make_kernel(base_fn, source, _prefix(params), "vmap wrapper")

@@ -23,20 +23,10 @@ NAMED = {"num_warps": None, "num_stages": None, "num_ctas": None,
 def merge(backend_options: Any, **given: Any):
   """Merges ``backend_options`` into the named options (``NAMED``).
 
-  ``debug=False`` and ``enable_fp_fusion=True`` are triton_call's defaults,
-  so they do not count as given; anything else (even a wrong type, which
-  ``_options.check`` reports) does.
-
-  Returns:
-    ``(named, extra)``: every named option by name, from either source
-    (None, or its default, where neither gave one), and every other backend
-    option as sorted ``(name, value)`` pairs.
-
-  Raises:
-    TypeError: ``backend_options`` is not a mapping with str keys, or one
-      of its values is unhashable.
-    ValueError: an option is given both as an argument and in
-      ``backend_options``.
+  A named option equal to its default is not given; anything else (even a
+  wrong type, which ``_options.check`` reports) is. Returns ``(named,
+  extra)``: every named option, from either source (its default where
+  neither gave one), and the other options as sorted ``(name, value)``.
   """
   if backend_options is None:  # The usual case.
     return given, ()

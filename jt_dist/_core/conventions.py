@@ -35,18 +35,10 @@ _ERRORS = (_errors.KernelBindingError, ValueError)
 def bind(info, args, kinds, out_shapes, metaparams, aliases):
   """Binds operands and outputs to parameters under the fitting convention.
 
-  Args:
-    info: the kernel.
-    args: the positional arguments (keyword operands merged in).
-    kinds: ``positional.classify_args(args)``.
-    out_shapes: the flattened outputs.
-    metaparams: the values given by name.
-    aliases: ``input_output_aliases`` as given.
-
-  Returns:
-    ``(operands, constexprs, aliases)``: the operands in parameter order,
-    the constexprs bound positionally, and the aliases as
-    ``(array index, output index)`` pairs.
+  ``args`` has the keyword operands merged in, ``kinds`` is
+  ``positional.classify_args(args)``. Returns ``(operands, constexprs,
+  aliases)``: the operands in parameter order, the constexprs bound
+  positionally, and the aliases as ``(array index, output index)`` pairs.
   """
   try:
     old = _bind_031(info, args, kinds, out_shapes, metaparams, aliases)

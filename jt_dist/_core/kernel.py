@@ -131,14 +131,6 @@ kernel_info.cache_clear = _kernel_info.cache_clear
 kernel_info.cache_info = _kernel_info.cache_info
 
 
-def _label(kwargs: Mapping[str, Any], num_warps, num_stages, num_ctas) -> str:
-  items = ", ".join(f"{k}: {v}" for k, v in kwargs.items())
-  return (
-      f"{items}{', ' if items else ''}num_warps: {num_warps},"
-      f" num_ctas: {num_ctas}, num_stages: {num_stages}"
-  )
-
-
 def reset_to_zero_names(info: KernelInfo) -> list[str]:
   """The parameters every autotuner layer asks to zero before each launch.
 
@@ -153,10 +145,9 @@ def reset_to_zero_names(info: KernelInfo) -> list[str]:
 
 def _top_k(info: KernelInfo, tuner: Any, configs: list[Any],
            named_args: Mapping[str, Any]) -> list[Any]:
-  """Keeps the ``top_k`` configs ``perf_model`` estimates fastest.
+  """Keeps the ``top_k`` configs ``perf_model`` estimates fastest, as Triton.
 
-  As Triton does, before any timing; array arguments reach the model as
-  ``jax.ShapeDtypeStruct``s.
+  Arrays reach the model as ``jax.ShapeDtypeStruct``s.
   """
   top_k = getattr(tuner, "configs_top_k", 1.0)
   if isinstance(top_k, float) and top_k <= 1.0:
@@ -177,12 +168,8 @@ def _top_k(info: KernelInfo, tuner: Any, configs: list[Any],
   return [configs[i] for i in order[:top_k]]
 
 
-def _autotune_configs(
-    info: KernelInfo,
-    tuner: Any,
-    fixed: Mapping[str, Any],
-    named_args: Mapping[str, Any],
-) -> list[Any]:
+def _autotune_configs(info: KernelInfo, tuner: Any, fixed: Mapping[str, Any],
+                      named_args: Mapping[str, Any]) -> list[Any]:
   if (getattr(tuner, "user_defined_pre_hook", False)
       or getattr(tuner, "user_defined_post_hook", False)):
     raise NotImplementedError(
@@ -221,14 +208,9 @@ def _autotune_configs(
   return configs
 
 
-def expand_configs(
-    info: KernelInfo,
-    metaparams: Mapping[str, Any],
-    named_args: Mapping[str, Any],
-    num_warps: int | None,
-    num_stages: int | None,
-    num_ctas: int,
-) -> tuple[Config, ...]:
+def expand_configs(info: KernelInfo, metaparams: Mapping[str, Any],
+                   named_args: Mapping[str, Any], num_warps: int | None,
+                   num_stages: int | None, num_ctas: int) -> tuple[Config, ...]:
   """Expands the decorator layers into concrete launch configurations.
 
   Layers apply outermost first, as Triton's own launcher does: an autotuner
@@ -239,12 +221,9 @@ def expand_configs(
   kernel without an autotuner. Returns one ``Config`` per launch candidate.
   """
   metaparams = _plain(metaparams)
-  base = _compat.Config(
-      {},
-      num_warps=4 if num_warps is None else num_warps,
-      num_stages=3 if num_stages is None else num_stages,
-      num_ctas=num_ctas,
-  )
+  base = _compat.Config({}, num_warps=4 if num_warps is None else num_warps,
+                        num_stages=3 if num_stages is None else num_stages,
+                        num_ctas=num_ctas)
   # Each candidate so far: the constexprs its layers set, and the Triton
   # config whose launch options it takes (the base one until an autotuner).
   partial = [({}, base)]
@@ -297,14 +276,11 @@ def _concrete(metaparams, extra, config) -> Config:
   """
   warps, stages, ctas = (_types.plain_constexpr(n) for n in (
       config.num_warps, config.num_stages, config.num_ctas))
-  return Config(
-      kwargs=tuple({**metaparams, **extra}.items()),
-      num_warps=warps,
-      num_stages=stages,
-      num_ctas=ctas,
-      maxnreg=getattr(config, "maxnreg", None),
-      label=_label(extra, warps, stages, ctas),
-  )
+  label = "".join(f"{k}: {v}, " for k, v in extra.items()) + (
+      f"num_warps: {warps}, num_ctas: {ctas}, num_stages: {stages}")
+  return Config(kwargs=tuple({**metaparams, **extra}.items()),
+                num_warps=warps, num_stages=stages, num_ctas=ctas,
+                maxnreg=getattr(config, "maxnreg", None), label=label)
 
 
 def _plain(kwargs: Mapping[str, Any]) -> dict[str, Any]:
@@ -313,9 +289,8 @@ def _plain(kwargs: Mapping[str, Any]) -> dict[str, Any]:
   return {k: _types.plain_constexpr(v) for k, v in kwargs.items()}
 
 
-def missing_and_extra(
-    info: KernelInfo, bound: Sequence[str], constexprs: Sequence[str]
-) -> tuple[list[str], list[str]]:
+def missing_and_extra(info: KernelInfo, bound: Sequence[str],
+                      constexprs: Sequence[str]) -> tuple[list[str], list[str]]:
   """Parameters left unbound (and without default), and names bound twice."""
   seen = collections.Counter([*bound, *constexprs])
   missing = [p.name for p in info.params

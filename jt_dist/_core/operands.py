@@ -22,12 +22,6 @@ from jt_dist._core import shard_size as _shard_size
 from jt_dist._core import wrapper as _wrapper
 
 
-def _operand_names(info, metaparams) -> list[str]:
-  return [name for name in metaparams
-          if name in info.param_by_name
-          and not info.param_by_name[name].is_constexpr]
-
-
 def _set_by_layers(info, name: str) -> bool:
   """Whether an autotuner or heuristic may set constexpr ``name``."""
   for layer in info.layers:
@@ -57,24 +51,16 @@ def merge_keywords(kernel: Any, args: Sequence[Any],
   outputs then bind the parameters nothing else binds, in declaration
   order, as in jax-triton 0.4.
 
-  Args:
-    kernel: the kernel object (anything else is left to binding to report).
-    args: the positional arguments.
-    metaparams: every other keyword of the call.
-
   Returns:
     ``(kernel, args, metaparams)``, unchanged when no keyword names an
     operand; ``kernel`` is the reordering wrapper where one is needed.
-
-  Raises:
-    jt_dist.KernelBindingError: a keyword operand names a parameter the
-      positional arguments already bind.
   """
   try:
     info = _kernel.kernel_info(kernel)
   except TypeError:
     return kernel, args, metaparams  # bind_call reports what the kernel is.
-  names = _operand_names(info, metaparams)
+  names = [name for name in metaparams if name in info.param_by_name
+           and not info.param_by_name[name].is_constexpr]
   if not names:
     return kernel, args, metaparams
   for name in names:
@@ -121,9 +107,8 @@ def _walk(info, args, metaparams, names):
 def _is_pointer(value: Any) -> bool:
   """Whether a keyword operand left by name would have to be a pointer.
 
-  A scalar, ``None`` (a compile-time constant wherever it binds), or a
-  ``shard_size`` placeholder (an int once resolved where the kernel runs),
-  can stay bound by name; anything else is an array.
+  ``None`` is a compile-time constant wherever it binds, and a
+  ``shard_size`` placeholder an int once resolved: both can stay by name.
   """
   return not (value is None or _types.is_scalar(value)
               or isinstance(value, _shard_size.ShardSize))

@@ -52,12 +52,7 @@ def _check_type(name: str, value: Any, types: tuple, expected: str) -> None:
 
 
 def check(options: Any) -> None:
-  """Checks the fields of a ``_binding.CallOptions``.
-
-  Raises:
-    TypeError: an option has the wrong type.
-    ValueError: a count is out of range, or num_warps is not a power of two.
-  """
+  """Checks the fields of a ``CallOptions``: TypeError or ValueError."""
   if options.num_warps is not None:
     _check_int("num_warps", options.num_warps, 1,
                "Pass 1, 2, 4, 8, 16 or 32 warps per program (4 by default).",
@@ -105,12 +100,7 @@ COST_KEYS = ("bytes_accessed", "flops", "transcendentals")
 
 
 def cost_items(cost: Any) -> tuple[tuple[str, int], ...]:
-  """Checks ``cost_estimate`` and returns it as sorted (key, int) pairs.
-
-  Raises:
-    TypeError: not a mapping (or None), or a value that is not an int.
-    ValueError: an unknown key, or a negative value.
-  """
+  """Checks ``cost_estimate`` and returns it as sorted (key, int) pairs."""
   if cost is None:
     return ()
   if not isinstance(cost, collections.abc.Mapping):
@@ -197,13 +187,7 @@ def make_options(*, name: str = "", custom_call_target_name=None,
                  zeroed_outputs=(), debug=False, serialized_metadata=b"",
                  vmap_method=None, sharding_rule=None, has_side_effect=False,
                  cost_estimate=None) -> CallOptions:
-  """The checked ``CallOptions`` of ``triton_call``'s option keywords.
-
-  Raises:
-    TypeError: an option has the wrong type.
-    ValueError: a count is out of range, an option is given both by name
-      and in ``backend_options``, or ``vmap_method`` is unknown.
-  """
+  """The checked ``CallOptions`` of ``triton_call``'s option keywords."""
   named, extra = _backend_options.merge(
       backend_options, num_warps=num_warps, num_stages=num_stages,
       num_ctas=num_ctas, debug=debug, enable_fp_fusion=enable_fp_fusion)

@@ -22,10 +22,8 @@ from jt_dist._core import types as _types
 def flatten_out_shape(out_shape: Any, allow_empty: bool = False):
   """Flattens ``out_shape`` into (shape, dtype) pairs and its treedef.
 
-  Args:
-    out_shape: as given to the call.
-    allow_empty: whether no outputs at all is legal (a call whose ``jax.Ref``
-      arguments carry its results).
+  ``allow_empty``: whether no outputs at all is legal (a call whose
+  ``jax.Ref`` arguments carry its results).
   """
   if out_shape is None:
     raise TypeError(
@@ -119,16 +117,10 @@ def zeroed(zeroed_outputs, kwargs, n_outputs, where):
 
 def check_output_index(what: str, index: Any, n_outputs: int,
                        where: str = "") -> int:
-  """``index`` as an int naming one of the call's outputs.
+  """``index`` as an int naming one of the call's outputs, else ValueError.
 
-  Args:
-    what: the entry that gives it, e.g. ``"zeroed_outputs entry 3"``.
-    index: the index given.
-    n_outputs: how many outputs the call has.
-    where: appended to the message, e.g. the autotuning config.
-
-  Raises:
-    ValueError: ``index`` is not an int in ``[0, n_outputs)``.
+  ``what`` is the entry that gives it (``"zeroed_outputs entry 3"``);
+  ``where`` is appended to the message (the autotuning config).
   """
   if not isinstance(index, (int, np.integer)) or not 0 <= index < n_outputs:
     raise ValueError(

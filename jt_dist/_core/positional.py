@@ -107,41 +107,28 @@ def bind_positional(info, args, kinds, n_outputs, warn=True):
     )
   operands, constexprs = [], {}
   for i, ((kind, payload), param) in enumerate(zip(kinds, params)):
-    if kind == "tuple":
-      if param.is_constexpr and any(k == "array" for _, k, _ in payload):
+    if kind == "none" or param.is_constexpr:
+      if kind == "array" or (
+          kind == "tuple" and any(k == "array" for _, k, _ in payload)):
+        what, takes = (("a tuple holding arrays", "compile-time values")
+                       if kind == "tuple" else
+                       ("an array", "a compile-time scalar"))
         raise binding_error(
-            info, f"args[{i}] is a tuple holding arrays but binds"
-            f" {param.name!r}, a tl.constexpr parameter, which takes"
-            " compile-time values.")
-      if param.is_constexpr:
-        constexprs[param.name] = args[i]
-      else:
-        operands.extend(_tuple_operands(param, args[i], payload))
-      continue
-    if kind == "none":
-      constexprs[param.name] = None
-      continue
-    if param.is_constexpr:
-      if kind == "array":
-        raise binding_error(
-            info,
-            f"args[{i}] is an array but binds {param.name!r}, a tl.constexpr"
-            " parameter, which takes a compile-time scalar.",
-        )
-      constexprs[param.name] = payload
-      continue
-    if kind == "array":
-      dtype = np.dtype(args[i].dtype)
-      operands.append(
-          _call_spec.Operand(param.name, "array", payload, None, _types.pointer_type(dtype))
-      )
+            info, f"args[{i}] is {what} but binds {param.name!r}, a"
+            f" tl.constexpr parameter, which takes {takes}.")
+      constexprs[param.name] = args[i]
+    elif kind == "tuple":
+      operands.extend(_tuple_operands(param, args[i], payload))
+    elif kind == "array":
+      operands.append(_call_spec.Operand(
+          param.name, "array", payload, None,
+          _types.pointer_type(args[i].dtype)))
     else:
       _check_declared_scalar(info, i, param, payload)
       scalar_type = _scalar_type(info, i, param, payload, warn)
-      operands.append(
-          _call_spec.Operand(param.name, "scalar", -1,
-                  _types.python_scalar(payload, scalar_type), scalar_type)
-      )
+      operands.append(_call_spec.Operand(
+          param.name, "scalar", -1,
+          _types.python_scalar(payload, scalar_type), scalar_type))
   return operands, constexprs
 
 

@@ -37,13 +37,13 @@ def array_leaves(args: Sequence[Any]) -> list[Any]:
           if leaf is not None and not _types.is_scalar(leaf)]
 
 
-def where(i: int, path: tuple[int, ...]) -> str:
-  return f"args[{i}]" + "".join(f"[{k}]" for k in path)
-
-
 def label(name: str, path: tuple[int, ...]) -> str:
   """An operand's name for messages: ``yz[1]`` for a tuple's leaf."""
   return name + "".join(f"[{k}]" for k in path)
+
+
+def where(i: int, path: tuple[int, ...]) -> str:
+  return label(f"args[{i}]", path)
 
 
 def nest(items: Sequence[tuple[tuple[int, ...], Any]]) -> Any:

@@ -144,18 +144,11 @@ def is_runtime_scalar(x: Any) -> bool:
 
 
 def bind(kernel: Any, args: Sequence[Any], metaparams: dict[str, Any]):
-  """The call's kernel and arguments with its runtime scalars as operands.
+  """The call's ``(kernel, args)`` with its runtime scalars as operands.
 
   Each ``RuntimeScalar`` among ``args`` becomes a 0-d array, and the kernel
   a wrapper that takes the parameter it binds as a pointer and loads it.
   (Keyword operands are among ``args`` by now: ``operands.merge_keywords``.)
-
-  Returns:
-    ``(kernel, args)``, unchanged when there is no runtime scalar.
-
-  Raises:
-    jt_dist.KernelBindingError: a runtime scalar binds a ``tl.constexpr``
-      parameter.
   """
   for name, value in metaparams.items():
     if is_runtime_scalar(value):

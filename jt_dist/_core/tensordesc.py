@@ -156,10 +156,6 @@ def split(args: Sequence[Any]) -> tuple[tuple[Any, ...], tuple]:
   Returns:
     ``(args, descriptors)``: the arguments with arrays in place of the
     descriptors, and ``(position, Info)`` for each descriptor.
-
-  Raises:
-    TypeError: a descriptor's base is not an array of a Triton dtype.
-    ValueError: its options do not fit its dtype.
   """
   if not any(isinstance(a, TensorDescriptor) for a in args):
     return tuple(args), ()

@@ -50,14 +50,9 @@ def is_shape_dtype(x: Any) -> bool:
 def pointer_dtype(dtype: Any, where: str, shape: Any = None) -> np.dtype:
   """``dtype`` as a NumPy dtype that a kernel pointer can carry.
 
-  Args:
-    dtype: as given.
-    where: what gives it, e.g. ``"args[0]"`` or ``"out_shape['a']"``.
-    shape: an argument's shape, None for an output. An argument's message
-      names its shape too and, for a complex dtype, how to pass its data.
-
-  Raises:
-    TypeError: ``dtype`` is not a dtype, or one Triton kernels cannot take.
+  ``where`` gives it (``"args[0]"``, ``"out_shape['a']"``); ``shape`` is an
+  argument's, None for an output: an argument's message names its shape
+  too and, for a complex dtype, how to pass its data.
   """
   try:
     dtype = np.dtype(dtype)
@@ -105,13 +100,8 @@ def scalar_type(value: Any) -> str | None:
   (zero, infinities, NaN, and magnitudes from the smallest normal float32
   to the largest), else fp64, so that neither overflows nor underflows.
   NumPy scalars are typed as the Python scalar of the same value (Triton's
-  launcher refuses them); ``np.float32`` and ``np.float16`` are fp32.
-
-  Args:
-    value: a Python or NumPy scalar.
-
-  Returns:
-    The Triton type name, or None for an integer that fits no 64-bit type.
+  launcher refuses them); ``np.float32`` and ``np.float16`` are fp32. None
+  for an integer that fits no 64-bit type.
   """
   if isinstance(value, (bool, np.bool_)):
     return "i1"
@@ -148,11 +138,8 @@ def overflows_float32(value: Any) -> bool:
 def python_scalar(value: Any, as_type: str | None = None) -> bool | int | float:
   """A scalar as the Python scalar jaxlib's nanobind casters accept.
 
-  Args:
-    value: a Python or NumPy scalar.
-    as_type: the Triton type it is passed as, since jaxlib picks the caster
-      by the Python type (a bool for i1, an int for integer types, a float
-      for fp32 and fp64); by default the value's own kind.
+  ``as_type`` is the Triton type it is passed as (by default the value's
+  own), since jaxlib picks the caster by the Python type.
   """
   as_type = as_type or scalar_type(value)
   if as_type == "i1":

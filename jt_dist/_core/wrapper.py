@@ -113,16 +113,11 @@ def reordered(kernel: Any, order: tuple[str, ...],
               loaded: tuple[tuple[str, int], ...] = ()) -> Any:
   """``kernel`` taking its parameters in ``order``, some loaded at run time.
 
-  Args:
-    kernel: the user's kernel, with its autotuning and heuristics layers.
-    order: every parameter's name, in the wrapper's order.
-    loaded: ``(name, divisibility)`` of each parameter the wrapper takes
-      as a pointer and passes on as the value it points at, with the
-      divisibility (1 or 16) the compiler may assume of that value.
-
-  Returns:
-    A kernel object like ``kernel``: the same layers (copied, never
-    modified) around the wrapper. The same object for the same arguments.
+  ``loaded`` holds ``(name, divisibility)`` of each parameter the wrapper
+  takes as a pointer and passes on as the value it points at, which the
+  compiler may assume a multiple of divisibility (1 or 16). The result has
+  ``kernel``'s layers (copied, never modified) around the wrapper, and is
+  the same object for the same arguments.
   """
   info = _kernel.kernel_info(kernel)
   wrapper = _wrapper(info.fn, order, dict(loaded))

@@ -56,23 +56,6 @@ class Layout:
     return math.prod(self.sizes)
 
 
-def _axis_argument(call: ast.Call):
-  if call.args:
-    return call.args[0]
-  for keyword in call.keywords:
-    if keyword.arg == "axis":
-      return keyword.value
-  return None
-
-
-def _callee_name(func: ast.expr) -> str | None:
-  if isinstance(func, ast.Attribute):
-    return func.attr
-  if isinstance(func, ast.Name):
-    return func.id
-  return None
-
-
 def _resolve(node: ast.expr, scope: dict[str, Any]) -> Any:
   """The object a name or dotted name refers to in ``scope``, or None."""
   if isinstance(node, ast.Name):
@@ -112,8 +95,11 @@ def _used_axes(python_fn) -> frozenset[int]:
     for node in ast.walk(tree):
       if not isinstance(node, ast.Call):
         continue
-      if _callee_name(node.func) in _AXIS_READERS:
-        axis = _axis_argument(node)
+      # The callee's name: `tl.program_id` or a plain `program_id`.
+      name = getattr(node.func, "attr", None) or getattr(node.func, "id", None)
+      if name in _AXIS_READERS:
+        axis = node.args[0] if node.args else next(
+            (k.value for k in node.keywords if k.arg == "axis"), None)
         if not (isinstance(axis, ast.Constant) and axis.value in _ALL_AXES):
           return _ALL_AXES
         used.add(axis.value)

@@ -54,11 +54,7 @@ def _check_complete(info, positional_names, config, operands, n_args):
   if twice:
     raise _positional.binding_error(
         info, f"{twice} are bound twice (config: {config.label}).")
-  if missing:
-    bound = _positional.describe_bound(info, operands, n_args, names)
-    raise _positional.binding_error(
-        info,
-        f"parameters {missing} are not bound by anything (bound: {bound}).")
+  _positional.check_bound(info, missing, operands, n_args, names)
 
 
 def _named_args(arrays, operands, out_shapes, constexprs):

@@ -158,7 +158,4 @@ def _check_runtime_bound(info, operands, constexprs, metaparams,
   bound = {op.name for op in operands} | set(constexprs) | set(metaparams)
   missing = [p.name for p in info.params if not p.is_constexpr
              and not p.has_default and p.name not in bound]
-  if missing:
-    raise _positional.binding_error(
-        info, f"parameters {missing} are not bound by anything (bound:"
-        f" {_positional.describe_bound(info, operands, n_args, metaparams)}).")
+  _positional.check_bound(info, missing, operands, n_args, metaparams)

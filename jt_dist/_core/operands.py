@@ -24,13 +24,10 @@ from jt_dist._core import wrapper as _wrapper
 
 def _set_by_layers(info, name: str) -> bool:
   """Whether an autotuner or heuristic may set constexpr ``name``."""
-  for layer in info.layers:
-    if name in getattr(layer, "values", {}):
-      return True
-    if any(name in getattr(c, "kwargs", {})
-           for c in getattr(layer, "configs", ())):
-      return True
-  return False
+  return any(name in getattr(layer, "values", {})
+             or any(name in getattr(c, "kwargs", {})
+                    for c in getattr(layer, "configs", ()))
+             for layer in info.layers)
 
 
 def merge_keywords(kernel: Any, args: Sequence[Any],

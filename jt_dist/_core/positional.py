@@ -177,7 +177,7 @@ def _scalar_type(info, i, param, value, warn=True) -> str:
 
 def _check_declared_scalar(info, i, param, value) -> None:
   """A scalar must fit the type its parameter declares (``n: tl.int32``)."""
-  bounds = _types.declared_int_range(param.annotation)
+  bounds = _types.INT_RANGES.get(param.annotation)
   if bounds is None:
     return
   if not isinstance(value, (int, np.integer, bool, np.bool_)):
@@ -221,12 +221,15 @@ def check_metaparams(info, metaparams, positional_names):
       ) from None
 
 
-def describe_bound(info, operands, n_args, names):
-  """What binds each bound parameter, e.g. "n=output 0, BLOCK=by name".
+def check_bound(info, missing, operands, n_args, names) -> None:
+  """Raises for the ``missing`` parameters, if any, naming what binds each.
 
-  Shown with a missing parameter: a forgotten argument usually shifts an
-  output onto the parameter it should have bound, and this makes it visible.
+  What binds the others ("n=output 0, BLOCK=by name") is shown since a
+  forgotten argument usually shifts an output onto the parameter it should
+  have bound, and this makes it visible.
   """
+  if not missing:
+    return
   outputs = {op.name: op.index for op in operands if op.kind == "output"}
   parts = []
   for i, param in enumerate(info.params):
@@ -236,4 +239,5 @@ def describe_bound(info, operands, n_args, names):
       parts.append(f"{param.name}=output {outputs[param.name]}")
     elif param.name in names:
       parts.append(f"{param.name}=by name")
-  return ", ".join(parts)
+  raise binding_error(info, f"parameters {missing} are not bound by anything"
+                      f" (bound: {', '.join(parts)}).")

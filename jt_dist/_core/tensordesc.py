@@ -29,14 +29,6 @@ from jt_dist._core import types as _types
 _PADDINGS = ("zero", "nan")
 
 
-def _contiguous_strides(shape: Sequence[int]) -> tuple[int, ...]:
-  strides, size = [], 1
-  for dim in reversed(tuple(shape)):
-    strides.append(size)
-    size *= int(dim)
-  return tuple(reversed(strides))
-
-
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class TensorDescriptor:
@@ -119,8 +111,10 @@ class TensorDescriptor:
     Returns:
       The descriptor.
     """
-    return cls(array, tuple(array.shape), _contiguous_strides(array.shape),
-               tuple(block_shape), layout, padding, round_f32_to_tf32)
+    shape = tuple(int(d) for d in array.shape)
+    strides = tuple(math.prod(shape[k + 1:]) for k in range(len(shape)))
+    return cls(array, shape, strides, tuple(block_shape), layout, padding,
+               round_f32_to_tf32)
 
 
 @dataclasses.dataclass(frozen=True)

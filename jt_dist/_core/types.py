@@ -116,15 +116,10 @@ def scalar_type(value: Any) -> str | None:
     return None
   if isinstance(value, (np.float32, np.float16)):
     return "fp32"
-  return "fp32" if float32_represents(float(value)) else "fp64"
-
-
-def float32_represents(value: float) -> bool:
-  """Whether float32 holds ``value`` without overflow or underflow."""
-  magnitude = abs(value)
-  return (magnitude == 0.0 or magnitude != magnitude
-          or magnitude == float("inf")
+  magnitude = abs(float(value))
+  fits = (magnitude in (0.0, float("inf")) or magnitude != magnitude
           or FLOAT32_TINY <= magnitude <= FLOAT32_MAX)
+  return "fp32" if fits else "fp64"
 
 
 def overflows_float32(value: Any) -> bool:
@@ -163,19 +158,8 @@ def plain_constexpr(value: Any) -> Any:
   return value
 
 
-_INT_BITS = {"i8": 8, "i16": 16, "i32": 32, "i64": 64,
-             "u8": 8, "u16": 16, "u32": 32, "u64": 64}
-
-
-def declared_int_range(annotation: str) -> tuple[int, int] | None:
-  """The values an integer parameter annotated ``annotation`` holds, or None.
-
-  ``annotation`` is Triton's name for a parameter's declared type (from
-  ``n: tl.int32`` or ``n: "i32"``); None for anything but an integer type.
-  """
-  bits = _INT_BITS.get(annotation)
-  if bits is None:
-    return None
-  if annotation.startswith("u"):
-    return 0, 2**bits - 1
-  return -(2**(bits - 1)), 2**(bits - 1) - 1
+# The values each integer type a parameter may declare holds, by Triton's
+# name for the type (from ``n: tl.int32`` or ``n: "i32"``).
+INT_RANGES = {f"{sign}{bits}": (0, 2**bits - 1) if sign == "u"
+              else (-(2**(bits - 1)), 2**(bits - 1) - 1)
+              for sign in "iu" for bits in (8, 16, 32, 64)}

@@ -1,15 +1,11 @@
 """The wrapper kernel that runs a batch of kernel calls in one launch.
 
-``jax.vmap`` of a ``triton_call`` (``vmap_method="grid"``, the default)
-launches a generated ``@triton.jit`` kernel over the call's grid extended by
-the batch. The wrapper takes the user kernel's parameters, reads the batch
-index from a grid axis the user kernel never reads, moves each batched
-pointer by that index times the operand's batch stride (in 64-bit integers),
-and calls the user kernel inline: Triton inlines ``@triton.jit`` callees, so
-the launch runs the user's code unchanged. A tuple parameter is rebuilt
-with its batched leaves moved (tuples are immutable in Triton), scalars and
-unbatched leaves as they were. The user's kernel object is never
-modified; wrappers are cached per kernel and batch layout.
+The wrapper (made by ``jt_dist._core.wrapper.make_kernel``) takes the user
+kernel's parameters, reads the batch index from a grid axis the user kernel
+never reads, moves each batched pointer by that index times the operand's
+batch stride (in 64-bit integers), and calls the user kernel inline. A tuple
+parameter is rebuilt with its batched leaves moved (tuples are immutable in
+Triton), scalars and unbatched leaves as they were.
 """
 
 from __future__ import annotations

@@ -65,8 +65,7 @@ def _named_args(arrays, operands, out_shapes, constexprs):
       arg = arrays[op.index]
       value = jax.ShapeDtypeStruct(arg.shape, arg.dtype)
     elif op.kind == "output":
-      shape, dtype = out_shapes[op.index]
-      value = jax.ShapeDtypeStruct(shape, dtype)
+      value = jax.ShapeDtypeStruct(*out_shapes[op.index])
     else:
       value = op.value
     leaves.setdefault(op.name, []).append((op.path, value))
@@ -99,8 +98,8 @@ def _launches(info, grid, options, constexprs, named, operands, aliases,
     launches.append(_call_spec.Launch(
         config=config,
         grid=_grid.evaluate_grid(grid, {**named, **kwargs}, where),
-        zeroed_outputs=tuple(sorted(set(reset + _outputs.zeroed(
-            options.zeroed_outputs, kwargs, n_outputs, where)))),
+        zeroed_outputs=tuple(sorted({*reset, *_outputs.zeroed(
+            options.zeroed_outputs, kwargs, n_outputs, where)})),
     ))
   return launches
 

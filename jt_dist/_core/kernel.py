@@ -53,7 +53,6 @@ class Config:
 class KernelInfo:
   """A kernel object unwrapped into its decorator layers and base function."""
 
-  kernel: Any
   layers: tuple[Any, ...]  # Autotuner / Heuristics wrappers, outermost first.
   fn: Any  # JITFunction or InterpretedFunction.
   params: tuple[Param, ...]
@@ -124,23 +123,11 @@ def _kernel_info(kernel: Any) -> KernelInfo:
             default=p.default if p.has_default else None,
             annotation=str(getattr(p, "annotation_type", "") or ""))
       for p in jit_fn.params)
-  return KernelInfo(kernel=kernel, layers=tuple(layers), fn=obj, params=params)
+  return KernelInfo(layers=tuple(layers), fn=obj, params=params)
 
 
 kernel_info.cache_clear = _kernel_info.cache_clear
 kernel_info.cache_info = _kernel_info.cache_info
-
-
-def reset_to_zero_names(info: KernelInfo) -> list[str]:
-  """The parameters every autotuner layer asks to zero before each launch.
-
-  Triton zeroes them between benchmark runs, for kernels that accumulate
-  into their outputs; in JAX an output is a fresh buffer at every call, so
-  jt_dist zeroes them before every launch (see ``zeroed_outputs``).
-  """
-  return [name for layer in info.layers
-          if isinstance(layer, _compat.Autotuner)
-          for name in (getattr(layer, "reset_to_zero", None) or ())]
 
 
 def _top_k(info: KernelInfo, tuner: Any, configs: list[Any],
@@ -229,25 +216,16 @@ def expand_configs(info: KernelInfo, metaparams: Mapping[str, Any],
   partial = [({}, base)]
   for layer in info.layers:
     if isinstance(layer, _compat.Autotuner):
-      partial = _autotuned(info, layer, partial, metaparams, named_args)
+      # Each candidate once per config that agrees with it: the constexprs
+      # outer layers set prune the configs as a metaparam would.
+      partial = [({**extra, **_plain(config.kwargs)}, config)
+                 for extra, _ in partial
+                 for config in _autotune_configs(
+                     info, layer, {**metaparams, **extra}, named_args)]
     else:
       partial = _with_heuristics(info, layer, partial, metaparams, named_args)
   return tuple(_concrete(metaparams, extra, config)
                for extra, config in partial)
-
-
-def _autotuned(info, tuner, partial, metaparams, named_args):
-  """Each candidate once per config of ``tuner`` that agrees with it.
-
-  The constexprs set by outer layers count as given explicitly, so an outer
-  heuristic's value prunes this autotuner's configs as a metaparam would.
-  """
-  expanded = []
-  for extra, _ in partial:
-    fixed = {**metaparams, **extra}
-    for config in _autotune_configs(info, tuner, fixed, named_args):
-      expanded.append(({**extra, **_plain(config.kwargs)}, config))
-  return expanded
 
 
 def _with_heuristics(info, layer, partial, metaparams, named_args):

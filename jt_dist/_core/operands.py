@@ -38,15 +38,12 @@ def merge_keywords(kernel: Any, args: Sequence[Any],
   a keyword operand is appended, and so is each ``constexpr`` between them
   (its keyword value, else its default), until every keyword operand is
   placed or a parameter no keyword binds (an output's, usually) is met.
-  A scalar keyword operand after that point stays bound by name (its value
-  is then compiled into the kernel, as jt_dist always did for scalars given
-  by name), and so does a ``shard_size`` placeholder, which resolves to
-  one. An array there (an input declared after an output, as in many
-  kernels written for PyTorch) makes the kernel a wrapper taking the
-  keyword operands right after the positional arguments, and the other
-  parameters in the kernel's order (``jt_dist._core.wrapper``): the
-  outputs then bind the parameters nothing else binds, in declaration
-  order, as in jax-triton 0.4.
+  A scalar keyword operand (or ``shard_size``) after that point stays bound
+  by name, compiled into the kernel. An array there (an input declared
+  after an output, as in kernels written for PyTorch) makes the kernel a
+  wrapper (``jt_dist._core.wrapper``) taking the keyword operands right
+  after the positional arguments: the outputs then bind the parameters
+  nothing else binds, in declaration order, as in jax-triton 0.4.
 
   Returns:
     ``(kernel, args, metaparams)``, unchanged when no keyword names an

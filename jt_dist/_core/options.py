@@ -180,33 +180,27 @@ OPTION_NAMES = frozenset(
     if f.name not in ("ref_inputs", "tensor_descriptors"))
 
 
-def make_options(*, name: str = "", custom_call_target_name=None,
-                 num_warps=None, num_stages=None, num_ctas=None,
-                 compute_capability=None, enable_fp_fusion=True,
-                 backend_options=None, input_output_aliases=None,
-                 zeroed_outputs=(), debug=False, serialized_metadata=b"",
-                 vmap_method=None, sharding_rule=None, has_side_effect=False,
-                 cost_estimate=None) -> CallOptions:
-  """The checked ``CallOptions`` of ``triton_call``'s option keywords."""
+def make_options(*, backend_options=None, num_warps=None, num_stages=None,
+                 num_ctas=None, debug=False, enable_fp_fusion=True,
+                 **rest) -> CallOptions:
+  """The checked ``CallOptions`` of ``triton_call``'s option keywords.
+
+  ``rest`` holds the other ``OPTION_NAMES`` given; the others default as
+  in ``CallOptions``.
+  """
   named, extra = _backend_options.merge(
       backend_options, num_warps=num_warps, num_stages=num_stages,
       num_ctas=num_ctas, debug=debug, enable_fp_fusion=enable_fp_fusion)
   if named["num_ctas"] is None:
     named["num_ctas"] = 1
+  vmap_method = rest.get("vmap_method")
   if vmap_method not in VMAP_METHODS:
     raise ValueError(
         f"triton_call: vmap_method={vmap_method!r} is not"
         " supported; pass None (the default: one launch over a batched grid"
         " where the grid has room, else one launch per element), 'grid' (one"
         " launch, or an error) or 'sequential' (one launch per element).")
-  options = CallOptions(
-      name=name, custom_call_target_name=custom_call_target_name,
-      compute_capability=compute_capability,
-      input_output_aliases=input_output_aliases,
-      zeroed_outputs=zeroed_outputs,
-      serialized_metadata=serialized_metadata, vmap_method=vmap_method,
-      sharding_rule=sharding_rule, has_side_effect=has_side_effect,
-      cost_estimate=cost_estimate, backend_options=extra, **named)
+  options = CallOptions(backend_options=extra, **named, **rest)
   check(options)
-  cost_items(cost_estimate)
+  cost_items(options.cost_estimate)
   return options

@@ -12,9 +12,9 @@ from typing import Any
 import jax
 import numpy as np
 
+from jt_dist import _compat
 from jt_dist import _errors
 from jt_dist._core import call_spec as _call_spec
-from jt_dist._core import kernel as _kernel
 from jt_dist._core import positional as _positional
 from jt_dist._core import types as _types
 
@@ -110,9 +110,8 @@ def zeroed(zeroed_outputs, kwargs, n_outputs, where):
         f" {type(zeroed).__name__}; pass a sequence of output indices such"
         f" as [0], or a callable of the metaparams returning one{where}."
     ) from None
-  result = [check_output_index(f"zeroed_outputs entry {index!r}", index,
-                                n_outputs, where) for index in zeroed]
-  return tuple(sorted(set(result)))
+  return [check_output_index(f"zeroed_outputs entry {index!r}", index,
+                             n_outputs, where) for index in zeroed]
 
 
 def check_output_index(what: str, index: Any, n_outputs: int,
@@ -131,8 +130,15 @@ def check_output_index(what: str, index: Any, n_outputs: int,
 
 
 def reset_to_zero(info, operands, aliases) -> tuple[int, ...]:
-  """The outputs an autotuner's ``reset_to_zero`` names, as output indices."""
-  names = _kernel.reset_to_zero_names(info)
+  """The outputs an autotuner's ``reset_to_zero`` names, as output indices.
+
+  Triton zeroes them between benchmark runs, for kernels that accumulate
+  into their outputs; in JAX an output is a fresh buffer at every call, so
+  jt_dist zeroes them before every launch (see ``zeroed_outputs``).
+  """
+  names = [name for layer in info.layers
+           if isinstance(layer, _compat.Autotuner)
+           for name in (getattr(layer, "reset_to_zero", None) or ())]
   by_name = {op.name: op for op in operands}
   aliased = dict(aliases)
   outputs = []

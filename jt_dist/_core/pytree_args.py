@@ -95,8 +95,8 @@ class FlatArgs:
 
   @property
   def has_tuples(self) -> bool:
-    return any(path for _, path in self.places) or len(
-        self.places) != self.n_args
+    # A tuple's leaves have paths; an empty tuple stays one leaf.
+    return any(path for _, path in self.places)
 
   def index_of(self, i: int) -> int:
     """The leaf index of the non-tuple argument ``args[i]``."""

@@ -134,9 +134,8 @@ class Info:
     """Triton's signature type, e.g. ``tensordesc<fp32[32,32]>``."""
     elem = _types.pointer_type(self.dtype).lstrip("*")
     block = ",".join(map(str, self.block_shape))
-    if self.layout is not None:
-      return f"tensordesc<{elem}[{block}],{self.layout!r}>"
-    return f"tensordesc<{elem}[{block}]>"
+    layout = "" if self.layout is None else f",{self.layout!r}"
+    return f"tensordesc<{elem}[{block}]{layout}>"
 
   @property
   def extent(self) -> int:

@@ -128,11 +128,9 @@ def _offset_lines(layout: Layout, p: str) -> list[str]:
              for level, stride in enumerate(strides) if stride]
     if terms:
       offsets[name] = " + ".join(terms)
-  lines = []
-  tuples = dict(layout.tuples)
-  for name, offset in offsets.items():
-    if name not in tuples and "[" not in name:
-      lines.append(f"{name} += {offset}")
+  # A tuple's leaves are labelled ``yz[0]``: the tuple is moved below.
+  lines = [f"{name} += {offset}" for name, offset in offsets.items()
+           if "[" not in name]
   for name, paths in layout.tuples:
     if any(_pytree_args.label(name, path) in offsets for path in paths):
       # Tuples are immutable: the wrapper rebuilds one with moved leaves.

@@ -81,10 +81,8 @@ def _describe(obj: Any) -> str:
 def kernel_info(kernel: Any) -> KernelInfo:
   """Unwraps ``kernel``; raises TypeError if it is not a Triton kernel.
 
-  Raises:
-    TypeError: ``kernel`` is not a Triton kernel.
-    NotImplementedError: a Gluon kernel uses what this Triton's Gluon lacks
-      (Triton finds out when hashing it, for the cache).
+  NotImplementedError: a Gluon kernel uses what this Triton's Gluon lacks
+  (Triton finds out when hashing it, for the cache).
   """
   try:
     # Hashing a kernel the first time parses its source (Triton's cache

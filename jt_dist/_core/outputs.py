@@ -32,8 +32,7 @@ def flatten_out_shape(out_shape: Any, allow_empty: bool = False):
         " .dtype, one per kernel output."
     )
   leaves, tree = jax.tree_util.tree_flatten_with_path(
-      out_shape, is_leaf=_types.is_shape_dtype
-  )
+      out_shape, is_leaf=_types.is_shape_dtype)
   if not leaves and not allow_empty:
     raise ValueError(
         f"triton_call: `out_shape` {out_shape!r} holds no outputs. A kernel"

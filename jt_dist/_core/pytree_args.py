@@ -25,10 +25,8 @@ def leaves_with_paths(arg: Any, path: tuple[int, ...] = ()):
   """``(path, leaf)`` of each leaf of a nested tuple, in order."""
   if not is_tuple(arg):
     return [(path, arg)]
-  out = []
-  for k, item in enumerate(arg):
-    out.extend(leaves_with_paths(item, path + (k,)))
-  return out
+  return [leaf for k, item in enumerate(arg)
+          for leaf in leaves_with_paths(item, path + (k,))]
 
 
 def array_leaves(args: Sequence[Any]) -> list[Any]:
@@ -77,16 +75,12 @@ class FlatArgs:
   places, splits and names each array leaf on its own, and rebuilds the
   tuples around the shards. A non-tuple argument is one leaf with path
   ``()``; an empty tuple stays one leaf, for the call to refuse.
-
-  Attributes:
-    leaves: every leaf, in order.
-    places: per leaf, ``(argument index, path in its tuple)``.
-    n_args: the number of positional arguments.
   """
 
-  leaves: tuple
+  leaves: tuple  # Every leaf, in order.
+  # Per leaf, ``(argument index, path in its tuple)``.
   places: tuple[tuple[int, tuple[int, ...]], ...]
-  n_args: int
+  n_args: int  # The number of positional arguments.
 
   @property
   def names(self) -> list[str]:

@@ -33,15 +33,10 @@ logger = logging.getLogger("jt_dist")
 
 @dataclasses.dataclass(frozen=True)
 class Batched:
-  """What makes a ``CallSpec`` the batched form of another.
+  """What makes a ``CallSpec`` the batched form of another."""
 
-  Attributes:
-    base: the user's unbatched call.
-    layout: where the batch lives in memory and on the grid.
-  """
-
-  base: Any  # _call_spec.CallSpec
-  layout: _batch_kernel.Layout
+  base: Any  # The user's unbatched call, a _call_spec.CallSpec.
+  layout: _batch_kernel.Layout  # Where the batch lives: memory and grid.
 
 
 class _NoRoom(Exception):
@@ -117,14 +112,11 @@ def _on_grid(bind, args, batched, spec, size):
   params = _wrapper_params(base)
   wrapper = _batch_kernel.wrapper_kernel(base.info.fn, params, layout)
   new_spec = dataclasses.replace(
-      base,
-      kernel=wrapper,
+      base, kernel=wrapper, batch=Batched(base, layout),
       out_shapes=tuple(((size, *shape), dtype)
                        for shape, dtype in spec.out_shapes),
       launches=tuple(_batched_launch(base, launch, params, layout)
-                     for launch in base.launches),
-      batch=Batched(base, layout),
-  )
+                     for launch in base.launches))
   return bind(*args, spec=new_spec)
 
 
@@ -135,8 +127,7 @@ def _strides(args, batched, spec, base):
   strides = []
   for op in base.operands:
     if op.kind == "array":
-      arg = args[op.index]
-      new = math.prod(arg.shape[1:]) if batched[op.index] else 0
+      new = math.prod(args[op.index].shape[1:]) if batched[op.index] else 0
     elif op.kind == "output":
       new = math.prod(spec.out_shapes[op.index][0])
     else:
@@ -149,10 +140,9 @@ def _strides(args, batched, spec, base):
 
 
 def _tuple_leaves(base):
-  """``(parameter, leaf paths)`` of each tuple parameter, for the wrapper.
+  """``(parameter, every leaf's path)`` of each tuple parameter.
 
-  The wrapper rebuilds a tuple whose pointers it moves, so it needs every
-  leaf's path, scalars' included.
+  The wrapper rebuilds a tuple whose pointers it moves, scalars included.
   """
   paths: dict[str, list] = {}
   for op in base.operands:
@@ -198,9 +188,8 @@ def _read_axes(base):
 
 def _wrapper_params(base):
   """The wrapper's parameters: the user kernel's that the call binds."""
-  bound = {op.name for op in base.operands}
-  for launch in base.launches:
-    bound.update(name for name, _ in launch.config.kwargs)
+  bound = {op.name for op in base.operands}.union(
+      *(dict(launch.config.kwargs) for launch in base.launches))
   return tuple((p.name, p.is_constexpr) for p in base.info.params
                if p.name in bound)
 

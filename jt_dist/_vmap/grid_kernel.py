@@ -47,10 +47,6 @@ class Layout:
   counts: tuple[int, ...]
   tuples: tuple[tuple[str, tuple[tuple[int, ...], ...]], ...] = ()
 
-  @property
-  def total(self) -> int:
-    return math.prod(self.sizes)
-
 
 def _resolve(node: ast.expr, scope: dict[str, Any]) -> Any:
   """The object a name or dotted name refers to in ``scope``, or None."""
@@ -166,9 +162,10 @@ def wrapper_source(name: str, params, layout: Layout) -> str:
       f"{n}: tl.constexpr" if constexpr else n for n, constexpr in params)
   body = _batch_index_lines(layout, p) + _offset_lines(layout, p)
   call = _wrapper.call_line(p, [n for n, _ in params])
-  if math.prod(layout.counts) > layout.total:
+  total = math.prod(layout.sizes)
+  if math.prod(layout.counts) > total:
     # A batch split over two axes may overshoot: the spare programs idle.
-    body += [f"if {p}b < {layout.total}:", f"    {call}"]
+    body += [f"if {p}b < {total}:", f"    {call}"]
   else:
     body.append(call)
   return f"def {name}({signature}):\n" + "".join(

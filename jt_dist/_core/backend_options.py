@@ -12,49 +12,24 @@ the front door's memo key and of the static ``CallSpec``.
 from __future__ import annotations
 
 import collections.abc
-import dataclasses
 from typing import Any
 
-# The options triton_call also takes as arguments.
-NAMED = ("num_warps", "num_stages", "num_ctas", "debug", "enable_fp_fusion")
+# The options triton_call also takes as arguments, with their values when
+# not given: an argument equal to its default is not "given".
+NAMED = {"num_warps": None, "num_stages": None, "num_ctas": None,
+         "debug": False, "enable_fp_fusion": True}
 
 
-@dataclasses.dataclass(frozen=True)
-class Merged:
-  """``backend_options`` merged with the named options.
+def merge(backend_options: Any, **given: Any):
+  """Merges ``backend_options`` into the named options (``NAMED``).
 
-  Attributes:
-    num_warps, num_stages, num_ctas: the named options, from either source
-      (None where neither gave one).
-    debug, enable_fp_fusion: from either source, else their defaults.
-    extra: every other backend option, as sorted ``(name, value)`` pairs.
-  """
-
-  num_warps: Any
-  num_stages: Any
-  num_ctas: Any
-  debug: Any
-  enable_fp_fusion: Any
-  extra: tuple[tuple[str, Any], ...]
-
-
-def merge(backend_options: Any, *, num_warps: Any, num_stages: Any,
-          num_ctas: Any, debug: Any, enable_fp_fusion: Any) -> Merged:
-  """Merges ``backend_options`` into the named options.
-
-  ``debug=False`` and ``enable_fp_fusion=True`` are triton_call's defaults,
-  so they do not count as given; anything else (even a wrong type, which
-  ``_options.check`` reports) does.
-
-  Raises:
-    TypeError: ``backend_options`` is not a mapping with str keys, or one
-      of its values is unhashable.
-    ValueError: an option is given both as an argument and in
-      ``backend_options``.
+  A named option equal to its default is not given; anything else (even a
+  wrong type, which ``_options.check`` reports) is. Returns ``(named,
+  extra)``: every named option, from either source (its default where
+  neither gave one), and the other options as sorted ``(name, value)``.
   """
   if backend_options is None:  # The usual case.
-    return Merged(num_warps, num_stages, num_ctas, debug, enable_fp_fusion,
-                  ())
+    return given, ()
   if not isinstance(backend_options, collections.abc.Mapping):
     raise TypeError(
         f"triton_call: backend_options={backend_options!r} of type"
@@ -74,14 +49,8 @@ def merge(backend_options: Any, *, num_warps: Any, num_stages: Any,
           f" {value!r} of type {type(value).__name__}. Pass a tuple instead"
           " of a list, or a tuple of (key, value) pairs instead of a dict."
       ) from None
-  # What each argument is when not given: those equal to it are not "given".
-  defaults = {"num_warps": None, "num_stages": None, "num_ctas": None,
-              "debug": False, "enable_fp_fusion": True}
-  given = {"num_warps": num_warps, "num_stages": num_stages,
-           "num_ctas": num_ctas, "debug": debug,
-           "enable_fp_fusion": enable_fp_fusion}
   both = sorted(k for k in NAMED if k in backend_options
-                and given[k] is not defaults[k])
+                and given[k] is not NAMED[k])
   if both:
     raise ValueError(
         f"triton_call: {', '.join(both)} given both as an argument and in"
@@ -92,4 +61,4 @@ def merge(backend_options: Any, *, num_warps: Any, num_stages: Any,
   named = {k: backend_options.get(k, given[k]) for k in NAMED}
   extra = tuple(sorted((k, v) for k, v in backend_options.items()
                        if k not in NAMED))
-  return Merged(extra=extra, **named)
+  return named, extra

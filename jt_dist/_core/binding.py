@@ -17,7 +17,6 @@ module puts them together, and re-exports the names other modules use.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Sequence
 
 import jax
 import numpy as np
@@ -30,45 +29,32 @@ from jt_dist._core import kernel as _kernel
 from jt_dist._core import options as _options
 from jt_dist._core import outputs as _outputs
 from jt_dist._core import positional as _positional
-from jt_dist._core import types as _types
 
 # Re-exported: other modules and tests reach these as ``_binding.<name>``.
-Operand = _call_spec.Operand
-Launch = _call_spec.Launch
-CallSpec = _call_spec.CallSpec
 CallOptions = _options.CallOptions
 OPTION_NAMES = _options.OPTION_NAMES
 make_options = _options.make_options
-is_scalar = _types.is_scalar
-pointer_type = _types.pointer_type
 flatten_out_shape = _outputs.flatten_out_shape
-bind_outputs = _outputs.bind_outputs
-check_aliases = _outputs.check_aliases
-binding_error = _positional.binding_error
-bind_positional = _positional.bind_positional
-check_metaparams = _positional.check_metaparams
-describe_bound = _positional.describe_bound
-is_descriptor = _positional.is_descriptor
-_classify_args = _positional.classify_args
+
+# The ``CallOptions`` fields a ``CallSpec`` carries as they are.
+_SPEC_OPTIONS = (
+    "name", "compute_capability", "enable_fp_fusion", "debug",
+    "serialized_metadata", "custom_call_target_name", "vmap_method",
+    "sharding_rule", "has_side_effect", "backend_options")
 
 
 def _check_complete(info, positional_names, config, operands, n_args):
   names = [k for k, _ in config.kwargs]
-  bound = describe_bound(info, operands, n_args, names)
   missing, twice = _kernel.missing_and_extra(info, positional_names, names)
-  unknown = [k for k, _ in config.kwargs if k not in info.param_by_name]
+  unknown = [k for k in names if k not in info.param_by_name]
   if unknown:
-    raise binding_error(
+    raise _positional.binding_error(
         info, f"autotuning config ({config.label}) sets {unknown}, which are"
         " not parameters of the kernel.")
   if twice:
-    raise binding_error(
+    raise _positional.binding_error(
         info, f"{twice} are bound twice (config: {config.label}).")
-  if missing:
-    raise binding_error(
-        info,
-        f"parameters {missing} are not bound by anything (bound: {bound}).",
-    )
+  _positional.check_bound(info, missing, operands, n_args, names)
 
 
 def _named_args(arrays, operands, out_shapes, constexprs):
@@ -79,8 +65,7 @@ def _named_args(arrays, operands, out_shapes, constexprs):
       arg = arrays[op.index]
       value = jax.ShapeDtypeStruct(arg.shape, arg.dtype)
     elif op.kind == "output":
-      shape, dtype = out_shapes[op.index]
-      value = jax.ShapeDtypeStruct(shape, dtype)
+      value = jax.ShapeDtypeStruct(*out_shapes[op.index])
     else:
       value = op.value
     leaves.setdefault(op.name, []).append((op.path, value))
@@ -89,22 +74,8 @@ def _named_args(arrays, operands, out_shapes, constexprs):
   return named
 
 
-def _with_constexpr_defaults(info, config):
-  """Adds the defaults of constexpr parameters the config leaves unbound.
-
-  A launch then states every constexpr it is compiled with, so that the grid,
-  zeroed_outputs and the compiler all see the same values.
-  """
-  bound = {k for k, _ in config.kwargs}
-  extra = tuple((p.name, p.default) for p in info.params
-                if p.is_constexpr and p.has_default and p.name not in bound)
-  if not extra:
-    return config
-  return dataclasses.replace(config, kwargs=config.kwargs + extra)
-
-
 def _launches(info, grid, options, constexprs, named, operands, aliases,
-              n_args, n_outputs) -> list[Launch]:
+              n_args, n_outputs) -> list[_call_spec.Launch]:
   """One ``Launch`` per config: each checked complete, with its grid."""
   configs = _kernel.expand_configs(
       info, constexprs, named, options.num_warps, options.num_stages,
@@ -114,15 +85,21 @@ def _launches(info, grid, options, constexprs, named, operands, aliases,
   launches = []
   for config in configs:
     _check_complete(info, runtime_names, config, operands, n_args)
-    config = _with_constexpr_defaults(info, config)
+    # Defaults of the constexprs the config leaves unbound: a launch states
+    # every constexpr it is compiled with, so that the grid, zeroed_outputs
+    # and the compiler all see the same values.
+    bound = {k for k, _ in config.kwargs}
+    extra = tuple((p.name, p.default) for p in info.params
+                  if p.is_constexpr and p.has_default and p.name not in bound)
+    if extra:
+      config = dataclasses.replace(config, kwargs=config.kwargs + extra)
     where = f" (config: {config.label})" if info.layers else ""
     kwargs = dict(config.kwargs)
-    grid_named = {**named, **kwargs}
-    launches.append(Launch(
+    launches.append(_call_spec.Launch(
         config=config,
-        grid=_grid.evaluate_grid(grid, grid_named, where),
-        zeroed_outputs=tuple(sorted(set(reset + _outputs.zeroed(
-            options.zeroed_outputs, kwargs, n_outputs, where)))),
+        grid=_grid.evaluate_grid(grid, {**named, **kwargs}, where),
+        zeroed_outputs=tuple(sorted({*reset, *_outputs.zeroed(
+            options.zeroed_outputs, kwargs, n_outputs, where)})),
     ))
   return launches
 
@@ -134,7 +111,7 @@ def bind_call(args, kernel, out_shape, grid, options: CallOptions, metaparams):
     ``(array_args, spec, out_tree)``.
   """
   info = _kernel.kernel_info(kernel)
-  out_shapes, out_tree = flatten_out_shape(
+  out_shapes, out_tree = _outputs.flatten_out_shape(
       out_shape, allow_empty=bool(options.ref_inputs))
   kinds, _ = _positional.classify_args(args)
   operands, constexprs, aliases = _conventions.bind(
@@ -152,26 +129,17 @@ def bind_call(args, kernel, out_shape, grid, options: CallOptions, metaparams):
   launches = _launches(info, grid, options, constexprs, named, operands,
                        aliases, len(args), len(out_shapes))
   refs = options.ref_inputs
-  spec = CallSpec(
+  spec = _call_spec.CallSpec(
       kernel=kernel,
-      name=options.name,
       operands=tuple(operands),
       out_shapes=out_shapes + tuple((arrays[i].shape, np.dtype(arrays[i].dtype))
                                     for i in refs),
       launches=tuple(launches),
       input_output_aliases=aliases + tuple(
           (i, len(out_shapes) + k) for k, i in enumerate(refs)),
-      compute_capability=options.compute_capability,
-      enable_fp_fusion=options.enable_fp_fusion,
-      debug=options.debug,
-      serialized_metadata=options.serialized_metadata,
-      custom_call_target_name=options.custom_call_target_name,
-      vmap_method=options.vmap_method,
-      sharding_rule=options.sharding_rule,
-      has_side_effect=options.has_side_effect,
       cost_estimate=_options.cost_items(options.cost_estimate),
       ref_outputs=len(refs),
-      backend_options=options.backend_options,
+      **{name: getattr(options, name) for name in _SPEC_OPTIONS},
   )
   return arrays, spec, out_tree
 

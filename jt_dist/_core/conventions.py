@@ -35,18 +35,10 @@ _ERRORS = (_errors.KernelBindingError, ValueError)
 def bind(info, args, kinds, out_shapes, metaparams, aliases):
   """Binds operands and outputs to parameters under the fitting convention.
 
-  Args:
-    info: the kernel.
-    args: the positional arguments (keyword operands merged in).
-    kinds: ``positional.classify_args(args)``.
-    out_shapes: the flattened outputs.
-    metaparams: the values given by name.
-    aliases: ``input_output_aliases`` as given.
-
-  Returns:
-    ``(operands, constexprs, aliases)``: the operands in parameter order,
-    the constexprs bound positionally, and the aliases as
-    ``(array index, output index)`` pairs.
+  ``args`` has the keyword operands merged in, ``kinds`` is
+  ``positional.classify_args(args)``. Returns ``(operands, constexprs,
+  aliases)``: the operands in parameter order, the constexprs bound
+  positionally, and the aliases as ``(array index, output index)`` pairs.
   """
   try:
     old = _bind_031(info, args, kinds, out_shapes, metaparams, aliases)
@@ -129,9 +121,13 @@ def _checked(info, args, operands, constexprs, out_shapes, metaparams,
   Both readings end here, so that a call is judged by the same checks
   whichever convention binds it; ``aliases`` count array arguments.
   """
-  _positional.check_metaparams(info, metaparams,
-                               [op.name for op in operands] + list(constexprs))
-  _check_runtime_bound(info, operands, constexprs, metaparams, len(args))
+  bound = [op.name for op in operands] + list(constexprs)
+  _positional.check_metaparams(info, metaparams, bound)
+  # Every non-constexpr parameter without a default must be bound.
+  bound = {*bound, *metaparams}
+  missing = [p.name for p in info.params if not p.is_constexpr
+             and not p.has_default and p.name not in bound]
+  _positional.check_bound(info, missing, operands, len(args), metaparams)
   arrays = _pytree_args.array_leaves(args)
   return operands, constexprs, _outputs.check_aliases(
       aliases, [(a.shape, a.dtype) for a in arrays], out_shapes)
@@ -159,14 +155,3 @@ def _translate(info, operands, aliases, n_outputs):
     pairs.append((op.index, out))
   return pairs
 
-
-def _check_runtime_bound(info, operands, constexprs, metaparams,
-                         n_args) -> None:
-  """Every non-constexpr parameter without a default must be bound."""
-  bound = {op.name for op in operands} | set(constexprs) | set(metaparams)
-  missing = [p.name for p in info.params if not p.is_constexpr
-             and not p.has_default and p.name not in bound]
-  if missing:
-    raise _positional.binding_error(
-        info, f"parameters {missing} are not bound by anything (bound:"
-        f" {_positional.describe_bound(info, operands, n_args, metaparams)}).")

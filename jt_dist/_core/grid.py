@@ -3,36 +3,21 @@
 from __future__ import annotations
 
 import numbers
-from typing import Any, Callable, Mapping, Sequence, Union
+from typing import Any, Mapping
 
 from jt_dist import _errors
 
-Grid = Union[int, Sequence[int]]
-GridOrCallable = Union[Grid, Callable[[Mapping[str, Any]], Grid]]
-
 # CUDA's gridDim limits; ROCm's are at least as large.
 MAX_GRID = (2**31 - 1, 65535, 65535)
-_AXES = ("x", "y", "z")
 
 
-def evaluate_grid(
-    grid: GridOrCallable, named: Mapping[str, Any], where: str
-) -> tuple[int, int, int]:
-  """Evaluates ``grid`` for one config and pads it to three dimensions.
+def evaluate_grid(grid: Any, named: Mapping[str, Any],
+                  where: str) -> tuple[int, int, int]:
+  """Evaluates ``grid`` for one config as an (x, y, z) tuple.
 
-  Args:
-    grid: an int, a sequence of up to three ints, or a callable taking a dict
-      of every metaparam and scalar argument by kernel parameter name.
-    named: what a callable grid receives.
-    where: the config, for error messages.
-
-  Returns:
-    The grid as an (x, y, z) tuple.
-
-  Raises:
-    TypeError: if the grid is not made of ints.
-    ValueError: if it has more than three dimensions, an entry below one, or
-      an entry above the launch limit.
+  ``grid`` is an int, a sequence of up to three ints, or a callable taking
+  ``named`` (every metaparam and argument by parameter name); ``where``
+  names the config in messages.
   """
   given = grid
   if callable(grid):
@@ -53,28 +38,24 @@ def evaluate_grid(
         " them in the kernel from tl.program_id with // and %."
     )
   for axis, (value, limit) in enumerate(zip(dims, MAX_GRID)):
-    _check_dim(value, axis, limit, dims, where, given)
+    name = f"grid[{axis}] ({'xyz'[axis]})"
+    if not isinstance(value, numbers.Integral) or isinstance(value, bool):
+      raise TypeError(
+          f"triton_call: {name} must be an int; got {value!r} of type"
+          f" {type(value).__name__} in grid {dims!r}{where}."
+          + (" The grid callable must return ints." if callable(given) else "")
+      )
+    if value <= 0:
+      raise ValueError(
+          f"triton_call: {name} must be at least 1; got {int(value)} in grid"
+          f" {dims!r}{where}. A grid computed with // can round down to 0:"
+          " use triton.cdiv(n, BLOCK) instead."
+      )
+    if value > limit:
+      raise ValueError(
+          f"triton_call: {name} = {int(value)} exceeds the launch limit of"
+          f" {limit} for that axis (grid {dims!r}{where}). Use larger blocks,"
+          " or put the longest dimension on axis 0, whose limit is"
+          f" {MAX_GRID[0]}."
+      )
   return tuple(int(d) for d in dims) + (1,) * (3 - len(dims))
-
-
-def _check_dim(value, axis, limit, dims, where, given) -> None:
-  name = f"grid[{axis}] ({_AXES[axis]})"
-  if not isinstance(value, numbers.Integral) or isinstance(value, bool):
-    raise TypeError(
-        f"triton_call: {name} must be an int; got {value!r} of type"
-        f" {type(value).__name__} in grid {dims!r}{where}."
-        + (" The grid callable must return ints." if callable(given) else "")
-    )
-  if value <= 0:
-    raise ValueError(
-        f"triton_call: {name} must be at least 1; got {int(value)} in grid"
-        f" {dims!r}{where}. A grid computed with // can round down to 0:"
-        " use triton.cdiv(n, BLOCK) instead."
-    )
-  if value > limit:
-    raise ValueError(
-        f"triton_call: {name} = {int(value)} exceeds the launch limit of"
-        f" {limit} for that axis (grid {dims!r}{where}). Use larger blocks,"
-        " or put the longest dimension on axis 0, whose limit is"
-        f" {MAX_GRID[0]}."
-    )

@@ -51,18 +51,10 @@ def raise_original(error: BaseException) -> None:
   Returns otherwise. Called at a boundary jt_dist owns, while handling
   ``error``.
   """
-  original = take(error)
-  if original is not None:
-    raise original.with_traceback(None) from None
-
-
-def take(error: BaseException) -> BaseException | None:
-  """The kernel exception whose token ``error``'s message carries, or None.
-
-  The exception is forgotten once taken.
-  """
   match = _TOKEN.search(str(error))
   if match is None:
-    return None
-  with _LOCK:
-    return _filed.pop(int(match.group(1)), None)
+    return
+  with _LOCK:  # A filed exception is forgotten once taken.
+    original = _filed.pop(int(match.group(1)), None)
+  if original is not None:
+    raise original.with_traceback(None) from None

@@ -9,6 +9,7 @@ concrete launch configurations the call will compile.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import functools
 from typing import Any, Mapping, Sequence
@@ -52,7 +53,6 @@ class Config:
 class KernelInfo:
   """A kernel object unwrapped into its decorator layers and base function."""
 
-  kernel: Any
   layers: tuple[Any, ...]  # Autotuner / Heuristics wrappers, outermost first.
   fn: Any  # JITFunction or InterpretedFunction.
   params: tuple[Param, ...]
@@ -74,10 +74,6 @@ class KernelInfo:
     return {p.name: p for p in self.params}
 
 
-def _is_base_function(obj: Any) -> bool:
-  return _compat.is_triton_function(obj)
-
-
 def _describe(obj: Any) -> str:
   return f"{obj!r} of type {type(obj).__module__}.{type(obj).__qualname__}"
 
@@ -85,10 +81,8 @@ def _describe(obj: Any) -> str:
 def kernel_info(kernel: Any) -> KernelInfo:
   """Unwraps ``kernel``; raises TypeError if it is not a Triton kernel.
 
-  Raises:
-    TypeError: ``kernel`` is not a Triton kernel.
-    NotImplementedError: a Gluon kernel uses what this Triton's Gluon lacks
-      (Triton finds out when hashing it, for the cache).
+  NotImplementedError: a Gluon kernel uses what this Triton's Gluon lacks
+  (Triton finds out when hashing it, for the cache).
   """
   try:
     # Hashing a kernel the first time parses its source (Triton's cache
@@ -112,7 +106,7 @@ def _kernel_info(kernel: Any) -> KernelInfo:
   while isinstance(obj, (_compat.Autotuner, _compat.Heuristics)):
     layers.append(obj)
     obj = obj.fn
-  if not _is_base_function(obj):
+  if not _compat.is_triton_function(obj):
     inner = "" if obj is kernel else f" (it wraps {_describe(obj)})"
     raise TypeError(
         f"triton_call: `kernel` must be a @triton.jit function, optionally"
@@ -120,66 +114,25 @@ def _kernel_info(kernel: Any) -> KernelInfo:
         f" {_describe(kernel)}{inner}. Decorate the kernel's Python function"
         " with @triton.jit."
     )
-  params = tuple(_params_of(obj))
-  return KernelInfo(kernel=kernel, layers=tuple(layers), fn=obj, params=params)
+  jit_fn = _compat.jit_function_of(obj)
+  params = tuple(
+      Param(name=p.name, is_constexpr=bool(p.is_constexpr),
+            has_default=bool(p.has_default),
+            default=p.default if p.has_default else None,
+            annotation=str(getattr(p, "annotation_type", "") or ""))
+      for p in jit_fn.params)
+  return KernelInfo(layers=tuple(layers), fn=obj, params=params)
 
 
 kernel_info.cache_clear = _kernel_info.cache_clear
 kernel_info.cache_info = _kernel_info.cache_info
 
 
-def _params_of(fn: Any) -> list[Param]:
-  jit_fn = _compat.jit_function_of(fn)
-  return [
-      Param(
-          name=p.name,
-          is_constexpr=bool(p.is_constexpr),
-          has_default=bool(p.has_default),
-          default=p.default if p.has_default else None,
-          annotation=str(getattr(p, "annotation_type", "") or ""),
-      )
-      for p in jit_fn.params
-  ]
-
-
-def _label(kwargs: Mapping[str, Any], num_warps, num_stages, num_ctas) -> str:
-  items = ", ".join(f"{k}: {v}" for k, v in kwargs.items())
-  return (
-      f"{items}{', ' if items else ''}num_warps: {num_warps},"
-      f" num_ctas: {num_ctas}, num_stages: {num_stages}"
-  )
-
-
-def _check_autotuner_hooks(info: KernelInfo, tuner: Any) -> None:
-  if getattr(tuner, "user_defined_pre_hook", False) or getattr(
-      tuner, "user_defined_post_hook", False
-  ):
-    raise NotImplementedError(
-        f"triton_call: kernel {info.name!r} is autotuned with a pre_hook or"
-        " post_hook. Hooks mutate torch tensors between benchmark runs and"
-        " have no JAX equivalent. Remove the hook; to zero an output before"
-        " each launch, pass zeroed_outputs=[...] to triton_call."
-    )
-
-
-def reset_to_zero_names(info: KernelInfo) -> list[str]:
-  """The parameters every autotuner layer asks to zero before each launch.
-
-  Triton zeroes them between benchmark runs, for kernels that accumulate
-  into their outputs; in JAX an output is a fresh buffer at every call, so
-  jt_dist zeroes them before every launch (see ``zeroed_outputs``).
-  """
-  return [name for layer in info.layers
-          if isinstance(layer, _compat.Autotuner)
-          for name in (getattr(layer, "reset_to_zero", None) or ())]
-
-
 def _top_k(info: KernelInfo, tuner: Any, configs: list[Any],
            named_args: Mapping[str, Any]) -> list[Any]:
-  """Keeps the ``top_k`` configs ``perf_model`` estimates fastest.
+  """Keeps the ``top_k`` configs ``perf_model`` estimates fastest, as Triton.
 
-  As Triton does, before any timing; array arguments reach the model as
-  ``jax.ShapeDtypeStruct``s.
+  Arrays reach the model as ``jax.ShapeDtypeStruct``s.
   """
   top_k = getattr(tuner, "configs_top_k", 1.0)
   if isinstance(top_k, float) and top_k <= 1.0:
@@ -200,13 +153,16 @@ def _top_k(info: KernelInfo, tuner: Any, configs: list[Any],
   return [configs[i] for i in order[:top_k]]
 
 
-def _autotune_configs(
-    info: KernelInfo,
-    tuner: Any,
-    fixed: Mapping[str, Any],
-    named_args: Mapping[str, Any],
-) -> list[Any]:
-  _check_autotuner_hooks(info, tuner)
+def _autotune_configs(info: KernelInfo, tuner: Any, fixed: Mapping[str, Any],
+                      named_args: Mapping[str, Any]) -> list[Any]:
+  if (getattr(tuner, "user_defined_pre_hook", False)
+      or getattr(tuner, "user_defined_post_hook", False)):
+    raise NotImplementedError(
+        f"triton_call: kernel {info.name!r} is autotuned with a pre_hook or"
+        " post_hook. Hooks mutate torch tensors between benchmark runs and"
+        " have no JAX equivalent. Remove the hook; to zero an output before"
+        " each launch, pass zeroed_outputs=[...] to triton_call."
+    )
   configs = []
   for config in tuner.configs:
     if getattr(config, "pre_hook", None) is not None:
@@ -237,63 +193,37 @@ def _autotune_configs(
   return configs
 
 
-def expand_configs(
-    info: KernelInfo,
-    metaparams: Mapping[str, Any],
-    named_args: Mapping[str, Any],
-    num_warps: int | None,
-    num_stages: int | None,
-    num_ctas: int,
-) -> tuple[Config, ...]:
+def expand_configs(info: KernelInfo, metaparams: Mapping[str, Any],
+                   named_args: Mapping[str, Any], num_warps: int | None,
+                   num_stages: int | None, num_ctas: int) -> tuple[Config, ...]:
   """Expands the decorator layers into concrete launch configurations.
 
   Layers apply outermost first, as Triton's own launcher does: an autotuner
   outside a heuristic lets the heuristic see the config's values; a heuristic
   outside an autotuner is computed once and shared by every config.
-
-  Args:
-    info: the unwrapped kernel.
-    metaparams: constexpr values given by the caller.
-    named_args: every runtime argument by kernel parameter name (arrays as
-      shape/dtype structs, scalars as values), for heuristics and pruning.
-    num_warps: launch option for a kernel without an autotuner.
-    num_stages: launch option for a kernel without an autotuner.
-    num_ctas: launch option for a kernel without an autotuner.
-
-  Returns:
-    One ``Config`` per launch candidate; more than one only when autotuned.
+  ``named_args`` holds every bound parameter by name (arrays as shape/dtype
+  structs), for heuristics and pruning; the launch options are those of a
+  kernel without an autotuner. Returns one ``Config`` per launch candidate.
   """
   metaparams = _plain(metaparams)
-  base = _compat.Config(
-      {},
-      num_warps=4 if num_warps is None else num_warps,
-      num_stages=3 if num_stages is None else num_stages,
-      num_ctas=num_ctas,
-  )
+  base = _compat.Config({}, num_warps=4 if num_warps is None else num_warps,
+                        num_stages=3 if num_stages is None else num_stages,
+                        num_ctas=num_ctas)
   # Each candidate so far: the constexprs its layers set, and the Triton
   # config whose launch options it takes (the base one until an autotuner).
   partial = [({}, base)]
   for layer in info.layers:
     if isinstance(layer, _compat.Autotuner):
-      partial = _autotuned(info, layer, partial, metaparams, named_args)
+      # Each candidate once per config that agrees with it: the constexprs
+      # outer layers set prune the configs as a metaparam would.
+      partial = [({**extra, **_plain(config.kwargs)}, config)
+                 for extra, _ in partial
+                 for config in _autotune_configs(
+                     info, layer, {**metaparams, **extra}, named_args)]
     else:
       partial = _with_heuristics(info, layer, partial, metaparams, named_args)
   return tuple(_concrete(metaparams, extra, config)
                for extra, config in partial)
-
-
-def _autotuned(info, tuner, partial, metaparams, named_args):
-  """Each candidate once per config of ``tuner`` that agrees with it.
-
-  The constexprs set by outer layers count as given explicitly, so an outer
-  heuristic's value prunes this autotuner's configs as a metaparam would.
-  """
-  expanded = []
-  for extra, _ in partial:
-    fixed = {**metaparams, **extra}
-    for config in _autotune_configs(info, tuner, fixed, named_args):
-      expanded.append(({**extra, **_plain(config.kwargs)}, config))
-  return expanded
 
 
 def _with_heuristics(info, layer, partial, metaparams, named_args):
@@ -322,14 +252,11 @@ def _concrete(metaparams, extra, config) -> Config:
   """
   warps, stages, ctas = (_types.plain_constexpr(n) for n in (
       config.num_warps, config.num_stages, config.num_ctas))
-  return Config(
-      kwargs=tuple({**metaparams, **extra}.items()),
-      num_warps=warps,
-      num_stages=stages,
-      num_ctas=ctas,
-      maxnreg=getattr(config, "maxnreg", None),
-      label=_label(extra, warps, stages, ctas),
-  )
+  label = "".join(f"{k}: {v}, " for k, v in extra.items()) + (
+      f"num_warps: {warps}, num_ctas: {ctas}, num_stages: {stages}")
+  return Config(kwargs=tuple({**metaparams, **extra}.items()),
+                num_warps=warps, num_stages=stages, num_ctas=ctas,
+                maxnreg=getattr(config, "maxnreg", None), label=label)
 
 
 def _plain(kwargs: Mapping[str, Any]) -> dict[str, Any]:
@@ -338,15 +265,10 @@ def _plain(kwargs: Mapping[str, Any]) -> dict[str, Any]:
   return {k: _types.plain_constexpr(v) for k, v in kwargs.items()}
 
 
-def missing_and_extra(
-    info: KernelInfo, bound: Sequence[str], constexprs: Sequence[str]
-) -> tuple[list[str], list[str]]:
+def missing_and_extra(info: KernelInfo, bound: Sequence[str],
+                      constexprs: Sequence[str]) -> tuple[list[str], list[str]]:
   """Parameters left unbound (and without default), and names bound twice."""
-  seen: dict[str, int] = {}
-  for name in list(bound) + list(constexprs):
-    seen[name] = seen.get(name, 0) + 1
-  missing = [
-      p.name for p in info.params if p.name not in seen and not p.has_default
-  ]
-  twice = [name for name, count in seen.items() if count > 1]
-  return missing, twice
+  seen = collections.Counter([*bound, *constexprs])
+  missing = [p.name for p in info.params
+             if p.name not in seen and not p.has_default]
+  return missing, [name for name, count in seen.items() if count > 1]

@@ -22,21 +22,12 @@ from jt_dist._core import shard_size as _shard_size
 from jt_dist._core import wrapper as _wrapper
 
 
-def _operand_names(info, metaparams) -> list[str]:
-  return [name for name in metaparams
-          if name in info.param_by_name
-          and not info.param_by_name[name].is_constexpr]
-
-
 def _set_by_layers(info, name: str) -> bool:
   """Whether an autotuner or heuristic may set constexpr ``name``."""
-  for layer in info.layers:
-    if name in getattr(layer, "values", {}):
-      return True
-    if any(name in getattr(c, "kwargs", {})
-           for c in getattr(layer, "configs", ())):
-      return True
-  return False
+  return any(name in getattr(layer, "values", {})
+             or any(name in getattr(c, "kwargs", {})
+                    for c in getattr(layer, "configs", ()))
+             for layer in info.layers)
 
 
 def merge_keywords(kernel: Any, args: Sequence[Any],
@@ -47,34 +38,23 @@ def merge_keywords(kernel: Any, args: Sequence[Any],
   a keyword operand is appended, and so is each ``constexpr`` between them
   (its keyword value, else its default), until every keyword operand is
   placed or a parameter no keyword binds (an output's, usually) is met.
-  A scalar keyword operand after that point stays bound by name (its value
-  is then compiled into the kernel, as jt_dist always did for scalars given
-  by name), and so does a ``shard_size`` placeholder, which resolves to
-  one. An array there (an input declared after an output, as in many
-  kernels written for PyTorch) makes the kernel a wrapper taking the
-  keyword operands right after the positional arguments, and the other
-  parameters in the kernel's order (``jt_dist._core.wrapper``): the
-  outputs then bind the parameters nothing else binds, in declaration
-  order, as in jax-triton 0.4.
-
-  Args:
-    kernel: the kernel object (anything else is left to binding to report).
-    args: the positional arguments.
-    metaparams: every other keyword of the call.
+  A scalar keyword operand (or ``shard_size``) after that point stays bound
+  by name, compiled into the kernel. An array there (an input declared
+  after an output, as in kernels written for PyTorch) makes the kernel a
+  wrapper (``jt_dist._core.wrapper``) taking the keyword operands right
+  after the positional arguments: the outputs then bind the parameters
+  nothing else binds, in declaration order, as in jax-triton 0.4.
 
   Returns:
     ``(kernel, args, metaparams)``, unchanged when no keyword names an
     operand; ``kernel`` is the reordering wrapper where one is needed.
-
-  Raises:
-    jt_dist.KernelBindingError: a keyword operand names a parameter the
-      positional arguments already bind.
   """
   try:
     info = _kernel.kernel_info(kernel)
   except TypeError:
     return kernel, args, metaparams  # bind_call reports what the kernel is.
-  names = _operand_names(info, metaparams)
+  names = [name for name in metaparams if name in info.param_by_name
+           and not info.param_by_name[name].is_constexpr]
   if not names:
     return kernel, args, metaparams
   for name in names:
@@ -121,9 +101,8 @@ def _walk(info, args, metaparams, names):
 def _is_pointer(value: Any) -> bool:
   """Whether a keyword operand left by name would have to be a pointer.
 
-  A scalar, ``None`` (a compile-time constant wherever it binds), or a
-  ``shard_size`` placeholder (an int once resolved where the kernel runs),
-  can stay bound by name; anything else is an array.
+  ``None`` is a compile-time constant wherever it binds, and a
+  ``shard_size`` placeholder an int once resolved: both can stay by name.
   """
   return not (value is None or _types.is_scalar(value)
               or isinstance(value, _shard_size.ShardSize))

@@ -51,27 +51,8 @@ def _check_type(name: str, value: Any, types: tuple, expected: str) -> None:
     )
 
 
-def check_compute_capability(value: Any) -> None:
-  """Checks ``compute_capability``: a CUDA int, a ROCm "gfx..." or None.
-
-  Raises:
-    TypeError: neither an int, a gfx arch nor None.
-    ValueError: an int below 1.
-  """
-  if value is None or (isinstance(value, str) and GFX_ARCH.fullmatch(value)):
-    return
-  _check_int("compute_capability", value, 1,
-             "Pass major * 10 + minor for CUDA, e.g. 90 for an H100, or a"
-             " ROCm arch without feature flags, e.g. 'gfx942' for an MI300.")
-
-
 def check(options: Any) -> None:
-  """Checks the fields of a ``_binding.CallOptions``.
-
-  Raises:
-    TypeError: an option has the wrong type.
-    ValueError: a count is out of range, or num_warps is not a power of two.
-  """
+  """Checks the fields of a ``CallOptions``: TypeError or ValueError."""
   if options.num_warps is not None:
     _check_int("num_warps", options.num_warps, 1,
                "Pass 1, 2, 4, 8, 16 or 32 warps per program (4 by default).",
@@ -89,7 +70,11 @@ def check(options: Any) -> None:
         f"triton_call: num_ctas={options.num_ctas} must be at most"
         f" {MAX_CLUSTER}, the largest portable cluster on CUDA GPUs. Pass 1,"
         " 2, 4 or 8.")
-  check_compute_capability(options.compute_capability)
+  cc = options.compute_capability
+  if cc is not None and not (isinstance(cc, str) and GFX_ARCH.fullmatch(cc)):
+    _check_int("compute_capability", cc, 1,
+               "Pass major * 10 + minor for CUDA, e.g. 90 for an H100, or a"
+               " ROCm arch without feature flags, e.g. 'gfx942' for an MI300.")
   _check_type("name", options.name, (str,), "a str")
   _check_type("serialized_metadata", options.serialized_metadata,
               (bytes,), "bytes (e.g. b'...' or text.encode())")
@@ -115,12 +100,7 @@ COST_KEYS = ("bytes_accessed", "flops", "transcendentals")
 
 
 def cost_items(cost: Any) -> tuple[tuple[str, int], ...]:
-  """Checks ``cost_estimate`` and returns it as sorted (key, int) pairs.
-
-  Raises:
-    TypeError: not a mapping (or None), or a value that is not an int.
-    ValueError: an unknown key, or a negative value.
-  """
+  """Checks ``cost_estimate`` and returns it as sorted (key, int) pairs."""
   if cost is None:
     return ()
   if not isinstance(cost, collections.abc.Mapping):
@@ -200,40 +180,27 @@ OPTION_NAMES = frozenset(
     if f.name not in ("ref_inputs", "tensor_descriptors"))
 
 
-def make_options(*, name: str = "", custom_call_target_name=None,
-                 num_warps=None, num_stages=None, num_ctas=None,
-                 compute_capability=None, enable_fp_fusion=True,
-                 backend_options=None, input_output_aliases=None,
-                 zeroed_outputs=(), debug=False, serialized_metadata=b"",
-                 vmap_method=None, sharding_rule=None, has_side_effect=False,
-                 cost_estimate=None) -> CallOptions:
+def make_options(*, backend_options=None, num_warps=None, num_stages=None,
+                 num_ctas=None, debug=False, enable_fp_fusion=True,
+                 **rest) -> CallOptions:
   """The checked ``CallOptions`` of ``triton_call``'s option keywords.
 
-  Raises:
-    TypeError: an option has the wrong type.
-    ValueError: a count is out of range, an option is given both by name
-      and in ``backend_options``, or ``vmap_method`` is unknown.
+  ``rest`` holds the other ``OPTION_NAMES`` given; the others default as
+  in ``CallOptions``.
   """
-  merged = _backend_options.merge(
+  named, extra = _backend_options.merge(
       backend_options, num_warps=num_warps, num_stages=num_stages,
       num_ctas=num_ctas, debug=debug, enable_fp_fusion=enable_fp_fusion)
+  if named["num_ctas"] is None:
+    named["num_ctas"] = 1
+  vmap_method = rest.get("vmap_method")
   if vmap_method not in VMAP_METHODS:
     raise ValueError(
         f"triton_call: vmap_method={vmap_method!r} is not"
         " supported; pass None (the default: one launch over a batched grid"
         " where the grid has room, else one launch per element), 'grid' (one"
         " launch, or an error) or 'sequential' (one launch per element).")
-  options = CallOptions(
-      name=name, custom_call_target_name=custom_call_target_name,
-      num_warps=merged.num_warps, num_stages=merged.num_stages,
-      num_ctas=1 if merged.num_ctas is None else merged.num_ctas,
-      compute_capability=compute_capability,
-      enable_fp_fusion=merged.enable_fp_fusion,
-      input_output_aliases=input_output_aliases,
-      zeroed_outputs=zeroed_outputs, debug=merged.debug,
-      serialized_metadata=serialized_metadata, vmap_method=vmap_method,
-      sharding_rule=sharding_rule, has_side_effect=has_side_effect,
-      cost_estimate=cost_estimate, backend_options=tuple(merged.extra))
+  options = CallOptions(backend_options=extra, **named, **rest)
   check(options)
-  cost_items(cost_estimate)
+  cost_items(options.cost_estimate)
   return options

@@ -12,24 +12,18 @@ from typing import Any
 import jax
 import numpy as np
 
+from jt_dist import _compat
 from jt_dist import _errors
 from jt_dist._core import call_spec as _call_spec
-from jt_dist._core import kernel as _kernel
 from jt_dist._core import positional as _positional
 from jt_dist._core import types as _types
-
-
-def _is_shape_dtype(x: Any) -> bool:
-  return hasattr(x, "shape") and hasattr(x, "dtype")
 
 
 def flatten_out_shape(out_shape: Any, allow_empty: bool = False):
   """Flattens ``out_shape`` into (shape, dtype) pairs and its treedef.
 
-  Args:
-    out_shape: as given to the call.
-    allow_empty: whether no outputs at all is legal (a call whose ``jax.Ref``
-      arguments carry its results).
+  ``allow_empty``: whether no outputs at all is legal (a call whose
+  ``jax.Ref`` arguments carry its results).
   """
   if out_shape is None:
     raise TypeError(
@@ -38,8 +32,7 @@ def flatten_out_shape(out_shape: Any, allow_empty: bool = False):
         " .dtype, one per kernel output."
     )
   leaves, tree = jax.tree_util.tree_flatten_with_path(
-      out_shape, is_leaf=_is_shape_dtype
-  )
+      out_shape, is_leaf=_types.is_shape_dtype)
   if not leaves and not allow_empty:
     raise ValueError(
         f"triton_call: `out_shape` {out_shape!r} holds no outputs. A kernel"
@@ -49,7 +42,7 @@ def flatten_out_shape(out_shape: Any, allow_empty: bool = False):
   flat = []
   for path, leaf in leaves:
     where = "out_shape" + jax.tree_util.keystr(path)
-    if not _is_shape_dtype(leaf):
+    if not _types.is_shape_dtype(leaf):
       raise TypeError(
           f"triton_call: {where} is {leaf!r} of type {type(leaf).__name__},"
           " which has no .shape and .dtype. Describe each output with"
@@ -116,23 +109,16 @@ def zeroed(zeroed_outputs, kwargs, n_outputs, where):
         f" {type(zeroed).__name__}; pass a sequence of output indices such"
         f" as [0], or a callable of the metaparams returning one{where}."
     ) from None
-  result = [check_output_index(f"zeroed_outputs entry {index!r}", index,
-                                n_outputs, where) for index in zeroed]
-  return tuple(sorted(set(result)))
+  return [check_output_index(f"zeroed_outputs entry {index!r}", index,
+                             n_outputs, where) for index in zeroed]
 
 
 def check_output_index(what: str, index: Any, n_outputs: int,
                        where: str = "") -> int:
-  """``index`` as an int naming one of the call's outputs.
+  """``index`` as an int naming one of the call's outputs, else ValueError.
 
-  Args:
-    what: the entry that gives it, e.g. ``"zeroed_outputs entry 3"``.
-    index: the index given.
-    n_outputs: how many outputs the call has.
-    where: appended to the message, e.g. the autotuning config.
-
-  Raises:
-    ValueError: ``index`` is not an int in ``[0, n_outputs)``.
+  ``what`` is the entry that gives it (``"zeroed_outputs entry 3"``);
+  ``where`` is appended to the message (the autotuning config).
   """
   if not isinstance(index, (int, np.integer)) or not 0 <= index < n_outputs:
     raise ValueError(
@@ -143,8 +129,15 @@ def check_output_index(what: str, index: Any, n_outputs: int,
 
 
 def reset_to_zero(info, operands, aliases) -> tuple[int, ...]:
-  """The outputs an autotuner's ``reset_to_zero`` names, as output indices."""
-  names = _kernel.reset_to_zero_names(info)
+  """The outputs an autotuner's ``reset_to_zero`` names, as output indices.
+
+  Triton zeroes them between benchmark runs, for kernels that accumulate
+  into their outputs; in JAX an output is a fresh buffer at every call, so
+  jt_dist zeroes them before every launch (see ``zeroed_outputs``).
+  """
+  names = [name for layer in info.layers
+           if isinstance(layer, _compat.Autotuner)
+           for name in (getattr(layer, "reset_to_zero", None) or ())]
   by_name = {op.name: op for op in operands}
   aliased = dict(aliases)
   outputs = []

@@ -23,10 +23,6 @@ from jt_dist._core import call_spec as _call_spec
 from jt_dist._core import types as _types
 
 
-def _is_shape_dtype(x) -> bool:
-  return hasattr(x, "shape") and hasattr(x, "dtype")
-
-
 def classify_args(args: Sequence[Any]):
   """Splits positional args into ('array', index) and ('scalar', value)."""
   kinds = []
@@ -52,7 +48,7 @@ def classify_args(args: Sequence[Any]):
             f" [{-(2**63)}, {2**64 - 1}], or split it across two parameters."
         )
       kinds.append(("scalar", arg))
-    elif _is_shape_dtype(arg):
+    elif _types.is_shape_dtype(arg):
       _types.pointer_dtype(arg.dtype, f"args[{i}]", arg.shape)
       kinds.append(("array", n_arrays))
       n_arrays += 1
@@ -111,41 +107,28 @@ def bind_positional(info, args, kinds, n_outputs, warn=True):
     )
   operands, constexprs = [], {}
   for i, ((kind, payload), param) in enumerate(zip(kinds, params)):
-    if kind == "tuple":
-      if param.is_constexpr and any(k == "array" for _, k, _ in payload):
+    if kind == "none" or param.is_constexpr:
+      if kind == "array" or (
+          kind == "tuple" and any(k == "array" for _, k, _ in payload)):
+        what, takes = (("a tuple holding arrays", "compile-time values")
+                       if kind == "tuple" else
+                       ("an array", "a compile-time scalar"))
         raise binding_error(
-            info, f"args[{i}] is a tuple holding arrays but binds"
-            f" {param.name!r}, a tl.constexpr parameter, which takes"
-            " compile-time values.")
-      if param.is_constexpr:
-        constexprs[param.name] = args[i]
-      else:
-        operands.extend(_tuple_operands(param, args[i], payload))
-      continue
-    if kind == "none":
-      constexprs[param.name] = None
-      continue
-    if param.is_constexpr:
-      if kind == "array":
-        raise binding_error(
-            info,
-            f"args[{i}] is an array but binds {param.name!r}, a tl.constexpr"
-            " parameter, which takes a compile-time scalar.",
-        )
-      constexprs[param.name] = payload
-      continue
-    if kind == "array":
-      dtype = np.dtype(args[i].dtype)
-      operands.append(
-          _call_spec.Operand(param.name, "array", payload, None, _types.pointer_type(dtype))
-      )
+            info, f"args[{i}] is {what} but binds {param.name!r}, a"
+            f" tl.constexpr parameter, which takes {takes}.")
+      constexprs[param.name] = args[i]
+    elif kind == "tuple":
+      operands.extend(_tuple_operands(param, args[i], payload))
+    elif kind == "array":
+      operands.append(_call_spec.Operand(
+          param.name, "array", payload, None,
+          _types.pointer_type(args[i].dtype)))
     else:
       _check_declared_scalar(info, i, param, payload)
       scalar_type = _scalar_type(info, i, param, payload, warn)
-      operands.append(
-          _call_spec.Operand(param.name, "scalar", -1,
-                  _types.python_scalar(payload, scalar_type), scalar_type)
-      )
+      operands.append(_call_spec.Operand(
+          param.name, "scalar", -1,
+          _types.python_scalar(payload, scalar_type), scalar_type))
   return operands, constexprs
 
 
@@ -180,7 +163,7 @@ def _scalar_type(info, i, param, value, warn=True) -> str:
         " np.float32 scalars is deprecated (as in jax-triton 0.4). Pass a"
         f" Python float, float({float(value)!r}), which is passed as a"
         " float32 where float32 holds it.", DeprecationWarning, stacklevel=8)
-  scalar_type = (_types.annotated_scalar_type(param.annotation)
+  scalar_type = (_types.ANNOTATED_TYPES.get(param.annotation)
                  or _types.scalar_type(value))
   if scalar_type == "fp32" and _types.overflows_float32(value):
     raise ValueError(
@@ -194,7 +177,7 @@ def _scalar_type(info, i, param, value, warn=True) -> str:
 
 def _check_declared_scalar(info, i, param, value) -> None:
   """A scalar must fit the type its parameter declares (``n: tl.int32``)."""
-  bounds = _types.declared_int_range(param.annotation)
+  bounds = _types.INT_RANGES.get(param.annotation)
   if bounds is None:
     return
   if not isinstance(value, (int, np.integer, bool, np.bool_)):
@@ -238,12 +221,15 @@ def check_metaparams(info, metaparams, positional_names):
       ) from None
 
 
-def describe_bound(info, operands, n_args, names):
-  """What binds each bound parameter, e.g. "n=output 0, BLOCK=by name".
+def check_bound(info, missing, operands, n_args, names) -> None:
+  """Raises for the ``missing`` parameters, if any, naming what binds each.
 
-  Shown with a missing parameter: a forgotten argument usually shifts an
-  output onto the parameter it should have bound, and this makes it visible.
+  What binds the others ("n=output 0, BLOCK=by name") is shown since a
+  forgotten argument usually shifts an output onto the parameter it should
+  have bound, and this makes it visible.
   """
+  if not missing:
+    return
   outputs = {op.name: op.index for op in operands if op.kind == "output"}
   parts = []
   for i, param in enumerate(info.params):
@@ -253,4 +239,5 @@ def describe_bound(info, operands, n_args, names):
       parts.append(f"{param.name}=output {outputs[param.name]}")
     elif param.name in names:
       parts.append(f"{param.name}=by name")
-  return ", ".join(parts)
+  raise binding_error(info, f"parameters {missing} are not bound by anything"
+                      f" (bound: {', '.join(parts)}).")

@@ -14,8 +14,6 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Sequence
 
-import numpy as np
-
 from jt_dist._core import types as _types
 
 
@@ -27,10 +25,8 @@ def leaves_with_paths(arg: Any, path: tuple[int, ...] = ()):
   """``(path, leaf)`` of each leaf of a nested tuple, in order."""
   if not is_tuple(arg):
     return [(path, arg)]
-  out = []
-  for k, item in enumerate(arg):
-    out.extend(leaves_with_paths(item, path + (k,)))
-  return out
+  return [leaf for k, item in enumerate(arg)
+          for leaf in leaves_with_paths(item, path + (k,))]
 
 
 def array_leaves(args: Sequence[Any]) -> list[Any]:
@@ -39,13 +35,13 @@ def array_leaves(args: Sequence[Any]) -> list[Any]:
           if leaf is not None and not _types.is_scalar(leaf)]
 
 
-def where(i: int, path: tuple[int, ...]) -> str:
-  return f"args[{i}]" + "".join(f"[{k}]" for k in path)
-
-
 def label(name: str, path: tuple[int, ...]) -> str:
   """An operand's name for messages: ``yz[1]`` for a tuple's leaf."""
   return name + "".join(f"[{k}]" for k in path)
+
+
+def where(i: int, path: tuple[int, ...]) -> str:
+  return label(f"args[{i}]", path)
 
 
 def nest(items: Sequence[tuple[tuple[int, ...], Any]]) -> Any:
@@ -64,16 +60,11 @@ def check_leaf(i: int, path: tuple[int, ...], leaf: Any) -> None:
     raise TypeError(
         f"triton_call: {where(i, path)} is an empty tuple, which binds no"
         " operand. Pass arrays and scalars, or nested tuples of them.")
-  if not (_types.is_scalar(leaf) or (hasattr(leaf, "shape")
-                                     and hasattr(leaf, "dtype"))):
+  if not (_types.is_scalar(leaf) or _types.is_shape_dtype(leaf)):
     raise TypeError(
         f"triton_call: {where(i, path)} = {leaf!r} of type"
         f" {type(leaf).__name__} is neither an array nor a bool/int/float"
         " scalar. A tuple operand holds arrays, scalars and tuples of them.")
-
-
-def pointer_dtype(leaf: Any) -> np.dtype:
-  return np.dtype(leaf.dtype)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,27 +75,22 @@ class FlatArgs:
   places, splits and names each array leaf on its own, and rebuilds the
   tuples around the shards. A non-tuple argument is one leaf with path
   ``()``; an empty tuple stays one leaf, for the call to refuse.
-
-  Attributes:
-    leaves: every leaf, in order.
-    places: per leaf, ``(argument index, path in its tuple)``.
-    n_args: the number of positional arguments.
   """
 
-  leaves: tuple
+  leaves: tuple  # Every leaf, in order.
+  # Per leaf, ``(argument index, path in its tuple)``.
   places: tuple[tuple[int, tuple[int, ...]], ...]
-  n_args: int
+  n_args: int  # The number of positional arguments.
 
   @property
   def names(self) -> list[str]:
     """Each leaf as messages name it: ``args[1]``, ``args[1][0]``."""
     return [where(i, path) for i, path in self.places]
 
-
   @property
   def has_tuples(self) -> bool:
-    return any(path for _, path in self.places) or len(
-        self.places) != self.n_args
+    # A tuple's leaves have paths; an empty tuple stays one leaf.
+    return any(path for _, path in self.places)
 
   def index_of(self, i: int) -> int:
     """The leaf index of the non-tuple argument ``args[i]``."""

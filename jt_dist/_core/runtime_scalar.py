@@ -24,6 +24,11 @@ from jt_dist._core import types as _types
 from jt_dist._core import wrapper as _wrapper
 
 
+# A scalar's dtype by its ``_types.scalar_type``; int64 for other ints.
+_SCALAR_DTYPES = {"i1": np.bool_, "i32": np.int32, "fp32": np.float32,
+                  "fp64": np.float64}
+
+
 @jax.tree_util.register_pytree_node_class
 class RuntimeScalar:
   """A value for a scalar parameter, passed at run time.
@@ -96,7 +101,7 @@ def runtime_scalar(x: Any, dtype: Any = None) -> RuntimeScalar:
   """
   if isinstance(x, RuntimeScalar):
     return x if dtype is None else RuntimeScalar(x.value, dtype)
-  if hasattr(x, "shape") and hasattr(x, "dtype"):
+  if _types.is_shape_dtype(x):
     if tuple(x.shape) != ():
       raise ValueError(
           f"jt_dist.runtime_scalar: got an array of shape {tuple(x.shape)};"
@@ -104,7 +109,9 @@ def runtime_scalar(x: Any, dtype: Any = None) -> RuntimeScalar:
           " x.reshape(()) for a one-element array.")
     chosen = x.dtype if dtype is None else dtype
   elif _types.is_scalar(x):
-    chosen = dtype if dtype is not None else _python_dtype(x)
+    # As jax.numpy.asarray types it, widened where the value needs it.
+    chosen = dtype if dtype is not None else _SCALAR_DTYPES.get(
+        _types.scalar_type(x), np.int64)
   else:
     raise TypeError(
         f"jt_dist.runtime_scalar: got {x!r} of type {type(x).__name__}; it"
@@ -114,15 +121,6 @@ def runtime_scalar(x: Any, dtype: Any = None) -> RuntimeScalar:
   if _types.is_scalar(x) and not isinstance(x, (bool, np.bool_)):
     _check_fits(x, chosen)
   return RuntimeScalar(x, chosen)
-
-
-def _python_dtype(x) -> np.dtype:
-  if isinstance(x, (bool, np.bool_)):
-    return np.dtype(np.bool_)
-  if isinstance(x, (int, np.integer)):
-    return np.dtype(np.int32 if -(2**31) <= int(x) < 2**31 else np.int64)
-  return np.dtype(np.float32 if _types.float32_represents(float(x))
-                  else np.float64)
 
 
 def _check_fits(x, dtype: np.dtype) -> None:
@@ -144,18 +142,11 @@ def is_runtime_scalar(x: Any) -> bool:
 
 
 def bind(kernel: Any, args: Sequence[Any], metaparams: dict[str, Any]):
-  """The call's kernel and arguments with its runtime scalars as operands.
+  """The call's ``(kernel, args)`` with its runtime scalars as operands.
 
   Each ``RuntimeScalar`` among ``args`` becomes a 0-d array, and the kernel
   a wrapper that takes the parameter it binds as a pointer and loads it.
   (Keyword operands are among ``args`` by now: ``operands.merge_keywords``.)
-
-  Returns:
-    ``(kernel, args)``, unchanged when there is no runtime scalar.
-
-  Raises:
-    jt_dist.KernelBindingError: a runtime scalar binds a ``tl.constexpr``
-      parameter.
   """
   for name, value in metaparams.items():
     if is_runtime_scalar(value):

@@ -29,14 +29,6 @@ from jt_dist._core import types as _types
 _PADDINGS = ("zero", "nan")
 
 
-def _contiguous_strides(shape: Sequence[int]) -> tuple[int, ...]:
-  strides, size = [], 1
-  for dim in reversed(tuple(shape)):
-    strides.append(size)
-    size *= int(dim)
-  return tuple(reversed(strides))
-
-
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class TensorDescriptor:
@@ -119,8 +111,10 @@ class TensorDescriptor:
     Returns:
       The descriptor.
     """
-    return cls(array, tuple(array.shape), _contiguous_strides(array.shape),
-               tuple(block_shape), layout, padding, round_f32_to_tf32)
+    shape = tuple(int(d) for d in array.shape)
+    strides = tuple(math.prod(shape[k + 1:]) for k in range(len(shape)))
+    return cls(array, shape, strides, tuple(block_shape), layout, padding,
+               round_f32_to_tf32)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -140,9 +134,8 @@ class Info:
     """Triton's signature type, e.g. ``tensordesc<fp32[32,32]>``."""
     elem = _types.pointer_type(self.dtype).lstrip("*")
     block = ",".join(map(str, self.block_shape))
-    if self.layout is not None:
-      return f"tensordesc<{elem}[{block}],{self.layout!r}>"
-    return f"tensordesc<{elem}[{block}]>"
+    layout = "" if self.layout is None else f",{self.layout!r}"
+    return f"tensordesc<{elem}[{block}]{layout}>"
 
   @property
   def extent(self) -> int:
@@ -156,26 +149,18 @@ def split(args: Sequence[Any]) -> tuple[tuple[Any, ...], tuple]:
   Returns:
     ``(args, descriptors)``: the arguments with arrays in place of the
     descriptors, and ``(position, Info)`` for each descriptor.
-
-  Raises:
-    TypeError: a descriptor's base is not an array of a Triton dtype.
-    ValueError: its options do not fit its dtype.
   """
   if not any(isinstance(a, TensorDescriptor) for a in args):
     return tuple(args), ()
-  out, found = [], []
-  for i, arg in enumerate(args):
-    if not isinstance(arg, TensorDescriptor):
-      out.append(arg)
-      continue
-    found.append((i, _info(arg, i)))
-    out.append(arg.base)
-  return tuple(out), tuple(found)
+  found = tuple((i, _info(a, i)) for i, a in enumerate(args)
+                if isinstance(a, TensorDescriptor))
+  return tuple(a.base if isinstance(a, TensorDescriptor) else a
+               for a in args), found
 
 
 def _info(desc: TensorDescriptor, i: int) -> Info:
   base = desc.base
-  if not (hasattr(base, "shape") and hasattr(base, "dtype")):
+  if not _types.is_shape_dtype(base):
     raise TypeError(
         f"triton_call: args[{i}] is a TensorDescriptor whose base is {base!r}"
         f" of type {type(base).__name__}; its base must be a jax.Array.")

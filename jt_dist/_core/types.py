@@ -34,58 +34,49 @@ SUPPORTED_DTYPES = tuple(_POINTER_ELEMENT_TYPES)
 FLOAT32_OVERFLOW = 2.0**128 - 2.0**103
 FLOAT32_MAX = float(np.finfo(np.float32).max)
 FLOAT32_TINY = float(np.finfo(np.float32).tiny)
-# The scalar types jaxlib's Triton call can carry, which a parameter's
-# annotation may choose (Triton 3.9 spells bool "u1").
-_ANNOTATED_TYPES = {"i1": "i1", "u1": "i1", "i32": "i32", "u32": "u32",
-                    "i64": "i64", "u64": "u64", "fp32": "fp32",
-                    "fp64": "fp64"}
+# The scalar types jaxlib's Triton call can carry, by the annotation that
+# chooses them (Triton's name for a declared type, from ``x: tl.float64`` or
+# ``n: "i64"``; Triton 3.9 spells bool "u1"). Other annotations leave the
+# type to the value.
+ANNOTATED_TYPES = {"i1": "i1", "u1": "i1", "i32": "i32", "u32": "u32",
+                   "i64": "i64", "u64": "u64", "fp32": "fp32", "fp64": "fp64"}
 
-def checked_dtype(dtype: Any, where: str) -> np.dtype:
-  """``dtype`` as a NumPy dtype; TypeError naming ``where`` if it is none."""
+
+def is_shape_dtype(x: Any) -> bool:
+  """Whether ``x`` describes an array: it has ``.shape`` and ``.dtype``."""
+  return hasattr(x, "shape") and hasattr(x, "dtype")
+
+
+def pointer_dtype(dtype: Any, where: str, shape: Any = None) -> np.dtype:
+  """``dtype`` as a NumPy dtype that a kernel pointer can carry.
+
+  ``where`` gives it (``"args[0]"``, ``"out_shape['a']"``); ``shape`` is an
+  argument's, None for an output: an argument's message names its shape
+  too and, for a complex dtype, how to pass its data.
+  """
   try:
-    return np.dtype(dtype)
+    dtype = np.dtype(dtype)
   except TypeError:
     raise TypeError(
         f"triton_call: {where} has dtype {dtype!r}, which is not a dtype."
         f" Use a NumPy or JAX dtype such as jnp.float32; supported:"
         f" {', '.join(SUPPORTED_DTYPES)}."
     ) from None
-
-
-def pointer_dtype(dtype: Any, where: str, shape: Any = None) -> np.dtype:
-  """``dtype`` as a NumPy dtype that a kernel pointer can carry.
-
-  Args:
-    dtype: as given.
-    where: what gives it, e.g. ``"args[0]"`` or ``"out_shape['a']"``.
-    shape: an argument's shape, None for an output. An argument's message
-      names its shape too and, for a complex dtype, how to pass its data.
-
-  Raises:
-    TypeError: ``dtype`` is not a dtype, or one Triton kernels cannot take.
-  """
-  dtype = checked_dtype(dtype, where)
   if pointer_type(dtype) is not None:
     return dtype
   if shape is None:
     given, supported, hint = f"dtype {dtype.name}", "Supported dtypes", ""
   else:
     given, supported, hint = (f"shape {tuple(shape)} and dtype {dtype.name}",
-                              "Supported", _complex_hint(dtype))
+                              "Supported", "")
+  if shape is not None and dtype.kind == "c":
+    hint = (" Pass the real and imaginary parts as two arrays (jnp.real(x),"
+            " jnp.imag(x)), or view them as pairs of reals with"
+            " jax.lax.bitcast_convert_type.")
   raise TypeError(
       f"triton_call: {where} has {given}, which Triton kernels cannot take."
       f" {supported}: {', '.join(SUPPORTED_DTYPES)}.{hint}"
   )
-
-
-def _complex_hint(dtype: np.dtype) -> str:
-  if dtype.kind == "c":
-    return (
-        " Pass the real and imaginary parts as two arrays (jnp.real(x),"
-        " jnp.imag(x)), or view them as pairs of reals with"
-        " jax.lax.bitcast_convert_type."
-    )
-  return ""
 
 
 def pointer_type(dtype: Any) -> str | None:
@@ -109,13 +100,8 @@ def scalar_type(value: Any) -> str | None:
   (zero, infinities, NaN, and magnitudes from the smallest normal float32
   to the largest), else fp64, so that neither overflows nor underflows.
   NumPy scalars are typed as the Python scalar of the same value (Triton's
-  launcher refuses them); ``np.float32`` and ``np.float16`` are fp32.
-
-  Args:
-    value: a Python or NumPy scalar.
-
-  Returns:
-    The Triton type name, or None for an integer that fits no 64-bit type.
+  launcher refuses them); ``np.float32`` and ``np.float16`` are fp32. None
+  for an integer that fits no 64-bit type.
   """
   if isinstance(value, (bool, np.bool_)):
     return "i1"
@@ -130,29 +116,10 @@ def scalar_type(value: Any) -> str | None:
     return None
   if isinstance(value, (np.float32, np.float16)):
     return "fp32"
-  return "fp32" if float32_represents(float(value)) else "fp64"
-
-
-def float32_represents(value: float) -> bool:
-  """Whether float32 holds ``value`` without overflow or underflow."""
-  magnitude = abs(value)
-  return (magnitude == 0.0 or magnitude != magnitude
-          or magnitude == float("inf")
+  magnitude = abs(float(value))
+  fits = (magnitude in (0.0, float("inf")) or magnitude != magnitude
           or FLOAT32_TINY <= magnitude <= FLOAT32_MAX)
-
-
-def annotated_scalar_type(annotation: str) -> str | None:
-  """The type a parameter's annotation gives its scalar, as Triton's launcher.
-
-  Args:
-    annotation: Triton's name for the declared type (from ``x: tl.float64``
-      or ``n: "i64"``), or "".
-
-  Returns:
-    The type name jaxlib carries, or None when the annotation does not fix
-    one that jaxlib can carry (the value's own type is used then).
-  """
-  return _ANNOTATED_TYPES.get(annotation)
+  return "fp32" if fits else "fp64"
 
 
 def overflows_float32(value: Any) -> bool:
@@ -162,21 +129,14 @@ def overflows_float32(value: Any) -> bool:
   magnitude = abs(float(value))
   return magnitude != float("inf") and magnitude >= FLOAT32_OVERFLOW
 
+
 def python_scalar(value: Any, as_type: str | None = None) -> bool | int | float:
   """A scalar as the Python scalar jaxlib's nanobind casters accept.
 
-  Args:
-    value: a Python or NumPy scalar.
-    as_type: the Triton type it is passed as, since jaxlib picks the caster
-      by the Python type (a bool for i1, an int for integer types, a float
-      for fp32 and fp64); by default the value's own kind.
+  ``as_type`` is the Triton type it is passed as (by default the value's
+  own), since jaxlib picks the caster by the Python type.
   """
-  if as_type is None:
-    if isinstance(value, (bool, np.bool_)):
-      return bool(value)
-    if isinstance(value, (int, np.integer)):
-      return int(value)
-    return float(value)
+  as_type = as_type or scalar_type(value)
   if as_type == "i1":
     return bool(value)
   if as_type.startswith("fp"):
@@ -198,19 +158,8 @@ def plain_constexpr(value: Any) -> Any:
   return value
 
 
-_INT_BITS = {"i8": 8, "i16": 16, "i32": 32, "i64": 64,
-             "u8": 8, "u16": 16, "u32": 32, "u64": 64}
-
-
-def declared_int_range(annotation: str) -> tuple[int, int] | None:
-  """The values an integer parameter annotated ``annotation`` holds, or None.
-
-  ``annotation`` is Triton's name for a parameter's declared type (from
-  ``n: tl.int32`` or ``n: "i32"``); None for anything but an integer type.
-  """
-  bits = _INT_BITS.get(annotation)
-  if bits is None:
-    return None
-  if annotation.startswith("u"):
-    return 0, 2**bits - 1
-  return -(2**(bits - 1)), 2**(bits - 1) - 1
+# The values each integer type a parameter may declare holds, by Triton's
+# name for the type (from ``n: tl.int32`` or ``n: "i32"``).
+INT_RANGES = {f"{sign}{bits}": (0, 2**bits - 1) if sign == "u"
+              else (-(2**(bits - 1)), 2**(bits - 1) - 1)
+              for sign in "iu" for bits in (8, 16, 32, 64)}

@@ -40,16 +40,6 @@ def prefix(param_names: Sequence[str], base: str) -> str:
   return base
 
 
-def _register_source(source: str, qualname: str, what: str) -> str:
-  """Makes ``source`` visible to ``inspect``, which Triton reads it with."""
-  digest = hashlib.sha256(source.encode("utf-8")).hexdigest()[:16]
-  filename = f"<jt_dist {what} of {qualname} {digest}>"
-  # An mtime of None keeps linecache.checkcache from dropping the entry.
-  linecache.cache[filename] = (len(source), None,
-                               source.splitlines(keepends=True), filename)
-  return filename
-
-
 def call_line(p: str, names: Sequence[str]) -> str:
   """The wrapper's call of the user's kernel, every parameter by name."""
   return f"{p}kernel({', '.join(f'{n}={n}' for n in names)})"
@@ -79,16 +69,11 @@ def make_kernel(base_fn: Any, source: str, p: str, what: str,
                 scope: dict[str, Any] | None = None) -> Any:
   """The kernel defined by ``source``, calling ``base_fn`` as ``{p}kernel``.
 
-  Args:
-    base_fn: the user's kernel without its autotuning and heuristics
-      layers: a ``JITFunction``, or an ``InterpretedFunction`` made under
-      ``TRITON_INTERPRET=1``.
-    source: one ``def`` named as the user's function, so that error
-      messages and profiles name the user's kernel; ``tl`` and ``{p}tl``
-      are ``triton.language``.
-    p: the internal names' prefix.
-    what: what the wrapper is for, in its source's file name.
-    scope: more names the source reads (annotations, defaults).
+  ``base_fn`` is the user's kernel without its autotuning and heuristics
+  layers. ``source`` is one ``def`` named as the user's function, so that
+  errors and profiles name the user's kernel; it reads ``tl`` and ``{p}tl``
+  as ``triton.language``, and ``scope``'s names (annotations, defaults).
+  ``what`` (what the wrapper is for) goes in its source's file name.
 
   Returns:
     A ``JITFunction`` (an ``InterpretedFunction`` for an interpreted
@@ -100,7 +85,12 @@ def make_kernel(base_fn: Any, source: str, p: str, what: str,
   # The user's qualified name, which Triton makes the compiled kernel's
   # name: profiles and errors show the user's kernel.
   qualname = python_fn.__qualname__
-  filename = _register_source(source, qualname, what)
+  # Registered for ``inspect``, which Triton reads the source with; an mtime
+  # of None keeps linecache.checkcache from dropping the entry.
+  digest = hashlib.sha256(source.encode("utf-8")).hexdigest()[:16]
+  filename = f"<jt_dist {what} of {qualname} {digest}>"
+  linecache.cache[filename] = (len(source), None,
+                               source.splitlines(keepends=True), filename)
   namespace = {"tl": tl, f"{p}tl": tl, f"{p}kernel": jit_fn,
                "__name__": python_fn.__module__, **(scope or {})}
   # dont_inherit: this module's `from __future__ import annotations` would
@@ -118,26 +108,17 @@ def make_kernel(base_fn: Any, source: str, p: str, what: str,
   return _compat.JITFunction(wrapper, do_not_specialize=pinned or None)
 
 
+@functools.lru_cache(maxsize=256)
 def reordered(kernel: Any, order: tuple[str, ...],
               loaded: tuple[tuple[str, int], ...] = ()) -> Any:
   """``kernel`` taking its parameters in ``order``, some loaded at run time.
 
-  Args:
-    kernel: the user's kernel, with its autotuning and heuristics layers.
-    order: every parameter's name, in the wrapper's order.
-    loaded: ``(name, divisibility)`` of each parameter the wrapper takes
-      as a pointer and passes on as the value it points at, with the
-      divisibility (1 or 16) the compiler may assume of that value.
-
-  Returns:
-    A kernel object like ``kernel``: the same layers (copied, never
-    modified) around the wrapper. The same object for the same arguments.
+  ``loaded`` holds ``(name, divisibility)`` of each parameter the wrapper
+  takes as a pointer and passes on as the value it points at, which the
+  compiler may assume a multiple of divisibility (1 or 16). The result has
+  ``kernel``'s layers (copied, never modified) around the wrapper, and is
+  the same object for the same arguments.
   """
-  return _reordered(kernel, tuple(order), tuple(loaded))
-
-
-@functools.lru_cache(maxsize=256)
-def _reordered(kernel, order, loaded):
   info = _kernel.kernel_info(kernel)
   wrapper = _wrapper(info.fn, order, dict(loaded))
   for layer in reversed(info.layers):

@@ -26,46 +26,33 @@ from jax.interpreters import batching as _jax_batching
 from jt_dist._vmap import grid_kernel as _batch_kernel
 from jt_dist import _compat
 from jt_dist._core import grid as _grid
+from jt_dist._core import positional as _positional
 from jt_dist._core import primitive as _primitive
 
 logger = logging.getLogger("jt_dist")
 
-# The methods ``triton_call`` accepts; None is the default.
-
-
 @dataclasses.dataclass(frozen=True)
 class Batched:
-  """What makes a ``CallSpec`` the batched form of another.
+  """What makes a ``CallSpec`` the batched form of another."""
 
-  Attributes:
-    base: the user's unbatched call.
-    layout: where the batch lives in memory and on the grid.
-  """
-
-  base: Any  # _binding.CallSpec
-  layout: _batch_kernel.Layout
+  base: Any  # The user's unbatched call, a _call_spec.CallSpec.
+  layout: _batch_kernel.Layout  # Where the batch lives: memory and grid.
 
 
 class _NoRoom(Exception):
   """The grid cannot take the batch; the message says why."""
 
 
-def batch_rule(bind, args, dims, spec):
-  """The primitive's batching rule.
+def _batch(args, dims, *, spec):
+  """The primitive's batching rule; every output is batched on axis 0.
 
-  Args:
-    bind: binds the primitive: ``bind(*args, spec=...)``.
-    args: the array operands.
-    dims: each operand's batch dimension, or None where unbatched.
-    spec: the call's ``CallSpec`` (already batched under nested vmaps).
-
-  Returns:
-    The outputs, and their batch dimensions (all 0).
+  ``spec`` is already batched under nested vmaps.
 
   Raises:
     NotImplementedError: ``vmap_method="grid"`` and the grid cannot take
       the batch.
   """
+  bind = _primitive.triton_call_p.bind
   size = next(a.shape[d] for a, d in zip(args, dims) if d is not None)
   args = [a if d is None else jax.numpy.moveaxis(a, d, 0)
           for a, d in zip(args, dims)]
@@ -107,8 +94,7 @@ def _on_grid(bind, args, batched, spec, size):
     # The wrapper is a @triton.jit kernel, which cannot inline Gluon code.
     raise _NoRoom("it is a Gluon kernel, which the generated @triton.jit"
                   " wrapper that reads the batch index cannot call.")
-  if any(op.kind == "array" and op.type.startswith("tensordesc")
-         for op in base.operands):
+  if any(map(_positional.is_descriptor, base.operands)):
     # The wrapper moves pointers by the batch index; a descriptor is not one.
     raise _NoRoom("it takes a TensorDescriptor, which the wrapper cannot"
                   " move to a batch element.")
@@ -126,14 +112,11 @@ def _on_grid(bind, args, batched, spec, size):
   params = _wrapper_params(base)
   wrapper = _batch_kernel.wrapper_kernel(base.info.fn, params, layout)
   new_spec = dataclasses.replace(
-      base,
-      kernel=wrapper,
+      base, kernel=wrapper, batch=Batched(base, layout),
       out_shapes=tuple(((size, *shape), dtype)
                        for shape, dtype in spec.out_shapes),
       launches=tuple(_batched_launch(base, launch, params, layout)
-                     for launch in base.launches),
-      batch=Batched(base, layout),
-  )
+                     for launch in base.launches))
   return bind(*args, spec=new_spec)
 
 
@@ -144,8 +127,7 @@ def _strides(args, batched, spec, base):
   strides = []
   for op in base.operands:
     if op.kind == "array":
-      arg = args[op.index]
-      new = math.prod(arg.shape[1:]) if batched[op.index] else 0
+      new = math.prod(args[op.index].shape[1:]) if batched[op.index] else 0
     elif op.kind == "output":
       new = math.prod(spec.out_shapes[op.index][0])
     else:
@@ -158,10 +140,9 @@ def _strides(args, batched, spec, base):
 
 
 def _tuple_leaves(base):
-  """``(parameter, leaf paths)`` of each tuple parameter, for the wrapper.
+  """``(parameter, every leaf's path)`` of each tuple parameter.
 
-  The wrapper rebuilds a tuple whose pointers it moves, so it needs every
-  leaf's path, scalars' included.
+  The wrapper rebuilds a tuple whose pointers it moves, scalars included.
   """
   paths: dict[str, list] = {}
   for op in base.operands:
@@ -207,9 +188,8 @@ def _read_axes(base):
 
 def _wrapper_params(base):
   """The wrapper's parameters: the user kernel's that the call binds."""
-  bound = {op.name for op in base.operands}
-  for launch in base.launches:
-    bound.update(name for name, _ in launch.config.kwargs)
+  bound = {op.name for op in base.operands}.union(
+      *(dict(launch.config.kwargs) for launch in base.launches))
   return tuple((p.name, p.is_constexpr) for p in base.info.params
                if p.name in bound)
 
@@ -227,10 +207,6 @@ def _batched_launch(base, launch, params, layout):
       kwargs[name] = base.info.param_by_name[name].default
   config = dataclasses.replace(launch.config, kwargs=tuple(kwargs.items()))
   return dataclasses.replace(launch, config=config, grid=tuple(grid))
-
-
-def _batch(args, dims, *, spec):
-  return batch_rule(_primitive.triton_call_p.bind, args, dims, spec)
 
 
 _jax_batching.primitive_batchers[_primitive.triton_call_p] = _batch

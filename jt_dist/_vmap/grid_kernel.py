@@ -1,15 +1,11 @@
 """The wrapper kernel that runs a batch of kernel calls in one launch.
 
-``jax.vmap`` of a ``triton_call`` (``vmap_method="grid"``, the default)
-launches a generated ``@triton.jit`` kernel over the call's grid extended by
-the batch. The wrapper takes the user kernel's parameters, reads the batch
-index from a grid axis the user kernel never reads, moves each batched
-pointer by that index times the operand's batch stride (in 64-bit integers),
-and calls the user kernel inline: Triton inlines ``@triton.jit`` callees, so
-the launch runs the user's code unchanged. A tuple parameter is rebuilt
-with its batched leaves moved (tuples are immutable in Triton), scalars and
-unbatched leaves as they were. The user's kernel object is never
-modified; wrappers are cached per kernel and batch layout.
+The wrapper (made by ``jt_dist._core.wrapper.make_kernel``) takes the user
+kernel's parameters, reads the batch index from a grid axis the user kernel
+never reads, moves each batched pointer by that index times the operand's
+batch stride (in 64-bit integers), and calls the user kernel inline. A tuple
+parameter is rebuilt with its batched leaves moved (tuples are immutable in
+Triton), scalars and unbatched leaves as they were.
 """
 
 from __future__ import annotations
@@ -21,6 +17,7 @@ import math
 from typing import Any
 
 from jt_dist import _compat
+from jt_dist._core import pytree_args as _pytree_args
 from jt_dist._core import wrapper as _wrapper
 
 # Functions whose axis argument names a grid axis.
@@ -50,27 +47,6 @@ class Layout:
   counts: tuple[int, ...]
   tuples: tuple[tuple[str, tuple[tuple[int, ...], ...]], ...] = ()
 
-  @property
-  def total(self) -> int:
-    return math.prod(self.sizes)
-
-
-def _axis_argument(call: ast.Call):
-  if call.args:
-    return call.args[0]
-  for keyword in call.keywords:
-    if keyword.arg == "axis":
-      return keyword.value
-  return None
-
-
-def _callee_name(func: ast.expr) -> str | None:
-  if isinstance(func, ast.Attribute):
-    return func.attr
-  if isinstance(func, ast.Name):
-    return func.id
-  return None
-
 
 def _resolve(node: ast.expr, scope: dict[str, Any]) -> Any:
   """The object a name or dotted name refers to in ``scope``, or None."""
@@ -88,14 +64,8 @@ def used_grid_axes(kernel_fn: Any) -> frozenset[int]:
   An axis is read through ``tl.program_id(axis)`` or
   ``tl.num_programs(axis)``. An axis that is not a literal integer (a
   constexpr parameter, say) could be any axis, so all three count as read.
-
-  Args:
-    kernel_fn: a ``JITFunction`` or an ``InterpretedFunction``.
-
-  Returns:
-    The axes, a subset of {0, 1, 2}. Calls the scan cannot resolve to a
-    function (a kernel passed as a constexpr, say) are not followed: the
-    caller scans constexpr kernels itself.
+  Calls the scan cannot resolve to a function (a kernel passed as a
+  constexpr, say) are not followed: the caller scans constexpr kernels.
   """
   # Keyed by the Python function: hashing a JITFunction computes its
   # cache_key, which fails for kernels calling interpreted helpers.
@@ -117,8 +87,11 @@ def _used_axes(python_fn) -> frozenset[int]:
     for node in ast.walk(tree):
       if not isinstance(node, ast.Call):
         continue
-      if _callee_name(node.func) in _AXIS_READERS:
-        axis = _axis_argument(node)
+      # The callee's name: `tl.program_id` or a plain `program_id`.
+      name = getattr(node.func, "attr", None) or getattr(node.func, "id", None)
+      if name in _AXIS_READERS:
+        axis = node.args[0] if node.args else next(
+            (k.value for k in node.keywords if k.arg == "axis"), None)
         if not (isinstance(axis, ast.Constant) and axis.value in _ALL_AXES):
           return _ALL_AXES
         used.add(axis.value)
@@ -127,11 +100,6 @@ def _used_axes(python_fn) -> frozenset[int]:
       if _compat.is_triton_function(callee):
         pending.append(callee.fn)
   return frozenset(used)
-
-
-def _prefix(param_names) -> str:
-  # Internal names must not shadow (or be shadowed by) a parameter.
-  return _wrapper.prefix(param_names, "_jt_vmap_")
 
 
 def _batch_index_lines(layout: Layout, p: str) -> list[str]:
@@ -156,25 +124,19 @@ def _offset_lines(layout: Layout, p: str) -> list[str]:
              for level, stride in enumerate(strides) if stride]
     if terms:
       offsets[name] = " + ".join(terms)
-  lines = []
-  tuples = dict(layout.tuples)
-  for name, offset in offsets.items():
-    if name not in tuples and "[" not in name:
-      lines.append(f"{name} += {offset}")
+  # A tuple's leaves are labelled ``yz[0]``: the tuple is moved below.
+  lines = [f"{name} += {offset}" for name, offset in offsets.items()
+           if "[" not in name]
   for name, paths in layout.tuples:
-    if any(_leaf_label(name, path) in offsets for path in paths):
+    if any(_pytree_args.label(name, path) in offsets for path in paths):
       # Tuples are immutable: the wrapper rebuilds one with moved leaves.
       lines.append(f"{name} = {_tuple_expr(name, (), paths, offsets)}")
   return lines
 
 
-def _leaf_label(name: str, path: tuple[int, ...]) -> str:
-  return name + "".join(f"[{k}]" for k in path)
-
-
 def _tuple_expr(name, prefix, paths, offsets) -> str:
   """The source of the tuple at ``prefix`` with its pointers moved."""
-  label = _leaf_label(name, prefix)
+  label = _pytree_args.label(name, prefix)
   if prefix in paths:
     return f"({label} + {offsets[label]})" if label in offsets else label
   depth = len(prefix)
@@ -186,19 +148,13 @@ def _tuple_expr(name, prefix, paths, offsets) -> str:
 
 
 def wrapper_source(name: str, params, layout: Layout) -> str:
-  """The Python source of the wrapper kernel.
+  """The source of the wrapper kernel: one ``def`` named ``name``.
 
-  Args:
-    name: the user kernel's name, which the wrapper takes too, so that
-      error messages and profiles name the user's kernel.
-    params: the wrapper's parameters as ``(name, is_constexpr)`` pairs, in
-      the user kernel's order.
-    layout: the batch layout.
-
-  Returns:
-    The source of one ``def``.
+  ``name`` is the user kernel's, so that errors and profiles name the
+  user's kernel; ``params`` are the wrapper's ``(name, is_constexpr)``
+  pairs, in the user kernel's order.
   """
-  p = _prefix([n for n, _ in params])
+  p = _prefix(params)
   # Annotations are evaluated where the function is defined, so a parameter
   # named `tl` cannot shadow this one; Triton's interpreter reads them as
   # text, and knows `tl.constexpr` by name.
@@ -206,13 +162,19 @@ def wrapper_source(name: str, params, layout: Layout) -> str:
       f"{n}: tl.constexpr" if constexpr else n for n, constexpr in params)
   body = _batch_index_lines(layout, p) + _offset_lines(layout, p)
   call = _wrapper.call_line(p, [n for n, _ in params])
-  if math.prod(layout.counts) > layout.total:
+  total = math.prod(layout.sizes)
+  if math.prod(layout.counts) > total:
     # A batch split over two axes may overshoot: the spare programs idle.
-    body += [f"if {p}b < {layout.total}:", f"    {call}"]
+    body += [f"if {p}b < {total}:", f"    {call}"]
   else:
     body.append(call)
   return f"def {name}({signature}):\n" + "".join(
       f"    {line}\n" for line in body)
+
+
+def _prefix(params) -> str:
+  # Internal names must not shadow (or be shadowed by) a parameter.
+  return _wrapper.prefix([n for n, _ in params], "_jt_vmap_")
 
 
 @functools.lru_cache(maxsize=256)
@@ -220,20 +182,12 @@ def wrapper_kernel(base_fn: Any, params: tuple[tuple[str, bool], ...],
                    layout: Layout) -> Any:
   """The cached kernel running ``base_fn`` over ``layout``'s batch.
 
-  Args:
-    base_fn: the user's kernel without its autotuning and heuristics
-      layers: a ``JITFunction``, or an ``InterpretedFunction`` made under
-      ``TRITON_INTERPRET=1``.
-    params: the wrapper's parameters as ``(name, is_constexpr)`` pairs.
-    layout: the batch layout.
-
-  Returns:
-    A ``JITFunction`` taking ``params`` (an ``InterpretedFunction`` for an
-    interpreted ``base_fn``, so that it is interpreted on GPUs too); the
-    same object for the same arguments, so that Triton's and jt_dist's
-    caches stay warm.
+  ``base_fn`` is the user's kernel without its autotuning and heuristics
+  layers, ``params`` the wrapper's ``(name, is_constexpr)`` pairs. The
+  result (an ``InterpretedFunction`` for an interpreted ``base_fn``, so that
+  it is interpreted on GPUs too) is the same object for the same arguments,
+  so that Triton's and jt_dist's caches stay warm.
   """
   python_fn = _compat.jit_function_of(base_fn).fn
   source = wrapper_source(python_fn.__name__, params, layout)
-  p = _prefix([n for n, _ in params])
-  return _wrapper.make_kernel(base_fn, source, p, "vmap wrapper")
+  return _wrapper.make_kernel(base_fn, source, _prefix(params), "vmap wrapper")

@@ -12,11 +12,11 @@ in the real run; the caller's buffers are never touched.
 
 from __future__ import annotations
 
+from concurrent import futures
 import dataclasses
 import functools
 import logging
 import statistics
-import threading
 import time
 from typing import Any, Sequence
 
@@ -123,17 +123,6 @@ def time_configs(spec, avals: Sequence[Any], device,
   Raises:
     AutotuneError: no config compiled and ran; it carries the first error.
   """
-  result: dict[str, Any] = {}
-
-  def work():
-    try:
-      result["times"] = _measure(spec, avals, device, plan)
-    except BaseException as e:  # pylint: disable=broad-except
-      result["error"] = e
-
-  thread = threading.Thread(target=work, name="jt_dist-autotune")
-  thread.start()
-  thread.join()
-  if "error" in result:
-    raise result["error"]
-  return result["times"]
+  with futures.ThreadPoolExecutor(
+      1, thread_name_prefix="jt_dist-autotune") as pool:
+    return pool.submit(_measure, spec, avals, device, plan).result()

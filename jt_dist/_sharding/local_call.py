@@ -65,7 +65,7 @@ def call(args, kernel, out_shape, grid, options: _binding.CallOptions,
   if options.sharding_rule is not None:
     outs = _partitioned(args, kernel, out_shape, grid, options, metaparams,
                         device, layout)
-    if outs is not _NOT_PARTITIONED:
+    if outs is not None:
       return outs
   return single_device(args, kernel, out_shape, grid, options, metaparams,
                        device)[0]
@@ -110,7 +110,8 @@ def check_binding(args, kernel, out_shape, grid, options, metaparams):
 
 def _with_refs(args, kernel, out_shape, grid, options, metaparams, device):
   """A call with Ref arguments: reads them, calls, writes them back."""
-  _refs.check(args, options, options.sharding_rule, "triton_call")
+  _refs.check(args, options.input_output_aliases, options.sharding_rule,
+              "triton_call")
   ref_arrays, ref_leaves = _refs.array_positions(args)
   values, value_leaves = _refs.read(args, ref_leaves)
   options = options.with_refs(tuple(ref_arrays))
@@ -147,12 +148,9 @@ def single_device(args, kernel, out_shape, grid, options, metaparams,
   return jax.tree_util.tree_unflatten(out_tree, outs[:n]), tuple(outs[n:])
 
 
-_NOT_PARTITIONED = object()
-
-
 def _partitioned(args, kernel, out_shape, grid, options, metaparams, device,
                  layout=None):
-  """Runs a call with a rule once per shard; ``_NOT_PARTITIONED`` if unsplit.
+  """Runs a call with a rule once per shard; None if unsplit.
 
   The shapes are checked against the rule first, so that a rule that does
   not fit fails on one device as on many.
@@ -163,7 +161,7 @@ def _partitioned(args, kernel, out_shape, grid, options, metaparams, device,
   if layout is None:
     layout = _partition.find_layout(args, rule, "triton_call")
   if layout is None:
-    return _NOT_PARTITIONED
+    return None
   if device is not None:
     raise _errors.DevicePlacementError(
         f"triton_call: device={device!r} asks for one device, but the call"

@@ -123,12 +123,6 @@ def _auto_axes(mesh, rule, where: str) -> bool:
   platform = _compat.mesh_platform(mesh)
   if platform in _GPU_PLATFORMS and not manual:
     return True
-  raise _errors.AutoAxesError(auto_axes_message(where, rule, auto, mesh,
-                                                platform, manual))
-
-
-def auto_axes_message(where, rule, auto, mesh, platform, manual) -> str:
-  n = len(mesh.axis_names)
   if platform in _GPU_PLATFORMS:
     why = (" inside a shard_map manual over"
            f" {sorted(manual)}, where jt_dist does not hand Triton calls to"
@@ -139,15 +133,15 @@ def auto_axes_message(where, rule, auto, mesh, platform, manual) -> str:
            " callback there, and a host callback inside"
            " jax.experimental.custom_partitioning crashes the process (on"
            " GPUs such calls are partitioned by XLA)")
-  return (
+  raise _errors.AutoAxesError(
       f"{where}: the call with {rule!r} is traced over mesh axes {list(auto)}"
       f" of mesh {dict(mesh.shape)}, which are automatic (AxisType.Auto):"
       " their layout is XLA's choice, unknown when the call is traced,"
       f"{why}. Make the mesh axes explicit, e.g."
       f" jax.make_mesh({tuple(mesh.shape.values())}, {tuple(mesh.axis_names)},"
-      f" axis_types=(jax.sharding.AxisType.Explicit,) * {n}), or call"
-      " jt_dist.sharded_triton_call(..., mesh=mesh, sharding_rule=rule)."
-  )
+      " axis_types=(jax.sharding.AxisType.Explicit,) *"
+      f" {len(mesh.axis_names)}), or call"
+      " jt_dist.sharded_triton_call(..., mesh=mesh, sharding_rule=rule).")
 
 
 def make_plan(rule, sizes: dict[str, int], layout: Layout) -> Plan:
@@ -209,18 +203,6 @@ def _kernel_name(kernel) -> str:
 # jax.shard_map's words when it is batched by jax.vmap over a dimension that
 # is itself sharded over the mesh axes the split needs.
 _BATCHED_OVER_MESH_AXES = "jax.shard_map requires axis_names"
-
-
-def _vmapped_over_mesh_axes(where, kernel, rule, mesh) -> str:
-  return (
-      f"{where}: kernel {_kernel_name(kernel)!r} with sharding_rule {rule}"
-      f" cannot be split over mesh {dict(mesh.shape)}: under jax.vmap, the"
-      " batch dimension is sharded over mesh axes that the split needs too."
-      " Give the rule the batch as a factor of its own (e.g. \"b i, b i -> b"
-      " i\" for an add) and call it on the batched arrays without jax.vmap,"
-      " or make the batch dimension replicated before jax.vmap"
-      " (jax.sharding.reshard(x, P(None, ...)))."
-  )
 
 
 def array_positions(args: Sequence[Any]) -> list[int]:
@@ -342,6 +324,13 @@ def run(args: Sequence[Any], call: Callable[..., Any], kernel: Any,
   except ValueError as e:
     if _BATCHED_OVER_MESH_AXES not in str(e):
       raise
-    raise NotImplementedError(_vmapped_over_mesh_axes(
-        where, kernel, rule, layout.mesh)) from e
+    raise NotImplementedError(
+        f"{where}: kernel {_kernel_name(kernel)!r} with sharding_rule {rule}"
+        f" cannot be split over mesh {dict(layout.mesh.shape)}: under"
+        " jax.vmap, the batch dimension is sharded over mesh axes that the"
+        " split needs too. Give the rule the batch as a factor of its own"
+        " (e.g. \"b i, b i -> b i\" for an add) and call it on the batched"
+        " arrays without jax.vmap, or make the batch dimension replicated"
+        " before jax.vmap (jax.sharding.reshard(x, P(None, ...)))."
+    ) from e
   return jax.tree_util.tree_unflatten(out_tree, list(outs))

@@ -211,55 +211,44 @@ def check_lowering(ctx, spec) -> None:
   facts = _compat.lowering_axis_facts(ctx)
   name = spec.info.name
   arrays = [op.name for op in spec.operands if op.kind == "array"]
-  if spec.sharding_rule is not None:
-    _check_rule_lowering(facts, spec)
-  if facts.kind == "sharding" and facts.num_devices > 1:
+  over_devices = facts.kind == "sharding" and facts.num_devices > 1
+  split = ({a: n for a, n in facts.auto_axis_sizes.items() if n > 1}
+           if facts.kind == "spmd" else {})
+  if spec.sharding_rule is not None and (over_devices or split):
+    # A call with a rule lowered over devices it was not split for.
+    axes = (f"{facts.num_devices} devices{_device_list(facts.devices)}"
+            if over_devices else "automatic mesh axes " + ", ".join(
+                f"{a}={n}" for a, n in sorted(facts.auto_axis_sizes.items())))
+    raise _errors.AutoAxesError(
+        f"triton_call: kernel {name!r} with {spec.sharding_rule!r}"
+        f" is lowered under jax.jit for {axes}, but its operands' types named"
+        " no mesh when it was traced (the shardings were given only to"
+        " jax.jit), so it could not be split per shard. Use a mesh with"
+        " explicit axes, jax.make_mesh(shape, names,"
+        " axis_types=(jax.sharding.AxisType.Explicit,) * len(names)), and"
+        " jax.device_put the inputs onto it; or, on GPUs, trace under"
+        " jax.set_mesh(mesh) so that XLA partitions the call over automatic"
+        " axes (on the CPU, automatic axes are refused: the kernel is a host"
+        " callback, and one inside custom_partitioning crashes the process);"
+        " or call jt_dist.sharded_triton_call(..., mesh=mesh,"
+        " sharding_rule=rule).")
+  if over_devices:
     raise _errors.DevicePlacementError(
         f"triton_call: kernel {name!r} is lowered under jax.jit for"
         f" {facts.num_devices} devices{_device_list(facts.devices)} without"
         f" a shard_map around it. Its inputs ({', '.join(arrays)}) are laid"
         " out over several devices, and XLA cannot partition a Triton"
         " kernel: it would all-gather them and run the whole kernel on every"
-        f" device.{_FIX_SHARDED}"
-    )
-  if facts.kind == "spmd":
-    split = {a: n for a, n in facts.auto_axis_sizes.items() if n > 1}
-    if split:
-      sizes = ", ".join(f"{a}={n}" for a, n in sorted(split.items()))
-      raise _errors.DevicePlacementError(
-          f"triton_call: kernel {name!r} runs inside a shard_map that is"
-          f" manual over {sorted(facts.manual_axes)} only; mesh axes"
-          f" {sorted(split)} ({sizes}) stay automatic, so XLA could still"
-          " split each shard over them and would all-gather it for the"
-          " kernel. Make the shard_map manual over every mesh axis of size"
-          " > 1 (leave out axis_names=, or list those axes in it)."
-      )
-
-
-def _check_rule_lowering(facts, spec) -> None:
-  """A call with a rule lowered over devices it was not split for."""
-  if facts.kind == "sharding" and facts.num_devices > 1:
-    axes = f"{facts.num_devices} devices{_device_list(facts.devices)}"
-  elif facts.kind == "spmd" and any(
-      n > 1 for n in facts.auto_axis_sizes.values()):
-    axes = "automatic mesh axes " + ", ".join(
-        f"{a}={n}" for a, n in sorted(facts.auto_axis_sizes.items()))
-  else:
-    return
-  raise _errors.AutoAxesError(
-      f"triton_call: kernel {spec.info.name!r} with {spec.sharding_rule!r}"
-      f" is lowered under jax.jit for {axes}, but its operands' types named"
-      " no mesh when it was traced (the shardings were given only to"
-      " jax.jit), so it could not be split per shard. Use a mesh with"
-      " explicit axes, jax.make_mesh(shape, names,"
-      " axis_types=(jax.sharding.AxisType.Explicit,) * len(names)), and"
-      " jax.device_put the inputs onto it; or, on GPUs, trace under"
-      " jax.set_mesh(mesh) so that XLA partitions the call over automatic"
-      " axes (on the CPU, automatic axes are refused: the kernel is a host"
-      " callback, and one inside custom_partitioning crashes the process);"
-      " or call jt_dist.sharded_triton_call(..., mesh=mesh,"
-      " sharding_rule=rule)."
-  )
+        f" device.{_FIX_SHARDED}")
+  if split:
+    sizes = ", ".join(f"{a}={n}" for a, n in sorted(split.items()))
+    raise _errors.DevicePlacementError(
+        f"triton_call: kernel {name!r} runs inside a shard_map that is"
+        f" manual over {sorted(facts.manual_axes)} only; mesh axes"
+        f" {sorted(split)} ({sizes}) stay automatic, so XLA could still"
+        " split each shard over them and would all-gather it for the"
+        " kernel. Make the shard_map manual over every mesh axis of size"
+        " > 1 (leave out axis_names=, or list those axes in it).")
 
 
 def unify_varying_axes(arrays: Sequence[Any]) -> list[Any]:

@@ -63,7 +63,7 @@ def has_refs(args) -> bool:
   return False
 
 
-def check(args, options: Any, rule: Any, where: str) -> None:
+def check(args, aliases: Any, rule: Any, where: str) -> None:
   """Refuses what Ref arguments cannot be combined with.
 
   Raises:
@@ -81,8 +81,6 @@ def check(args, options: Any, rule: Any, where: str) -> None:
           " (ref.at[...][...]) as an array and write the result back.")
   refs = ", ".join(n for leaf, n in zip(leaves, names)
                    if isinstance(leaf, jax.Ref))
-  aliases = (options.get("input_output_aliases")
-             if isinstance(options, dict) else options.input_output_aliases)
   if aliases:
     raise ValueError(
         f"{where}: input_output_aliases={aliases!r}"

@@ -124,11 +124,10 @@ class ShardingRule:
     reductions = _check_reductions(rule, reductions, operands, outputs)
     whole = _check_whole(rule, whole, operands, outputs, reductions)
     _check_contracted(rule, operands, outputs, reductions, whole)
-    object.__setattr__(self, "rule", rule)
-    object.__setattr__(self, "operands", operands)
-    object.__setattr__(self, "outputs", outputs)
-    object.__setattr__(self, "reductions", tuple(reductions.items()))
-    object.__setattr__(self, "whole", whole)
+    for field, value in (("rule", rule), ("operands", operands),
+                         ("outputs", outputs), ("whole", whole),
+                         ("reductions", tuple(reductions.items()))):
+      object.__setattr__(self, field, value)
 
   def __repr__(self) -> str:
     extra = ""
@@ -198,10 +197,7 @@ def _check_count(rule, what, expected, got, names) -> None:
 
 
 def _all_factors(groups) -> list[str]:
-  seen = []
-  for group in groups:
-    seen.extend(f for f in group if f not in seen)
-  return seen
+  return list(dict.fromkeys(f for group in groups for f in group))
 
 
 def _check_reductions(rule, reductions, operands, outputs) -> dict[str, str]:
@@ -264,15 +260,14 @@ def _check_contracted(rule, operands, outputs, reductions, whole) -> None:
   """A factor an output lacks must be declared, or it is summed silently."""
   for k, out in enumerate(outputs):
     for factor in _all_factors(operands):
-      if factor in out or factor in reductions or factor in whole:
-        continue
-      raise ValueError(
-          f"ShardingRule({rule!r}): factor {factor!r} of the operands is"
-          f" missing from output {k} ({' '.join(out) or 'no factors'}), so"
-          " each shard split along it would hold a partial result. Declare"
-          f" how partials combine, reductions={{{factor!r}: 'sum'}} (or"
-          f" 'max', 'min'), or keep it unsplit with whole=({factor!r},)."
-      )
+      if factor not in (*out, *reductions, *whole):
+        raise ValueError(
+            f"ShardingRule({rule!r}): factor {factor!r} of the operands is"
+            f" missing from output {k} ({' '.join(out) or 'no factors'}), so"
+            " each shard split along it would hold a partial result. Declare"
+            f" how partials combine, reductions={{{factor!r}: 'sum'}} (or"
+            f" 'max', 'min'), or keep it unsplit with whole=({factor!r},)."
+        )
 
 
 def check(rule: Any, where: str) -> ShardingRule:

@@ -21,7 +21,7 @@ from jt_dist._core import shard_size as _shard_size
 from jt_dist._sharding import specs as _specs
 from jt_dist._sharding import varying as _varying
 
-def _is_spec_leaf(x: Any) -> bool:
+def is_spec_leaf(x: Any) -> bool:
   return x is None or isinstance(x, P)
 
 
@@ -29,7 +29,7 @@ def _out_specs_for(out_specs, out_tree, out_shapes, mesh) -> list[P]:
   if out_specs is None or isinstance(out_specs, P):
     specs = [out_specs] * len(out_shapes)
   else:
-    leaves, tree = jax.tree_util.tree_flatten(out_specs, is_leaf=_is_spec_leaf)
+    leaves, tree = jax.tree_util.tree_flatten(out_specs, is_leaf=is_spec_leaf)
     if tree != out_tree:
       raise _errors.ShardingSpecError(
           f"sharded_triton_call: out_specs {out_specs!r} must be one"

@@ -64,8 +64,13 @@ def resolve_mesh(mesh: Any, args: Sequence[Any]):
   if not any(isinstance(x, jax.core.Tracer) for x in args):
     # Eagerly, jax.set_mesh's concrete mesh: the arguments are laid out on
     # its devices by their in_specs (the abstract mesh places nothing).
-    concrete = concrete_ambient_mesh()
-    if concrete is not None:
+    # jax.sharding.get_mesh raises ValueError under jax.jit (a call whose
+    # arguments are all constants there has no tracer to say so).
+    try:
+      concrete = jax.sharding.get_mesh()
+    except (RuntimeError, ValueError):
+      concrete = None
+    if isinstance(concrete, jax.sharding.Mesh) and not concrete.empty:
       return concrete
   ambient = jax.sharding.get_abstract_mesh()
   if not ambient.empty:
@@ -75,22 +80,6 @@ def resolve_mesh(mesh: Any, args: Sequence[Any]):
       " put the inputs on a mesh with jax.device_put(x, NamedSharding(mesh,"
       " spec)), or set an ambient mesh with jax.set_mesh(mesh)."
   )
-
-
-def concrete_ambient_mesh():
-  """``jax.set_mesh``'s concrete mesh outside any trace, else None.
-
-  ``jax.sharding.get_mesh`` raises ValueError under ``jax.jit`` (a call
-  whose arguments are all constants there has no tracer to say so), where
-  only the abstract mesh is known.
-  """
-  try:
-    mesh = jax.sharding.get_mesh()
-  except (RuntimeError, ValueError):
-    return None
-  if isinstance(mesh, jax.sharding.Mesh) and not mesh.empty:
-    return mesh
-  return None
 
 
 def entry_axes(entry) -> tuple:
@@ -297,27 +286,17 @@ def place(x: Any, spec: P, mesh, equivalent_ok: bool = False):
     return x
   if not isinstance(mesh, jax.sharding.Mesh):
     return x
-  target = move_target(x, spec, mesh, equivalent_ok)
-  if target is None:
+  current = getattr(x, "sharding", None)
+  target = NamedSharding(mesh, spec)
+  if isinstance(current, NamedSharding) and current.mesh == mesh and (
+      trimmed(current.spec) == trimmed(spec)) or (
+          equivalent_ok and current is not None
+          and current.is_equivalent_to(target, x.ndim)):
     return x
   if (isinstance(x, jax.Array) and getattr(x, "committed", False)
       and not target.is_fully_addressable):
     _refuse_local_array(x, spec, mesh)
   return jax.device_put(x, target)
-
-
-def move_target(x: Any, spec: P, mesh,
-                equivalent_ok: bool = False) -> NamedSharding | None:
-  """Where ``place`` moves a concrete ``x``: None if it is laid out already."""
-  current = getattr(x, "sharding", None)
-  if isinstance(current, NamedSharding) and current.mesh == mesh and (
-      trimmed(current.spec) == trimmed(spec)):
-    return None
-  target = NamedSharding(mesh, spec)
-  if equivalent_ok and current is not None and current.is_equivalent_to(
-      target, x.ndim):
-    return None
-  return target
 
 
 def _refuse_local_array(x, spec, mesh):

@@ -154,14 +154,10 @@ def needed_spec(shape: tuple, varying: list, operands: Sequence[Operand],
   return _specs.spec_of(entries)
 
 
-class _Shown:
-  """A value whose repr is the text given, to show a pytree of specs."""
+class _Shown(str):
+  """A text whose repr is itself, to show a pytree of specs."""
 
-  def __init__(self, text: str):
-    self.text = text
-
-  def __repr__(self) -> str:
-    return self.text
+  __repr__ = str.__str__
 
 
 def _suggest_specs(outputs: Outputs, k: int, spec: P) -> str:

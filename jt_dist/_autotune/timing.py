@@ -114,14 +114,8 @@ def time_configs(spec, avals: Sequence[Any], device,
                  plan: Plan) -> list[float | None]:
   """Seconds per launch of each of ``spec``'s configs on ``device``.
 
-  ``avals`` are those of its array operands (shard-local shapes), and
-  ``device`` one this process addresses.
-
-  Returns:
-    The median time of each config, None where it failed to compile or run.
-
-  Raises:
-    AutotuneError: no config compiled and ran; it carries the first error.
+  ``avals`` are those of its array operands (shard-local shapes). Each
+  time is a median; None where the config failed to compile or run.
   """
   with futures.ThreadPoolExecutor(
       1, thread_name_prefix="jt_dist-autotune") as pool:

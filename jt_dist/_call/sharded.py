@@ -205,9 +205,6 @@ def _refuse_descriptors(args, kwargs) -> None:
 
   Keyword operands are checked too: given by name, a descriptor would
   otherwise reach every shard whole.
-
-  Raises:
-    NotImplementedError: an argument is a ``jt_dist.TensorDescriptor``.
   """
   given = [(f"args[{i}]", arg) for i, arg in enumerate(args)]
   given += [(f"the keyword operand {name}=", value)

@@ -73,10 +73,6 @@ def find_layout(args: Sequence[Any], rule, where: str) -> Layout | None:
   None means there is nothing to split: no operand lives on a mesh with an
   axis that is not already manual, so the call runs as a plain
   ``triton_call`` (whose own placement checks then apply).
-
-  Raises:
-    jt_dist.ShardingSpecError: operands on different meshes.
-    jt_dist.AutoAxesError: traced operands on a mesh with automatic axes.
   """
   flat = _pytree_args.flatten(args)
   names = flat.names
@@ -94,8 +90,7 @@ def find_layout(args: Sequence[Any], rule, where: str) -> Layout | None:
           f"{where}: {first} lives on mesh {dict(mesh.shape)} but"
           f" {i} on mesh {dict(candidate.shape)}; one call runs on one"
           " mesh. Put every operand on the same mesh with jax.device_put(x,"
-          " NamedSharding(mesh, spec)) or jax.sharding.reshard."
-      )
+          " NamedSharding(mesh, spec)) or jax.sharding.reshard.")
   traced = any(isinstance(x, jax.core.Tracer) for _, x in arrays)
   if mesh is None and traced:
     ambient = jax.sharding.get_abstract_mesh()
@@ -224,11 +219,7 @@ def with_arrays(flat, positions: Sequence[int], arrays) -> list[Any]:
 
 
 def factor_sizes(rule, args: Sequence[Any], out_shapes) -> dict[str, int]:
-  """``rule``'s factor sizes from the call's arrays and ``out_shapes``.
-
-  Raises:
-    jt_dist.ShardingSpecError: the shapes do not fit the rule.
-  """
+  """``rule``'s factor sizes from the call's arrays and ``out_shapes``."""
   flat = _pytree_args.flatten(args)
   names = flat.names
   return rule.factor_sizes(

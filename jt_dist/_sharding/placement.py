@@ -39,8 +39,7 @@ _FIX_SHARDED = (
     " reductions={'k': 'sum'})) (on a mesh with explicit axes), call"
     " jt_dist.sharded_triton_call(..., in_specs=..., out_specs=...) or wrap"
     " the call in jax.shard_map; to run it on one device, move the inputs"
-    " there first with jax.device_put(x, device)."
-)
+    " there first with jax.device_put(x, device).")
 
 
 def _describe_array(where: str, x: Any) -> str:
@@ -101,8 +100,7 @@ def _resolve_device(device: Any):
         f"{_device_list(local)}.{_global_index_hint(device)}")
   raise TypeError(
       f"triton_call: device={device!r} of type {type(device).__name__} must"
-      " be a device index (int) or a jax.Device."
-  )
+      " be a device index (int) or a jax.Device.")
 
 
 def _global_index_hint(index: int) -> str:
@@ -117,18 +115,9 @@ def _global_index_hint(index: int) -> str:
 
 
 def check_concrete(args: Sequence[Any], kernel_name: str, device: Any = None):
-  """Checks where concrete array arguments live; returns the target device.
-
-  ``device``: an optional device index or ``jax.Device`` the caller expects.
-
-  Returns:
-    The device every committed array sits on (or ``device``), or None when
-    no array is committed and no device was asked for.
-
-  Raises:
-    DevicePlacementError: an array spans several devices, or two arrays sit
-      on different devices, or an array is not on ``device``.
-  """
+  """Checks where concrete array arguments live; returns the target device:
+  ``device`` (an index or ``jax.Device``), else the one every committed
+  array sits on, or None when no array is committed."""
   wanted = _resolve_device(device)
   found = None  # (position, array, device) of the first committed array.
   for i, x in enumerate(args):
@@ -141,8 +130,7 @@ def check_concrete(args: Sequence[Any], kernel_name: str, device: Any = None):
           f" {kernel_name!r}{_errors.process_note()} spans"
           f" {len(device_set)} devices"
           f"{_device_list(device_set)} with sharding {x.sharding}; a Triton"
-          f" kernel reads one device's memory.{_FIX_SHARDED}"
-      )
+          f" kernel reads one device's memory.{_FIX_SHARDED}")
     if not getattr(x, "committed", True):
       continue
     (dev,) = device_set
@@ -152,8 +140,7 @@ def check_concrete(args: Sequence[Any], kernel_name: str, device: Any = None):
           f" {kernel_name!r}{_errors.process_note()} is on {dev}, but"
           f" device={device!r} asks for"
           f" {wanted}. Move it with jax.device_put(x, {wanted}), or drop"
-          " device= to run where the inputs are."
-      )
+          " device= to run where the inputs are.")
     if found is None:
       found = (i, x, dev)
     elif dev != found[2]:
@@ -164,8 +151,7 @@ def check_concrete(args: Sequence[Any], kernel_name: str, device: Any = None):
           f" {other} and {_describe_array(f'args[{i}]', x)} is on {dev}."
           f" Move them to one device with jax.device_put(x, {other}) before"
           " the call, or shard them over a mesh and call"
-          " jt_dist.sharded_triton_call."
-      )
+          " jt_dist.sharded_triton_call.")
   if wanted is not None:
     return wanted
   return None if found is None else found[2]
@@ -196,18 +182,11 @@ def check_traced(args: Sequence[Any], kernel_name: str) -> None:
           f"triton_call: {_describe_array(f'args[{i}]', x)} of kernel"
           f" {kernel_name!r} is sharded over mesh axes {sorted(axes)}"
           f" ({sizes}; its spec is {sharding.spec}) {where}, so XLA would"
-          f" have to gather it for the kernel.{_FIX_SHARDED}"
-      )
+          f" have to gather it for the kernel.{_FIX_SHARDED}")
 
 
 def check_lowering(ctx, spec) -> None:
-  """Lowering-time check that XLA will not partition the kernel call.
-
-  Raises:
-    DevicePlacementError: the call is lowered for several devices without
-      ``shard_map`` (XLA would replicate or all-gather its inputs), or inside
-      a ``shard_map`` whose automatic mesh axes could still split the shard.
-  """
+  """Lowering-time check that XLA will not partition the kernel call."""
   facts = _compat.lowering_axis_facts(ctx)
   name = spec.info.name
   arrays = [op.name for op in spec.operands if op.kind == "array"]

@@ -186,9 +186,5 @@ def _place(arrays, args, spec, device):
   target = _placement.check_concrete(args, name, device)
   if device is None or target is None:
     return arrays
-  return [
-      jax.device_put(a, target)
-      if not isinstance(a, jax.core.Tracer)
-      and not getattr(a, "committed", False) else a
-      for a in arrays
-  ]
+  return [a if getattr(a, "committed", False) else jax.device_put(a, target)
+          for a in arrays]

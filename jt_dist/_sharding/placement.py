@@ -55,14 +55,6 @@ def _device_list(devices) -> str:
   return f" [{shown}{more}]"
 
 
-def _addressable(device: Any) -> bool:
-  """Whether this process can launch on ``device``, of any platform."""
-  try:
-    return device in jax.local_devices(backend=device.platform)
-  except RuntimeError:  # A platform this process has no backend for.
-    return False
-
-
 def _resolve_device(device: Any):
   """``device=`` as a ``jax.Device`` this process addresses, or None.
 
@@ -82,7 +74,11 @@ def _resolve_device(device: Any):
           f"{_device_list(local)}. Pass one of jax.local_devices() or its"
           " index, or run the call over every process's devices with"
           " jt_dist.sharded_triton_call.")
-    if not _addressable(device):
+    try:
+      addressable = device in jax.local_devices(backend=device.platform)
+    except RuntimeError:  # A platform this process has no backend for.
+      addressable = False
+    if not addressable:
       raise _errors.DevicePlacementError(
           f"triton_call: device={device!r} (platform {device.platform}) is"
           " not one of the devices this process launches on"

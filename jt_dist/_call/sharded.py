@@ -195,7 +195,8 @@ def _hashable(x: Any) -> Any:
   if isinstance(x, list):
     return tuple(x)
   if isinstance(x, dict):
-    leaves, tree = jax.tree_util.tree_flatten(x, is_leaf=_sharded_call.is_spec_leaf)
+    leaves, tree = jax.tree_util.tree_flatten(
+        x, is_leaf=_sharded_call.is_spec_leaf)
     return tree, tuple(leaves)
   return x
 

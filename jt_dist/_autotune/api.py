@@ -7,7 +7,7 @@ from typing import Any, Mapping
 import jax
 
 from jt_dist import _compat
-from jt_dist._autotune import pins as _pins
+from jt_dist._autotune import choose as _choose
 from jt_dist._autotune import store as _store
 
 AutotuneChoice = _store.AutotuneChoice
@@ -24,7 +24,7 @@ def autotune_choices(kernel: Any = None) -> list[AutotuneChoice]:
     its chosen config, the candidates, where the choice came from and, when
     timed, every candidate's time.
   """
-  name = None if kernel is None else _pins.kernel_name(kernel)
+  name = None if kernel is None else _choose.kernel_name(kernel)
   return [c for c in _store.choices() if name in (None, c.kernel)]
 
 
@@ -48,7 +48,7 @@ def pin_autotune_config(kernel: Any, config: Any = None, **fields: Any) -> None:
     TypeError: ``config`` is neither a ``triton.Config`` nor a mapping.
   """
   if isinstance(config, _compat.Config):
-    pinned = _pins.config_fields(config)
+    pinned = _choose.config_fields(config)
     if pinned["maxnreg"] is None:
       del pinned["maxnreg"]
   elif config is None or isinstance(config, Mapping):
@@ -59,8 +59,8 @@ def pin_autotune_config(kernel: Any, config: Any = None, **fields: Any) -> None:
         f" {type(config).__name__} must be a triton.Config, a mapping of"
         " config fields, or None.")
   pinned.update(fields)
-  _pins.pin(kernel, pinned or None)
-  _store.forget_in_memory(_pins.kernel_name(kernel))
+  _choose.pin(kernel, pinned or None)
+  _store.forget_in_memory(_choose.kernel_name(kernel))
   # A choice is made when a call is lowered; dropping JAX's compiled
   # functions (every kernel_call's among them) makes later calls lower
   # again.
@@ -87,7 +87,7 @@ def forget_autotune_choices(kernel: Any = None) -> int:
     How many choices were forgotten, in memory and on disk together (files
     left alone are not counted).
   """
-  name = None if kernel is None else _pins.kernel_name(kernel)
+  name = None if kernel is None else _choose.kernel_name(kernel)
   count = _store.forget(name)
   jax.clear_caches()  # As pin_autotune_config does.
   return count

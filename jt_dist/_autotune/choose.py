@@ -6,7 +6,8 @@ anything at run time, and every shard runs the same code. In order:
 
 1. in a multi-process run, every process but 0 takes process 0's choice,
    handed over through jax.distributed's key-value store;
-2. a pinned config (``jt_dist.pin_autotune_config``, ``JT_DIST_AUTOTUNE_PIN``);
+2. a pinned config (``jt_dist.pin_autotune_config``, which wins over
+   ``JT_DIST_AUTOTUNE_PIN``, read at each lookup);
 3. a choice made earlier in this process, or saved on disk by another;
 4. on a GPU, timing every config on one local device (``timing``); on the
    CPU, the first config (or the interpreter's timing, on request).
@@ -30,11 +31,11 @@ import jax
 from jt_dist import _compat
 from jt_dist import _errors
 from jt_dist import _settings
-from jt_dist._autotune import pins as _pins
 from jt_dist._autotune import store as _store
 from jt_dist._autotune import timing as _timing
 from jt_dist._backend import cache as _cache
 from jt_dist._backend import target as _target
+from jt_dist._core import kernel as _kernel
 
 logger = logging.getLogger("jt_dist")
 
@@ -45,6 +46,33 @@ _warned_jaxlib_mode = False
 # n, so a choice made again (after a pin or forget) never meets a stale one.
 _rounds: collections.Counter = collections.Counter()
 _rounds_lock = threading.Lock()
+_OPTION_FIELDS = ("num_warps", "num_stages", "num_ctas", "maxnreg")
+_pins: dict[str, dict[str, Any]] = {}
+_pins_lock = threading.Lock()
+
+
+def kernel_name(kernel: Any) -> str:
+  """The name pins and choices are filed under: the Python function's."""
+  if isinstance(kernel, str):
+    return kernel
+  return _kernel.kernel_info(kernel).name
+
+
+def pin(kernel: Any, fields: dict[str, Any] | None) -> None:
+  """Pins (or, with None, unpins) the config of ``kernel`` by its fields."""
+  name = kernel_name(kernel)
+  with _pins_lock:
+    if fields is None:
+      _pins.pop(name, None)
+    else:
+      _pins[name] = dict(fields)
+
+
+def config_fields(config) -> dict[str, Any]:
+  """A launch config's constexprs and launch options, by name."""
+  fields = dict(config.kwargs)
+  fields.update((option, getattr(config, option)) for option in _OPTION_FIELDS)
+  return fields
 
 
 def _kv_key(share_key: str) -> str:
@@ -65,22 +93,15 @@ def _local_device(ctx, platform: str):
   return found[0] if found else None
 
 
-def _tuner_keys(spec) -> list[str]:
-  keys = []
-  for layer in spec.info.layers:
-    if isinstance(layer, _compat.Autotuner):
-      keys.extend(layer.keys or ())
-  return keys
-
-
 def _key_parts(spec, avals, platform: str) -> dict[str, Any]:
   """What a choice depends on, but the device kind."""
   scalars = {op.name: op.value for op in spec.operands if op.kind == "scalar"}
   common = dict(spec.launches[0].config.kwargs)
   # Triton's autotuner re-tunes when the values of its `key` arguments
   # change; shapes and dtypes are in the key regardless.
-  keyed = {name: repr(scalars.get(name, common.get(name))) for name in
-           _tuner_keys(spec)}
+  keyed = {name: repr(scalars.get(name, common.get(name)))
+           for layer in spec.info.layers
+           if isinstance(layer, _compat.Autotuner) for name in layer.keys or ()}
   return {
       "kernel": _compat.jit_function_of(spec.info.fn).cache_key,
       "name": spec.info.name,
@@ -178,12 +199,29 @@ def _log(choice, device) -> None:
 
 
 def _pinned(spec, kind, key):
-  fields = _pins.pinned_fields(spec.info.name)
+  """The first candidate whose fields include the pinned ones, or None.
+
+  Raises:
+    ValueError: no candidate matches; the message lists every candidate.
+  """
+  name = spec.info.name
+  with _pins_lock:
+    fields = _pins.get(name)
   if fields is None:
-    return None
-  index = _pins.matching_index(
-      spec.info.name, fields, [l.config for l in spec.launches])
-  return _made(spec, index, "pinned", kind, key)
+    fields = _settings.autotune_pins().get(name)
+    if fields is None:
+      return None
+  configs = [l.config for l in spec.launches]
+  for i, config in enumerate(configs):
+    have = config_fields(config)
+    if all(k in have and have[k] == v for k, v in fields.items()):
+      return _made(spec, i, "pinned", kind, key)
+  labels = "; ".join(f"[{i}] {c.label}" for i, c in enumerate(configs))
+  raise ValueError(
+      f"jt_dist autotuning: the config pinned for kernel {name!r},"
+      f" {dict(fields)!r}, matches none of its {len(configs)} candidates for"
+      f" this call: {labels}. Pin fields that one candidate has (with"
+      " jt_dist.pin_autotune_config or JT_DIST_AUTOTUNE_PIN), or unpin it.")
 
 
 def _choose(spec, avals, device, platform) -> _store.AutotuneChoice:

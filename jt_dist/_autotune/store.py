@@ -163,16 +163,7 @@ def forget_in_memory(name: str | None) -> int:
 
 
 def forget(name: str | None) -> int:
-  """Forgets the choices of kernel ``name`` (all when None), here and on disk.
-
-  Only files that parse as choices jt_dist wrote (this format, its fields,
-  named by their own key) are removed. Any other ``*.json`` in the folder,
-  unparsable or foreign (whatever its ``"kernel"`` field says), is left in
-  place and named in one warning on the ``jt_dist`` logger.
-
-  Returns:
-    How many choices were forgotten from memory and disk together.
-  """
+  """``forget_autotune_choices`` of kernel ``name`` (all when None)."""
   count = forget_in_memory(name)
   folder = _folder()
   try:

@@ -12,11 +12,11 @@ in the real run; the caller's buffers are never touched.
 
 from __future__ import annotations
 
+from concurrent import futures
 import dataclasses
 import functools
 import logging
 import statistics
-import threading
 import time
 from typing import Any, Sequence
 
@@ -114,26 +114,9 @@ def time_configs(spec, avals: Sequence[Any], device,
                  plan: Plan) -> list[float | None]:
   """Seconds per launch of each of ``spec``'s configs on ``device``.
 
-  ``avals`` are those of its array operands (shard-local shapes), and
-  ``device`` one this process addresses.
-
-  Returns:
-    The median time of each config, None where it failed to compile or run.
-
-  Raises:
-    AutotuneError: no config compiled and ran; it carries the first error.
+  ``avals`` are those of its array operands (shard-local shapes). Each
+  time is a median; None where the config failed to compile or run.
   """
-  result: dict[str, Any] = {}
-
-  def work():
-    try:
-      result["times"] = _measure(spec, avals, device, plan)
-    except BaseException as e:  # pylint: disable=broad-except
-      result["error"] = e
-
-  thread = threading.Thread(target=work, name="jt_dist-autotune")
-  thread.start()
-  thread.join()
-  if "error" in result:
-    raise result["error"]
-  return result["times"]
+  with futures.ThreadPoolExecutor(
+      1, thread_name_prefix="jt_dist-autotune") as pool:
+    return pool.submit(_measure, spec, avals, device, plan).result()

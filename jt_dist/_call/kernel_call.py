@@ -362,6 +362,5 @@ def resolve_out_shape(out_shape: Any, out_type: Any) -> Any:
   if out_shape is not None and out_type is not None:
     raise TypeError(
         "triton_call: got both out_shape= and out_type=, which are two names"
-        " for the same argument. Pass only one."
-    )
+        " for the same argument. Pass only one.")
   return out_type if out_shape is None else out_shape

@@ -10,7 +10,6 @@ from __future__ import annotations
 from typing import Any
 
 import jax
-from jax.sharding import PartitionSpec as P
 
 from jt_dist._call import api as _api
 from jt_dist._call import kernel_call as _kernel_call
@@ -191,16 +190,13 @@ def _per_argument(args, leaf_specs):
   return tuple(out)
 
 
-def _is_spec_leaf(x: Any) -> bool:
-  return x is None or isinstance(x, P)
-
-
 def _hashable(x: Any) -> Any:
   """A pytree of specs as a hashable key: its structure and leaves."""
   if isinstance(x, list):
     return tuple(x)
   if isinstance(x, dict):
-    leaves, tree = jax.tree_util.tree_flatten(x, is_leaf=_is_spec_leaf)
+    leaves, tree = jax.tree_util.tree_flatten(
+        x, is_leaf=_sharded_call.is_spec_leaf)
     return tree, tuple(leaves)
   return x
 
@@ -210,9 +206,6 @@ def _refuse_descriptors(args, kwargs) -> None:
 
   Keyword operands are checked too: given by name, a descriptor would
   otherwise reach every shard whole.
-
-  Raises:
-    NotImplementedError: an argument is a ``jt_dist.TensorDescriptor``.
   """
   given = [(f"args[{i}]", arg) for i, arg in enumerate(args)]
   given += [(f"the keyword operand {name}=", value)
@@ -235,7 +228,8 @@ def _with_refs(args, kernel, out_shape, grid, mesh, in_specs, out_specs,
   Ref for the kernel, and hands the piece back as an extra output split as
   the Ref's input is; the new global values are written back.
   """
-  _refs.check(args, kwargs, rule, "sharded_triton_call")
+  _refs.check(args, kwargs.get("input_output_aliases"), rule,
+              "sharded_triton_call")
   ref_args = _refs.top_level(args, "sharded_triton_call")
   values = list(args)
   for i in ref_args:

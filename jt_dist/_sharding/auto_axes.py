@@ -28,13 +28,6 @@ from jt_dist._core import pytree_args as _pytree_args
 from jt_dist._sharding import partition as _partition
 
 
-def _specs_of(shapes: Sequence[Any]) -> tuple[P, ...]:
-  """The specs the partitioner chose (replicated where it chose none)."""
-  return tuple(
-      s.sharding.spec if isinstance(getattr(s, "sharding", None),
-                                    NamedSharding) else P() for s in shapes)
-
-
 def run(args: Sequence[Any], call: Callable[..., Any], kernel: Any,
         out_shapes, out_tree, grid: Any, rule, kwargs: dict,
         where: str) -> Any:
@@ -58,7 +51,11 @@ def run(args: Sequence[Any], call: Callable[..., Any], kernel: Any,
              **kwargs)))
 
   def plan_for(mesh, arg_shapes):
-    layout = _partition.Layout(mesh, _specs_of(arg_shapes))
+    # The specs the partitioner chose (replicated where it chose none).
+    layout = _partition.Layout(mesh, tuple(
+        s.sharding.spec if isinstance(getattr(s, "sharding", None),
+                                      NamedSharding) else P()
+        for s in arg_shapes))
     return layout, _partition.make_plan(rule, sizes, layout)
 
   def infer(mesh, arg_shapes, result_shape):

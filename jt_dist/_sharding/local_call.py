@@ -37,17 +37,10 @@ def call(args, kernel, out_shape, grid, options: _binding.CallOptions,
          metaparams: dict, device: Any = None, layout: Any = None) -> Any:
   """Runs one ``triton_call`` on ``args``, tracers or concrete arrays.
 
-  Args:
-    args, kernel, out_shape, grid, device: as the call was given them.
-    options: the call's checked options.
-    metaparams: the remaining keywords: the kernel's constexprs, and its
-      keyword operands (non-constexpr parameters by name).
-    layout: for a call with a ``sharding_rule``, the ``partition.Layout``
-      found on its concrete operands before they were traced; by default
-      the operands' own (traced operands show explicit mesh axes only).
-
-  Returns:
-    The outputs in the structure of ``out_shape``.
+  ``metaparams`` holds the kernel's constexprs and its keyword operands.
+  ``layout``: for a call with a ``sharding_rule``, the ``partition.Layout``
+  found on its concrete operands before they were traced; by default the
+  operands' own (traced operands show explicit mesh axes only).
   """
   kernel, args, metaparams = _operands.merge_keywords(kernel, args,
                                                      metaparams)
@@ -65,7 +58,7 @@ def call(args, kernel, out_shape, grid, options: _binding.CallOptions,
   if options.sharding_rule is not None:
     outs = _partitioned(args, kernel, out_shape, grid, options, metaparams,
                         device, layout)
-    if outs is not _NOT_PARTITIONED:
+    if outs is not None:
       return outs
   return single_device(args, kernel, out_shape, grid, options, metaparams,
                        device)[0]
@@ -94,11 +87,8 @@ def options_from_keywords(kwargs: dict):
 
 
 def check_binding(args, kernel, out_shape, grid, options, metaparams):
-  """Binds a call on concrete ``args`` without launching it.
-
-  Raises what binding raises: jt_dist's words for operands that jax.jit
-  refused before tracing (a string or object array, say).
-  """
+  """Binds a call on concrete ``args`` without launching it, to raise
+  jt_dist's words for operands jax.jit refused (a string array, say)."""
   kernel, args, metaparams = _operands.merge_keywords(kernel, args,
                                                      metaparams)
   args, descriptors = _tensordesc.split(args)
@@ -110,7 +100,8 @@ def check_binding(args, kernel, out_shape, grid, options, metaparams):
 
 def _with_refs(args, kernel, out_shape, grid, options, metaparams, device):
   """A call with Ref arguments: reads them, calls, writes them back."""
-  _refs.check(args, options, options.sharding_rule, "triton_call")
+  _refs.check(args, options.input_output_aliases, options.sharding_rule,
+              "triton_call")
   ref_arrays, ref_leaves = _refs.array_positions(args)
   values, value_leaves = _refs.read(args, ref_leaves)
   options = options.with_refs(tuple(ref_arrays))
@@ -124,9 +115,8 @@ def single_device(args, kernel, out_shape, grid, options, metaparams,
                   device=None):
   """Binds, places and launches a call on one device.
 
-  Returns:
-    ``(outputs, new values of the Refs' arrays)``: the second is empty for
-    a call without Refs.
+  Returns ``(outputs, new values of the Refs' arrays)``, the second empty
+  for a call without Refs.
   """
   args, metaparams = _shard_size.resolve(args, metaparams)
   kernel, args = _runtime_scalar.bind(kernel, args, metaparams)
@@ -147,30 +137,25 @@ def single_device(args, kernel, out_shape, grid, options, metaparams,
   return jax.tree_util.tree_unflatten(out_tree, outs[:n]), tuple(outs[n:])
 
 
-_NOT_PARTITIONED = object()
-
-
 def _partitioned(args, kernel, out_shape, grid, options, metaparams, device,
                  layout=None):
-  """Runs a call with a rule once per shard; ``_NOT_PARTITIONED`` if unsplit.
+  """Runs a call with a rule once per shard; None if unsplit.
 
   The shapes are checked against the rule first, so that a rule that does
-  not fit fails on one device as on many.
-  """
+  not fit fails on one device as on many."""
   rule = _rule.check(options.sharding_rule, "triton_call")
   out_shapes, out_tree = _binding.flatten_out_shape(out_shape)
   _partition.factor_sizes(rule, args, out_shapes)
   if layout is None:
     layout = _partition.find_layout(args, rule, "triton_call")
   if layout is None:
-    return _NOT_PARTITIONED
+    return None
   if device is not None:
     raise _errors.DevicePlacementError(
         f"triton_call: device={device!r} asks for one device, but the call"
         f" with {rule!r} is split over mesh {dict(layout.mesh.shape)} (its"
         " operands are sharded there). Drop device=, or move the operands"
-        " to that device with jax.device_put(x, device) first."
-    )
+        " to that device with jax.device_put(x, device) first.")
   kwargs = {**options.keywords(), **metaparams}
   if layout.auto:
     return _auto_axes.run(args, shard_call, kernel, out_shapes, out_tree,
@@ -201,9 +186,5 @@ def _place(arrays, args, spec, device):
   target = _placement.check_concrete(args, name, device)
   if device is None or target is None:
     return arrays
-  return [
-      jax.device_put(a, target)
-      if not isinstance(a, jax.core.Tracer)
-      and not getattr(a, "committed", False) else a
-      for a in arrays
-  ]
+  return [a if getattr(a, "committed", False) else jax.device_put(a, target)
+          for a in arrays]

@@ -73,10 +73,6 @@ def find_layout(args: Sequence[Any], rule, where: str) -> Layout | None:
   None means there is nothing to split: no operand lives on a mesh with an
   axis that is not already manual, so the call runs as a plain
   ``triton_call`` (whose own placement checks then apply).
-
-  Raises:
-    jt_dist.ShardingSpecError: operands on different meshes.
-    jt_dist.AutoAxesError: traced operands on a mesh with automatic axes.
   """
   flat = _pytree_args.flatten(args)
   names = flat.names
@@ -94,8 +90,7 @@ def find_layout(args: Sequence[Any], rule, where: str) -> Layout | None:
           f"{where}: {first} lives on mesh {dict(mesh.shape)} but"
           f" {i} on mesh {dict(candidate.shape)}; one call runs on one"
           " mesh. Put every operand on the same mesh with jax.device_put(x,"
-          " NamedSharding(mesh, spec)) or jax.sharding.reshard."
-      )
+          " NamedSharding(mesh, spec)) or jax.sharding.reshard.")
   traced = any(isinstance(x, jax.core.Tracer) for _, x in arrays)
   if mesh is None and traced:
     ambient = jax.sharding.get_abstract_mesh()
@@ -123,12 +118,6 @@ def _auto_axes(mesh, rule, where: str) -> bool:
   platform = _compat.mesh_platform(mesh)
   if platform in _GPU_PLATFORMS and not manual:
     return True
-  raise _errors.AutoAxesError(auto_axes_message(where, rule, auto, mesh,
-                                                platform, manual))
-
-
-def auto_axes_message(where, rule, auto, mesh, platform, manual) -> str:
-  n = len(mesh.axis_names)
   if platform in _GPU_PLATFORMS:
     why = (" inside a shard_map manual over"
            f" {sorted(manual)}, where jt_dist does not hand Triton calls to"
@@ -139,15 +128,15 @@ def auto_axes_message(where, rule, auto, mesh, platform, manual) -> str:
            " callback there, and a host callback inside"
            " jax.experimental.custom_partitioning crashes the process (on"
            " GPUs such calls are partitioned by XLA)")
-  return (
+  raise _errors.AutoAxesError(
       f"{where}: the call with {rule!r} is traced over mesh axes {list(auto)}"
       f" of mesh {dict(mesh.shape)}, which are automatic (AxisType.Auto):"
       " their layout is XLA's choice, unknown when the call is traced,"
       f"{why}. Make the mesh axes explicit, e.g."
       f" jax.make_mesh({tuple(mesh.shape.values())}, {tuple(mesh.axis_names)},"
-      f" axis_types=(jax.sharding.AxisType.Explicit,) * {n}), or call"
-      " jt_dist.sharded_triton_call(..., mesh=mesh, sharding_rule=rule)."
-  )
+      " axis_types=(jax.sharding.AxisType.Explicit,) *"
+      f" {len(mesh.axis_names)}), or call"
+      " jt_dist.sharded_triton_call(..., mesh=mesh, sharding_rule=rule).")
 
 
 def make_plan(rule, sizes: dict[str, int], layout: Layout) -> Plan:
@@ -211,18 +200,6 @@ def _kernel_name(kernel) -> str:
 _BATCHED_OVER_MESH_AXES = "jax.shard_map requires axis_names"
 
 
-def _vmapped_over_mesh_axes(where, kernel, rule, mesh) -> str:
-  return (
-      f"{where}: kernel {_kernel_name(kernel)!r} with sharding_rule {rule}"
-      f" cannot be split over mesh {dict(mesh.shape)}: under jax.vmap, the"
-      " batch dimension is sharded over mesh axes that the split needs too."
-      " Give the rule the batch as a factor of its own (e.g. \"b i, b i -> b"
-      " i\" for an add) and call it on the batched arrays without jax.vmap,"
-      " or make the batch dimension replicated before jax.vmap"
-      " (jax.sharding.reshard(x, P(None, ...)))."
-  )
-
-
 def array_positions(args: Sequence[Any]) -> list[int]:
   """Where the array leaves are among ``pytree_args.flatten(args)``'s leaves.
 
@@ -242,11 +219,7 @@ def with_arrays(flat, positions: Sequence[int], arrays) -> list[Any]:
 
 
 def factor_sizes(rule, args: Sequence[Any], out_shapes) -> dict[str, int]:
-  """``rule``'s factor sizes from the call's arrays and ``out_shapes``.
-
-  Raises:
-    jt_dist.ShardingSpecError: the shapes do not fit the rule.
-  """
+  """``rule``'s factor sizes from the call's arrays and ``out_shapes``."""
   flat = _pytree_args.flatten(args)
   names = flat.names
   return rule.factor_sizes(
@@ -342,6 +315,13 @@ def run(args: Sequence[Any], call: Callable[..., Any], kernel: Any,
   except ValueError as e:
     if _BATCHED_OVER_MESH_AXES not in str(e):
       raise
-    raise NotImplementedError(_vmapped_over_mesh_axes(
-        where, kernel, rule, layout.mesh)) from e
+    raise NotImplementedError(
+        f"{where}: kernel {_kernel_name(kernel)!r} with sharding_rule {rule}"
+        f" cannot be split over mesh {dict(layout.mesh.shape)}: under"
+        " jax.vmap, the batch dimension is sharded over mesh axes that the"
+        " split needs too. Give the rule the batch as a factor of its own"
+        " (e.g. \"b i, b i -> b i\" for an add) and call it on the batched"
+        " arrays without jax.vmap, or make the batch dimension replicated"
+        " before jax.vmap (jax.sharding.reshard(x, P(None, ...)))."
+    ) from e
   return jax.tree_util.tree_unflatten(out_tree, list(outs))

@@ -39,8 +39,7 @@ _FIX_SHARDED = (
     " reductions={'k': 'sum'})) (on a mesh with explicit axes), call"
     " jt_dist.sharded_triton_call(..., in_specs=..., out_specs=...) or wrap"
     " the call in jax.shard_map; to run it on one device, move the inputs"
-    " there first with jax.device_put(x, device)."
-)
+    " there first with jax.device_put(x, device).")
 
 
 def _describe_array(where: str, x: Any) -> str:
@@ -54,14 +53,6 @@ def _device_list(devices) -> str:
   shown = ", ".join(str(d) for d in ordered[:4])
   more = f", ... ({len(ordered)} in all)" if len(ordered) > 4 else ""
   return f" [{shown}{more}]"
-
-
-def _addressable(device: Any) -> bool:
-  """Whether this process can launch on ``device``, of any platform."""
-  try:
-    return device in jax.local_devices(backend=device.platform)
-  except RuntimeError:  # A platform this process has no backend for.
-    return False
 
 
 def _resolve_device(device: Any):
@@ -83,7 +74,11 @@ def _resolve_device(device: Any):
           f"{_device_list(local)}. Pass one of jax.local_devices() or its"
           " index, or run the call over every process's devices with"
           " jt_dist.sharded_triton_call.")
-    if not _addressable(device):
+    try:
+      addressable = device in jax.local_devices(backend=device.platform)
+    except RuntimeError:  # A platform this process has no backend for.
+      addressable = False
+    if not addressable:
       raise _errors.DevicePlacementError(
           f"triton_call: device={device!r} (platform {device.platform}) is"
           " not one of the devices this process launches on"
@@ -101,8 +96,7 @@ def _resolve_device(device: Any):
         f"{_device_list(local)}.{_global_index_hint(device)}")
   raise TypeError(
       f"triton_call: device={device!r} of type {type(device).__name__} must"
-      " be a device index (int) or a jax.Device."
-  )
+      " be a device index (int) or a jax.Device.")
 
 
 def _global_index_hint(index: int) -> str:
@@ -117,18 +111,9 @@ def _global_index_hint(index: int) -> str:
 
 
 def check_concrete(args: Sequence[Any], kernel_name: str, device: Any = None):
-  """Checks where concrete array arguments live; returns the target device.
-
-  ``device``: an optional device index or ``jax.Device`` the caller expects.
-
-  Returns:
-    The device every committed array sits on (or ``device``), or None when
-    no array is committed and no device was asked for.
-
-  Raises:
-    DevicePlacementError: an array spans several devices, or two arrays sit
-      on different devices, or an array is not on ``device``.
-  """
+  """Checks where concrete array arguments live; returns the target device:
+  ``device`` (an index or ``jax.Device``), else the one every committed
+  array sits on, or None when no array is committed."""
   wanted = _resolve_device(device)
   found = None  # (position, array, device) of the first committed array.
   for i, x in enumerate(args):
@@ -141,8 +126,7 @@ def check_concrete(args: Sequence[Any], kernel_name: str, device: Any = None):
           f" {kernel_name!r}{_errors.process_note()} spans"
           f" {len(device_set)} devices"
           f"{_device_list(device_set)} with sharding {x.sharding}; a Triton"
-          f" kernel reads one device's memory.{_FIX_SHARDED}"
-      )
+          f" kernel reads one device's memory.{_FIX_SHARDED}")
     if not getattr(x, "committed", True):
       continue
     (dev,) = device_set
@@ -152,8 +136,7 @@ def check_concrete(args: Sequence[Any], kernel_name: str, device: Any = None):
           f" {kernel_name!r}{_errors.process_note()} is on {dev}, but"
           f" device={device!r} asks for"
           f" {wanted}. Move it with jax.device_put(x, {wanted}), or drop"
-          " device= to run where the inputs are."
-      )
+          " device= to run where the inputs are.")
     if found is None:
       found = (i, x, dev)
     elif dev != found[2]:
@@ -164,8 +147,7 @@ def check_concrete(args: Sequence[Any], kernel_name: str, device: Any = None):
           f" {other} and {_describe_array(f'args[{i}]', x)} is on {dev}."
           f" Move them to one device with jax.device_put(x, {other}) before"
           " the call, or shard them over a mesh and call"
-          " jt_dist.sharded_triton_call."
-      )
+          " jt_dist.sharded_triton_call.")
   if wanted is not None:
     return wanted
   return None if found is None else found[2]
@@ -196,70 +178,52 @@ def check_traced(args: Sequence[Any], kernel_name: str) -> None:
           f"triton_call: {_describe_array(f'args[{i}]', x)} of kernel"
           f" {kernel_name!r} is sharded over mesh axes {sorted(axes)}"
           f" ({sizes}; its spec is {sharding.spec}) {where}, so XLA would"
-          f" have to gather it for the kernel.{_FIX_SHARDED}"
-      )
+          f" have to gather it for the kernel.{_FIX_SHARDED}")
 
 
 def check_lowering(ctx, spec) -> None:
-  """Lowering-time check that XLA will not partition the kernel call.
-
-  Raises:
-    DevicePlacementError: the call is lowered for several devices without
-      ``shard_map`` (XLA would replicate or all-gather its inputs), or inside
-      a ``shard_map`` whose automatic mesh axes could still split the shard.
-  """
+  """Lowering-time check that XLA will not partition the kernel call."""
   facts = _compat.lowering_axis_facts(ctx)
   name = spec.info.name
   arrays = [op.name for op in spec.operands if op.kind == "array"]
-  if spec.sharding_rule is not None:
-    _check_rule_lowering(facts, spec)
-  if facts.kind == "sharding" and facts.num_devices > 1:
+  over_devices = facts.kind == "sharding" and facts.num_devices > 1
+  split = ({a: n for a, n in facts.auto_axis_sizes.items() if n > 1}
+           if facts.kind == "spmd" else {})
+  if spec.sharding_rule is not None and (over_devices or split):
+    # A call with a rule lowered over devices it was not split for.
+    axes = (f"{facts.num_devices} devices{_device_list(facts.devices)}"
+            if over_devices else "automatic mesh axes " + ", ".join(
+                f"{a}={n}" for a, n in sorted(facts.auto_axis_sizes.items())))
+    raise _errors.AutoAxesError(
+        f"triton_call: kernel {name!r} with {spec.sharding_rule!r}"
+        f" is lowered under jax.jit for {axes}, but its operands' types named"
+        " no mesh when it was traced (the shardings were given only to"
+        " jax.jit), so it could not be split per shard. Use a mesh with"
+        " explicit axes, jax.make_mesh(shape, names,"
+        " axis_types=(jax.sharding.AxisType.Explicit,) * len(names)), and"
+        " jax.device_put the inputs onto it; or, on GPUs, trace under"
+        " jax.set_mesh(mesh) so that XLA partitions the call over automatic"
+        " axes (on the CPU, automatic axes are refused: the kernel is a host"
+        " callback, and one inside custom_partitioning crashes the process);"
+        " or call jt_dist.sharded_triton_call(..., mesh=mesh,"
+        " sharding_rule=rule).")
+  if over_devices:
     raise _errors.DevicePlacementError(
         f"triton_call: kernel {name!r} is lowered under jax.jit for"
         f" {facts.num_devices} devices{_device_list(facts.devices)} without"
         f" a shard_map around it. Its inputs ({', '.join(arrays)}) are laid"
         " out over several devices, and XLA cannot partition a Triton"
         " kernel: it would all-gather them and run the whole kernel on every"
-        f" device.{_FIX_SHARDED}"
-    )
-  if facts.kind == "spmd":
-    split = {a: n for a, n in facts.auto_axis_sizes.items() if n > 1}
-    if split:
-      sizes = ", ".join(f"{a}={n}" for a, n in sorted(split.items()))
-      raise _errors.DevicePlacementError(
-          f"triton_call: kernel {name!r} runs inside a shard_map that is"
-          f" manual over {sorted(facts.manual_axes)} only; mesh axes"
-          f" {sorted(split)} ({sizes}) stay automatic, so XLA could still"
-          " split each shard over them and would all-gather it for the"
-          " kernel. Make the shard_map manual over every mesh axis of size"
-          " > 1 (leave out axis_names=, or list those axes in it)."
-      )
-
-
-def _check_rule_lowering(facts, spec) -> None:
-  """A call with a rule lowered over devices it was not split for."""
-  if facts.kind == "sharding" and facts.num_devices > 1:
-    axes = f"{facts.num_devices} devices{_device_list(facts.devices)}"
-  elif facts.kind == "spmd" and any(
-      n > 1 for n in facts.auto_axis_sizes.values()):
-    axes = "automatic mesh axes " + ", ".join(
-        f"{a}={n}" for a, n in sorted(facts.auto_axis_sizes.items()))
-  else:
-    return
-  raise _errors.AutoAxesError(
-      f"triton_call: kernel {spec.info.name!r} with {spec.sharding_rule!r}"
-      f" is lowered under jax.jit for {axes}, but its operands' types named"
-      " no mesh when it was traced (the shardings were given only to"
-      " jax.jit), so it could not be split per shard. Use a mesh with"
-      " explicit axes, jax.make_mesh(shape, names,"
-      " axis_types=(jax.sharding.AxisType.Explicit,) * len(names)), and"
-      " jax.device_put the inputs onto it; or, on GPUs, trace under"
-      " jax.set_mesh(mesh) so that XLA partitions the call over automatic"
-      " axes (on the CPU, automatic axes are refused: the kernel is a host"
-      " callback, and one inside custom_partitioning crashes the process);"
-      " or call jt_dist.sharded_triton_call(..., mesh=mesh,"
-      " sharding_rule=rule)."
-  )
+        f" device.{_FIX_SHARDED}")
+  if split:
+    sizes = ", ".join(f"{a}={n}" for a, n in sorted(split.items()))
+    raise _errors.DevicePlacementError(
+        f"triton_call: kernel {name!r} runs inside a shard_map that is"
+        f" manual over {sorted(facts.manual_axes)} only; mesh axes"
+        f" {sorted(split)} ({sizes}) stay automatic, so XLA could still"
+        " split each shard over them and would all-gather it for the"
+        " kernel. Make the shard_map manual over every mesh axis of size"
+        " > 1 (leave out axis_names=, or list those axes in it).")
 
 
 def unify_varying_axes(arrays: Sequence[Any]) -> list[Any]:

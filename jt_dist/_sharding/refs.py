@@ -63,14 +63,8 @@ def has_refs(args) -> bool:
   return False
 
 
-def check(args, options: Any, rule: Any, where: str) -> None:
-  """Refuses what Ref arguments cannot be combined with.
-
-  Raises:
-    NotImplementedError: a view of a Ref (``ref.at[...]``), or a
-      ``sharding_rule``.
-    ValueError: ``input_output_aliases`` given too.
-  """
+def check(args, aliases: Any, rule: Any, where: str) -> None:
+  """Refuses what Ref arguments cannot be combined with."""
   leaves, names, _ = _leaves(args)
   for leaf, name in zip(leaves, names):
     if _compat.is_ref_view(leaf):
@@ -81,8 +75,6 @@ def check(args, options: Any, rule: Any, where: str) -> None:
           " (ref.at[...][...]) as an array and write the result back.")
   refs = ", ".join(n for leaf, n in zip(leaves, names)
                    if isinstance(leaf, jax.Ref))
-  aliases = (options.get("input_output_aliases")
-             if isinstance(options, dict) else options.input_output_aliases)
   if aliases:
     raise ValueError(
         f"{where}: input_output_aliases={aliases!r}"
@@ -132,11 +124,7 @@ def write(args, ref_leaves, updated, values) -> None:
 
 
 def top_level(args, where: str) -> list[int]:
-  """The argument indices of the Refs; refuses one inside a pytree.
-
-  Raises:
-    NotImplementedError: a Ref inside a tuple (or other pytree) argument.
-  """
+  """The argument indices of the Refs; refuses one inside a pytree."""
   leaves, names, _ = _leaves(args)
   nested = [n for leaf, n in zip(leaves, names)
             if isinstance(leaf, jax.Ref) and n.count("[") > 1]
@@ -149,12 +137,8 @@ def top_level(args, where: str) -> list[int]:
 
 
 def _check_varying(name: str, value, new) -> None:
-  """Refuses an update that would make a Ref's copies differ in a shard_map.
-
-  Raises:
-    jt_dist.ShardingSpecError: inside ``jax.shard_map``, the update varies
-      over a manual mesh axis that the Ref's value does not vary over.
-  """
+  """Refuses an update that would make a Ref's copies differ in a shard_map:
+  one varying over a manual mesh axis that the Ref's value does not."""
   extra = sorted(_compat.varying_axes(jax.typeof(new))
                  - _compat.varying_axes(jax.typeof(value)))
   if extra:

@@ -30,15 +30,13 @@ def _parse_group(text: str, where: str, rule: str) -> tuple[str, ...]:
       raise ValueError(
           f"ShardingRule({rule!r}): {where} has the factor {factor!r}; a factor"
           " is a name (letters, digits, '_'), and dimensions are separated by"
-          " spaces, operands by ',', e.g. 'i k, k j -> i j'."
-      )
+          " spaces, operands by ',', e.g. 'i k, k j -> i j'.")
   twice = sorted({f for f in factors if factors.count(f) > 1})
   if twice:
     raise ValueError(
         f"ShardingRule({rule!r}): {where} uses factors {twice} for more than"
         " one of its dimensions; a mesh axis can split only one dimension of"
-        " an array. Give each dimension its own factor."
-    )
+        " an array. Give each dimension its own factor.")
   return factors
 
 
@@ -46,13 +44,11 @@ def _parse(rule: str) -> tuple[tuple[tuple[str, ...], ...], ...]:
   if not isinstance(rule, str):
     raise TypeError(
         f"ShardingRule: the rule {rule!r} of type {type(rule).__name__} must"
-        " be a str such as 'i k, k j -> i j'."
-    )
+        " be a str such as 'i k, k j -> i j'.")
   if rule.count("->") != 1:
     raise ValueError(
         f"ShardingRule({rule!r}): the rule needs exactly one '->' between the"
-        " operands and the outputs, e.g. 'i k, k j -> i j'."
-    )
+        " operands and the outputs, e.g. 'i k, k j -> i j'.")
   lhs, rhs = rule.split("->")
   sides = []
   for side, text in (("operand", lhs), ("output", rhs)):
@@ -61,8 +57,7 @@ def _parse(rule: str) -> tuple[tuple[tuple[str, ...], ...], ...]:
       raise ValueError(
           f"ShardingRule({rule!r}): the rule names no {side}s; list one group"
           f" of factors per array {side}, e.g. 'i k, k j -> i j' (a 0-d"
-          " array gets an empty group between commas: 'i, -> i')."
-      )
+          " array gets an empty group between commas: 'i, -> i').")
     sides.append(tuple(
         _parse_group(g, f"{side} {k} ({g.strip()!r})", rule)
         for k, g in enumerate(groups)))
@@ -124,11 +119,10 @@ class ShardingRule:
     reductions = _check_reductions(rule, reductions, operands, outputs)
     whole = _check_whole(rule, whole, operands, outputs, reductions)
     _check_contracted(rule, operands, outputs, reductions, whole)
-    object.__setattr__(self, "rule", rule)
-    object.__setattr__(self, "operands", operands)
-    object.__setattr__(self, "outputs", outputs)
-    object.__setattr__(self, "reductions", tuple(reductions.items()))
-    object.__setattr__(self, "whole", whole)
+    for field, value in (("rule", rule), ("operands", operands),
+                         ("outputs", outputs), ("whole", whole),
+                         ("reductions", tuple(reductions.items()))):
+      object.__setattr__(self, field, value)
 
   def __repr__(self) -> str:
     extra = ""
@@ -170,8 +164,7 @@ class ShardingRule:
         raise _errors.ShardingSpecError(
             f"{self!r}: {name} has shape {shape} (rank {len(shape)}), but the"
             f" rule gives it {len(factors)} factors {list(factors)}. Give one"
-            " factor per dimension."
-        )
+            " factor per dimension.")
       for dim, (factor, size) in enumerate(zip(factors, shape)):
         where = f"{name} dimension {dim} (size {size})"
         if factor in sizes and sizes[factor][0] != size:
@@ -179,8 +172,7 @@ class ShardingRule:
               f"{self!r}: factor {factor!r} is {where}, but"
               f" {sizes[factor][1]}; the dimensions of one factor must have"
               " the same size. Fix the shapes, or give the dimensions"
-              " different factors."
-          )
+              " different factors.")
         sizes.setdefault(factor, (size, where))
     return {factor: size for factor, (size, _) in sizes.items()}
 
@@ -193,15 +185,11 @@ def _check_count(rule, what, expected, got, names) -> None:
         f"{rule!r}: the rule lists {expected} {what}, but the call has {got}"
         f" ({', '.join(names) or 'none'}). Give one group of factors per"
         f" array {what.split()[-1].rstrip('s')} (scalar arguments take"
-        f" none{leaves})."
-    )
+        f" none{leaves}).")
 
 
 def _all_factors(groups) -> list[str]:
-  seen = []
-  for group in groups:
-    seen.extend(f for f in group if f not in seen)
-  return seen
+  return list(dict.fromkeys(f for group in groups for f in group))
 
 
 def _check_reductions(rule, reductions, operands, outputs) -> dict[str, str]:
@@ -211,8 +199,7 @@ def _check_reductions(rule, reductions, operands, outputs) -> dict[str, str]:
     raise TypeError(
         f"ShardingRule({rule!r}): reductions={reductions!r} of type"
         f" {type(reductions).__name__} must map factor names to one of"
-        f" {list(REDUCTIONS)}, e.g. {{'k': 'sum'}}."
-    )
+        f" {list(REDUCTIONS)}, e.g. {{'k': 'sum'}}.")
   in_operands = set(_all_factors(operands))
   in_every_output = set.intersection(*(set(o) for o in outputs))
   checked = {}
@@ -220,19 +207,16 @@ def _check_reductions(rule, reductions, operands, outputs) -> dict[str, str]:
     if op not in REDUCTIONS:
       raise ValueError(
           f"ShardingRule({rule!r}): reductions[{factor!r}] = {op!r} is not a"
-          f" reduction jt_dist knows; use one of {list(REDUCTIONS)}."
-      )
+          f" reduction jt_dist knows; use one of {list(REDUCTIONS)}.")
     if factor not in in_operands:
       raise ValueError(
           f"ShardingRule({rule!r}): reductions names factor {factor!r}, which"
-          f" no operand has (operand factors: {_all_factors(operands)})."
-      )
+          f" no operand has (operand factors: {_all_factors(operands)}).")
     if factor in in_every_output:
       raise ValueError(
           f"ShardingRule({rule!r}): reductions names factor {factor!r}, but"
           " every output keeps it, so nothing is contracted over it. Drop it"
-          " from reductions."
-      )
+          " from reductions.")
     checked[factor] = op
   return checked
 
@@ -241,22 +225,19 @@ def _check_whole(rule, whole, operands, outputs, reductions) -> tuple[str, ...]:
   if isinstance(whole, str) or not all(isinstance(f, str) for f in whole):
     raise TypeError(
         f"ShardingRule({rule!r}): whole={whole!r} must be a tuple of factor"
-        " names, e.g. whole=('j',)."
-    )
+        " names, e.g. whole=('j',).")
   whole = tuple(whole)
   known = _all_factors(operands + outputs)
   for factor in whole:
     if factor not in known:
       raise ValueError(
           f"ShardingRule({rule!r}): whole names factor {factor!r}, which the"
-          f" rule does not have (its factors: {known})."
-      )
+          f" rule does not have (its factors: {known}).")
     if factor in reductions:
       raise ValueError(
           f"ShardingRule({rule!r}): factor {factor!r} is both whole and a"
           f" reduction ({reductions[factor]!r}); a whole factor is never"
-          " split, so it needs no reduction. Keep one of the two."
-      )
+          " split, so it needs no reduction. Keep one of the two.")
   return whole
 
 
@@ -264,15 +245,13 @@ def _check_contracted(rule, operands, outputs, reductions, whole) -> None:
   """A factor an output lacks must be declared, or it is summed silently."""
   for k, out in enumerate(outputs):
     for factor in _all_factors(operands):
-      if factor in out or factor in reductions or factor in whole:
-        continue
-      raise ValueError(
-          f"ShardingRule({rule!r}): factor {factor!r} of the operands is"
-          f" missing from output {k} ({' '.join(out) or 'no factors'}), so"
-          " each shard split along it would hold a partial result. Declare"
-          f" how partials combine, reductions={{{factor!r}: 'sum'}} (or"
-          f" 'max', 'min'), or keep it unsplit with whole=({factor!r},)."
-      )
+      if factor not in (*out, *reductions, *whole):
+        raise ValueError(
+            f"ShardingRule({rule!r}): factor {factor!r} of the operands is"
+            f" missing from output {k} ({' '.join(out) or 'no factors'}), so"
+            " each shard split along it would hold a partial result. Declare"
+            f" how partials combine, reductions={{{factor!r}: 'sum'}} (or"
+            f" 'max', 'min'), or keep it unsplit with whole=({factor!r},).")
 
 
 def check(rule: Any, where: str) -> ShardingRule:
@@ -281,6 +260,5 @@ def check(rule: Any, where: str) -> ShardingRule:
     raise TypeError(
         f"{where}: sharding_rule={rule!r} of type {type(rule).__name__} must"
         " be a jt_dist.ShardingRule, e.g. jt_dist.ShardingRule('i k, k j ->"
-        " i j', reductions={'k': 'sum'})."
-    )
+        " i j', reductions={'k': 'sum'}).")
   return rule

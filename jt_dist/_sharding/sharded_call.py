@@ -21,7 +21,7 @@ from jt_dist._core import shard_size as _shard_size
 from jt_dist._sharding import specs as _specs
 from jt_dist._sharding import varying as _varying
 
-def _is_spec_leaf(x: Any) -> bool:
+def is_spec_leaf(x: Any) -> bool:
   return x is None or isinstance(x, P)
 
 
@@ -29,13 +29,12 @@ def _out_specs_for(out_specs, out_tree, out_shapes, mesh) -> list[P]:
   if out_specs is None or isinstance(out_specs, P):
     specs = [out_specs] * len(out_shapes)
   else:
-    leaves, tree = jax.tree_util.tree_flatten(out_specs, is_leaf=_is_spec_leaf)
+    leaves, tree = jax.tree_util.tree_flatten(out_specs, is_leaf=is_spec_leaf)
     if tree != out_tree:
       raise _errors.ShardingSpecError(
           f"sharded_triton_call: out_specs {out_specs!r} must be one"
           " PartitionSpec for every output, or a pytree with the structure"
-          f" of out_shape ({out_tree}); got the structure {tree}."
-      )
+          f" of out_shape ({out_tree}); got the structure {tree}.")
     specs = leaves
   return [
       _specs.check_spec(f"output {k}", shape, spec, mesh)
@@ -49,9 +48,7 @@ def _is_reduction(x: Any) -> bool:
 
 def _reductions_for(out_reduce, out_tree, n_out, mesh) -> list:
   """One (collective, axes) pair or None per output."""
-  if out_reduce is None:
-    return [None] * n_out
-  if _is_reduction(out_reduce):
+  if out_reduce is None or _is_reduction(out_reduce):
     entries = [out_reduce] * n_out
   else:
     entries, tree = jax.tree_util.tree_flatten(
@@ -60,8 +57,7 @@ def _reductions_for(out_reduce, out_tree, n_out, mesh) -> list:
       raise _errors.ShardingSpecError(
           f"sharded_triton_call: out_reduce {out_reduce!r} must be one"
           " (op, axes) pair for every output, or a pytree with the structure"
-          f" of out_shape ({out_tree}) holding pairs or None."
-      )
+          f" of out_shape ({out_tree}) holding pairs or None.")
   return [_check_reduction(k, e, mesh) for k, e in enumerate(entries)]
 
 
@@ -73,15 +69,13 @@ def _check_reduction(k: int, entry, mesh):
   if op not in _specs.COLLECTIVES:
     raise ValueError(
         f"sharded_triton_call: out_reduce of output {k} is {entry!r}; the"
-        f" collective must be one of {sorted(_specs.COLLECTIVES)}."
-    )
+        f" collective must be one of {sorted(_specs.COLLECTIVES)}.")
   axes = (axes,) if isinstance(axes, str) else tuple(axes)
   unknown = [a for a in axes if a not in mesh.shape]
   if unknown or not axes:
     raise _errors.ShardingSpecError(
         f"sharded_triton_call: out_reduce of output {k} reduces over mesh"
-        f" axes {list(axes)}, but the mesh has axes {dict(mesh.shape)}."
-    )
+        f" axes {list(axes)}, but the mesh has axes {dict(mesh.shape)}.")
   return op, axes
 
 
@@ -157,8 +151,7 @@ def _by_rule(args, kernel, out_shapes, out_tree, grid, mesh, arg_specs, rule,
     raise _errors.ShardingSpecError(
         f"sharded_triton_call: got sharding_rule={rule!r} and {given}; the"
         " rule decides how outputs are split and reduced. Leave"
-        f" {' and '.join(given)} out, or drop sharding_rule."
-    )
+        f" {' and '.join(given)} out, or drop sharding_rule.")
   layout = _partition.Layout(mesh, tuple(arg_specs))
   return _partition.run(args, _local_call.shard_call, kernel, out_shapes,
                         out_tree, grid, rule, layout, kwargs,
@@ -169,13 +162,9 @@ def run(args, kernel, out_shape, grid, mesh, in_specs,
         out_specs, out_reduce, sharding_rule, kwargs, ref_args=()):
   """``sharded_triton_call`` on arrays; with ``ref_args``, also their updates.
 
-  Args:
-    args: the positional operands (keyword operands merged in; Refs'
-      values in place of the Refs at ``ref_args``).
-    kernel, out_shape, grid, mesh, in_specs, out_specs, out_reduce,
-      sharding_rule, kwargs: as ``sharded_triton_call`` was given them.
-    ref_args: argument indices whose arrays are Refs' values; the call
-      then returns ``(outputs, those arrays' new values)``.
+  ``args`` has keyword operands merged in, and Refs' values in place of the
+  Refs at ``ref_args``; the call then returns ``(outputs, their new
+  values)``.
   """
   out_shapes, out_tree = _binding.flatten_out_shape(
       out_shape, allow_empty=bool(ref_args))

@@ -55,8 +55,7 @@ def resolve_mesh(mesh: Any, args: Sequence[Any]):
           f"sharded_triton_call: mesh={mesh!r} of type"
           f" {type(mesh).__name__} is not a jax.sharding.Mesh. Make one with"
           " jax.make_mesh((n,), ('x',)), or leave mesh out to use the"
-          " arguments' or the ambient mesh."
-      )
+          " arguments' or the ambient mesh.")
     return mesh
   for x in args:
     if is_array(x) and mesh_of(x) is not None:
@@ -64,8 +63,13 @@ def resolve_mesh(mesh: Any, args: Sequence[Any]):
   if not any(isinstance(x, jax.core.Tracer) for x in args):
     # Eagerly, jax.set_mesh's concrete mesh: the arguments are laid out on
     # its devices by their in_specs (the abstract mesh places nothing).
-    concrete = concrete_ambient_mesh()
-    if concrete is not None:
+    # jax.sharding.get_mesh raises ValueError under jax.jit (a call whose
+    # arguments are all constants there has no tracer to say so).
+    try:
+      concrete = jax.sharding.get_mesh()
+    except (RuntimeError, ValueError):
+      concrete = None
+    if isinstance(concrete, jax.sharding.Mesh) and not concrete.empty:
       return concrete
   ambient = jax.sharding.get_abstract_mesh()
   if not ambient.empty:
@@ -73,24 +77,7 @@ def resolve_mesh(mesh: Any, args: Sequence[Any]):
   raise _errors.ShardingSpecError(
       "sharded_triton_call: no mesh to run on. Pass mesh=jax.make_mesh(...),"
       " put the inputs on a mesh with jax.device_put(x, NamedSharding(mesh,"
-      " spec)), or set an ambient mesh with jax.set_mesh(mesh)."
-  )
-
-
-def concrete_ambient_mesh():
-  """``jax.set_mesh``'s concrete mesh outside any trace, else None.
-
-  ``jax.sharding.get_mesh`` raises ValueError under ``jax.jit`` (a call
-  whose arguments are all constants there has no tracer to say so), where
-  only the abstract mesh is known.
-  """
-  try:
-    mesh = jax.sharding.get_mesh()
-  except (RuntimeError, ValueError):
-    return None
-  if isinstance(mesh, jax.sharding.Mesh) and not mesh.empty:
-    return mesh
-  return None
+      " spec)), or set an ambient mesh with jax.set_mesh(mesh).")
 
 
 def entry_axes(entry) -> tuple:
@@ -120,23 +107,13 @@ def spec_of(groups: Sequence[Sequence[str]]) -> P:
 
 
 def check_spec(where: str, shape: tuple, spec: Any, mesh) -> P:
-  """Checks one array's spec against its global shape and the mesh.
-
-  Returns:
-    The spec as a ``PartitionSpec``.
-
-  Raises:
-    ShardingSpecError: the spec is not a PartitionSpec, names an unknown
-      axis or one axis twice, is longer than the array's rank, or splits a
-      dimension that its axes do not divide.
-  """
+  """One array's spec (None for P()), checked against its shape and mesh."""
   if spec is None:
     spec = P()
   if not isinstance(spec, P):
     raise _errors.ShardingSpecError(
         f"sharded_triton_call: the spec of {where} is {spec!r} of type"
-        f" {type(spec).__name__}; pass a jax.sharding.PartitionSpec."
-    )
+        f" {type(spec).__name__}; pass a jax.sharding.PartitionSpec.")
   sizes = dict(mesh.shape)
   axes = spec_axes(spec)
   unknown = [a for a in axes if a not in sizes]
@@ -144,20 +121,17 @@ def check_spec(where: str, shape: tuple, spec: Any, mesh) -> P:
     raise _errors.ShardingSpecError(
         f"sharded_triton_call: the spec {spec} of {where} names mesh axes"
         f" {unknown}, but the mesh has axes {_sizes(sizes)}. Use the mesh's"
-        " axis names."
-    )
+        " axis names.")
   twice = sorted({a for a in axes if axes.count(a) > 1})
   if twice:
     raise _errors.ShardingSpecError(
         f"sharded_triton_call: the spec {spec} of {where} uses mesh axes"
-        f" {twice} more than once; an axis can split at most one dimension."
-    )
+        f" {twice} more than once; an axis can split at most one dimension.")
   if len(spec) > len(shape):
     raise _errors.ShardingSpecError(
         f"sharded_triton_call: the spec {spec} of {where} has {len(spec)}"
         f" entries, but the array has shape {shape} (rank {len(shape)}). Give"
-        " at most one entry per dimension."
-    )
+        " at most one entry per dimension.")
   for dim, entry in enumerate(spec):
     names = entry_axes(entry)
     total = math.prod(sizes[a] for a in names)
@@ -167,8 +141,7 @@ def check_spec(where: str, shape: tuple, spec: Any, mesh) -> P:
           f" which splits dimension {dim} (size {shape[dim]}) over mesh axes"
           f" {names} of total size {total} ({_sizes({a: sizes[a] for a in names})}),"
           f" but {shape[dim]} is not divisible by {total}. Pad dimension"
-          f" {dim} to a multiple of {total}, or split it over fewer axes."
-      )
+          f" {dim} to a multiple of {total}, or split it over fewer axes.")
   return spec
 
 
@@ -210,18 +183,8 @@ def in_specs_for(in_specs: Any, args: Sequence[Any], mesh) -> list[P]:
     specs = [infer_spec(flat.leaves[k], mesh) for k in arrays]
   else:
     specs = _given_specs(in_specs, args)
-  names = flat.names
-  return [
-      check_spec(names[k], tuple(flat.leaves[k].shape), spec, mesh)
-      for k, spec in zip(arrays, specs)
-  ]
-
-
-def _holds_array(arg: Any) -> bool:
-  if _pytree_args.is_tuple(arg):
-    return any(is_array(leaf)
-               for _, leaf in _pytree_args.leaves_with_paths(arg))
-  return is_array(arg)
+  return [check_spec(flat.names[k], tuple(flat.leaves[k].shape), spec, mesh)
+          for k, spec in zip(arrays, specs)]
 
 
 def _given_specs(in_specs: Any, args: Sequence[Any]) -> list:
@@ -230,10 +193,10 @@ def _given_specs(in_specs: Any, args: Sequence[Any]) -> list:
     raise _errors.ShardingSpecError(
         f"sharded_triton_call: in_specs={in_specs!r} of type"
         f" {type(in_specs).__name__} must be a PartitionSpec, or a tuple"
-        " of them with one per array argument."
-    )
+        " of them with one per array argument.")
   entries = [in_specs] if isinstance(in_specs, P) else list(in_specs)
-  takers = [i for i, a in enumerate(args) if _holds_array(a)]
+  takers = [i for i, a in enumerate(args) if any(
+      is_array(leaf) for _, leaf in _pytree_args.leaves_with_paths(a))]
   if len(entries) != len(takers):
     tuples = [i for i in takers if _pytree_args.is_tuple(args[i])]
     note = (f"; tuple operands args{tuples} take one entry each, a"
@@ -244,8 +207,7 @@ def _given_specs(in_specs: Any, args: Sequence[Any]) -> list:
         f" {len(takers)} array arguments (args{takers}); scalars take"
         f" no spec{note}. Pass one PartitionSpec per array argument, in"
         " order, or leave in_specs out to take them from the arguments'"
-        " shardings."
-    )
+        " shardings.")
   specs = []
   for i, entry in zip(takers, entries):
     specs.extend(_leaf_specs(args[i], entry, f"args[{i}]"))
@@ -262,8 +224,7 @@ def _leaf_specs(arg: Any, entry: Any, where: str) -> list:
     raise _errors.ShardingSpecError(
         f"sharded_triton_call: in_specs gives {where} = {arg!r}, a scalar,"
         f" the spec {entry!r}; a scalar is passed whole to every shard."
-        " Put None in its place."
-    )
+        " Put None in its place.")
   if entry is None or isinstance(entry, P):
     return [entry for _, leaf in _pytree_args.leaves_with_paths(arg)
             if is_array(leaf)]
@@ -272,8 +233,7 @@ def _leaf_specs(arg: Any, entry: Any, where: str) -> list:
         f"sharded_triton_call: the in_specs entry {entry!r} of {where}, a"
         f" tuple of {len(arg)} elements, must be one PartitionSpec for all"
         f" its arrays, or a tuple of {len(arg)} entries, one per element (a"
-        " PartitionSpec, None for a scalar, or a tuple for a nested tuple)."
-    )
+        " PartitionSpec, None for a scalar, or a tuple for a nested tuple).")
   specs = []
   for k, (item, sub) in enumerate(zip(arg, entry)):
     specs.extend(_leaf_specs(item, sub, f"{where}[{k}]"))
@@ -297,27 +257,17 @@ def place(x: Any, spec: P, mesh, equivalent_ok: bool = False):
     return x
   if not isinstance(mesh, jax.sharding.Mesh):
     return x
-  target = move_target(x, spec, mesh, equivalent_ok)
-  if target is None:
+  current = getattr(x, "sharding", None)
+  target = NamedSharding(mesh, spec)
+  if isinstance(current, NamedSharding) and current.mesh == mesh and (
+      trimmed(current.spec) == trimmed(spec)) or (
+          equivalent_ok and current is not None
+          and current.is_equivalent_to(target, x.ndim)):
     return x
   if (isinstance(x, jax.Array) and getattr(x, "committed", False)
       and not target.is_fully_addressable):
     _refuse_local_array(x, spec, mesh)
   return jax.device_put(x, target)
-
-
-def move_target(x: Any, spec: P, mesh,
-                equivalent_ok: bool = False) -> NamedSharding | None:
-  """Where ``place`` moves a concrete ``x``: None if it is laid out already."""
-  current = getattr(x, "sharding", None)
-  if isinstance(current, NamedSharding) and current.mesh == mesh and (
-      trimmed(current.spec) == trimmed(spec)):
-    return None
-  target = NamedSharding(mesh, spec)
-  if equivalent_ok and current is not None and current.is_equivalent_to(
-      target, x.ndim):
-    return None
-  return target
 
 
 def _refuse_local_array(x, spec, mesh):

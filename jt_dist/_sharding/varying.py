@@ -36,23 +36,14 @@ class Operand:
 
 @dataclasses.dataclass(frozen=True)
 class Outputs:
-  """What the check needs to know about a call's outputs.
+  """What the check needs to know about a call's outputs, one entry each."""
 
-  Attributes:
-    names: each output's pytree path, e.g. "out_shape" or "out_shape[1]".
-    shapes: each output's global shape.
-    specs: each output's checked spec.
-    given: whether the user passed ``out_specs``.
-    out_tree: the treedef of ``out_shape``.
-    reduced: each output's ``out_reduce`` as ``(op, axes)``, or None.
-  """
-
-  names: tuple[str, ...]
-  shapes: tuple[tuple, ...]
+  names: tuple[str, ...]  # Pytree paths, e.g. "out_shape[1]".
+  shapes: tuple[tuple, ...]  # Global shapes.
   specs: tuple[P, ...]
-  given: bool
+  given: bool  # Whether the user passed out_specs.
   out_tree: Any
-  reduced: tuple[tuple[str, tuple[str, ...]] | None, ...]
+  reduced: tuple[tuple[str, tuple[str, ...]] | None, ...]  # out_reduce.
 
 
 def output_names(out_tree) -> tuple[str, ...]:
@@ -67,10 +58,6 @@ def check(flat: Sequence[Any], outputs: Outputs,
   """Raises if an output varies over a mesh axis its spec does not name.
 
   ``flat`` are the shard's outputs (tracers), after any ``out_reduce``.
-
-  Raises:
-    ShardingSpecError: an output varies over a mesh axis that its
-      ``out_specs`` entry does not name.
   """
   # Only the axes this call's shard_map makes manual: inside a caller's
   # shard_map, an axis already manual there (the mesh is then the abstract
@@ -106,8 +93,7 @@ def _message(k: int, varying: list, missing: list, outputs: Outputs,
       f"sharded_triton_call: output {k} ({name}, global shape {shape}) varies"
       f" over mesh axes {varying} of mesh {dict(mesh.shape)}{why}, but {how},"
       f" which does not name {missing}. If each shard computes its own slice"
-      f" of the output, {slice_fix}. {_reduce_fix(outputs, k, missing)}"
-  )
+      f" of the output, {slice_fix}. {_reduce_fix(outputs, k, missing)}")
 
 
 def _reduce_fix(outputs: Outputs, k: int, missing: list) -> str:
@@ -154,14 +140,10 @@ def needed_spec(shape: tuple, varying: list, operands: Sequence[Operand],
   return _specs.spec_of(entries)
 
 
-class _Shown:
-  """A value whose repr is the text given, to show a pytree of specs."""
+class _Shown(str):
+  """A text whose repr is itself, to show a pytree of specs."""
 
-  def __init__(self, text: str):
-    self.text = text
-
-  def __repr__(self) -> str:
-    return self.text
+  __repr__ = str.__str__
 
 
 def _suggest_specs(outputs: Outputs, k: int, spec: P) -> str:

@@ -318,6 +318,25 @@ class VectorisedMatchesOneAtATimeTest(testing.TestCase):
     np.testing.assert_array_equal(vectorised[0], np.bincount(idx, minlength=16))
     self.assertRan(_histogram_with_first, VECTORISED)
 
+  @parameterized.parameters(True, False)
+  def test_tl_histogram(self, masked):
+    rows, n = 4, 40
+    idx = self.np_rng.integers(0, 8, size=(rows, n)).astype(np.int32)
+
+    def histogram(idx):
+      return jt_dist.triton_call(
+          idx, n, kernel=_block_histogram,
+          out_shape=_spec((rows, 8), jnp.int32), grid=(rows,), BLOCK=64,
+          BINS=8, MASKED=masked)
+
+    vectorised, stock = self.both(histogram, idx)
+    self.assertSame(vectorised, stock)
+    # Unmasked, the block's lanes past n load 0 and count in bin 0.
+    want = np.stack([np.bincount(r, minlength=8) for r in idx])
+    want[:, 0] += 0 if masked else 64 - n
+    np.testing.assert_array_equal(vectorised, want)
+    self.assertRan(_block_histogram, VECTORISED)
+
   def test_reductions_and_scans(self):
     x = self.random((5, 4, 8))
 
@@ -445,6 +464,20 @@ class VectorisedMatchesOneAtATimeTest(testing.TestCase):
       raise
     self.assertSame(vectorised, stock)
     self.assertRan(block_pointer_kernel, VECTORISED)
+
+
+@triton.jit
+def _block_histogram(idx_ptr, n, out_ptr, BLOCK: tl.constexpr,
+                     BINS: tl.constexpr, MASKED: tl.constexpr):
+  row = tl.program_id(0)
+  offsets = tl.arange(0, BLOCK)
+  inside = offsets < n
+  idx = tl.load(idx_ptr + row * n + offsets, mask=inside, other=0)
+  if MASKED:
+    counts = tl.histogram(idx, BINS, mask=inside)
+  else:
+    counts = tl.histogram(idx, BINS)
+  tl.store(out_ptr + row * BINS + tl.arange(0, BINS), counts)
 
 
 @triton.jit

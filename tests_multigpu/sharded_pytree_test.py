@@ -131,6 +131,20 @@ class ShardedTupleTest(testing.TestCase):
         in_specs=(((P("i"), None), P("i")),), out_specs=P("i"), BLOCK=_BLOCK)
     self.assertAllClose(out, np.float32(scale) * a + c, rtol=1e-5)
 
+  def test_nested_tuple_inferred_specs_stay_with_their_leaves(self):
+    # a is whole on every device and c split: with in_specs left out each
+    # leaf keeps its own spec, the nested tuple's included.
+    mesh = self._mesh()
+    a, c = self.random((_N,)), self.random((_N,))
+    scale = float(self.np_rng.uniform(1, 3))
+    out = jt_dist.sharded_triton_call(
+        ((jax.device_put(a, NamedSharding(mesh, P())), scale),
+         jax.device_put(c, NamedSharding(mesh, P("i")))), _N // 4,
+        kernel=nested_scale_kernel, out_shape=_struct(a.shape), grid=_grid,
+        out_specs=P("i"), BLOCK=_BLOCK)
+    self.assertAllClose(out, np.float32(scale) * np.tile(a[:_N // 4], 4) + c,
+                        rtol=1e-5)
+
   def test_contracted_leaf_with_out_reduce(self):
     # Columns split over i: each shard sums its columns; psum adds them.
     x, y = self.random((4, _N)), self.random((_N,))

@@ -174,20 +174,21 @@ def _placed(args, leaf_specs, mesh):
 
 
 def _per_argument(args, leaf_specs):
-  """Specs of array leaves as ``in_specs``: one entry per array argument."""
+  """Specs of array leaves as ``in_specs``: one entry per array argument.
+
+  A tuple operand's entry is a tuple with one entry per element, nested
+  as the operand is (None for a scalar).
+  """
   it = iter(leaf_specs)
-  out = []
-  for arg in args:
-    leaves = [leaf for leaf in jax.tree_util.tree_leaves(arg)
-              if _specs.is_array(leaf)]
-    if not leaves:
-      continue
+
+  def entry(arg):
     if _pytree_args.is_tuple(arg):
-      out.append(tuple(next(it) if _specs.is_array(leaf) else None
-                       for leaf in arg))
-    else:
-      out.append(next(it))
-  return tuple(out)
+      return tuple(entry(item) for item in arg)
+    return next(it) if _specs.is_array(arg) else None
+
+  return tuple(entry(arg) for arg in args
+               if any(_specs.is_array(leaf)
+                      for leaf in jax.tree_util.tree_leaves(arg)))
 
 
 def _hashable(x: Any) -> Any:

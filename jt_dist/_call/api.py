@@ -19,6 +19,8 @@ from jt_dist._core import types as _types
 from jt_dist._sharding import refs as _refs
 
 OPERAND = _kernel_call.OPERAND
+_CONCRETE = _kernel_call.CONCRETE
+_memo_get = _memo.triton_calls.get
 _SHAPE_DTYPE = jax.ShapeDtypeStruct
 _SCALARS = frozenset((int, bool, float))
 # A memo entry saying: key this call's scalars by their values.
@@ -200,11 +202,12 @@ def triton_call(*args: Any, kernel: Any, out_shape: Any = None, grid: Any,
         plain = (id(kernel), out_shape.shape, out_shape.dtype,
                  out_shape.weak_type, out_shape.sharding, grid,
                  *kwargs.items(), kinds, arg_types, scalars)
-        call = _memo.triton_calls.get(plain)
-        if call is not None and call.made_for(kernel):
+        call = _memo_get(plain)
+        # The memo holds the call, and so the kernel: its id is unique.
+        if call is not None and call.fresh():
           operands = (args if call.passed_all
                       else tuple(itertools.compress(args, call.passed)))
-          if call.direct and _kernel_call.CONCRETE.issuperset(arg_types):
+          if call.direct and _CONCRETE.issuperset(arg_types):
             # Concrete operands and nothing to add: jax's dispatch alone.
             try:
               return call._jitted(*operands)  # pylint: disable=protected-access

@@ -112,8 +112,11 @@ class KernelCall:
 
   def made_for(self, kernel: Any) -> bool:
     """Whether this call is ``kernel``'s, made for its current source."""
-    return kernel is self.kernel and getattr(self._fn, "src",
-                                             None) is self._src
+    return kernel is self.kernel and self.fresh()
+
+  def fresh(self) -> bool:
+    """Whether the kernel's source is still the one the call was made for."""
+    return getattr(self._fn, "src", None) is self._src
 
   def _runtime_slots(self) -> dict[int, np.dtype]:
     """Position -> dtype of the scalars that can come at call time, or {}.

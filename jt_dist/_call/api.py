@@ -25,6 +25,12 @@ _SHAPE_DTYPE = jax.ShapeDtypeStruct
 _SCALARS = frozenset((int, bool, float))
 # A memo entry saying: key this call's scalars by their values.
 _BY_VALUE = object()
+# Argument types passed at call time; grows by the classes of concrete
+# jax.Arrays (jaxlib's ArrayImpl) as they are met.
+_OPERAND_TYPES = {np.ndarray, _tensordesc.TensorDescriptor,
+                  _runtime_scalar.RuntimeScalar}
+# Those and the Python scalars: the argument types of a plain call.
+_PLAIN_ARGUMENTS = _OPERAND_TYPES | _SCALARS
 
 
 class _FirstValues:
@@ -40,10 +46,6 @@ class _FirstValues:
 
   def __init__(self, key):
     self.key = key
-# Argument types passed at call time; grows by the classes of concrete
-# jax.Arrays (jaxlib's ArrayImpl) as they are met.
-_OPERAND_TYPES = {np.ndarray, _tensordesc.TensorDescriptor,
-                  _runtime_scalar.RuntimeScalar}
 
 
 def triton_call(*args: Any, kernel: Any, out_shape: Any = None, grid: Any,
@@ -254,11 +256,10 @@ def _plain_scalars(args, arg_types):
   call is filed under it only where it takes its floats at run time or
   none of them is a zero or a NaN (``_first_call``).
   """
-  others = frozenset(arg_types) - _SCALARS
-  if not _OPERAND_TYPES.issuperset(others):
+  if not _PLAIN_ARGUMENTS.issuperset(arg_types):
     for a in args:
       _is_operand(a)  # Learns the classes of concrete jax.Arrays.
-    if not _OPERAND_TYPES.issuperset(others):
+    if not _PLAIN_ARGUMENTS.issuperset(arg_types):
       return None
   return tuple(itertools.compress(args, map(_SCALARS.__contains__, arg_types)))
 
@@ -270,6 +271,7 @@ def _is_operand(arg: Any) -> bool:
   if isinstance(arg, jax.Array):
     if not isinstance(arg, jax.core.Tracer):
       _OPERAND_TYPES.add(kind)
+      _PLAIN_ARGUMENTS.add(kind)
     return True
   if kind is tuple:
     return bool(arg) and all(_is_operand(a) for a in arg)

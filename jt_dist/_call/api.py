@@ -189,33 +189,33 @@ def triton_call(*args: Any, kernel: Any, out_shape: Any = None, grid: Any,
       automatic mesh axes on the CPU, or its shardings were given only to
       ``jax.jit``.
   """
-  arg_types = tuple(map(type, args))
   plain = None
   # The commonest call, keyed without a Python loop: one ShapeDtypeStruct
-  # out, a grid of ints, metaparams of PLAIN types, arrays and scalars.
+  # out and a grid tuple; the types of the arguments, metaparams and grid,
+  # and the values of the metaparams and the positional Python scalars.
+  # Only calls whose key tells their values apart exactly are filed under
+  # it (_first_call), and a key holds its types: a lookup needs no checks.
   if type(out_shape) is _SHAPE_DTYPE and type(grid) is tuple:  # pylint: disable=unidiomatic-typecheck
-    kinds = (*map(type, kwargs.values()), *map(type, grid))
-    if _exact.PLAIN.issuperset(kinds):
-      scalars = (() if _OPERAND_TYPES.issuperset(arg_types)
-                 else _plain_scalars(args, arg_types))
-      if scalars is not None:
-        # The metaparams' items, then their and the grid's types: the
-        # items are pairs, so no two calls' keys run into each other.
-        plain = (id(kernel), out_shape.shape, out_shape.dtype,
-                 out_shape.weak_type, out_shape.sharding, grid,
-                 *kwargs.items(), kinds, arg_types, scalars)
-        call = _memo_get(plain)
-        # The memo holds the call, and so the kernel: its id is unique.
-        if call is not None and call.fresh():
-          operands = (args if call.passed_all
-                      else tuple(itertools.compress(args, call.passed)))
-          if call.direct and _CONCRETE.issuperset(arg_types):
-            # Concrete operands and nothing to add: jax's dispatch alone.
-            try:
-              return call._jitted(*operands)  # pylint: disable=protected-access
-            except Exception as e:  # pylint: disable=broad-except
-              _kernel_call.raise_failure(e, args, call)
-          return call(*operands)
+    types = tuple(map(type, (*args, *kwargs.values(), *grid)))
+    try:
+      plain = (id(kernel), out_shape.shape, out_shape.dtype,
+               out_shape.weak_type, out_shape.sharding, grid, types,
+               *kwargs.items(),
+               *itertools.compress(args, map(_SCALARS.__contains__, types)))
+      call = _memo_get(plain)
+    except TypeError:  # An unhashable metaparam (an array by keyword).
+      plain = call = None
+    # The memo holds the call, and so the kernel: its id is unique.
+    if call is not None and call.fresh():
+      operands = (args if call.passed_all
+                  else tuple(itertools.compress(args, call.passed)))
+      if call.direct and _CONCRETE.issuperset(types):
+        # Concrete operands and nothing to add: jax's dispatch alone.
+        try:
+          return call._jitted(*operands)  # pylint: disable=protected-access
+        except Exception as e:  # pylint: disable=broad-except
+          _kernel_call.raise_failure(e, args, call)
+      return call(*operands)
   # A scalar's value may come at run time: keyed by its type.
   runtime = not callable(grid)
   type_key = None
@@ -247,21 +247,17 @@ def triton_call(*args: Any, kernel: Any, out_shape: Any = None, grid: Any,
   return call(*itertools.compress(args, call.passed))
 
 
-def _plain_scalars(args, arg_types):
-  """The Python scalars among ``args``, for the plain key; or None.
+def _plain_types(args, kwargs, grid) -> bool:
+  """Whether a call's plain key holds all it is keyed by.
 
-  None where an argument is neither an operand nor a Python scalar. The
-  plain key holds the scalars by value with their types: the exact key
-  (``jt_dist._core.exact``) of each but a float, as ``-0.0 == 0.0``; so a
-  call is filed under it only where it takes its floats at run time or
-  none of them is a zero or a NaN (``_first_call``).
+  Arrays and tensor descriptors (by type) and Python scalars among the
+  arguments; metaparams and grid values of types whose equality is
+  Triton's (``jt_dist._core.exact.PLAIN``).
   """
-  if not _PLAIN_ARGUMENTS.issuperset(arg_types):
-    for a in args:
-      _is_operand(a)  # Learns the classes of concrete jax.Arrays.
-    if not _PLAIN_ARGUMENTS.issuperset(arg_types):
-      return None
-  return tuple(itertools.compress(args, map(_SCALARS.__contains__, arg_types)))
+  for a in args:
+    _is_operand(a)  # Learns the classes of concrete jax.Arrays.
+  return (_PLAIN_ARGUMENTS.issuperset(map(type, args))
+          and _exact.PLAIN.issuperset(map(type, (*kwargs.values(), *grid))))
 
 
 def _is_operand(arg: Any) -> bool:
@@ -305,9 +301,10 @@ def _first_call(args, kernel, out_shape, grid, kwargs, key, runtime, plain,
 
   Array operands given by keyword make ``key`` None (unhashable); the call
   is keyed again once they have joined the positional operands (and their
-  scalars by value). The call is filed under ``plain`` too, if not None
-  (``_plain_scalars``), where that key tells its floats apart: they come
-  at run time, or none is a zero (``-0.0 == 0.0``) or a NaN. ``type_key``,
+  scalars by value). The call is filed under ``plain`` too, if not None,
+  where that key holds all the call is keyed by (``_plain_types``) and
+  tells its floats apart: they come at run time, or none is a zero
+  (``-0.0 == 0.0``) or a NaN. ``type_key``,
   if not None, is the key of the scalars' types, whose first values these
   are.
   """
@@ -334,8 +331,9 @@ def _first_call(args, kernel, out_shape, grid, kwargs, key, runtime, plain,
     _memo.triton_calls.put(type_key, _FirstValues(key))
   # Equal floats are the same kernel argument but for zeros' signs, and
   # a NaN equals nothing: such a value compiled in is keyed exactly.
-  if plain is not None and all(call.passed[i] or 0.0 != args[i] == args[i]
-                               for i in scalars if type(args[i]) is float):  # pylint: disable=unidiomatic-typecheck
+  if plain is not None and _plain_types(args, kwargs, grid) and all(
+      call.passed[i] or 0.0 != args[i] == args[i]
+      for i in scalars if type(args[i]) is float):  # pylint: disable=unidiomatic-typecheck
     _memo.triton_calls.put(plain, call)
     if not any(call.passed[i] for i in scalars):
       key = None  # The plain key holds each scalar's value, as key would.

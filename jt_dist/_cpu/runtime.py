@@ -1,17 +1,15 @@
 """Driving Triton's interpreter on host buffers, as a compiled kernel runs.
 
-Triton's interpreter runs a kernel's Python source one program instance at a
-time on NumPy data, but upstream it expects torch tensors, refuses
-``@triton.jit`` helpers outside ``TRITON_INTERPRET=1``, and mishandles
-bfloat16 (it keeps bf16 as raw uint16 bits). Everything here runs only
-inside one launch, under ``_interpret``'s lock, and restores what it
-patched before returning: nothing is changed at import time.
+Upstream, the interpreter expects torch tensors, refuses ``@triton.jit``
+helpers outside ``TRITON_INTERPRET=1`` and computes on narrow floats' bits.
+Every patch here lasts one launch, under the interpreter lock.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
+import re
 import weakref
 
 import numpy as np
@@ -27,7 +25,6 @@ from jt_dist._cpu import bfloat16 as _bfloat16
 from jt_dist._cpu import bounds as _bounds
 from jt_dist._cpu import float8 as _float8
 from jt_dist._cpu import host_memory as _host_memory
-from jt_dist._cpu import math_dtypes as _math_dtypes
 from jt_dist._cpu import reductions as _reductions
 from jt_dist._cpu import vector_lang as _vector_lang
 from jt_dist._cpu import vector_launch as _vector_launch
@@ -37,8 +34,7 @@ InterpretedFunction = _interpreter.InterpretedFunction
 
 
 class _HostBufferExecutor(_interpreter.GridExecutor):
-  """Triton's grid executor, fed host buffers instead of torch tensors:
-  upstream's copies of device tensors to the host and back are identities."""
+  """Triton's grid executor on host buffers: no copies to and from torch."""
 
   def _init_args_hst(self, args_dev, kwargs):
     return list(args_dev), dict(kwargs)
@@ -47,9 +43,8 @@ class _HostBufferExecutor(_interpreter.GridExecutor):
     del args_dev, args_hst, kwargs, kwargs_hst
 
 
-# Python function -> its InterpretedFunction. Making one reads the
-# function's signature and sets up an AST rewriter, about a hundredth of a
-# tiny launch, and a kernel's helpers are made again at every call of them.
+# Python function -> its InterpretedFunction: making one costs about a
+# hundredth of a tiny launch, and helpers are made again at every call.
 _INTERPRETED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
@@ -64,21 +59,11 @@ def run(python_fn, grid: tuple[int, int, int], args, kwargs, checker=None,
         debug: bool = False):
   """Runs ``python_fn`` over ``grid`` through Triton's interpreter.
 
-  The caller must hold the interpreter lock: the interpreter patches
-  ``triton.language`` globally for the duration of the launch. ``args``
-  pass pointers as ``data_ptr`` objects, at the tagged addresses of
-  ``checker`` (a ``bounds.MemoryChecker``; None runs unchecked on real
-  addresses); ``kwargs`` are constexprs; ``debug`` turns on
-  ``tl.device_assert``.
-
-  Raises:
-    OutOfBoundsAccessError, UnwrittenOutputReadError: the checker refused an
-      access (unwrapped from the interpreter's InterpreterError).
-    KernelAssertionError: a ``tl.device_assert`` (with ``debug``) or a
-      ``tl.static_assert`` failed.
-    KernelTypeError: the kernel computes on float8 values, applies a math
-      function to operands it does not take, or converts a pointer or float
-      to an int (a loop bound, step or index).
+  The caller holds the interpreter lock. ``args`` pass pointers as
+  ``data_ptr`` objects, at the tagged addresses of ``checker`` (a
+  ``bounds.MemoryChecker``; None runs unchecked on real addresses);
+  ``kwargs`` are constexprs. A kernel fault (jt_dist's own errors) leaves
+  unwrapped from the interpreter's ``InterpreterError``.
   """
   interpreted = _interpreted(python_fn)
   executor = _HostBufferExecutor(interpreted.rewrite(),
@@ -89,7 +74,7 @@ def run(python_fn, grid: tuple[int, int, int], args, kwargs, checker=None,
   except _compat.InterpreterError as e:
     if isinstance(e.__cause__, _KERNEL_FAULTS):
       raise e.__cause__ from None
-    refused = _math_dtypes.refusal(e.__cause__, python_fn.__name__)
+    refused = _math_refusal(e.__cause__, python_fn.__name__)
     if refused is not None:
       raise refused from None
     raise
@@ -99,6 +84,37 @@ _KERNEL_FAULTS = (_errors.OutOfBoundsAccessError,
                   _errors.UnwrittenOutputReadError,
                   _errors.KernelAssertionError,
                   _errors.KernelTypeError)
+
+
+# "Expected dtype ['fp32', 'fp64'] but got bf16", from Triton's
+# ``math._check_dtype``.
+_MATH_DTYPE_MESSAGE = re.compile(
+    r"Expected dtype \[(?P<accepted>[^\]]*)\] but got (?P<got>\w+)")
+# Language names of Triton's type names, for the suggested cast.
+_LANGUAGE_NAMES = {"fp16": "float16", "fp32": "float32", "fp64": "float64",
+                   "bf16": "bfloat16"}
+
+
+def _math_refusal(error, kernel: str) -> _errors.KernelTypeError | None:
+  """The ``KernelTypeError`` for a math function's dtype refusal (``tl.exp``
+  on bf16, say; ``tl.sigmoid`` is refused as ``tl.exp``), or None where
+  ``error``, the ``InterpreterError``'s cause, is none. Read only when a
+  launch fails, so that launches pay nothing for it."""
+  found = (_MATH_DTYPE_MESSAGE.fullmatch(str(error))
+           if isinstance(error, ValueError) else None)
+  name = None if found is None else _interpreter.dtype_refusing_function(
+      error.__traceback__)
+  if name is None:
+    return None
+  accepted = re.findall(r"'(\w+)'", found["accepted"])
+  first = _LANGUAGE_NAMES.get(accepted[0], accepted[0]) if accepted else ""
+  return _errors.KernelTypeError(
+      f"triton_call: kernel {kernel!r}, program id"
+      f" {_interpreter.program_id()}: tl.{name} on {found['got']}"
+      f" operands. It takes {' or '.join(accepted)} operands only, and"
+      f" compiling it for a GPU fails too (\"{found.group(0)}\"). Cast"
+      f" the operands first, e.g. `x.to(tl.{first})`, and the result back"
+      " with `.to(...)` where a narrower one is wanted.")
 
 
 def _checked_memory(checker):

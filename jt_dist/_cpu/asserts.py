@@ -24,12 +24,9 @@ from jt_dist._cpu import bounds as _bounds
 
 
 def _launch_options(options, debug: bool):
-  """The builder's options for one launch.
-
-  Without ``debug`` the integer-overflow check (``sanitize_overflow``) ends
-  in a no-op device assert: dead int64 work on every int32 ``+``, ``-`` and
-  ``*``, which compiled kernels drop too.
-  """
+  """The builder's options for one launch: without ``debug`` no overflow
+  check (``sanitize_overflow`` ends in a no-op device assert, dead work on
+  every int32 ``+``, ``-`` and ``*``; compiled kernels drop it too)."""
   changes = {"debug": debug}
   if not debug and getattr(options, "sanitize_overflow", False):
     changes["sanitize_overflow"] = False
@@ -56,10 +53,8 @@ def _static_assert_location(caller) -> str:
 
 @contextlib.contextmanager
 def kernel_asserts(kernel: str, debug: bool):
-  """Turns device asserts on with the call's ``debug`` and names failures.
-
-  Enter inside ``_interpreter.language_patched()``, whose ``static_assert``
-  this one replaces.
+  """Turns device asserts on with ``debug`` and names failures; enter inside
+  ``_interpreter.language_patched()``, whose ``static_assert`` this replaces.
   """
   builder = _interpreter.builder()
 

@@ -83,11 +83,8 @@ def _dot(original):
 
 
 def _on_values(original, typed_by_last=False):
-  """``binary_op``, ``unary_op`` or ``ternary_op`` on bf16 values.
-
-  A select (np.where) moves bits unchanged. The result is bf16 (int1 for a
-  comparison), or ``typed_by_last`` the last operand's type.
-  """
+  """``binary_op``, ``unary_op`` or ``ternary_op`` on bf16 values (a select
+  moves bits), typed bf16, int1 or ``typed_by_last`` the last operand's."""
   def method(self, *args):
     *handles, op = args
     if op is np.where or not _any_bf16(*handles):

@@ -77,10 +77,9 @@ def ensure_registered() -> bool:
 def add_call(fn, in_avals, out_avals, module_context) -> int:
   """Records ``fn`` for one custom call; returns its index attribute.
 
-  A module host callback, as JAX's buffer callback is, so jaxlib keeps it
-  alive with the executable (a plain keepalive was lost in an eager sharded
-  call on jax 0.12). The index is in the module, so a persistent-cache hit
-  runs the record this process made while lowering it.
+  A host callback of the module, as JAX's buffer callback is, so jaxlib
+  keeps it with the executable, also one from the persistent cache (a plain
+  keepalive was lost in an eager sharded call on jax 0.12).
   """
   call = _HostCall(fn, in_avals, out_avals)
   module_context.add_host_callback(call)
@@ -110,25 +109,20 @@ def _handle(frame_pointer):
   except BaseException:  # pylint: disable=broad-except
     return None  # Nothing readable to report through.
   try:
-    _execute(frame)
+    index = _index_attribute(frame.attrs)
+    call = _CALLS.get(index)
+    if call is None:
+      raise RuntimeError(
+          f"jt_dist: no CPU kernel for custom call index {index}: the"
+          " executable was not lowered in this process (a deserialized CPU"
+          " executable cannot run a triton_call); lower it again.")
+    call.fn(_views(frame.args, call.in_avals, "operand"),
+            _views(frame.rets, call.out_avals, "result"))
     return None
   except BaseException as e:  # pylint: disable=broad-except
     # An exception leaving a ctypes callback would read as success to XLA.
     text = "".join(traceback.format_exception_only(type(e), e)).strip()
     return _ffi.make_error(frame.api, text)
-
-
-def _execute(frame) -> None:
-  index = _index_attribute(frame.attrs)
-  call = _CALLS.get(index)
-  if call is None:
-    raise RuntimeError(
-        f"jt_dist: no CPU kernel for custom call index {index}: the"
-        " executable was not lowered in this process (a deserialized CPU"
-        " executable cannot run a triton_call); lower it again.")
-  inputs = _views(frame.args, call.in_avals, "operand")
-  outputs = _views(frame.rets, call.out_avals, "result")
-  call.fn(inputs, outputs)
 
 
 def _index_attribute(attrs) -> int:

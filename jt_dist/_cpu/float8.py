@@ -96,10 +96,8 @@ def _narrowing_conversion(src, dst_type):
 
 
 def _constants() -> dict:
-  """Builder constructors of float8 constants, by name, on values.
-
-  Triton 3.6's interpreter has none; 3.9's truncates a float32 constant.
-  """
+  """Builder constructors of float8 constants, on values (Triton 3.6's
+  interpreter has none; 3.9's truncates a float32 constant)."""
   def constant(scalar):
     def get(self, value):
       del self
@@ -125,11 +123,8 @@ def _values(handle):
 
 
 def _widening_conversion(src, dst_type):
-  """float8 ``src`` converted exactly to a wider float type, or None.
-
-  Upstream converts the bits: float8_e4m3fn's NaN comes out as 480, and
-  float8_e5m2's subnormals as float16 zeros.
-  """
+  """float8 ``src`` converted exactly to a wider float type, or None
+  (upstream converts the bits: float8_e4m3fn's NaN comes out as 480)."""
   values = _values(src)
   dst = dst_type.scalar
   if values is None or dst.name not in _FLOAT_SOURCES:

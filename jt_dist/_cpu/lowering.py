@@ -14,7 +14,6 @@ from __future__ import annotations
 import functools
 import json
 import logging
-import os
 import traceback
 import warnings
 
@@ -40,9 +39,8 @@ from jt_dist._sharding import lowering_rule as _lowering_rule
 
 logger = logging.getLogger("jt_dist")
 
-# Triton's interpreter patches triton.language module-wide during a launch,
-# so two launches must never overlap, whichever devices they belong to, nor
-# overlap a GPU compile (which reads the module): one lock for both.
+# The interpreter patches triton.language module-wide during a launch, so
+# launches must not overlap each other or a GPU compile: one lock for all.
 _INTERPRETER_LOCK = _compat.LANGUAGE_LOCK
 _logged_kernels: set[str] = set()
 # Kernels already warned of outputs they left unwritten.
@@ -118,14 +116,14 @@ def _kernel_args(spec, buffers, checker):
     if op.kind in ("array", "output"):
       k, buffer = next(pointers)
       address = None if checker is None else checker.tagged_address(k)
-      if op.type.startswith("tensordesc"):
-        # A host TMA descriptor: Triton's own, over the (tagged) buffer, so
-        # the interpreter's descriptor accesses are checked like any other.
-        pointer = _HostPointer(buffer.array,
-                               _types.pointer_type(op.value.dtype), address)
-        args.append(_compat.interpreter_descriptor(pointer, op.value))
+      if not op.type.startswith("tensordesc"):
+        args.append(_HostPointer(buffer.array, op.type, address))
         continue
-      args.append(_HostPointer(buffer.array, op.type, address))
+      # A host TMA descriptor: Triton's own, over the (tagged) buffer, so
+      # the interpreter's descriptor accesses are checked like any other.
+      pointer = _HostPointer(buffer.array, _types.pointer_type(op.value.dtype),
+                             address)
+      args.append(_compat.interpreter_descriptor(pointer, op.value))
     else:
       args.append(_interpreter_runtime.interpreter_scalar(op.value, op.type))
   return args
@@ -142,9 +140,7 @@ def run_on_host(spec, *arrays):
 def _fill_buffers(spec, ctx, outputs, *inputs):
   """The buffer-callback route: the kernel writes XLA's output buffers.
 
-  Inputs are copied: a kernel storing through an input pointer must not
-  change an XLA buffer that may be the caller's array.
-  """
+  Inputs are copied: a store through one must not change the caller's."""
   del ctx
   _launch_filed(spec, [np.array(np.asarray(b), order="C") for b in inputs],
                 [np.asarray(b) for b in outputs])
@@ -159,11 +155,9 @@ def _launch_filed(spec, inputs, outputs):
 
 
 def _in_parameter_order(spec, args, kwargs):
-  """Positional arguments up to the last operand, constexprs in their place.
-
-  Triton's interpreter binds a constexpr declared between operands by
-  position. The leaves of a tuple parameter are passed as that tuple.
-  """
+  """Positional arguments up to the last operand, constexprs in their place
+  (the interpreter binds them by position), a tuple parameter's leaves as
+  that tuple."""
   leaves = {}
   for op, arg in zip(spec.operands, args):
     leaves.setdefault(op.name, []).append((op.path, arg))
@@ -238,16 +232,13 @@ def _name_the_kernel(error, spec) -> None:
 def _host_call(*arrays, spec, platform):
   result_shapes = [jax.ShapeDtypeStruct(s, d) for s, d in spec.out_shapes]
   buffer_callback = _compat.host_buffer_callback()
+  # A call with side effects is kept by XLA when its results are unused.
   if platform == "cpu" and buffer_callback is not None:
-    # has_side_effect marks the custom call so that XLA keeps it when its
-    # results are unused.
     return buffer_callback(functools.partial(_fill_buffers, spec),
                            result_shapes,
                            has_side_effect=spec.has_side_effect)(*arrays)
   callback = functools.partial(run_on_host, spec)
   if spec.has_side_effect:
-    # An io_callback's custom call is marked as having side effects, so XLA
-    # keeps it when its results are unused.
     return io_callback(callback, result_shapes, *arrays, ordered=False)
   return jax.pure_callback(callback, result_shapes, *arrays)
 
@@ -307,7 +298,7 @@ def _check_supported(spec) -> None:
 
 def _own_target_call(ctx, *args, spec):
   """A CPU call with a ``cost_estimate``: jt_dist's own FFI target, which
-  runs what the buffer callback runs and carries ``cost_estimate_json``."""
+  carries ``cost_estimate_json``."""
   index = _ffi_target.add_call(
       lambda inputs, outputs: _fill_buffers(spec, None, outputs, *inputs),
       ctx.avals_in, ctx.avals_out, ctx.module_context)

@@ -29,9 +29,6 @@ from jt_dist._cpu import reductions as _reductions
 from jt_dist._cpu import vector_lang as _vector_lang
 from jt_dist._cpu import vector_launch as _vector_launch
 
-JITFunction = _compat.JITFunction
-InterpretedFunction = _interpreter.InterpretedFunction
-
 
 class _HostBufferExecutor(_interpreter.GridExecutor):
   """Triton's grid executor on host buffers: no copies to and from torch."""
@@ -51,7 +48,8 @@ _INTERPRETED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 def _interpreted(python_fn):
   found = _INTERPRETED.get(python_fn)
   if found is None:
-    found = _INTERPRETED[python_fn] = InterpretedFunction(python_fn)
+    found = _INTERPRETED[python_fn] = _interpreter.InterpretedFunction(
+        python_fn)
   return found
 
 
@@ -59,11 +57,9 @@ def run(python_fn, grid: tuple[int, int, int], args, kwargs, checker=None,
         debug: bool = False):
   """Runs ``python_fn`` over ``grid`` through Triton's interpreter.
 
-  The caller holds the interpreter lock. ``args`` pass pointers as
-  ``data_ptr`` objects, at the tagged addresses of ``checker`` (a
-  ``bounds.MemoryChecker``; None runs unchecked on real addresses);
-  ``kwargs`` are constexprs. A kernel fault (jt_dist's own errors) leaves
-  unwrapped from the interpreter's ``InterpreterError``.
+  The caller holds the interpreter lock. Pointers in ``args`` are at the
+  tagged addresses of ``checker`` (None: unchecked, real addresses). A
+  kernel fault leaves unwrapped from the interpreter's ``InterpreterError``.
   """
   interpreted = _interpreted(python_fn)
   executor = _HostBufferExecutor(interpreted.rewrite(),
@@ -132,11 +128,10 @@ def _checked_memory(checker):
 
 
 def _run_patched(executor, args, kwargs, checker, python_fn, debug):
-  # All programs at once where the kernel allows; otherwise (memory
-  # restored) one at a time, as Triton's interpreter runs them.
+  # All programs at once where the kernel allows (not with tuple operands:
+  # the vectorised launch journals top-level pointers only); otherwise
+  # (memory restored) one at a time, as Triton's interpreter runs them.
   patched = functools.partial(_patched_language, python_fn.__name__, debug)
-  # Tuple operands run one program at a time: the vectorised launch keys
-  # and journals its pointers at the top level only.
   if (not any(isinstance(a, tuple) for a in args)
       and _vector_launch.run(executor, args, kwargs, checker, patched,
                              python_fn)):
@@ -147,61 +142,41 @@ def _run_patched(executor, args, kwargs, checker, python_fn, debug):
 
 @contextlib.contextmanager
 def _patched_language(kernel: str, debug: bool):
-  """``triton.language`` and the interpreter as jt_dist runs a launch."""
-  # Both language modules, not only those the kernel's globals name (usually
-  # `tl`): library helpers such as tl.zeros are @triton.jit functions that
-  # call builtins through `triton.language.core`. jt_dist's own replacements
-  # of language functions are entered after, so that they win; the builder's
-  # backports before the bf16 and float8 patches, which wrap them.
-  with _helpers_run_interpreted(), _interpreter.builder_backported(), \
-      _bfloat16.bfloat16_like_compiled(), \
-      _float8.float8_like_compiled(kernel), _atomics.float_atomics_on_values(), \
-      _interpreter.language_patched(), \
-      _reductions.reductions_on_values(kernel), \
-      _asserts.kernel_asserts(kernel, debug), _scalar_index_squeezes(kernel):
+  """``triton.language`` and the interpreter as jt_dist runs a launch: the
+  bf16 and float8 patches wrap the builder's backports, and jt_dist's
+  replacements of language functions follow the language patches."""
+  def call_interpreted(self, *args, **kwargs):
+    # A @triton.jit helper (a JITFunction) refuses to run outside a
+    # compiled kernel unless TRITON_INTERPRET=1: it runs interpreted.
+    return _interpreted(self.fn).rewrite()(*args, **kwargs)
+
+  def index(self):
+    # `range(n)` on a scalar tensor (a 1-element 1-D array): Triton 3.6's
+    # `int(data)` fails on NumPy >= 2.4. A pointer or float is refused, as
+    # compiling refuses it.
+    _vector_lang.require_integer(self, kernel)
+    return int(self.handle.data.squeeze())
+
+  with (_compat.attributes_replaced(_compat.JITFunction,
+                                    {"__call__": call_interpreted}),
+        _interpreter.builder_backported(),
+        _bfloat16.bfloat16_like_compiled(),
+        _float8.float8_like_compiled(kernel),
+        _atomics.float_atomics_on_values(),
+        _interpreter.language_patched(),
+        _reductions.reductions_on_values(kernel),
+        _asserts.kernel_asserts(kernel, debug),
+        _compat.attributes_replaced(tl_core.tensor, {"__index__": index})):
     yield
 
 
-def _scalar_index_squeezes(kernel: str):
-  """Lets ``range(n)`` take a scalar tensor under Triton 3.6 and NumPy 2.4.
-
-  The interpreter holds scalars (runtime int arguments, tl.program_id) as
-  one-element 1-D arrays. Triton 3.6 patches ``tensor.__index__`` to
-  ``int(data)``, which NumPy >= 2.4 refuses for a 1-D array; Triton 3.9
-  squeezes first. For one launch, inside the language patches. A pointer or
-  float is refused, as compiling refuses it.
-  """
-  def index(self):
-    _vector_lang.require_integer(self, kernel)
-    return int(self.handle.data.squeeze())
-  return _compat.attributes_replaced(tl_core.tensor, {"__index__": index})
-
-
-def _helpers_run_interpreted():
-  """Lets a kernel call ``@triton.jit`` helpers while it is interpreted.
-
-  Outside ``TRITON_INTERPRET=1`` the helpers are ``JITFunction``s, whose
-  ``__call__`` refuses to run outside a compiled kernel; for one launch the
-  call runs the helper's interpreted form, under the launch's patches.
-  """
-  def call_interpreted(self, *args, **kwargs):
-    return _interpreted(self.fn).rewrite()(*args, **kwargs)
-
-  return _compat.attributes_replaced(JITFunction,
-                                     {"__call__": call_interpreted})
-
-
 def interpreter_scalar(value, triton_type: str):
-  """A scalar argument, typed as a compiled kernel types it.
+  """A scalar argument (of ``triton_type``: "fp32", "i1", "u64", ...) as a
+  typed tensor, as a compiled kernel types it.
 
-  The interpreter treats a bare Python float as a weakly typed constant, so
-  ``x_fp16 * alpha`` would stay fp16; a compiled kernel receives an fp32 (or
-  fp64) parameter and promotes. Triton 3.6's interpreter also stores a bool
-  argument in an int32 buffer under the i1 type, which it then rejects, and
-  Triton 3.9's types an int in [2**31, 2**32) i64 but stores it in 4 bytes.
-  Passing a typed tensor (``tl.tensor`` of the one ``value``) keeps all
-  alike on every Triton version. ``triton_type``: "fp32", "fp64", "i1",
-  "i32", "u32", "i64" or "u64".
+  The interpreter types a bare Python float weakly (``x_fp16 * alpha``
+  would stay fp16), Triton 3.6's rejects its own bool arguments, and 3.9's
+  stores an int in [2**31, 2**32) in 4 bytes.
   """
   tl_dtype = {"fp32": tl.float32, "fp64": tl.float64, "i1": tl.int1,
               "i32": tl.int32, "u32": tl.uint32, "i64": tl.int64,

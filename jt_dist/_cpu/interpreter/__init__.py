@@ -78,11 +78,8 @@ def program_id() -> tuple[int, int, int] | None:
 
 
 def dtype_refusing_function(traceback) -> str | None:
-  """The math function whose dtype check raised along ``traceback``, or None.
-
-  Triton checks a math function's operands in ``math._check_dtype``'s
-  ``check``, a closure over the accepted ``dtypes`` and the function ``fn``.
-  """
+  """The math function whose dtype check (``math._check_dtype``'s closure
+  over ``dtypes`` and ``fn``) raised along ``traceback``, or None."""
   while traceback is not None:
     frame = traceback.tb_frame
     if "dtypes" in frame.f_code.co_freevars:

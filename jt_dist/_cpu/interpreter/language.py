@@ -86,10 +86,8 @@ class _Recorder:
 class _OwnerPlan:
   """Upstream's patches of one owner (a module or a class), made once.
 
-  A launch applies and undoes about 250 attributes. While the plan is
-  current, each owner holds what was recorded, so nothing is read back: a
-  module's dictionary is updated in one call; a class (whose ``__dict__`` is
-  read-only) takes one ``setattr`` per attribute.
+  A launch applies and undoes about 250 attributes: nothing is read back,
+  and a module's dictionary is updated in one call (a class's is read-only).
   """
 
   def __init__(self, obj, replacements):
@@ -181,12 +179,9 @@ def _visibility_check(fn):
 
 @contextlib.contextmanager
 def language_patched():
-  """Patches ``triton.language`` and its core for one interpreted launch.
-
-  Both modules, whichever the kernel's globals name; within the block
-  upstream's ``_patch_lang`` only checks visibility, so that jt_dist's own
-  replacements entered inside the block stay. Restored exactly on exit.
-  """
+  """Patches ``triton.language`` and its core for one interpreted launch;
+  within it upstream's ``_patch_lang`` only checks visibility, so that
+  jt_dist's own replacements entered inside stay."""
   with LANGUAGE_LOCK, contextlib.ExitStack() as stack:
     patch_lang = _interpreter._patch_lang  # pylint: disable=protected-access
     if patch_lang is _visibility_check:

@@ -75,10 +75,8 @@ def _backports() -> dict:
 
 @contextlib.contextmanager
 def builder_backported():
-  """Triton 3.9's NaN-ignoring minimum, maximum and clamp, for one launch.
-
-  Enter before any other patch of the builder, so that those wrap these.
-  """
+  """Triton 3.9's NaN-ignoring minimum, maximum and clamp, for one launch
+  (entered before other patches of the builder, which wrap these)."""
   with LANGUAGE_LOCK, attributes_replaced(_interpreter.InterpreterBuilder,
                                           _backports()):
     yield

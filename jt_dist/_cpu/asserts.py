@@ -1,15 +1,10 @@
 """Kernel asserts on Triton's interpreter, as ``debug=True`` promises.
 
-Triton compiles ``tl.device_assert`` only in debug mode, and fails a
-compilation at a false ``tl.static_assert`` whatever the mode. The
-interpreter's builder always runs with ``debug=False``, so upstream a
-device assert is skipped, and a failing assert of either kind surfaces as a
-bare ``AssertionError`` wrapped in an ``InterpreterError``. For one launch
-(the caller holds the interpreter lock) the builder takes the call's
-``debug`` flag, and a failing assert raises ``KernelAssertionError`` naming
-the kernel, the program id and the assert's message; a static assert's
-also names its line and the kernel's line that reached it (an assert in a
-library function, such as ``tl.rand``'s on its seed, has no message).
+Upstream the interpreter's builder runs with ``debug=False`` (device
+asserts skipped) and a failing assert is a bare ``AssertionError`` in an
+``InterpreterError``. For one launch the builder takes the call's
+``debug``, and a failing assert raises ``KernelAssertionError`` naming the
+kernel, the program id and the message (a static assert's also its line).
 """
 
 from __future__ import annotations
@@ -29,14 +24,9 @@ from jt_dist._cpu import bounds as _bounds
 
 
 def _launch_options(options, debug: bool):
-  """The builder's options for one launch: ``debug``, and overflow checks.
-
-  Triton's integer-overflow check (``sanitize_overflow``) ends in a device
-  assert, which is a no-op unless ``debug``; without ``debug`` the check's
-  int64 arithmetic, comparisons and masks are dead work on every ``+``,
-  ``-`` and ``*`` of int32 values, in every launch. Compiled kernels drop it
-  the same way.
-  """
+  """The builder's options for one launch: without ``debug`` no overflow
+  check (``sanitize_overflow`` ends in a no-op device assert, dead work on
+  every int32 ``+``, ``-`` and ``*``; compiled kernels drop it too)."""
   changes = {"debug": debug}
   if not debug and getattr(options, "sanitize_overflow", False):
     changes["sanitize_overflow"] = False
@@ -52,8 +42,8 @@ def _failure(kernel: str, which: str, message, detail: str = ""):
 
 
 def _static_assert_location(caller) -> str:
-  """" at FILE:LINE (`SOURCE`)" of a static assert's line ``caller``, then
-  the kernel's line that reached it where that differs (a helper's assert)."""
+  """" at FILE:LINE (`SOURCE`)" of a static assert's frame ``caller``, and
+  the kernel's line that reached it where that differs."""
   own = _bounds.source_line(caller.f_code.co_filename, caller.f_lineno)
   kernel_line = _bounds.running_kernel_location()
   if not kernel_line or kernel_line == own:
@@ -63,10 +53,8 @@ def _static_assert_location(caller) -> str:
 
 @contextlib.contextmanager
 def kernel_asserts(kernel: str, debug: bool):
-  """Turns device asserts on with the call's ``debug`` and names failures.
-
-  Enter inside ``_interpreter.language_patched()``: the
-  ``static_assert`` it installs replaces the interpreter's.
+  """Turns device asserts on with ``debug`` and names failures; enter inside
+  ``_interpreter.language_patched()``, whose ``static_assert`` this replaces.
   """
   builder = _interpreter.builder()
 

@@ -1,14 +1,10 @@
 """Float atomics that Triton's interpreter cannot run natively, on values.
 
-The interpreter hands ``tl.atomic_xchg`` and ``tl.atomic_add`` to its native
-module, which exchanges only integers and adds only float16, float32,
-float64 and integers: a float32 exchange or a bfloat16 add raises
-"Unsupported data type", where GPUs run both. For one launch (the caller
-holds the interpreter lock) a float exchange exchanges the bits, as integers
-of the same width, and a bf16 add is a 16-bit compare-and-swap per lane,
-lanes in order, with the sum rounded to bf16 as a GPU rounds it. Both go
-through the interpreter's memory module, checked (``bounds``) and
-journalled as any atomic.
+The native module exchanges only integers and adds no bfloat16 ("Unsupported
+data type"), where GPUs run both. For one launch a float exchange exchanges
+the bits as integers of the same width, and a bf16 add is a 16-bit
+compare-and-swap per lane, lanes in order, rounded as a GPU rounds. Both go
+through the memory module, checked and journalled as any atomic.
 """
 
 from __future__ import annotations
@@ -40,11 +36,8 @@ def _ranks(addresses) -> np.ndarray:
 
 
 def _bf16_add(ptr, val, mask, sem) -> TensorHandle:
-  """``tl.atomic_add`` of bf16 values, lane after lane.
-
-  Lanes that go to an address an earlier lane of the call updated wait for
-  a later round, so each address sees its lanes in order.
-  """
+  """``tl.atomic_add`` of bf16 values; each address sees its lanes in
+  order, one per round."""
   ptrs, vals, on = np.broadcast_arrays(
       np.asarray(ptr.data), np.asarray(val.data),
       np.asarray(mask.data, dtype=bool))

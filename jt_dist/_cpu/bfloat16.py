@@ -1,17 +1,13 @@
 """bfloat16 on Triton's interpreter: computed on values, as GPUs compute it.
 
-The interpreter keeps bf16 values as raw uint16 bits, and upstream it
-converts, multiplies, adds, negates, clamps and fuses those bits as
-integers: ``tl.fma`` on bf16 ``[1, 2]`` gives ``[5.4e-20, 2]``. For one
-launch (the caller holds the interpreter lock) every builder operation
-that computes on bf16 operands takes their values, computes in float32
-(float64 for ``tl.fma``, which rounds once) and rounds the result to bf16,
-to nearest even, as GPUs round each bf16 operation. Conversions to bf16
-round to nearest even too (upstream truncates), so do bf16 constants
-(``x + 1.5``, ``tl.full(..., tl.bfloat16)``; Triton 3.6's interpreter has
-no constructor for them), and ``tl.device_print`` prints the values.
-Selects, loads, stores and ``tl.abs`` move bits and are left alone;
-reductions and scans are in ``reductions``.
+Upstream the interpreter computes on bf16's raw uint16 bits (``tl.fma`` on
+bf16 ``[1, 2]`` gives ``[5.4e-20, 2]``). For one launch every builder
+operation on bf16 operands computes on their values in float32 (float64
+for ``tl.fma``, which rounds once) and rounds the result to bf16, to
+nearest even, as GPUs do; so do conversions and constants (upstream
+truncates), and ``tl.device_print`` prints values. Selects, loads, stores
+and ``tl.abs`` move bits and are left alone; reductions are in
+``reductions``.
 """
 
 from __future__ import annotations
@@ -28,7 +24,6 @@ _CONVERTIBLE = ("fp16", "fp32", "fp64", "int1", "int8", "int16", "int32",
 
 
 def is_bfloat16(scalar) -> bool:
-  """Whether ``scalar`` (a Triton element type) is bfloat16."""
   return scalar == tl.bfloat16
 
 
@@ -43,7 +38,7 @@ def to_bits(vals) -> np.ndarray:
 
 
 def _as_float32(handle):
-  """A bf16 handle's values as float32 (other handles unchanged)."""
+  """A bf16 handle's values as float32 (other handles' data unchanged)."""
   bf16 = is_bfloat16(handle.dtype.scalar)
   return values(handle.data) if bf16 else handle.data
 
@@ -88,12 +83,8 @@ def _dot(original):
 
 
 def _on_values(original, typed_by_last=False):
-  """``binary_op``, ``unary_op`` or ``ternary_op`` on bf16 values.
-
-  Upstream's negation of the bits wraps them as a uint16. A select
-  (np.where) moves bits unchanged; a clamp compares values. The result is
-  bf16 (int1 for a comparison), or ``typed_by_last`` the last operand's type.
-  """
+  """``binary_op``, ``unary_op`` or ``ternary_op`` on bf16 values (a select
+  moves bits), typed bf16, int1 or ``typed_by_last`` the last operand's."""
   def method(self, *args):
     *handles, op = args
     if op is np.where or not _any_bf16(*handles):
@@ -141,15 +132,20 @@ def _fma(original):
   return create_fma
 
 
-def _print(original):
-  # Numbers print as their values, as a GPU prints them; a hex print shows
-  # the bits either way.
+def printing_values(original, values_of):
+  """``create_print`` printing a number as its float32 ``values_of(handle)``
+  (None: as is), as a GPU prints it; a hex print shows the bits either way."""
   def create_print(self, prefix, hex, handles, isSigned):  # pylint: disable=redefined-builtin,invalid-name
     if not hex:
-      handles = [_interpreter.TensorHandle(values(h.data), tl.float32)
-                 if is_bfloat16(h.dtype.scalar) else h for h in handles]
+      handles = [h if (v := values_of(h)) is None
+                 else _interpreter.TensorHandle(v, tl.float32)
+                 for h in handles]
     return original(self, prefix, hex, handles, isSigned)
   return create_print
+
+
+def _bf16_values(handle):
+  return values(handle.data) if is_bfloat16(handle.dtype.scalar) else None
 
 
 def bfloat16_like_compiled():
@@ -162,5 +158,5 @@ def bfloat16_like_compiled():
       "unary_op": _on_values(builder.unary_op),
       "ternary_op": _on_values(builder.ternary_op, typed_by_last=True),
       "create_fma": _fma(builder.create_fma),
-      "create_print": _print(builder.create_print),
+      "create_print": printing_values(builder.create_print, _bf16_values),
       "get_bf16": _constant})

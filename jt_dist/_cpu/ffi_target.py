@@ -1,16 +1,12 @@
 """jt_dist's own CPU custom-call target: an XLA FFI handler made with ctypes.
 
-JAX's buffer callback (the CPU route, see lowering.py) lowers to a custom
-call whose handler takes exactly one attribute, so it cannot carry
-jax-triton's ``cost_estimate_json``. A call with a ``cost_estimate`` lowers
-instead to this target, which runs the same host function on XLA's buffers
-and records the estimate as jax-triton 0.4 does on GPUs.
-
-The handler is a ctypes trampoline, registered once per process, lazily
-from the lowering rule: by then the CPU backend exists, so a failed
-registration raises where it can be caught (earlier, jax replays it when it
-makes the CPU client, and a bad one breaks the backend); the call then keeps
-the buffer-callback route.
+JAX's buffer callback takes exactly one attribute, so it cannot carry
+jax-triton's ``cost_estimate_json``; a call with a ``cost_estimate`` lowers
+to this target instead, which runs the same host function. It is
+registered once per process from the lowering rule: by then the CPU backend
+exists, so a failed registration can be caught (earlier, jax replays it
+when it makes the CPU client, and a bad one breaks the backend) and the
+call keeps the buffer callback.
 """
 
 from __future__ import annotations
@@ -33,8 +29,7 @@ logger = logging.getLogger("jt_dist")
 TARGET = "jt_dist_cpu_interpret"
 _LOCK = threading.Lock()
 # The registered trampoline: XLA keeps its address for the process's life,
-# so this object must never be freed (nor replaced: a second registration
-# of the name with another address is refused).
+# so it is never freed nor replaced.
 _HANDLER = None
 _REGISTERED: bool | None = None  # None: not tried yet.
 # Index (an attribute of the custom call) -> the call's _HostCall. Entries
@@ -82,11 +77,9 @@ def ensure_registered() -> bool:
 def add_call(fn, in_avals, out_avals, module_context) -> int:
   """Records ``fn`` for one custom call; returns its index attribute.
 
-  The record is one of the module's host callbacks, as JAX's own buffer
-  callback is: jaxlib keeps it alive with the executable, also one loaded
-  from the persistent cache (a plain keepalive was lost in an eager sharded
-  call on jax 0.12). The index is part of the module, so a cache hit runs
-  the record this process made while lowering it.
+  A host callback of the module, as JAX's buffer callback is, so jaxlib
+  keeps it with the executable, also one from the persistent cache (a plain
+  keepalive was lost in an eager sharded call on jax 0.12).
   """
   call = _HostCall(fn, in_avals, out_avals)
   module_context.add_host_callback(call)
@@ -116,25 +109,20 @@ def _handle(frame_pointer):
   except BaseException:  # pylint: disable=broad-except
     return None  # Nothing readable to report through.
   try:
-    _execute(frame)
+    index = _index_attribute(frame.attrs)
+    call = _CALLS.get(index)
+    if call is None:
+      raise RuntimeError(
+          f"jt_dist: no CPU kernel for custom call index {index}: the"
+          " executable was not lowered in this process (a deserialized CPU"
+          " executable cannot run a triton_call); lower it again.")
+    call.fn(_views(frame.args, call.in_avals, "operand"),
+            _views(frame.rets, call.out_avals, "result"))
     return None
   except BaseException as e:  # pylint: disable=broad-except
     # An exception leaving a ctypes callback would read as success to XLA.
     text = "".join(traceback.format_exception_only(type(e), e)).strip()
     return _ffi.make_error(frame.api, text)
-
-
-def _execute(frame) -> None:
-  index = _index_attribute(frame.attrs)
-  call = _CALLS.get(index)
-  if call is None:
-    raise RuntimeError(
-        f"jt_dist: no CPU kernel for custom call index {index}: the"
-        " executable was not lowered in this process (a deserialized CPU"
-        " executable cannot run a triton_call); lower it again.")
-  inputs = _views(frame.args, call.in_avals, "operand")
-  outputs = _views(frame.rets, call.out_avals, "result")
-  call.fn(inputs, outputs)
 
 
 def _index_attribute(attrs) -> int:

@@ -1,22 +1,14 @@
 """Float8 on Triton's interpreter: computed on values, or refused by name.
 
-The interpreter keeps float8 values as raw uint8 bits, and upstream it adds,
-multiplies and compares those bits as integers: ``x + x`` on float8_e4m3fn
-``[0.5, 1.0]`` gives ``[32.0, 128.0]``. Triton's GPU backends refuse to
-compile arithmetic, comparisons, minimum, maximum, clamp or math functions
-on float8 operands (LLVM has no float8 arithmetic), so a kernel casts to a
-wider type first. For one launch (the caller holds the interpreter lock) the
-interpreter does the same: such an operation raises ``KernelTypeError``
-naming the kernel, the operation and the dtype. Conversions to float8 round
-to nearest even and saturate at the largest finite value, as NVIDIA GPUs
-convert to float8_e4m3fn and float8_e5m2 (``cvt.rn.satfinite``); upstream,
-ties round up and large values come out wrong. Float8 constants
-(``tl.full``, a Python number next to a float8 operand) are rounded alike
-(upstream makes them from the number's integer part). Conversions from
-float8, ``tl.dot`` and ``tl.device_print`` take the values (upstream, the
-bits). Loads, stores, selects and ``tl.abs`` move bits and are left alone.
-Reductions and scans are refused alike (``reductions``), and math functions
-by Triton itself (``math_dtypes`` names them).
+Upstream the interpreter computes on float8's raw uint8 bits (``x + x`` on
+float8_e4m3fn ``[0.5, 1.0]`` gives ``[32.0, 128.0]``). Triton's GPU
+backends refuse arithmetic, comparisons, minimum, maximum, clamp and math
+functions on float8, so for one launch the interpreter raises
+``KernelTypeError`` for them too (reductions and scans: ``reductions``).
+Conversions to float8, and float8 constants, round to nearest even and
+saturate as NVIDIA GPUs convert (``cvt.rn.satfinite``); conversions from
+float8, ``tl.dot`` and ``tl.device_print`` take the values. Loads, stores,
+selects and ``tl.abs`` move bits and are left alone.
 """
 
 from __future__ import annotations
@@ -28,6 +20,7 @@ from jt_dist._cpu import interpreter as _interpreter
 
 from jt_dist import _compat
 from jt_dist import _errors
+from jt_dist._cpu import bfloat16 as _bf16
 
 # Triton's float8 types with a NumPy twin, by Triton name.
 _VALUE_TYPES = {
@@ -37,7 +30,7 @@ _VALUE_TYPES = {
     "fp8e5b16": ml_dtypes.float8_e5m2fnuz,
 }
 # Float types whose values convert to float8 exactly through float32 or
-# float64.
+# float64 (and every float8 value is one of theirs).
 _FLOAT_SOURCES = {"fp16": np.float16, "bf16": ml_dtypes.bfloat16,
                   "fp32": np.float32, "fp64": np.float64}
 # How a kernel spells the refused operations.
@@ -50,15 +43,6 @@ _SPELLING = {
 }
 
 
-def _float8_type(*handles):
-  """The first float8 element type among ``handles``, or None."""
-  for handle in handles:
-    scalar = handle.dtype.scalar
-    if scalar.is_fp8():
-      return scalar
-  return None
-
-
 def _type_name(scalar) -> str:
   numpy_twin = _VALUE_TYPES.get(scalar.name)
   if numpy_twin is None:
@@ -67,11 +51,8 @@ def _type_name(scalar) -> str:
 
 
 def refusal(kernel: str, what: str, scalar) -> _errors.KernelTypeError:
-  """The error refusing operation ``what`` on float8 type ``scalar``.
-
-  ``what`` is a NumPy ufunc's name (spelled as the kernel spells it, "add"
-  as `+`) or a ``tl`` function ("tl.sum").
-  """
+  """The error refusing ``what`` (a NumPy ufunc's name, or a ``tl``
+  function's: "tl.sum") on float8 type ``scalar``."""
   spelled = _SPELLING.get(what)
   op = f"`{spelled}` ({what})" if spelled else f"{what}"
   # The language names are the type names spelled out: fp8e5, float8e5.
@@ -88,7 +69,7 @@ def refusal(kernel: str, what: str, scalar) -> _errors.KernelTypeError:
 
 
 def _source_values(handle):
-  """A float handle's values as NumPy floats, or None for other types."""
+  """A float handle's values (float32, or float64), or None."""
   name = handle.dtype.scalar.name
   twin = _FLOAT_SOURCES.get(name) or _VALUE_TYPES.get(name)
   if twin is None:
@@ -98,10 +79,7 @@ def _source_values(handle):
 
 
 def _to_float8(values, scalar):
-  """Float ``values`` as bits of ``scalar``, a float8 type with a twin.
-
-  Rounded to nearest even, saturating, as NVIDIA GPUs convert.
-  """
+  """Float ``values`` as bits of ``scalar``, a float8 type with a twin."""
   twin = _VALUE_TYPES[scalar.name]
   largest = float(ml_dtypes.finfo(twin).max)
   # NaN stays NaN; anything beyond the largest finite value becomes it.
@@ -118,12 +96,8 @@ def _narrowing_conversion(src, dst_type):
 
 
 def _constants() -> dict:
-  """Builder constructors of float8 constants, by name, on values.
-
-  Triton 3.6's interpreter has none (``x + 1.5`` on float8 fails there
-  before the addition is refused); 3.9's makes a float32 constant and
-  truncates it (``_fp_trunc``).
-  """
+  """Builder constructors of float8 constants, on values (Triton 3.6's
+  interpreter has none; 3.9's truncates a float32 constant)."""
   def constant(scalar):
     def get(self, value):
       del self
@@ -149,12 +123,8 @@ def _values(handle):
 
 
 def _widening_conversion(src, dst_type):
-  """float8 ``src`` converted exactly to a wider float type, or None.
-
-  Upstream converts the bits: NaN and infinities come out as large numbers
-  (float8_e4m3fn's NaN as 480), and float8_e5m2's subnormals as float16
-  zeros. Every float8 value is a float16, bfloat16 and float32 value.
-  """
+  """float8 ``src`` converted exactly to a wider float type, or None
+  (upstream converts the bits: float8_e4m3fn's NaN comes out as 480)."""
   values = _values(src)
   dst = dst_type.scalar
   if values is None or dst.name not in _FLOAT_SOURCES:
@@ -193,25 +163,13 @@ def _dot(original):
   return create_dot
 
 
-def _print(original):
-  # As bfloat16's (``bfloat16._print``): numbers print as their values.
-  def create_print(self, prefix, hex, handles, isSigned):  # pylint: disable=redefined-builtin,invalid-name
-    if not hex:
-      handles = [h if _values(h) is None
-                 else _interpreter.TensorHandle(_values(h), tl.float32)
-                 for h in handles]
-    return original(self, prefix, hex, handles, isSigned)
-  return create_print
-
-
 def _refusing(kernel, original, operands: int, what=None):
-  """``original`` refusing float8 among its first ``operands`` arguments.
-
-  The operation is named ``what``, or by the last argument (a NumPy
-  ufunc). A select (np.where) moves bits unchanged and is left alone.
-  """
+  """``original`` refusing float8 among its first ``operands`` arguments,
+  as ``what`` or the last argument (a NumPy ufunc) names it. A select
+  (np.where) moves bits and is left alone."""
   def method(self, *args):
-    scalar = _float8_type(*args[:operands])
+    scalar = next((h.dtype.scalar for h in args[:operands]
+                   if h.dtype.scalar.is_fp8()), None)
     if scalar is None or args[-1] is np.where:
       return original(self, *args)
     raise refusal(kernel, what or args[-1].__name__, scalar)
@@ -219,11 +177,8 @@ def _refusing(kernel, original, operands: int, what=None):
 
 
 def float8_like_compiled(kernel: str):
-  """Routes the interpreter's float8 arithmetic for one launch (see above).
-
-  Args:
-    kernel: the kernel's name, for the messages.
-  """
+  """Routes the interpreter's float8 arithmetic for one launch (see above);
+  ``kernel`` is the kernel's name, for the messages."""
   builder = _interpreter.InterpreterBuilder
   # A clamp is refused as the clamp it is, before upstream splits it into a
   # maximum and a minimum.
@@ -236,4 +191,5 @@ def float8_like_compiled(kernel: str):
       "create_fp_to_fp": _fp_to_fp(builder.create_fp_to_fp),
       "create_fp_trunc": _fp_trunc(builder.create_fp_trunc),
       "create_dot": _dot(builder.create_dot),
-      "create_print": _print(builder.create_print), **_constants()})
+      "create_print": _bf16.printing_values(builder.create_print, _values),
+      **_constants()})

@@ -1,13 +1,10 @@
 """Loads and stores on the launch's own buffers as NumPy gathers/scatters.
 
-Triton's interpreter reaches memory through its native module, which
-visits one address at a time: about 30 ms per million elements, where a
-NumPy gather takes about 1 ms. Once the bounds checker has translated an
-access to real addresses inside one of the launch's buffers, the access is
-a gather from (or a scatter into) that buffer viewed as the element type.
-Anything else (several buffers, misaligned addresses, stores that hit one
-element twice, where the native module's lane order decides) goes to the
-native module as before.
+The native memory module visits one address at a time (about 30 ms per
+million elements; a NumPy gather, 1 ms). An access inside one of the
+launch's buffers is a gather from (or scatter into) it; anything else
+(several buffers, misaligned addresses, stores that hit one element twice,
+where the native lane order decides) goes to the native module.
 """
 
 from __future__ import annotations
@@ -28,9 +25,8 @@ class HostMemory:
     return getattr(self._native, name)
 
   def _at(self, k: int, offsets, dtype: np.dtype, in_place: bool = False):
-    """(flat view, element indices) for byte ``offsets`` into buffer ``k``
-    (all inside it), or None where misaligned. ``in_place`` turns the
-    offsets themselves into the indices."""
+    """(flat view, element indices) for byte ``offsets`` into buffer ``k``,
+    or None where misaligned; ``in_place`` reuses the offsets' memory."""
     itemsize = dtype.itemsize
     array = self._arrays[k]
     # An empty buffer has no element 0 for the lanes a mask turns off. The
@@ -51,12 +47,8 @@ class HostMemory:
     return np.uint64(self._starts[k]) + np.asarray(offsets).view(np.uint64)
 
   def load_at(self, k: int, offsets, mask, other, dtype):
-    """``load`` at byte ``offsets`` into buffer ``k``, as checked.
-
-    The offsets are the caller's scratch: where they are aligned, they are
-    turned into element indices in place (over a large block that saves an
-    array of fresh memory per load).
-    """
+    """``load`` at byte ``offsets`` (the caller's scratch, made indices in
+    place) into buffer ``k``, as checked."""
     dtype = np.dtype(dtype)
     found = self._at(k, offsets, dtype, in_place=True)
     if found is None:
@@ -73,8 +65,7 @@ class HostMemory:
     return None
 
   def _buffer(self, ptrs, itemsize: int):
-    """(k, fresh byte offsets) where buffer ``k`` holds all of ``ptrs``, or
-    None."""
+    """(k, byte offsets) where buffer ``k`` holds all of ``ptrs``, or None."""
     if ptrs.size:
       lo, hi = int(ptrs.min()), int(ptrs.max())
       for k, (array, start) in enumerate(zip(self._arrays, self._starts)):
@@ -109,7 +100,7 @@ def _gather(flat, elements, mask, other):
 
 def _scatter(flat, elements, values, mask) -> bool:
   """Writes ``values`` at the enabled ``elements``; False (nothing written)
-  where one element is written twice, for the native module to do."""
+  where one element is written twice."""
   mask = np.asarray(mask, dtype=bool)
   values = np.broadcast_to(values, elements.shape)
   if not mask.all():

@@ -1,18 +1,11 @@
 """Ctrl-C during a CPU launch leaves the launch as the signal's own exception.
 
-Ctrl-C raises ``KeyboardInterrupt`` inside whatever Python code a launch
-runs, and some of it runs under C functions that replace the exception: when
-NumPy reads a shape through Python (Triton 3.9's ``tl.tuple`` block shapes)
-and the read raises, it reports ``TypeError: expected a sequence of
-integers``, which Triton's interpreter wraps as a fault of the kernel.
-
-For a launch on the main thread, ``signal_kept`` wraps the SIGINT handler
-in force (a Python function; ``SIG_IGN`` and ``SIG_DFL`` are left alone) and
-remembers what it raised; a launch that then fails with anything else
-raises the handler's exception instead. Code that catches broad exceptions
-inside the launch (the vectorised interpreter, which gives way to one
-program at a time on any error) calls ``raise_if_interrupted`` first, so
-that an interrupt caught in another form stops the launch.
+C code a launch runs under can replace the ``KeyboardInterrupt`` (NumPy
+reading a ``tl.tuple`` shape reports ``TypeError``, which the interpreter
+wraps as a kernel fault). On the main thread ``signal_kept`` wraps a Python
+SIGINT handler and remembers what it raised; a launch failing otherwise
+raises that instead. Code catching broad exceptions inside a launch calls
+``raise_if_interrupted`` first.
 """
 
 from __future__ import annotations
@@ -21,14 +14,12 @@ import contextlib
 import signal
 import threading
 
-# What the SIGINT handler raised during the launch now running on the main
-# thread (``signal_kept``), or None outside one.
+# What SIGINT's handler raised in the main thread's launch; None outside one.
 _raised: list[BaseException] | None = None
 
 
 def raise_if_interrupted() -> None:
-  """Raises what SIGINT's handler raised during this launch, if it did
-  (``KeyboardInterrupt`` under Python's default handler)."""
+  """Raises what SIGINT's handler raised during this launch, if it did."""
   if _raised and threading.current_thread() is threading.main_thread():
     raise _raised[0]
 

@@ -1,13 +1,12 @@
-"""The CPU platform: kernels run through Triton's interpreter.
+"""The CPU lowering: kernels run through Triton's interpreter.
 
-The primitive's CPU lowering is a host callback: jax's buffer callback,
-which hands over XLA's own buffers (``jax.pure_callback`` copied its operands
-on XLA's thread pool first, which deadlocked beside collectives on jaxlib
-0.10). On the host the buffers are NumPy arrays; the kernel reads and writes
-them through raw pointers exactly as it would device memory, one program
-instance at a time.
-Aliased and zeroed outputs are prepared as jaxlib prepares them on a GPU, so
-a kernel gives the same results (and the same mistakes) on both.
+The lowering is jax's buffer callback, which hands over XLA's own buffers
+(``jax.pure_callback`` copied its operands on XLA's thread pool first,
+which deadlocked beside collectives on jaxlib 0.10); the kernel reads and
+writes them through raw pointers as it would device memory. Aliased and
+zeroed outputs are prepared as jaxlib prepares them on a GPU, so a kernel
+gives the same results (and the same mistakes) on both. What the
+interpreter cannot run is refused here, before any callback exists.
 """
 
 from __future__ import annotations
@@ -15,7 +14,6 @@ from __future__ import annotations
 import functools
 import json
 import logging
-import os
 import traceback
 import warnings
 
@@ -37,14 +35,12 @@ from jt_dist._cpu import ffi_target as _ffi_target
 from jt_dist._core import host_faults as _host_faults
 from jt_dist._cpu import interrupts as _interrupts
 from jt_dist._cpu import runtime as _interpreter_runtime
-from jt_dist._cpu import unsupported as _unsupported
 from jt_dist._sharding import lowering_rule as _lowering_rule
 
 logger = logging.getLogger("jt_dist")
 
-# Triton's interpreter patches triton.language module-wide during a launch,
-# so two launches must never overlap, whichever devices they belong to, nor
-# overlap a GPU compile (which reads the module): one lock for both.
+# The interpreter patches triton.language module-wide during a launch, so
+# launches must not overlap each other or a GPU compile: one lock for all.
 _INTERPRETER_LOCK = _compat.LANGUAGE_LOCK
 _logged_kernels: set[str] = set()
 # Kernels already warned of outputs they left unwritten.
@@ -56,8 +52,8 @@ _POISON_BYTE = 0xFF
 
 
 class _HostPointer:
-  """What the interpreter needs of a tensor: an address (with the bounds
-  check on, the checker's tagged one) and an element type."""
+  """A tensor as the interpreter reads it: an address (the checker's tagged
+  one, with the bounds check on) and an element type."""
 
   __slots__ = ("buffer", "dtype", "address")
 
@@ -120,28 +116,22 @@ def _kernel_args(spec, buffers, checker):
     if op.kind in ("array", "output"):
       k, buffer = next(pointers)
       address = None if checker is None else checker.tagged_address(k)
-      if op.type.startswith("tensordesc"):
-        # A host TMA descriptor: Triton's own, over the (tagged) buffer, so
-        # the interpreter's descriptor accesses are checked like any other.
-        pointer = _HostPointer(buffer.array,
-                               _types.pointer_type(op.value.dtype), address)
-        args.append(_compat.interpreter_descriptor(pointer, op.value))
+      if not op.type.startswith("tensordesc"):
+        args.append(_HostPointer(buffer.array, op.type, address))
         continue
-      args.append(_HostPointer(buffer.array, op.type, address))
+      # A host TMA descriptor: Triton's own, over the (tagged) buffer, so
+      # the interpreter's descriptor accesses are checked like any other.
+      pointer = _HostPointer(buffer.array, _types.pointer_type(op.value.dtype),
+                             address)
+      args.append(_compat.interpreter_descriptor(pointer, op.value))
     else:
       args.append(_interpreter_runtime.interpreter_scalar(op.value, op.type))
   return args
 
 
 def run_on_host(spec, *arrays):
-  """Launches the kernel on host buffers; returns the output buffers.
-
-  The ``jax.pure_callback`` route (GPU platforms running an interpreted
-  kernel, or a jax without buffer callbacks). An autotuned call arrives with
-  the one config ``jt_dist._autotune`` chose (on the CPU the first, unless
-  ``JT_DIST_AUTOTUNE_CPU=time`` or a pin says otherwise); a spec with
-  several runs its first.
-  """
+  """The ``jax.pure_callback`` route (GPU platforms running an interpreted
+  kernel, or a jax without buffer callbacks): returns the outputs."""
   outputs = [np.empty(shape, dtype) for shape, dtype in spec.out_shapes]
   _launch_filed(spec, [np.ascontiguousarray(a) for a in arrays], outputs)
   return tuple(outputs)
@@ -150,10 +140,7 @@ def run_on_host(spec, *arrays):
 def _fill_buffers(spec, ctx, outputs, *inputs):
   """The buffer-callback route: the kernel writes XLA's output buffers.
 
-  Inputs are copied first: a kernel that stores through an input pointer
-  (a bug the GPU would not catch either) must not change an XLA buffer that
-  may be the caller's array.
-  """
+  Inputs are copied: a store through one must not change the caller's."""
   del ctx
   _launch_filed(spec, [np.array(np.asarray(b), order="C") for b in inputs],
                 [np.asarray(b) for b in outputs])
@@ -168,13 +155,9 @@ def _launch_filed(spec, inputs, outputs):
 
 
 def _in_parameter_order(spec, args, kwargs):
-  """Positional arguments up to the last operand, constexprs in their place.
-
-  A constexpr declared between operands (``k(x_ptr, BLOCK: tl.constexpr,
-  y_ptr)``) is bound by its position, not by name, as Triton's interpreter
-  binds every argument before the last positional one. The leaves of a
-  tuple parameter are passed as that tuple.
-  """
+  """Positional arguments up to the last operand, constexprs in their place
+  (the interpreter binds them by position), a tuple parameter's leaves as
+  that tuple."""
   leaves = {}
   for op, arg in zip(spec.operands, args):
     leaves.setdefault(op.name, []).append((op.path, arg))
@@ -217,11 +200,8 @@ def _launch(spec, inputs, outputs):
 
 
 def _check_all_written(spec, checker) -> None:
-  """Outputs the launch left partly unwritten: a warning, once per kernel.
-
-  With ``debug=True``, ``UnwrittenOutputReadError`` instead: the bytes
-  nobody wrote are the caller's to read next.
-  """
+  """Outputs the launch left partly unwritten: a warning, once per kernel
+  (with ``debug=True``, ``UnwrittenOutputReadError``)."""
   unwritten = checker.unwritten_outputs()
   if not unwritten:
     return
@@ -236,12 +216,8 @@ def _check_all_written(spec, checker) -> None:
 
 
 def _name_the_kernel(error, spec) -> None:
-  """Puts the kernel, program id and source line before Triton's message.
-
-  Triton's interpreter reports a failing kernel as ``repr`` of the original
-  exception alone; the program that raised it is still the interpreter's
-  current one.
-  """
+  """Puts the kernel, program id and source line before Triton's message,
+  which is the ``repr`` of the original exception alone."""
   message = getattr(error, "error_message", None)
   if not isinstance(message, str):
     return
@@ -256,28 +232,19 @@ def _name_the_kernel(error, spec) -> None:
 def _host_call(*arrays, spec, platform):
   result_shapes = [jax.ShapeDtypeStruct(s, d) for s, d in spec.out_shapes]
   buffer_callback = _compat.host_buffer_callback()
+  # A call with side effects is kept by XLA when its results are unused.
   if platform == "cpu" and buffer_callback is not None:
-    # has_side_effect marks the custom call so that XLA keeps it when its
-    # results are unused.
     return buffer_callback(functools.partial(_fill_buffers, spec),
                            result_shapes,
                            has_side_effect=spec.has_side_effect)(*arrays)
   callback = functools.partial(run_on_host, spec)
   if spec.has_side_effect:
-    # An io_callback's custom call is marked as having side effects, so XLA
-    # keeps it when its results are unused.
     return io_callback(callback, result_shapes, *arrays, ordered=False)
   return jax.pure_callback(callback, result_shapes, *arrays)
 
 
 def cpu_lowering(ctx, *args, spec):
-  """The primitive's CPU lowering: a host callback into the interpreter.
-
-  Raises:
-    NotImplementedError: the lowering is ``jax.export``'s (a host callback
-      into this process cannot be serialised), or the kernel is Gluon.
-    ValueError: the call asks for clusters (``num_ctas > 1``).
-  """
+  """The primitive's CPU lowering: a host callback into the interpreter."""
   platforms = tuple(getattr(ctx.module_context, "platforms", ()) or ())
   if _compat.lowering_for_export(ctx):
     raise NotImplementedError(
@@ -291,7 +258,7 @@ def cpu_lowering(ctx, *args, spec):
         " compute_capability= (e.g. 90) on the call or in"
         " jt_dist.export_options; a kernel made under TRITON_INTERPRET=1"
         " is interpreted on GPUs too and cannot be exported either.")
-  _unsupported.check(spec)
+  _check_supported(spec)
   platform = platforms[0] if len(platforms) == 1 else None
   if (spec.cost_estimate and platform == "cpu"
       and _compat.host_buffer_callback() is not None
@@ -304,9 +271,34 @@ def cpu_lowering(ctx, *args, spec):
   return rule(ctx, *args)
 
 
+def _check_supported(spec) -> None:
+  """Refuses a Gluon kernel, a TF32 descriptor on a Triton without it, and
+  clusters: the interpreter cannot run them."""
+  name = spec.info.name
+  if _compat.is_gluon(spec.info.fn):
+    raise NotImplementedError(
+        f"triton_call: kernel {name!r} is a Gluon kernel"
+        " (@triton.experimental.gluon.jit), and Triton's interpreter cannot"
+        " run Gluon: its layouts and shared-memory operations exist only"
+        " on GPUs. Run the call on a GPU (jax.jit(...).lower(...,"
+        " lowering_platforms=('cuda',)) compiles it here without one), or"
+        " write a @triton.jit version of the kernel for the CPU.")
+  for op in spec.operands:
+    if op.kind == "array" and op.type.startswith("tensordesc"):
+      _compat.check_tf32_descriptor(op.value, name)
+  for launch in spec.launches:
+    if launch.config.num_ctas > 1:
+      raise ValueError(
+          f"triton_call: kernel {name!r} asks for num_ctas="
+          f"{launch.config.num_ctas} (config: {launch.config.label}), a"
+          " cluster of thread blocks; clusters are not available on the CPU"
+          " (Triton's interpreter runs one program at a time), only on CUDA"
+          " GPUs from Hopper (sm_90). Pass num_ctas=1 on the CPU.")
+
+
 def _own_target_call(ctx, *args, spec):
   """A CPU call with a ``cost_estimate``: jt_dist's own FFI target, which
-  runs what the buffer callback runs and carries ``cost_estimate_json``."""
+  carries ``cost_estimate_json``."""
   index = _ffi_target.add_call(
       lambda inputs, outputs: _fill_buffers(spec, None, outputs, *inputs),
       ctx.avals_in, ctx.avals_out, ctx.module_context)

@@ -1,17 +1,15 @@
 """Driving Triton's interpreter on host buffers, as a compiled kernel runs.
 
-Triton's interpreter runs a kernel's Python source one program instance at a
-time on NumPy data, but upstream it expects torch tensors, refuses
-``@triton.jit`` helpers outside ``TRITON_INTERPRET=1``, and mishandles
-bfloat16 (it keeps bf16 as raw uint16 bits). Everything here runs only
-inside one launch, under ``_interpret``'s lock, and restores what it
-patched before returning: nothing is changed at import time.
+Upstream, the interpreter expects torch tensors, refuses ``@triton.jit``
+helpers outside ``TRITON_INTERPRET=1`` and computes on narrow floats' bits.
+Every patch here lasts one launch, under the interpreter lock.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
+import re
 import weakref
 
 import numpy as np
@@ -27,18 +25,13 @@ from jt_dist._cpu import bfloat16 as _bfloat16
 from jt_dist._cpu import bounds as _bounds
 from jt_dist._cpu import float8 as _float8
 from jt_dist._cpu import host_memory as _host_memory
-from jt_dist._cpu import math_dtypes as _math_dtypes
 from jt_dist._cpu import reductions as _reductions
 from jt_dist._cpu import vector_lang as _vector_lang
 from jt_dist._cpu import vector_launch as _vector_launch
 
-JITFunction = _compat.JITFunction
-InterpretedFunction = _interpreter.InterpretedFunction
-
 
 class _HostBufferExecutor(_interpreter.GridExecutor):
-  """Triton's grid executor, fed host buffers instead of torch tensors:
-  upstream's copies of device tensors to the host and back are identities."""
+  """Triton's grid executor on host buffers: no copies to and from torch."""
 
   def _init_args_hst(self, args_dev, kwargs):
     return list(args_dev), dict(kwargs)
@@ -47,16 +40,16 @@ class _HostBufferExecutor(_interpreter.GridExecutor):
     del args_dev, args_hst, kwargs, kwargs_hst
 
 
-# Python function -> its InterpretedFunction. Making one reads the
-# function's signature and sets up an AST rewriter, about a hundredth of a
-# tiny launch, and a kernel's helpers are made again at every call of them.
+# Python function -> its InterpretedFunction: making one costs about a
+# hundredth of a tiny launch, and helpers are made again at every call.
 _INTERPRETED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def _interpreted(python_fn):
   found = _INTERPRETED.get(python_fn)
   if found is None:
-    found = _INTERPRETED[python_fn] = InterpretedFunction(python_fn)
+    found = _INTERPRETED[python_fn] = _interpreter.InterpretedFunction(
+        python_fn)
   return found
 
 
@@ -64,21 +57,9 @@ def run(python_fn, grid: tuple[int, int, int], args, kwargs, checker=None,
         debug: bool = False):
   """Runs ``python_fn`` over ``grid`` through Triton's interpreter.
 
-  The caller must hold the interpreter lock: the interpreter patches
-  ``triton.language`` globally for the duration of the launch. ``args``
-  pass pointers as ``data_ptr`` objects, at the tagged addresses of
-  ``checker`` (a ``bounds.MemoryChecker``; None runs unchecked on real
-  addresses); ``kwargs`` are constexprs; ``debug`` turns on
-  ``tl.device_assert``.
-
-  Raises:
-    OutOfBoundsAccessError, UnwrittenOutputReadError: the checker refused an
-      access (unwrapped from the interpreter's InterpreterError).
-    KernelAssertionError: a ``tl.device_assert`` (with ``debug``) or a
-      ``tl.static_assert`` failed.
-    KernelTypeError: the kernel computes on float8 values, applies a math
-      function to operands it does not take, or converts a pointer or float
-      to an int (a loop bound, step or index).
+  The caller holds the interpreter lock. Pointers in ``args`` are at the
+  tagged addresses of ``checker`` (None: unchecked, real addresses). A
+  kernel fault leaves unwrapped from the interpreter's ``InterpreterError``.
   """
   interpreted = _interpreted(python_fn)
   executor = _HostBufferExecutor(interpreted.rewrite(),
@@ -89,7 +70,7 @@ def run(python_fn, grid: tuple[int, int, int], args, kwargs, checker=None,
   except _compat.InterpreterError as e:
     if isinstance(e.__cause__, _KERNEL_FAULTS):
       raise e.__cause__ from None
-    refused = _math_dtypes.refusal(e.__cause__, python_fn.__name__)
+    refused = _math_refusal(e.__cause__, python_fn.__name__)
     if refused is not None:
       raise refused from None
     raise
@@ -99,6 +80,37 @@ _KERNEL_FAULTS = (_errors.OutOfBoundsAccessError,
                   _errors.UnwrittenOutputReadError,
                   _errors.KernelAssertionError,
                   _errors.KernelTypeError)
+
+
+# "Expected dtype ['fp32', 'fp64'] but got bf16", from Triton's
+# ``math._check_dtype``.
+_MATH_DTYPE_MESSAGE = re.compile(
+    r"Expected dtype \[(?P<accepted>[^\]]*)\] but got (?P<got>\w+)")
+# Language names of Triton's type names, for the suggested cast.
+_LANGUAGE_NAMES = {"fp16": "float16", "fp32": "float32", "fp64": "float64",
+                   "bf16": "bfloat16"}
+
+
+def _math_refusal(error, kernel: str) -> _errors.KernelTypeError | None:
+  """The ``KernelTypeError`` for a math function's dtype refusal (``tl.exp``
+  on bf16, say; ``tl.sigmoid`` is refused as ``tl.exp``), or None where
+  ``error``, the ``InterpreterError``'s cause, is none. Read only when a
+  launch fails, so that launches pay nothing for it."""
+  found = (_MATH_DTYPE_MESSAGE.fullmatch(str(error))
+           if isinstance(error, ValueError) else None)
+  name = None if found is None else _interpreter.dtype_refusing_function(
+      error.__traceback__)
+  if name is None:
+    return None
+  accepted = re.findall(r"'(\w+)'", found["accepted"])
+  first = _LANGUAGE_NAMES.get(accepted[0], accepted[0]) if accepted else ""
+  return _errors.KernelTypeError(
+      f"triton_call: kernel {kernel!r}, program id"
+      f" {_interpreter.program_id()}: tl.{name} on {found['got']}"
+      f" operands. It takes {' or '.join(accepted)} operands only, and"
+      f" compiling it for a GPU fails too (\"{found.group(0)}\"). Cast"
+      f" the operands first, e.g. `x.to(tl.{first})`, and the result back"
+      " with `.to(...)` where a narrower one is wanted.")
 
 
 def _checked_memory(checker):
@@ -116,11 +128,10 @@ def _checked_memory(checker):
 
 
 def _run_patched(executor, args, kwargs, checker, python_fn, debug):
-  # All programs at once where the kernel allows; otherwise (memory
-  # restored) one at a time, as Triton's interpreter runs them.
+  # All programs at once where the kernel allows (not with tuple operands:
+  # the vectorised launch journals top-level pointers only); otherwise
+  # (memory restored) one at a time, as Triton's interpreter runs them.
   patched = functools.partial(_patched_language, python_fn.__name__, debug)
-  # Tuple operands run one program at a time: the vectorised launch keys
-  # and journals its pointers at the top level only.
   if (not any(isinstance(a, tuple) for a in args)
       and _vector_launch.run(executor, args, kwargs, checker, patched,
                              python_fn)):
@@ -131,61 +142,41 @@ def _run_patched(executor, args, kwargs, checker, python_fn, debug):
 
 @contextlib.contextmanager
 def _patched_language(kernel: str, debug: bool):
-  """``triton.language`` and the interpreter as jt_dist runs a launch."""
-  # Both language modules, not only those the kernel's globals name (usually
-  # `tl`): library helpers such as tl.zeros are @triton.jit functions that
-  # call builtins through `triton.language.core`. jt_dist's own replacements
-  # of language functions are entered after, so that they win; the builder's
-  # backports before the bf16 and float8 patches, which wrap them.
-  with _helpers_run_interpreted(), _interpreter.builder_backported(), \
-      _bfloat16.bfloat16_like_compiled(), \
-      _float8.float8_like_compiled(kernel), _atomics.float_atomics_on_values(), \
-      _interpreter.language_patched(), \
-      _reductions.reductions_on_values(kernel), \
-      _asserts.kernel_asserts(kernel, debug), _scalar_index_squeezes(kernel):
+  """``triton.language`` and the interpreter as jt_dist runs a launch: the
+  bf16 and float8 patches wrap the builder's backports, and jt_dist's
+  replacements of language functions follow the language patches."""
+  def call_interpreted(self, *args, **kwargs):
+    # A @triton.jit helper (a JITFunction) refuses to run outside a
+    # compiled kernel unless TRITON_INTERPRET=1: it runs interpreted.
+    return _interpreted(self.fn).rewrite()(*args, **kwargs)
+
+  def index(self):
+    # `range(n)` on a scalar tensor (a 1-element 1-D array): Triton 3.6's
+    # `int(data)` fails on NumPy >= 2.4. A pointer or float is refused, as
+    # compiling refuses it.
+    _vector_lang.require_integer(self, kernel)
+    return int(self.handle.data.squeeze())
+
+  with (_compat.attributes_replaced(_compat.JITFunction,
+                                    {"__call__": call_interpreted}),
+        _interpreter.builder_backported(),
+        _bfloat16.bfloat16_like_compiled(),
+        _float8.float8_like_compiled(kernel),
+        _atomics.float_atomics_on_values(),
+        _interpreter.language_patched(),
+        _reductions.reductions_on_values(kernel),
+        _asserts.kernel_asserts(kernel, debug),
+        _compat.attributes_replaced(tl_core.tensor, {"__index__": index})):
     yield
 
 
-def _scalar_index_squeezes(kernel: str):
-  """Lets ``range(n)`` take a scalar tensor under Triton 3.6 and NumPy 2.4.
-
-  The interpreter holds scalars (runtime int arguments, tl.program_id) as
-  one-element 1-D arrays. Triton 3.6 patches ``tensor.__index__`` to
-  ``int(data)``, which NumPy >= 2.4 refuses for a 1-D array; Triton 3.9
-  squeezes first. For one launch, inside the language patches. A pointer or
-  float is refused, as compiling refuses it.
-  """
-  def index(self):
-    _vector_lang.require_integer(self, kernel)
-    return int(self.handle.data.squeeze())
-  return _compat.attributes_replaced(tl_core.tensor, {"__index__": index})
-
-
-def _helpers_run_interpreted():
-  """Lets a kernel call ``@triton.jit`` helpers while it is interpreted.
-
-  Outside ``TRITON_INTERPRET=1`` the helpers are ``JITFunction``s, whose
-  ``__call__`` refuses to run outside a compiled kernel; for one launch the
-  call runs the helper's interpreted form, under the launch's patches.
-  """
-  def call_interpreted(self, *args, **kwargs):
-    return _interpreted(self.fn).rewrite()(*args, **kwargs)
-
-  return _compat.attributes_replaced(JITFunction,
-                                     {"__call__": call_interpreted})
-
-
 def interpreter_scalar(value, triton_type: str):
-  """A scalar argument, typed as a compiled kernel types it.
+  """A scalar argument (of ``triton_type``: "fp32", "i1", "u64", ...) as a
+  typed tensor, as a compiled kernel types it.
 
-  The interpreter treats a bare Python float as a weakly typed constant, so
-  ``x_fp16 * alpha`` would stay fp16; a compiled kernel receives an fp32 (or
-  fp64) parameter and promotes. Triton 3.6's interpreter also stores a bool
-  argument in an int32 buffer under the i1 type, which it then rejects, and
-  Triton 3.9's types an int in [2**31, 2**32) i64 but stores it in 4 bytes.
-  Passing a typed tensor (``tl.tensor`` of the one ``value``) keeps all
-  alike on every Triton version. ``triton_type``: "fp32", "fp64", "i1",
-  "i32", "u32", "i64" or "u64".
+  The interpreter types a bare Python float weakly (``x_fp16 * alpha``
+  would stay fp16), Triton 3.6's rejects its own bool arguments, and 3.9's
+  stores an int in [2**31, 2**32) in 4 bytes.
   """
   tl_dtype = {"fp32": tl.float32, "fp64": tl.float64, "i1": tl.int1,
               "i32": tl.int32, "u32": tl.uint32, "i64": tl.int64,

@@ -1,35 +1,131 @@
-"""Triton's interpreter, as jt_dist's CPU runtime adapts it.
+"""Triton's interpreter: the names and hooks jt_dist's CPU runtime uses.
 
-The only package of jt_dist that imports ``triton.runtime.interpreter``:
-
-- ``upstream``: the interpreter's names and hooks (its builder, memory,
-  program id, block pointers, AST rewriter) that the runtime uses.
-- ``language``: ``triton.language`` patched as the interpreter patches it,
-  recorded once.
-- ``triton36_floats``: where Triton 3.6's interpreter treats floats
-  otherwise than 3.9's (remove when Triton 3.6 support ends).
+The only package of jt_dist that imports ``triton.runtime.interpreter``
+(Triton 3.6 through 3.9 hold every name below); ``language`` records its
+patches of ``triton.language`` once, ``triton36_floats`` evens out Triton
+3.6's float differences.
 """
 
+from __future__ import annotations
+
+import ast
+import contextlib
+import inspect
+from typing import Any
+
+import triton
+from triton.language import semantic as _semantic
+from triton.runtime import interpreter as _interpreter
+
+from jt_dist._compat import attributes_replaced
 from jt_dist._cpu.interpreter.language import language_patched
 from jt_dist._cpu.interpreter.triton36_floats import builder_backported
 from jt_dist._cpu.interpreter.triton36_floats import nan_ignoring
-from jt_dist._cpu.interpreter.upstream import ATOMIC_OP
-from jt_dist._cpu.interpreter.upstream import block_pointer
-from jt_dist._cpu.interpreter.upstream import builder
-from jt_dist._cpu.interpreter.upstream import builder_replaced
-from jt_dist._cpu.interpreter.upstream import dtype_refusing_function
-from jt_dist._cpu.interpreter.upstream import function_rewriter
-from jt_dist._cpu.interpreter.upstream import GridExecutor
-from jt_dist._cpu.interpreter.upstream import implicit_cvt
-from jt_dist._cpu.interpreter.upstream import InterpretedFunction
-from jt_dist._cpu.interpreter.upstream import InterpreterBuilder
-from jt_dist._cpu.interpreter.upstream import LangPatchScope
-from jt_dist._cpu.interpreter.upstream import native_memory
-from jt_dist._cpu.interpreter.upstream import native_memory_replaced
-from jt_dist._cpu.interpreter.upstream import np_dtype
-from jt_dist._cpu.interpreter.upstream import patch_lang
-from jt_dist._cpu.interpreter.upstream import program_id
-from jt_dist._cpu.interpreter.upstream import ReduceOps
-from jt_dist._cpu.interpreter.upstream import ScanOps
-from jt_dist._cpu.interpreter.upstream import TensorHandle
-from jt_dist._cpu.interpreter.upstream import TritonSemantic
+
+TensorHandle = _interpreter.TensorHandle
+InterpreterBuilder = _interpreter.InterpreterBuilder
+GridExecutor = _interpreter.GridExecutor
+InterpretedFunction = _interpreter.InterpretedFunction
+ReduceOps = _interpreter.ReduceOps
+ScanOps = _interpreter.ScanOps
+# The interpreter's builtins call the methods of its module-level instance.
+TritonSemantic = _semantic.TritonSemantic
+# Private names of the interpreter, named here only.
+ATOMIC_OP = _interpreter._ir.ATOMIC_OP  # pylint: disable=protected-access
+np_dtype = _interpreter._get_np_dtype  # pylint: disable=protected-access
+implicit_cvt = _interpreter._implicit_cvt  # pylint: disable=protected-access
+LangPatchScope = _interpreter._LangPatchScope  # pylint: disable=protected-access
+patch_lang = _interpreter._patch_lang  # pylint: disable=protected-access
+
+
+def builder():
+  """The interpreter's builder in place (jt_dist replaces it per launch)."""
+  return _interpreter.interpreter_builder
+
+
+@contextlib.contextmanager
+def builder_replaced(replacement):
+  """Makes ``replacement`` the interpreter's builder for the block."""
+  with (attributes_replaced(_interpreter,
+                            {"interpreter_builder": replacement}),
+        attributes_replaced(_interpreter.interpreter_semantic,
+                            {"builder": replacement})):
+    yield
+
+
+# The interpreter reaches memory only through four functions of its native
+# module, `_interpreter` there: load(ptrs, mask, other, dtype), store(ptrs,
+# values, mask), atomic_rmw(op, ptrs, values, mask, sem) and
+# atomic_cas(ptrs, cmp, values, sem). Plain, block-pointer (3.6) and
+# tensor-descriptor (3.9) accesses all end there: the one place to check.
+_NATIVE_MEMORY_ATTR = "_interpreter"
+
+
+def native_memory() -> Any:
+  return getattr(_interpreter, _NATIVE_MEMORY_ATTR)
+
+
+def native_memory_replaced(replacement: Any):
+  """Routes the interpreter's memory accesses through ``replacement``."""
+  return attributes_replaced(_interpreter, {_NATIVE_MEMORY_ATTR: replacement})
+
+
+def program_id() -> tuple[int, int, int] | None:
+  """The program the interpreter is running, as (x, y, z)."""
+  builder = getattr(_interpreter, "interpreter_builder", None)
+  grid_idx = getattr(builder, "grid_idx", None)
+  return None if grid_idx is None else tuple(int(i) for i in grid_idx)
+
+
+def dtype_refusing_function(traceback) -> str | None:
+  """The math function whose dtype check (``math._check_dtype``'s closure
+  over ``dtypes`` and ``fn``) raised along ``traceback``, or None."""
+  while traceback is not None:
+    frame = traceback.tb_frame
+    if "dtypes" in frame.f_code.co_freevars:
+      fn = frame.f_locals.get("fn")
+      name = getattr(fn, "__name__", None)
+      if name is not None:
+        return name
+    traceback = traceback.tb_next
+  return None
+
+
+def block_pointer(base, shape, strides, offsets, block_shape, order) -> Any:
+  """A block pointer handle (Triton 3.6's interpreter has them)."""
+  cls = getattr(_interpreter, "BlockPointerHandle", None)
+  if cls is None:
+    raise NotImplementedError(
+        f"Triton {triton.__version__}'s interpreter has no block pointers")
+  return cls(base, shape, strides, offsets, block_shape, order)
+
+
+def function_rewriter(python_fn, transform, name: str, value):
+  """``python_fn`` rewritten as upstream does, then by ``transform`` (of the
+  module's AST); None where the source cannot be read.
+
+  Defined inside an outer function binding ``name`` to ``value``, so the
+  rewritten code reaches ``value`` as a closure variable.
+  """
+  rewriter = _interpreter.FunctionRewriter(python_fn)
+  try:
+    lines, _ = inspect.getsourcelines(python_fn)
+  except (OSError, TypeError):
+    return None
+  # pylint: disable=protected-access
+  rewriter.filename, rewriter.def_file_lineno = (
+      rewriter._get_jit_fn_file_line())
+  rewriter.def_lineno = rewriter._find_def(lines)
+  tree = ast.parse(rewriter._prepare_source(lines))
+  tree = transform(rewriter.ast_transformer.visit(tree))
+  fn_name = python_fn.__name__
+  outer = ast.FunctionDef(
+      name=fn_name, args=ast.arguments(
+          posonlyargs=[], args=[ast.arg(name)], kwonlyargs=[],
+          kw_defaults=[], defaults=[]),
+      body=tree.body + [ast.Return(ast.Name(fn_name, ast.Load()))],
+      decorator_list=[], returns=None)
+  tree = ast.Module(body=[outer], type_ignores=[])
+  ast.fix_missing_locations(tree)
+  ast.increment_lineno(tree, rewriter.def_file_lineno - 1)
+  return rewriter._compile_and_exec(tree)(value)

@@ -1,22 +1,14 @@
 """``triton.language`` as Triton's interpreter patches it, recorded once.
 
-Triton's interpreter (3.6 through 3.9) makes ``triton.language`` run on
-NumPy by calling ``_patch_lang(fn)`` at every launch: it walks
-``triton.language``, its ``core`` and ``math`` modules and the tensor classes
-with ``inspect.getmembers`` and wraps every builtin anew. On a tiny kernel
-that walk is about a third of a launch, and jt_dist's runtime used to pay
-it twice (once for ``triton.language.core``, which library helpers such as
-``tl.zeros`` call, once in the executor).
-
-The walk gives the same wrappers at every launch while the modules hold the
-same originals, provided the wrappers do not bind the launch's builder.
-Triton 3.9's read the interpreter's module-level ``interpreter_semantic`` at
-call time. Triton 3.6's each bind a ``TritonSemantic(builder)`` made as they
-are made; while recording, that constructor hands out
-``interpreter_semantic`` itself, whose ``builder`` is the one in place, so
-the wrappers follow the builder as 3.9's do (the vectorised launch sets
-that attribute). So the patches are recorded once, without applying them,
-and re-applied for each launch; the executor's own ``_patch_lang`` then
+At every launch the interpreter's ``_patch_lang(fn)`` walks the language
+modules and tensor classes and wraps every builtin anew: about a third of a
+tiny kernel's launch. While the modules hold the same originals the walk
+gives the same wrappers, provided they do not bind the launch's builder:
+Triton 3.9's read the module-level ``interpreter_semantic`` at call time;
+Triton 3.6's bind a ``TritonSemantic(builder)``, which while recording
+hands out ``interpreter_semantic`` itself, whose ``builder`` follows the
+one in place (the vectorised launch sets it). So the patches are recorded
+once and re-applied per launch; the executor's own ``_patch_lang`` then
 only checks that the kernel can see ``triton.language``.
 """
 
@@ -45,14 +37,13 @@ from jt_dist._compat.triton_api import LANGUAGE_LOCK
 
 _ABSENT = object()
 
-# The only modules upstream's `_patch_lang(fn)` patches, whichever of them a
-# kernel's globals name.
+# What upstream's `_patch_lang(fn)` patches, whichever a kernel's globals name.
 _LANGUAGE_MODULES = (tl, tl_core)
 
 
 @functools.cache
 def _wrappers_read_shared_semantic() -> bool:
-  """Whether, as read in Triton 3.9, wrappers never bind a builder."""
+  """Whether wrappers never bind a builder (Triton 3.9 on)."""
   match = re.match(r"(\d+)\.(\d+)", triton.__version__)
   return match is not None and (int(match[1]), int(match[2])) >= (3, 9)
 
@@ -92,55 +83,28 @@ class _Recorder:
     return self.shared or _wrappers_read_shared_semantic()
 
 
-class _Plan:
-  """Upstream's patches of the language modules, made once, applied often.
+class _OwnerPlan:
+  """Upstream's patches of one owner (a module or a class), made once.
 
-  A launch applies and undoes about 250 attributes. Where the plan is
-  current, what each owner holds is what was recorded, so nothing is read
-  back: a module's dictionary is updated in one call, and only classes
-  (whose ``__dict__`` is read-only) take one ``setattr`` per attribute.
+  A launch applies and undoes about 250 attributes: nothing is read back,
+  and a module's dictionary is updated in one call (a class's is read-only).
   """
 
-  def __init__(self, owners):
-    self._owners = [_OwnerPlan(obj, replacements)
-                    for obj, replacements in owners]
-
-  def current(self) -> bool:
-    """Whether the modules still hold what the plan's wrappers wrap."""
-    return all(owner.current() for owner in self._owners)
-
-  @contextlib.contextmanager
-  def applied(self):
-    """The patches in place for the block; the originals back after it."""
-    done = []
-    try:
-      for owner in self._owners:
-        owner.apply()
-        done.append(owner)
-      yield
-    finally:
-      for owner in reversed(done):
-        owner.restore()
-
-
-class _OwnerPlan:
-  """One owner's share of a plan (a module or a class)."""
-
   def __init__(self, obj, replacements):
-    self.obj = obj
-    self.names = names = tuple(replacements)
-    self.originals = originals = tuple(vars(obj).get(name, _ABSENT)
-                                       for name in names)
-    self.replacements = replacements
+    own = vars(obj)
+    self.obj, self.replacements = obj, replacements
+    self.originals = {name: own.get(name, _ABSENT) for name in replacements}
+    self.restored = {name: value for name, value in self.originals.items()
+                     if value is not _ABSENT}
+    self.absent = [name for name, value in self.originals.items()
+                   if value is _ABSENT]
     self.is_module = inspect.ismodule(obj)
-    self.restored = {n: v for n, v in zip(names, originals)
-                     if v is not _ABSENT}
-    self.absent = tuple(n for n, v in zip(names, originals) if v is _ABSENT)
 
   def current(self) -> bool:
+    """Whether the owner still holds what the wrappers wrap."""
     own = vars(self.obj)
     return all(own.get(name, _ABSENT) is original
-               for name, original in zip(self.names, self.originals))
+               for name, original in self.originals.items())
 
   def apply(self) -> None:
     if self.is_module:
@@ -163,8 +127,8 @@ class _OwnerPlan:
         delattr(self.obj, name)
 
 
-# "plan": the recorded _Plan; "unusable": recording cannot be reused here.
-# Read and written under LANGUAGE_LOCK.
+# "plan": the recorded _OwnerPlans; "unusable": a recording cannot be reused
+# here. Read and written under LANGUAGE_LOCK.
 _cache: dict[str, Any] = {}
 
 
@@ -173,7 +137,7 @@ def _probe():
   return tl, tl_core
 
 
-def _recorded_plan(patch_lang) -> _Plan | None:
+def _recorded_plan(patch_lang) -> list[_OwnerPlan] | None:
   recorder = _Recorder()
   replacements = {"_LangPatchScope": lambda: recorder}
   if "TritonSemantic" in vars(_interpreter):
@@ -186,14 +150,15 @@ def _recorded_plan(patch_lang) -> _Plan | None:
     return None  # Upstream's own walk, run next, reports any real fault.
   if returned is not recorder or not recorder.reusable():
     return None
-  return _Plan(recorder.changes.values())
+  return [_OwnerPlan(obj, changes)
+          for obj, changes in recorder.changes.values()]
 
 
-def _plan_for_launch(patch_lang) -> _Plan | None:
+def _plan_for_launch(patch_lang) -> list[_OwnerPlan] | None:
   if _cache.get("unusable"):
     return None
   plan = _cache.get("plan")
-  if plan is not None and plan.current():
+  if plan is not None and all(owner.current() for owner in plan):
     return plan
   plan = _recorded_plan(patch_lang)
   if plan is None:
@@ -214,15 +179,9 @@ def _visibility_check(fn):
 
 @contextlib.contextmanager
 def language_patched():
-  """Patches ``triton.language`` and its core for one interpreted launch.
-
-  As upstream's executor patches them, for both modules, whichever the
-  kernel's globals name; within the block upstream's ``_patch_lang`` only
-  checks that ``triton.language`` is visible, so that jt_dist's own
-  replacements entered inside the block stay. Restored exactly on exit (an
-  attribute the owner only inherited is deleted again). Holds
-  ``LANGUAGE_LOCK``.
-  """
+  """Patches ``triton.language`` and its core for one interpreted launch;
+  within it upstream's ``_patch_lang`` only checks visibility, so that
+  jt_dist's own replacements entered inside stay."""
   with LANGUAGE_LOCK, contextlib.ExitStack() as stack:
     patch_lang = _interpreter._patch_lang  # pylint: disable=protected-access
     if patch_lang is _visibility_check:
@@ -232,7 +191,9 @@ def language_patched():
     if plan is None:
       stack.callback(patch_lang(_probe).restore)
     else:
-      stack.enter_context(plan.applied())
+      for owner in plan:
+        owner.apply()
+        stack.callback(owner.restore)
     stack.enter_context(attributes_replaced(
         _interpreter, {"_patch_lang": _visibility_check}))
     yield

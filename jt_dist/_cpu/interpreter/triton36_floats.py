@@ -1,25 +1,12 @@
-"""Where Triton 3.6 treats floats otherwise than 3.9 (remove with 3.6).
+"""Where Triton 3.6's interpreter treats floats otherwise than 3.9's.
 
-Remove when Triton 3.6 support ends: each function here then reduces to
-Triton 3.9's behaviour (the backport to nothing, the mapping to identity).
-
-jt_dist evens out two differences of the interpreter:
-
-* ``tl.minimum``, ``tl.maximum`` and ``tl.clamp`` with ``propagate_nan``
-  NONE lower to ``minnumf``/``maxnumf``, which return the other operand
-  where one is NaN, on GPUs and in Triton 3.9's interpreter (``np.fmin``,
-  ``np.fmax``). Triton 3.6's interpreter computes ``np.minimum``,
-  ``np.maximum`` and ``np.clip``, which return NaN.
-  ``builder_backported`` puts 3.9's forms in place for a launch.
-* ``tl.argmin``, ``tl.argmax`` (and ``tl.min``/``tl.max`` with indices)
-  reach the interpreter's reductions as ``np.min``/``np.argmin`` in 3.6 and
-  as the NaN-ignoring ``np.nanmin``/``np.nanargmin`` in 3.9:
-  ``nan_ignoring`` maps the first to the second.
-
-Two differences of Triton's language stay, as compiled kernels have them:
-Triton 3.6's ``tl.minimum``, ``tl.maximum`` and ``tl.clamp`` widen bfloat16
-operands to float32, and its ``tl.math.fdiv`` divides bfloat16 operands in
-bfloat16 (3.9 in float32).
+Remove when Triton 3.6 support ends (the backport then is empty, the
+mapping the identity). ``tl.minimum``, ``tl.maximum`` and ``tl.clamp`` with
+``propagate_nan`` NONE return the other operand where one is NaN on GPUs
+and in 3.9 (``np.fmin``, ``np.fmax``); 3.6 returns NaN. ``tl.argmin`` and
+``tl.argmax`` reduce with ``np.argmin`` in 3.6, with the NaN-ignoring
+``np.nanargmin`` in 3.9. Language differences stay, as compiled kernels
+have them (3.6 widens bf16 in ``tl.minimum``, divides bf16 in bf16).
 """
 
 from __future__ import annotations
@@ -42,11 +29,8 @@ _NAN_IGNORING = {np.min: np.nanmin, np.max: np.nanmax,
 
 
 def nan_ignoring(reduce_op):
-  """``np.nanmin`` for ``np.min`` and so on, as Triton 3.9 picks.
-
-  ``reduce_op``: what upstream's ``ReduceOps.apply_impl`` hands ``min_max``
-  (``np.min``, ``np.argmin``, ... in Triton 3.6), or None; others unchanged.
-  """
+  """``np.nanmin`` for ``np.min`` and so on (others unchanged), as Triton
+  3.9 picks for ``ReduceOps.apply_impl``'s ``min_max``."""
   return _NAN_IGNORING.get(reduce_op, reduce_op)
 
 
@@ -71,11 +55,8 @@ def _scalar(value) -> TensorHandle:
 
 @functools.cache
 def _backports() -> dict:
-  """The builder methods that return NaN for a NaN operand, with fixes.
-
-  Read from upstream's own methods on a NaN, once; they are fine wherever
-  a Triton release computes as 3.9 does.
-  """
+  """The builder methods that return NaN for a NaN operand, with fixes
+  (none where upstream computes as Triton 3.9 does)."""
   builder = _interpreter.InterpreterBuilder()
   nan, one = _scalar(np.nan), _scalar(1.0)
   results = {
@@ -94,11 +75,8 @@ def _backports() -> dict:
 
 @contextlib.contextmanager
 def builder_backported():
-  """Triton 3.9's NaN-ignoring minimum, maximum and clamp, for one launch.
-
-  Enter before any other patch of the interpreter's builder, so that those
-  wrap these (the caller holds the interpreter lock).
-  """
+  """Triton 3.9's NaN-ignoring minimum, maximum and clamp, for one launch
+  (entered before other patches of the builder, which wrap these)."""
   with LANGUAGE_LOCK, attributes_replaced(_interpreter.InterpreterBuilder,
                                           _backports()):
     yield

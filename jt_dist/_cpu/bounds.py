@@ -236,17 +236,15 @@ class MemoryChecker:
     )
 
 
-# Frames from these folders are the interpreter's, not the kernel's.
 _TRITON_DIR = os.path.dirname(os.path.abspath(triton.__file__)) + os.sep
+_CPU_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
 # Where kernels are called from: Triton's grid loop, or the vectorised
 # launch's (which also runs the rest of a grid one program at a time).
-_GRID_LOOPS = (_TRITON_DIR, os.path.join(
-    os.path.dirname(os.path.abspath(__file__)), "vector_launch.py"))
+_GRID_LOOPS = (_TRITON_DIR, _CPU_DIR + "vector_launch.py")
+# Frames from these folders are the interpreter's, not the kernel's.
 _INTERPRETER_DIRS = (
-    _TRITON_DIR,
-    os.path.dirname(os.path.abspath(np.__file__)) + os.sep,
-    os.path.dirname(os.path.abspath(__file__)) + os.sep,  # jt_dist/_cpu
-)
+    _TRITON_DIR, os.path.dirname(os.path.abspath(np.__file__)) + os.sep,
+    _CPU_DIR)
 
 
 def kernel_location(frames) -> str:

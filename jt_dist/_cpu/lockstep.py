@@ -134,13 +134,11 @@ class _Loop(_Region):
   def loop(self, fn, *args, **kwargs):
     """The loop's values; per program trip counts run masked."""
     bounds = None if self.masks is None else _range_bounds(fn, args, kwargs)
-    if bounds is None:
-      return fn(*args, **kwargs)
-    active = self.masks.current
-    lanes = [np.broadcast_to(b, (_programs(),)) for b in bounds]
-    if all(_uniform(b, active) for b in lanes):
-      return fn(*args, **kwargs)
-    return self._masked(*lanes)
+    if bounds is not None:
+      lanes = [np.broadcast_to(b, (_programs(),)) for b in bounds]
+      if not all(_uniform(b, self.masks.current) for b in lanes):
+        return self._masked(*lanes)
+    return fn(*args, **kwargs)
 
   def _masked(self, lo, hi, step):
     if (step == 0).any():

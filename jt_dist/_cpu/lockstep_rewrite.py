@@ -79,8 +79,7 @@ def _call(method: str, *args, target: str = _PREFIX, keywords=()):
 
 
 def _locals():
-  return ast.Call(func=ast.Name(id="locals", ctx=ast.Load()), args=[],
-                  keywords=[])
+  return ast.Call(ast.Name("locals", ast.Load()), args=[], keywords=[])
 
 
 def _assign(name: str, value) -> ast.Assign:

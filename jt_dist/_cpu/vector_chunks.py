@@ -21,9 +21,8 @@ one chunk, unmeasured.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import tracemalloc
-from typing import Iterator
+from typing import Iterator, NamedTuple
 
 from jt_dist._cpu import interpreter as _interpreter
 
@@ -37,8 +36,7 @@ _TRACED_FROM = 16 << 20
 _GROWTH = 64
 
 
-@dataclasses.dataclass(frozen=True)
-class Estimate:
+class Estimate(NamedTuple):
   """A kernel's working memory per program, over a chunk of ``programs``."""
 
   per_program: float  # Bytes.

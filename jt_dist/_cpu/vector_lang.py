@@ -197,8 +197,7 @@ def _running(combine_fn, datas, axis, dtypes):
 def _combine(combine_fn, acc, step, dtypes):
   """One combine step over all programs, cast back to the inputs' types
   (as upstream stores each step; ``CheckedCombine`` refuses other types)."""
-  args = [_to_tensor(a, dt) for a, dt in zip(acc, dtypes)]
-  args += [_to_tensor(s, dt) for s, dt in zip(step, dtypes)]
+  args = [_to_tensor(v, dt) for v, dt in zip(acc + step, dtypes * 2)]
   _COMBINING.append(True)
   try:
     ret = combine_fn.fn(*args)

@@ -2,15 +2,13 @@
 
 The interpreter reads and writes raw host addresses, so a kernel that goes
 past its buffer returns garbage or kills the process. With the check on
-(``JT_DIST_BOUNDS_CHECK``, read at each launch by ``lowering``), pointer
-parameter ``k`` gets the *tagged* address ``(k + 1) << 40`` plus half a
-region: any pointer derived from it, even with a negative or huge offset,
-still names ``k`` (its top bits) and its byte offset (the rest). An access
-is translated back to real addresses only after its masked lanes are
-checked against the buffer's extent, so a bad one raises before memory is
-touched. Outputs the kernel must write before reading also carry a byte
-map of what the launch wrote, and reading an unwritten byte raises too
-(aliased and zeroed outputs start written).
+(``JT_DIST_BOUNDS_CHECK``), pointer parameter ``k`` gets the *tagged*
+address ``(k + 1) << 40`` plus half a region: any pointer derived from it,
+even with a negative or huge offset, still names ``k`` (its top bits) and
+its byte offset (the rest). An access reaches real addresses only once its
+enabled lanes are checked against the buffer. Outputs the kernel must
+write before reading carry a byte map of what the launch wrote; reading an
+unwritten byte raises too (aliased and zeroed outputs start written).
 """
 
 from __future__ import annotations
@@ -31,9 +29,8 @@ from jt_dist._cpu import host_memory as _host_memory
 
 _REGION_BITS = 40
 _HALF_REGION = 1 << (_REGION_BITS - 1)
-# Tagged addresses keep the real address's low bits, so alignment checks in
-# the kernel (or in the interpreter's tensor descriptors) see what they
-# would see unchecked.
+# Tagged addresses keep the real address's low bits, so alignment checks
+# (the kernel's, tensor descriptors') see what they would see unchecked.
 _ALIGN_MASK = 0xFFF
 _SHOWN_OFFSETS = 8
 
@@ -78,10 +75,9 @@ class MemoryChecker:
     return self._real[k] + offsets.view(np.uint64)
 
   def translate_lanes(self, op, ptrs, mask, itemsize, reads, writes):
-    """Real addresses for ``ptrs`` after checking, lane by lane, the lanes
-    ``mask`` enables (``OutOfBoundsAccessError`` outside their buffers,
-    ``UnwrittenOutputReadError`` reading unwritten output bytes): pointers
-    into several buffers, or an access to describe as an error."""
+    """Real addresses for ``ptrs``, each enabled lane checked (and written
+    bytes tracked) on its own: pointers into several buffers, or an access
+    to describe as an error."""
     ptrs = np.asarray(ptrs, dtype=np.uint64)
     on = np.broadcast_to(np.asarray(mask, dtype=bool), ptrs.shape)
     index = (ptrs >> np.uint64(_REGION_BITS)).astype(np.int64) - 1
@@ -99,11 +95,10 @@ class MemoryChecker:
   def locate(self, op: str, ptrs, mask, itemsize: int, *, reads: bool,
              writes: bool):
     """``(k, byte offsets)`` where every lane names buffer ``k`` (the usual
-    case) and every enabled lane is inside it; else None.
+    case) and every enabled lane is inside it, checked and tracked as
+    ``translate_lanes`` does; else None (``translate_lanes`` describes it).
 
-    Checks and records as ``translate_lanes`` does. Lanes the mask turns off
-    get offset 0, so a gather over every lane stays inside the buffer. None
-    leaves ``translate_lanes`` to describe what is wrong.
+    Disabled lanes get offset 0, so a gather over every lane stays inside.
     """
     ptrs = np.asarray(ptrs, dtype=np.uint64)
     if not ptrs.size:
@@ -147,30 +142,22 @@ class MemoryChecker:
       # Aligned elements: one word per element of the byte map, all of
       # whose bytes are 1 where the element is written. (Shifts and ORs:
       # NumPy's integer division is several times slower.)
-      words = written.view(np.dtype(f"<u{itemsize}"))
-      full = int.from_bytes(b"\x01" * itemsize, "little")
+      table = written.view(np.dtype(f"<u{itemsize}"))
       index = starts >> (itemsize.bit_length() - 1)
-      if reads:
-        unwritten = words[index] != full
-        if unwritten.any():
-          raise self._unwritten(op, k, starts[unwritten], on, itemsize)
-      if writes:
-        words[index] = full
-      return
-    byte_index = starts[:, None] + np.arange(itemsize)
-    if reads:
-      unwritten = ~written[byte_index].all(axis=1)
-      if unwritten.any():
-        raise self._unwritten(op, k, starts[unwritten], on, itemsize)
+      full = int.from_bytes(b"\x01" * itemsize, "little")
+      unwritten = (table[index] != full) if reads else None
+    else:
+      table, full = written, True
+      index = starts[:, None] + np.arange(itemsize)
+      unwritten = ~written[index].all(axis=1) if reads else None
+    if reads and unwritten.any():
+      raise self._unwritten(op, k, starts[unwritten], on, itemsize)
     if writes:
-      written[byte_index] = True
+      table[index] = full
 
   def unwritten_outputs(self) -> list[tuple[int, np.ndarray]]:
-    """``(k, element offsets)`` of each output buffer left partly unwritten.
-
-    Only outputs whose writes are tracked: aliased and zeroed ones (and
-    Refs, aliased to their inputs) start defined.
-    """
+    """``(k, element offsets)`` of each tracked output left partly unwritten
+    (aliased and zeroed ones, and Refs, start defined)."""
     found = []
     for k, b in enumerate(self.buffers):
       # The whole map first: one fast pass where all was written.
@@ -200,7 +187,7 @@ class MemoryChecker:
 
   def _where(self, op: str) -> str:
     pid = _interpreter.program_id()
-    return (f"kernel {self.kernel!r}, program id {pid}: {op} through")
+    return f"kernel {self.kernel!r}, program id {pid}: {op} through"
 
   def _extent(self, k: int) -> str:
     a = self.buffers[k].array
@@ -249,26 +236,23 @@ class MemoryChecker:
     )
 
 
-# Frames from these folders are the interpreter's, not the kernel's.
 _TRITON_DIR = os.path.dirname(os.path.abspath(triton.__file__)) + os.sep
+_CPU_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
 # Where kernels are called from: Triton's grid loop, or the vectorised
 # launch's (which also runs the rest of a grid one program at a time).
-_GRID_LOOPS = (_TRITON_DIR, os.path.join(
-    os.path.dirname(os.path.abspath(__file__)), "vector_launch.py"))
+_GRID_LOOPS = (_TRITON_DIR, _CPU_DIR + "vector_launch.py")
+# Frames from these folders are the interpreter's, not the kernel's.
 _INTERPRETER_DIRS = (
-    _TRITON_DIR,
-    os.path.dirname(os.path.abspath(np.__file__)) + os.sep,
-    os.path.dirname(os.path.abspath(__file__)) + os.sep,  # jt_dist/_cpu
-)
+    _TRITON_DIR, os.path.dirname(os.path.abspath(np.__file__)) + os.sep,
+    _CPU_DIR)
 
 
 def kernel_location(frames) -> str:
   """The kernel's line: ``"FILE:LINE (`SOURCE`)"``, or "" if none is found.
 
-  ``frames``: ``(frame, line number)`` pairs, outermost first (as
-  ``traceback.walk_tb`` gives them). Below the first frame of a grid loop
-  (Triton's or jt_dist's), the deepest frame outside Triton, NumPy and
-  jt_dist._cpu is the kernel's line (or a ``@triton.jit`` helper's).
+  ``frames``: ``(frame, line number)`` pairs, outermost first. Below the
+  first frame of a grid loop, the deepest frame outside Triton, NumPy and
+  jt_dist._cpu is the kernel's (or a ``@triton.jit`` helper's).
   """
   found, inside = None, False
   for frame, lineno in frames:
@@ -327,8 +311,8 @@ class CheckedMemory:
     return getattr(self._native, name)
 
   def _checked(self, op, ptrs, mask, itemsize, direct=False):
-    """``(k, offsets)`` for HostMemory to reach buffer ``k`` by (``direct``
-    accesses), or ``(None, real addresses)`` for the module underneath."""
+    """``((k, offsets), None)`` for HostMemory to reach buffer ``k`` by
+    (``direct`` accesses), or ``(None, real addresses)``."""
     reads, writes = op != "store", op != "load"
     found = self._checker.locate(op, ptrs, mask, itemsize, reads=reads,
                                  writes=writes)

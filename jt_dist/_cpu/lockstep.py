@@ -1,14 +1,12 @@
 """Masked lockstep: program-dependent control flow over all programs at once.
 
-The code ``lockstep_rewrite`` generates calls ``RUNTIME``. In a vectorised
-launch (the interpreter's builder a ``VectorBuilder``) the builder's
-``Masks`` hold which of its programs are active: a stack with one entry per
-region that narrowed them, and one per function frame, so that a bare
-``return`` taken by some programs retires them for the rest of their
-function. Where the programs agree, every call below does what upstream's
-Python does with one value (same statements, same loop variables), and
-nothing is pushed. One program at a time, the builder is upstream's, and
-every call acts as plain Python.
+The code ``lockstep_rewrite`` generates calls this module. In a vectorised
+launch the builder's ``Masks`` hold which of its programs are active: one
+stack entry per region that narrowed them and one per function frame, so
+that a bare ``return`` taken by some programs retires them for the rest of
+their function. Where the programs agree, every call does what upstream's
+Python does with one value and pushes nothing; one program at a time (the
+builder is upstream's) every call acts as plain Python.
 
 Masked programs keep computing (on loads' ``other`` values), but write,
 assert and take atomics nowhere (``vector_builder``).
@@ -39,12 +37,6 @@ class Masks:
   @property
   def current(self):
     return self.stack[-1] if self.stack else None
-
-  def retire(self, frame: int, lanes) -> None:
-    """Deactivates ``lanes`` in every mask from ``frame`` on."""
-    for i in range(frame, len(self.stack)):
-      mask = self.stack[i]
-      self.stack[i] = ~lanes if mask is None else mask & ~lanes
 
 
 def _masks():
@@ -83,19 +75,20 @@ def merge(mask, new, old, name: str):
     return new
   if new is _MISSING or old is _MISSING:
     raise Unsupported(f"{name!r} is not assigned on every program's path")
+  every = np.ones(mask.shape, bool)
   if _python_int(new) and _python_int(old):
     if new == old:
       return new
     # Python ints per program (a loop index after its loop): as a shared
     # lo's loop index would be had the programs' indices differed.
-    return _loop_index(np.where(mask, new, old), np.ones(mask.shape, bool))
+    return _loop_index(np.where(mask, new, old), every)
   if _python_int(new) and _is_int32_scalar(old):
-    new = _loop_index(np.full(mask.shape, new), np.ones(mask.shape, bool))
+    new = _loop_index(np.full(mask.shape, new), every)
   if _python_int(old) and _is_int32_scalar(new):
-    old = _loop_index(np.full(mask.shape, old), np.ones(mask.shape, bool))
+    old = _loop_index(np.full(mask.shape, old), every)
   if isinstance(new, tl.tensor) and isinstance(old, tl.tensor):
-    new_data, old_data = np.asarray(new.handle.data), np.asarray(
-        old.handle.data)
+    new_data = np.asarray(new.handle.data)
+    old_data = np.asarray(old.handle.data)
     if new.type != old.type or new_data.dtype != old_data.dtype:
       raise Unsupported(f"{name!r} changes type ({old.type} to {new.type})")
     where = mask.reshape((-1,) + (1,) * (new_data.ndim - 1))
@@ -141,13 +134,11 @@ class _Loop(_Region):
   def loop(self, fn, *args, **kwargs):
     """The loop's values; per program trip counts run masked."""
     bounds = None if self.masks is None else _range_bounds(fn, args, kwargs)
-    if bounds is None:
-      return fn(*args, **kwargs)
-    active = self.masks.current
-    lanes = [np.broadcast_to(b, (_programs(),)) for b in bounds]
-    if all(_uniform(b, active) for b in lanes):
-      return fn(*args, **kwargs)
-    return self._masked(*lanes)
+    if bounds is not None:
+      lanes = [np.broadcast_to(b, (_programs(),)) for b in bounds]
+      if not all(_uniform(b, self.masks.current) for b in lanes):
+        return self._masked(*lanes)
+    return fn(*args, **kwargs)
 
   def _masked(self, lo, hi, step):
     if (step == 0).any():
@@ -202,11 +193,8 @@ def _range_bounds(fn, args, kwargs):
   else:
     return None
   bound = [b.value if isinstance(b, tl.constexpr) else b for b in bound]
-  if len(bound) == 1:
-    bound = [0] + bound
-  if len(bound) == 2:
-    bound.append(1)
-  if len(bound) != 3:
+  bound = {1: [0] + bound + [1], 2: bound + [1], 3: bound}.get(len(bound))
+  if bound is None:
     return None
   out = []
   for b in bound:
@@ -285,52 +273,52 @@ class _Branch(_Region):
     return True
 
   def pick(self, name, local_names):
-    old = self.saved[name]
-    then_value = self.then_values[name]
     else_value = (local_names.get(name, _MISSING) if name in self.else_names
-                  else old)
-    return merge(self.cond, then_value, else_value, name)
+                  else self.saved[name])
+    return merge(self.cond, self.then_values[name], else_value, name)
 
 
-class _Runtime:
-  """What rewritten kernels call (bound to them as ``_jt_ls``)."""
-
-  def enter(self):
-    """A function frame: its entry mask, retired from by its returns."""
-    masks = _masks()
-    if masks is None:
-      return None
-    masks.stack.append(masks.current)
-    masks.frames.append(len(masks.stack) - 1)
-    return masks.frames[-1]
-
-  def leave(self, frame) -> None:
-    masks = _masks()
-    if frame is not None and masks is not None:
-      del masks.stack[frame:]
-      del masks.frames[masks.frames.index(frame):]
-
-  def returns(self, has_value: bool) -> bool:
-    """Whether to return; else the active programs retire from the frame."""
-    masks = _masks()
-    if masks is None:
-      return True
-    frame = masks.frames[-1] if masks.frames else None
-    if frame is None or len(masks.stack) == frame + 1:
-      return True
-    if has_value:
-      raise Unsupported("a return with a value taken by some programs only")
-    current = masks.current
-    lanes = (np.ones(_programs(), bool) if current is None
-             else current.copy())
-    masks.retire(frame, lanes)
-    return False
-
-  def region(self, names) -> _Loop:
-    return _Loop(_masks(), names)
-
-  def branch(self, test, names, else_names) -> _Branch:
-    return _Branch(_masks(), test, names, else_names)
+# What rewritten kernels call, as ``_jt_ls.enter()`` and so on.
 
 
-RUNTIME = _Runtime()
+def enter():
+  """A function frame: its entry mask, retired from by its returns."""
+  masks = _masks()
+  if masks is None:
+    return None
+  masks.stack.append(masks.current)
+  masks.frames.append(len(masks.stack) - 1)
+  return masks.frames[-1]
+
+
+def leave(frame) -> None:
+  masks = _masks()
+  if frame is not None and masks is not None:
+    del masks.stack[frame:]
+    del masks.frames[masks.frames.index(frame):]
+
+
+def returns(has_value: bool) -> bool:
+  """Whether to return; else the active programs retire from the frame."""
+  masks = _masks()
+  if masks is None:
+    return True
+  frame = masks.frames[-1] if masks.frames else None
+  if frame is None or len(masks.stack) == frame + 1:
+    return True
+  if has_value:
+    raise Unsupported("a return with a value taken by some programs only")
+  current = masks.current
+  lanes = np.ones(_programs(), bool) if current is None else current.copy()
+  for i in range(frame, len(masks.stack)):
+    mask = masks.stack[i]
+    masks.stack[i] = ~lanes if mask is None else mask & ~lanes
+  return False
+
+
+def region(names) -> _Loop:
+  return _Loop(_masks(), names)
+
+
+def branch(test, names, else_names) -> _Branch:
+  return _Branch(_masks(), test, names, else_names)

@@ -2,29 +2,20 @@
 
 Triton's interpreter runs a kernel's Python directly, so a loop bound, an
 ``if`` or a ``return`` that depends on the program id asks for one Python
-value where a vectorised launch holds one per program. The rewrite below
-(applied after upstream's own AST rewrite, to the vectorised launch's copy
-of the kernel and its helpers only) routes each such statement through
-``lockstep``, which runs them as SIMD hardware runs SIMT code: a loop runs
-as often as its longest-running program, an ``if`` runs both branches,
-each under the mask of the programs that take it, and every load, store,
-atomic and assert honours that mask. At the end of such a region each
-variable the code after it may read is merged, per program, from the
-branch or iteration the program took (``where(mask, new, old)``).
+value where a vectorised launch holds one per program. The rewrite (after
+upstream's own, of the vectorised launch's copy of the kernel and its
+helpers) routes each such statement through ``lockstep``, which runs it as
+SIMD hardware runs SIMT code: a loop as often as its longest-running
+program, an ``if`` both branches, each under the mask of the programs that
+take it. After such a region each variable the code after it may read is
+merged per program (``where(mask, new, old)``); where both values do not
+exist or differ in type, the launch gives way (``lockstep.Unsupported``).
 
-What it cannot prove right it leaves as upstream wrote it, which gives way
-to one program at a time where the programs disagree (``vector_lang``):
-
-- a ``for`` over anything but a call (``range``, ``tl.range``), with an
-  ``else``, a target other than a name, or a ``break``, ``continue`` or
-  ``return`` in its body;
-- an ``if`` containing a ``break`` or ``continue``;
-- ``while`` loops (a spin lock in lockstep would never let go),
-  conditional expressions and ``and``/``or`` on per-program values.
-
-A variable the code after a region reads is merged only where both values
-exist and agree in type; otherwise the launch gives way
-(``lockstep.Unsupported``).
+Left as upstream wrote them (giving way where the programs disagree): a
+``for`` over anything but a call, with an ``else``, a non-name target or a
+``break``, ``continue`` or ``return`` in its body; an ``if`` containing a
+``break`` or ``continue``; ``while`` loops (a spin lock in lockstep would
+never let go), conditional expressions and ``and``/``or``.
 """
 
 from __future__ import annotations
@@ -88,8 +79,7 @@ def _call(method: str, *args, target: str = _PREFIX, keywords=()):
 
 
 def _locals():
-  return ast.Call(func=ast.Name(id="locals", ctx=ast.Load()), args=[],
-                  keywords=[])
+  return ast.Call(ast.Name("locals", ast.Load()), args=[], keywords=[])
 
 
 def _assign(name: str, value) -> ast.Assign:
@@ -207,16 +197,15 @@ _REWRITTEN: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def rewrite(python_fn, fallback):
-  """``python_fn`` as upstream's interpreter rewrites it, run in lockstep.
+  """``python_fn`` as upstream rewrites it, run in lockstep.
 
-  The rewritten function calls ``lockstep`` (bound as a closure variable,
-  so the kernel's module gains no name). Where the source cannot be read,
-  ``fallback()`` (upstream's form) stands in.
+  ``lockstep`` is bound as a closure variable (the kernel's module gains no
+  name); where the source cannot be read, ``fallback()`` stands in.
   """
   found = _REWRITTEN.get(python_fn)
   if found is None:
     found = _interpreter.function_rewriter(python_fn, _lockstep_tree,
-                                           _PREFIX, _lockstep.RUNTIME)
+                                           _PREFIX, _lockstep)
     _REWRITTEN[python_fn] = found = found or fallback()
   return found
 

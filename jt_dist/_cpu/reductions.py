@@ -2,24 +2,21 @@
 
 Upstream's interpreter reduces bf16 (uint16) and float8 (uint8) blocks with
 NumPy on their raw bits: ``tl.sum`` of bf16 ``[1, 2, -1, 0.5, ...]`` gives
--5.3e36 and ``tl.cumsum`` ``[1, inf, ...]``; ``tl.argmax`` ranks negative
-values backwards. Its fast paths (``tl.sum``, ``tl.max``/``tl.min`` with
-indices, ``tl.argmax``/``tl.argmin``, ``tl.cumsum``, ``tl.cumprod``) act
-here on values, in both the one-program and the vectorised launch:
+-5.3e36, and ``tl.argmax`` ranks negative values backwards. Its fast paths
+(``tl.sum``, ``tl.max``/``tl.min`` with indices, ``tl.argmax``/``argmin``,
+``tl.cumsum``, ``tl.cumprod``) act here on values, one program at a time
+and vectorised alike:
 
-* bf16: a GPU combines bf16 values in bf16, rounding every partial sum or
-  product. Sums round each pairwise addition of a tree (halves added
-  together, as a GPU's lanes combine); scans round each step in order;
-  maxima, minima and their indices compare the values (exactly).
-* float8: GPUs compile none of them (LLVM has no float8 arithmetic or
-  comparisons), so each raises ``KernelTypeError`` naming the operation and
-  the dtype, as the builder's arithmetic does (``float8``).
+* bf16: as a GPU, in bf16, rounding every partial result: sums round each
+  pairwise addition of a tree (as a GPU's lanes combine), scans each step;
+  maxima, minima and their indices compare the values exactly.
+* float8: GPUs compile none of them (LLVM has no float8 arithmetic), so
+  each raises ``KernelTypeError``, as the builder's arithmetic does.
 
-Reductions and scans with the kernel's own combine function already run on
-values (its arithmetic goes through the patched builder), but a combine
-that changes its operands' types is refused (``CheckedCombine``).
-``tl.max`` and ``tl.min`` without indices widen to float32 first, upstream
-and compiled alike.
+A kernel's own combine function already runs on values (through the patched
+builder), but one that changes its operands' types is refused
+(``CheckedCombine``). ``tl.max``/``tl.min`` without indices widen to float32
+first, upstream and compiled alike.
 """
 
 from __future__ import annotations
@@ -66,11 +63,8 @@ def _tree_sum(bits, axis: int) -> np.ndarray:
 
 
 def sum_along(data, axis: int, scalar, kernel: str) -> np.ndarray:
-  """``np.sum(data, axis)`` as a GPU's ``tl.sum`` adds ``scalar`` values.
-
-  ``data`` is the block's storage (bits for bf16 and float8); float8 raises
-  ``KernelTypeError`` naming ``kernel``.
-  """
+  """``np.sum(data, axis)`` of storage ``data`` as a GPU's ``tl.sum`` adds
+  ``scalar`` values."""
   if _bf16.is_bfloat16(scalar):
     return _tree_sum(data, axis)
   _refuse_float8(kernel, "tl.sum", scalar)
@@ -78,10 +72,7 @@ def sum_along(data, axis: int, scalar, kernel: str) -> np.ndarray:
 
 
 def scan_along(what: str, data, axis: int, scalar, kernel: str) -> np.ndarray:
-  """``tl.cumsum`` or ``tl.cumprod`` (``what``) of ``data`` along ``axis``.
-
-  As ``sum_along``: ``data`` is storage, and float8 is refused.
-  """
+  """``tl.cumsum`` or ``tl.cumprod`` (``what``), as ``sum_along``."""
   scan = np.cumsum if what == "tl.cumsum" else np.cumprod
   if _bf16.is_bfloat16(scalar):
     # ml_dtypes adds (multiplies) in float32 and rounds each step to bf16.
@@ -104,36 +95,15 @@ def _min_max_name(val_reduce_op, idx_reduce_op) -> str:
   return "tl.min" if val_reduce_op is np.nanmin else "tl.max"
 
 
-def combine_refusal(kernel: str, what: str, operand,
-                    returned) -> _errors.KernelTypeError:
-  """The error refusing a combine function (of ``what``, "tl.reduce" or
-  "tl.associative_scan") that returned ``returned`` for ``operand``."""
-  op = "tt.reduce" if what == "tl.reduce" else "tt.scan"
-  return _errors.KernelTypeError(
-      f"triton_call: kernel {kernel!r}, program id"
-      f" {_interpreter.program_id()}: {what} on {operand.name}"
-      f" operands whose combine function returns {returned.name} values."
-      " A combine function must return its operands' types: Triton's"
-      f" compiler refuses it (\"'{op}' op type mismatch on combine"
-      " operation\"), and the CPU interpreter would store the values into"
-      f" {operand.name} as they are. Cast what it returns, e.g."
-      " `tl.maximum(a, b).to(a.dtype)` (Triton 3.6's tl.minimum, tl.maximum"
-      " and tl.clamp return float32 for bfloat16 operands).")
-
-
 class CheckedCombine:
-  """A combine function that refuses to change its operands' types.
-
-  Compiling refuses such a combine; upstream stores what it returns into
-  the operands' type anyway (float values as bf16 bits). Upstream's
-  reductions and scans call ``combine_fn.fn(*accumulated, *next)``; this
-  stands in for ``combine_fn`` there.
-  """
+  """Stands in for ``combine_fn`` (upstream calls ``combine_fn.fn``),
+  refusing a combine that changes its operands' types, as compiling does
+  (upstream would store floats into bf16 bits, say)."""
 
   def __init__(self, combine_fn, kernel: str, what: str):
     self.combine_fn = combine_fn
     self.kernel = kernel
-    self.what = what
+    self.what = what  # "tl.reduce" or "tl.associative_scan".
 
   def fn(self, *args):
     returned = self.combine_fn.fn(*args)
@@ -141,9 +111,21 @@ class CheckedCombine:
     for result, operand in zip(results, args):
       # Python numbers are left to upstream, as it leaves them.
       if isinstance(result, tl_core.tensor) and result.dtype != operand.dtype:
-        raise combine_refusal(self.kernel, self.what, operand.dtype,
-                              result.dtype)
+        raise self._refusal(operand.dtype, result.dtype)
     return returned
+
+  def _refusal(self, operand, returned) -> _errors.KernelTypeError:
+    op = "tt.reduce" if self.what == "tl.reduce" else "tt.scan"
+    return _errors.KernelTypeError(
+        f"triton_call: kernel {self.kernel!r}, program id"
+        f" {_interpreter.program_id()}: {self.what} on {operand.name}"
+        f" operands whose combine function returns {returned.name} values."
+        " A combine function must return its operands' types: Triton's"
+        f" compiler refuses it (\"'{op}' op type mismatch on combine"
+        " operation\"), and the CPU interpreter would store the values into"
+        f" {operand.name} as they are. Cast what it returns, e.g."
+        " `tl.maximum(a, b).to(a.dtype)` (Triton 3.6's tl.minimum, tl.maximum"
+        " and tl.clamp return float32 for bfloat16 operands).")
 
 
 class KernelNamed:
@@ -155,8 +137,8 @@ class KernelNamed:
 
 
 class MinMaxOnValues(KernelNamed):
-  """``min_max`` of ``ReduceOps`` on bf16 values (ignoring NaN, as Triton
-  3.9's interpreter does); refused on float8."""
+  """``ReduceOps.min_max`` on bf16 values (ignoring NaN, as Triton 3.9's
+  interpreter does); refused on float8."""
 
   def min_max(self, input, val_reduce_op, idx_reduce_op=None):  # pylint: disable=redefined-builtin
     first = input[0] if isinstance(input, tuple) else input
@@ -220,8 +202,8 @@ class ScanOnValues(KernelNamed, _interpreter.ScanOps):
 
 
 def language_functions(kernel: str, reduce_ops, scan_ops) -> dict:
-  """``tl.reduce`` and ``tl.associative_scan`` (by name) run by
-  ``reduce_ops`` and ``scan_ops``, ``KernelNamed`` ops classes."""
+  """``tl.reduce`` and ``tl.associative_scan`` (by name) run by the
+  ``KernelNamed`` classes ``reduce_ops`` and ``scan_ops``."""
   def reduce(input, axis, combine_fn, keep_dims=False, **kwargs):  # pylint: disable=redefined-builtin
     del kwargs
     return reduce_ops(axis, combine_fn, keep_dims, kernel=kernel).apply(input)
@@ -237,9 +219,8 @@ def language_functions(kernel: str, reduce_ops, scan_ops) -> dict:
 def reductions_on_values(kernel: str):
   """``tl.reduce`` and ``tl.associative_scan`` on values, for one launch.
 
-  Enter inside ``_interpreter.language_patched()``, whose reduce and
-  scan these replace; a vectorised launch replaces them again with its own
-  (``vector_lang``), which act on values alike.
+  Enter inside ``_interpreter.language_patched()``, whose ones these replace
+  (as a vectorised launch's replace these, ``vector_lang``).
   """
   replacements = language_functions(kernel, ReduceOnValues, ScanOnValues)
   with _compat.attributes_replaced(tl, replacements), \

@@ -1,20 +1,17 @@
 """Triton's interpreter builder, run over every program instance at once.
 
 Each ``TensorHandle`` carries one more leading axis than upstream: the
-program axis. Its length is the number of program instances, or 1 for a
-value every instance shares (constants, scalar arguments, ``tl.arange``),
-which NumPy broadcasts. A scalar is thus an array of shape ``(Q,)`` and a
-block of shape ``S`` an array of shape ``(Q, *S)``; upstream holds scalars
-as ``(1,)`` arrays, so a shared scalar looks the same in both.
+program axis, of length Q (the programs) or 1 for a value all share
+(constants, scalar arguments, ``tl.arange``), which NumPy broadcasts. A
+scalar is a ``(Q,)`` array, a block of shape ``S`` a ``(Q, *S)`` one;
+upstream's scalars are ``(1,)`` arrays, so a shared scalar looks the same.
 
-The operations whose upstream form names an axis, or whose side effects
-must happen once per program, are redefined here; of the rest, those not
-in ``vector_reviewed.REVIEWED`` refuse.
-
-A builder spans one chunk of the grid's programs, numbered as upstream's
-grid loop visits them (x outermost, z innermost), so element-wise memory
-operations over the flattened ``(program, lane)`` order touch memory in
-upstream's order.
+Operations whose upstream form names an axis, or whose side effects happen
+once per program, are redefined here; of the rest, those not in
+``vector_reviewed.REVIEWED`` refuse. A builder spans one chunk of programs,
+numbered as upstream's grid loop visits them (x outermost, z innermost), so
+memory operations over the flattened ``(program, lane)`` order touch memory
+in upstream's order.
 """
 
 from __future__ import annotations
@@ -43,8 +40,7 @@ def _lead(data) -> int:
 def _with_programs(arrays, count: int):
   """``arrays`` broadcast to one shape whose program axis is ``count``."""
   arrays = [np.asarray(a) for a in arrays]
-  shape = np.broadcast_shapes(*(a.shape for a in arrays))
-  shape = (count,) + tuple(shape[1:])
+  shape = (count,) + np.broadcast_shapes(*(a.shape for a in arrays))[1:]
   return [np.ascontiguousarray(np.broadcast_to(a, shape)) for a in arrays]
 
 
@@ -68,21 +64,16 @@ class VectorBuilder(_interpreter.InterpreterBuilder):
     super().__init__()
     self.set_grid_dim(*grid)
     self.grid_idx = None
-    self.programs = 0
-    self._pids = ()
-    self.masks = _lockstep.Masks()
     self.set_programs(range(int(np.prod(grid))) if programs is None
                       else programs)
 
   def set_programs(self, programs: range) -> None:
-    """Makes values span the programs ``programs`` (flat numbers), in order."""
+    """Makes values span ``programs`` (flat numbers), in order."""
     self.programs = len(programs)
     self.masks = _lockstep.Masks()
     flat = np.arange(programs.start, programs.stop, dtype=np.int64)
     self._pids = tuple(p.astype(np.int32)
                        for p in program_ids(self.grid_dim, flat))
-
-  # --- programming model ---------------------------------------------------
 
   def create_get_program_id(self, axis):
     if self.grid_dim[axis] == 1:
@@ -92,8 +83,8 @@ class VectorBuilder(_interpreter.InterpreterBuilder):
   def create_make_range(self, ret_ty, start, stop):
     return TensorHandle(np.arange(start, stop, dtype=np.int32)[None], tl.int32)
 
-  # --- memory: loads may stay shared; writes happen once per program -----
-  # Each honours the active programs of masked lockstep (``lockstep``).
+  # Memory: loads may stay shared; writes happen once per program, each
+  # honouring the programs masked lockstep (``lockstep``) leaves active.
 
   def active(self, mask):
     """``mask`` (a per-lane bool array) and the active programs."""
@@ -157,13 +148,10 @@ class VectorBuilder(_interpreter.InterpreterBuilder):
   def create_assume(self, condition):
     return super().create_assume(self._holds(condition))
 
-  # --- pointers ----------------------------------------------------------
-
   def create_addptr(self, ptr, offset):
-    # Upstream's ``ptr + width * offset`` makes three arrays of addresses;
-    # over every program of a large block each is megabytes of fresh memory
-    # (page faults and zeroing). One array, updated in place, holds the
-    # same uint64 addresses, wrapping as upstream's do.
+    # Upstream's ``ptr + width * offset`` makes three arrays of addresses,
+    # megabytes each over every program of a large block. One, updated in
+    # place, holds the same uint64 addresses, wrapping as upstream's do.
     width = max(1, ptr.get_element_ty().primitive_bitwidth // 8)
     addresses = np.asarray(offset.data).astype(np.uint64)
     if width != 1:
@@ -175,7 +163,7 @@ class VectorBuilder(_interpreter.InterpreterBuilder):
       addresses = base + addresses
     return TensorHandle(addresses, ptr.dtype)
 
-  # --- shapes: every block axis is one further right --------------------
+  # Shapes: every block axis is one further right.
 
   def create_splat(self, ret_ty, arg):
     shape = tuple(int(s) for s in ret_ty.shape)
@@ -231,8 +219,6 @@ class VectorBuilder(_interpreter.InterpreterBuilder):
                                            row_mask).data)
     return TensorHandle(np.stack(rows), tl.int32)
 
-  # --- tensor descriptors and block pointers ------------------------------
-
   def create_make_tensor_descriptor(self, *args, **kwargs):
     return _vectorised(super().create_make_tensor_descriptor(*args, **kwargs),
                        _descriptor_pointers)
@@ -251,8 +237,7 @@ class VectorBuilder(_interpreter.InterpreterBuilder):
     return _vectorised(ret, _block_pointers)
 
 
-# Upstream's methods neither redefined above nor reviewed, which refuse:
-# whatever this Triton's builder has, a later one's new methods included.
+# Upstream's methods neither redefined above nor reviewed, which refuse.
 UNREVIEWED = tuple(_reviewed.refuse_unreviewed(
     VectorBuilder, _interpreter.InterpreterBuilder))
 
@@ -266,12 +251,11 @@ def _shared_address_add(row_ptrs, values, row_mask, programs: int):
   """Every program's atomic add into the same addresses, in program order.
 
   Where each program adds into the same distinct addresses (a gradient
-  accumulated over rows, say), program ``p`` sees the initial values plus
-  programs ``0..p-1``'s values added one after another: a cumulative sum
-  down the program axis, which NumPy adds sequentially, as the native
-  atomics would. Memory is read and written once, through the interpreter's
-  (checked) memory module. Returns the old values per program and lane (0
-  where masked), or None where this does not apply (then native atomics).
+  accumulated over rows), program ``p`` sees the initial values plus those
+  of programs ``0..p-1``: a cumulative sum down the program axis, which
+  NumPy adds sequentially, as native atomics would, reading and writing
+  memory once. Returns the old values per program and lane (0 where
+  masked), or None where this does not apply (then native atomics).
   """
   values = np.asarray(values)
   row_mask = np.broadcast_to(np.asarray(row_mask, dtype=bool), row_ptrs.shape)

@@ -1,34 +1,28 @@
 """How many programs of a vectorised launch run at once.
 
 Every value of a vectorised launch carries a program axis, so its working
-memory grows with the number of programs run together: over a whole grid
-of 2**31 programs that is tens of GiB. A launch therefore runs its grid in
-chunks of consecutive programs, each sized so that its working memory
-(beyond the launch's buffers) stays under ``WORKING_MEMORY_BOUND``.
-
-Sizes come from measurement, per kernel, signature and constexprs (which
-fix the blocks' shapes):
+memory grows with the programs run together (tens of GiB over a grid of
+2**31). A launch runs its grid in chunks of consecutive programs, each of
+working memory (beyond the buffers) under ``WORKING_MEMORY_BOUND``, sized
+from measurements per kernel, signature and constexprs:
 
 - A kernel's first chunk is one program. The bytes of every value it
-  creates, times ``_TEMPORARIES`` for what NumPy allocates on the way,
-  bound its working memory from above (over-counting values a loop
-  replaces) and cost next to nothing to count.
-- A chunk whose estimated working memory reaches ``_TRACED_FROM`` is
-  measured exactly (``tracemalloc``'s peak, which NumPy reports its arrays
-  to), where its work dwarfs what tracing costs; chunks then grow at most
-  ``_GROWTH`` times per step over the largest one measured, and measuring
-  stops once a chunk is no more than twice that one.
+  creates, times ``_TEMPORARIES`` for NumPy's temporaries, bound its
+  working memory from above, at next to no cost.
+- A chunk whose estimate reaches ``_TRACED_FROM`` is measured exactly
+  (``tracemalloc``'s peak, to which NumPy reports), where its work dwarfs
+  the tracing; chunks then grow at most ``_GROWTH`` times per step over the
+  largest one measured, until a chunk is no more than twice that one.
 
-Later launches of the kernel size their chunks from its estimate: a small
-grid runs as one chunk, unmeasured.
+Later launches size their chunks from the estimate: a small grid runs as
+one chunk, unmeasured.
 """
 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import tracemalloc
-from typing import Iterator
+from typing import Iterator, NamedTuple
 
 from jt_dist._cpu import interpreter as _interpreter
 
@@ -42,8 +36,7 @@ _TRACED_FROM = 16 << 20
 _GROWTH = 64
 
 
-@dataclasses.dataclass(frozen=True)
-class Estimate:
+class Estimate(NamedTuple):
   """A kernel's working memory per program, over a chunk of ``programs``."""
 
   per_program: float  # Bytes.
@@ -56,10 +49,8 @@ _estimates: dict = {}
 
 
 def chunks(key, total: int) -> Iterator[range]:
-  """The chunks of one launch: ranges of flat program numbers, in order.
-
-  Run each inside ``measured(key, programs)``.
-  """
+  """Ranges of flat program numbers, in order, each to run inside
+  ``measured(key, programs)``."""
   start = 0
   while start < total:
     programs = range(start, min(total, start + _next_size(key)))
@@ -105,10 +96,8 @@ def _record(key, nbytes: int, programs: range, traced: bool) -> None:
 
 @contextlib.contextmanager
 def _values_bytes():
-  """Yields a list whose item counts the bytes of the block's new values.
-
-  Broadcast views count at their full size.
-  """
+  """Yields a list whose item counts the bytes of the block's new values
+  (broadcast views at their full size)."""
   handle = _interpreter.TensorHandle
   original = getattr(handle, "__post_init__", None)
   counted = [0]
@@ -126,9 +115,8 @@ def _values_bytes():
 def _peak_bytes():
   """Yields a list that receives the block's peak of new allocations.
 
-  Under a ``tracemalloc`` the caller started, its peak is left alone: the
-  block's peak is then bounded from above by the later of the two peaks
-  less what was allocated before the block.
+  A caller's ``tracemalloc`` peak is left alone: the block's is then bounded
+  by the larger peak less what was allocated before the block.
   """
   found: list[int] = []
   started = not tracemalloc.is_tracing()

@@ -1,17 +1,15 @@
 """Undoing one chunk of a vectorised launch: the bytes its writes replaced.
 
 When a chunk gives way (``vector_launch``), what it wrote is put back,
-written-byte maps included. The journal keeps, for each write of the chunk,
-the bytes it is about to replace: a slice of the buffer where the write is
-dense, else the written elements' bytes alone. So it holds about what the
-chunk stores, never a copy of a whole buffer, and is dropped when the chunk
-completes.
+written-byte maps included. For each write the journal keeps the bytes it
+replaces: a slice of the buffer where the write is dense, else the written
+elements' bytes alone; so about what the chunk stores, never a whole buffer.
 """
 
 from __future__ import annotations
 
 import ctypes
-import dataclasses
+from typing import NamedTuple
 
 import numpy as np
 
@@ -23,13 +21,16 @@ _DENSE = 2
 _PAGE = 4096
 
 
-@dataclasses.dataclass
-class Window:
+def _dense(first: int, last: int, lanes: int, itemsize: int) -> bool:
+  return last - first <= _DENSE * lanes * itemsize + _PAGE
+
+
+class Window(NamedTuple):
   """One buffer (``array``) as the kernel addresses it.
 
   ``start``/``end`` bound the addresses that name it (the checker's tagged
-  region, or the buffer's own bytes), ``base`` is its first byte's address as
-  the kernel sees it, ``written`` its written-byte map or None.
+  region, or the buffer's own bytes), ``base`` is its first byte's address
+  as the kernel sees it, ``written`` its written-byte map or None.
   """
 
   array: np.ndarray
@@ -78,10 +79,8 @@ def writable_bytes(array: np.ndarray) -> np.ndarray:
 
 
 class WriteJournal:
-  """The interpreter's memory module, remembering what each write replaces.
-
-  ``restore`` undoes the writes since the last ``clear``.
-  """
+  """The interpreter's memory module, remembering what each write replaces
+  until ``clear``, for ``restore``."""
 
   def __init__(self, windows: list[Window]):
     self._inner = _interpreter.native_memory()
@@ -94,18 +93,19 @@ class WriteJournal:
     return getattr(self._inner, name)
 
   def store(self, ptrs, values, mask):
-    self._save(ptrs, mask, np.asarray(values).dtype.itemsize)
+    self._save(ptrs, mask, values)
     return self._inner.store(ptrs, values, mask)
 
   def atomic_rmw(self, op, ptrs, values, mask, sem):
-    self._save(ptrs, mask, np.asarray(values).dtype.itemsize)
+    self._save(ptrs, mask, values)
     return self._inner.atomic_rmw(op, ptrs, values, mask, sem)
 
   def atomic_cas(self, ptrs, cmp, values, sem):
-    self._save(ptrs, None, np.asarray(values).dtype.itemsize)
+    self._save(ptrs, None, values)
     return self._inner.atomic_cas(ptrs, cmp, values, sem)
 
-  def _save(self, ptrs, mask, itemsize: int) -> None:
+  def _save(self, ptrs, mask, values) -> None:
+    itemsize = np.asarray(values).dtype.itemsize
     ptrs = np.asarray(ptrs, dtype=np.uint64)
     if mask is not None:
       on = np.broadcast_to(np.asarray(mask, dtype=bool), ptrs.shape)
@@ -120,17 +120,13 @@ class WriteJournal:
         continue
       first, last = lo - w.base, hi - w.base + itemsize
       if (w.start <= lo and hi < w.end and 0 <= first
-          and last <= w.array.nbytes and self._dense(first, last, ptrs.size,
-                                                     itemsize)):
+          and last <= w.array.nbytes
+          and _dense(first, last, ptrs.size, itemsize)):
         # The usual write: one block of one buffer. No array of offsets.
         self._keep(k, slice(first, last))
       else:
         self._save_lanes(k, ptrs[(ptrs >= w.start) & (ptrs < w.end)],
                          itemsize)
-
-  @staticmethod
-  def _dense(first: int, last: int, lanes: int, itemsize: int) -> bool:
-    return last - first <= _DENSE * lanes * itemsize + _PAGE
 
   def _keep(self, k: int, where) -> None:
     w = self._windows[k]
@@ -148,13 +144,12 @@ class WriteJournal:
     if not offsets.size:
       return
     first, last = int(offsets.min()), int(offsets.max()) + itemsize
-    if self._dense(first, last, offsets.size, itemsize):
+    if _dense(first, last, offsets.size, itemsize):
       self._keep(k, slice(first, last))
     else:
       self._keep(k, (offsets[:, None] + np.arange(itemsize)).reshape(-1))
 
   def restore(self) -> None:
-    """Puts back what the writes since the last ``clear`` replaced."""
     # Latest first: where two writes overlap, the earlier's bytes win.
     for k, where, old, old_written in reversed(self._saved):
       self._bytes[k][where] = old
@@ -163,5 +158,4 @@ class WriteJournal:
     self._saved.clear()
 
   def clear(self) -> None:
-    """Forgets the writes so far (their chunk completed)."""
     self._saved.clear()

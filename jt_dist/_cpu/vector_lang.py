@@ -3,9 +3,16 @@
 Upstream's interpreter patches ``tl.tensor``'s conversions to Python values
 and ``tl.reduce``/``tl.associative_scan`` for one program at a time; here
 they act per program along the leading program axis. A conversion to a
-Python ``bool`` or ``int`` (an ``if``, a ``while``, a ``range`` bound)
-outside what lockstep runs (``lockstep_rewrite``) raises ``Divergent``
-where the active programs disagree.
+Python ``bool`` or ``int`` outside what lockstep runs (``lockstep_rewrite``)
+raises ``Divergent`` where the active programs disagree.
+
+Float ``tl.atomic_max``/``tl.atomic_min`` keep program order: Triton lowers
+a float atomic max to two integer atomics on the value's bits (a signed max
+on the lanes whose sign bit is clear, then an unsigned min on the others;
+a min the other way round), each lane's old value from the one that ran it.
+One program at a time, program 0 runs both before program 1 runs either;
+vectorised, each would run for all programs first. So where both halves
+have lanes, the pair runs program after program.
 """
 
 from __future__ import annotations
@@ -16,7 +23,6 @@ from jt_dist._cpu import interpreter as _interpreter
 
 from jt_dist import _errors
 from jt_dist._cpu import reductions as _reductions
-from jt_dist._cpu import vector_atomics as _vector_atomics
 from jt_dist._cpu import vector_builder as _vb
 
 TensorHandle = _interpreter.TensorHandle
@@ -45,13 +51,9 @@ def _bool(tensor):
 def require_integer(tensor, kernel: str) -> None:
   """Refuses a pointer or float where Python needs an int, as Triton does.
 
-  ``range(n)``'s bounds and step, and an index into a tuple, convert a value
-  with ``__index__``. Upstream's interpreter converts anything, so a pointer
-  bound loops over its address (for hours) where compiling fails with "For
-  loop bounds and step must all be ints".
-
-  Raises:
-    KernelTypeError: ``tensor`` is not of an integer type.
+  ``range(n)``'s bounds and an index into a tuple use ``__index__``, which
+  upstream's interpreter allows on anything: a pointer bound would loop
+  over its address (for hours) where compiling fails.
   """
   dtype = tensor.dtype
   if dtype.is_int():
@@ -111,7 +113,10 @@ def patch(scope, kernel: str) -> None:
   for module in (tl, tl.core):
     for name, value in replacements.items():
       scope.set_attr(module, name, value)
-  _vector_atomics.patch(scope)
+  semantic = _interpreter.TritonSemantic
+  for which in _HALVES:
+    name = f"atomic_{which}"
+    scope.set_attr(semantic, name, _ordered(which, getattr(semantic, name)))
 
 
 def _to_tensor(data, dtype):
@@ -159,10 +164,8 @@ class _ProgramsReduce(_reductions.KernelNamed, _interpreter.ReduceOps):
 
   def sum(self, input):
     data = input.handle.data
-    flat, axis = self._flat(data)
-    out = _reductions.sum_along(flat, axis, input.dtype, self.kernel)
-    out = self._shaped(out, data.ndim - 1)
-    return self.to_tensor(out, input.dtype)
+    out = _reductions.sum_along(*self._flat(data), input.dtype, self.kernel)
+    return self.to_tensor(self._shaped(out, data.ndim - 1), input.dtype)
 
   def generic_reduce(self, input):
     datas = [self._flat(t.handle.data)[0] for t in input]
@@ -192,13 +195,9 @@ def _running(combine_fn, datas, axis, dtypes):
 
 
 def _combine(combine_fn, acc, step, dtypes):
-  """One combine step over all programs, cast back to the inputs' types.
-
-  As upstream stores each step into an array of the input's type (a
-  ``CheckedCombine`` refuses other types).
-  """
-  args = [_to_tensor(a, dt) for a, dt in zip(acc, dtypes)]
-  args += [_to_tensor(s, dt) for s, dt in zip(step, dtypes)]
+  """One combine step over all programs, cast back to the inputs' types
+  (as upstream stores each step; ``CheckedCombine`` refuses other types)."""
+  args = [_to_tensor(v, dt) for v, dt in zip(acc + step, dtypes * 2)]
   _COMBINING.append(True)
   try:
     ret = combine_fn.fn(*args)
@@ -237,3 +236,52 @@ class VectorScan(_reductions.KernelNamed, _interpreter.ScanOps):
       outs = [np.flip(o, axis=axis) for o in outs]
     return [_to_tensor(np.ascontiguousarray(o), t.dtype)
             for o, t in zip(outs, input)]
+
+
+_OP = _interpreter.ATOMIC_OP
+# (op on the lanes with the sign bit clear, op on the others).
+_HALVES = {"max": (_OP.MAX, _OP.UMIN), "min": (_OP.MIN, _OP.UMAX)}
+# Float type -> its bits as (NumPy, Triton) types, signed then unsigned.
+_FLOATS = {"fp32": ((np.int32, tl.int32), (np.uint32, tl.uint32)),
+           "fp64": ((np.int64, tl.int64), (np.uint64, tl.uint64))}
+
+
+def _programs_in_order(builder, which, ptr, val, mask, sem, scope):
+  """Old values of a float atomic ``which`` over all programs, in order."""
+  (signed, signed_ty), (unsigned, unsigned_ty) = _FLOATS[val.dtype.scalar.name]
+  ptrs, vals, on = _vb._with_programs(  # pylint: disable=protected-access
+      [ptr.data, val.data, builder.active(mask.data)], builder.programs)
+  on = on.astype(bool)
+  negative = (vals.view(unsigned) >> (8 * vals.itemsize - 1)).astype(bool)
+  halves = ((_HALVES[which][0], signed, signed_ty, on & ~negative),
+            (_HALVES[which][1], unsigned, unsigned_ty, on & negative))
+  run = _interpreter.InterpreterBuilder.create_atomic_rmw
+  olds = [np.zeros(vals.shape, signed), np.zeros(vals.shape, unsigned)]
+  both = all(half[-1].any() for half in halves)
+  rows = ([slice(p, p + 1) for p in range(builder.programs)] if both
+          else [slice(None)])
+  for row in rows:
+    for old, (op, bits, bits_ty, lanes) in zip(olds, halves):
+      if lanes[row].any():
+        old[row] = run(
+            builder, op, TensorHandle(ptrs[row], ptr.dtype),
+            TensorHandle(vals[row].view(bits), bits_ty),
+            TensorHandle(lanes[row], tl.int1), sem, scope).data
+  old = np.where(negative, olds[1].view(signed), olds[0])
+  return TensorHandle(old.view(vals.dtype), val.dtype.scalar)
+
+
+def _ordered(which: str, original):
+  def atomic(self, ptr, val, mask, sem, scope):
+    builder = self.builder
+    element = getattr(getattr(ptr, "type", None), "scalar", None)
+    element = getattr(element, "element_ty", None)
+    if (not isinstance(builder, _vb.VectorBuilder)
+        or getattr(element, "name", None) not in _FLOATS):
+      return original(self, ptr, val, mask, sem, scope)
+    ptr, val, mask = self.atom_red_typechecking_impl(ptr, val, mask, which)
+    handle = _programs_in_order(builder, which, ptr.handle, val.handle,
+                                mask.handle, self._str_to_sem(sem),  # pylint: disable=protected-access
+                                self._str_to_scope(scope))  # pylint: disable=protected-access
+    return tl.tensor(handle, val.type)
+  return atomic

@@ -1,21 +1,19 @@
 """Running a launch's programs together through the interpreter, or giving way.
 
-A launch runs vectorised (``vector_builder``, ``vector_lang``): each value
-carries a leading program axis. It runs its grid in chunks of consecutive
-programs, in order, each of bounded working memory (``vector_chunks``);
-between chunks Ctrl-C stops it. The kernel and its helpers run in their
-lockstep form (``lockstep_rewrite``). Where a chunk cannot run as one
-(control flow that lockstep leaves alone diverges, an operation is not
-reviewed (``vector_reviewed``), or anything raises), what it wrote is put
-back (``vector_journal``), and its programs and all later ones run one at
-a time as Triton's interpreter runs them, which reports any fault exactly
-as before; in the first chunk, the caller runs the whole launch so. A
-kernel (per signature and constexprs) that once gave way runs one program
-at a time from then on.
+A launch runs vectorised (``vector_builder``, ``vector_lang``), the kernel
+and its helpers in their lockstep form (``lockstep_rewrite``), its grid in
+chunks of consecutive programs of bounded working memory (``vector_chunks``),
+in order; between chunks Ctrl-C stops it. Where a chunk cannot run as one
+(control flow lockstep leaves alone diverges, an operation is not reviewed,
+anything raises), what it wrote is put back (``vector_journal``), and its
+programs and all later ones run one at a time as Triton's interpreter runs
+them, which reports any fault as before. A kernel (per signature and
+constexprs) that once gave way runs one program at a time from then on.
 
 ``JT_DIST_VECTORIZE`` (read at each launch) turns this off (``0``), or runs
-each launch both ways and compares what they wrote (``check``,
-``vector_check``).
+each launch both ways and compares what they wrote (``check``): vectorised
+first, then, the buffers and written-byte maps put back, one program at a
+time, whose results stay; any difference raises ``VectorisedMismatchError``.
 """
 
 from __future__ import annotations
@@ -33,7 +31,6 @@ from jt_dist import _settings
 from jt_dist._cpu import interrupts as _interrupts
 from jt_dist._cpu import lockstep_rewrite as _lockstep_rewrite
 from jt_dist._cpu import vector_builder as _vb
-from jt_dist._cpu import vector_check as _vector_check
 from jt_dist._cpu import vector_chunks as _chunks
 from jt_dist._cpu import vector_journal as _journal
 from jt_dist._cpu import vector_lang as _vl
@@ -54,11 +51,7 @@ _decisions: dict = {}
 
 
 def mode() -> str:
-  """How CPU launches run, as ``JT_DIST_VECTORIZE`` says.
-
-  ``VECTORISED`` (the default), ``ONE_AT_A_TIME`` (exactly as Triton's
-  interpreter runs them, memory through its native module) or ``CHECK``.
-  """
+  """How CPU launches run, as ``JT_DIST_VECTORIZE`` says."""
   return _MODES[_settings.vectorize()]
 
 
@@ -68,28 +61,15 @@ def enabled() -> bool:
 
 
 def run(executor, args, kwargs, checker, patched_language, python_fn) -> bool:
-  """Runs the launch vectorised if it can.
+  """Runs the launch vectorised if it can; False if the caller must run it
+  one program at a time (memory as before this call).
 
-  The caller holds the interpreter lock, with memory patched as for a
-  one-program-at-a-time launch.
-
-  Args:
-    executor: the launch's ``GridExecutor`` (function, grid, constexprs).
-    args: the kernel's positional arguments.
-    kwargs: its constexpr keyword arguments.
-    checker: the launch's ``bounds.MemoryChecker``, or None.
-    patched_language: a context manager factory that patches
-      ``triton.language`` as for a one-program-at-a-time launch; entered
-      once the vectorised builder is in place.
-    python_fn: the kernel's Python function (run in its lockstep form).
-
-  Returns:
-    True if the launch ran; False if the caller must run it one program at
-    a time, with memory as it was before this call.
-
-  Raises:
-    VectorisedMismatchError: under ``JT_DIST_VECTORIZE=check``, the two
-      ways wrote different bytes.
+  The caller holds the interpreter lock, memory patched as for a launch one
+  program at a time. ``executor`` is the ``GridExecutor``, ``kwargs`` the
+  constexprs, ``checker`` a ``bounds.MemoryChecker`` or None,
+  ``patched_language`` a context manager factory patching
+  ``triton.language`` as one program at a time needs (entered once the
+  vectorised builder is in place), ``python_fn`` the kernel's function.
   """
   how = mode()
   grid = _grid(executor)
@@ -98,7 +78,7 @@ def run(executor, args, kwargs, checker, patched_language, python_fn) -> bool:
   launch = Launch(executor, grid, args, kwargs, checker, patched_language,
                   python_fn)
   if how == CHECK:
-    return _vector_check.run_both(launch)
+    return _run_both(launch)
   return launch.vectorised()
 
 
@@ -152,7 +132,7 @@ class Launch:
     self.programs = int(np.prod(grid))
 
   def vectorised(self) -> bool:
-    """Runs the launch vectorised where it can (see ``run``)."""
+    """As ``run``, without ``check``."""
     if _decisions.get(self.key) == ONE_AT_A_TIME:
       return False
     windows = _journal.windows_of(self.args, self.checker)
@@ -192,9 +172,8 @@ class Launch:
         # stops the launch; it does not start it over.
         _interrupts.raise_if_interrupted()
         if isinstance(e, _KERNEL_FAULTS):
-          # The kernel's own fault: the one-program path reports it as
-          # always (program id included); later, correct launches may still
-          # vectorise.
+          # Reported one program at a time (program id included); later,
+          # correct launches may still vectorise.
           logger.debug("jt_dist: kernel %s faulted vectorised; running its"
                        " programs from %d on one at a time to report it: %s",
                        self.key[2], programs.start, e)
@@ -227,7 +206,6 @@ class Launch:
 
 def _call_args(executor, args, kwargs) -> dict:
   """The kernel's arguments by name, as upstream's executor passes them."""
-  # As upstream drops reserved keywords the kernel does not take.
   kwargs = {k: v for k, v in kwargs.items() if k in executor.arg_names}
   call_args = inspect.getcallargs(executor.fn, *args, **kwargs)
   return {
@@ -257,6 +235,66 @@ def _call_in_lockstep(self, *args, **kwargs):
   return _lockstep_rewrite.rewrite(
       self.fn, lambda: _interpreter.InterpretedFunction(self.fn).rewrite())(
           *args, **kwargs)
+
+
+def _run_both(launch) -> bool:
+  """``JT_DIST_VECTORIZE=check``: False where the vectorised run gave way."""
+  windows = _journal.windows_of(launch.args, launch.checker)
+  if windows is None:
+    return False
+  before = _snapshot(windows)
+  if not launch.vectorised():
+    return False
+  vectorised = _snapshot(windows)
+  for w, (data, written) in zip(windows, before):
+    _journal.writable_bytes(w.array)[...] = data
+    if written is not None:
+      w.written[...] = written
+  with launch.patched_language():
+    launch.one_at_a_time()
+  if launch.checker is not None:
+    names = [f"{b.param!r} ({b.role})" for b in launch.checker.buffers]
+  else:
+    names = [repr(n) for n in _journal.pointer_names(
+        launch.args, launch.executor.arg_names)]
+  for name, w, (data, written) in zip(names, windows, vectorised):
+    differs = np.flatnonzero(data != _journal.writable_bytes(w.array))
+    if differs.size:
+      raise _mismatch(launch, name, w.array, differs, data, "holds")
+    if written is not None and (written != w.written).any():
+      differs = np.flatnonzero(written != w.written)
+      raise _mismatch(launch, name, w.array, differs, written,
+                      "marks as written")
+  return True
+
+
+def _snapshot(windows) -> list[tuple[np.ndarray, np.ndarray | None]]:
+  return [(_journal.writable_bytes(w.array).copy(),
+           None if w.written is None else w.written.copy()) for w in windows]
+
+
+def _mismatch(launch, name, array, differs, vectorised, what):
+  """The error for bytes ``differs`` (byte offsets) of buffer ``array``."""
+  itemsize = max(array.itemsize, 1)
+  elements = np.unique(differs // itemsize)
+  first = int(elements[0])
+  index = tuple(int(i) for i in np.unravel_index(first, array.shape or (1,)))
+  if what == "holds":
+    ours = vectorised.view(array.dtype).reshape(-1)[first]
+    theirs = array.reshape(-1)[first]
+    detail = f"{ours} vectorised, {theirs} one program at a time"
+  else:
+    ours = bool(vectorised[first * itemsize:(first + 1) * itemsize].all())
+    detail = (f"{'written' if ours else 'not written'} vectorised, "
+              f"{'not ' if ours else ''}written one program at a time")
+  return _errors.VectorisedMismatchError(
+      f"triton_call: kernel {launch.key[2]!r} (JT_DIST_VECTORIZE=check):"
+      f" what {name} {what} differs between the vectorised run and the run"
+      f" one program at a time, first at element index {index}: {detail}"
+      f" ({elements.size} element(s) differ). The outputs are those of the"
+      f" run one program at a time. The vectorised interpreter is wrong for"
+      f" this kernel: set JT_DIST_VECTORIZE=0 to run it one program at a"
+      f" time, and report the kernel to jt_dist.")
 
 
 def decisions_of(python_fn) -> set[str]:

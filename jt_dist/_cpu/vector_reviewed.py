@@ -2,10 +2,10 @@
 
 An upstream builder method that broadcasts over the leading program axis
 (``vector_builder``), as elementwise NumPy does, may run unchanged; one that
-names the first axis, loops over it or acts once per call would silently
-mix programs. Only the methods listed here, each read for this, run as
-upstream wrote them; every other one, a later Triton's included, refuses
-(``Unsupported``) before it computes anything.
+names the first axis, loops over it or acts once per call would mix
+programs. Only the methods listed here, each read for this, run as upstream
+wrote them; every other one, a later Triton's included, refuses
+(``Unsupported``) before computing anything.
 """
 
 from __future__ import annotations
@@ -17,16 +17,13 @@ class Unsupported(Exception):
   """A vectorised launch met an operation it cannot run for all programs."""
 
 
-# Upstream builder methods read and found right over a leading program axis,
-# beyond those VectorBuilder redefines: the grid's size, types and constants
-# (one value every program shares), elementwise arithmetic, comparisons and
-# conversions (NumPy broadcasts them), and operations that only call
-# redefined ones (plain loads and stores, tensor-descriptor and Triton 3.6's
-# block-pointer accesses, whose pointers a vector subclass materialises).
-# ``tl.dot`` is NumPy's matmul, which takes the program axis as a batch axis.
-# Left off, as per program by nature: printing, polling, a program id set
-# from outside, scaled dots and descriptor gathers/scatters (their upstream
-# forms loop over the first axis), and what the interpreter cannot run.
+# Beyond those VectorBuilder redefines: the grid's size, types and constants
+# (shared by every program), elementwise arithmetic, comparisons and
+# conversions (NumPy broadcasts them), operations that only call redefined
+# ones (plain, tensor-descriptor and block-pointer loads and stores), and
+# ``tl.dot`` (NumPy's matmul takes the program axis as a batch axis). Left
+# off: printing, polling, a program id set from outside, scaled dots and
+# descriptor gathers/scatters (upstream loops over the first axis).
 REVIEWED = frozenset("""
     set_grid_dim get_cache_policy get_ptr_ty get_block_ty get_half_ty
     get_bf16_ty get_float_ty get_double_ty get_int1_ty get_int8_ty
@@ -70,10 +67,8 @@ def _refusal(name: str):
 
 
 def refuse_unreviewed(cls, base) -> list[str]:
-  """Makes ``cls`` refuse ``base``'s methods it neither redefines nor reviewed.
-
-  Returns the names of the methods that now raise ``Unsupported``.
-  """
+  """Makes ``cls`` refuse ``base``'s methods it neither redefines nor
+  reviewed; returns their names."""
   own = [c for c in cls.__mro__ if c not in base.__mro__]
   refused = []
   for name, value in inspect.getmembers(base):

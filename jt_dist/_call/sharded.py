@@ -109,12 +109,10 @@ def sharded_triton_call(
   # Eagerly, the mesh and the in_specs the arguments imply are fixed now:
   # the jitted call's trace sees no concrete shardings.
   mesh = _specs.resolve_mesh(mesh, _pytree_args.flatten(args).leaves)
+  leaf_specs = _sharded_call.leaf_specs(args, mesh, in_specs, out_shape,
+                                        out_specs, sharding_rule)
   if in_specs is None:
-    leaf_specs = _sharded_call.infer_in_specs(args, mesh, out_shape,
-                                              out_specs, sharding_rule)
     in_specs = _per_argument(args, leaf_specs)
-  else:
-    leaf_specs = _specs.in_specs_for(in_specs, args, mesh)
   args = _placed(args, leaf_specs, mesh)
   statics = tuple(OPERAND if _api._is_operand(a) else a for a in args)  # pylint: disable=protected-access
   specs = (mesh, in_specs, out_specs, out_reduce, sharding_rule)
@@ -138,16 +136,13 @@ class _ShardedCall:
 
   def __init__(self, kernel, out_shape, grid, specs, kwargs, statics):
     self.kernel = kernel
-    self._statics = statics
-    self._run = (out_shape, grid, specs, kwargs)
-    self._jitted = jax.jit(self._traced)
 
-  def _traced(self, *operands):
-    out_shape, grid, specs, kwargs = self._run
-    it = iter(operands)
-    args = [next(it) if s is OPERAND else s for s in self._statics]
-    return _sharded_call.run(args, self.kernel, out_shape, grid, *specs,
-                             kwargs)
+    def traced(*operands):
+      it = iter(operands)
+      args = [next(it) if s is OPERAND else s for s in statics]
+      return _sharded_call.run(args, kernel, out_shape, grid, *specs, kwargs)
+
+    self._jitted = jax.jit(traced)
 
   def __call__(self, *operands):
     try:

@@ -1,20 +1,15 @@
-"""Automatic partitioning: a call with a ``ShardingRule`` runs once per shard.
+"""A call with a ``ShardingRule``, run once per shard.
 
-Under ``jax.jit`` over explicit mesh axes every traced array's type carries
-its sharding, so the call reads the operands' specs at trace time, decides
-which mesh axes split which factor, reshards the operands that disagree (as
-XLA does for its own ops) and runs the kernel in a ``jax.shard_map`` it
-builds: each device computes its block, and split contracted factors are
-combined with the collective the rule names. The result exports with
-``jax.export``.
-
-On automatic axes the layout is XLA's choice, made after tracing. On GPUs
-the call is then handed to XLA's partitioner through ``custom_partitioning``
-(``run_auto``); Shardy propagates shardings through it by the rule, and the
-per-device body is planned as on explicit axes. Elsewhere it is refused with
-``AutoAxesError``: on the CPU the kernel is a host callback, and one inside a
-``custom_partitioning`` partition crashes the process (jax PR #23620). A
-``custom_partitioning`` op cannot be exported with ``jax.export``.
+On explicit mesh axes (``run``) the operands' types carry their specs at
+trace time: the call decides which mesh axes split which factor, reshards
+the operands that disagree (as XLA does for its own ops) and runs the kernel
+in a ``jax.shard_map``, combining split contracted factors with the rule's
+collectives; the result exports with ``jax.export``. On automatic axes the
+layout is XLA's, chosen after tracing: on GPUs ``run_auto`` hands the call
+to XLA's partitioner through ``custom_partitioning`` (not exportable);
+elsewhere it is refused with ``AutoAxesError``, because the kernel is a host
+callback there and one inside ``custom_partitioning`` crashes the process
+(jax PR #23620).
 """
 
 from __future__ import annotations
@@ -238,24 +233,29 @@ def _reshard(x: Any, spec: P, layout: Layout):
   return jax.sharding.reshard(x, NamedSharding(layout.mesh, spec))
 
 
-def _shard_body(args, call, kernel, out_shapes, out_tree, grid, kwargs, plan,
-                mesh) -> Callable[..., tuple]:
+def shard_body(args, call, kernel, grid, kwargs, out_shapes, out_tree,
+               out_specs, mesh, reductions, ref_args=(), check=None):
   """The function one device runs: the kernel on its shard, then reductions.
 
   It takes the array arguments' shards, in order, and returns the outputs'
-  shards, flat.
+  shards, flat, each reduced by its ``((op, axes), ...)``, then ``check``ed.
+  A Ref's value (at ``ref_args``) reaches the kernel as a new Ref, whose
+  value follows the outputs.
   """
   flat, positions = _specs.arrays_of(args)
-  local_out = _specs.local_out_shape(out_shapes, out_tree, plan.out_specs,
-                                     mesh)
+  local_out = _specs.local_out_shape(out_shapes, out_tree, out_specs, mesh)
 
   def per_shard(*local_arrays):
     local_args = with_arrays(flat, positions, local_arrays)
+    for i in ref_args:
+      local_args[i] = jax.new_ref(local_args[i])
     outs = jax.tree_util.tree_leaves(
         call(*local_args, kernel=kernel, out_shape=local_out, grid=grid,
              **kwargs))
-    return tuple(_specs.reduce(x, steps)
-                 for x, steps in zip(outs, plan.reductions))
+    outs = [_specs.reduce(x, steps) for x, steps in zip(outs, reductions)]
+    if check is not None:
+      check(outs)
+    return (*outs, *(local_args[i][...] for i in ref_args))
 
   return per_shard
 
@@ -277,8 +277,9 @@ def run(args: Sequence[Any], call: Callable[..., Any], kernel: Any,
             plan)
   placed = [_reshard(flat.leaves[k], target, layout)
             for k, target in zip(positions, plan.in_specs)]
-  per_shard = _shard_body(args, call, kernel, out_shapes, out_tree, grid,
-                          kwargs, plan, layout.mesh)
+  per_shard = shard_body(args, call, kernel, grid, kwargs, out_shapes,
+                         out_tree, plan.out_specs, layout.mesh,
+                         plan.reductions)
   mapped = jax.shard_map(
       per_shard, mesh=layout.mesh, in_specs=plan.in_specs,
       out_specs=plan.out_specs, check_vma=True,
@@ -337,8 +338,8 @@ def run_auto(args: Sequence[Any], call: Callable[..., Any], kernel: Any,
     layout, plan = plan_for(mesh, arg_shapes)
     _log_plan(where, rule, kernel, [flat.names[k] for k in positions],
               layout, plan)
-    body = _shard_body(args, call, kernel, out_shapes, out_tree, grid,
-                       kwargs, plan, mesh)
+    body = shard_body(args, call, kernel, grid, kwargs, out_shapes,
+                      out_tree, plan.out_specs, mesh, plan.reductions)
     return (mesh, body,
             tuple(NamedSharding(mesh, s) for s in plan.out_specs),
             tuple(NamedSharding(mesh, s) for s in plan.in_specs))

@@ -1,16 +1,13 @@
 """One kernel call per shard over a device mesh (``sharded_triton_call``).
 
 The front door (``jt_dist._call.sharded``) merges keyword operands and
-handles Refs; each shard runs ``jt_dist._sharding.local_call``.
-
-Inside ``shard_map`` JAX types every value with the mesh axes it varies over
-(``check_vma``), and a kernel's outputs vary over every axis an input does,
-so an output's ``out_specs`` entry must name each of those axes unless
-``out_reduce`` reduces over it. ``shard_map`` refuses such an output too,
-but in words about its own internals and with advice (``check_vma=False``)
-that would return one shard's data as the whole; ``_check_varying`` runs
-first, inside the shard, and names the output, the spec it needs and the
-argument to pass.
+handles Refs; each shard runs ``local_call``. Inside ``shard_map`` a
+kernel's outputs vary (``check_vma``) over every mesh axis an input does,
+so an output's ``out_specs`` must name those axes unless ``out_reduce``
+reduces over them. ``_check_varying`` says so inside the shard, naming the
+output, the spec it needs and the argument to pass, before ``shard_map``
+would refuse it in words about its internals, with advice
+(``check_vma=False``) that would return one shard's data as the whole.
 """
 
 from __future__ import annotations
@@ -112,16 +109,17 @@ def _check_reduction(k: int, entry, mesh):
   return op, axes
 
 
-def infer_in_specs(args, mesh, out_shape, out_specs, sharding_rule) -> list[P]:
-  """The array leaves' specs when ``in_specs`` are left out: their own.
+def leaf_specs(args, mesh, in_specs, out_shape, out_specs, rule) -> list[P]:
+  """One checked spec per array leaf: from ``in_specs``, else its own.
 
-  Refuses ``out_specs`` that split an output over a mesh axis no input is
-  split over (nor manual outside the call): the shards along it would get
-  the same inputs, and a kernel sized by them (``shard_size``) would write
-  past its output shard.
+  Inferred specs refuse ``out_specs`` that split an output over a mesh axis
+  no input is split over (nor manual outside the call): the shards along it
+  would get the same inputs, and a kernel sized by them (``shard_size``)
+  would write past its output shard.
   """
-  specs = _specs.in_specs_for(None, args, mesh)
-  if sharding_rule is None and out_specs is not None and specs:
+  specs = _specs.in_specs_for(in_specs, args, mesh)
+  if (in_specs is None and rule is None and out_specs is not None
+      and specs):
     out_shapes, out_tree = _binding.flatten_out_shape(out_shape,
                                                       allow_empty=True)
     o_specs = _out_specs_for(out_specs, out_tree, out_shapes, mesh)
@@ -197,11 +195,8 @@ def run(args, kernel, out_shape, grid, mesh, in_specs,
   # Resolving against the global arguments checks indices early, at the
   # caller's line; the values used are resolved again inside each shard.
   _shard_size.resolve(args, kwargs)
-  if in_specs is None:
-    arg_specs = infer_in_specs(args, mesh, out_shape, out_specs,
-                               sharding_rule)
-  else:
-    arg_specs = _specs.in_specs_for(in_specs, args, mesh)
+  arg_specs = leaf_specs(args, mesh, in_specs, out_shape, out_specs,
+                         sharding_rule)
   if sharding_rule is not None:
     return _by_rule(args, kernel, out_shapes, out_tree, grid, mesh,
                     arg_specs, sharding_rule, out_specs, out_reduce, kwargs)
@@ -211,8 +206,12 @@ def run(args, kernel, out_shape, grid, mesh, in_specs,
       names=_output_names(out_tree),
       shapes=tuple(shape for shape, _ in out_shapes), specs=tuple(o_specs),
       given=out_specs is not None, out_tree=out_tree, reduced=tuple(reductions))
-  per_shard = _shard_body(leaves, positions, arg_specs, kernel, grid, kwargs,
-                          mesh, ref_args, out_shapes, outputs)
+  operands = [_Operand(leaves.names[k], tuple(leaves.leaves[k].shape), spec)
+              for k, spec in zip(positions, arg_specs)]
+  per_shard = _partition.shard_body(
+      args, _local_call.shard_call, kernel, grid, kwargs, out_shapes,
+      out_tree, o_specs, mesh, [[r] if r else [] for r in reductions],
+      ref_args, lambda flat: _check_varying(flat, outputs, operands, mesh))
   ref_specs = tuple(arg_specs[positions.index(leaves.index_of(i))]
                     for i in ref_args)
   arrays = [_specs.place(leaves.leaves[k], spec, mesh)
@@ -229,33 +228,6 @@ def run(args, kernel, out_shape, grid, mesh, in_specs,
     n = len(flat) - len(ref_args)
     return jax.tree_util.tree_unflatten(out_tree, flat[:n]), flat[n:]
   return jax.tree_util.tree_unflatten(out_tree, flat)
-
-
-def _shard_body(leaves, positions, arg_specs, kernel, grid, kwargs, mesh,
-                ref_args, out_shapes, outputs):
-  """The function each device runs: the kernel on its shards, reduced.
-
-  Each Ref's value (at ``ref_args``) reaches the kernel as a new Ref, whose
-  value it returns after the outputs.
-  """
-  local_out = _specs.local_out_shape(out_shapes, outputs.out_tree,
-                                     outputs.specs, mesh)
-  operands = [_Operand(leaves.names[k], tuple(leaves.leaves[k].shape), spec)
-              for k, spec in zip(positions, arg_specs)]
-
-  def per_shard(*local_arrays):
-    local_args = _partition.with_arrays(leaves, positions, local_arrays)
-    for i in ref_args:
-      local_args[i] = jax.new_ref(local_args[i])
-    result = _local_call.shard_call(
-        *local_args, kernel=kernel, out_shape=local_out, grid=grid, **kwargs)
-    flat = [_specs.reduce(x, [r] if r else [])
-            for x, r in zip(jax.tree_util.tree_leaves(result),
-                            outputs.reduced)]
-    _check_varying(flat, outputs, operands, mesh)
-    return (*flat, *(local_args[i][...] for i in ref_args))
-
-  return per_shard
 
 
 def _output_names(out_tree) -> tuple[str, ...]:

@@ -144,10 +144,11 @@ def check_spec(where: str, shape: tuple, spec: Any, mesh) -> P:
     names = entry_axes(entry)
     total = math.prod(sizes[a] for a in names)
     if names and shape[dim] % total:
+      named = _sizes({a: sizes[a] for a in names})
       raise _errors.ShardingSpecError(
           f"sharded_triton_call: {where} of shape {shape} has spec {spec},"
           f" which splits dimension {dim} (size {shape[dim]}) over mesh axes"
-          f" {names} of total size {total} ({_sizes({a: sizes[a] for a in names})}),"
+          f" {names} of total size {total} ({named}),"
           f" but {shape[dim]} is not divisible by {total}. Pad dimension"
           f" {dim} to a multiple of {total}, or split it over fewer axes.")
   return spec

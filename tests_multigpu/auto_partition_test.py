@@ -27,7 +27,7 @@ import triton
 import jt_dist
 from jt_dist._core import binding as _binding
 from jt_dist import _compat
-from jt_dist._sharding import auto_axes as _auto_axes
+from jt_dist._sharding import partition as _partition
 from jt_dist import testing
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -423,8 +423,8 @@ class AutoAxesPlumbingTest(testing.TestCase):
 
     out = jax.ShapeDtypeStruct((a.shape[0], b.shape[1]), jnp.float32)
     shapes, tree = _binding.flatten_out_shape(out)
-    return _auto_axes.run((a, b), stand_in, None, shapes, tree, None,
-                          auto_partitioned_matmul.MATMUL_RULE, {}, "test")
+    return _partition.run_auto((a, b), stand_in, None, shapes, tree, None,
+                               auto_partitioned_matmul.MATMUL_RULE, {}, "test")
 
   @parameterized.named_parameters(
       ("k_split", P(None, "x"), P("x"), P(), {"all-reduce": 1}),

@@ -1,8 +1,7 @@
 """``jt_dist.cache_info``: what this process compiled, reused and keeps.
 
-The counts come from where the work happens (a call lowered, a kernel
-compiled, a cache entry found or written), never from an eager call's
-dispatch, which counts nothing; the memos' sizes are read when asked.
+Counted where the work happens (a call lowered, a kernel compiled, a cache
+entry found or written), never per eager dispatch; memo sizes read when asked.
 """
 
 from __future__ import annotations

@@ -1,9 +1,6 @@
-"""Small public helpers that jax-triton's users call beside ``triton_call``.
-
-jax-triton 0.3 exports ``cdiv``, ``next_power_of_2``, ``strides_from_shape``
-and ``get_compute_capability``; 0.4 keeps ``strides_from_shape``. Programs
-that ``import jt_dist as jt`` in place of ``jax_triton`` keep working.
-"""
+"""jax-triton's small public helpers (``cdiv``, ``next_power_of_2``,
+``strides_from_shape``, ``get_compute_capability``), so that programs that
+``import jt_dist as jt`` in place of ``jax_triton`` keep working."""
 
 from __future__ import annotations
 
@@ -80,11 +77,10 @@ def strides_from_shape(shape: Sequence[int]) -> tuple[int, ...]:
                     " x.shape.")
   dims = [_check_int(f"strides_from_shape: shape[{i}]", d, 0)
           for i, d in enumerate(shape)]
-  strides, step = [], 1
-  for dim in reversed(dims):
-    strides.append(step)
-    step *= dim
-  return tuple(reversed(strides))
+  strides = [1] * len(dims)
+  for i in reversed(range(len(dims) - 1)):
+    strides[i] = strides[i + 1] * dims[i + 1]
+  return tuple(strides)
 
 
 def get_compute_capability(device: int | jax.Device = 0) -> int:

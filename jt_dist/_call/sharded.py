@@ -1,8 +1,7 @@
 """``sharded_triton_call``'s front door: its memo and its Refs.
 
-The per-shard call itself (specs, reductions, the ``shard_map``) is
-``jt_dist._sharding.sharded_call``; an eager call fixes its mesh and specs
-from its arguments, then runs the jitted ``shard_map`` made for them.
+An eager call fixes its mesh and specs from its arguments, then runs the
+jitted ``shard_map`` (``jt_dist._sharding.sharded_call``) made for them.
 """
 
 from __future__ import annotations
@@ -110,12 +109,10 @@ def sharded_triton_call(
   # Eagerly, the mesh and the in_specs the arguments imply are fixed now:
   # the jitted call's trace sees no concrete shardings.
   mesh = _specs.resolve_mesh(mesh, _pytree_args.flatten(args).leaves)
+  leaf_specs = _sharded_call.leaf_specs(args, mesh, in_specs, out_shape,
+                                        out_specs, sharding_rule)
   if in_specs is None:
-    leaf_specs = _sharded_call.infer_in_specs(args, mesh, out_shape,
-                                              out_specs, sharding_rule)
     in_specs = _per_argument(args, leaf_specs)
-  else:
-    leaf_specs = _specs.in_specs_for(in_specs, args, mesh)
   args = _placed(args, leaf_specs, mesh)
   statics = tuple(OPERAND if _api._is_operand(a) else a for a in args)  # pylint: disable=protected-access
   specs = (mesh, in_specs, out_specs, out_reduce, sharding_rule)
@@ -139,16 +136,13 @@ class _ShardedCall:
 
   def __init__(self, kernel, out_shape, grid, specs, kwargs, statics):
     self.kernel = kernel
-    self._statics = statics
-    self._run = (out_shape, grid, specs, kwargs)
-    self._jitted = jax.jit(self._traced)
 
-  def _traced(self, *operands):
-    out_shape, grid, specs, kwargs = self._run
-    it = iter(operands)
-    args = [next(it) if s is OPERAND else s for s in self._statics]
-    return _sharded_call.run(args, self.kernel, out_shape, grid, *specs,
-                             kwargs)
+    def traced(*operands):
+      it = iter(operands)
+      args = [next(it) if s is OPERAND else s for s in statics]
+      return _sharded_call.run(args, kernel, out_shape, grid, *specs, kwargs)
+
+    self._jitted = jax.jit(traced)
 
   def __call__(self, *operands):
     try:
@@ -159,12 +153,8 @@ class _ShardedCall:
 
 
 def _placed(args, leaf_specs, mesh):
-  """``args`` with each array leaf laid out on ``mesh`` by its spec.
-
-  One jitted call takes its operands where they are, and refuses them on
-  devices other than the mesh's: host arrays and arrays on one device are
-  moved first, as ``jax.shard_map`` in_specs say.
-  """
+  """``args`` with each array leaf laid out on ``mesh`` by its spec: the
+  jitted call refuses operands on devices other than the mesh's."""
   flat = _pytree_args.flatten(args)
   specs = iter(leaf_specs)
   return flat.rebuild([
@@ -174,11 +164,8 @@ def _placed(args, leaf_specs, mesh):
 
 
 def _per_argument(args, leaf_specs):
-  """Specs of array leaves as ``in_specs``: one entry per array argument.
-
-  A tuple operand's entry is a tuple with one entry per element, nested
-  as the operand is (None for a scalar).
-  """
+  """Specs of array leaves as ``in_specs``: one entry per array argument
+  (a tuple operand's nested as it is, None for a scalar)."""
   it = iter(leaf_specs)
 
   def entry(arg):
@@ -203,11 +190,8 @@ def _hashable(x: Any) -> Any:
 
 
 def _refuse_descriptors(args, kwargs) -> None:
-  """TensorDescriptors describe global arrays; shards need their own.
-
-  Keyword operands are checked too: given by name, a descriptor would
-  otherwise reach every shard whole.
-  """
+  """TensorDescriptors describe global arrays; shards need their own (a
+  keyword operand's too, or it would reach every shard whole)."""
   given = [(f"args[{i}]", arg) for i, arg in enumerate(args)]
   given += [(f"the keyword operand {name}=", value)
             for name, value in kwargs.items()]
@@ -225,9 +209,8 @@ def _with_refs(args, kernel, out_shape, grid, mesh, in_specs, out_specs,
                out_reduce, rule, kwargs):
   """A sharded call with Ref arguments: each shard updates its shard of them.
 
-  The Refs' values go in as arrays; each shard wraps its piece in a fresh
-  Ref for the kernel, and hands the piece back as an extra output split as
-  the Ref's input is; the new global values are written back.
+  The Refs' values go in as arrays, each shard's piece returns as an extra
+  output split as its input is, and the new values are written back.
   """
   _refs.check(args, kwargs.get("input_output_aliases"), rule,
               "sharded_triton_call")

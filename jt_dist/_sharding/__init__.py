@@ -1,1 +1,1 @@
-"""Sharding: the device-validation layer, `sharded_triton_call` and its specs."""
+"""Sharding: the device-validation layer, `sharded_triton_call`, its specs."""

@@ -1,10 +1,9 @@
 """One kernel call on the operands at hand: bind, check placement, launch.
 
-This is the whole meaning of ``triton_call`` with no cache in front of it.
-The front door (``jt_dist._call``) runs it inside ``jax.jit``, where the
-operands are tracers; ``shard_map`` bodies run it on shards; an eager call
-that needs concrete arrays (``device=``, a ``ShardingRule`` over sharded
-arrays, ``jax.Ref``s) runs it at top level.
+The whole meaning of ``triton_call`` with no cache in front: the front door
+runs it inside ``jax.jit`` (on tracers), ``shard_map`` bodies on shards, and
+eager calls that need concrete arrays (``device=``, a ``ShardingRule`` over
+sharded arrays, ``jax.Ref``s) at top level.
 """
 
 from __future__ import annotations
@@ -21,7 +20,6 @@ from jt_dist._core import primitive as _primitive
 from jt_dist._core import pytree_args as _pytree_args
 from jt_dist._core import runtime_scalar as _runtime_scalar
 from jt_dist._core import tensordesc as _tensordesc
-from jt_dist._sharding import auto_axes as _auto_axes
 from jt_dist._sharding import partition as _partition
 from jt_dist._sharding import placement as _placement
 from jt_dist._sharding import refs as _refs
@@ -37,10 +35,9 @@ def call(args, kernel, out_shape, grid, options: _binding.CallOptions,
          metaparams: dict, device: Any = None, layout: Any = None) -> Any:
   """Runs one ``triton_call`` on ``args``, tracers or concrete arrays.
 
-  ``metaparams`` holds the kernel's constexprs and its keyword operands.
-  ``layout``: for a call with a ``sharding_rule``, the ``partition.Layout``
-  found on its concrete operands before they were traced; by default the
-  operands' own (traced operands show explicit mesh axes only).
+  ``metaparams`` holds the kernel's constexprs and keyword operands.
+  ``layout``: a rule's ``partition.Layout`` found on the concrete operands
+  before they were traced (traced ones show explicit mesh axes only).
   """
   kernel, args, metaparams = _operands.merge_keywords(kernel, args,
                                                      metaparams)
@@ -92,10 +89,16 @@ def check_binding(args, kernel, out_shape, grid, options, metaparams):
   kernel, args, metaparams = _operands.merge_keywords(kernel, args,
                                                      metaparams)
   args, descriptors = _tensordesc.split(args)
+  kernel, args, metaparams = _resolved(kernel, args, metaparams)
+  _binding.bind_call(args, kernel, out_shape, grid,
+                     options.with_descriptors(descriptors), metaparams)
+
+
+def _resolved(kernel, args, metaparams):
+  """``shard_size``s and runtime scalars resolved, NumPy made canonical."""
   args, metaparams = _shard_size.resolve(args, metaparams)
   kernel, args = _runtime_scalar.bind(kernel, args, metaparams)
-  _binding.bind_call(_operands.canonical_numpy(args), kernel, out_shape,
-                     grid, options.with_descriptors(descriptors), metaparams)
+  return kernel, _operands.canonical_numpy(args), metaparams
 
 
 def _with_refs(args, kernel, out_shape, grid, options, metaparams, device):
@@ -115,12 +118,9 @@ def single_device(args, kernel, out_shape, grid, options, metaparams,
                   device=None):
   """Binds, places and launches a call on one device.
 
-  Returns ``(outputs, new values of the Refs' arrays)``, the second empty
-  for a call without Refs.
+  Returns ``(outputs, new values of the Refs' arrays)``.
   """
-  args, metaparams = _shard_size.resolve(args, metaparams)
-  kernel, args = _runtime_scalar.bind(kernel, args, metaparams)
-  args = _operands.canonical_numpy(args)
+  kernel, args, metaparams = _resolved(kernel, args, metaparams)
   # A Ref argument is written even when every output is empty.
   empty = not options.ref_inputs and _all_outputs_empty(out_shape)
   arrays, spec, out_tree = _binding.bind_call(
@@ -158,8 +158,8 @@ def _partitioned(args, kernel, out_shape, grid, options, metaparams, device,
         " to that device with jax.device_put(x, device) first.")
   kwargs = {**options.keywords(), **metaparams}
   if layout.auto:
-    return _auto_axes.run(args, shard_call, kernel, out_shapes, out_tree,
-                          grid, rule, kwargs, "triton_call")
+    return _partition.run_auto(args, shard_call, kernel, out_shapes,
+                               out_tree, grid, rule, kwargs, "triton_call")
   return _partition.run(args, shard_call, kernel, out_shapes, out_tree,
                         grid, rule, layout, kwargs, "triton_call")
 

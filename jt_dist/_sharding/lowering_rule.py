@@ -1,10 +1,8 @@
 """What every platform's lowering of the primitive runs first.
 
-Each platform registers its own lowering (``jt_dist._cpu.lowering``,
-``jt_dist._gpu.lowering``) wrapped by ``checked``: the device-validation
-layer's lowering-time check, so that no platform can silently let XLA
-replicate a kernel call, and one launch per device inside a partially
-manual ``shard_map``.
+Each platform's lowering is wrapped by ``checked``: the lowering-time
+placement check, so that no platform lets XLA silently replicate a kernel
+call, and one launch per device inside a partially manual ``shard_map``.
 """
 
 from __future__ import annotations
@@ -24,9 +22,8 @@ from jt_dist._sharding import placement as _placement
 def _manual_over_rest(ctx, args, spec, facts):
   """Lowers the call inside a shard_map manual over the remaining axes.
 
-  Inside a partially manual shard_map, the remaining mesh axes have passed
-  the placement check: every operand is replicated over them. Making them
-  manual too pins one kernel launch per device on its own copy, instead of
+  Every operand is replicated over them (the placement check passed), so
+  making them manual pins one launch per device on its own copy, instead of
   leaving XLA free to partition a call it cannot see into (and host
   callbacks, used on the CPU, need every axis manual).
   """
@@ -48,11 +45,8 @@ def _manual_over_rest(ctx, args, spec, facts):
 
 def checked(rule: Callable[..., Any], choose: Callable[..., Any],
             platform: str) -> Callable[..., Any]:
-  """``rule(ctx, *args, spec=spec)`` behind the placement check.
-
-  It lowers the one config ``choose(ctx, spec, platform)`` picks for an
-  autotuned call (``jt_dist._autotune``).
-  """
+  """``rule(ctx, *args, spec=spec)`` behind the placement check, for the
+  one config ``choose(ctx, spec, platform)`` picks (``jt_dist._autotune``)."""
   @functools.wraps(rule)
   def lowering(ctx, *args, spec, **kwargs):
     _placement.check_lowering(ctx, spec)

@@ -1,52 +1,46 @@
-"""Automatic partitioning: a call with a ``ShardingRule`` runs once per shard.
+"""A call with a ``ShardingRule``, run once per shard.
 
-Under ``jax.jit`` over a mesh with explicit axes, every traced array's type
-carries its sharding (``jax.typeof(x).sharding.spec``). A call with a rule
-reads those specs at trace time, decides which mesh axes split which factor
-of the rule, reshards the operands that disagree (as XLA reshards the
-operands of its own ops), and runs the kernel inside a ``jax.shard_map`` it
-builds itself: each device computes its own block, and split contracted
-factors are combined with the collective the rule names. The result is an
-ordinary JAX program, so it exports with ``jax.export``.
-
-On meshes with automatic axes the types say nothing about the layout XLA
-will choose. On GPUs such calls are handed to XLA's partitioner
-(``auto_axes.py``); elsewhere a kernel cannot be (on the CPU a host callback
-inside ``custom_partitioning`` crashes the process), so those calls are
-refused with ``AutoAxesError``.
+On explicit mesh axes (``run``) the operands' types carry their specs at
+trace time: the call decides which mesh axes split which factor, reshards
+the operands that disagree (as XLA does for its own ops) and runs the kernel
+in a ``jax.shard_map``, combining split contracted factors with the rule's
+collectives; the result exports with ``jax.export``. On automatic axes the
+layout is XLA's, chosen after tracing: on GPUs ``run_auto`` hands the call
+to XLA's partitioner through ``custom_partitioning`` (not exportable);
+elsewhere it is refused with ``AutoAxesError``, because the kernel is a host
+callback there and one inside ``custom_partitioning`` crashes the process
+(jax PR #23620).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import math
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, NamedTuple, Sequence
 
 import jax
+from jax.experimental.custom_partitioning import custom_partitioning
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from jt_dist import _compat
 from jt_dist import _errors
-from jt_dist._core import pytree_args as _pytree_args
 from jt_dist._sharding import specs as _specs
 
 logger = logging.getLogger("jt_dist")
 
-@dataclasses.dataclass(frozen=True)
-class Layout:
+
+class Layout(NamedTuple):
   """The mesh a call runs on and the current spec of each array operand."""
 
   mesh: Any
   specs: tuple[P, ...]
   # Whether XLA lays the operands out (automatic axes, on GPUs): the call
-  # then goes through custom_partitioning (auto_axes.py).
+  # then goes through run_auto.
   auto: bool = False
 
 
-@dataclasses.dataclass(frozen=True)
-class Plan:
+class Plan(NamedTuple):
   """The specs that follow from which mesh axes split which factor."""
 
   in_specs: tuple[P, ...]
@@ -70,14 +64,11 @@ def _split_axes(mesh) -> dict[str, int]:
 def find_layout(args: Sequence[Any], rule, where: str) -> Layout | None:
   """The layout a call with ``rule`` is partitioned over, or None.
 
-  None means there is nothing to split: no operand lives on a mesh with an
-  axis that is not already manual, so the call runs as a plain
-  ``triton_call`` (whose own placement checks then apply).
+  None: no operand lives on a mesh with an axis not already manual, so the
+  call runs as a plain ``triton_call`` (whose placement checks then apply).
   """
-  flat = _pytree_args.flatten(args)
-  names = flat.names
-  arrays = [(names[k], x) for k, x in enumerate(flat.leaves)
-            if _specs.is_array(x)]
+  flat, positions = _specs.arrays_of(args)
+  arrays = [(flat.names[k], flat.leaves[k]) for k in positions]
   mesh, first = None, None
   for i, x in arrays:
     candidate = _specs.mesh_of(x)
@@ -159,10 +150,9 @@ def make_plan(rule, sizes: dict[str, int], layout: Layout) -> Plan:
         continue
       factor_axes[factor] = axes
       used.update(axes)
-  in_specs = tuple(_specs.spec_of([factor_axes.get(f, ()) for f in factors])
-                   for factors in rule.operands)
-  out_specs = tuple(_specs.spec_of([factor_axes.get(f, ()) for f in factors])
-                    for factors in rule.outputs)
+  in_specs, out_specs = (
+      tuple(_specs.spec_of([factor_axes.get(f, ()) for f in factors])
+            for factors in groups) for groups in (rule.operands, rule.outputs))
   reductions = tuple(
       tuple((op, factor_axes[f]) for f, op in rule.reductions
             if f not in out and f in factor_axes)
@@ -200,16 +190,6 @@ def _kernel_name(kernel) -> str:
 _BATCHED_OVER_MESH_AXES = "jax.shard_map requires axis_names"
 
 
-def array_positions(args: Sequence[Any]) -> list[int]:
-  """Where the array leaves are among ``pytree_args.flatten(args)``'s leaves.
-
-  A ``ShardingRule``'s operands count these: the array arguments in order,
-  a tuple operand's arrays one by one (scalars are not counted).
-  """
-  return [k for k, a in enumerate(_pytree_args.flatten(args).leaves)
-          if _specs.is_array(a)]
-
-
 def with_arrays(flat, positions: Sequence[int], arrays) -> list[Any]:
   """``flat``'s arguments, ``arrays`` put at their leaves' ``positions``."""
   leaves = list(flat.leaves)
@@ -220,18 +200,16 @@ def with_arrays(flat, positions: Sequence[int], arrays) -> list[Any]:
 
 def factor_sizes(rule, args: Sequence[Any], out_shapes) -> dict[str, int]:
   """``rule``'s factor sizes from the call's arrays and ``out_shapes``."""
-  flat = _pytree_args.flatten(args)
-  names = flat.names
+  flat, positions = _specs.arrays_of(args)
   return rule.factor_sizes(
-      [(names[k], tuple(flat.leaves[k].shape)) for k in array_positions(args)],
+      [(flat.names[k], tuple(flat.leaves[k].shape)) for k in positions],
       [shape for shape, _ in out_shapes])
 
 
-def log_plan(where, rule, kernel, names, layout, plan) -> None:
+def _log_plan(where, rule, kernel, names, layout, plan) -> None:
   """Names, at debug level, every collective the plan adds around the call."""
   if not logger.isEnabledFor(logging.DEBUG):
     return
-  name = _kernel_name(kernel)
   steps = []
   for operand, factors, current, target in zip(names, rule.operands,
                                                layout.specs, plan.in_specs):
@@ -240,7 +218,8 @@ def log_plan(where, rule, kernel, names, layout, plan) -> None:
     steps += [f"output {k}: all-reduce ({op}) over mesh axes"
               f" {list(axes)}" for op, axes in reductions]
   for step in steps:
-    logger.debug("%s: kernel %s with %s: %s", where, name, rule, step)
+    logger.debug("%s: kernel %s with %s: %s", where, _kernel_name(kernel),
+                 rule, step)
 
 
 def _reshard(x: Any, spec: P, layout: Layout):
@@ -254,31 +233,29 @@ def _reshard(x: Any, spec: P, layout: Layout):
   return jax.sharding.reshard(x, NamedSharding(layout.mesh, spec))
 
 
-def shard_body(args, call, kernel, out_shapes, out_tree, grid, kwargs, plan,
-               mesh) -> Callable[..., tuple]:
+def shard_body(args, call, kernel, grid, kwargs, out_shapes, out_tree,
+               out_specs, mesh, reductions, ref_args=(), check=None):
   """The function one device runs: the kernel on its shard, then reductions.
 
   It takes the array arguments' shards, in order, and returns the outputs'
-  shards, flat, each reduced over the mesh axes of the split factors it
-  lacks.
+  shards, flat, each reduced by its ``((op, axes), ...)``, then ``check``ed.
+  A Ref's value (at ``ref_args``) reaches the kernel as a new Ref, whose
+  value follows the outputs.
   """
-  flat = _pytree_args.flatten(args)
-  positions = array_positions(args)
-  local_out = jax.tree_util.tree_unflatten(out_tree, [
-      jax.ShapeDtypeStruct(_specs.local_shape(shape, spec, mesh), dtype)
-      for (shape, dtype), spec in zip(out_shapes, plan.out_specs)])
+  flat, positions = _specs.arrays_of(args)
+  local_out = _specs.local_out_shape(out_shapes, out_tree, out_specs, mesh)
 
   def per_shard(*local_arrays):
     local_args = with_arrays(flat, positions, local_arrays)
+    for i in ref_args:
+      local_args[i] = jax.new_ref(local_args[i])
     outs = jax.tree_util.tree_leaves(
         call(*local_args, kernel=kernel, out_shape=local_out, grid=grid,
              **kwargs))
-    reduced = []
-    for x, steps in zip(outs, plan.reductions):
-      for op, axes in steps:
-        x = _specs.COLLECTIVES[op](x, axes)
-      reduced.append(x)
-    return tuple(reduced)
+    outs = [_specs.reduce(x, steps) for x, steps in zip(outs, reductions)]
+    if check is not None:
+      check(outs)
+    return (*outs, *(local_args[i][...] for i in ref_args))
 
   return per_shard
 
@@ -288,28 +265,26 @@ def run(args: Sequence[Any], call: Callable[..., Any], kernel: Any,
         where: str) -> Any:
   """Runs ``call`` once per shard of ``layout.mesh``, split by ``rule``.
 
-  ``call`` is the per-shard call (``local_call.shard_call``), given ``args``
-  (arrays global, cut to shards), ``kernel``, the per-shard ``grid`` and
-  ``kwargs`` (every other keyword, metaparams included); ``out_shapes``
-  (``((shape, dtype), ...)``) are global. ``where`` names the public
-  function in messages. Returns the global outputs, shaped by ``out_tree``.
+  ``call`` is the per-shard call (``local_call.shard_call``), given the
+  shards of ``args``, ``kernel``, the per-shard ``grid`` and ``kwargs``
+  (every other keyword, metaparams included); ``out_shapes`` (``((shape,
+  dtype), ...)``) are global. ``where`` names the public function in
+  messages.
   """
-  flat = _pytree_args.flatten(args)
-  positions = array_positions(args)
-  arrays = [flat.leaves[k] for k in positions]
-  sizes = factor_sizes(rule, args, out_shapes)
-  plan = make_plan(rule, sizes, layout)
-  log_plan(where, rule, kernel, [flat.names[k] for k in positions], layout,
-           plan)
-  placed = [_reshard(x, target, layout)
-            for x, target in zip(arrays, plan.in_specs)]
-  per_shard = shard_body(args, call, kernel, out_shapes, out_tree, grid,
-                         kwargs, plan, layout.mesh)
-  manual = _specs.manual_axes(layout.mesh)
+  flat, positions = _specs.arrays_of(args)
+  plan = make_plan(rule, factor_sizes(rule, args, out_shapes), layout)
+  _log_plan(where, rule, kernel, [flat.names[k] for k in positions], layout,
+            plan)
+  placed = [_reshard(flat.leaves[k], target, layout)
+            for k, target in zip(positions, plan.in_specs)]
+  per_shard = shard_body(args, call, kernel, grid, kwargs, out_shapes,
+                         out_tree, plan.out_specs, layout.mesh,
+                         plan.reductions)
   mapped = jax.shard_map(
       per_shard, mesh=layout.mesh, in_specs=plan.in_specs,
-      out_specs=plan.out_specs,
-      axis_names=frozenset(layout.mesh.axis_names) - manual, check_vma=True)
+      out_specs=plan.out_specs, check_vma=True,
+      axis_names=frozenset(layout.mesh.axis_names)
+      - _specs.manual_axes(layout.mesh))
   try:
     outs = mapped(*placed)
   except ValueError as e:
@@ -324,4 +299,56 @@ def run(args: Sequence[Any], call: Callable[..., Any], kernel: Any,
         " arrays without jax.vmap, or make the batch dimension replicated"
         " before jax.vmap (jax.sharding.reshard(x, P(None, ...)))."
     ) from e
+  return jax.tree_util.tree_unflatten(out_tree, list(outs))
+
+
+def run_auto(args: Sequence[Any], call: Callable[..., Any], kernel: Any,
+             out_shapes, out_tree, grid: Any, rule, kwargs: dict,
+             where: str) -> Any:
+  """``run`` through ``custom_partitioning``: the layout is the
+  partitioner's, known only when it calls back."""
+  flat, positions = _specs.arrays_of(args)
+  sizes = factor_sizes(rule, args, out_shapes)
+  global_out = jax.tree_util.tree_unflatten(
+      out_tree, [jax.ShapeDtypeStruct(s, d) for s, d in out_shapes])
+
+  def whole_call(*arrays):
+    # Traced once with global shapes for the op's types, and run as is
+    # where nothing is split (one device).
+    full = with_arrays(flat, positions, arrays)
+    return tuple(jax.tree_util.tree_leaves(
+        call(*full, kernel=kernel, out_shape=global_out, grid=grid,
+             **kwargs)))
+
+  def plan_for(mesh, arg_shapes):
+    # The specs the partitioner chose (replicated where it chose none).
+    layout = Layout(mesh, tuple(
+        s.sharding.spec if isinstance(getattr(s, "sharding", None),
+                                      NamedSharding) else P()
+        for s in arg_shapes))
+    return layout, make_plan(rule, sizes, layout)
+
+  def infer(mesh, arg_shapes, result_shape):
+    del result_shape
+    return tuple(NamedSharding(mesh, s)
+                 for s in plan_for(mesh, arg_shapes)[1].out_specs)
+
+  def partition(mesh, arg_shapes, result_shape):
+    del result_shape
+    layout, plan = plan_for(mesh, arg_shapes)
+    _log_plan(where, rule, kernel, [flat.names[k] for k in positions],
+              layout, plan)
+    body = shard_body(args, call, kernel, grid, kwargs, out_shapes,
+                      out_tree, plan.out_specs, mesh, plan.reductions)
+    return (mesh, body,
+            tuple(NamedSharding(mesh, s) for s in plan.out_specs),
+            tuple(NamedSharding(mesh, s) for s in plan.in_specs))
+
+  op = custom_partitioning(whole_call)
+  # Shardy propagates shardings through the op by the rule.
+  op.def_partition(partition, infer_sharding_from_operands=infer,
+                   sharding_rule=rule.rule,
+                   reduction_factors=tuple(f for f, _ in rule.reductions),
+                   need_replication_factors=tuple(rule.whole))
+  outs = op(*[flat.leaves[k] for k in positions])
   return jax.tree_util.tree_unflatten(out_tree, list(outs))

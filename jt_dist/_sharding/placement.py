@@ -1,25 +1,14 @@
 """The device-validation layer: where a call's inputs live, and in what context.
 
-A Triton kernel sees raw pointers into one device's memory. It knows nothing
-of shardings, and can only compute on the one buffer it is handed. Every
-``triton_call`` therefore goes through three checks, each using only what
-JAX itself reports through public APIs:
-
-* eagerly, on concrete arrays: every array argument must sit on one device,
-  and all of them on the same device (``x.sharding``);
-* at trace time: no array may be sharded over an explicit mesh axis outside
-  a ``shard_map`` that is manual over that axis
-  (``jax.sharding.get_abstract_mesh()`` and the avals' shardings);
-* at lowering: the computation must not be partitioned over several devices
-  by XLA (the lowering context's axis context), because XLA would all-gather
-  the inputs and run the whole kernel on every device.
-
-A call with a ``jt_dist.ShardingRule`` is traced globally on its way to
-being partitioned: ``_partition`` splits it into per-shard calls inside a
-``shard_map`` before these checks run, so they only ever see its shards. If
-it reaches the lowering over several devices anyway (its mesh axes were
-automatic, so its layout was unknown when it was traced) the error is an
-``AutoAxesError`` about partitioning, not a misplacement.
+A Triton kernel sees raw pointers into one device's memory, so every
+``triton_call`` is checked with what JAX reports through public APIs:
+eagerly, that its arrays sit on one and the same device; at trace time, that
+no array is sharded over an explicit mesh axis outside a ``shard_map``
+manual over it; at lowering, that XLA will not partition the call over
+devices (it would gather the inputs and run the whole kernel on each). A
+call with a ``ShardingRule`` is split per shard (``partition``) before these
+checks; one that reaches lowering over several devices anyway (its axes were
+automatic) gets an ``AutoAxesError`` about partitioning instead.
 """
 
 from __future__ import annotations
@@ -43,7 +32,8 @@ _FIX_SHARDED = (
 
 
 def _describe_array(where: str, x: Any) -> str:
-  return f"{where} (shape {tuple(x.shape)}, dtype {x.dtype.name if hasattr(x.dtype, 'name') else x.dtype})"
+  dtype = getattr(x.dtype, "name", x.dtype)
+  return f"{where} (shape {tuple(x.shape)}, dtype {dtype})"
 
 
 def _device_list(devices) -> str:
@@ -58,9 +48,8 @@ def _device_list(devices) -> str:
 def _resolve_device(device: Any):
   """``device=`` as a ``jax.Device`` this process addresses, or None.
 
-  In a multi-process run a process launches kernels only on its own
-  devices, so an index counts ``jax.local_devices()``, not the global
-  ``jax.devices()``, and another process's device is refused.
+  A process launches kernels only on its own devices: an index counts
+  ``jax.local_devices()``, and another process's device is refused.
   """
   if device is None:
     return None
@@ -143,8 +132,9 @@ def check_concrete(args: Sequence[Any], kernel_name: str, device: Any = None):
       j, y, other = found
       raise _errors.DevicePlacementError(
           f"triton_call: the array arguments of kernel {kernel_name!r}"
-          f"{_errors.process_note()} sit on different devices: {_describe_array(f'args[{j}]', y)} is on"
-          f" {other} and {_describe_array(f'args[{i}]', x)} is on {dev}."
+          f"{_errors.process_note()} sit on different devices:"
+          f" {_describe_array(f'args[{j}]', y)} is on {other} and"
+          f" {_describe_array(f'args[{i}]', x)} is on {dev}."
           f" Move them to one device with jax.device_put(x, {other}) before"
           " the call, or shard them over a mesh and call"
           " jt_dist.sharded_triton_call.")
@@ -154,12 +144,11 @@ def check_concrete(args: Sequence[Any], kernel_name: str, device: Any = None):
 
 
 def check_traced(args: Sequence[Any], kernel_name: str) -> None:
-  """Trace-time check of traced arrays' shardings.
+  """Trace-time check of traced arrays' shardings (explicit mesh axes).
 
-  Under ``jax.jit`` with explicit mesh axes, an aval records the mesh and
-  the axes its array is sharded over. Outside a ``shard_map`` that is manual
-  over those axes the array is a global value: the kernel would see all of
-  it through XLA's all-gather, or a shard it does not know is one.
+  Outside a ``shard_map`` manual over its axes a sharded array is a global
+  value: the kernel would see all of it through XLA's all-gather, or a
+  shard it does not know is one.
   """
   for i, x in enumerate(args):
     if not isinstance(x, jax.core.Tracer):
@@ -229,20 +218,11 @@ def check_lowering(ctx, spec) -> None:
 def unify_varying_axes(arrays: Sequence[Any]) -> list[Any]:
   """Makes every traced input vary over the union of the inputs' manual axes.
 
-  Inside ``shard_map`` with ``check_vma``, JAX types each value with the
-  manual axes it varies over. A kernel output depends on all inputs, so it
-  varies wherever any input does; casting the inputs to that union (free at
-  run time) lets the outputs inherit it, so ``out_specs`` checks pass
-  without switching ``check_vma`` off.
+  A kernel output depends on all inputs, so under ``check_vma`` it varies
+  wherever any input does; casting the inputs to that union (free at run
+  time) lets the outputs inherit it, so ``out_specs`` checks pass.
   """
-  union = frozenset()
-  for x in arrays:
-    union |= _compat.varying_axes(jax.typeof(x))
-  if not union:
-    return list(arrays)
-  out = []
-  for x in arrays:
-    missing = union - _compat.varying_axes(jax.typeof(x))
-    out.append(jax.lax.pcast(x, tuple(sorted(missing)), to="varying")
-               if missing else x)
-  return out
+  varying = [_compat.varying_axes(jax.typeof(x)) for x in arrays]
+  union = frozenset().union(*varying)
+  return [jax.lax.pcast(x, tuple(sorted(union - axes)), to="varying")
+          if union - axes else x for x, axes in zip(arrays, varying)]

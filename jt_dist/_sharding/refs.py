@@ -1,12 +1,9 @@
 """``jax.Ref`` arguments: buffers a kernel mutates in place.
 
-A Ref argument is read, its value is passed to the kernel as an input that
-the call's extra, hidden output aliases (the output binds no kernel
-parameter: the kernel writes through the input's own pointer), and that
-output is written back to the Ref. The primitive therefore never sees a Ref:
-eagerly, under ``jax.jit``, inside ``jax.shard_map`` and under ``jax.vmap``
-jax's own state handling (its discharge of Ref reads and writes) carries the
-update, and XLA reuses the buffer where the old value is dead.
+A Ref is read, its value passed as an input that a hidden extra output
+aliases (the kernel writes through the input's pointer), and that output is
+written back: the primitive never sees a Ref, and jax's own discharge of Ref
+reads and writes carries the update under jit, shard_map and vmap.
 """
 
 from __future__ import annotations
@@ -27,12 +24,8 @@ def _ref_like(x: Any) -> bool:
 
 
 def _leaves(args):
-  """``args``' leaves (Refs are leaves), their names and the treedef.
-
-  Operands may be pytrees (tuples of arrays reaching tuple parameters), so
-  a Ref may sit inside one; it counts in flattened order, as the binding
-  counts arrays.
-  """
+  """``args``' leaves (Refs are leaves, in a tuple operand too), their
+  names and the treedef."""
   flat, tree = jax.tree_util.tree_flatten_with_path(
       tuple(args), is_leaf=_ref_like)
   names = ["args" + jax.tree_util.keystr(path) for path, _ in flat]
@@ -91,20 +84,14 @@ def check(args, aliases: Any, rule: Any, where: str) -> None:
 
 
 def array_positions(args) -> tuple[list[int], list[int]]:
-  """The Refs' array indices, and their positions among ``args``' leaves.
-
-  An array index counts the array (and Ref) leaves, scalars not counted,
-  as ``input_output_aliases`` does.
-  """
-  array_index, ref_arrays, ref_leaves = 0, [], []
-  for k, leaf in enumerate(_leaves(args)[0]):
-    if isinstance(leaf, jax.Ref):
-      ref_arrays.append(array_index)
-      ref_leaves.append(k)
-      array_index += 1
-    elif not _types.is_scalar(leaf):
-      array_index += 1
-  return ref_arrays, ref_leaves
+  """The Refs' array indices (counted as ``input_output_aliases`` counts,
+  scalars left out), and their positions among ``args``' leaves."""
+  leaves = _leaves(args)[0]
+  arrays = [k for k, leaf in enumerate(leaves)
+            if isinstance(leaf, jax.Ref) or not _types.is_scalar(leaf)]
+  refs = [(i, k) for i, k in enumerate(arrays)
+          if isinstance(leaves[k], jax.Ref)]
+  return [i for i, _ in refs], [k for _, k in refs]
 
 
 def read(args, ref_leaves):

@@ -1,13 +1,10 @@
 """``ShardingRule``: how a kernel's dimensions may be split over a mesh.
 
-A rule is written in Shardy's factor notation, one group of factor names per
-array operand and per output: ``"i k, k j -> i j"`` for a matmul. A factor
-shared by several dimensions has the same size in each, and is split over
-the same mesh axes in each. A factor that an output lacks is contracted for
-that output: splitting it leaves each shard with a partial result, which is
-only right when the rule says how to combine the partials (``reductions``)
-or forbids the split (``whole``). Anything else is refused when the rule is
-made, because it would give wrong answers silently.
+In Shardy's factor notation, a factor shared by several dimensions has one
+size and is split over the same mesh axes in each. A factor an output lacks
+is contracted: splitting it leaves partial results, so the rule must say how
+they combine (``reductions``) or forbid the split (``whole``); anything else
+would give wrong answers silently, and is refused when the rule is made.
 """
 
 from __future__ import annotations

@@ -1,41 +1,75 @@
 """One kernel call per shard over a device mesh (``sharded_triton_call``).
 
 The front door (``jt_dist._call.sharded``) merges keyword operands and
-handles Refs; each shard runs ``jt_dist._sharding.local_call``.
+handles Refs; each shard runs ``local_call``. Inside ``shard_map`` a
+kernel's outputs vary (``check_vma``) over every mesh axis an input does,
+so an output's ``out_specs`` must name those axes unless ``out_reduce``
+reduces over them. ``_check_varying`` says so inside the shard, naming the
+output, the spec it needs and the argument to pass, before ``shard_map``
+would refuse it in words about its internals, with advice
+(``check_vma=False``) that would return one shard's data as the whole.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import math
+from typing import Any, NamedTuple, Sequence
 
 import jax
 from jax.sharding import PartitionSpec as P
 
+from jt_dist import _compat
 from jt_dist import _errors
 from jt_dist._core import binding as _binding
-from jt_dist._core import pytree_args as _pytree_args
 from jt_dist._sharding import local_call as _local_call
 from jt_dist._sharding import partition as _partition
 from jt_dist._sharding import rule as _rule
 from jt_dist._core import shard_size as _shard_size
 from jt_dist._sharding import specs as _specs
-from jt_dist._sharding import varying as _varying
+
+
+class _Operand(NamedTuple):
+  """An array argument of the call, as messages describe it."""
+
+  where: str  # e.g. "args[0]"
+  shape: tuple
+  spec: P
+
+
+class _Outputs(NamedTuple):
+  """What the varying check needs to know of the outputs, one entry each."""
+
+  names: tuple[str, ...]  # Pytree paths, e.g. "out_shape[1]".
+  shapes: tuple[tuple, ...]  # Global shapes.
+  specs: tuple[P, ...]
+  given: bool  # Whether the user passed out_specs.
+  out_tree: Any
+  reduced: tuple[tuple[str, tuple[str, ...]] | None, ...]  # out_reduce.
+
 
 def is_spec_leaf(x: Any) -> bool:
   return x is None or isinstance(x, P)
 
 
+def _per_output(value, is_one, out_tree, n: int, message) -> list:
+  """``value`` for each of ``n`` outputs: one for all, or a pytree with the
+  structure of out_shape (else ``message(structure)`` is raised)."""
+  if value is None or is_one(value):
+    return [value] * n
+  leaves, tree = jax.tree_util.tree_flatten(
+      value, is_leaf=lambda x: x is None or is_one(x))
+  if tree != out_tree:
+    raise _errors.ShardingSpecError(message(tree))
+  return leaves
+
+
 def _out_specs_for(out_specs, out_tree, out_shapes, mesh) -> list[P]:
-  if out_specs is None or isinstance(out_specs, P):
-    specs = [out_specs] * len(out_shapes)
-  else:
-    leaves, tree = jax.tree_util.tree_flatten(out_specs, is_leaf=is_spec_leaf)
-    if tree != out_tree:
-      raise _errors.ShardingSpecError(
+  specs = _per_output(
+      out_specs, lambda x: isinstance(x, P), out_tree, len(out_shapes),
+      lambda tree: (
           f"sharded_triton_call: out_specs {out_specs!r} must be one"
           " PartitionSpec for every output, or a pytree with the structure"
-          f" of out_shape ({out_tree}); got the structure {tree}.")
-    specs = leaves
+          f" of out_shape ({out_tree}); got the structure {tree}."))
   return [
       _specs.check_spec(f"output {k}", shape, spec, mesh)
       for k, (spec, (shape, _)) in enumerate(zip(specs, out_shapes))
@@ -48,16 +82,12 @@ def _is_reduction(x: Any) -> bool:
 
 def _reductions_for(out_reduce, out_tree, n_out, mesh) -> list:
   """One (collective, axes) pair or None per output."""
-  if out_reduce is None or _is_reduction(out_reduce):
-    entries = [out_reduce] * n_out
-  else:
-    entries, tree = jax.tree_util.tree_flatten(
-        out_reduce, is_leaf=lambda x: x is None or _is_reduction(x))
-    if tree != out_tree:
-      raise _errors.ShardingSpecError(
+  entries = _per_output(
+      out_reduce, _is_reduction, out_tree, n_out,
+      lambda tree: (
           f"sharded_triton_call: out_reduce {out_reduce!r} must be one"
           " (op, axes) pair for every output, or a pytree with the structure"
-          f" of out_shape ({out_tree}) holding pairs or None.")
+          f" of out_shape ({out_tree}) holding pairs or None."))
   return [_check_reduction(k, e, mesh) for k, e in enumerate(entries)]
 
 
@@ -79,23 +109,17 @@ def _check_reduction(k: int, entry, mesh):
   return op, axes
 
 
-def infer_in_specs(args, mesh, out_shape, out_specs, sharding_rule) -> list[P]:
-  """The array leaves' specs when ``in_specs`` are left out: their own.
+def leaf_specs(args, mesh, in_specs, out_shape, out_specs, rule) -> list[P]:
+  """One checked spec per array leaf: from ``in_specs``, else its own.
 
-  Each array's spec comes from its sharding on ``mesh``; one with none
-  there (a NumPy array, an array on one device) is taken as replicated.
-
-  Raises:
-    ShardingSpecError: ``out_specs`` split an output over a mesh axis that
-      none of those specs splits. The shards along it would get the same
-      inputs and write the same result into buffers a fraction of the
-      output's size (a kernel sized by its inputs, through ``shard_size``,
-      writes past them): the inputs were meant to be split, and
-      ``in_specs`` must say how. Axes already manual outside the call
-      (inside the caller's ``shard_map``) are not the call's to split.
+  Inferred specs refuse ``out_specs`` that split an output over a mesh axis
+  no input is split over (nor manual outside the call): the shards along it
+  would get the same inputs, and a kernel sized by them (``shard_size``)
+  would write past its output shard.
   """
-  specs = _specs.in_specs_for(None, args, mesh)
-  if sharding_rule is None and out_specs is not None and specs:
+  specs = _specs.in_specs_for(in_specs, args, mesh)
+  if (in_specs is None and rule is None and out_specs is not None
+      and specs):
     out_shapes, out_tree = _binding.flatten_out_shape(out_shape,
                                                       allow_empty=True)
     o_specs = _out_specs_for(out_specs, out_tree, out_shapes, mesh)
@@ -111,25 +135,23 @@ def infer_in_specs(args, mesh, out_shape, out_specs, sharding_rule) -> list[P]:
 
 def _unsplit_inputs_message(args, specs, k, shape, spec, out_tree, alone,
                             mesh) -> str:
-  leaves = _pytree_args.flatten(args)
-  names = [name for name, leaf in zip(leaves.names, leaves.leaves)
-           if _specs.is_array(leaf)]
-  inferred = ", ".join(f"{n} {_varying.spec_text(_specs.trimmed(s))}"
-                       for n, s in zip(names, specs))
+  leaves, positions = _specs.arrays_of(args)
+  inferred = ", ".join(f"{leaves.names[k]} {_spec_text(_specs.trimmed(s))}"
+                       for k, s in zip(positions, specs))
   local = _specs.local_shape(shape, spec, mesh)
-  name = _varying.output_names(out_tree)[k]
+  name = _output_names(out_tree)[k]
   suggestion = "pass in_specs (one PartitionSpec per array argument)"
   if not leaves.has_tuples:
     # Inputs of the output's shape split as it is; the others replicated.
-    entries = [_varying.spec_text(spec if tuple(leaf.shape) == tuple(shape)
-                                  else P())
-               for leaf in leaves.leaves if _specs.is_array(leaf)]
+    entries = [
+        _spec_text(spec if tuple(leaves.leaves[j].shape) == tuple(shape)
+                   else P()) for j in positions]
     comma = "," if len(entries) == 1 else ""
     suggestion = f"pass in_specs=({', '.join(entries)}{comma})"
   return (
       f"sharded_triton_call: out_specs split output {k} ({name}, global"
       f" shape {tuple(shape)}) over mesh axes {alone} (its entry is"
-      f" {_varying.spec_text(spec)}), but no array argument is split over"
+      f" {_spec_text(spec)}), but no array argument is split over"
       " them: in_specs were left out, so each argument's spec comes from"
       f" its sharding on mesh {dict(mesh.shape)}: {inferred} (an array with"
       " no sharding there, such as a NumPy array or an array on one device,"
@@ -160,37 +182,36 @@ def _by_rule(args, kernel, out_shapes, out_tree, grid, mesh, arg_specs, rule,
 
 def run(args, kernel, out_shape, grid, mesh, in_specs,
         out_specs, out_reduce, sharding_rule, kwargs, ref_args=()):
-  """``sharded_triton_call`` on arrays; with ``ref_args``, also their updates.
+  """``sharded_triton_call`` on arrays (keyword operands merged in).
 
-  ``args`` has keyword operands merged in, and Refs' values in place of the
-  Refs at ``ref_args``; the call then returns ``(outputs, their new
-  values)``.
+  With ``ref_args``, ``args`` holds the Refs' values at those indices, and
+  the call returns ``(outputs, the Refs' new values)``.
   """
   out_shapes, out_tree = _binding.flatten_out_shape(
       out_shape, allow_empty=bool(ref_args))
   # Tuple operands' leaves are split one by one, as positional arrays are.
-  leaves = _pytree_args.flatten(args)
+  leaves, positions = _specs.arrays_of(args)
   mesh = _specs.resolve_mesh(mesh, leaves.leaves)
   # Resolving against the global arguments checks indices early, at the
   # caller's line; the values used are resolved again inside each shard.
   _shard_size.resolve(args, kwargs)
-  if in_specs is None:
-    arg_specs = infer_in_specs(args, mesh, out_shape, out_specs,
-                               sharding_rule)
-  else:
-    arg_specs = _specs.in_specs_for(in_specs, args, mesh)
+  arg_specs = leaf_specs(args, mesh, in_specs, out_shape, out_specs,
+                         sharding_rule)
   if sharding_rule is not None:
     return _by_rule(args, kernel, out_shapes, out_tree, grid, mesh,
                     arg_specs, sharding_rule, out_specs, out_reduce, kwargs)
   o_specs = _out_specs_for(out_specs, out_tree, out_shapes, mesh)
   reductions = _reductions_for(out_reduce, out_tree, len(out_shapes), mesh)
-  positions = [k for k, a in enumerate(leaves.leaves) if _specs.is_array(a)]
-  outputs = _varying.Outputs(
-      names=_varying.output_names(out_tree),
+  outputs = _Outputs(
+      names=_output_names(out_tree),
       shapes=tuple(shape for shape, _ in out_shapes), specs=tuple(o_specs),
       given=out_specs is not None, out_tree=out_tree, reduced=tuple(reductions))
-  per_shard = _shard_body(leaves, positions, arg_specs, kernel, grid, kwargs,
-                          mesh, ref_args, out_shapes, outputs)
+  operands = [_Operand(leaves.names[k], tuple(leaves.leaves[k].shape), spec)
+              for k, spec in zip(positions, arg_specs)]
+  per_shard = _partition.shard_body(
+      args, _local_call.shard_call, kernel, grid, kwargs, out_shapes,
+      out_tree, o_specs, mesh, [[r] if r else [] for r in reductions],
+      ref_args, lambda flat: _check_varying(flat, outputs, operands, mesh))
   ref_specs = tuple(arg_specs[positions.index(leaves.index_of(i))]
                     for i in ref_args)
   arrays = [_specs.place(leaves.leaves[k], spec, mesh)
@@ -209,32 +230,111 @@ def run(args, kernel, out_shape, grid, mesh, in_specs,
   return jax.tree_util.tree_unflatten(out_tree, flat)
 
 
-def _shard_body(leaves, positions, arg_specs, kernel, grid, kwargs, mesh,
-                ref_args, out_shapes, outputs):
-  """The function each device runs: the kernel on its shards, reduced.
+def _output_names(out_tree) -> tuple[str, ...]:
+  """Each output's pytree path within ``out_shape``, in flattened order."""
+  skeleton = jax.tree_util.tree_unflatten(out_tree, range(out_tree.num_leaves))
+  paths = jax.tree_util.tree_flatten_with_path(skeleton)[0]
+  return tuple("out_shape" + jax.tree_util.keystr(p) for p, _ in paths)
 
-  It takes the shards of ``leaves``' arrays (at ``positions``), in order,
-  rebuilds the tuples around them, and gives each Ref's value (at
-  ``ref_args``) to the kernel as a new Ref, whose value it returns after
-  the outputs.
+
+def _check_varying(flat: Sequence[Any], outputs: _Outputs,
+                   operands: Sequence[_Operand], mesh) -> None:
+  """Raises if a shard's output (after ``out_reduce``) varies over a mesh
+  axis its spec does not name."""
+  # Only this shard_map's axes: one already manual in a caller's shard_map
+  # is the caller's out_specs' to name (jax.shard_map's check skips them too).
+  outer = _specs.manual_axes(mesh)
+  order = [a for a in mesh.axis_names if a not in outer]
+  for k, x in enumerate(flat):
+    varying = _compat.varying_axes(jax.typeof(x)) & set(order)
+    missing = varying - set(_specs.spec_axes(outputs.specs[k]))
+    if missing:
+      raise _errors.ShardingSpecError(_message(
+          k, sorted(varying, key=order.index), sorted(missing, key=order.index),
+          outputs, operands, mesh))
+
+
+def _message(k: int, varying: list, missing: list, outputs: _Outputs,
+             operands: Sequence[_Operand], mesh) -> str:
+  name, shape, spec = outputs.names[k], outputs.shapes[k], outputs.specs[k]
+  sources = [f"{o.where} with spec {_spec_text(o.spec)}" for o in operands
+             if set(_specs.spec_axes(o.spec)) & set(varying)]
+  why = (f", since inputs are split over them ({', '.join(sources)})"
+         if sources else "")
+  how = (f"its out_specs entry is {_spec_text(spec)}" if outputs.given else
+         "out_specs was left out, so it is P() (replicated)")
+  needed = _needed_spec(shape, varying, operands, mesh)
+  slice_fix = (
+      f"name mesh axes {varying} in its out_specs entry, on the dimensions"
+      " of the output they split" if needed is None
+      else f"pass {_suggest_specs(outputs, k, needed)}")
+  return (
+      f"sharded_triton_call: output {k} ({name}, global shape {shape}) varies"
+      f" over mesh axes {varying} of mesh {dict(mesh.shape)}{why}, but {how},"
+      f" which does not name {missing}. If each shard computes its own slice"
+      f" of the output, {slice_fix}. {_reduce_fix(outputs, k, missing)}")
+
+
+def _reduce_fix(outputs: _Outputs, k: int, missing: list) -> str:
+  """The sentence suggesting ``out_reduce`` for output ``k``."""
+  op, axes = outputs.reduced[k] or ("sum", ())
+  axes = (*axes, *missing)
+  pair = (op, axes[0] if len(axes) == 1 else axes)
+  if len(outputs.names) == 1:
+    fix = f"pass out_reduce={pair!r}"
+  else:
+    fix = (f"give {outputs.names[k]} the pair {pair!r} in out_reduce (a"
+           " pytree matching out_shape, None for outputs not reduced)")
+  if outputs.reduced[k]:
+    return (f"If each shard's result is partial over {missing} too, reduce"
+            f" over them as well: {fix}.")
+  return (f"If each shard computes a partial result (a sum, maximum or"
+          f" minimum over its part of the inputs), {fix} (or 'max' / 'min').")
+
+
+def _needed_spec(shape: tuple, varying: list, operands: Sequence[_Operand],
+                 mesh) -> P | None:
+  """A spec that names ``varying`` on the output's dimensions, or None.
+
+  The spec of an operand of the output's shape that varies over exactly
+  those axes; else each axis on the one output dimension whose size
+  matches a dimension it splits in an operand; else None (no guess).
   """
-  local_out = jax.tree_util.tree_unflatten(outputs.out_tree, [
-      jax.ShapeDtypeStruct(_specs.local_shape(shape, spec, mesh), dtype)
-      for (shape, dtype), spec in zip(out_shapes, outputs.specs)])
-  operands = [
-      _varying.Operand(leaves.names[k], tuple(leaves.leaves[k].shape), spec)
-      for k, spec in zip(positions, arg_specs)]
+  for o in operands:
+    if tuple(o.shape) == tuple(shape) and (
+        set(_specs.spec_axes(o.spec)) == set(varying)):
+      return o.spec
+  entries: list[list] = [[] for _ in shape]
+  for axis in varying:
+    sizes = {o.shape[d] for o in operands for d, entry in enumerate(o.spec)
+             if axis in _specs.entry_axes(entry)}
+    dims = [d for d, size in enumerate(shape) if size in sizes]
+    if len(dims) != 1:
+      return None
+    entries[dims[0]].append(axis)
+  sizes = dict(mesh.shape)
+  if any(shape[d] % math.prod(sizes[a] for a in e)
+         for d, e in enumerate(entries)):
+    return None
+  return _specs.spec_of(entries)
 
-  def per_shard(*local_arrays):
-    local_args = _partition.with_arrays(leaves, positions, local_arrays)
-    for i in ref_args:
-      local_args[i] = jax.new_ref(local_args[i])
-    result = _local_call.shard_call(
-        *local_args, kernel=kernel, out_shape=local_out, grid=grid, **kwargs)
-    flat = [x if r is None else _specs.COLLECTIVES[r[0]](x, r[1])
-            for x, r in zip(jax.tree_util.tree_leaves(result),
-                            outputs.reduced)]
-    _varying.check(flat, outputs, operands, mesh)
-    return (*flat, *(local_args[i][...] for i in ref_args))
 
-  return per_shard
+class _Shown(str):
+  """A text whose repr is itself, to show a pytree of specs."""
+
+  __repr__ = str.__str__
+
+
+def _suggest_specs(outputs: _Outputs, k: int, spec: P) -> str:
+  """``out_specs=...`` with ``spec`` for output ``k``, the others unchanged."""
+  if len(outputs.names) == 1:
+    return f"out_specs={_spec_text(spec)}"
+  leaves = [_Shown(_spec_text(spec if j == k else s))
+            for j, s in enumerate(outputs.specs)]
+  tree = jax.tree_util.tree_unflatten(outputs.out_tree, leaves)
+  return f"out_specs={tree!r}"
+
+
+def _spec_text(spec: P) -> str:
+  """A spec as the user writes it: P('x', None)."""
+  return "P(" + ", ".join(repr(e) for e in spec) + ")"

@@ -1,8 +1,7 @@
 """Partition specs for ``sharded_triton_call``: inference and checks.
 
-Every check names the argument, its shape and spec, the mesh axes and their
-sizes, and the fix, in the manner of ``jax.shard_map``'s own messages, but
-before tracing, at the caller's line.
+The checks run before tracing, at the caller's line, and name the argument,
+its shape and spec, the mesh axes and their sizes, and the fix.
 """
 
 from __future__ import annotations
@@ -25,6 +24,15 @@ COLLECTIVES = {"sum": jax.lax.psum, "max": jax.lax.pmax, "min": jax.lax.pmin}
 
 def is_array(x: Any) -> bool:
   return not _types.is_scalar(x) and hasattr(x, "shape") and hasattr(x, "dtype")
+
+
+def arrays_of(args: Sequence[Any]):
+  """``pytree_args.flatten(args)`` and the positions of its array leaves.
+
+  These arrays, in order, are what in_specs and a rule's operands count.
+  """
+  flat = _pytree_args.flatten(args)
+  return flat, [k for k, a in enumerate(flat.leaves) if is_array(a)]
 
 
 def sharding_of(x: Any):
@@ -136,10 +144,11 @@ def check_spec(where: str, shape: tuple, spec: Any, mesh) -> P:
     names = entry_axes(entry)
     total = math.prod(sizes[a] for a in names)
     if names and shape[dim] % total:
+      named = _sizes({a: sizes[a] for a in names})
       raise _errors.ShardingSpecError(
           f"sharded_triton_call: {where} of shape {shape} has spec {spec},"
           f" which splits dimension {dim} (size {shape[dim]}) over mesh axes"
-          f" {names} of total size {total} ({_sizes({a: sizes[a] for a in names})}),"
+          f" {names} of total size {total} ({named}),"
           f" but {shape[dim]} is not divisible by {total}. Pad dimension"
           f" {dim} to a multiple of {total}, or split it over fewer axes.")
   return spec
@@ -152,6 +161,20 @@ def local_shape(shape: tuple, spec: P, mesh) -> tuple:
   for dim, entry in enumerate(spec):
     local[dim] //= math.prod(sizes[a] for a in entry_axes(entry))
   return tuple(local)
+
+
+def local_out_shape(out_shapes, out_tree, specs, mesh) -> Any:
+  """``out_shape`` for one shard: global ``(shape, dtype)``s split by specs."""
+  return jax.tree_util.tree_unflatten(out_tree, [
+      jax.ShapeDtypeStruct(local_shape(shape, spec, mesh), dtype)
+      for (shape, dtype), spec in zip(out_shapes, specs)])
+
+
+def reduce(x: Any, steps) -> Any:
+  """``x`` reduced by each ``(op, axes)`` of ``steps`` (inside a shard)."""
+  for op, axes in steps:
+    x = COLLECTIVES[op](x, axes)
+  return x
 
 
 def _sizes(sizes: dict) -> str:
@@ -170,15 +193,10 @@ def in_specs_for(in_specs: Any, args: Sequence[Any], mesh) -> list[P]:
   """One checked spec per array leaf of ``args``, given or inferred.
 
   ``in_specs`` is a prefix of the arguments, as ``jax.shard_map``'s is: one
-  entry per argument that holds an array (scalars take none); for a tuple
-  operand, one ``PartitionSpec`` for all its arrays, or a tuple of entries
-  with one per element.
-
-  Returns:
-    The specs, in the order of ``pytree_args.flatten(args)``'s array leaves.
+  entry per argument that holds an array; a tuple operand's entry is one
+  ``PartitionSpec`` for all its arrays, or a tuple with one per element.
   """
-  flat = _pytree_args.flatten(args)
-  arrays = [k for k, leaf in enumerate(flat.leaves) if is_array(leaf)]
+  flat, arrays = arrays_of(args)
   if in_specs is None:
     specs = [infer_spec(flat.leaves[k], mesh) for k in arrays]
   else:
@@ -243,11 +261,10 @@ def _leaf_specs(arg: Any, entry: Any, where: str) -> list:
 def place(x: Any, spec: P, mesh, equivalent_ok: bool = False):
   """Lays ``x`` out as ``NamedSharding(mesh, spec)`` if it is not already.
 
-  Users hand in host arrays or arrays on one device; ``shard_map`` over
-  explicit mesh axes insists on inputs already laid out by its in_specs,
-  and so does one inside a trace for a concrete array the trace closes
-  over. ``equivalent_ok``: an array laid out equivalently (on the mesh's
-  one device, say) stays where it is, for a ``jax.jit`` to take.
+  ``shard_map`` over explicit axes (and one in a trace, for a concrete
+  array it closes over) wants inputs laid out by its in_specs already.
+  ``equivalent_ok``: an array laid out equivalently (on the mesh's one
+  device, say) stays where it is, for a ``jax.jit`` to take.
   """
   if isinstance(x, jax.core.Tracer):
     current = getattr(jax.typeof(x), "sharding", None)

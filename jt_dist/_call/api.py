@@ -205,8 +205,10 @@ def triton_call(*args: Any, kernel: Any, out_shape: Any = None, grid: Any,
       call = _memo_get(plain)
     except TypeError:  # An unhashable metaparam (an array by keyword).
       plain = call = None
-    # The memo holds the call, and so the kernel: its id is unique.
-    if call is not None and call.fresh():
+    # The memo holds the call, and so the kernel: its id is unique. And
+    # its source is the call's (call.fresh(), inline).
+    if call is not None and getattr(
+        call.triton_fn, "src", None) is call.triton_src:
       operands = (args if call.passed_all
                   else tuple(itertools.compress(args, call.passed)))
       if call.direct and _CONCRETE.issuperset(types):

@@ -78,9 +78,10 @@ class KernelCall:
     self.metaparams = metaparams
     self.statics = tuple(statics)
     self.device = device
-    # The source the call was made for: Triton lets it be replaced.
-    self._fn = _kernel.kernel_info(kernel).fn
-    self._src = getattr(self._fn, "src", None)
+    # The source the call was made for: Triton lets it be replaced. The
+    # front door compares them itself, a frame less on its hot path.
+    self.triton_fn = _kernel.kernel_info(kernel).fn
+    self.triton_src = getattr(self.triton_fn, "src", None)
     # device= moves uncommitted operands before the call.
     self._eager_first = device is not None
     # Position -> dtype of each scalar passed at call time.
@@ -116,7 +117,7 @@ class KernelCall:
 
   def fresh(self) -> bool:
     """Whether the kernel's source is still the one the call was made for."""
-    return getattr(self._fn, "src", None) is self._src
+    return getattr(self.triton_fn, "src", None) is self.triton_src
 
   def _runtime_slots(self) -> dict[int, np.dtype]:
     """Position -> dtype of the scalars that can come at call time, or {}.

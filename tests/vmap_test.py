@@ -25,7 +25,7 @@ from jt_dist import testing
 testing.configure_cpu_devices()
 
 import jt_dist  # pylint: disable=g-import-not-at-top,wrong-import-position
-from jt_dist._vmap import grid_kernel as _batch_kernel  # pylint: disable=g-import-not-at-top,wrong-import-position
+from jt_dist._vmap import batching as _batch_kernel  # pylint: disable=g-import-not-at-top,wrong-import-position
 from jt_dist._core import grid as _grid  # pylint: disable=g-import-not-at-top,wrong-import-position
 import gpu_lowering_util as util  # pylint: disable=g-import-not-at-top,wrong-import-position
 

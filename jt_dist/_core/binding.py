@@ -1,34 +1,25 @@
 """Binding a ``triton_call``'s arguments to its kernel's parameters.
 
-The kernel's parameters are bound, in order, by the positional arguments,
-then by one pointer per output (the outputs follow the inputs, as in
-jax-triton), then by name from the metaparams, autotuning configs and
-heuristics; parameters with defaults may stay unbound. Everything that can
-be checked before tracing is checked here, so that mistakes surface at the
-caller's line with the argument named, not deep inside lowering.
-
-The work is split by job: ``call_spec`` (the static ``CallSpec`` and
-``CallOptions``), ``positional`` (what each argument is and which parameter
-it binds), ``outputs`` (``out_shape``, aliases, zeroed outputs) and
-``conventions`` (jax-triton 0.3.1's and 0.4's aliasing conventions); this
-module puts them together, and re-exports the names other modules use.
+Parameters are bound by the positional arguments (``positional``), the
+outputs (``outputs``), then by name from the metaparams, autotuning configs
+and heuristics, into a ``kernel.CallSpec``. Everything checkable before
+tracing is checked here, so that mistakes surface at the caller's line.
 """
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 
 import jax
 import numpy as np
 
-from jt_dist._core import pytree_args as _pytree_args
-from jt_dist._core import call_spec as _call_spec
-from jt_dist._core import conventions as _conventions
 from jt_dist._core import grid as _grid
 from jt_dist._core import kernel as _kernel
 from jt_dist._core import options as _options
 from jt_dist._core import outputs as _outputs
 from jt_dist._core import positional as _positional
+from jt_dist._core import pytree_args as _pytree_args
 
 # Re-exported: other modules and tests reach these as ``_binding.<name>``.
 CallOptions = _options.CallOptions
@@ -44,21 +35,25 @@ _SPEC_OPTIONS = (
 
 
 def _check_complete(info, positional_names, config, operands, n_args):
+  """The config and the operands bind every parameter without a default once."""
   names = [k for k, _ in config.kwargs]
-  missing, twice = _kernel.missing_and_extra(info, positional_names, names)
+  seen = collections.Counter([*positional_names, *names])
   unknown = [k for k in names if k not in info.param_by_name]
   if unknown:
     raise _positional.binding_error(
         info, f"autotuning config ({config.label}) sets {unknown}, which are"
         " not parameters of the kernel.")
+  twice = [name for name, count in seen.items() if count > 1]
   if twice:
     raise _positional.binding_error(
         info, f"{twice} are bound twice (config: {config.label}).")
+  missing = [p.name for p in info.params
+             if p.name not in seen and not p.has_default]
   _positional.check_bound(info, missing, operands, n_args, names)
 
 
 def _named_args(arrays, operands, out_shapes, constexprs):
-  """Every bound parameter by name, arrays as shape/dtype structs."""
+  """Every bound parameter by name, arrays as ``jax.ShapeDtypeStruct``s."""
   leaves: dict[str, list] = {}
   for op in operands:
     if op.kind == "array":
@@ -75,7 +70,7 @@ def _named_args(arrays, operands, out_shapes, constexprs):
 
 
 def _launches(info, grid, options, constexprs, named, operands, aliases,
-              n_args, n_outputs) -> list[_call_spec.Launch]:
+              n_args, n_outputs) -> list[_kernel.Launch]:
   """One ``Launch`` per config: each checked complete, with its grid."""
   configs = _kernel.expand_configs(
       info, constexprs, named, options.num_warps, options.num_stages,
@@ -95,41 +90,35 @@ def _launches(info, grid, options, constexprs, named, operands, aliases,
       config = dataclasses.replace(config, kwargs=config.kwargs + extra)
     where = f" (config: {config.label})" if info.layers else ""
     kwargs = dict(config.kwargs)
-    launches.append(_call_spec.Launch(
+    launches.append(_kernel.Launch(
         config=config,
         grid=_grid.evaluate_grid(grid, {**named, **kwargs}, where),
         zeroed_outputs=tuple(sorted({*reset, *_outputs.zeroed(
-            options.zeroed_outputs, kwargs, n_outputs, where)})),
-    ))
+            options.zeroed_outputs, kwargs, n_outputs, where)}))))
   return launches
 
 
 def bind_call(args, kernel, out_shape, grid, options: CallOptions, metaparams):
-  """Checks a call and builds its static ``CallSpec``.
-
-  Returns:
-    ``(array_args, spec, out_tree)``.
-  """
+  """Checks a call; returns ``(array_args, its CallSpec, out_tree)``."""
   info = _kernel.kernel_info(kernel)
   out_shapes, out_tree = _outputs.flatten_out_shape(
       out_shape, allow_empty=bool(options.ref_inputs))
   kinds, _ = _positional.classify_args(args)
-  operands, constexprs, aliases = _conventions.bind(
+  operands, constexprs, aliases = _outputs.bind(
       info, args, kinds, out_shapes, metaparams, options.input_output_aliases)
   operands = _positional.typed_descriptors(operands, kinds,
                                           options.tensor_descriptors)
   constexprs.update(metaparams)
   arrays = _pytree_args.array_leaves(args)
   named = _named_args(arrays, operands, out_shapes, constexprs)
-  # Triton's launcher shows heuristics and the grid every parameter,
-  # unbound ones with defaults included; explicit values take precedence.
-  defaults = {p.name: p.default for p in info.params
-              if p.has_default and p.name not in named}
-  named = {**defaults, **named}
+  # Triton's launcher shows heuristics and the grid every parameter, those
+  # left to their defaults included.
+  named = {**{p.name: p.default for p in info.params
+              if p.has_default and p.name not in named}, **named}
   launches = _launches(info, grid, options, constexprs, named, operands,
                        aliases, len(args), len(out_shapes))
   refs = options.ref_inputs
-  spec = _call_spec.CallSpec(
+  spec = _kernel.CallSpec(
       kernel=kernel,
       operands=tuple(operands),
       out_shapes=out_shapes + tuple((arrays[i].shape, np.dtype(arrays[i].dtype))
@@ -139,8 +128,7 @@ def bind_call(args, kernel, out_shape, grid, options: CallOptions, metaparams):
           (i, len(out_shapes) + k) for k, i in enumerate(refs)),
       cost_estimate=_options.cost_items(options.cost_estimate),
       ref_outputs=len(refs),
-      **{name: getattr(options, name) for name in _SPEC_OPTIONS},
-  )
+      **{name: getattr(options, name) for name in _SPEC_OPTIONS})
   return arrays, spec, out_tree
 
 

@@ -1,11 +1,9 @@
 """Values compared as Triton specialises on them, for keys and specs.
 
 Python's ``==`` says ``4 == 4.0 == True``, ``0.0 == -0.0`` and
-``(4,) == (4.0,)``; Triton compiles a different kernel for each, since a
-constexpr's type and sign reach the code generator. Every key or spec that
-stands for a compiled kernel compares its values through ``key``: the
-value's type at every depth, floats by their bits, and the contents of
-``tl.constexpr`` wrappers.
+``(4,) == (4.0,)``; Triton compiles a different kernel for each. Every key
+or spec that stands for a compiled kernel compares values through ``key``:
+types at every depth, floats by their bits, ``tl.constexpr``'s contents.
 """
 
 from __future__ import annotations
@@ -22,9 +20,9 @@ PLAIN = frozenset((int, bool, str, bytes, type(None)))
 
 
 def key(value: Any) -> Any:
-  """A hashable stand-in for ``value`` that is equal only for equal kernels.
+  """A hashable stand-in for ``value``, equal only for equal kernels.
 
-  Unhashable values of unknown types raise TypeError, as hashing them would.
+  TypeError for an unhashable value of another type, as hashing would.
   """
   kind = type(value)
   if kind in PLAIN:
@@ -36,7 +34,7 @@ def key(value: Any) -> Any:
     return kind, tuple(key(v) for v in value)
   if kind is dict:
     return kind, tuple((key(k), key(v)) for k, v in value.items())
-  if isinstance(value, (np.generic,)):
+  if isinstance(value, np.generic):
     return kind, value.tobytes()
   if isinstance(value, tl.constexpr):
     return kind, key(value.value)

@@ -1,14 +1,11 @@
 """Kernel errors that leave a host callback, and how callers get them back.
 
 jax reports an exception raised in a host callback as its own runtime
-error, with the original's text last. A launch on the CPU therefore files
-its exception under a fresh token and raises a ``HostFault`` whose message
-carries the token; the boundaries jt_dist owns (a ``KernelCall``'s call,
-the primitive's eager implementation under ``jax.vmap`` or
-``jax.disable_jit``) take the token from jax's error and raise the kernel's
-own exception in its place (``raise_original``). Under a caller's own
-``jax.jit`` the runtime error reaches the caller as jax raised it, with the
-kernel's message and the token in it.
+error. A CPU launch therefore files its exception under a token carried by
+the ``HostFault`` it raises; at the boundaries jt_dist owns (a
+``KernelCall``, the primitive's eager implementation) ``raise_original``
+raises the kernel's own exception in place of jax's error. Under a caller's
+``jax.jit`` jax's error reaches the caller, with the kernel's message.
 """
 
 from __future__ import annotations
@@ -46,11 +43,7 @@ def file(error: BaseException) -> HostFault:
 
 
 def raise_original(error: BaseException) -> None:
-  """Raises the kernel's own exception behind ``error``, if one was filed.
-
-  Returns otherwise. Called at a boundary jt_dist owns, while handling
-  ``error``.
-  """
+  """Raises the kernel's own exception behind ``error``, if one was filed."""
   match = _TOKEN.search(str(error))
   if match is None:
     return

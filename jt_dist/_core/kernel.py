@@ -1,22 +1,25 @@
-"""What a user's kernel object is made of: its parameters and its configs.
+"""A user's kernel object, the configs it launches, and one call's spec.
 
-A kernel handed to ``triton_call`` is a ``@triton.jit`` function, possibly
-wrapped by ``@triton.autotune`` and ``@triton.heuristics`` in either order,
-or an ``InterpretedFunction`` made under ``TRITON_INTERPRET=1``. This module
-unwraps the decorators without mutating them and expands them into the
-concrete launch configurations the call will compile.
+A kernel is a ``@triton.jit`` function (an ``InterpretedFunction`` under
+``TRITON_INTERPRET=1``), possibly wrapped by ``@triton.autotune`` and
+``@triton.heuristics`` in either order; the decorators are unwrapped
+without being mutated, and expanded into concrete launch configurations.
+``binding.bind_call`` builds a call's ``CallSpec``, frozen and hashable,
+which the lowerings and the batching rule read.
 """
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 import functools
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping
+
+import numpy as np
 
 from jt_dist import _compat
 from jt_dist import _errors
 from jt_dist._core import exact as _exact
+from jt_dist._core import pytree_args as _pytree_args
 from jt_dist._core import types as _types
 
 
@@ -79,17 +82,15 @@ def _describe(obj: Any) -> str:
 
 
 def kernel_info(kernel: Any) -> KernelInfo:
-  """Unwraps ``kernel``; raises TypeError if it is not a Triton kernel.
+  """Unwraps ``kernel``: TypeError if it is not a Triton kernel.
 
-  NotImplementedError: a Gluon kernel uses what this Triton's Gluon lacks
-  (Triton finds out when hashing it, for the cache).
+  NotImplementedError if a Gluon kernel uses what this Triton's Gluon lacks
+  (found when hashing it).
   """
   try:
-    # Hashing a kernel the first time parses its source (Triton's cache
-    # key). CPython 3.11's ast module counts recursion depth per interpreter,
-    # not per thread, so two threads parsing at once can fail with "AST
-    # constructor recursion depth mismatch" (seen in tests/threads_test.py):
-    # parse under the lock that jt_dist's compiles and launches hold.
+    # Hashing a kernel first parses its source, and CPython 3.11's ast
+    # counts recursion depth per interpreter, not per thread: two threads
+    # parsing at once can fail ("AST constructor recursion depth mismatch").
     with _compat.LANGUAGE_LOCK:
       return _kernel_info(kernel)
   except AttributeError as e:
@@ -112,8 +113,7 @@ def _kernel_info(kernel: Any) -> KernelInfo:
         f"triton_call: `kernel` must be a @triton.jit function, optionally"
         f" wrapped by @triton.autotune or @triton.heuristics; got"
         f" {_describe(kernel)}{inner}. Decorate the kernel's Python function"
-        " with @triton.jit."
-    )
+        " with @triton.jit.")
   jit_fn = _compat.jit_function_of(obj)
   params = tuple(
       Param(name=p.name, is_constexpr=bool(p.is_constexpr),
@@ -130,10 +130,7 @@ kernel_info.cache_info = _kernel_info.cache_info
 
 def _top_k(info: KernelInfo, tuner: Any, configs: list[Any],
            named_args: Mapping[str, Any]) -> list[Any]:
-  """Keeps the ``top_k`` configs ``perf_model`` estimates fastest, as Triton.
-
-  Arrays reach the model as ``jax.ShapeDtypeStruct``s.
-  """
+  """The ``top_k`` configs ``perf_model`` estimates fastest, as Triton's."""
   top_k = getattr(tuner, "configs_top_k", 1.0)
   if isinstance(top_k, float) and top_k <= 1.0:
     top_k = max(1, int(len(configs) * top_k))
@@ -161,16 +158,14 @@ def _autotune_configs(info: KernelInfo, tuner: Any, fixed: Mapping[str, Any],
         f"triton_call: kernel {info.name!r} is autotuned with a pre_hook or"
         " post_hook. Hooks mutate torch tensors between benchmark runs and"
         " have no JAX equivalent. Remove the hook; to zero an output before"
-        " each launch, pass zeroed_outputs=[...] to triton_call."
-    )
+        " each launch, pass zeroed_outputs=[...] to triton_call.")
   configs = []
   for config in tuner.configs:
     if getattr(config, "pre_hook", None) is not None:
       raise NotImplementedError(
           f"triton_call: autotuning config {config} of kernel {info.name!r}"
           " has a pre_hook, which jt_dist cannot run: remove it, and use"
-          " zeroed_outputs=[...] to zero outputs before the launch."
-      )
+          " zeroed_outputs=[...] to zero outputs before the launch.")
     # A metaparam given explicitly fixes that value: configs disagreeing
     # with it are dropped rather than rejected, so one autotuned kernel can
     # be called with some of its knobs pinned.
@@ -188,22 +183,20 @@ def _autotune_configs(info: KernelInfo, tuner: Any, fixed: Mapping[str, Any],
         f"triton_call: no autotuning config of kernel {info.name!r} is left"
         f" after pruning with the explicit metaparams {dict(fixed)!r}. Drop"
         " the metaparams that conflict with every config, or add a config"
-        " that agrees with them."
-    )
+        " that agrees with them.")
   return configs
 
 
 def expand_configs(info: KernelInfo, metaparams: Mapping[str, Any],
                    named_args: Mapping[str, Any], num_warps: int | None,
                    num_stages: int | None, num_ctas: int) -> tuple[Config, ...]:
-  """Expands the decorator layers into concrete launch configurations.
+  """One ``Config`` per launch candidate of the decorator layers.
 
-  Layers apply outermost first, as Triton's own launcher does: an autotuner
-  outside a heuristic lets the heuristic see the config's values; a heuristic
-  outside an autotuner is computed once and shared by every config.
-  ``named_args`` holds every bound parameter by name (arrays as shape/dtype
-  structs), for heuristics and pruning; the launch options are those of a
-  kernel without an autotuner. Returns one ``Config`` per launch candidate.
+  Layers apply outermost first, as in Triton's launcher: a heuristic inside
+  an autotuner sees each config's values; one outside is computed once for
+  every config. ``named_args`` (every bound parameter by name) is for the
+  heuristics and pruning; the launch options are for a kernel without an
+  autotuner.
   """
   metaparams = _plain(metaparams)
   base = _compat.Config({}, num_warps=4 if num_warps is None else num_warps,
@@ -227,11 +220,7 @@ def expand_configs(info: KernelInfo, metaparams: Mapping[str, Any],
 
 
 def _with_heuristics(info, layer, partial, metaparams, named_args):
-  """Each candidate with the values of ``layer``'s heuristics added.
-
-  In order, as Triton runs them: a heuristic sees the values of those
-  before it, and of every layer outside it.
-  """
+  """Each candidate with ``layer``'s heuristics' values, in Triton's order."""
   out = []
   for extra, config in partial:
     extra = dict(extra)
@@ -246,9 +235,8 @@ def _with_heuristics(info, layer, partial, metaparams, named_args):
 def _concrete(metaparams, extra, config) -> Config:
   """A candidate as a ``Config`` of plain Python values.
 
-  Launch options are made plain as constexprs are (``_plain``). The label
-  names only what the layers chose: the metaparams are the same in every
-  candidate, and the label tells candidates apart in messages.
+  The label, which tells candidates apart in messages, names only what the
+  layers chose: the metaparams are the same in every candidate.
   """
   warps, stages, ctas = (_types.plain_constexpr(n) for n in (
       config.num_warps, config.num_stages, config.num_ctas))
@@ -265,10 +253,73 @@ def _plain(kwargs: Mapping[str, Any]) -> dict[str, Any]:
   return {k: _types.plain_constexpr(v) for k, v in kwargs.items()}
 
 
-def missing_and_extra(info: KernelInfo, bound: Sequence[str],
-                      constexprs: Sequence[str]) -> tuple[list[str], list[str]]:
-  """Parameters left unbound (and without default), and names bound twice."""
-  seen = collections.Counter([*bound, *constexprs])
-  missing = [p.name for p in info.params
-             if p.name not in seen and not p.has_default]
-  return missing, [name for name, count in seen.items() if count > 1]
+@dataclasses.dataclass(frozen=True)
+class Operand:
+  """What binds one runtime (non-constexpr) kernel parameter."""
+
+  name: str
+  kind: str  # "array", "scalar" or "output".
+  index: int  # Array index among array arguments, or output index.
+  value: Any = dataclasses.field(compare=False)  # A scalar's; None else.
+  type: str  # Triton's type name, e.g. "*fp32" or "i32".
+  path: tuple[int, ...] = ()  # Where in a tuple parameter, e.g. (1, 0).
+  # ``value`` as Triton tells values apart: 0.0 and -0.0 are two scalars.
+  value_key: Any = dataclasses.field(init=False, repr=False)
+
+  def __post_init__(self):
+    object.__setattr__(self, "value_key", _exact.key(self.value))
+
+  @property
+  def label(self) -> str:  # ``yz[1]`` for a leaf of tuple parameter yz.
+    return _pytree_args.label(self.name, self.path)
+
+
+@dataclasses.dataclass(frozen=True)
+class Launch:
+  """One config's launch: its constexprs, options, grid and zeroed outputs."""
+
+  config: Config
+  grid: tuple[int, int, int]
+  zeroed_outputs: tuple[int, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class CallSpec:
+  """Everything a lowering needs to launch the kernel; hashable and static."""
+
+  kernel: Any
+  name: str
+  operands: tuple[Operand, ...]
+  out_shapes: tuple[tuple[tuple[int, ...], np.dtype], ...]
+  launches: tuple[Launch, ...]
+  input_output_aliases: tuple[tuple[int, int], ...]
+  compute_capability: int | None
+  enable_fp_fusion: bool
+  debug: bool
+  serialized_metadata: bytes
+  custom_call_target_name: str | None
+  vmap_method: str | None
+  # A _batching.Batched when this is the batched form of a user's call.
+  batch: Any = None
+  # The lowering refuses a ShardingRule's call over several devices with a
+  # message about partitioning rather than misplacement.
+  sharding_rule: Any = None
+  # The call must run even when its outputs are unused (has_side_effect=).
+  has_side_effect: bool = False
+  # ``cost_estimate=`` as sorted (key, int) pairs; () when not given.
+  cost_estimate: tuple[tuple[str, int], ...] = ()
+  # How many trailing outputs are the new values of ``jax.Ref`` arguments:
+  # each aliases its input and binds no kernel parameter of its own.
+  ref_outputs: int = 0
+  # Triton compiler options besides the named ones: sorted (name, value).
+  backend_options: tuple[tuple[str, Any], ...] = ()
+
+  @property
+  def info(self) -> KernelInfo:
+    return kernel_info(self.kernel)
+
+  def __repr__(self) -> str:
+    grids = sorted({launch.grid for launch in self.launches})
+    batch = f", batch={self.batch.layout.sizes}" if self.batch else ""
+    return (f"CallSpec(kernel={self.info.name}, name={self.name!r},"
+            f" configs={len(self.launches)}, grids={grids}{batch})")

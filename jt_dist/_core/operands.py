@@ -1,11 +1,9 @@
 """Kernel operands passed as keyword arguments (jax-triton 0.4's convention).
 
-A keyword that names a non-``constexpr`` parameter of the kernel is an
-operand, as if passed positionally: an array is a pointer, a scalar a value.
-Everything downstream (binding, the front door's memo, ``ShardingRule``s,
-``jax.vmap``, the CPU bounds checker) works on positional operands, so the
-keyword operands are moved into the positional arguments here, in the
-kernel's parameter order, before anything else sees the call.
+A keyword naming a non-``constexpr`` parameter is an operand, as if passed
+positionally. Everything downstream works on positional operands, so they
+are moved into the positional arguments here, before anything else sees
+the call.
 """
 
 from __future__ import annotations
@@ -32,22 +30,15 @@ def _set_by_layers(info, name: str) -> bool:
 
 def merge_keywords(kernel: Any, args: Sequence[Any],
                    metaparams: dict[str, Any]):
-  """Moves keyword operands into the positional arguments.
+  """``(kernel, args, metaparams)`` with keyword operands moved into args.
 
-  Walking the parameters after the positional arguments, each one bound by
-  a keyword operand is appended, and so is each ``constexpr`` between them
-  (its keyword value, else its default), until every keyword operand is
-  placed or a parameter no keyword binds (an output's, usually) is met.
-  A scalar keyword operand (or ``shard_size``) after that point stays bound
-  by name, compiled into the kernel. An array there (an input declared
-  after an output, as in kernels written for PyTorch) makes the kernel a
-  wrapper (``jt_dist._core.wrapper``) taking the keyword operands right
-  after the positional arguments: the outputs then bind the parameters
-  nothing else binds, in declaration order, as in jax-triton 0.4.
-
-  Returns:
-    ``(kernel, args, metaparams)``, unchanged when no keyword names an
-    operand; ``kernel`` is the reordering wrapper where one is needed.
+  The parameters after the args are walked: each keyword operand's is
+  appended, and each ``constexpr`` between them (its keyword value, else
+  its default), until a parameter no keyword binds (an output's, usually).
+  A scalar keyword operand (or ``shard_size``) after it stays by name,
+  compiled in. An array there (an input declared after an output, as in
+  kernels for PyTorch) makes ``kernel`` a wrapper taking the keyword
+  operands right after the args, the outputs binding the parameters left.
   """
   try:
     info = _kernel.kernel_info(kernel)
@@ -63,9 +54,9 @@ def merge_keywords(kernel: Any, args: Sequence[Any],
       raise _errors.KernelBindingError(
           f"triton_call: kernel {info.name!r}({', '.join(info.param_names)}):"
           f" metaparam {name}={_short(metaparams[name])} binds {name!r} (as a"
-          f" keyword operand), which args[{position}] already binds: got multiple"
-          f" values for argument {name!r}. Pass it once, positionally or by"
-          " name.")
+          f" keyword operand), which args[{position}] already binds: got"
+          f" multiple values for argument {name!r}. Pass it once,"
+          " positionally or by name.")
   merged, rest, left = _walk(info, args, metaparams, names)
   if any(_is_pointer(rest[name]) for name in left):
     # An input after an output: the wrapper takes the keyword operands
@@ -80,7 +71,7 @@ def merge_keywords(kernel: Any, args: Sequence[Any],
 
 
 def _walk(info, args, metaparams, names):
-  """``merge_keywords``' walk: ``(args, the rest, operands left by name)``."""
+  """``(args, the rest, operands left by name)``."""
   args, rest, left = list(args), dict(metaparams), set(names)
   for param in info.params[len(args):]:
     if not left:
@@ -101,8 +92,7 @@ def _walk(info, args, metaparams, names):
 def _is_pointer(value: Any) -> bool:
   """Whether a keyword operand left by name would have to be a pointer.
 
-  ``None`` is a compile-time constant wherever it binds, and a
-  ``shard_size`` placeholder an int once resolved: both can stay by name.
+  ``None`` and a resolved ``shard_size`` are compile-time constants.
   """
   return not (value is None or _types.is_scalar(value)
               or isinstance(value, _shard_size.ShardSize))
@@ -115,11 +105,10 @@ def _short(value: Any) -> str:
 
 
 def canonical_numpy(args: Sequence[Any]) -> list[Any]:
-  """``args`` with NumPy arrays in the dtypes ``jax.jit`` would give them.
+  """``args`` with NumPy arrays in the dtypes ``jax.jit`` gives them.
 
-  Without ``jax_enable_x64``, jit passes a float64 (int64, ...) NumPy
-  operand to the kernel as float32 (int32, ...): the call is bound for
-  what the kernel receives, not for what was given.
+  Without ``jax_enable_x64`` the kernel receives a float64 operand as
+  float32: the call is bound for what it receives.
   """
   def canonical(a):
     if type(a) is not np.ndarray:  # pylint: disable=unidiomatic-typecheck

@@ -1,11 +1,12 @@
-"""``triton_call``'s keyword options: one object, built and checked once.
+"""``triton_call``'s keyword options: one ``CallOptions``, checked once.
 
-``make_options`` turns the keywords a caller gave into a ``CallOptions``,
-which the binding, the call spec and the per-shard calls carry whole.
+A mistyped option (``num_warps=3``, ``name=3``) would otherwise fail inside
+Triton's compiler or jaxlib's protobuf writer, naming neither it nor the fix.
 
-A mistyped option (``num_warps=3``, ``name=3``, ``serialized_metadata="x"``)
-would otherwise reach Triton's compiler or jaxlib's protobuf writer, and fail
-there with a message that names neither the option nor the fix.
+As in jax-triton 0.4, the options in ``NAMED`` may be given as arguments or
+inside ``backend_options``, never both. The rest (``maxnreg``, ...) go to
+the Triton backend's ``parse_options`` on GPUs (the CPU interpreter ignores
+them), as sorted ``(name, value)`` pairs so that keys and specs can hold them.
 """
 
 from __future__ import annotations
@@ -15,8 +16,6 @@ import dataclasses
 import numbers
 import re
 from typing import Any, Callable, Mapping, Sequence
-
-from jt_dist._core import backend_options as _backend_options
 
 # A ROCm GPU arch as Triton's HIP backend takes it: "gfx" and the hex
 # digits of its version, without feature flags (":sramecc+").
@@ -34,21 +33,18 @@ def _check_int(name: str, value: Any, low: int, fix: str,
   if not _is_int(value):
     raise TypeError(
         f"triton_call: {name}={value!r} of type {type(value).__name__} must"
-        f" be an int. {fix}"
-    )
+        f" be an int. {fix}")
   if value < low or (power_of_two and value & (value - 1)):
     shape = " and a power of two" if power_of_two else ""
     raise ValueError(
-        f"triton_call: {name}={value!r} must be at least {low}{shape}. {fix}"
-    )
+        f"triton_call: {name}={value!r} must be at least {low}{shape}. {fix}")
 
 
 def _check_type(name: str, value: Any, types: tuple, expected: str) -> None:
   if not isinstance(value, types):
     raise TypeError(
         f"triton_call: {name}={value!r} of type {type(value).__name__} must"
-        f" be {expected}."
-    )
+        f" be {expected}.")
 
 
 def check(options: Any) -> None:
@@ -85,14 +81,12 @@ def check(options: Any) -> None:
     raise TypeError(
         f"triton_call: input_output_aliases={aliases!r} of type"
         f" {type(aliases).__name__} must be a dict from an input's index"
-        " (among the array arguments) to an output's index, e.g. {0: 0}."
-    )
+        " (among the array arguments) to an output's index, e.g. {0: 0}.")
   for key, value in (aliases or {}).items():
     if not _is_int(key) or not _is_int(value):
       raise TypeError(
           f"triton_call: input_output_aliases entry {key!r}: {value!r} must"
-          " map an int input index to an int output index, e.g. {0: 0}."
-      )
+          " map an int input index to an int output index, e.g. {0: 0}.")
 
 
 # jax-triton 0.4's CostEstimate keys; XLA reads them from the custom call.
@@ -106,15 +100,13 @@ def cost_items(cost: Any) -> tuple[tuple[str, int], ...]:
   if not isinstance(cost, collections.abc.Mapping):
     raise TypeError(
         f"triton_call: cost_estimate={cost!r} of type {type(cost).__name__}"
-        " must be a dict, e.g. {'flops': 2 * n, 'bytes_accessed': 12 * n}."
-    )
+        " must be a dict, e.g. {'flops': 2 * n, 'bytes_accessed': 12 * n}.")
   items = []
   for key, value in cost.items():
     if key not in COST_KEYS:
       raise ValueError(
           f"triton_call: cost_estimate has the key {key!r}; the known keys"
-          f" are {', '.join(COST_KEYS)}."
-      )
+          f" are {', '.join(COST_KEYS)}.")
     _check_int(f"cost_estimate[{key!r}]", value, 0,
                "Pass an estimate of the whole call, as a non-negative int.")
     items.append((key, int(value)))
@@ -127,11 +119,7 @@ VMAP_METHODS = (None, "grid", "sequential")
 
 @dataclasses.dataclass(frozen=True)
 class CallOptions:
-  """The keyword options of ``triton_call`` besides kernel, outputs, grid.
-
-  Built by ``make_options``, which merges ``backend_options`` into the
-  named options and checks every field.
-  """
+  """``triton_call``'s keyword options besides kernel, outputs and grid."""
 
   name: str = ""
   custom_call_target_name: str | None = None
@@ -180,17 +168,58 @@ OPTION_NAMES = frozenset(
     if f.name not in ("ref_inputs", "tensor_descriptors"))
 
 
-def make_options(*, backend_options=None, num_warps=None, num_stages=None,
-                 num_ctas=None, debug=False, enable_fp_fusion=True,
-                 **rest) -> CallOptions:
-  """The checked ``CallOptions`` of ``triton_call``'s option keywords.
+# The options triton_call also takes as arguments, with their values when
+# not given: an argument equal to its default is not "given".
+NAMED = {"num_warps": None, "num_stages": None, "num_ctas": None,
+         "debug": False, "enable_fp_fusion": True}
 
-  ``rest`` holds the other ``OPTION_NAMES`` given; the others default as
-  in ``CallOptions``.
+
+def _merge_backend_options(backend_options: Any, given: dict[str, Any]):
+  """``(every named option, the other options as sorted pairs)``.
+
+  A named option is taken from whichever of ``given`` (not equal to its
+  default) and ``backend_options`` sets it; setting it in both is an error.
   """
-  named, extra = _backend_options.merge(
-      backend_options, num_warps=num_warps, num_stages=num_stages,
-      num_ctas=num_ctas, debug=debug, enable_fp_fusion=enable_fp_fusion)
+  if backend_options is None:  # The usual case.
+    return given, ()
+  if not isinstance(backend_options, collections.abc.Mapping):
+    raise TypeError(
+        f"triton_call: backend_options={backend_options!r} of type"
+        f" {type(backend_options).__name__} must be a dict of Triton compiler"
+        " options, e.g. {'maxnreg': 128}.")
+  for key, value in backend_options.items():
+    if not isinstance(key, str):
+      raise TypeError(
+          f"triton_call: backend_options key {key!r} of type"
+          f" {type(key).__name__} must be a str naming a Triton compiler"
+          " option, e.g. 'maxnreg'.")
+    try:
+      hash(value)
+    except TypeError:
+      raise TypeError(
+          f"triton_call: backend_options[{key!r}] must be hashable, got"
+          f" {value!r} of type {type(value).__name__}. Pass a tuple instead"
+          " of a list, or a tuple of (key, value) pairs instead of a dict."
+      ) from None
+  both = sorted(k for k in NAMED if k in backend_options
+                and given[k] is not NAMED[k])
+  if both:
+    raise ValueError(
+        f"triton_call: {', '.join(both)} given both as an argument and in"
+        f" backend_options ({', '.join(f'{k}={given[k]!r}' for k in both)}"
+        f" vs backend_options"
+        f"{{{', '.join(f'{k!r}: {backend_options[k]!r}' for k in both)}}})."
+        " Give each option once.")
+  named = {k: backend_options.get(k, given[k]) for k in NAMED}
+  extra = tuple(sorted((k, v) for k, v in backend_options.items()
+                       if k not in NAMED))
+  return named, extra
+
+
+def make_options(*, backend_options=None, **rest) -> CallOptions:
+  """The checked ``CallOptions`` of ``triton_call``'s option keywords."""
+  given = {k: rest.pop(k, default) for k, default in NAMED.items()}
+  named, extra = _merge_backend_options(backend_options, given)
   if named["num_ctas"] is None:
     named["num_ctas"] = 1
   vmap_method = rest.get("vmap_method")

@@ -1,12 +1,23 @@
-"""Outputs of a kernel call: ``out_shape``, aliases and zeroed outputs.
+"""Outputs of a kernel call: ``out_shape``, which parameters they bind,
+aliases and zeroed outputs; checked before tracing, at the caller's line.
 
-Each output binds one pointer parameter after the inputs (unless an aliased
-input is its buffer, under jax-triton 0.4's convention); these checks run
-before tracing, so that mistakes surface at the caller's line.
+jax-triton 0.3.1 binds the outputs, one pointer each, to the parameters
+right after the positional arguments; ``input_output_aliases`` keys count
+the array arguments, and an aliased output still has its own parameter.
+jax-triton 0.4 binds them to the non-``constexpr`` parameters no argument
+binds, in order; an aliased input *is* its output's buffer, its output
+binds no parameter, and alias keys count the non-``constexpr`` operands,
+scalars included. ``zeroed_outputs`` indexes the flattened outputs in both.
+
+Without aliases the two agree wherever 0.3.1 binds at all. With aliases,
+``bind`` reads a call both ways and takes the reading that binds the
+kernel's parameters; where both do, 0.4's, with a ``DeprecationWarning``
+naming the fix; where neither does, the error names both readings.
 """
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import jax
@@ -14,31 +25,31 @@ import numpy as np
 
 from jt_dist import _compat
 from jt_dist import _errors
-from jt_dist._core import call_spec as _call_spec
+from jt_dist._core import kernel as _kernel
 from jt_dist._core import positional as _positional
+from jt_dist._core import pytree_args as _pytree_args
 from jt_dist._core import types as _types
+
+_ERRORS = (_errors.KernelBindingError, ValueError)
 
 
 def flatten_out_shape(out_shape: Any, allow_empty: bool = False):
-  """Flattens ``out_shape`` into (shape, dtype) pairs and its treedef.
+  """``out_shape`` as (shape, dtype) pairs, and its treedef.
 
-  ``allow_empty``: whether no outputs at all is legal (a call whose
-  ``jax.Ref`` arguments carry its results).
+  ``allow_empty``: no outputs is legal (``jax.Ref`` arguments carry them).
   """
   if out_shape is None:
     raise TypeError(
         "triton_call: `out_shape` (or `out_type`) is required: pass a"
         " jax.ShapeDtypeStruct, or any pytree of objects with .shape and"
-        " .dtype, one per kernel output."
-    )
+        " .dtype, one per kernel output.")
   leaves, tree = jax.tree_util.tree_flatten_with_path(
       out_shape, is_leaf=_types.is_shape_dtype)
   if not leaves and not allow_empty:
     raise ValueError(
         f"triton_call: `out_shape` {out_shape!r} holds no outputs. A kernel"
         " call must produce at least one output, or mutate a jax.Ref"
-        " argument (jax.new_ref(x)) in place."
-    )
+        " argument (jax.new_ref(x)) in place.")
   flat = []
   for path, leaf in leaves:
     where = "out_shape" + jax.tree_util.keystr(path)
@@ -46,15 +57,14 @@ def flatten_out_shape(out_shape: Any, allow_empty: bool = False):
       raise TypeError(
           f"triton_call: {where} is {leaf!r} of type {type(leaf).__name__},"
           " which has no .shape and .dtype. Describe each output with"
-          " jax.ShapeDtypeStruct(shape, dtype)."
-      )
+          " jax.ShapeDtypeStruct(shape, dtype).")
     dtype = _types.pointer_dtype(leaf.dtype, where)
     flat.append((_checked_shape(leaf.shape, where), dtype))
   return tuple(flat), tree
 
 
 def _checked_shape(shape: Any, where: str) -> tuple[int, ...]:
-  """``shape`` as a tuple of ints; an error for anything else.
+  """``shape`` as a tuple of ints, else an error.
 
   ``int(2.5)`` would silently make a smaller buffer than the kernel writes,
   and a negative size reaches XLA as an unreadable MLIR error.
@@ -67,34 +77,22 @@ def _checked_shape(shape: Any, where: str) -> tuple[int, ...]:
         f" {type(shape).__name__}; a shape is a tuple of ints, e.g. (16,)."
     ) from None
   for axis, dim in enumerate(dims):
-    if not isinstance(dim, (int, np.integer)) or isinstance(dim, (bool, np.bool_)):
+    if (not isinstance(dim, (int, np.integer))
+        or isinstance(dim, (bool, np.bool_))):
       raise TypeError(
           f"triton_call: {where} has shape {dims!r}, whose dimension {axis}"
           f" is {dim!r} of type {type(dim).__name__}; every dimension must be"
-          " an int. Round it explicitly, e.g. with int(...) or triton.cdiv."
-      )
+          " an int. Round it explicitly, e.g. with int(...) or triton.cdiv.")
     if dim < 0:
       raise ValueError(
           f"triton_call: {where} has shape {dims!r}, whose dimension {axis}"
-          f" is {int(dim)}; dimensions must be at least 0."
-      )
+          f" is {int(dim)}; dimensions must be at least 0.")
   return tuple(int(d) for d in dims)
 
 
-def bind_outputs(info, n_args, out_shapes):
-  operands = []
-  for k, (_, dtype) in enumerate(out_shapes):
-    param = info.params[n_args + k]
-    if param.is_constexpr:
-      raise _positional.binding_error(
-          info,
-          f"output {k} binds {param.name!r}, a tl.constexpr parameter. Pass"
-          " fewer outputs, or pass the inputs that come before it.",
-      )
-    operands.append(
-        _call_spec.Operand(param.name, "output", k, None, _types.pointer_type(dtype))
-    )
-  return operands
+def _output(name, k, out_shapes):
+  return _kernel.Operand(name, "output", k, None,
+                            _types.pointer_type(out_shapes[k][1]))
 
 
 def zeroed(zeroed_outputs, kwargs, n_outputs, where):
@@ -115,25 +113,19 @@ def zeroed(zeroed_outputs, kwargs, n_outputs, where):
 
 def check_output_index(what: str, index: Any, n_outputs: int,
                        where: str = "") -> int:
-  """``index`` as an int naming one of the call's outputs, else ValueError.
-
-  ``what`` is the entry that gives it (``"zeroed_outputs entry 3"``);
-  ``where`` is appended to the message (the autotuning config).
-  """
+  """``index`` as an int naming an output; ``what`` gives it in messages."""
   if not isinstance(index, (int, np.integer)) or not 0 <= index < n_outputs:
     raise ValueError(
         f"triton_call: {what} is not an output index; the call has"
-        f" {n_outputs} outputs, indices 0 to {n_outputs - 1}{where}."
-    )
+        f" {n_outputs} outputs, indices 0 to {n_outputs - 1}{where}.")
   return int(index)
 
 
 def reset_to_zero(info, operands, aliases) -> tuple[int, ...]:
-  """The outputs an autotuner's ``reset_to_zero`` names, as output indices.
+  """The outputs an autotuner's ``reset_to_zero`` names, as indices.
 
-  Triton zeroes them between benchmark runs, for kernels that accumulate
-  into their outputs; in JAX an output is a fresh buffer at every call, so
-  jt_dist zeroes them before every launch (see ``zeroed_outputs``).
+  Triton zeroes them between benchmark runs; in JAX an output is a fresh
+  buffer at every call, so jt_dist zeroes them before every launch.
   """
   names = [name for layer in info.layers
            if isinstance(layer, _compat.Autotuner)
@@ -161,32 +153,153 @@ def reset_to_zero(info, operands, aliases) -> tuple[int, ...]:
   return tuple(outputs)
 
 
-def check_aliases(aliases, array_shapes, out_shapes):
-  if not aliases:
-    return ()
-  n_in, n_out = len(array_shapes), len(out_shapes)
+def _check_aliases(aliases, arrays, out_shapes):
+  """``aliases`` as sorted (array index, output index) pairs."""
+  n_in, n_out = len(arrays), len(out_shapes)
   result = []
-  for i, o in dict(aliases).items():
+  for i, o in dict(aliases or {}).items():
     if not 0 <= i < n_in:
       raise ValueError(
           f"triton_call: input_output_aliases key {i} is not an array"
           f" argument index; the call has {n_in} array arguments, indices 0"
-          f" to {n_in - 1} (scalars are not counted)."
-      )
+          f" to {n_in - 1} (scalars are not counted).")
     check_output_index(f"input_output_aliases[{i}] = {o}", o, n_out)
-    if tuple(array_shapes[i][0]) != out_shapes[o][0] or np.dtype(
-        array_shapes[i][1]) != out_shapes[o][1]:
+    shape, dtype = tuple(arrays[i].shape), np.dtype(arrays[i].dtype)
+    if (shape, dtype) != out_shapes[o]:
       raise ValueError(
           f"triton_call: input_output_aliases[{i}] = {o} aliases array"
-          f" argument {i} with shape {tuple(array_shapes[i][0])} and dtype"
-          f" {np.dtype(array_shapes[i][1]).name} to output {o} with shape"
+          f" argument {i} with shape {shape} and dtype"
+          f" {dtype.name} to output {o} with shape"
           f" {out_shapes[o][0]} and dtype {out_shapes[o][1].name}. Aliased"
-          " buffers must agree in shape and dtype."
-      )
+          " buffers must agree in shape and dtype.")
     result.append((int(i), int(o)))
   if len({o for _, o in result}) != len(result):
     raise ValueError(
         f"triton_call: input_output_aliases {dict(aliases)!r} maps two"
-        " inputs to one output; each output can alias at most one input."
-    )
+        " inputs to one output; each output can alias at most one input.")
   return tuple(sorted(result))
+
+
+def bind(info, args, kinds, out_shapes, metaparams, aliases):
+  """Binds operands and outputs under the fitting convention.
+
+  ``kinds`` is ``positional.classify_args(args)``. Returns ``(operands in
+  parameter order, constexprs bound positionally, aliases as (array index,
+  output index) pairs)``.
+  """
+  try:
+    old = _bind_031(info, args, kinds, out_shapes, metaparams, aliases)
+  except _ERRORS as e:
+    old_error = e
+  else:
+    if not aliases:
+      return old
+    old_error = None
+  try:
+    new = _bind_04(info, args, kinds, out_shapes, metaparams, aliases)
+  except _ERRORS as e:
+    if old_error is None:
+      return old
+    if not aliases:
+      raise old_error
+    raise type(old_error)(
+        f"{old_error} Read with jax-triton 0.4's convention instead (an"
+        " aliased input is its output's buffer and its output binds no"
+        " parameter; input_output_aliases keys count the non-constexpr"
+        f" operands, scalars included), the call fails too: {e}") from None
+  if old_error is None:
+    _warn_ambiguous(info, old, new, aliases)
+  return new
+
+
+def _warn_ambiguous(info, old, new, aliases) -> None:
+  old_outputs = [op.name for op in old[0] if op.kind == "output"]
+  new_outputs = [op.name for op in new[0] if op.kind == "output"]
+  unbound = [n for n in old_outputs if n not in new_outputs]
+  warnings.warn(
+      f"triton_call: kernel {info.name!r}({', '.join(info.param_names)}) with"
+      f" input_output_aliases={dict(aliases)!r} binds under jax-triton"
+      " 0.3.1's convention (every output binds a parameter:"
+      f" {old_outputs}) and under 0.4's (an aliased input is its output's"
+      f" buffer: outputs bind {new_outputs}). jt_dist follows 0.4, leaving"
+      f" {unbound} to their defaults. To keep 0.4's reading and silence this,"
+      f" pass {', '.join(f'{n}=...' for n in unbound)} by name; for 0.3.1's,"
+      " remove the defaults of those parameters.",
+      DeprecationWarning, stacklevel=6)
+
+
+def _bind_031(info, args, kinds, out_shapes, metaparams, aliases):
+  operands, constexprs = _positional.bind_positional(
+      info, args, kinds, len(out_shapes))
+  for k in range(len(out_shapes)):  # Output k binds parameter len(args) + k.
+    param = info.params[len(args) + k]
+    if param.is_constexpr:
+      raise _positional.binding_error(
+          info, f"output {k} binds {param.name!r}, a tl.constexpr parameter."
+          " Pass fewer outputs, or pass the inputs that come before it.")
+    operands.append(_output(param.name, k, out_shapes))
+  return _checked(info, args, operands, constexprs, out_shapes, metaparams,
+                  aliases)
+
+
+def _bind_04(info, args, kinds, out_shapes, metaparams, aliases):
+  # The 0.3.1 reading has warned of deprecated scalars already.
+  operands, constexprs = _positional.bind_positional(info, args, kinds, 0,
+                                                  warn=False)
+  pairs = _translate(info, operands, aliases or {}, len(out_shapes))
+  aliased = {o for _, o in pairs}
+  bound = {op.name for op in operands} | set(constexprs) | set(metaparams)
+  free = [p for p in info.params[len(args):]
+          if not p.is_constexpr and p.name not in bound]
+  unaliased = [k for k in range(len(out_shapes)) if k not in aliased]
+  if len(unaliased) > len(free):
+    raise _positional.binding_error(
+        info,
+        f"{len(unaliased)} outputs not aliased to an input bind parameters"
+        f" no argument binds, but only {len(free)} are left:"
+        f" {[p.name for p in free]}.")
+  for k, param in zip(unaliased, free):
+    operands.append(_output(param.name, k, out_shapes))
+  operands.sort(key=lambda op: info.param_names.index(op.name))
+  return _checked(info, args, operands, constexprs, out_shapes, metaparams,
+                  dict(pairs))
+
+
+def _checked(info, args, operands, constexprs, out_shapes, metaparams,
+             aliases):
+  """``bind``'s result for one reading, checked whole, as for the other.
+
+  ``aliases`` count array arguments.
+  """
+  bound = [op.name for op in operands] + list(constexprs)
+  _positional.check_metaparams(info, metaparams, bound)
+  bound = {*bound, *metaparams}
+  missing = [p.name for p in info.params if not p.is_constexpr
+             and not p.has_default and p.name not in bound]
+  _positional.check_bound(info, missing, operands, len(args), metaparams)
+  return operands, constexprs, _check_aliases(
+      aliases, _pytree_args.array_leaves(args), out_shapes)
+
+
+def _translate(info, operands, aliases, n_outputs):
+  """0.4's alias keys (non-constexpr operands) as array argument indices."""
+  pairs = []
+  for key, out in dict(aliases).items():
+    if not 0 <= key < len(operands):
+      raise ValueError(
+          f"triton_call: input_output_aliases key {key} is not an operand"
+          f" index; under jax-triton 0.4's convention keys count the"
+          f" {len(operands)} non-constexpr operands"
+          f" {[op.label for op in operands]}, scalars included.")
+    op = operands[key]
+    if op.kind != "array":
+      raise ValueError(
+          f"triton_call: input_output_aliases key {key} is operand"
+          f" {op.label!r}, a scalar; only an array can alias an output."
+          " (Under jax-triton 0.4's convention keys count the non-constexpr"
+          f" operands {[o.label for o in operands]}, scalars included.)")
+    check_output_index(f"input_output_aliases[{key}] = {out}", out,
+                                n_outputs)
+    pairs.append((op.index, out))
+  return pairs
+

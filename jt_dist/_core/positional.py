@@ -3,9 +3,8 @@
 Arrays bind pointer parameters, scalars value parameters (typed by their
 annotation or their value), tuples a tuple parameter leaf by leaf, and
 ``tl.constexpr`` parameters take compile-time values. ``None`` binds any
-parameter as a compile-time ``None`` (as Triton's launcher and jax-triton
-do), so that ``if bias_ptr is not None:`` is decided when compiling. Metaparams bind the
-rest by name.
+parameter as a compile-time ``None``, as in Triton's launcher, so that
+``if bias_ptr is not None:`` is decided when compiling.
 """
 
 from __future__ import annotations
@@ -18,13 +17,17 @@ from typing import Any, Sequence
 import numpy as np
 
 from jt_dist import _errors
+from jt_dist._core import kernel as _kernel
 from jt_dist._core import pytree_args as _pytree_args
-from jt_dist._core import call_spec as _call_spec
 from jt_dist._core import types as _types
 
 
 def classify_args(args: Sequence[Any]):
-  """Splits positional args into ('array', index) and ('scalar', value)."""
+  """Each arg's ``(kind, payload)``, and the number of arrays.
+
+  ``("array", array index)``, ``("scalar", value)``, ``("none", None)`` or
+  ``("tuple", [(path, kind, payload) per leaf])``.
+  """
   kinds = []
   n_arrays = 0
   for i, arg in enumerate(args):
@@ -45,8 +48,7 @@ def classify_args(args: Sequence[Any]):
         raise ValueError(
             f"triton_call: args[{i}] = {arg!r} does not fit in 64 bits, the"
             " widest integer a kernel parameter can take. Pass a value in"
-            f" [{-(2**63)}, {2**64 - 1}], or split it across two parameters."
-        )
+            f" [{-(2**63)}, {2**64 - 1}], or split it across two parameters.")
       kinds.append(("scalar", arg))
     elif _types.is_shape_dtype(arg):
       _types.pointer_dtype(arg.dtype, f"args[{i}]", arg.shape)
@@ -56,16 +58,15 @@ def classify_args(args: Sequence[Any]):
       raise TypeError(
           f"triton_call: args[{i}] = {arg!r} of type {type(arg).__name__} is"
           " neither an array nor a bool/int/float scalar. Pass jax.Arrays"
-          " for pointer parameters and Python scalars for value parameters."
-      )
+          " for pointer parameters and Python scalars for value parameters.")
   return kinds, n_arrays
 
 
 def typed_descriptors(operands, kinds, descriptors):
-  """Array operands standing for TMA descriptors, typed as descriptors.
+  """``operands`` with descriptors' arrays typed ``tensordesc<...>``.
 
-  A descriptor's operand keeps kind "array" (its array is the buffer
-  passed), with Triton's ``tensordesc<...>`` type and its ``Info`` as value.
+  Such an operand keeps kind "array" (its array is the buffer passed), and
+  has its ``Info`` as value.
   """
   if not descriptors:
     return operands
@@ -76,25 +77,18 @@ def typed_descriptors(operands, kinds, descriptors):
           for op in operands]
 
 
-def is_descriptor(op: _call_spec.Operand) -> bool:
-  """Whether ``op`` is a host-side TMA descriptor's array operand."""
-  return op.kind == "array" and op.type.startswith("tensordesc")
-
-
 def binding_error(info, message: str) -> _errors.KernelBindingError:
   order = ", ".join(info.param_names)
   return _errors.KernelBindingError(
       f"triton_call: kernel {info.name!r}({order}): {message} Parameters are"
       " bound in order by the positional arguments, then one pointer per"
-      " output in out_shape, then by name from the metaparams."
-  )
+      " output in out_shape, then by name from the metaparams.")
 
 
 def bind_positional(info, args, kinds, n_outputs, warn=True):
-  """Binds positional args and outputs; returns operands and constexprs.
+  """``(operands, constexprs)`` the args bind; ``n_outputs`` follow them.
 
-  ``warn``: whether to warn of deprecated scalars (a call read under both
-  aliasing conventions warns once).
+  ``warn`` of deprecated scalars (once for a call read both ways).
   """
   params = info.params
   if len(args) + n_outputs > len(params):
@@ -103,8 +97,7 @@ def bind_positional(info, args, kinds, n_outputs, warn=True):
         info,
         f"{len(args)} positional arguments and {n_outputs} outputs bind"
         f" {len(args) + n_outputs} parameters, but the kernel has only"
-        f" {len(params)}: {extra} too many.",
-    )
+        f" {len(params)}: {extra} too many.")
   operands, constexprs = [], {}
   for i, ((kind, payload), param) in enumerate(zip(kinds, params)):
     if kind == "none" or param.is_constexpr:
@@ -117,45 +110,37 @@ def bind_positional(info, args, kinds, n_outputs, warn=True):
             info, f"args[{i}] is {what} but binds {param.name!r}, a"
             f" tl.constexpr parameter, which takes {takes}.")
       constexprs[param.name] = args[i]
-    elif kind == "tuple":
-      operands.extend(_tuple_operands(param, args[i], payload))
-    elif kind == "array":
-      operands.append(_call_spec.Operand(
-          param.name, "array", payload, None,
-          _types.pointer_type(args[i].dtype)))
+    elif kind in ("tuple", "array"):
+      leaves = payload if kind == "tuple" else [((), kind, payload)]
+      operands.extend(_leaf_operands(param, args[i], leaves))
     else:
       _check_declared_scalar(info, i, param, payload)
       scalar_type = _scalar_type(info, i, param, payload, warn)
-      operands.append(_call_spec.Operand(
+      operands.append(_kernel.Operand(
           param.name, "scalar", -1,
           _types.python_scalar(payload, scalar_type), scalar_type))
   return operands, constexprs
 
 
-def _tuple_operands(param, arg, leaves):
-  """One operand per leaf of the tuple ``arg`` that binds ``param``."""
+def _leaf_operands(param, arg, leaves):
+  """One operand per leaf of ``arg`` (a tuple, or an array) for ``param``."""
   values = dict(_pytree_args.leaves_with_paths(arg))
   operands = []
   for path, kind, payload in leaves:
     if kind == "array":
-      operands.append(_call_spec.Operand(
+      operands.append(_kernel.Operand(
           param.name, "array", payload, None,
           _types.pointer_type(values[path].dtype), path))
     else:
       scalar_type = _types.scalar_type(payload)
-      operands.append(_call_spec.Operand(
+      operands.append(_kernel.Operand(
           param.name, "scalar", -1,
           _types.python_scalar(payload, scalar_type), scalar_type, path))
   return operands
 
 
 def _scalar_type(info, i, param, value, warn=True) -> str:
-  """The type the scalar ``value`` of ``param`` is passed as.
-
-  The parameter's annotation decides where it names a type jaxlib can carry,
-  else the value does (``_types.scalar_type``: a float is fp32 where float32
-  holds it, else fp64). A float32 must not overflow.
-  """
+  """``value``'s type for ``param``: its annotation's, else the value's."""
   if warn and isinstance(value, np.float32):
     warnings.warn(
         f"triton_call: args[{i}] = np.float32({float(value)!r}) binds"
@@ -185,16 +170,14 @@ def _check_declared_scalar(info, i, param, value) -> None:
         f"triton_call: args[{i}] = {value!r} of type {type(value).__name__}"
         f" binds parameter {param.name!r} of kernel {info.name!r}, declared"
         f" {param.annotation}; pass an int (e.g. int({value!r})), or change"
-        " the kernel's annotation."
-    )
+        " the kernel's annotation.")
   low, high = bounds
   if not low <= int(value) <= high:
     raise ValueError(
         f"triton_call: args[{i}] = {int(value)} binds parameter"
         f" {param.name!r} of kernel {info.name!r}, declared"
         f" {param.annotation}, which holds {low} to {high}. Pass a value in"
-        " that range, or declare the parameter wider (e.g. tl.int64)."
-    )
+        " that range, or declare the parameter wider (e.g. tl.int64).")
 
 
 def check_metaparams(info, metaparams, positional_names):
@@ -203,30 +186,26 @@ def check_metaparams(info, metaparams, positional_names):
       close = difflib.get_close_matches(key, info.param_names, n=1)
       hint = f" Did you mean {close[0]!r}?" if close else ""
       raise binding_error(
-          info, f"metaparam {key}={value!r} names no parameter of the kernel.{hint}"
-      )
+          info,
+          f"metaparam {key}={value!r} names no parameter of the kernel.{hint}")
     if key in positional_names:
       raise binding_error(
-          info,
-          f"metaparam {key}={value!r} binds {key!r}, which the positional"
-          " arguments or outputs already bind.",
-      )
+          info, f"metaparam {key}={value!r} binds {key!r}, which the"
+          " positional arguments or outputs already bind.")
     try:
       hash(value)
     except TypeError:
       raise TypeError(
           f"triton_call: metaparam {key}={value!r} is not hashable. Metaparams"
           " are compile-time constants: pass ints, floats, bools, strings or"
-          " Triton dtypes."
-      ) from None
+          " Triton dtypes.") from None
 
 
 def check_bound(info, missing, operands, n_args, names) -> None:
-  """Raises for the ``missing`` parameters, if any, naming what binds each.
+  """Raises for the ``missing`` parameters, if any.
 
-  What binds the others ("n=output 0, BLOCK=by name") is shown since a
-  forgotten argument usually shifts an output onto the parameter it should
-  have bound, and this makes it visible.
+  The message shows what binds the others ("n=output 0"): a forgotten
+  argument usually shifts an output onto the parameter it should bind.
   """
   if not missing:
     return

@@ -1,9 +1,6 @@
 """The ``triton_call`` primitive and its platform-free rules.
 
-Abstract evaluation, dead-code elimination and the refusal to differentiate
-live here. Each platform registers its own rule on the primitive when it is
-imported: the lowerings in ``jt_dist._cpu`` and ``jt_dist._gpu``, batching
-in ``jt_dist._vmap``.
+``jt_dist._cpu``, ``_gpu`` and ``_vmap`` register their own rules on it.
 """
 
 from __future__ import annotations
@@ -37,11 +34,7 @@ _apply_primitive = _compat.primitive_impl(triton_call_p)
 
 
 def _impl(*args, spec):
-  """The primitive bound outside any trace: jax's own dispatch.
-
-  A transformation's rule run eagerly, or ``jax.disable_jit()``: jax
-  compiles and caches the call, and a kernel's error is raised as itself.
-  """
+  """Bound outside a trace: jax's dispatch, a kernel's error raised as is."""
   try:
     return _apply_primitive(*args, spec=spec)
   except Exception as e:  # pylint: disable=broad-except
@@ -58,8 +51,7 @@ def _refuse_jvp(primals, tangents, *, spec):
       f"triton_call: kernel {spec.info.name!r} cannot be differentiated"
       " automatically: JAX cannot see inside a Triton kernel. Wrap the call"
       " in a function decorated with jax.custom_vjp (or jax.custom_jvp) and"
-      " write its backward pass, with another triton_call if you like."
-  )
+      " write its backward pass, with another triton_call if you like.")
 
 
 ad.primitive_jvps[triton_call_p] = _refuse_jvp

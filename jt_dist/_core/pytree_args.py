@@ -1,12 +1,10 @@
 """Tuple operands: (nested) tuples of arrays and scalars for tuple parameters.
 
-As in jax-triton 0.4, a kernel parameter may take a tuple, nested or not,
-of arrays and scalars (``def k(x_ptr, yz, ...)`` with ``yz[0]``, ``yz[1]``
-inside). Each leaf is one operand, named by its parameter and its path
+As in jax-triton 0.4, a parameter may take a (nested) tuple of arrays and
+scalars. Each leaf is one operand, named by its parameter and path
 (``yz[1]``); arrays are numbered in flattened order with the other arrays,
-and ``input_output_aliases`` keys count the flattened leaves. Triton
-compiles a tuple parameter into one kernel argument per leaf (Triton 3.6
-and 3.9 alike), and its interpreter takes the tuple itself.
+as ``input_output_aliases`` keys count them. Triton compiles a tuple
+parameter into one kernel argument per leaf; its interpreter takes the tuple.
 """
 
 from __future__ import annotations
@@ -36,7 +34,7 @@ def array_leaves(args: Sequence[Any]) -> list[Any]:
 
 
 def label(name: str, path: tuple[int, ...]) -> str:
-  """An operand's name for messages: ``yz[1]`` for a tuple's leaf."""
+  """``yz[1]`` for the leaf of ``yz`` at path (1,)."""
   return name + "".join(f"[{k}]" for k in path)
 
 
@@ -71,10 +69,9 @@ def check_leaf(i: int, path: tuple[int, ...], leaf: Any) -> None:
 class FlatArgs:
   """A call's positional arguments with tuple operands spread into leaves.
 
-  A call split over a mesh (``sharded_triton_call``, a ``ShardingRule``)
-  places, splits and names each array leaf on its own, and rebuilds the
-  tuples around the shards. A non-tuple argument is one leaf with path
-  ``()``; an empty tuple stays one leaf, for the call to refuse.
+  A call split over a mesh places, splits and names each leaf on its own,
+  and rebuilds the tuples around the shards. A non-tuple argument (or an
+  empty tuple, for the call to refuse) is one leaf with path ``()``.
   """
 
   leaves: tuple  # Every leaf, in order.
@@ -89,7 +86,6 @@ class FlatArgs:
 
   @property
   def has_tuples(self) -> bool:
-    # A tuple's leaves have paths; an empty tuple stays one leaf.
     return any(path for _, path in self.places)
 
   def index_of(self, i: int) -> int:
@@ -105,7 +101,6 @@ class FlatArgs:
 
 
 def flatten(args: Sequence[Any]) -> FlatArgs:
-  """``args`` as a ``FlatArgs``: tuple operands spread into their leaves."""
   leaves, places = [], []
   for i, arg in enumerate(args):
     items = (leaves_with_paths(arg) if is_tuple(arg) and not _has_empty(arg)

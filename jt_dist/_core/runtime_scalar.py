@@ -1,14 +1,9 @@
 """``jt_dist.runtime_scalar``: a scalar parameter's value, passed at run time.
 
-A scalar given by value is part of a call's static spec: on GPUs jaxlib
-compiles it into its call, so each new value is a new XLA executable, and a
-traced value (any argument of a ``jax.jit`` function) cannot be one at all;
-a 0-d array binds a pointer, as in jax-triton. ``runtime_scalar(x)`` marks
-a value to pass at run time instead: it travels as a 0-d array operand, and
-the kernel is called through a wrapper (``jt_dist._core.wrapper``) that
-loads it and passes the value on to the scalar parameter. It is the same on
-every platform, and ``jax.vmap`` batches it as any operand: each batch
-element gets its own value.
+A scalar given by value is part of a call's static spec (on GPUs jaxlib
+compiles it into its call), and a traced value cannot be one at all. A
+``runtime_scalar`` travels as a 0-d array operand instead, which a wrapper
+kernel (``jt_dist._core.wrapper``) loads and passes on to the parameter.
 """
 
 from __future__ import annotations
@@ -142,11 +137,9 @@ def is_runtime_scalar(x: Any) -> bool:
 
 
 def bind(kernel: Any, args: Sequence[Any], metaparams: dict[str, Any]):
-  """The call's ``(kernel, args)`` with its runtime scalars as operands.
+  """``(kernel, args)`` with runtime scalars as 0-d arrays the kernel loads.
 
-  Each ``RuntimeScalar`` among ``args`` becomes a 0-d array, and the kernel
-  a wrapper that takes the parameter it binds as a pointer and loads it.
-  (Keyword operands are among ``args`` by now: ``operands.merge_keywords``.)
+  Keyword operands are among ``args`` by now (``operands.merge_keywords``).
   """
   for name, value in metaparams.items():
     if is_runtime_scalar(value):

@@ -27,29 +27,25 @@ class ShardSize:
       raise ValueError(
           f"{where} = {self!r} points at args[{self.arg_index}], but the call"
           f" has {len(args)} positional arguments (indices 0 to"
-          f" {len(args) - 1}). Use the index of an array argument."
-      )
+          f" {len(args) - 1}). Use the index of an array argument.")
     target = args[self.arg_index]
     if type(target) is tuple:  # pylint: disable=unidiomatic-typecheck
       raise ValueError(
           f"{where} = {self!r} points at args[{self.arg_index}], a tuple"
           " operand, which has no size of its own. Point it at an array"
           " argument: pass the array whose size you need as a positional"
-          " argument of its own, or give the size as a plain int."
-      )
+          " argument of its own, or give the size as a plain int.")
     if _types.is_scalar(target) or not hasattr(target, "shape"):
       raise ValueError(
           f"{where} = {self!r} points at args[{self.arg_index}] = {target!r},"
-          " a scalar, which has no size. Point it at an array argument."
-      )
+          " a scalar, which has no size. Point it at an array argument.")
     shape = tuple(target.shape)
     if self.axis is None:
       return math.prod(shape)
     if not -len(shape) <= self.axis < len(shape):
       raise ValueError(
           f"{where} = {self!r}: args[{self.arg_index}] has shape {shape}"
-          f" (rank {len(shape)}), so axis={self.axis} is out of range."
-      )
+          f" (rank {len(shape)}), so axis={self.axis} is out of range.")
     return shape[self.axis]
 
 
@@ -71,31 +67,26 @@ def shard_size(arg_index: int, axis: int | None = None) -> ShardSize:
     TypeError: ``arg_index`` or ``axis`` is not an int.
   """
   for name, value in (("arg_index", arg_index), ("axis", axis)):
-    if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
+    if value is not None and (not isinstance(value, int)
+                              or isinstance(value, bool)):
       raise TypeError(
           f"shard_size: {name}={value!r} of type {type(value).__name__} must"
-          " be an int."
-      )
+          " be an int.")
   if arg_index is None:
     raise TypeError("shard_size: arg_index is required (an int).")
   return ShardSize(arg_index, axis)
 
 
 def resolve(args: Sequence[Any], metaparams: Mapping[str, Any]):
-  """Replaces every ``ShardSize`` in args and metaparams by its value.
-
-  A ``ShardSize`` may also be a leaf of a tuple operand; its index still
-  counts the positional arguments.
-  """
+  """Args and metaparams with each ``ShardSize`` (tuple leaves too) resolved."""
   if not any(map(_holds_placeholder, args)) and not any(
       isinstance(v, ShardSize) for v in metaparams.values()):
     return args, metaparams
   new_args = [_resolved(a, args, f"triton_call: args[{i}]")
               for i, a in enumerate(args)]
-  new_meta = {
-      k: v.resolve(args, f"triton_call: metaparam {k}")
-      if isinstance(v, ShardSize) else v for k, v in metaparams.items()
-  }
+  new_meta = {k: v.resolve(args, f"triton_call: metaparam {k}")
+              if isinstance(v, ShardSize) else v
+              for k, v in metaparams.items()}
   return new_args, new_meta
 
 

@@ -1,18 +1,11 @@
 """Host-side TMA descriptors as kernel arguments (jax-triton 0.4's).
 
-A ``TensorDescriptor`` describes a view of a ``jax.Array`` (its shape,
-element strides and the block each access moves) for a kernel parameter
-read with ``desc.load(...)``/``desc.store(...)``. It is a pytree whose only
-leaf is the array, so it passes through ``jax.jit`` like the array does.
-
-``triton_call`` splits each descriptor into its array, which becomes an
-ordinary array operand (placement, aliasing, donation and the dispatch key
-work as for any array), and its static ``Info``, which types the kernel
-parameter (``tensordesc<fp32[32,32]>``, Triton's signature type) and tells
-each platform how to pass it: on the CPU the interpreter gets Triton's own
-host descriptor over the (bounds-checked) buffer; on GPUs jaxlib gets a TMA
-descriptor parameter, or, where Triton lowered the descriptor to plain
-pointer arithmetic, the base pointer with the shape and strides.
+A ``TensorDescriptor`` is a pytree whose only leaf is its array.
+``triton_call`` splits it into that array, an ordinary array operand, and
+its static ``Info``, which types the parameter (``tensordesc<fp32[32,32]>``)
+and tells each platform how to pass it: the CPU interpreter gets Triton's
+host descriptor over the buffer; jaxlib a TMA descriptor, or the base
+pointer, shape and strides where Triton lowered it to pointer arithmetic.
 """
 
 from __future__ import annotations
@@ -119,7 +112,7 @@ class TensorDescriptor:
 
 @dataclasses.dataclass(frozen=True)
 class Info:
-  """A descriptor without its array: what types and passes the parameter."""
+  """A descriptor without its array."""
 
   shape: tuple[int, ...]
   strides: tuple[int, ...]
@@ -144,12 +137,7 @@ class Info:
 
 
 def split(args: Sequence[Any]) -> tuple[tuple[Any, ...], tuple]:
-  """Replaces each descriptor in ``args`` by its array.
-
-  Returns:
-    ``(args, descriptors)``: the arguments with arrays in place of the
-    descriptors, and ``(position, Info)`` for each descriptor.
-  """
+  """``(args with arrays for descriptors, ((position, Info), ...))``."""
   if not any(isinstance(a, TensorDescriptor) for a in args):
     return tuple(args), ()
   found = tuple((i, _info(a, i)) for i, a in enumerate(args)

@@ -8,24 +8,12 @@ import numpy as np
 
 # Element types a kernel pointer may carry, by NumPy/JAX dtype name.
 _POINTER_ELEMENT_TYPES = {
-    "bfloat16": "bf16",
-    "float64": "fp64",
-    "float32": "fp32",
-    "float16": "fp16",
-    "float8_e4m3fn": "fp8e4nv",
-    "float8_e5m2": "fp8e5",
-    "float8_e4m3fnuz": "fp8e4b8",
-    "float8_e5m2fnuz": "fp8e5b16",
-    "int64": "i64",
-    "int32": "i32",
-    "int16": "i16",
-    "int8": "i8",
-    "uint64": "u64",
-    "uint32": "u32",
-    "uint16": "u16",
-    "uint8": "u8",
-    "bool": "i1",
-}
+    "bfloat16": "bf16", "float64": "fp64", "float32": "fp32",
+    "float16": "fp16", "float8_e4m3fn": "fp8e4nv", "float8_e5m2": "fp8e5",
+    "float8_e4m3fnuz": "fp8e4b8", "float8_e5m2fnuz": "fp8e5b16",
+    "int64": "i64", "int32": "i32", "int16": "i16", "int8": "i8",
+    "uint64": "u64", "uint32": "u32", "uint16": "u16", "uint8": "u8",
+    "bool": "i1"}
 
 SUPPORTED_DTYPES = tuple(_POINTER_ELEMENT_TYPES)
 
@@ -34,10 +22,9 @@ SUPPORTED_DTYPES = tuple(_POINTER_ELEMENT_TYPES)
 FLOAT32_OVERFLOW = 2.0**128 - 2.0**103
 FLOAT32_MAX = float(np.finfo(np.float32).max)
 FLOAT32_TINY = float(np.finfo(np.float32).tiny)
-# The scalar types jaxlib's Triton call can carry, by the annotation that
-# chooses them (Triton's name for a declared type, from ``x: tl.float64`` or
-# ``n: "i64"``; Triton 3.9 spells bool "u1"). Other annotations leave the
-# type to the value.
+# The scalar types jaxlib's Triton call can carry, by the annotation (as
+# Triton names it; 3.9 spells bool "u1") that chooses them; other
+# annotations leave the type to the value.
 ANNOTATED_TYPES = {"i1": "i1", "u1": "i1", "i32": "i32", "u32": "u32",
                    "i64": "i64", "u64": "u64", "fp32": "fp32", "fp64": "fp64"}
 
@@ -50,9 +37,8 @@ def is_shape_dtype(x: Any) -> bool:
 def pointer_dtype(dtype: Any, where: str, shape: Any = None) -> np.dtype:
   """``dtype`` as a NumPy dtype that a kernel pointer can carry.
 
-  ``where`` gives it (``"args[0]"``, ``"out_shape['a']"``); ``shape`` is an
-  argument's, None for an output: an argument's message names its shape
-  too and, for a complex dtype, how to pass its data.
+  ``where`` gives it (``"args[0]"``); ``shape`` is an argument's (None for
+  an output), for the message.
   """
   try:
     dtype = np.dtype(dtype)
@@ -60,23 +46,19 @@ def pointer_dtype(dtype: Any, where: str, shape: Any = None) -> np.dtype:
     raise TypeError(
         f"triton_call: {where} has dtype {dtype!r}, which is not a dtype."
         f" Use a NumPy or JAX dtype such as jnp.float32; supported:"
-        f" {', '.join(SUPPORTED_DTYPES)}."
-    ) from None
+        f" {', '.join(SUPPORTED_DTYPES)}.") from None
   if pointer_type(dtype) is not None:
     return dtype
-  if shape is None:
-    given, supported, hint = f"dtype {dtype.name}", "Supported dtypes", ""
-  else:
-    given, supported, hint = (f"shape {tuple(shape)} and dtype {dtype.name}",
-                              "Supported", "")
-  if shape is not None and dtype.kind == "c":
-    hint = (" Pass the real and imaginary parts as two arrays (jnp.real(x),"
-            " jnp.imag(x)), or view them as pairs of reals with"
-            " jax.lax.bitcast_convert_type.")
+  given, supported, hint = f"dtype {dtype.name}", "Supported dtypes", ""
+  if shape is not None:
+    given, supported = f"shape {tuple(shape)} and {given}", "Supported"
+    if dtype.kind == "c":
+      hint = (" Pass the real and imaginary parts as two arrays (jnp.real(x),"
+              " jnp.imag(x)), or view them as pairs of reals with"
+              " jax.lax.bitcast_convert_type.")
   raise TypeError(
       f"triton_call: {where} has {given}, which Triton kernels cannot take."
-      f" {supported}: {', '.join(SUPPORTED_DTYPES)}.{hint}"
-  )
+      f" {supported}: {', '.join(SUPPORTED_DTYPES)}.{hint}")
 
 
 def pointer_type(dtype: Any) -> str | None:
@@ -87,21 +69,17 @@ def pointer_type(dtype: Any) -> str | None:
 
 def is_scalar(value: Any) -> bool:
   """Whether ``value`` is passed to the kernel by value rather than pointer."""
-  return isinstance(value, (bool, int, float, np.bool_, np.integer, np.floating))
+  return isinstance(value,
+                    (bool, int, float, np.bool_, np.integer, np.floating))
 
 
 def scalar_type(value: Any) -> str | None:
-  """Triton's type for a scalar argument, or None if it cannot be typed.
+  """Triton's type for a scalar argument; None for an int over 64 bits.
 
-  Integers as Triton's launcher types an unannotated argument
-  (``triton.runtime.jit.mangle_type``): bools are i1; integers are i32 in
-  [-2**31, 2**31), else i64 down to -2**63, else u64 up to 2**64 - 1.
-  Floats as jax-triton 0.4 types them: fp32 where float32 represents them
-  (zero, infinities, NaN, and magnitudes from the smallest normal float32
-  to the largest), else fp64, so that neither overflows nor underflows.
-  NumPy scalars are typed as the Python scalar of the same value (Triton's
-  launcher refuses them); ``np.float32`` and ``np.float16`` are fp32. None
-  for an integer that fits no 64-bit type.
+  Ints as Triton's launcher types them (``mangle_type``): i1, i32, i64,
+  else u64. Floats as jax-triton 0.4 does: fp32 where float32 holds them
+  without overflow or underflow, else fp64. NumPy scalars as the Python
+  scalar of their value, except ``np.float32`` and ``np.float16``: fp32.
   """
   if isinstance(value, (bool, np.bool_)):
     return "i1"
@@ -131,11 +109,7 @@ def overflows_float32(value: Any) -> bool:
 
 
 def python_scalar(value: Any, as_type: str | None = None) -> bool | int | float:
-  """A scalar as the Python scalar jaxlib's nanobind casters accept.
-
-  ``as_type`` is the Triton type it is passed as (by default the value's
-  own), since jaxlib picks the caster by the Python type.
-  """
+  """``value`` as the Python scalar jaxlib casts to ``as_type`` (its own)."""
   as_type = as_type or scalar_type(value)
   if as_type == "i1":
     return bool(value)
@@ -145,11 +119,10 @@ def python_scalar(value: Any, as_type: str | None = None) -> bool | int | float:
 
 
 def plain_constexpr(value: Any) -> Any:
-  """A constexpr value with NumPy scalars as Python scalars.
+  """A constexpr with NumPy scalars (in tuples too) as Python scalars.
 
-  ``BLOCK=np.int64(16)`` (what NumPy shape arithmetic gives) must reach
-  Triton as ``16``: its code generator takes only Python scalars. Tuples are
-  converted element by element; anything else is returned unchanged.
+  Triton's code generator takes only Python scalars, and ``BLOCK`` computed
+  from NumPy shapes is an ``np.int64``.
   """
   if isinstance(value, (np.bool_, np.integer, np.floating)):
     return python_scalar(value)

@@ -1,20 +1,12 @@
 """Generated ``@triton.jit`` kernels that call a user's kernel inline.
 
-A wrapper has parameters of its own and calls the user's kernel with each
-of the user's parameters by name. Triton inlines ``@triton.jit`` callees,
-so the compiled wrapper runs the user's code unchanged, at the same cost.
-jt_dist makes two kinds, both through ``make_kernel``:
-
-- ``reordered`` (here): the user's parameters in another order, so that a
-  kernel declaring an output pointer before an input runs where buffers
-  come inputs first (jaxlib's Triton call hands a kernel its buffers in
-  parameter order, the operands' before the results'); and parameters
-  passed as a pointer to a value the wrapper loads (``runtime_scalar``),
-  since jaxlib compiles every scalar into its call.
-- ``jt_dist._vmap.grid_kernel``: the batch of a ``jax.vmap`` on a grid axis.
-
-The user's kernel object is never modified. Wrappers are cached, so that
-Triton's and jt_dist's caches stay warm.
+A wrapper calls the user's kernel with each of its parameters by name;
+Triton inlines the callee, so the wrapper costs nothing. ``reordered``
+takes the parameters in another order (jaxlib passes buffers inputs
+first, so an output declared before an input must move) and loads those
+passed as pointers (``runtime_scalar``); ``jt_dist._vmap.batching``
+runs a batch on a grid axis. The user's kernel is never modified; wrappers
+are cached, so that Triton's and jt_dist's caches stay warm.
 """
 
 from __future__ import annotations
@@ -48,10 +40,8 @@ def call_line(p: str, names: Sequence[str]) -> str:
 def callee_error(error: BaseException) -> BaseException:
   """The user's kernel's own error, where ``error`` reports it at a wrapper.
 
-  Triton's code generator reports an error inside an inlined callee as a
-  ``CompilationError`` at the call, chained to the callee's own. A
-  wrapper's call line (``call_line``) is jt_dist's code, not the user's:
-  the user's error, with their kernel's line, is the one to show.
+  Triton reports an error in an inlined callee at the call, chained to the
+  callee's own; a wrapper's call line is not the user's code.
   """
   while error.__cause__ is not None:
     node = getattr(error, "node", None)
@@ -69,21 +59,15 @@ def make_kernel(base_fn: Any, source: str, p: str, what: str,
                 scope: dict[str, Any] | None = None) -> Any:
   """The kernel defined by ``source``, calling ``base_fn`` as ``{p}kernel``.
 
-  ``base_fn`` is the user's kernel without its autotuning and heuristics
-  layers. ``source`` is one ``def`` named as the user's function, so that
-  errors and profiles name the user's kernel; it reads ``tl`` and ``{p}tl``
-  as ``triton.language``, and ``scope``'s names (annotations, defaults).
-  ``what`` (what the wrapper is for) goes in its source's file name.
-
-  Returns:
-    A ``JITFunction`` (an ``InterpretedFunction`` for an interpreted
-    ``base_fn``, so that it is interpreted on GPUs too), whose parameters
-    the user pinned with ``do_not_specialize`` stay pinned.
+  ``base_fn`` is the user's kernel without its layers. ``source`` is one
+  ``def`` named as the user's function; it reads ``tl`` and ``{p}tl`` as
+  ``triton.language``, and ``scope``'s names. ``what`` goes in its file
+  name. Returns a ``JITFunction`` (an ``InterpretedFunction`` for an
+  interpreted ``base_fn``), keeping the user's ``do_not_specialize``.
   """
   jit_fn = _compat.jit_function_of(base_fn)
   python_fn = jit_fn.fn
-  # The user's qualified name, which Triton makes the compiled kernel's
-  # name: profiles and errors show the user's kernel.
+  # Triton names the compiled kernel by it: profiles show the user's.
   qualname = python_fn.__qualname__
   # Registered for ``inspect``, which Triton reads the source with; an mtime
   # of None keeps linecache.checkcache from dropping the entry.
@@ -113,11 +97,9 @@ def reordered(kernel: Any, order: tuple[str, ...],
               loaded: tuple[tuple[str, int], ...] = ()) -> Any:
   """``kernel`` taking its parameters in ``order``, some loaded at run time.
 
-  ``loaded`` holds ``(name, divisibility)`` of each parameter the wrapper
-  takes as a pointer and passes on as the value it points at, which the
-  compiler may assume a multiple of divisibility (1 or 16). The result has
-  ``kernel``'s layers (copied, never modified) around the wrapper, and is
-  the same object for the same arguments.
+  ``loaded``: ``(name, divisibility)`` of each parameter taken as a pointer
+  to its value, a multiple of divisibility. ``kernel``'s layers are copied
+  around the wrapper.
   """
   info = _kernel.kernel_info(kernel)
   wrapper = _wrapper(info.fn, order, dict(loaded))

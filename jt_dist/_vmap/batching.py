@@ -1,21 +1,23 @@
 """``jax.vmap`` of a ``triton_call``: one launch over a batched grid.
 
-A Triton kernel does its own pointer arithmetic, so a batch cannot be handed
-to it as a bigger array. Instead, the batch gets a grid axis of its own:
-``_batch_kernel`` generates a wrapper kernel that offsets each batched
-pointer by the batch index and calls the user's kernel inline. Batch
-dimensions move to the front first; unbatched operands are shared (batch
-stride 0); nested ``vmap``s fold into one flat batch index on the grid.
+A kernel does its own pointer arithmetic, so the batch gets a grid axis of
+its own, one the user kernel never reads: a generated wrapper kernel reads
+the batch index there, moves each batched pointer by that index times its
+batch stride (in 64-bit integers; a tuple parameter is rebuilt around its
+moved leaves), and calls the user kernel inline. Batch dimensions move to
+the front; unbatched operands are shared (stride 0); nested ``vmap``s fold
+into one flat batch index.
 
-Where the grid cannot take the batch (the kernel reads every free axis, or
-the batch exceeds the axis limits), the default method runs the batch one
-element after another, as ``vmap_method="sequential"`` does, and says so on
-the ``jt_dist`` logger at debug level; ``vmap_method="grid"`` raises instead.
+Where the grid has no room for the batch, the default method runs one
+launch per element, as ``vmap_method="sequential"`` does, and says so on
+the ``jt_dist`` logger at debug level; ``vmap_method="grid"`` raises.
 """
 
 from __future__ import annotations
 
+import ast
 import dataclasses
+import functools
 import logging
 import math
 from typing import Any
@@ -23,20 +25,173 @@ from typing import Any
 import jax
 from jax.interpreters import batching as _jax_batching
 
-from jt_dist._vmap import grid_kernel as _batch_kernel
 from jt_dist import _compat
 from jt_dist._core import grid as _grid
-from jt_dist._core import positional as _positional
 from jt_dist._core import primitive as _primitive
+from jt_dist._core import pytree_args as _pytree_args
+from jt_dist._core import wrapper as _wrapper
 
 logger = logging.getLogger("jt_dist")
+
+# Functions whose axis argument names a grid axis.
+_AXIS_READERS = ("program_id", "num_programs")
+_ALL_AXES = frozenset((0, 1, 2))
+
+
+@dataclasses.dataclass(frozen=True)
+class Layout:
+  """Where a batch lives in memory and on the grid."""
+
+  sizes: tuple[int, ...]  # The batch sizes, outermost vmap first.
+  # (label, element stride per level) of each pointer batched at some
+  # level, a tuple's leaves by label (``yz[0]``); 0 shares it at a level.
+  strides: tuple[tuple[str, tuple[int, ...]], ...]
+  # The grid axes holding the flat batch index, least significant first,
+  # and the grid size along each.
+  axes: tuple[int, ...]
+  counts: tuple[int, ...]
+  # (parameter name, leaf paths) of each tuple parameter.
+  tuples: tuple[tuple[str, tuple[tuple[int, ...], ...]], ...] = ()
+
+
+def _resolve(node: ast.expr, scope: dict[str, Any]) -> Any:
+  """The object a name or dotted name refers to in ``scope``, or None."""
+  if isinstance(node, ast.Name):
+    return scope.get(node.id)
+  if isinstance(node, ast.Attribute):
+    owner = _resolve(node.value, scope)
+    return None if owner is None else getattr(owner, node.attr, None)
+  return None
+
+
+def used_grid_axes(kernel_fn: Any) -> frozenset[int]:
+  """The grid axes a kernel (or any ``@triton.jit`` callee) reads.
+
+  Through ``tl.program_id`` or ``tl.num_programs``; an axis that is not a
+  literal could be any. Calls not resolved to a function (a constexpr
+  kernel) are not followed: the caller scans constexpr kernels.
+  """
+  # Keyed by the Python function: hashing a JITFunction computes its
+  # cache_key, which fails for kernels calling interpreted helpers.
+  return _used_axes(kernel_fn.fn)
+
+
+@functools.lru_cache(maxsize=512)
+def _used_axes(python_fn) -> frozenset[int]:
+  used: set[int] = set()
+  pending, seen = [python_fn], set()
+  while pending:
+    fn = _compat.jit_function_for(pending.pop())
+    if fn.fn in seen:
+      continue
+    seen.add(fn.fn)
+    scope = dict(fn.get_capture_scope())
+    with _compat.LANGUAGE_LOCK:  # As kernel_info: one parse at a time.
+      tree = fn.parse()
+    for node in ast.walk(tree):
+      if not isinstance(node, ast.Call):
+        continue
+      name = getattr(node.func, "attr", None) or getattr(node.func, "id", None)
+      if name in _AXIS_READERS:
+        axis = node.args[0] if node.args else next(
+            (k.value for k in node.keywords if k.arg == "axis"), None)
+        if not (isinstance(axis, ast.Constant) and axis.value in _ALL_AXES):
+          return _ALL_AXES
+        used.add(axis.value)
+      callee = _resolve(node.func, scope)
+      # Under TRITON_INTERPRET=1 helpers are InterpretedFunctions.
+      if _compat.is_triton_function(callee):
+        pending.append(callee.fn)
+  return frozenset(used)
+
+
+def _batch_index_lines(layout: Layout, p: str) -> list[str]:
+  """Source lines computing the per-level batch indices ``{p}i0``, ..."""
+  lines = [f"{p}b = {p}tl.program_id({layout.axes[0]}).to({p}tl.int64)"]
+  if len(layout.axes) == 2:
+    lines.append(f"{p}b += {p}tl.program_id({layout.axes[1]}).to({p}tl.int64)"
+                 f" * {layout.counts[0]}")
+  rest = f"{p}b"
+  for level in range(len(layout.sizes) - 1, 0, -1):
+    lines.append(f"{p}i{level} = {rest} % {layout.sizes[level]}")
+    lines.append(f"{p}r{level} = {rest} // {layout.sizes[level]}")
+    rest = f"{p}r{level}"
+  lines.append(f"{p}i0 = {rest}")
+  return lines
+
+
+def _offset_lines(layout: Layout, p: str) -> list[str]:
+  offsets = {}
+  for name, strides in layout.strides:
+    terms = [f"{p}i{level} * {stride}"
+             for level, stride in enumerate(strides) if stride]
+    if terms:
+      offsets[name] = " + ".join(terms)
+  lines = [f"{name} += {offset}" for name, offset in offsets.items()
+           if "[" not in name]
+  for name, paths in layout.tuples:
+    if any(_pytree_args.label(name, path) in offsets for path in paths):
+      # Tuples are immutable: the wrapper rebuilds one with moved leaves.
+      lines.append(f"{name} = {_tuple_expr(name, (), paths, offsets)}")
+  return lines
+
+
+def _tuple_expr(name, prefix, paths, offsets) -> str:
+  """The source of the tuple at ``prefix`` with its pointers moved."""
+  label = _pytree_args.label(name, prefix)
+  if prefix in paths:
+    return f"({label} + {offsets[label]})" if label in offsets else label
+  depth = len(prefix)
+  children = sorted({path[depth] for path in paths
+                     if len(path) > depth and path[:depth] == prefix})
+  items = [_tuple_expr(name, prefix + (k,), paths, offsets)
+           for k in children]
+  return "(" + "".join(f"{item}, " for item in items) + ")"
+
+
+def wrapper_source(name: str, params, layout: Layout) -> str:
+  """The wrapper's source: one ``def`` named ``name`` (the user kernel's).
+
+  ``params`` are its ``(name, is_constexpr)``, in the user kernel's order.
+  """
+  p = _prefix(params)
+  # Annotations are evaluated where the function is defined, so a parameter
+  # named `tl` cannot shadow this one; Triton's interpreter reads them as
+  # text, and knows `tl.constexpr` by name.
+  signature = ", ".join(
+      f"{n}: tl.constexpr" if constexpr else n for n, constexpr in params)
+  body = _batch_index_lines(layout, p) + _offset_lines(layout, p)
+  call = _wrapper.call_line(p, [n for n, _ in params])
+  total = math.prod(layout.sizes)
+  if math.prod(layout.counts) > total:
+    # A batch split over two axes may overshoot: the spare programs idle.
+    body += [f"if {p}b < {total}:", f"    {call}"]
+  else:
+    body.append(call)
+  return f"def {name}({signature}):\n" + "".join(
+      f"    {line}\n" for line in body)
+
+
+def _prefix(params) -> str:
+  # Internal names must not shadow (or be shadowed by) a parameter.
+  return _wrapper.prefix([n for n, _ in params], "_jt_vmap_")
+
+
+@functools.lru_cache(maxsize=256)
+def wrapper_kernel(base_fn: Any, params: tuple[tuple[str, bool], ...],
+                   layout: Layout) -> Any:
+  """The kernel running ``base_fn`` (without its layers) over the batch."""
+  python_fn = _compat.jit_function_of(base_fn).fn
+  source = wrapper_source(python_fn.__name__, params, layout)
+  return _wrapper.make_kernel(base_fn, source, _prefix(params), "vmap wrapper")
+
 
 @dataclasses.dataclass(frozen=True)
 class Batched:
   """What makes a ``CallSpec`` the batched form of another."""
 
-  base: Any  # The user's unbatched call, a _call_spec.CallSpec.
-  layout: _batch_kernel.Layout  # Where the batch lives: memory and grid.
+  base: Any  # The user's unbatched call, a _kernel.CallSpec.
+  layout: Layout  # Where the batch lives: memory and grid.
 
 
 class _NoRoom(Exception):
@@ -44,14 +199,7 @@ class _NoRoom(Exception):
 
 
 def _batch(args, dims, *, spec):
-  """The primitive's batching rule; every output is batched on axis 0.
-
-  ``spec`` is already batched under nested vmaps.
-
-  Raises:
-    NotImplementedError: ``vmap_method="grid"`` and the grid cannot take
-      the batch.
-  """
+  """The batching rule; ``spec`` is already batched under nested vmaps."""
   bind = _primitive.triton_call_p.bind
   size = next(a.shape[d] for a, d in zip(args, dims) if d is not None)
   args = [a if d is None else jax.numpy.moveaxis(a, d, 0)
@@ -91,11 +239,9 @@ def _on_grid(bind, args, batched, spec, size):
   """One launch of the wrapper kernel over the batched grid."""
   base = spec.batch.base if spec.batch else spec
   if _compat.is_gluon(base.info.fn):
-    # The wrapper is a @triton.jit kernel, which cannot inline Gluon code.
     raise _NoRoom("it is a Gluon kernel, which the generated @triton.jit"
                   " wrapper that reads the batch index cannot call.")
-  if any(map(_positional.is_descriptor, base.operands)):
-    # The wrapper moves pointers by the batch index; a descriptor is not one.
+  if any(op.type.startswith("tensordesc") for op in base.operands):
     raise _NoRoom("it takes a TensorDescriptor, which the wrapper cannot"
                   " move to a batch element.")
   args, batched = list(args), list(batched)
@@ -106,11 +252,16 @@ def _on_grid(bind, args, batched, spec, size):
       batched[i] = True
   sizes = (size, *(spec.batch.layout.sizes if spec.batch else ()))
   axes, counts = _placement(base, sizes)
-  layout = _batch_kernel.Layout(
+  paths: dict[str, list] = {}  # Every leaf's path, per tuple parameter.
+  for op in base.operands:
+    if op.path:
+      paths.setdefault(op.name, []).append(op.path)
+  layout = Layout(
       sizes=sizes, strides=_strides(args, batched, spec, base),
-      axes=axes, counts=counts, tuples=_tuple_leaves(base))
+      axes=axes, counts=counts,
+      tuples=tuple((name, tuple(p)) for name, p in paths.items()))
   params = _wrapper_params(base)
-  wrapper = _batch_kernel.wrapper_kernel(base.info.fn, params, layout)
+  wrapper = wrapper_kernel(base.info.fn, params, layout)
   new_spec = dataclasses.replace(
       base, kernel=wrapper, batch=Batched(base, layout),
       out_shapes=tuple(((size, *shape), dtype)
@@ -132,29 +283,20 @@ def _strides(args, batched, spec, base):
       new = math.prod(spec.out_shapes[op.index][0])
     else:
       continue
-    # A tuple's leaf is keyed by its label, e.g. yz[0].
     level_strides = (new, *old.get(op.label, (0,) * depth))
     if any(level_strides):
       strides.append((op.label, level_strides))
   return tuple(strides)
 
 
-def _tuple_leaves(base):
-  """``(parameter, every leaf's path)`` of each tuple parameter.
-
-  The wrapper rebuilds a tuple whose pointers it moves, scalars included.
-  """
-  paths: dict[str, list] = {}
-  for op in base.operands:
-    if op.path:
-      paths.setdefault(op.name, []).append(op.path)
-  return tuple((name, tuple(p)) for name, p in paths.items())
-
-
 def _placement(base, sizes):
   """The grid axes and counts holding a flat batch of ``prod(sizes)``."""
   total = math.prod(sizes)
-  used = _read_axes(base)
+  # The axes the kernel, or a kernel it is given as a constexpr, reads.
+  kernels = [base.info.fn] + [
+      v for launch in base.launches for _, v in launch.config.kwargs
+      if _compat.is_triton_function(v)]
+  used = frozenset().union(*map(used_grid_axes, kernels))
   grids = sorted({launch.grid for launch in base.launches})
   free = [a for a in range(3)
           if a not in used and all(g[a] == 1 for g in grids)]
@@ -175,15 +317,6 @@ def _placement(base, sizes):
   raise _NoRoom(
       f"the batch of {total} ({' x '.join(map(str, sizes))}) exceeds the"
       f" {limits} programs the free grid axes ({names}) can launch.")
-
-
-def _read_axes(base):
-  """The grid axes the kernel, or a kernel it is given as a constexpr, reads."""
-  kernels = [base.info.fn]
-  for launch in base.launches:
-    kernels += [v for _, v in launch.config.kwargs
-                if _compat.is_triton_function(v)]
-  return frozenset().union(*map(_batch_kernel.used_grid_axes, kernels))
 
 
 def _wrapper_params(base):

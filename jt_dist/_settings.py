@@ -1,33 +1,30 @@
 """Every ``JT_DIST_*`` environment variable, and the ``configure_*`` functions.
 
-jt_dist reads its settings here and nowhere else. What ``configure_cache``
-or ``configure_autotune`` set wins over the environment; otherwise each
-variable is read whenever its reader asks, so a value set through
-``os.environ`` (or ``mock.patch.dict``) counts from the next read on. This
+jt_dist reads its settings here and nowhere else. What a ``configure_*``
+function set wins over the environment; otherwise each variable is read at
+each use, so a change to ``os.environ`` counts from the next read on. This
 module imports nothing from jt_dist, so that every layer may import it.
 
-Environment (what each means; its reader, which asks at each use):
-  ``JT_DIST_CACHE_DIR``: the disk cache's directory, for compiled kernels
-  and autotuning choices (default ``~/.cache/jt_dist``); ``_backend.cache``
-  and ``_autotune.store``.
-  ``JT_DIST_DISK_CACHE``: the disk cache on (the default) or off; any value
-  other than an on/off spelling is an error. Read with the directory.
-  ``JT_DIST_DUMP_DIR``: where each compiled kernel's IRs and launch
-  metadata go; while set, every GPU launch is compiled afresh
-  (``_gpu.compile``).
-  ``JT_DIST_SYNC_LAUNCHES``: on, each eager GPU call waits for its kernel,
-  so that a device fault is reported by the call that caused it
-  (``_call.kernel_call`` when a ``KernelCall`` is made, ``_gpu.faults``).
+Environment (its reader in parentheses):
+  ``JT_DIST_CACHE_DIR``: the disk cache of compiled kernels and autotuning
+  choices (default ``~/.cache/jt_dist``); ``JT_DIST_DISK_CACHE``: that cache
+  on (default) or off, any other value an error (``_backend.cache``,
+  ``_autotune.store``).
+  ``JT_DIST_DUMP_DIR``: where each compiled kernel's IRs and launch metadata
+  go; while set, every GPU launch is compiled afresh (``_gpu.compile``).
+  ``JT_DIST_SYNC_LAUNCHES``: on, each eager GPU call waits for its kernel, so
+  that a device fault is reported by the call that caused it
+  (``_call.kernel_call``, ``_gpu.faults``).
   ``JT_DIST_BOUNDS_CHECK``: off runs CPU launches without the memory check
-  (``_cpu.lowering``).
-  ``JT_DIST_VECTORIZE``: off runs each CPU launch one program at a time;
-  ``check`` runs it both ways and compares (``_cpu.vector_launch``).
+  (``_cpu.lowering``). ``JT_DIST_VECTORIZE``: off runs each CPU launch one
+  program at a time; ``check`` runs it both ways and compares
+  (``_cpu.vector_launch``).
   ``JT_DIST_AUTOTUNE`` (``choose``: jt_dist times the configs once and every
-  shard runs the winner; ``jaxlib``: jaxlib's Triton call times them on its
-  first run, in each process), ``JT_DIST_AUTOTUNE_CPU`` (``first``: on the
-  CPU, the first config left after pruning; ``time``: time the interpreter
-  anyway), ``JT_DIST_AUTOTUNE_PIN`` (a JSON object of kernel names to the
-  config fields to pin, e.g. ``{"matmul_kernel": {"BLOCK_M": 128}}``) and
+  shard runs the winner; ``jaxlib``: jaxlib times them on its first run, in
+  each process), ``JT_DIST_AUTOTUNE_CPU`` (``first``: on the CPU, the first
+  config left after pruning; ``time``: time the interpreter anyway),
+  ``JT_DIST_AUTOTUNE_PIN`` (JSON: kernel names to the config fields to pin,
+  e.g. ``{"matmul_kernel": {"BLOCK_M": 128}}``) and
   ``JT_DIST_AUTOTUNE_TIMEOUT_S`` (how long a process waits for process 0's
   choice, default 600): ``_autotune``, as an autotuned call is lowered.
   ``JT_DIST_CPU_DEVICES``: how many virtual CPU devices
@@ -35,9 +32,8 @@ Environment (what each means; its reader, which asks at each use):
   (``_tools.processes``; ``run_processes`` sets it for its processes).
 
 Not here: ``JT_DIST_COORDINATOR``, ``JT_DIST_NUM_PROCESSES``,
-``JT_DIST_PROCESS_ID`` and ``JT_DIST_FAILURE_FILE`` carry a run's
-coordinates from ``jt_dist.testing.run_processes`` to the processes it
-starts: that module's protocol with itself, which no user sets.
+``JT_DIST_PROCESS_ID`` and ``JT_DIST_FAILURE_FILE``, the protocol of
+``run_processes`` with the processes it starts, which no user sets.
 """
 
 from __future__ import annotations
@@ -86,19 +82,15 @@ class Configured:
 # without a lock, and a test restores it with mock.patch.object.
 _configured = Configured()
 _lock = threading.Lock()
-# The caches' trims, which configure_cache calls after it changes a limit.
-_trims: list[Callable[[], None]] = []
+_trims: list[Callable[[], None]] = []  # See trim_on_configure.
 
 
-# One parser per kind of variable. Each error names the variable, the value
+# One parser per kind of variable; each error names the variable, the value
 # found and what to set instead.
 
 
 def _flag(name: str, default: bool, *, strict: bool) -> bool:
-  """An on/off variable; unset, empty or (unless ``strict``) other: default.
-
-  The lenient variables name only the spellings that change their default.
-  """
+  """An on/off variable; unset, empty or (unless ``strict``) other: default."""
   raw = os.environ.get(name, "")
   value = raw.strip().lower()
   if value in _ON:
@@ -267,45 +259,41 @@ def _checked_count(name: str, value: Any, fix: str) -> int:
   return value
 
 
-def _update(**changes: Any) -> None:
+def _update(trim: bool, /, **changes: Any) -> Configured:
+  """Makes ``changes`` to ``_configured``; returns the one before.
+
+  With ``trim``, the caches then free what a lowered limit no longer allows.
+  """
   global _configured
   with _lock:
-    _configured = dataclasses.replace(_configured, **changes)
+    before = _configured
+    _configured = dataclasses.replace(before, **changes)
+  if trim:
+    for trim_cache in _trims:
+      trim_cache()
+  return before
 
 
 @contextlib.contextmanager
 def restored(*, from_environment: bool = False) -> Iterator[None]:
   """Puts back what the ``configure_*`` functions set, on leaving.
 
-  Args:
-    from_environment: also forget what they set on entering, so that the
-      environment decides until the block sets something.
+  With ``from_environment`` it also forgets it on entering: the environment
+  decides until the block sets something.
   """
-  global _configured
-  with _lock:
-    saved = _configured
-    if from_environment:
-      _configured = Configured()
-  _trim_all()
+  saved = _update(True, **(dataclasses.asdict(Configured())
+                           if from_environment else {}))
   try:
     yield
   finally:
-    with _lock:
-      _configured = saved
-    _trim_all()
-
-
-def _trim_all() -> None:
-  for trim in _trims:
-    trim()
+    _update(True, **dataclasses.asdict(saved))
 
 
 def trim_on_configure(trim: Callable[[], None]) -> None:
   """Has ``configure_cache`` call ``trim`` after it changes a cache limit.
 
-  The caches read their limits here whenever they grow; ``trim`` lets a
-  lowered limit free their extra entries at once, without this module
-  importing them.
+  The caches read their limits whenever they grow; ``trim`` frees their
+  extra entries at once, without this module importing them.
   """
   _trims.append(trim)
 
@@ -350,9 +338,8 @@ def configure_cache(*, disk_cache: bool | None = None,
     changes["disk_cache"] = disk_cache
   if cache_dir is not None:
     changes["cache_dir"] = _checked_dir(cache_dir, "configure_cache: cache_dir")
-  _update(**changes)
-  if "memory_entries" in changes or "dispatch_entries" in changes:
-    _trim_all()
+  _update("memory_entries" in changes or "dispatch_entries" in changes,
+          **changes)
 
 
 def _checked_choice(name: str, value: Any, choices: tuple[str, ...]) -> str:
@@ -391,4 +378,4 @@ def configure_autotune(*, mode: str | None = None,
       raise ValueError(
           f"jt_dist autotuning: timeout_s={timeout_s!r} must be positive.")
     changes["autotune_timeout_s"] = float(timeout_s)
-  _update(**changes)
+  _update(False, **changes)

@@ -1,20 +1,15 @@
 """Choosing the one config every shard of an autotuned call runs.
 
-The choice is made when the call is lowered, where its device is known, and
-the call is then lowered with the chosen config alone: no shard times
-anything at run time, and every shard runs the same code. In order:
+The choice is made as the call is lowered, where its device is known, and
+the call is lowered with that config alone, so every shard runs the same
+code. In order: process 0's choice, in every other process of a multi-process
+run (through jax.distributed's key-value store); a pinned config
+(``pin_autotune_config`` over ``JT_DIST_AUTOTUNE_PIN``); a choice made
+earlier, in memory or on disk; timing every config on one local device (on
+the CPU, the first config unless timing is asked for).
 
-1. in a multi-process run, every process but 0 takes process 0's choice,
-   handed over through jax.distributed's key-value store;
-2. a pinned config (``jt_dist.pin_autotune_config``, which wins over
-   ``JT_DIST_AUTOTUNE_PIN``, read at each lookup);
-3. a choice made earlier in this process, or saved on disk by another;
-4. on a GPU, timing every config on one local device (``timing``); on the
-   CPU, the first config (or the interpreter's timing, on request).
-
-With ``JT_DIST_AUTOTUNE=jaxlib``, or where no device of the platform is
-local (cross-lowering), jaxlib's Triton call times the configs on its first
-run instead, in each process separately.
+With ``JT_DIST_AUTOTUNE=jaxlib``, or with no local device of the platform
+(cross-lowering), jaxlib times the configs on its first run, per process.
 """
 
 from __future__ import annotations
@@ -39,29 +34,26 @@ from jt_dist._core import kernel as _kernel
 
 logger = logging.getLogger("jt_dist")
 
-_KV_PREFIX = "jt_dist/autotune/"
 _warned_jaxlib_mode = False
-# How many choices this process has sent or received per call: process 0
-# sends its n-th choice for a call under round n, and the others read round
-# n, so a choice made again (after a pin or forget) never meets a stale one.
-_rounds: collections.Counter = collections.Counter()
-_rounds_lock = threading.Lock()
 _OPTION_FIELDS = ("num_warps", "num_stages", "num_ctas", "maxnreg")
+# Process 0 sends its n-th choice for a call under round n, and the others
+# read round n: a choice made again (after a pin or forget) never meets a
+# stale one.
+_rounds: collections.Counter = collections.Counter()
 _pins: dict[str, dict[str, Any]] = {}
-_pins_lock = threading.Lock()
+_lock = threading.Lock()  # For both.
 
 
 def kernel_name(kernel: Any) -> str:
   """The name pins and choices are filed under: the Python function's."""
-  if isinstance(kernel, str):
-    return kernel
-  return _kernel.kernel_info(kernel).name
+  return kernel if isinstance(kernel, str) else _kernel.kernel_info(
+      kernel).name
 
 
 def pin(kernel: Any, fields: dict[str, Any] | None) -> None:
   """Pins (or, with None, unpins) the config of ``kernel`` by its fields."""
   name = kernel_name(kernel)
-  with _pins_lock:
+  with _lock:
     if fields is None:
       _pins.pop(name, None)
     else:
@@ -70,15 +62,13 @@ def pin(kernel: Any, fields: dict[str, Any] | None) -> None:
 
 def config_fields(config) -> dict[str, Any]:
   """A launch config's constexprs and launch options, by name."""
-  fields = dict(config.kwargs)
-  fields.update((option, getattr(config, option)) for option in _OPTION_FIELDS)
-  return fields
+  return dict(config.kwargs, **{o: getattr(config, o) for o in _OPTION_FIELDS})
 
 
 def _kv_key(share_key: str) -> str:
-  with _rounds_lock:
+  with _lock:
     _rounds[share_key] += 1
-    return f"{_KV_PREFIX}{share_key}/{_rounds[share_key]}"
+    return f"jt_dist/autotune/{share_key}/{_rounds[share_key]}"
 
 
 def _local_device(ctx, platform: str):
@@ -134,9 +124,8 @@ def _decide(spec, avals, device, platform, key) -> _store.AutotuneChoice:
   kind = device.device_kind
   if platform == "cpu" and _settings.autotune_cpu_rule() == "first":
     return _made(spec, 0, "first config", kind, key)
-  plan = _timing.CPU_PLAN if platform == "cpu" else _timing.GPU_PLAN
   start = time.perf_counter()
-  times = _timing.time_configs(spec, avals, device, plan)
+  times = _timing.time_configs(spec, avals, device)
   ran = [(t, i) for i, t in enumerate(times) if t is not None]
   logger.info("jt_dist: timed %d configs of kernel %r on %s in %.2f s.",
               len(ran), spec.info.name, device, time.perf_counter() - start)
@@ -178,34 +167,10 @@ def _receive(spec, share_key: str, kind: str, key: str):
   return _made(spec, index, "process 0", kind, key, sent.get("timings_s"))
 
 
-def _publish(spec, choice, share_key: str) -> None:
-  client = _client(spec)
-  client.key_value_set(_kv_key(share_key), json.dumps(
-      {"config": choice.config, "timings_s": choice.timings_s}),
-                       allow_overwrite=True)
-
-
-def _log(choice, device) -> None:
-  timings = ""
-  if choice.timings_s:
-    timings = "; ms per launch: " + ", ".join(
-        f"[{i}] {'failed' if t is None else f'{t * 1e3:.4g}'}"
-        for i, t in enumerate(choice.timings_s.values()))
-  logger.info(
-      "jt_dist: autotuning choice for kernel %r on %s%s: [%d] %s (%s, of %d"
-      " configs%s).", choice.kernel, device, _errors.process_note(),
-      choice.index, choice.config, choice.source, len(choice.candidates),
-      timings)
-
-
 def _pinned(spec, kind, key):
-  """The first candidate whose fields include the pinned ones, or None.
-
-  Raises:
-    ValueError: no candidate matches; the message lists every candidate.
-  """
+  """The first candidate whose fields include the pinned ones, or None."""
   name = spec.info.name
-  with _pins_lock:
+  with _lock:
     fields = _pins.get(name)
   if fields is None:
     fields = _settings.autotune_pins().get(name)
@@ -244,7 +209,9 @@ def _choose(spec, avals, device, platform) -> _store.AutotuneChoice:
       if choice.source == "timed":
         _store.save(choice)
   if multi and _store.recalled(key) != choice:
-    _publish(spec, choice, share_key)
+    _client(spec).key_value_set(_kv_key(share_key), json.dumps(
+        {"config": choice.config, "timings_s": choice.timings_s}),
+                                allow_overwrite=True)
   return choice
 
 
@@ -268,9 +235,7 @@ def _leave_to_jaxlib(spec, platform: str, asked: bool) -> None:
 def for_lowering(ctx, spec, platform: str):
   """The ``CallSpec`` to lower on ``platform`` ("cpu", "cuda" or "rocm").
 
-  Returns:
-    ``spec`` with one launch where a choice was made; ``spec`` itself for
-    a kernel with one config, or when jaxlib is to time the configs.
+  It is the chosen launch alone, or ``spec`` where jaxlib times the configs.
   """
   if len(spec.launches) == 1:
     return spec
@@ -284,9 +249,17 @@ def for_lowering(ctx, spec, platform: str):
       return _timing.single(spec, pinned.index)
     _leave_to_jaxlib(spec, platform, jaxlib)
     return spec
-  avals = list(ctx.avals_in)
-  choice = _choose(spec, avals, device, platform)
+  choice = _choose(spec, list(ctx.avals_in), device, platform)
   if _store.recalled(choice.key) != choice:
     _store.remember(choice)
-    _log(choice, device)
+    timings = ""
+    if choice.timings_s:
+      timings = "; ms per launch: " + ", ".join(
+          f"[{i}] {'failed' if t is None else f'{t * 1e3:.4g}'}"
+          for i, t in enumerate(choice.timings_s.values()))
+    logger.info(
+        "jt_dist: autotuning choice for kernel %r on %s%s: [%d] %s (%s, of"
+        " %d configs%s).", choice.kernel, device, _errors.process_note(),
+        choice.index, choice.config, choice.source, len(choice.candidates),
+        timings)
   return _timing.single(spec, choice.index)

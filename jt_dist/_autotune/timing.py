@@ -1,13 +1,12 @@
 """Timing an autotuned call's configs on one local device, outside any trace.
 
 The choice is made while a call is lowered, possibly inside the user's
-``jax.jit`` or ``jax.shard_map``. The configs are timed in a thread of their
-own, whose JAX context (traces, meshes) is fresh: each config is lowered
-alone as a one-device ``jax.jit`` of the primitive and run on inputs of the
-call's shapes. Floating-point inputs are random normals; integer and bool
-inputs are zeros, since kernels often use them as indices or offsets.
-Zeroed and aliased outputs are prepared by the kernel call itself, exactly as
-in the real run; the caller's buffers are never touched.
+``jax.jit`` or ``jax.shard_map``, so the configs are timed in a thread of
+their own, whose JAX context (traces, meshes) is fresh: each config alone,
+as a one-device ``jax.jit`` of the primitive, on inputs of the call's shapes
+(random normal floats; zero integers and bools, which kernels often use as
+indices or offsets). Zeroed and aliased outputs are prepared by the call
+itself, as in the real run; the caller's buffers are never touched.
 """
 
 from __future__ import annotations
@@ -30,19 +29,6 @@ from jt_dist._core import primitive as _primitive
 logger = logging.getLogger("jt_dist")
 
 
-@dataclasses.dataclass(frozen=True)
-class Plan:
-  """How much to time: rounds over all configs, launches per measurement."""
-
-  rounds: int = 7
-  launches: int = 10
-
-
-GPU_PLAN = Plan()
-# The interpreter runs Python per program instance: one launch per round.
-CPU_PLAN = Plan(rounds=3, launches=1)
-
-
 def single(spec, index: int):
   """``spec`` with only its launch ``index``: what every shard compiles."""
   return dataclasses.replace(spec, launches=(spec.launches[index],))
@@ -50,15 +36,10 @@ def single(spec, index: int):
 
 def _inputs(avals: Sequence[Any], device) -> list[Any]:
   rng = np.random.default_rng(0)
-  arrays = []
-  for aval in avals:
-    dtype = np.dtype(aval.dtype)
-    if jnp.issubdtype(dtype, jnp.floating):
-      host = rng.standard_normal(aval.shape).astype(dtype)
-    else:
-      host = np.zeros(aval.shape, dtype)
-    arrays.append(jax.device_put(host, device))
-  return arrays
+  return [jax.device_put(
+      rng.standard_normal(a.shape).astype(np.dtype(a.dtype))
+      if jnp.issubdtype(a.dtype, jnp.floating)
+      else np.zeros(a.shape, np.dtype(a.dtype)), device) for a in avals]
 
 
 def _compile(spec, index: int, inputs) -> tuple[Any, Exception | None]:
@@ -77,41 +58,37 @@ def _compile(spec, index: int, inputs) -> tuple[Any, Exception | None]:
   return compiled, None
 
 
-def _compiled_launches(spec, inputs, device) -> list[Any]:
-  """Every launch compiled alone; AutotuneError if none compiles and runs."""
+def _measure(spec, avals, device) -> list[float | None]:
+  inputs = _inputs(avals, device)
   results = [_compile(spec, i, inputs) for i in range(len(spec.launches))]
-  if all(compiled is None for compiled, _ in results):
+  compiled = [c for c, _ in results]
+  if all(c is None for c in compiled):
     first = results[0][1]
     raise _errors.AutotuneError(
         f"triton_call: no autotuning config of kernel {spec.info.name!r}"
         f" compiled and ran on {device}{_errors.process_note()}. The first"
         f" config ({spec.launches[0].config.label}) failed with"
         f" {type(first).__name__}: {first}") from first
-  return [compiled for compiled, _ in results]
-
-
-def _measure(spec, avals, device, plan: Plan) -> list[float | None]:
-  inputs = _inputs(avals, device)
-  compiled = _compiled_launches(spec, inputs, device)
+  # Rounds over all configs, and launches per measurement: the interpreter
+  # runs Python per program instance, so the CPU gets fewer.
+  rounds, launches = (3, 1) if device.platform == "cpu" else (7, 10)
   samples: list[list[float]] = [[] for _ in compiled]
-  for r in range(plan.rounds):
+  for r in range(rounds):
     # Configs take turns, in an order rotated each round, so that a drift
     # in clocks or load favours none of them.
     order = list(range(len(compiled)))
-    order = order[r % len(order):] + order[:r % len(order)]
-    for i in order:
+    for i in order[r % len(order):] + order[:r % len(order)]:
       if compiled[i] is None:
         continue
       start = time.perf_counter()
-      for _ in range(plan.launches):
+      for _ in range(launches):
         out = compiled[i](*inputs)
       jax.block_until_ready(out)
-      samples[i].append((time.perf_counter() - start) / plan.launches)
+      samples[i].append((time.perf_counter() - start) / launches)
   return [statistics.median(s) if s else None for s in samples]
 
 
-def time_configs(spec, avals: Sequence[Any], device,
-                 plan: Plan) -> list[float | None]:
+def time_configs(spec, avals: Sequence[Any], device) -> list[float | None]:
   """Seconds per launch of each of ``spec``'s configs on ``device``.
 
   ``avals`` are those of its array operands (shard-local shapes). Each
@@ -119,4 +96,4 @@ def time_configs(spec, avals: Sequence[Any], device,
   """
   with futures.ThreadPoolExecutor(
       1, thread_name_prefix="jt_dist-autotune") as pool:
-    return pool.submit(_measure, spec, avals, device, plan).result()
+    return pool.submit(_measure, spec, avals, device).result()

@@ -150,9 +150,7 @@ def disk_cache() -> bool:
 
 def cache_dir() -> str:
   """The disk cache's directory."""
-  if _configured.cache_dir is not None:
-    return _configured.cache_dir
-  return _path(CACHE_DIR) or os.path.join(
+  return _configured.cache_dir or _path(CACHE_DIR) or os.path.join(
       os.path.expanduser("~"), ".cache", "jt_dist")
 
 

@@ -124,9 +124,9 @@ def load(key: str, candidates: tuple[str, ...]) -> AutotuneChoice | None:
   if problem:
     _discard(path, problem)
     return None
-  document.pop("format")
-  document["candidates"] = tuple(document["candidates"])
-  return AutotuneChoice(**{**document, "source": "disk"})
+  del document["format"]
+  return AutotuneChoice(**{**document, "candidates": candidates,
+                           "source": "disk"})
 
 
 def _problem(document: Any, key: str) -> str:

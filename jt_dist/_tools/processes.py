@@ -218,19 +218,18 @@ def _traceback(marker: str, stderr: str) -> str:
     return stderr[start:] if start >= 0 else ""
 
 
-def _run_once(argv, num_processes, env_for, timeout_s, grace_s, cwd, popen):
+def _run_once(argv, envs, timeout_s, grace_s, cwd, popen):
   """Runs the group once: outputs, timed_out, failed, first traceback."""
   with tempfile.TemporaryDirectory(prefix="jt_dist_procs_") as logs:
     procs = []
-    markers = [os.path.join(logs, f"{i}.traceback")
-               for i in range(num_processes)]
-    for i in range(num_processes):
+    markers = [os.path.join(logs, f"{i}.traceback") for i in range(len(envs))]
+    for i, env in enumerate(envs):
       with open(os.path.join(logs, f"{i}.out"), "w") as out, \
           open(os.path.join(logs, f"{i}.err"), "w") as err:
         # A session of its own, so that a hung process and anything it
         # started can be killed together by its process group id.
         procs.append(popen(
-            list(argv), env={**env_for(i), _ENV_FAILURE_FILE: markers[i]},
+            list(argv), env={**env, _ENV_FAILURE_FILE: markers[i]},
             cwd=cwd, stdout=out, stderr=err, start_new_session=True))
     killed, timed_out, failed = _wait(procs, markers, time.monotonic() + timeout_s,
                                 grace_s)
@@ -294,12 +293,10 @@ def run_processes(argv: Sequence[str], *, num_processes: int = 2,
   num_processes = _checked_count(num_processes)
   for _ in range(3):
     port = free_port()
+    envs = [_process_env(env, port, i, num_processes, cpu_devices_per_process,
+                         gpus_per_process) for i in range(num_processes)]
     outputs, timed_out, failed, first_traceback = _run_once(
-        argv, num_processes,
-        lambda i, port=port: _process_env(env, port, i, num_processes,
-                                          cpu_devices_per_process,
-                                          gpus_per_process),
-        timeout_s, grace_s, cwd, popen)
+        argv, envs, timeout_s, grace_s, cwd, popen)
     # The port was free when chosen but another program may take it
     # before the coordinator binds it: then try another one.
     if not any(m in o.stderr for o in outputs for m in _PORT_IN_USE):

@@ -138,9 +138,6 @@ def _number(name: str, default, convert: Callable[[str], Any]):
       f" {default}, or unset it (the default is {default}).")
 
 
-# The settings, as their readers ask for them.
-
-
 def disk_cache() -> bool:
   """Whether compiled kernels and choices are read from and written to disk."""
   if _configured.disk_cache is not None:
@@ -227,9 +224,6 @@ def autotune_pins() -> dict[str, dict[str, Any]]:
 def cpu_devices(default: int) -> int:
   """How many virtual CPU devices to ask for, ``default`` unless set."""
   return _number(CPU_DEVICES, default, int)
-
-
-# Setting them from Python.
 
 
 def _checked_dir(value: Any, where: str) -> str:

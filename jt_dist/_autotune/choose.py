@@ -59,8 +59,9 @@ _lock = threading.Lock()  # For both.
 
 def kernel_name(kernel: Any) -> str:
   """The name pins and choices are filed under: the Python function's."""
-  return kernel if isinstance(kernel, str) else _kernel.kernel_info(
-      kernel).name
+  if isinstance(kernel, str):
+    return kernel
+  return _kernel.kernel_info(kernel).name
 
 
 def pin(kernel: Any, fields: dict[str, Any] | None) -> None:
@@ -137,14 +138,6 @@ def single(spec, index: int):
   return dataclasses.replace(spec, launches=(spec.launches[index],))
 
 
-def _inputs(avals: Sequence[Any], device) -> list[Any]:
-  rng = np.random.default_rng(0)
-  return [jax.device_put(
-      rng.standard_normal(a.shape).astype(np.dtype(a.dtype))
-      if jnp.issubdtype(a.dtype, jnp.floating)
-      else np.zeros(a.shape, np.dtype(a.dtype)), device) for a in avals]
-
-
 def _compile(spec, index: int, inputs) -> tuple[Any, Exception | None]:
   """The compiled launch ``index`` alone, warmed up; or None and the error."""
   fn = jax.jit(functools.partial(_primitive.triton_call_p.bind,
@@ -162,7 +155,11 @@ def _compile(spec, index: int, inputs) -> tuple[Any, Exception | None]:
 
 
 def _measure(spec, avals, device) -> list[float | None]:
-  inputs = _inputs(avals, device)
+  rng = np.random.default_rng(0)
+  inputs = [jax.device_put(
+      rng.standard_normal(a.shape).astype(np.dtype(a.dtype))
+      if jnp.issubdtype(a.dtype, jnp.floating)
+      else np.zeros(a.shape, np.dtype(a.dtype)), device) for a in avals]
   results = [_compile(spec, i, inputs) for i in range(len(spec.launches))]
   compiled = [c for c, _ in results]
   if all(c is None for c in compiled):

@@ -240,7 +240,7 @@ def _checked_dir(value: Any, where: str) -> str:
   return path
 
 
-def _checked_count(name: str, value: Any, fix: str) -> int:
+def _check_count(name: str, value: Any, fix: str) -> None:
   if not isinstance(value, int) or isinstance(value, bool):
     raise TypeError(
         f"configure_cache: {name}={value!r} of type {type(value).__name__}"
@@ -248,7 +248,6 @@ def _checked_count(name: str, value: Any, fix: str) -> int:
   if value < 1:
     raise ValueError(
         f"configure_cache: {name}={value!r} must be at least 1{fix}")
-  return value
 
 
 def _update(trim: bool, /, **changes: Any) -> Configured:
@@ -312,33 +311,24 @@ def configure_cache(*, disk_cache: bool | None = None,
     ValueError: ``memory_entries`` or ``dispatch_entries`` is below 1, or
       ``cache_dir`` is empty or holds a NUL character.
   """
-  changes: dict[str, Any] = {}
   if dispatch_entries is not None:
-    changes["dispatch_entries"] = _checked_count(
-        "dispatch_entries", dispatch_entries,
-        " (the number of eager call signatures kept in memory).")
+    _check_count("dispatch_entries", dispatch_entries,
+                 " (the number of eager call signatures kept in memory).")
   if memory_entries is not None:
-    changes["memory_entries"] = _checked_count(
-        "memory_entries", memory_entries,
-        "; to stop reusing kernels across processes, pass disk_cache=False.")
-  if disk_cache is not None:
-    if not isinstance(disk_cache, bool):
-      raise TypeError(
-          f"configure_cache: disk_cache={disk_cache!r} of type"
-          f" {type(disk_cache).__name__} must be True or False (a string"
-          " such as 'no' would count as True).")
-    changes["disk_cache"] = disk_cache
+    _check_count("memory_entries", memory_entries, "; to stop reusing kernels"
+                 " across processes, pass disk_cache=False.")
+  if disk_cache is not None and not isinstance(disk_cache, bool):
+    raise TypeError(
+        f"configure_cache: disk_cache={disk_cache!r} of type"
+        f" {type(disk_cache).__name__} must be True or False (a string"
+        " such as 'no' would count as True).")
   if cache_dir is not None:
-    changes["cache_dir"] = _checked_dir(cache_dir, "configure_cache: cache_dir")
-  _update("memory_entries" in changes or "dispatch_entries" in changes,
-          **changes)
-
-
-def _checked_choice(name: str, value: Any, choices: tuple[str, ...]) -> str:
-  if value not in choices:
-    raise ValueError(
-        f"jt_dist autotuning: {name}={value!r} is not one of {list(choices)}.")
-  return value
+    cache_dir = _checked_dir(cache_dir, "configure_cache: cache_dir")
+  changes = {"disk_cache": disk_cache, "cache_dir": cache_dir,
+             "memory_entries": memory_entries,
+             "dispatch_entries": dispatch_entries}
+  _update(memory_entries is not None or dispatch_entries is not None,
+          **{k: v for k, v in changes.items() if v is not None})
 
 
 def configure_autotune(*, mode: str | None = None,
@@ -359,15 +349,16 @@ def configure_autotune(*, mode: str | None = None,
   Raises:
     ValueError: an unknown mode or rule, or a timeout that is not positive.
   """
-  changes: dict[str, Any] = {}
-  if mode is not None:
-    changes["autotune_mode"] = _checked_choice("mode", mode, AUTOTUNE_MODES)
-  if cpu_rule is not None:
-    changes["autotune_cpu_rule"] = _checked_choice(
-        "cpu_rule", cpu_rule, AUTOTUNE_CPU_RULES)
+  for name, value, choices in (("mode", mode, AUTOTUNE_MODES),
+                               ("cpu_rule", cpu_rule, AUTOTUNE_CPU_RULES)):
+    if value is not None and value not in choices:
+      raise ValueError(f"jt_dist autotuning: {name}={value!r} is not one of"
+                       f" {list(choices)}.")
   if timeout_s is not None:
     if not float(timeout_s) > 0:
       raise ValueError(
           f"jt_dist autotuning: timeout_s={timeout_s!r} must be positive.")
-    changes["autotune_timeout_s"] = float(timeout_s)
-  _update(False, **changes)
+    timeout_s = float(timeout_s)
+  changes = {"autotune_mode": mode, "autotune_cpu_rule": cpu_rule,
+             "autotune_timeout_s": timeout_s}
+  _update(False, **{k: v for k, v in changes.items() if v is not None})

@@ -156,17 +156,16 @@ def check_kernel(device: Any) -> tuple[float, float]:
   """Seconds of a checked add's first call on ``device`` and of one more."""
   from jt_dist._call.api import triton_call  # pylint: disable=g-import-not-at-top
 
-  rng = np.random.default_rng()
-  x = rng.standard_normal(_CHECK_ELEMENTS, dtype=np.float32)
-  y = rng.standard_normal(_CHECK_ELEMENTS, dtype=np.float32)
+  x, y = np.random.default_rng().standard_normal((2, _CHECK_ELEMENTS),
+                                                 dtype=np.float32)
 
-  def add(a, b):
+  @jax.jit
+  def fn(a, b):
     return triton_call(
         a, b, a.size, kernel=_doctor_add_kernel,
         out_shape=jax.ShapeDtypeStruct(a.shape, a.dtype),
         grid=(triton.cdiv(a.size, _CHECK_BLOCK),), BLOCK=_CHECK_BLOCK)
 
-  fn = jax.jit(add)
   a, b = jax.device_put(x, device), jax.device_put(y, device)
   start = time.perf_counter()
   out = np.asarray(jax.block_until_ready(fn(a, b)))

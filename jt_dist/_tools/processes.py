@@ -152,13 +152,10 @@ def _report_uncaught_exceptions(path: str) -> None:
 
 def _process_env(base, port, process_id, num_processes, cpu_devices,
                  gpus_per_process):
-  env = dict(os.environ if base is None else base)
-  env.update({
-      _ENV_COORDINATOR: f"localhost:{port}",
-      _ENV_NUM_PROCESSES: str(num_processes),
-      _ENV_PROCESS_ID: str(process_id),
-      "PYTHONUNBUFFERED": "1",
-  })
+  env = {**(os.environ if base is None else base),
+         _ENV_COORDINATOR: f"localhost:{port}",
+         _ENV_NUM_PROCESSES: str(num_processes),
+         _ENV_PROCESS_ID: str(process_id), "PYTHONUNBUFFERED": "1"}
   # The children import the jt_dist this process runs, not another copy
   # installed elsewhere.
   root = os.path.abspath(os.path.join(__file__, "..", "..", ".."))

@@ -5,31 +5,15 @@ function set wins over the environment; otherwise each variable is read at
 each use, so a change to ``os.environ`` counts from the next read on. This
 module imports nothing from jt_dist, so that every layer may import it.
 
-Environment (its reader in parentheses):
-  ``JT_DIST_CACHE_DIR``: the disk cache of compiled kernels and autotuning
-  choices (default ``~/.cache/jt_dist``); ``JT_DIST_DISK_CACHE``: that cache
-  on (default) or off, any other value an error (``_backend.cache``,
-  ``_autotune.store``).
-  ``JT_DIST_DUMP_DIR``: where each compiled kernel's IRs and launch metadata
-  go; while set, every GPU launch is compiled afresh (``_gpu.compile``).
-  ``JT_DIST_SYNC_LAUNCHES``: on, each eager GPU call waits for its kernel, so
-  that a device fault is reported by the call that caused it
-  (``_call.kernel_call``, ``_gpu.faults``).
-  ``JT_DIST_BOUNDS_CHECK``: off runs CPU launches without the memory check
-  (``_cpu.lowering``). ``JT_DIST_VECTORIZE``: off runs each CPU launch one
-  program at a time; ``check`` runs it both ways and compares
-  (``_cpu.vector_launch``).
-  ``JT_DIST_AUTOTUNE`` (``choose``: jt_dist times the configs once and every
-  shard runs the winner; ``jaxlib``: jaxlib times them on its first run, in
-  each process), ``JT_DIST_AUTOTUNE_CPU`` (``first``: on the CPU, the first
-  config left after pruning; ``time``: time the interpreter anyway),
-  ``JT_DIST_AUTOTUNE_PIN`` (JSON: kernel names to the config fields to pin,
-  e.g. ``{"matmul_kernel": {"BLOCK_M": 128}}``) and
-  ``JT_DIST_AUTOTUNE_TIMEOUT_S`` (how long a process waits for process 0's
-  choice, default 600): ``_autotune``, as an autotuned call is lowered.
-  ``JT_DIST_CPU_DEVICES``: how many virtual CPU devices
-  ``jt_dist.testing.configure_cpu_devices`` asks for, over its argument
-  (``_tools.processes``; ``run_processes`` sets it for its processes).
+docs/api/caches.md describes each variable. Their readers:
+``JT_DIST_CACHE_DIR`` and ``JT_DIST_DISK_CACHE``: ``_backend.cache`` and
+``_autotune.store``; ``JT_DIST_DUMP_DIR``: ``_gpu.compile``;
+``JT_DIST_SYNC_LAUNCHES``: ``_call.kernel_call`` and ``_gpu.faults``;
+``JT_DIST_BOUNDS_CHECK``: ``_cpu.lowering``; ``JT_DIST_VECTORIZE``:
+``_cpu.vector_launch``; ``JT_DIST_AUTOTUNE``, ``JT_DIST_AUTOTUNE_CPU``,
+``JT_DIST_AUTOTUNE_PIN`` and ``JT_DIST_AUTOTUNE_TIMEOUT_S``: ``_autotune``,
+as an autotuned call is lowered; ``JT_DIST_CPU_DEVICES``:
+``_tools.processes``.
 
 Not here: ``JT_DIST_COORDINATOR``, ``JT_DIST_NUM_PROCESSES``,
 ``JT_DIST_PROCESS_ID`` and ``JT_DIST_FAILURE_FILE``, the protocol of

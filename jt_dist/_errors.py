@@ -134,11 +134,7 @@ class AutotuneError(RuntimeError):
 
 
 def process_note() -> str:
-  """Which process speaks, for messages only one process may see.
-
-  Returns:
-    ``" (in process 1 of 2)"`` in a multi-process run, else ``""``.
-  """
+  """``" (in process 1 of 2)"`` in a multi-process run, else ``""``."""
   if jax.process_count() == 1:
     return ""
   return f" (in process {jax.process_index()} of {jax.process_count()})"
@@ -146,12 +142,11 @@ def process_note() -> str:
 
 def call_user(fn: Callable[..., Any], role: str, *args: Any,
               **kwargs: Any) -> Any:
-  """``fn(*args, **kwargs)``; an exception it raises says who raised it.
+  """``fn(*args, **kwargs)``; an exception it raises gets a note naming it.
 
-  The exception keeps its type and traceback, so that ``except KeyError``
-  and debuggers see the user's own error; a note (shown under the
-  traceback) names the callable (qualified name, file and line) and its
-  ``role`` (e.g. "the grid callable").
+  The exception keeps its type and traceback (``except KeyError`` still
+  works); the note names the callable, its file and line, and its ``role``
+  (e.g. "the grid callable").
   """
   try:
     return fn(*args, **kwargs)
@@ -166,14 +161,11 @@ def call_user(fn: Callable[..., Any], role: str, *args: Any,
 def raise_if_scalar_pointer(error: Exception, spec, shapes) -> None:
   """Raises a ``KernelTypeError`` for a 0-d array used as a number, if one.
 
-  A 0-d array binds a pointer parameter (as in jax-triton), and under
-  ``jax.jit`` every argument is one: a kernel that then uses the pointer as
-  a number fails inside Triton (a type error, ``tl.rand``'s static
-  assert), with no word of the parameter. When ``error`` speaks of pointers
-  or a static assert and a 0-d array binds a parameter, this names the
-  parameter and ``jt_dist.runtime_scalar``; it returns otherwise.
-  ``error`` is the interpreter's or Triton's compiler's, ``spec`` the call's
-  ``CallSpec``, ``shapes`` the shape of each array operand, by index.
+  A 0-d array binds a pointer parameter (as in jax-triton; under ``jax.jit``
+  every argument is one), and a kernel using it as a number fails inside
+  Triton with no word of the parameter. When ``error`` (the interpreter's
+  or Triton's) speaks of pointers or a static assert, this names the 0-d
+  parameters; ``shapes`` are the array operands' shapes, by index.
   """
   # Triton chains a compile error inside a called function (tl.rand's
   # static assert) to the one it reports at the call.

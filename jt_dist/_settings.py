@@ -1,43 +1,23 @@
 """Every ``JT_DIST_*`` environment variable, and the ``configure_*`` functions.
 
-jt_dist reads its settings here and nowhere else. What ``configure_cache``
-or ``configure_autotune`` set wins over the environment; otherwise each
-variable is read whenever its reader asks, so a value set through
-``os.environ`` (or ``mock.patch.dict``) counts from the next read on. This
+jt_dist reads its settings here and nowhere else. What a ``configure_*``
+function set wins over the environment; otherwise each variable is read at
+each use, so a change to ``os.environ`` counts from the next read on. This
 module imports nothing from jt_dist, so that every layer may import it.
 
-Environment (what each means; its reader, which asks at each use):
-  ``JT_DIST_CACHE_DIR``: the disk cache's directory, for compiled kernels
-  and autotuning choices (default ``~/.cache/jt_dist``); ``_backend.cache``
-  and ``_autotune.store``.
-  ``JT_DIST_DISK_CACHE``: the disk cache on (the default) or off; any value
-  other than an on/off spelling is an error. Read with the directory.
-  ``JT_DIST_DUMP_DIR``: where each compiled kernel's IRs and launch
-  metadata go; while set, every GPU launch is compiled afresh
-  (``_gpu.compile``).
-  ``JT_DIST_SYNC_LAUNCHES``: on, each eager GPU call waits for its kernel,
-  so that a device fault is reported by the call that caused it
-  (``_call.kernel_call`` when a ``KernelCall`` is made, ``_gpu.faults``).
-  ``JT_DIST_BOUNDS_CHECK``: off runs CPU launches without the memory check
-  (``_cpu.lowering``).
-  ``JT_DIST_VECTORIZE``: off runs each CPU launch one program at a time;
-  ``check`` runs it both ways and compares (``_cpu.vector_launch``).
-  ``JT_DIST_AUTOTUNE`` (``choose``: jt_dist times the configs once and every
-  shard runs the winner; ``jaxlib``: jaxlib's Triton call times them on its
-  first run, in each process), ``JT_DIST_AUTOTUNE_CPU`` (``first``: on the
-  CPU, the first config left after pruning; ``time``: time the interpreter
-  anyway), ``JT_DIST_AUTOTUNE_PIN`` (a JSON object of kernel names to the
-  config fields to pin, e.g. ``{"matmul_kernel": {"BLOCK_M": 128}}``) and
-  ``JT_DIST_AUTOTUNE_TIMEOUT_S`` (how long a process waits for process 0's
-  choice, default 600): ``_autotune``, as an autotuned call is lowered.
-  ``JT_DIST_CPU_DEVICES``: how many virtual CPU devices
-  ``jt_dist.testing.configure_cpu_devices`` asks for, over its argument
-  (``_tools.processes``; ``run_processes`` sets it for its processes).
+docs/api/caches.md describes each variable. Their readers:
+``JT_DIST_CACHE_DIR`` and ``JT_DIST_DISK_CACHE``: ``_backend.cache`` and
+``_autotune.store``; ``JT_DIST_DUMP_DIR``: ``_gpu.compile``;
+``JT_DIST_SYNC_LAUNCHES``: ``_call.kernel_call`` and ``_gpu.faults``;
+``JT_DIST_BOUNDS_CHECK``: ``_cpu.lowering``; ``JT_DIST_VECTORIZE``:
+``_cpu.vector_launch``; ``JT_DIST_AUTOTUNE``, ``JT_DIST_AUTOTUNE_CPU``,
+``JT_DIST_AUTOTUNE_PIN`` and ``JT_DIST_AUTOTUNE_TIMEOUT_S``: ``_autotune``,
+as an autotuned call is lowered; ``JT_DIST_CPU_DEVICES``:
+``_tools.processes``.
 
 Not here: ``JT_DIST_COORDINATOR``, ``JT_DIST_NUM_PROCESSES``,
-``JT_DIST_PROCESS_ID`` and ``JT_DIST_FAILURE_FILE`` carry a run's
-coordinates from ``jt_dist.testing.run_processes`` to the processes it
-starts: that module's protocol with itself, which no user sets.
+``JT_DIST_PROCESS_ID`` and ``JT_DIST_FAILURE_FILE``, the protocol of
+``run_processes`` with the processes it starts, which no user sets.
 """
 
 from __future__ import annotations
@@ -86,19 +66,15 @@ class Configured:
 # without a lock, and a test restores it with mock.patch.object.
 _configured = Configured()
 _lock = threading.Lock()
-# The caches' trims, which configure_cache calls after it changes a limit.
-_trims: list[Callable[[], None]] = []
+_trims: list[Callable[[], None]] = []  # See trim_on_configure.
 
 
-# One parser per kind of variable. Each error names the variable, the value
+# One parser per kind of variable; each error names the variable, the value
 # found and what to set instead.
 
 
 def _flag(name: str, default: bool, *, strict: bool) -> bool:
-  """An on/off variable; unset, empty or (unless ``strict``) other: default.
-
-  The lenient variables name only the spellings that change their default.
-  """
+  """An on/off variable; unset, empty or (unless ``strict``) other: default."""
   raw = os.environ.get(name, "")
   value = raw.strip().lower()
   if value in _ON:
@@ -146,9 +122,6 @@ def _number(name: str, default, convert: Callable[[str], Any]):
       f" {default}, or unset it (the default is {default}).")
 
 
-# The settings, as their readers ask for them.
-
-
 def disk_cache() -> bool:
   """Whether compiled kernels and choices are read from and written to disk."""
   if _configured.disk_cache is not None:
@@ -158,9 +131,7 @@ def disk_cache() -> bool:
 
 def cache_dir() -> str:
   """The disk cache's directory."""
-  if _configured.cache_dir is not None:
-    return _configured.cache_dir
-  return _path(CACHE_DIR) or os.path.join(
+  return _configured.cache_dir or _path(CACHE_DIR) or os.path.join(
       os.path.expanduser("~"), ".cache", "jt_dist")
 
 
@@ -239,9 +210,6 @@ def cpu_devices(default: int) -> int:
   return _number(CPU_DEVICES, default, int)
 
 
-# Setting them from Python.
-
-
 def _checked_dir(value: Any, where: str) -> str:
   if not isinstance(value, (str, os.PathLike)):
     raise TypeError(
@@ -256,7 +224,7 @@ def _checked_dir(value: Any, where: str) -> str:
   return path
 
 
-def _checked_count(name: str, value: Any, fix: str) -> int:
+def _check_count(name: str, value: Any, fix: str) -> None:
   if not isinstance(value, int) or isinstance(value, bool):
     raise TypeError(
         f"configure_cache: {name}={value!r} of type {type(value).__name__}"
@@ -264,48 +232,43 @@ def _checked_count(name: str, value: Any, fix: str) -> int:
   if value < 1:
     raise ValueError(
         f"configure_cache: {name}={value!r} must be at least 1{fix}")
-  return value
 
 
-def _update(**changes: Any) -> None:
+def _update(trim: bool, /, **changes: Any) -> Configured:
+  """Makes ``changes`` to ``_configured``; returns the one before.
+
+  With ``trim``, the caches then free what a lowered limit no longer allows.
+  """
   global _configured
   with _lock:
-    _configured = dataclasses.replace(_configured, **changes)
+    before = _configured
+    _configured = dataclasses.replace(before, **changes)
+  if trim:
+    for trim_cache in _trims:
+      trim_cache()
+  return before
 
 
 @contextlib.contextmanager
 def restored(*, from_environment: bool = False) -> Iterator[None]:
   """Puts back what the ``configure_*`` functions set, on leaving.
 
-  Args:
-    from_environment: also forget what they set on entering, so that the
-      environment decides until the block sets something.
+  With ``from_environment`` it also forgets it on entering: the environment
+  decides until the block sets something.
   """
-  global _configured
-  with _lock:
-    saved = _configured
-    if from_environment:
-      _configured = Configured()
-  _trim_all()
+  saved = _update(True, **(dataclasses.asdict(Configured())
+                           if from_environment else {}))
   try:
     yield
   finally:
-    with _lock:
-      _configured = saved
-    _trim_all()
-
-
-def _trim_all() -> None:
-  for trim in _trims:
-    trim()
+    _update(True, **dataclasses.asdict(saved))
 
 
 def trim_on_configure(trim: Callable[[], None]) -> None:
   """Has ``configure_cache`` call ``trim`` after it changes a cache limit.
 
-  The caches read their limits here whenever they grow; ``trim`` lets a
-  lowered limit free their extra entries at once, without this module
-  importing them.
+  The caches read their limits whenever they grow; ``trim`` frees their
+  extra entries at once, without this module importing them.
   """
   _trims.append(trim)
 
@@ -332,34 +295,24 @@ def configure_cache(*, disk_cache: bool | None = None,
     ValueError: ``memory_entries`` or ``dispatch_entries`` is below 1, or
       ``cache_dir`` is empty or holds a NUL character.
   """
-  changes: dict[str, Any] = {}
   if dispatch_entries is not None:
-    changes["dispatch_entries"] = _checked_count(
-        "dispatch_entries", dispatch_entries,
-        " (the number of eager call signatures kept in memory).")
+    _check_count("dispatch_entries", dispatch_entries,
+                 " (the number of eager call signatures kept in memory).")
   if memory_entries is not None:
-    changes["memory_entries"] = _checked_count(
-        "memory_entries", memory_entries,
-        "; to stop reusing kernels across processes, pass disk_cache=False.")
-  if disk_cache is not None:
-    if not isinstance(disk_cache, bool):
-      raise TypeError(
-          f"configure_cache: disk_cache={disk_cache!r} of type"
-          f" {type(disk_cache).__name__} must be True or False (a string"
-          " such as 'no' would count as True).")
-    changes["disk_cache"] = disk_cache
+    _check_count("memory_entries", memory_entries, "; to stop reusing kernels"
+                 " across processes, pass disk_cache=False.")
+  if disk_cache is not None and not isinstance(disk_cache, bool):
+    raise TypeError(
+        f"configure_cache: disk_cache={disk_cache!r} of type"
+        f" {type(disk_cache).__name__} must be True or False (a string"
+        " such as 'no' would count as True).")
   if cache_dir is not None:
-    changes["cache_dir"] = _checked_dir(cache_dir, "configure_cache: cache_dir")
-  _update(**changes)
-  if "memory_entries" in changes or "dispatch_entries" in changes:
-    _trim_all()
-
-
-def _checked_choice(name: str, value: Any, choices: tuple[str, ...]) -> str:
-  if value not in choices:
-    raise ValueError(
-        f"jt_dist autotuning: {name}={value!r} is not one of {list(choices)}.")
-  return value
+    cache_dir = _checked_dir(cache_dir, "configure_cache: cache_dir")
+  changes = {"disk_cache": disk_cache, "cache_dir": cache_dir,
+             "memory_entries": memory_entries,
+             "dispatch_entries": dispatch_entries}
+  _update(memory_entries is not None or dispatch_entries is not None,
+          **{k: v for k, v in changes.items() if v is not None})
 
 
 def configure_autotune(*, mode: str | None = None,
@@ -380,15 +333,16 @@ def configure_autotune(*, mode: str | None = None,
   Raises:
     ValueError: an unknown mode or rule, or a timeout that is not positive.
   """
-  changes: dict[str, Any] = {}
-  if mode is not None:
-    changes["autotune_mode"] = _checked_choice("mode", mode, AUTOTUNE_MODES)
-  if cpu_rule is not None:
-    changes["autotune_cpu_rule"] = _checked_choice(
-        "cpu_rule", cpu_rule, AUTOTUNE_CPU_RULES)
+  for name, value, choices in (("mode", mode, AUTOTUNE_MODES),
+                               ("cpu_rule", cpu_rule, AUTOTUNE_CPU_RULES)):
+    if value is not None and value not in choices:
+      raise ValueError(f"jt_dist autotuning: {name}={value!r} is not one of"
+                       f" {list(choices)}.")
   if timeout_s is not None:
     if not float(timeout_s) > 0:
       raise ValueError(
           f"jt_dist autotuning: timeout_s={timeout_s!r} must be positive.")
-    changes["autotune_timeout_s"] = float(timeout_s)
-  _update(**changes)
+    timeout_s = float(timeout_s)
+  changes = {"autotune_mode": mode, "autotune_cpu_rule": cpu_rule,
+             "autotune_timeout_s": timeout_s}
+  _update(False, **{k: v for k, v in changes.items() if v is not None})

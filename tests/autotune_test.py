@@ -21,7 +21,7 @@ import jt_dist  # pylint: disable=g-import-not-at-top,wrong-import-position
 from jt_dist._core import binding as _binding  # pylint: disable=g-import-not-at-top,wrong-import-position
 from jt_dist import _settings  # pylint: disable=g-import-not-at-top,wrong-import-position
 from jt_dist._autotune import store as _store  # pylint: disable=g-import-not-at-top,wrong-import-position
-from jt_dist._autotune import timing as _timing  # pylint: disable=g-import-not-at-top,wrong-import-position
+from jt_dist._autotune import choose as _choose  # pylint: disable=g-import-not-at-top,wrong-import-position
 import numpy as np  # pylint: disable=g-import-not-at-top,wrong-import-position
 from jax.sharding import PartitionSpec as P  # pylint: disable=g-import-not-at-top,wrong-import-position
 
@@ -357,7 +357,7 @@ class AutotuneChoiceTest(testing.TestCase):
       self.skipTest("the CPU rule applies on the CPU only")
     _settings.configure_autotune(cpu_rule="first")
     kernel = _tagged_kernel()
-    with mock.patch.object(_timing, "time_configs",
+    with mock.patch.object(_choose, "time_configs",
                            side_effect=AssertionError("timed")):
       self.assertEqual(self._run(kernel), 1)
     (choice,) = jt_dist.autotune_choices(kernel)
@@ -371,7 +371,7 @@ class AutotuneChoiceTest(testing.TestCase):
     # What a new process sees: nothing in memory, the file on disk.
     _store._memory.clear()
     jax.clear_caches()
-    with mock.patch.object(_timing, "time_configs",
+    with mock.patch.object(_choose, "time_configs",
                            side_effect=AssertionError("timed again")):
       self.assertEqual(self._run(kernel), tag)
     (choice,) = jt_dist.autotune_choices(kernel)
@@ -403,7 +403,7 @@ class AutotuneChoiceTest(testing.TestCase):
       self.enter_context(mock.patch.dict(os.environ, {
           "JT_DIST_AUTOTUNE_PIN": json.dumps({"tag_kernel": {"BLOCK": 32}})}))
     self.addCleanup(jt_dist.pin_autotune_config, kernel, None)
-    with mock.patch.object(_timing, "time_configs",
+    with mock.patch.object(_choose, "time_configs",
                            side_effect=AssertionError("timed")):
       self.assertEqual(self._run(kernel), 2)
     (choice,) = jt_dist.autotune_choices(kernel)
@@ -566,7 +566,7 @@ class AutotuneChoiceTest(testing.TestCase):
   def test_no_config_runs_raises_autotune_error(self):
     kernel = _tagged_kernel()
     failure = ValueError("out of shared memory")
-    with mock.patch.object(_timing, "_compile",
+    with mock.patch.object(_choose, "_compile",
                            return_value=(None, failure)):
       with self.assertRaisesRegex(
           jt_dist.AutotuneError, r"no autotuning config of kernel"

@@ -1,54 +1,60 @@
 """Choosing the one config every shard of an autotuned call runs.
 
-The choice is made when the call is lowered, where its device is known, and
-the call is then lowered with the chosen config alone: no shard times
-anything at run time, and every shard runs the same code. In order:
+The choice is made as the call is lowered, where its device is known, and
+the call is lowered with that config alone, so every shard runs the same
+code. In order: process 0's choice, in every other process of a multi-process
+run (through jax.distributed's key-value store); a pinned config
+(``pin_autotune_config`` over ``JT_DIST_AUTOTUNE_PIN``); a choice made
+earlier, in memory or on disk; timing every config on one local device (on
+the CPU, the first config unless timing is asked for).
 
-1. in a multi-process run, every process but 0 takes process 0's choice,
-   handed over through jax.distributed's key-value store;
-2. a pinned config (``jt_dist.pin_autotune_config``, which wins over
-   ``JT_DIST_AUTOTUNE_PIN``, read at each lookup);
-3. a choice made earlier in this process, or saved on disk by another;
-4. on a GPU, timing every config on one local device (``timing``); on the
-   CPU, the first config (or the interpreter's timing, on request).
+With ``JT_DIST_AUTOTUNE=jaxlib``, or with no local device of the platform
+(cross-lowering), jaxlib times the configs on its first run, per process.
 
-With ``JT_DIST_AUTOTUNE=jaxlib``, or where no device of the platform is
-local (cross-lowering), jaxlib's Triton call times the configs on its first
-run instead, in each process separately.
+Timing happens while a call is lowered, possibly inside the user's
+``jax.jit`` or ``jax.shard_map``, so it runs in a thread of its own, whose
+JAX context is fresh: each config alone, as a one-device ``jax.jit`` of the
+primitive, on inputs of the call's shapes (random normal floats; zero
+integers and bools, which kernels often use as indices). Zeroed and aliased
+outputs are prepared by the call itself; the caller's buffers are untouched.
 """
 
 from __future__ import annotations
 
 import collections
+from concurrent import futures
+import dataclasses
+import functools
 import json
 import logging
+import statistics
 import threading
 import time
-from typing import Any
+from typing import Any, Sequence
 
 import jax
+import jax.numpy as jnp
+import numpy as np
 
 from jt_dist import _compat
 from jt_dist import _errors
 from jt_dist import _settings
 from jt_dist._autotune import store as _store
-from jt_dist._autotune import timing as _timing
 from jt_dist._backend import cache as _cache
 from jt_dist._backend import target as _target
 from jt_dist._core import kernel as _kernel
+from jt_dist._core import primitive as _primitive
 
 logger = logging.getLogger("jt_dist")
 
-_KV_PREFIX = "jt_dist/autotune/"
 _warned_jaxlib_mode = False
-# How many choices this process has sent or received per call: process 0
-# sends its n-th choice for a call under round n, and the others read round
-# n, so a choice made again (after a pin or forget) never meets a stale one.
-_rounds: collections.Counter = collections.Counter()
-_rounds_lock = threading.Lock()
 _OPTION_FIELDS = ("num_warps", "num_stages", "num_ctas", "maxnreg")
+# Process 0 sends its n-th choice for a call under round n, and the others
+# read round n: a choice made again (after a pin or forget) never meets a
+# stale one.
+_rounds: collections.Counter = collections.Counter()
 _pins: dict[str, dict[str, Any]] = {}
-_pins_lock = threading.Lock()
+_lock = threading.Lock()  # For both.
 
 
 def kernel_name(kernel: Any) -> str:
@@ -61,7 +67,7 @@ def kernel_name(kernel: Any) -> str:
 def pin(kernel: Any, fields: dict[str, Any] | None) -> None:
   """Pins (or, with None, unpins) the config of ``kernel`` by its fields."""
   name = kernel_name(kernel)
-  with _pins_lock:
+  with _lock:
     if fields is None:
       _pins.pop(name, None)
     else:
@@ -70,15 +76,13 @@ def pin(kernel: Any, fields: dict[str, Any] | None) -> None:
 
 def config_fields(config) -> dict[str, Any]:
   """A launch config's constexprs and launch options, by name."""
-  fields = dict(config.kwargs)
-  fields.update((option, getattr(config, option)) for option in _OPTION_FIELDS)
-  return fields
+  return dict(config.kwargs, **{o: getattr(config, o) for o in _OPTION_FIELDS})
 
 
 def _kv_key(share_key: str) -> str:
-  with _rounds_lock:
+  with _lock:
     _rounds[share_key] += 1
-    return f"{_KV_PREFIX}{share_key}/{_rounds[share_key]}"
+    return f"jt_dist/autotune/{share_key}/{_rounds[share_key]}"
 
 
 def _local_device(ctx, platform: str):
@@ -129,14 +133,79 @@ def _made(spec, index, source, device_kind, key, timings=None):
       device_kind=device_kind, key=key, timings_s=timings)
 
 
+def single(spec, index: int):
+  """``spec`` with only its launch ``index``: what every shard compiles."""
+  return dataclasses.replace(spec, launches=(spec.launches[index],))
+
+
+def _compile(spec, index: int, inputs) -> tuple[Any, Exception | None]:
+  """The compiled launch ``index`` alone, warmed up; or None and the error."""
+  fn = jax.jit(functools.partial(_primitive.triton_call_p.bind,
+                                 spec=single(spec, index)))
+  try:
+    compiled = fn.lower(*inputs).compile()
+    jax.block_until_ready(compiled(*inputs))  # Loads the kernel; warms up.
+  except Exception as e:  # pylint: disable=broad-except
+    # As Triton's autotuner skips configs that fail to compile or run
+    # (e.g. out of shared memory), so does this one, unless none is left.
+    logger.warning("jt_dist: autotuning drops config %s of kernel %r: %s",
+                   spec.launches[index].config.label, spec.info.name, e)
+    return None, e
+  return compiled, None
+
+
+def _measure(spec, avals, device) -> list[float | None]:
+  rng = np.random.default_rng(0)
+  inputs = [jax.device_put(
+      rng.standard_normal(a.shape).astype(np.dtype(a.dtype))
+      if jnp.issubdtype(a.dtype, jnp.floating)
+      else np.zeros(a.shape, np.dtype(a.dtype)), device) for a in avals]
+  results = [_compile(spec, i, inputs) for i in range(len(spec.launches))]
+  compiled = [c for c, _ in results]
+  if all(c is None for c in compiled):
+    first = results[0][1]
+    raise _errors.AutotuneError(
+        f"triton_call: no autotuning config of kernel {spec.info.name!r}"
+        f" compiled and ran on {device}{_errors.process_note()}. The first"
+        f" config ({spec.launches[0].config.label}) failed with"
+        f" {type(first).__name__}: {first}") from first
+  # Rounds over all configs, and launches per measurement: the interpreter
+  # runs Python per program instance, so the CPU gets fewer.
+  rounds, launches = (3, 1) if device.platform == "cpu" else (7, 10)
+  samples: list[list[float]] = [[] for _ in compiled]
+  for r in range(rounds):
+    # Configs take turns, in an order rotated each round, so that a drift
+    # in clocks or load favours none of them.
+    order = list(range(len(compiled)))
+    for i in order[r % len(order):] + order[:r % len(order)]:
+      if compiled[i] is None:
+        continue
+      start = time.perf_counter()
+      for _ in range(launches):
+        out = compiled[i](*inputs)
+      jax.block_until_ready(out)
+      samples[i].append((time.perf_counter() - start) / launches)
+  return [statistics.median(s) if s else None for s in samples]
+
+
+def time_configs(spec, avals: Sequence[Any], device) -> list[float | None]:
+  """Seconds per launch of each of ``spec``'s configs on ``device``.
+
+  ``avals`` are those of its array operands (shard-local shapes). Each
+  time is a median; None where the config failed to compile or run.
+  """
+  with futures.ThreadPoolExecutor(
+      1, thread_name_prefix="jt_dist-autotune") as pool:
+    return pool.submit(_measure, spec, avals, device).result()
+
+
 def _decide(spec, avals, device, platform, key) -> _store.AutotuneChoice:
   """Times the configs (or applies the CPU rule) on ``device``."""
   kind = device.device_kind
   if platform == "cpu" and _settings.autotune_cpu_rule() == "first":
     return _made(spec, 0, "first config", kind, key)
-  plan = _timing.CPU_PLAN if platform == "cpu" else _timing.GPU_PLAN
   start = time.perf_counter()
-  times = _timing.time_configs(spec, avals, device, plan)
+  times = time_configs(spec, avals, device)
   ran = [(t, i) for i, t in enumerate(times) if t is not None]
   logger.info("jt_dist: timed %d configs of kernel %r on %s in %.2f s.",
               len(ran), spec.info.name, device, time.perf_counter() - start)
@@ -178,34 +247,10 @@ def _receive(spec, share_key: str, kind: str, key: str):
   return _made(spec, index, "process 0", kind, key, sent.get("timings_s"))
 
 
-def _publish(spec, choice, share_key: str) -> None:
-  client = _client(spec)
-  client.key_value_set(_kv_key(share_key), json.dumps(
-      {"config": choice.config, "timings_s": choice.timings_s}),
-                       allow_overwrite=True)
-
-
-def _log(choice, device) -> None:
-  timings = ""
-  if choice.timings_s:
-    timings = "; ms per launch: " + ", ".join(
-        f"[{i}] {'failed' if t is None else f'{t * 1e3:.4g}'}"
-        for i, t in enumerate(choice.timings_s.values()))
-  logger.info(
-      "jt_dist: autotuning choice for kernel %r on %s%s: [%d] %s (%s, of %d"
-      " configs%s).", choice.kernel, device, _errors.process_note(),
-      choice.index, choice.config, choice.source, len(choice.candidates),
-      timings)
-
-
 def _pinned(spec, kind, key):
-  """The first candidate whose fields include the pinned ones, or None.
-
-  Raises:
-    ValueError: no candidate matches; the message lists every candidate.
-  """
+  """The first candidate whose fields include the pinned ones, or None."""
   name = spec.info.name
-  with _pins_lock:
+  with _lock:
     fields = _pins.get(name)
   if fields is None:
     fields = _settings.autotune_pins().get(name)
@@ -244,7 +289,9 @@ def _choose(spec, avals, device, platform) -> _store.AutotuneChoice:
       if choice.source == "timed":
         _store.save(choice)
   if multi and _store.recalled(key) != choice:
-    _publish(spec, choice, share_key)
+    _client(spec).key_value_set(_kv_key(share_key), json.dumps(
+        {"config": choice.config, "timings_s": choice.timings_s}),
+                                allow_overwrite=True)
   return choice
 
 
@@ -268,9 +315,7 @@ def _leave_to_jaxlib(spec, platform: str, asked: bool) -> None:
 def for_lowering(ctx, spec, platform: str):
   """The ``CallSpec`` to lower on ``platform`` ("cpu", "cuda" or "rocm").
 
-  Returns:
-    ``spec`` with one launch where a choice was made; ``spec`` itself for
-    a kernel with one config, or when jaxlib is to time the configs.
+  It is the chosen launch alone, or ``spec`` where jaxlib times the configs.
   """
   if len(spec.launches) == 1:
     return spec
@@ -281,12 +326,20 @@ def for_lowering(ctx, spec, platform: str):
     # pinned config too.
     pinned = _pinned(spec, "unknown", "")
     if pinned is not None:
-      return _timing.single(spec, pinned.index)
+      return single(spec, pinned.index)
     _leave_to_jaxlib(spec, platform, jaxlib)
     return spec
-  avals = list(ctx.avals_in)
-  choice = _choose(spec, avals, device, platform)
+  choice = _choose(spec, list(ctx.avals_in), device, platform)
   if _store.recalled(choice.key) != choice:
     _store.remember(choice)
-    _log(choice, device)
-  return _timing.single(spec, choice.index)
+    timings = ""
+    if choice.timings_s:
+      timings = "; ms per launch: " + ", ".join(
+          f"[{i}] {'failed' if t is None else f'{t * 1e3:.4g}'}"
+          for i, t in enumerate(choice.timings_s.values()))
+    logger.info(
+        "jt_dist: autotuning choice for kernel %r on %s%s: [%d] %s (%s, of"
+        " %d configs%s).", choice.kernel, device, _errors.process_note(),
+        choice.index, choice.config, choice.source, len(choice.candidates),
+        timings)
+  return single(spec, choice.index)

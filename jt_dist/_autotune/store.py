@@ -112,7 +112,7 @@ def load(key: str, candidates: tuple[str, ...]) -> AutotuneChoice | None:
       document = json.loads(f.read().decode("utf-8"))
   except FileNotFoundError:
     return None
-  except (OSError, UnicodeDecodeError, ValueError) as e:
+  except (OSError, ValueError) as e:  # UnicodeDecodeError is a ValueError.
     _discard(path, f"unreadable: {e}")
     return None
   problem = _problem(document, key)
@@ -124,9 +124,9 @@ def load(key: str, candidates: tuple[str, ...]) -> AutotuneChoice | None:
   if problem:
     _discard(path, problem)
     return None
-  document.pop("format")
-  document["candidates"] = tuple(document["candidates"])
-  return AutotuneChoice(**{**document, "source": "disk"})
+  del document["format"]
+  return AutotuneChoice(**{**document, "candidates": candidates,
+                           "source": "disk"})
 
 
 def _problem(document: Any, key: str) -> str:
@@ -173,10 +173,17 @@ def forget(name: str | None) -> int:
   left_alone = []
   for file in files:
     path = os.path.join(folder, file)
-    kernel, problem = _own_choice_kernel(path, file)
+    try:
+      with open(path, "rb") as f:
+        document = json.loads(f.read().decode("utf-8"))
+      problem = _problem(document, file[:-len(".json")])
+    except ValueError:  # UnicodeDecodeError is one too.
+      problem = "not valid JSON"
+    except OSError as e:
+      problem = f"unreadable: {e.strerror}"
     if problem:
       left_alone.append(f"{file} ({problem})")
-    elif name in (None, kernel):
+    elif name in (None, document["kernel"]):
       try:
         os.remove(path)
         count += 1
@@ -191,16 +198,3 @@ def forget(name: str | None) -> int:
         "" if len(left_alone) == 1 else "s", folder,
         ", ".join(left_alone[:_LISTED]), f" and {more} more" * (more > 0))
   return count
-
-
-def _own_choice_kernel(path: str, file: str) -> tuple[str, str]:
-  """``(kernel, "")`` for a choice jt_dist wrote, else ``("", why not)``."""
-  try:
-    with open(path, "rb") as f:
-      document = json.loads(f.read().decode("utf-8"))
-  except (UnicodeDecodeError, ValueError):
-    return "", "not valid JSON"
-  except OSError as e:
-    return "", f"unreadable: {e.strerror}"
-  problem = _problem(document, file[:-len(".json")])
-  return ("", problem) if problem else (document["kernel"], "")

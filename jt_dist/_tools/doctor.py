@@ -1,11 +1,7 @@
 """``python -m jt_dist [doctor]``: can this machine run Triton kernels?
 
-Prints the versions that matter (jax, jaxlib, Triton, the GPU plugin, the
-driver), every local device with its compute capability (its gfx arch on
-ROCm), compiles and runs a small kernel on each device (checked against
-NumPy, one launch timed), shows the disk cache, whether CUBINs are loaded
-and how ROCm kernels reach jaxlib, and ends with one line
-per problem saying how to fix it. Exits 0 only when there is none.
+Prints the versions, the devices, a checked test kernel on each, the disk
+cache and how kernels' binaries reach jaxlib, then each problem with its fix.
 """
 
 from __future__ import annotations
@@ -20,7 +16,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Any, TextIO
+from typing import Any, NamedTuple, TextIO
 
 import jax
 import numpy as np
@@ -38,10 +34,7 @@ _CHECK_ELEMENTS = 4099  # Not a multiple of the block: the mask is exercised.
 _CHECK_BLOCK = 256
 
 
-@dataclasses.dataclass(frozen=True)
-class Problem:
-  """Something that does not work, and how to fix it."""
-
+class Problem(NamedTuple):
   what: str
   fix: str
 
@@ -72,18 +65,8 @@ def _doctor_add_kernel(x_ptr, y_ptr, n, out_ptr, BLOCK: tl.constexpr):
   tl.store(out_ptr + offsets, x + y, mask=mask)
 
 
-def _gpu_plugins() -> list[str]:
-  """Installed JAX GPU plugins, as "name version"."""
-  found = set()
-  for dist in importlib.metadata.distributions():
-    name = (dist.metadata["Name"] or "").lower().replace("_", "-")
-    if name.startswith(_PLUGIN_PREFIXES):
-      found.add(f"{name} {dist.version}")
-  return sorted(found)
-
-
 def _driver_version() -> str:
-  """The NVIDIA driver's version from nvidia-smi, if there is one."""
+  """The NVIDIA driver's version from nvidia-smi; "-" without one."""
   smi = shutil.which("nvidia-smi")
   if smi is None:
     return "-"
@@ -97,10 +80,7 @@ def _driver_version() -> str:
 
 
 def versions(report: Report) -> str:
-  """The versions section; returns the NVIDIA driver's version ("-": none).
-
-  An untested Triton is noted, not a problem.
-  """
+  """The versions section; returns the NVIDIA driver's version."""
   from jt_dist import __version__  # pylint: disable=g-import-not-at-top
 
   report.section("versions")
@@ -114,7 +94,12 @@ def versions(report: Report) -> str:
   note = "" if _TESTED_TRITON[0] <= minor <= _TESTED_TRITON[1] else (
       f" (jt_dist is tested with Triton {tested})")
   report.line("triton", triton.__version__ + note)
-  report.line("gpu plugins", ", ".join(_gpu_plugins()) or "none")
+  plugins = set()
+  for dist in importlib.metadata.distributions():
+    name = (dist.metadata["Name"] or "").lower().replace("_", "-")
+    if name.startswith(_PLUGIN_PREFIXES):
+      plugins.add(f"{name} {dist.version}")
+  report.line("gpu plugins", ", ".join(sorted(plugins)) or "none")
   driver = _driver_version()
   report.line("driver", driver)
   return driver
@@ -124,13 +109,9 @@ def _capability(device: Any) -> str:
   return str(getattr(device, "compute_capability", None) or "-")
 
 
-def _is_rocm(device: Any) -> bool:
-  return getattr(device, "platform", None) == "rocm"
-
-
 def _target_text(device: Any) -> str:
   """ "compute capability 9.0" on CUDA, "arch gfx942" on ROCm."""
-  if not _is_rocm(device):
+  if device.platform != "rocm":
     return f"compute capability {_capability(device)}"
   try:
     arch = _target.rocm_arch(device)
@@ -144,25 +125,8 @@ def _has_driver(driver: str) -> bool:
   return driver != "-" and not driver.startswith("unknown")
 
 
-def _unseen_gpus(report: Report, driver: str) -> None:
-  """A problem if the NVIDIA driver has GPUs and JAX fell back to the CPU."""
-  if not _has_driver(driver):
-    return
-  try:
-    jax.devices("cuda")
-    why = "JAX's default backend is the CPU"
-  except RuntimeError as e:
-    why = " ".join(str(e).split())[:300]
-  report.problem(
-      f"nvidia-smi reports a driver ({driver}), but JAX runs on the CPU:"
-      f" {why}",
-      "install JAX's CUDA plugin at jaxlib's version (pip install -U"
-      " 'jax[cuda12]' or 'jax[cuda13]' to match the driver), and unset"
-      " JAX_PLATFORMS / CUDA_VISIBLE_DEVICES if they hide the GPUs")
-
-
 def devices(report: Report, driver: str = "-") -> list[Any]:
-  """The devices section: every local device, with its capability."""
+  """The devices section; a problem if the driver has GPUs JAX cannot see."""
   found = jax.local_devices()
   backend = jax.default_backend()
   report.section(f"devices ({len(found)}, default backend {backend})")
@@ -170,31 +134,38 @@ def devices(report: Report, driver: str = "-") -> list[Any]:
     report.line(f"{device.platform}:{device.id}",
                 f"{device.device_kind}; {_target_text(device)}; runtime"
                 f" {_compat.platform_version(device)}")
-  if backend == "cpu":
-    report.line("note", "no GPU: kernels run through Triton's interpreter")
-    _unseen_gpus(report, driver)
+  if backend != "cpu":
+    return found
+  report.line("note", "no GPU: kernels run through Triton's interpreter")
+  if _has_driver(driver):
+    try:
+      jax.devices("cuda")
+      why = "JAX's default backend is the CPU"
+    except RuntimeError as e:
+      why = " ".join(str(e).split())[:300]
+    report.problem(
+        f"nvidia-smi reports a driver ({driver}), but JAX runs on the CPU:"
+        f" {why}",
+        "install JAX's CUDA plugin at jaxlib's version (pip install -U"
+        " 'jax[cuda12]' or 'jax[cuda13]' to match the driver), and unset"
+        " JAX_PLATFORMS / CUDA_VISIBLE_DEVICES if they hide the GPUs")
   return found
 
 
 def check_kernel(device: Any) -> tuple[float, float]:
-  """Compiles and runs a small add on ``device``, checked against NumPy.
-
-  Returns the seconds of the first call (compiling included) and of one
-  more launch; raises ``AssertionError`` where the result differs.
-  """
+  """Seconds of a checked add's first call on ``device`` and of one more."""
   from jt_dist._call.api import triton_call  # pylint: disable=g-import-not-at-top
 
-  rng = np.random.default_rng()
-  x = rng.standard_normal(_CHECK_ELEMENTS, dtype=np.float32)
-  y = rng.standard_normal(_CHECK_ELEMENTS, dtype=np.float32)
+  x, y = np.random.default_rng().standard_normal((2, _CHECK_ELEMENTS),
+                                                 dtype=np.float32)
 
-  def add(a, b):
+  @jax.jit
+  def fn(a, b):
     return triton_call(
         a, b, a.size, kernel=_doctor_add_kernel,
         out_shape=jax.ShapeDtypeStruct(a.shape, a.dtype),
         grid=(triton.cdiv(a.size, _CHECK_BLOCK),), BLOCK=_CHECK_BLOCK)
 
-  fn = jax.jit(add)
   a, b = jax.device_put(x, device), jax.device_put(y, device)
   start = time.perf_counter()
   out = np.asarray(jax.block_until_ready(fn(a, b)))
@@ -238,7 +209,7 @@ def _kernel_fix(device: Any) -> str:
   if device.platform == "cpu":
     return ("reinstall Triton (pip install 'triton>=3.6'); its interpreter"
             " runs kernels on the CPU")
-  if _is_rocm(device):
+  if device.platform == "rocm":
     return ("make JAX's ROCm plugin match jaxlib (jax-rocm7-plugin and"
             " jax-rocm7-pjrt at jaxlib's version), check the GPU with"
             " rocm-smi, and rerun with"
@@ -250,7 +221,7 @@ def _kernel_fix(device: Any) -> str:
 
 
 def _cache_size(root: str) -> tuple[int, int]:
-  """(entries, bytes) of the disk cache under ``root``."""
+  """(entries, bytes)."""
   entries = total = 0
   for folder, _, files in os.walk(root):
     for name in files:
@@ -341,7 +312,7 @@ def cubin_path(report: Report, found: list[Any]) -> None:
 
 def hsaco_path(report: Report, found: list[Any]) -> None:
   """On ROCm: the plugin, and how jaxlib gets each kernel's HSACO."""
-  if not any(_is_rocm(d) for d in found):
+  if not any(d.platform == "rocm" for d in found):
     report.line("HSACO path", "n/a (no ROCm device)")
     return
   if not _has_custom_call(report, "rocm", "HSACO path",
@@ -362,18 +333,8 @@ def hsaco_path(report: Report, found: list[Any]) -> None:
                 f" {_compat.jaxlib_version()})")
 
 
-def _summary(report: Report) -> int:
-  report.section("problems")
-  if not report.problems:
-    print("  none: jt_dist works on this machine.", file=report.out)
-  for problem in report.problems:
-    print(f"  PROBLEM: {problem.what}\n    FIX: {problem.fix}",
-          file=report.out)
-  return 1 if report.problems else 0
-
-
 def main(argv: list[str] | None = None, out: TextIO | None = None) -> int:
-  """Runs the doctor; returns the exit status (0: everything works)."""
+  """Runs the doctor; returns the exit status."""
   parser = argparse.ArgumentParser(
       prog="python -m jt_dist",
       description="Checks that jt_dist can run Triton kernels here: versions,"
@@ -396,4 +357,10 @@ def main(argv: list[str] | None = None, out: TextIO | None = None) -> int:
   disk_cache(report)
   cubin_path(report, found)
   hsaco_path(report, found)
-  return _summary(report)
+  report.section("problems")
+  if not report.problems:
+    print("  none: jt_dist works on this machine.", file=report.out)
+  for problem in report.problems:
+    print(f"  PROBLEM: {problem.what}\n    FIX: {problem.fix}",
+          file=report.out)
+  return 1 if report.problems else 0

@@ -1,11 +1,7 @@
 """``jax.export`` of functions that call Triton kernels: the public side.
 
-jaxlib's Triton custom calls carry compiled GPU code whose format has no
-compatibility guarantee across jaxlib releases, so ``jax.export`` refuses
-them unless told otherwise: ``export_safety_checks()`` says so for jt_dist's
-targets. ``export_options`` names the GPU to compile for and the kind of
-code to carry; ``exported_versions`` and ``check_exported`` read back what
-an artifact was made with, and whether it can run here.
+Setting up an export (safety checks, target GPU) and reading an artifact back
+(what its kernels were made with, whether they can run here).
 """
 
 from __future__ import annotations
@@ -124,27 +120,26 @@ class ExportedKernelCall:
   triton: str
 
 
-def walk_operations(operation):
+def _walk(operation):
   """Yields ``operation`` and every operation nested in its regions."""
   yield operation
   for region in operation.regions:
     for block in region.blocks:
       for op in block.operations:
-        yield from walk_operations(op.operation)
+        yield from _walk(op.operation)
 
 
-def _recorded(op) -> dict[str, str] | None:
-  """The jt_dist frontend attributes of a custom call, or None."""
+def _as_call(op) -> ExportedKernelCall | None:
+  """What jt_dist recorded in a custom call's frontend attributes, or None."""
   if _gpu_export.FRONTEND_ATTRIBUTES not in op.attributes:
     return None
   attrs = mlir.ir.DictAttr(op.attributes[_gpu_export.FRONTEND_ATTRIBUTES])
   prefix = _gpu_export.ATTRIBUTE_PREFIX
   named = (attrs[i] for i in range(len(attrs)))
-  return {a.name[len(prefix):]: mlir.ir.StringAttr(a.attr).value
-          for a in named if a.name.startswith(prefix)} or None
-
-
-def _as_call(recorded: dict[str, str]) -> ExportedKernelCall:
+  recorded = {a.name[len(prefix):]: mlir.ir.StringAttr(a.attr).value
+              for a in named if a.name.startswith(prefix)}
+  if not recorded:
+    return None
   fields = {f.name: recorded[f.name]
             for f in dataclasses.fields(ExportedKernelCall)}
   gpu = fields["compute_capability"]  # "90", or "gfx942".
@@ -176,24 +171,23 @@ def exported_versions(exported: Any) -> list[ExportedKernelCall]:
   with mlir.make_ir_context() as context:
     module = mlir.ir.Module.parse(exported.mlir_module(), context=context)
     calls = []
-    for op in walk_operations(module.operation):
+    for op in _walk(module.operation):
       if op.name != "stablehlo.custom_call":
         continue
       name = mlir.ir.StringAttr(op.attributes["call_target_name"]).value
       if name not in _TARGETS:
         continue
-      recorded = _recorded(op)
-      if recorded is None:
+      call = _as_call(op)
+      if call is None:
         raise ExportError(
             f"exported_versions: the module has a {name!r} custom call that"
             " records no versions: it was not exported by this jt_dist."
             " Export it again with jt_dist to record them.")
-      calls.append(_as_call(recorded))
+      calls.append(call)
   return calls
 
 
 def _runs_on(call: ExportedKernelCall, capability: int) -> bool:
-  """Whether ``call``'s code runs on a GPU of ``capability``."""
   made_for = call.compute_capability
   if call.binary == "cubin" or made_for >= 90:
     # A CUBIN is machine code for one architecture; Triton compiles for

@@ -23,10 +23,8 @@ import jax
 
 from jt_dist import _settings
 
-_DEFAULT_CPU_DEVICES = 8
 
-
-def configure_cpu_devices(count: int = _DEFAULT_CPU_DEVICES) -> None:
+def configure_cpu_devices(count: int = 8) -> None:
   """Asks JAX for ``count`` virtual CPU devices.
 
   Must run before JAX initialises its backends (before the first array is
@@ -136,7 +134,6 @@ def initialize_process() -> tuple[int, int]:
 
 
 def _report_uncaught_exceptions(path: str) -> None:
-  """Writes an uncaught exception's traceback to ``path`` for the parent."""
   previous = sys.excepthook
 
   def hook(kind, value, tb):
@@ -155,13 +152,10 @@ def _report_uncaught_exceptions(path: str) -> None:
 
 def _process_env(base, port, process_id, num_processes, cpu_devices,
                  gpus_per_process):
-  env = dict(os.environ if base is None else base)
-  env.update({
-      _ENV_COORDINATOR: f"localhost:{port}",
-      _ENV_NUM_PROCESSES: str(num_processes),
-      _ENV_PROCESS_ID: str(process_id),
-      "PYTHONUNBUFFERED": "1",
-  })
+  env = {**(os.environ if base is None else base),
+         _ENV_COORDINATOR: f"localhost:{port}",
+         _ENV_NUM_PROCESSES: str(num_processes),
+         _ENV_PROCESS_ID: str(process_id), "PYTHONUNBUFFERED": "1"}
   # The children import the jt_dist this process runs, not another copy
   # installed elsewhere.
   root = os.path.abspath(os.path.join(__file__, "..", "..", ".."))
@@ -179,27 +173,12 @@ def _process_env(base, port, process_id, num_processes, cpu_devices,
   return env
 
 
-def _report(outputs: Sequence[ProcessOutput], headline: str,
-            failed: Sequence[int] = ()) -> str:
-  parts = [headline]
-  for out in outputs:
-    status = ("killed by run_processes" if out.returncode is None
-              else f"exit status {out.returncode}")
-    if out.returncode is None and out.process_id in failed:
-      status = "raised, then killed by run_processes"
-    parts.append(
-        f"----- process {out.process_id} ({status}) stdout -----\n"
-        f"{out.stdout[-6000:]}\n"
-        f"----- process {out.process_id} stderr -----\n{out.stderr[-6000:]}")
-  return "\n".join(parts)
-
-
 def _wait(procs, markers, deadline: float,
-          grace_s: float) -> tuple[set[int], str, list[int]]:
-  """Waits for every process; returns ``(killed, why, failed)``.
+          grace_s: float) -> tuple[set[int], bool, list[int]]:
+  """Returns ``(killed, timed_out, failed)``.
 
-  ``why`` is "timeout", "failure" or ""; ``failed``, the processes with an
-  error status or a traceback in their marker, is in the order seen.
+  ``failed``: the processes with an error status or a traceback in their
+  marker, in the order seen.
   """
   failed: list[int] = []
   failed_at = None
@@ -208,7 +187,7 @@ def _wait(procs, markers, deadline: float,
     failed += [i for i, c in enumerate(codes) if i not in failed and (
         c not in (None, 0) or os.path.exists(markers[i]))]
     if None not in codes:
-      return set(), "", failed
+      return set(), False, failed
     now = time.monotonic()
     if failed_at is None and failed:
       failed_at = now
@@ -218,7 +197,7 @@ def _wait(procs, markers, deadline: float,
       for i in killed:
         os.killpg(procs[i].pid, signal.SIGKILL)  # Its own session: Popen.
         procs[i].wait()
-      return killed, "timeout" if timed_out else "failure", failed
+      return killed, timed_out, failed
     time.sleep(0.05)
 
 
@@ -236,29 +215,28 @@ def _traceback(marker: str, stderr: str) -> str:
     return stderr[start:] if start >= 0 else ""
 
 
-def _run_once(argv, num_processes, env_for, timeout_s, grace_s, cwd, popen):
-  """Runs the group once: outputs, why it was killed, failed, tracebacks."""
+def _run_once(argv, envs, timeout_s, grace_s, cwd, popen):
+  """Runs the group once: outputs, timed_out, failed, first traceback."""
   with tempfile.TemporaryDirectory(prefix="jt_dist_procs_") as logs:
     procs = []
-    markers = [os.path.join(logs, f"{i}.traceback")
-               for i in range(num_processes)]
-    for i in range(num_processes):
+    markers = [os.path.join(logs, f"{i}.traceback") for i in range(len(envs))]
+    for i, env in enumerate(envs):
       with open(os.path.join(logs, f"{i}.out"), "w") as out, \
           open(os.path.join(logs, f"{i}.err"), "w") as err:
         # A session of its own, so that a hung process and anything it
         # started can be killed together by its process group id.
         procs.append(popen(
-            list(argv), env={**env_for(i), _ENV_FAILURE_FILE: markers[i]},
+            list(argv), env={**env, _ENV_FAILURE_FILE: markers[i]},
             cwd=cwd, stdout=out, stderr=err, start_new_session=True))
-    killed, why, failed = _wait(procs, markers, time.monotonic() + timeout_s,
+    killed, timed_out, failed = _wait(procs, markers, time.monotonic() + timeout_s,
                                 grace_s)
     outputs = [ProcessOutput(i, None if i in killed else p.returncode,
                              *(_read(os.path.join(logs, f"{i}.{s}"))
                                for s in ("out", "err")))
                for i, p in enumerate(procs)]
-    tracebacks = {i: _traceback(markers[i], outputs[i].stderr)
-                  for i in failed}
-  return outputs, why, failed, tracebacks
+    first = _traceback(markers[failed[0]],
+                       outputs[failed[0]].stderr) if failed else ""
+  return outputs, timed_out, failed, first
 
 
 def run_processes(argv: Sequence[str], *, num_processes: int = 2,
@@ -312,51 +290,58 @@ def run_processes(argv: Sequence[str], *, num_processes: int = 2,
   num_processes = _checked_count(num_processes)
   for _ in range(3):
     port = free_port()
-    outputs, why, failed, tracebacks = _run_once(
-        argv, num_processes,
-        lambda i, port=port: _process_env(env, port, i, num_processes,
-                                          cpu_devices_per_process,
-                                          gpus_per_process),
-        timeout_s, grace_s, cwd, popen)
+    envs = [_process_env(env, port, i, num_processes, cpu_devices_per_process,
+                         gpus_per_process) for i in range(num_processes)]
+    outputs, timed_out, failed, first_traceback = _run_once(
+        argv, envs, timeout_s, grace_s, cwd, popen)
     # The port was free when chosen but another program may take it
     # before the coordinator binds it: then try another one.
     if not any(m in o.stderr for o in outputs for m in _PORT_IN_USE):
       break
-  _raise_if_failed(argv, num_processes, outputs, why, failed, tracebacks,
-                   timeout_s, grace_s)
+  _raise_if_failed(argv, num_processes, outputs, timed_out, failed,
+                   first_traceback, timeout_s, grace_s)
   return outputs
 
 
-def _raise_if_failed(argv, num_processes, outputs, why, failed, tracebacks,
-                     timeout_s, grace_s) -> None:
+def _raise_if_failed(argv, num_processes, outputs, timed_out, failed,
+                     first_traceback, timeout_s, grace_s) -> None:
   """Raises ``MultiProcessError`` for a failed or timed-out group."""
   if failed:
     first = failed[0]
+    late = (f" The group also ran past timeout_s={timeout_s:g}."
+            if timed_out else "")
+    text = first_traceback or "(none printed)"
     headline = (
         f"run_processes: {argv} failed in process(es) {sorted(failed)} of"
         f" {num_processes}; process {first} failed first, and any process"
-        f" still running {grace_s:g} s later was killed.")
-    if why == "timeout":
-      headline += f" The group also ran past timeout_s={timeout_s:g}."
-    text = tracebacks.get(first) or "(none printed)"
-    headline += f"\n----- process {first} traceback -----\n{text[-6000:]}"
-    raise MultiProcessError(_report(outputs, headline, failed))
-  if why == "timeout":
-    raise MultiProcessError(_report(outputs, (
+        f" still running {grace_s:g} s later was killed.{late}\n"
+        f"----- process {first} traceback -----\n{text[-6000:]}")
+  elif timed_out:
+    headline = (
         f"run_processes: {argv} in {num_processes} processes did not finish"
-        f" within {timeout_s:g} s; the processes still running were"
-        " killed.")))
+        f" within {timeout_s:g} s; the processes still running were killed.")
+  else:
+    return
+  parts = [headline]
+  for out in outputs:
+    status = ("killed by run_processes" if out.returncode is None
+              else f"exit status {out.returncode}")
+    if out.returncode is None and out.process_id in failed:
+      status = "raised, then killed by run_processes"
+    parts.append(
+        f"----- process {out.process_id} ({status}) stdout -----\n"
+        f"{out.stdout[-6000:]}\n"
+        f"----- process {out.process_id} stderr -----\n{out.stderr[-6000:]}")
+  raise MultiProcessError("\n".join(parts))
 
 
 def _checked_count(num_processes: Any) -> int:
-  try:
-    if isinstance(num_processes, bool):
-      raise TypeError
-    count = operator.index(num_processes)
-  except TypeError:
+  if isinstance(num_processes, bool) or not hasattr(type(num_processes),
+                                                    "__index__"):
     raise TypeError(
         f"run_processes: num_processes={num_processes!r} of type"
-        f" {type(num_processes).__name__} must be an int, e.g. 2.") from None
+        f" {type(num_processes).__name__} must be an int, e.g. 2.")
+  count = operator.index(num_processes)
   if count < 1:
     raise ValueError(
         f"run_processes: num_processes={count} must be at least 1; with"

@@ -39,16 +39,11 @@ SAFETY_CHECKS_NOTE = (
 
 @dataclasses.dataclass(frozen=True)
 class ExportSettings:
-  """How calls lowered by ``jax.export`` are compiled.
+  """How calls lowered by ``jax.export`` are compiled (``export_options``)."""
 
-  Attributes:
-    compute_capability: the GPU for calls that name none: a CUDA
-      capability (90) or a ROCm arch ("gfx942").
-    cubin: whether to put each kernel's CUBIN into the call besides its PTX.
-  """
-
+  # The GPU of calls that name none: 90 (CUDA) or "gfx942" (ROCm).
   compute_capability: int | str | None = None
-  cubin: bool = False
+  cubin: bool = False  # A CUBIN in the call besides the PTX.
 
 
 # Created on first use, not at import: it registers state with JAX.
@@ -82,26 +77,8 @@ def scoped(settings: ExportSettings):
     yield settings
 
 
-def is_export(ctx) -> bool:
-  """Whether ``ctx`` is the lowering context of a ``jax.export``."""
-  return _compat.lowering_for_export(ctx)
-
-
 def export_capability(spec, platform: str) -> int | str:
-  """The GPU an exported call is compiled for.
-
-  Args:
-    spec: the call's ``CallSpec``.
-    platform: "cuda" or "rocm".
-
-  Returns:
-    The call's own ``compute_capability``, else the export settings' one:
-    e.g. 90 on CUDA, "gfx942" on ROCm.
-
-  Raises:
-    ExportError: neither names a GPU.
-    NotImplementedError: the platform is ROCm and jaxlib predates 0.11.1.
-  """
+  """The call's own ``compute_capability``, else the export settings' one."""
   if platform != "cuda" and not _compat.jaxlib_takes_module_image():
     # Such a jaxlib's ROCm call names the HSACO by a file path on the
     # lowering host, so the serialised module would point at a file that
@@ -146,12 +123,21 @@ def wants_cubin(target_name: str, ffi_target: str) -> bool:
   return True
 
 
-def versions(target, target_name: str, kernels: Sequence[Any],
-             binary: str) -> dict[str, str]:
-  """What an exported call records: versions, target GPU, binary kind."""
+def record(results: Sequence[Any], target, target_name: str,
+           kernels: Sequence[Any], binary: str) -> None:
+  """Records the versions, target GPU and binary kind on the custom call.
+
+  They go in as frontend attributes, with ``SAFETY_CHECKS_NOTE``, which
+  JAX's refusal of the call (exported without ``disabled_checks``) prints
+  near its start. ``results`` are the custom call's results; a call
+  without results (all outputs empty) has nothing to run and records
+  nothing.
+  """
   from jt_dist import __version__  # pylint: disable=g-import-not-at-top
 
-  return {
+  if not results:
+    return
+  recorded = {
       "jt_dist": __version__,
       "jax": jax.__version__,
       "jaxlib": _compat.jaxlib_version(),
@@ -162,18 +148,6 @@ def versions(target, target_name: str, kernels: Sequence[Any],
       "target": target_name,
       "kernels": ",".join(k.name for k in kernels),
   }
-
-
-def record(results: Sequence[Any], recorded: dict[str, str]) -> None:
-  """Writes ``recorded`` as frontend attributes of the call's custom call.
-
-  With them goes ``SAFETY_CHECKS_NOTE``, which JAX's refusal of the call
-  (exported without ``disabled_checks``) prints near its start.
-  ``results`` are the custom call's results; a call without results (all
-  outputs empty) has nothing to run and records nothing.
-  """
-  if not results:
-    return
   op = results[0].owner
   op = getattr(op, "operation", op)
   attributes = {}

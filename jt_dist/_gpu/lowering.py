@@ -1,19 +1,13 @@
 """The primitive's CUDA and ROCm lowering: jaxlib's Triton custom call.
 
-Each launch of the call is compiled (through the caches) and described to
-jaxlib as a ``TritonKernelCall``. An autotuned call usually arrives here
-with the one config ``jt_dist._autotune`` chose; only in jaxlib's mode (or
-when cross-lowering without a pin) do its launches go into one
-``TritonAutotunedKernelCall``, which times them on the first run, in each
-process, and keeps the fastest. The call is serialised to jaxlib's proto, compressed, and
-emitted as a custom call: the FFI target where the plugin registers it (it
-works inside CUDA graphs), the legacy target otherwise or on request. On
-the FFI target with jaxlib 0.11.1 or later, each kernel's CUBIN goes into
-the call too, so that jaxlib loads it instead of assembling the PTX. On
-ROCm with jaxlib 0.11.1 or later the HSACO goes in on either target,
-where older jaxlibs read it from a file (``rocm_binary_inline``).
-Under ``jax.export`` (``export.py``) the GPU is named explicitly, CUBINs go
-in only on request, and the versions are recorded on the custom call.
+Each launch is compiled (through the caches) and described to jaxlib as a
+``TritonKernelCall``. The launches of a call still autotuned here (jaxlib's
+mode, or cross-lowering without a pin) go into one
+``TritonAutotunedKernelCall``, which times them on the first run in each
+process. The call is serialised to jaxlib's proto, compressed, and emitted
+on the target ``custom_call_target`` picks. Where jaxlib (0.11.1 or later)
+loads machine code as is, the CUBIN (FFI target) or the HSACO (ROCm) goes
+into the call too. ``export.py`` says what ``jax.export`` changes.
 """
 
 from __future__ import annotations
@@ -60,19 +54,15 @@ class ProtoChoices:
   The defaults follow benchmarks/dispatch_profile.py on 2x H200: each
   launch's host time grows with the serialised call's size, by 0.04-0.17 µs
   per KiB on either target, so bytes that jaxlib never reads are left out.
-
-  Attributes:
-    module_images: each kernel's CUBIN, where jaxlib reads it and the
-      target is the FFI one (on the legacy target it would be hashed on
-      every launch).
-    ttir: each kernel's TTIR, which jaxlib keeps but never reads; it is in
-      ``JT_DIST_DUMP_DIR`` and ``debug=True``'s output.
-    padding_bytes: random bytes in a field jaxlib ignores, for measuring
-      what each serialised byte costs per launch.
   """
 
+  # Each kernel's CUBIN, on the FFI target only (the legacy one would hash
+  # it on every launch).
   module_images: bool = True
+  # Each kernel's TTIR, which jaxlib keeps but never reads; it is in
+  # JT_DIST_DUMP_DIR and debug=True's output.
   ttir: bool = False
+  # Random bytes in a field jaxlib ignores, to price each serialised byte.
   padding_bytes: int = 0
 
 
@@ -88,11 +78,7 @@ proto_choices = ProtoChoices()
 
 
 def plugin(platform: str):
-  """jaxlib's Triton bindings for ``platform``.
-
-  Raises:
-    RuntimeError: the platform's JAX GPU plugin is not installed.
-  """
+  """jaxlib's Triton bindings for ``platform``; RuntimeError without them."""
   module = _compat.gpu_triton_module()
   found = None if module is None else getattr(
       module, _PLUGIN_ATTRIBUTE[platform], None)
@@ -143,12 +129,6 @@ def _binary_argument(compiled: _compile.CompiledKernel, platform: str) -> str:
     with open(path, "wb") as f:
       f.write(compiled.binary)
   return path
-
-
-def _module_image(compiled: _compile.CompiledKernel, platform: str):
-  """The machine code jaxlib loads as is: the CUBIN, or the HSACO."""
-  code = compiled.binary if platform == "rocm" else compiled.object_file
-  return _proto_wire.ModuleImage(compiled.name, compiled.shared_mem, code)
 
 
 def _nbytes(shape, dtype) -> int:
@@ -225,12 +205,7 @@ def _kernel_call(lib, spec, launch, target, object_file):
 
 
 def _check_descriptors(spec, platform: str) -> None:
-  """Refuses host TMA descriptors where jt_dist cannot pass them.
-
-  Raises:
-    NotImplementedError: a descriptor on ROCm, or one rounding to TF32 on
-      a Triton without that option.
-  """
+  """Refuses host TMA descriptors where jt_dist cannot pass them."""
   for op in spec.operands:
     if op.kind != "array" or not op.type.startswith("tensordesc"):
       continue
@@ -303,12 +278,6 @@ def default_target(has_ffi: bool, *, exporting: bool, cost_estimate: bool,
   legacy custom call is not. Otherwise ``prefer_legacy`` (by default
   ``PREFER_LEGACY_TARGET``) picks the legacy target, the one jax-triton
   0.3 emits.
-
-  Args:
-    has_ffi: whether the installed jaxlib registers the FFI target.
-    exporting: whether the call is lowered for ``jax.export``.
-    cost_estimate: whether the call has a ``cost_estimate``.
-    prefer_legacy: overrides ``PREFER_LEGACY_TARGET``.
   """
   if not has_ffi:
     return LEGACY_TARGET
@@ -334,10 +303,8 @@ def custom_call_target(spec, platform: str, exporting: bool = False) -> str:
         f" installed jaxlib ({_compat.jaxlib_version()}) does not register"
         f" it for {platform}. Upgrade jax and its plugin, or pass"
         f" {LEGACY_TARGET!r}.")
-  if requested == LEGACY_TARGET:
-    return LEGACY_TARGET
-  if requested == FFI_TARGET:
-    return FFI_TARGET
+  if requested is not None:
+    return requested
   return default_target(has_ffi, exporting=exporting,
                         cost_estimate=bool(spec.cost_estimate),
                         prefer_legacy=(PREFER_LEGACY_TARGET
@@ -350,17 +317,8 @@ def gpu_lowering(ctx, *args, spec, platform: str):
   Under ``jax.export`` the GPU must be named (``compute_capability``), a
   CUDA call carries PTX unless ``jt_dist.export_options(cubin=True)``, and the
   versions it was made with are recorded on the custom call.
-
-  Args:
-    ctx: the lowering context.
-    *args: the array operands.
-    spec: the call's ``CallSpec``.
-    platform: "cuda" or "rocm".
-
-  Returns:
-    The custom call's results.
   """
-  exporting = _gpu_export.is_export(ctx)
+  exporting = _compat.lowering_for_export(ctx)
   capability = spec.compute_capability
   if exporting:
     capability = _gpu_export.export_capability(spec, platform)
@@ -396,18 +354,19 @@ def gpu_lowering(ctx, *args, spec, platform: str):
     with_images = (choices.module_images and name == FFI_TARGET
                    and bool(kernels[0].object_file))
   if with_images:
-    serialized = _proto_wire.with_module_images(
-        serialized, [_module_image(k, platform) for k in kernels])
+    # The machine code jaxlib loads as is: the CUBIN, or the HSACO.
+    serialized = _proto_wire.with_module_images(serialized, [
+        _proto_wire.ModuleImage(k.name, k.shared_mem, k.binary
+                                if platform == "rocm" else k.object_file)
+        for k in kernels])
   if choices.padding_bytes:
     serialized += _proto_wire.length_delimited(
         _PADDING_FIELD, os.urandom(choices.padding_bytes))
-  results = _emit_in_order(ctx, args, spec, name, zlib.compress(serialized),
-                           order)
+  results = _emit(ctx, args, spec, name, zlib.compress(serialized), order)
   if exporting:
     binary = ("hsaco" if platform == "rocm"
               else "cubin" if with_images else "ptx")
-    _gpu_export.record(
-        results, _gpu_export.versions(target, name, kernels, binary))
+    _gpu_export.record(results, target, name, kernels, binary)
   return results
 
 
@@ -427,41 +386,36 @@ def result_order(spec) -> tuple[int, ...]:
       i for i in range(len(spec.out_shapes)) if i not in seen)
 
 
-def _emit_in_order(ctx, args, spec, name: str, opaque: bytes,
-                   order: tuple[int, ...]):
-  """``_emit`` with the results in ``order``, given back in output order."""
-  if order == tuple(range(len(order))):
-    return _emit(ctx, args, spec, name, opaque)
+def _emit(ctx, args, spec, name: str, opaque: bytes, order: tuple[int, ...]):
+  """The custom call on ``name``, its results in ``order``.
+
+  The serialised call is its config; the results are given back in output
+  order.
+  """
   position = {out: k for k, out in enumerate(order)}
-  aliases = tuple((i, position[o]) for i, o in spec.input_output_aliases)
-  reordered = _emit(ctx.replace(avals_out=[ctx.avals_out[i] for i in order]),
-                    args, spec, name, opaque, aliases)
-  return [reordered[position[i]] for i in range(len(order))]
-
-
-def _emit(ctx, args, spec, name: str, opaque: bytes, aliases=None):
-  """The custom call on ``name``, with the serialised call as its config."""
-  aliases = dict(spec.input_output_aliases if aliases is None
-                 else aliases) or None
+  aliases = {i: position[o] for i, o in spec.input_output_aliases} or None
+  ctx = ctx.replace(avals_out=[ctx.avals_out[i] for i in order])
+  attributes = {}
   if name == FFI_TARGET:
     rule = jax.ffi.ffi_lowering(
         name, api_version=4, operand_output_aliases=aliases,
         has_side_effect=spec.has_side_effect)
-    attributes = {"opaque": opaque}
+    attributes["opaque"] = opaque
     if spec.cost_estimate:
       # The key and JSON form jax-triton 0.4 gives XLA.
       attributes["cost_estimate_json"] = json.dumps(dict(spec.cost_estimate))
-    return rule(ctx, *args, **attributes)
-  if spec.cost_estimate:
+  elif spec.cost_estimate:
     raise ValueError(
         f"triton_call: kernel {spec.info.name!r} has cost_estimate="
         f"{dict(spec.cost_estimate)!r}, which only the FFI custom call"
         f" ({FFI_TARGET!r}) can carry, but custom_call_target_name={name!r}"
         " was chosen. Drop cost_estimate, or use the FFI target.")
-  rule = jax.ffi.ffi_lowering(
-      name, api_version=2, backend_config=opaque,
-      operand_output_aliases=aliases, has_side_effect=spec.has_side_effect)
-  return rule(ctx, *args)
+  else:
+    rule = jax.ffi.ffi_lowering(
+        name, api_version=2, backend_config=opaque,
+        operand_output_aliases=aliases, has_side_effect=spec.has_side_effect)
+  results = rule(ctx, *args, **attributes)
+  return [results[position[i]] for i in range(len(order))]
 
 
 def _rule(platform: str):

@@ -1,18 +1,13 @@
 """Caches of compiled kernels: a bounded in-process LRU and an on-disk store.
 
-Triton compiles during JAX's lowering, so JAX's own persistent compilation
-cache cannot spare it: every new process would recompile every kernel and
-every autotuning config. The disk cache here keeps Triton's output across
-processes. Entries are keyed by a content hash (never by object identity),
-stored as JSON metadata plus the binary (no pickle), written atomically, and
-checked on load as a whole: the JSON document records a sha256 over its key,
-its launch metadata and the binary's size and sha256, so a damaged entry (in
-its binary, or in any field of a well-formed document) is discarded and
-recompiled, never used. The checks catch damage and stale entries, not a
-deliberate forgery by someone who can write the cache directory.
-
-Where the disk cache lives, whether it is on, and how many kernels the
-memory cache keeps are settings (``jt_dist._settings``), read at each use.
+Triton compiles during JAX's lowering, which JAX's persistent compilation
+cache cannot spare: the disk cache keeps Triton's output across processes.
+Entries are keyed by a content hash, stored as JSON metadata plus the binary
+(no pickle), written atomically, and checked on load as a whole (a sha256
+over the document, and the binary's size and sha256), so a damaged entry is
+discarded and recompiled, never used. The checks catch damage and stale
+entries, not a forgery by someone who can write the cache directory. The
+settings (``jt_dist._settings``) are read at each use.
 """
 
 from __future__ import annotations
@@ -97,8 +92,7 @@ _events_lock = threading.Lock()
 
 
 def count(event: str) -> None:
-  """Counts one ``event`` (``"lowerings"``, ``"compiles"``, ``"memory_hits"``,
-  ``"disk_hits"`` or ``"disk_writes"``)."""
+  """Counts one ``event`` ("compiles", "disk_hits"...) for cache_info."""
   with _events_lock:
     _events[event] += 1
 
@@ -148,11 +142,7 @@ def _discard(key: str, paths: list[str], reason: str) -> None:
 def load(key: str) -> tuple[dict[str, Any], bytes] | None:
   """Reads the entry for ``key``: ``(metadata, binary)``, or None.
 
-  A missing entry, or the disk cache being off, returns None. An entry that
-  fails any check (unparsable JSON, another key or format, a document whose
-  fields differ from the ones its sha256 was recorded over, a binary whose
-  size or sha256 differ from the recorded ones) is deleted, logged, and
-  reported as missing.
+  An entry that fails any check is deleted, logged, and reported missing.
   """
   if not _settings.disk_cache() or not _KEY_PATTERN.match(key):
     return None
@@ -266,14 +256,9 @@ def get_or_create(key: str, create: Callable[[], tuple[Any, dict, bytes]],
   """The value for ``key``: from memory, else from disk, else created.
 
   Threads asking for the same key at once wait for one of them to create
-  it, so a kernel is compiled once however many threads lower it.
-
-  Args:
-    key: a ``content_key``.
-    create: compiles; returns ``(value, metadata, binary)``.
-    restore: rebuilds the value from a disk entry's metadata and binary;
-      raising ``ValueError``/``KeyError``/``TypeError`` marks the entry bad.
-    use_cached: False skips both lookups (the value is still stored).
+  it. ``create`` returns ``(value, metadata, binary)``; ``restore`` rebuilds
+  the value from a disk entry, raising ValueError, KeyError or TypeError
+  for a bad one. ``use_cached=False`` skips both lookups, not the stores.
   """
   if not use_cached:
     return _create_and_store(key, create)

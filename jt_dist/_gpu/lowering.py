@@ -183,27 +183,6 @@ def _parameters(lib, spec, launch, specialization, compiled, platform):
   return params
 
 
-def _kernel_call(lib, spec, launch, target, object_file):
-  """jaxlib's ``TritonKernelCall`` of one launch, and the compiled kernel."""
-  _check_descriptors(spec, target.platform)
-  compiled, specialization = _compile.compiled_kernel(
-      spec, launch, target, object_file)
-  if compiled.profile_scratch_size:
-    raise NotImplementedError(
-        f"triton_call: kernel {compiled.name!r} was compiled with profiling"
-        " instrumentation (Proton), which needs a profile scratch buffer that"
-        " jaxlib does not allocate. Turn the instrumentation off.")
-  ttir = compiled.ttir if proto_choices.ttir else ""
-  kernel = _compat.make_triton_kernel(
-      lib, compiled.name, compiled.num_warps, compiled.num_ctas,
-      compiled.shared_mem, _binary_argument(compiled, target.platform),
-      ttir, target.arch_number, compiled.global_scratch_size,
-      compiled.global_scratch_align)
-  params = _parameters(lib, spec, launch, specialization, compiled,
-                       target.platform)
-  return lib.TritonKernelCall(kernel, *launch.grid, params), compiled
-
-
 def _check_descriptors(spec, platform: str) -> None:
   """Refuses host TMA descriptors where jt_dist cannot pass them."""
   for op in spec.operands:
@@ -220,39 +199,51 @@ def _check_descriptors(spec, platform: str) -> None:
 
 
 def _fitting_calls(lib, spec, target, object_file=None):
-  """One kernel call per launch; autotuning drops configs that cannot run.
+  """``(TritonKernelCall, launch, compiled kernel)`` of each launch that fits.
 
   As Triton's own autotuner skips configs that run out of resources, a
   config needing more shared memory than the GPU has is dropped (and
   logged) when others remain; a lone config's error is raised as is.
   """
-  calls, launches, kernels, errors = [], [], [], []
+  _check_descriptors(spec, target.platform)
+  calls, errors = [], []
   for launch in spec.launches:
     try:
-      call, compiled = _kernel_call(lib, spec, launch, target, object_file)
+      compiled, specialization = _compile.compiled_kernel(
+          spec, launch, target, object_file)
     except _compile.SharedMemoryError as e:
       if len(spec.launches) == 1:
         raise
       errors.append(e)
       logger.warning("jt_dist: dropping autotuning config: %s", e)
       continue
-    calls.append(call)
-    launches.append(launch)
-    kernels.append(compiled)
+    if compiled.profile_scratch_size:
+      raise NotImplementedError(
+          f"triton_call: kernel {compiled.name!r} was compiled with profiling"
+          " instrumentation (Proton), which needs a profile scratch buffer"
+          " that jaxlib does not allocate. Turn the instrumentation off.")
+    kernel = _compat.make_triton_kernel(
+        lib, compiled.name, compiled.num_warps, compiled.num_ctas,
+        compiled.shared_mem, _binary_argument(compiled, target.platform),
+        compiled.ttir if proto_choices.ttir else "", target.arch_number,
+        compiled.global_scratch_size, compiled.global_scratch_align)
+    params = _parameters(lib, spec, launch, specialization, compiled,
+                         target.platform)
+    calls.append((lib.TritonKernelCall(kernel, *launch.grid, params), launch,
+                  compiled))
   if not calls:
     raise errors[0]
-  return calls, launches, kernels
+  return calls
 
 
-def _autotuned_call(lib, spec, calls, launches, ctx, order):
+def _autotuned_call(lib, spec, calls, ctx, order):
   scalars = {op.name: op.value for op in spec.operands if op.kind == "scalar"}
   description = f"{spec.name} ({spec.info.name}) {scalars}"
   # Output indices as the custom call's results are ordered (result_order).
   aliases_with_sizes = tuple(
       (i, order.index(o), _nbytes(ctx.avals_in[i].shape, ctx.avals_in[i].dtype))
       for i, o in spec.input_output_aliases)
-  configs = [(call, launch.config.label)
-             for call, launch in zip(calls, launches)]
+  configs = [(call, launch.config.label) for call, launch, _ in calls]
   return lib.TritonAutotunedKernelCall(description, configs, aliases_with_sizes)
 
 
@@ -330,8 +321,7 @@ def gpu_lowering(ctx, *args, spec, platform: str):
   for launch in spec.launches:
     _target.check_num_ctas(target, launch.config.num_ctas, launch.config.label)
   try:
-    calls, launches, kernels = _fitting_calls(
-        lib, spec, target, cubin or None)
+    calls = _fitting_calls(lib, spec, target, cubin or None)
   except Exception as e:  # pylint: disable=broad-except
     error = _wrapper.callee_error(e)
     # Triton's CompilationError, for a 0-d array used as a number: named.
@@ -342,8 +332,9 @@ def gpu_lowering(ctx, *args, spec, platform: str):
     error.__suppress_context__ = True
     raise error  # pylint: disable=raise-missing-from
   order = result_order(spec)
-  call = (calls[0] if len(calls) == 1
-          else _autotuned_call(lib, spec, calls, launches, ctx, order))
+  call = (calls[0][0] if len(calls) == 1
+          else _autotuned_call(lib, spec, calls, ctx, order))
+  kernels = [compiled for _, _, compiled in calls]
   serialized = call.to_proto(spec.name, spec.serialized_metadata)
   choices = proto_choices
   if platform == "rocm":

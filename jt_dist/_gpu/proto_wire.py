@@ -17,7 +17,7 @@ Field numbers are those of jaxlib's ``jaxlib/gpu/triton.proto``.
 
 from __future__ import annotations
 
-import dataclasses
+from typing import NamedTuple
 
 _VARINT, _I64, _LEN, _I32 = 0, 1, 2, 5
 _FIXED_SIZES = {_I64: 8, _I32: 4}
@@ -36,8 +36,7 @@ _IMAGE_KERNEL_NAME = 2
 _IMAGE_SHARED_MEM = 3
 
 
-@dataclasses.dataclass(frozen=True)
-class ModuleImage:
+class ModuleImage(NamedTuple):
   """One kernel's machine code, as jaxlib's ``ModuleImageProto`` holds it."""
 
   kernel_name: str
@@ -45,9 +44,8 @@ class ModuleImage:
   object_file: bytes
 
 
-@dataclasses.dataclass(frozen=True)
-class Field:
-  """One field of a serialised message: its number, wire type and bytes.
+class Field(NamedTuple):
+  """One field of a serialised message.
 
   ``payload`` is the value's bytes for length-delimited fields, and the
   encoded value otherwise; ``raw`` is the whole field, tag included.
@@ -92,11 +90,7 @@ def _decode_varint(buf: bytes, pos: int) -> tuple[int, int]:
 
 
 def parse_fields(buf: bytes) -> list[Field]:
-  """Splits a serialised message into its fields, in order.
-
-  Raises:
-    ValueError: the bytes are not a well-formed message.
-  """
+  """Splits a serialised message into its fields; ValueError if malformed."""
   fields, pos = [], 0
   while pos < len(buf):
     start = pos
@@ -162,18 +156,11 @@ def _with_config_images(autotuned: bytes, images: list[ModuleImage]) -> bytes:
 
 
 def with_module_images(serialized: bytes, images: list[ModuleImage]) -> bytes:
-  """``serialized`` (a ``TritonAnyKernelCall``) with each kernel's image.
+  """``serialized`` (from jaxlib's ``to_proto``) with each kernel's image.
 
-  Args:
-    serialized: what jaxlib's ``to_proto`` returned.
-    images: one image per kernel, in config order for an autotuned call.
-
-  Returns:
-    The serialised call, every other field unchanged.
-
-  Raises:
-    ValueError: the call's kernel count differs from ``len(images)``, or the
-      bytes are not a serialised kernel call.
+  ``images`` has one image per kernel, in config order for an autotuned
+  call; every other field is kept. ValueError where the kernel count
+  differs from ``len(images)``, or the bytes hold no kernel call.
   """
   out, patched = [], False
   for field in parse_fields(serialized):

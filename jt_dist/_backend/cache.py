@@ -1,13 +1,10 @@
 """Caches of compiled kernels: a bounded in-process LRU and an on-disk store.
 
 Triton compiles during JAX's lowering, which JAX's persistent compilation
-cache cannot spare: the disk cache keeps Triton's output across processes.
-Entries are keyed by a content hash, stored as JSON metadata plus the binary
-(no pickle), written atomically, and checked on load as a whole (a sha256
-over the document, and the binary's size and sha256), so a damaged entry is
-discarded and recompiled, never used. The checks catch damage and stale
-entries, not a forgery by someone who can write the cache directory. The
-settings (``jt_dist._settings``) are read at each use.
+cache cannot spare. Disk entries are keyed by a content hash, stored as JSON
+plus the binary (no pickle), written atomically and checked whole on load
+(sha256s), so a damaged or stale entry is recompiled, never used; a forgery
+by someone who can write the cache directory is not caught.
 """
 
 from __future__ import annotations
@@ -255,10 +252,8 @@ def get_or_create(key: str, create: Callable[[], tuple[Any, dict, bytes]],
                   use_cached: bool = True) -> Any:
   """The value for ``key``: from memory, else from disk, else created.
 
-  Threads asking for the same key at once wait for one of them to create
-  it. ``create`` returns ``(value, metadata, binary)``; ``restore`` rebuilds
-  the value from a disk entry, raising ValueError, KeyError or TypeError
-  for a bad one. ``use_cached=False`` skips both lookups, not the stores.
+  Concurrent callers of one key wait for one of them to create it.
+  ``restore`` raises ValueError, KeyError or TypeError for a bad entry.
   """
   if not use_cached:
     return _create_and_store(key, create)

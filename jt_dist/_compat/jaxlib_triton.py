@@ -1,7 +1,4 @@
-"""jaxlib's Triton custom call: the parts whose presence and signatures differ.
-
-Used only when lowering for CUDA or ROCm, and by ``jt_dist.doctor``.
-"""
+"""jaxlib's Triton custom call: the parts whose presence and signatures differ."""
 
 from __future__ import annotations
 
@@ -36,8 +33,7 @@ def make_triton_kernel(lib, name, num_warps, num_ctas, shared_mem, binary,
                        ttir, arch_number, scratch_size, scratch_align):
   """jaxlib's ``TritonKernel``; newer jaxlibs also take the global scratch.
 
-  jaxlib up to 0.11 takes 7 arguments and launches with a null scratch
-  pointer, so a kernel that needs scratch memory cannot run there.
+  jaxlib up to 0.11 takes 7 arguments (a null scratch pointer at launch).
   """
   args = [name, num_warps, num_ctas, shared_mem, binary, ttir, arch_number]
   if not scratch_size:
@@ -55,9 +51,7 @@ def make_triton_kernel(lib, name, num_warps, num_ctas, shared_mem, binary,
 
 
 def jaxlib_version() -> str:
-  """The installed jaxlib's version string."""
   import jaxlib  # pylint: disable=g-import-not-at-top
-
   return str(getattr(jaxlib, "__version__", "unknown"))
 
 

@@ -1,9 +1,4 @@
-"""Triton's runtime classes and JIT functions, per supported Triton.
-
-Triton's Python API is not stable between releases; the classes jt_dist
-recognises kernels by, and the lock that keeps the interpreter and the
-compiler apart, are named here once.
-"""
+"""Triton's runtime classes, JIT functions and language lock, per Triton."""
 
 from __future__ import annotations
 
@@ -36,9 +31,7 @@ LANGUAGE_LOCK = threading.RLock()
 def is_interpreted(fn: Any) -> bool:
   """Whether ``fn`` is an ``InterpretedFunction`` (``TRITON_INTERPRET=1``).
 
-  Looked up, not imported: ``jt_dist._cpu.interpreter`` is the one
-  importer of Triton's interpreter, and such a kernel exists only once
-  the interpreter has been imported.
+  Looked up, not imported: ``jt_dist._cpu.interpreter`` is its one importer.
   """
   interpreter = sys.modules.get("triton.runtime.interpreter")
   return (interpreter is not None
@@ -51,11 +44,9 @@ def is_triton_function(fn: Any) -> bool:
 
 
 def jit_function_of(fn: Any) -> JITFunction:
-  """Returns a ``JITFunction`` for a ``JITFunction`` or ``InterpretedFunction``.
+  """A ``JITFunction`` for a ``JITFunction`` or ``InterpretedFunction``.
 
-  Kernels defined under ``TRITON_INTERPRET=1`` are ``InterpretedFunction``s;
-  the GPU compiler needs a ``JITFunction`` of the same Python function. The
-  result is memoized so that Triton's own per-function caches stay warm.
+  The GPU compiler needs one; memoized, so Triton's caches stay warm.
   """
   if isinstance(fn, JITFunction):
     return fn
@@ -65,11 +56,9 @@ def jit_function_of(fn: Any) -> JITFunction:
 def triton_launcher_scalar_type(value: Any) -> str | None:
   """The type Triton's own launcher gives an unannotated scalar argument.
 
-  ``triton.runtime.jit.mangle_type``, native code in Triton 3.6 and 3.9.
-  Triton 3.9 names bools "u1", earlier releases "i1";
-  jaxlib's Triton call takes "i1", so both read "i1" here. None where the
+  ``triton.runtime.jit.mangle_type`` (native in Triton 3.6 and 3.9). Bools
+  read "i1", as jaxlib takes them (Triton 3.9 says "u1"). None where the
   launcher refuses the value (an int beyond 64 bits, a NumPy int).
-  jt_dist's own typing (``_types.scalar_type``) is tested against this.
   """
   try:
     mangled = _jit.mangle_type(value)
@@ -92,15 +81,9 @@ def attributes_replaced(owner: Any, replacements: Mapping[str, Any]):
   """Sets attributes of ``owner`` for the ``with`` block, then restores them.
 
   The one way jt_dist patches Triton (the interpreter's builder and module,
-  ``JITFunction``): for one launch, under ``LANGUAGE_LOCK``, because the
-  interpreter and the compiler share these objects across threads. The lock
-  is reentrant, so launches that already hold it nest patches freely. An
-  attribute that ``owner`` only inherited is deleted again rather than left
-  shadowing the inherited one.
-
-  Args:
-    owner: a class, module or instance with a ``__dict__``.
-    replacements: attribute name -> the value to hold inside the block.
+  ``JITFunction``), under the reentrant ``LANGUAGE_LOCK``: the interpreter
+  and the compiler share these objects across threads. An attribute that
+  ``owner`` only inherited is deleted again afterwards.
   """
   with LANGUAGE_LOCK:
     own = vars(owner)

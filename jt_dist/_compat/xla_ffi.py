@@ -113,13 +113,20 @@ CLAIMED_API = (0, 1)
 HANDLER = ctypes.CFUNCTYPE(_P, ctypes.POINTER(CallFrame))
 
 
+def _api(address: int) -> ApiHead | None:
+  """The API table at ``address`` if it has the layout mirrored here."""
+  if not address:
+    return None
+  api = ApiHead.from_address(address)
+  if api.api_version.major_version != 0 or api.struct_size < MIN_API_SIZE:
+    return None
+  return api
+
+
 def frame_is_readable(frame: CallFrame) -> bool:
   """Whether ``frame`` and its API table have the layout mirrored here."""
-  if frame.struct_size < MIN_CALL_FRAME_SIZE or not frame.api:
-    return False
-  api = ApiHead.from_address(frame.api)
-  return (api.struct_size >= MIN_API_SIZE
-          and api.api_version.major_version == 0)
+  return (frame.struct_size >= MIN_CALL_FRAME_SIZE
+          and _api(frame.api) is not None)
 
 
 def answer_metadata(frame: CallFrame) -> bool:
@@ -147,13 +154,10 @@ def answer_metadata(frame: CallFrame) -> bool:
 def make_error(api_address: int, message: str, errc: int = ERRC_UNKNOWN):
   """An ``XLA_FFI_Error*`` with ``message`` (XLA copies it), or None.
 
-  None where the API table cannot be used (no table, or one of another
-  major version, whose function table may be laid out differently).
+  None where the API table cannot be used (another major version's function
+  table may be laid out differently).
   """
-  if not api_address:
-    return None
-  api = ApiHead.from_address(api_address)
-  if api.api_version.major_version != 0 or api.struct_size < MIN_API_SIZE:
+  if (api := _api(api_address)) is None:
     return None
   args = ErrorCreateArgs(ERROR_CREATE_ARGS_SIZE, None,
                          message.encode("utf-8", "replace"), errc)

@@ -1,16 +1,10 @@
 """Compiling one launch of a call with Triton: to PTX (CUDA) or HSACO (ROCm).
 
-On CUDA with jaxlib 0.11.1 or later, the PTX is also assembled into a CUBIN
-(Triton's ``ptxas`` stage), which jaxlib then loads without assembling the
-PTX itself; cached on disk, it spares later processes that step.
-
-A launch is specialised as Triton's own launcher would specialise it: the
-config's keyword arguments are constexprs, integer scalars equal to 1 become
-the constexpr 1 (and are not passed at launch), and every pointer is assumed
-16-byte aligned, which jaxlib checks before each launch. Results go through
-``_cache``, so a kernel is compiled once per content, not once per process.
-With ``JT_DIST_DUMP_DIR`` set (``jt_dist._settings``), each compiled kernel's
-TTIR, TTGIR, LLIR, PTX or HSACO and its launch metadata are written there.
+A launch is specialised as Triton's own launcher would: the config's keyword
+arguments are constexprs, integer scalars equal to 1 the constexpr 1 (not
+passed at launch), and every pointer 16-byte aligned (jaxlib checks it).
+Where jaxlib (0.11.1 or later) loads a CUBIN, the PTX is assembled too.
+Results go through ``_cache``; ``JT_DIST_DUMP_DIR`` receives every IR.
 """
 
 from __future__ import annotations
@@ -196,10 +190,9 @@ def _run_stages(jit_fn, spec_, target, backend, options, object_file):
       jit_fn, backend, target.triton_target, options, spec_.signature,
       spec_.constexprs, spec_.attrs)
   irs = {"source": str(module)}
-  metadata = _compat.initial_metadata(target.triton_target, options)
   final = _OBJECT_STAGE if object_file else _FINAL_STAGE[target.platform]
-  stages = _compat.compiler_stages(backend, options,
-                                   _compat.is_gluon(jit_fn))
+  stages, metadata = _compat.compiler_stages(
+      backend, target.triton_target, options, _compat.is_gluon(jit_fn))
   for stage, run in stages.items():
     module = run(module, metadata)
     irs[stage] = module if isinstance(module, bytes) else str(module)
@@ -275,10 +268,8 @@ def compiled_kernel(spec, launch, target: _target.Target,
   """The compiled kernel of ``launch``, from the caches or from Triton.
 
   ``debug=True`` and ``JT_DIST_DUMP_DIR`` force a compilation, so that the
-  IRs are printed or dumped even for a kernel already cached.
-  ``object_file``: whether to assemble a CUBIN too; by default only where
-  the installed jaxlib loads one (``jax.export`` passes True, for the
-  jaxlib that will run the artifact).
+  IRs are printed or dumped. ``object_file``: whether to assemble a CUBIN
+  too; by default where the installed jaxlib loads one.
   """
   if object_file is None:
     object_file = (target.platform == "cuda"

@@ -1,13 +1,10 @@
 """What the GPU lowering does differently when ``jax.export`` lowers a call.
 
-An exported module is serialised and may run months later, on another
-host, under another jaxlib. So an exported call is compiled for a GPU
-named explicitly (``compute_capability=``), carries PTX unless a CUBIN is
-asked for (on ROCm, its HSACO, which needs jaxlib 0.11.1 or later), and
-records on its custom call the versions it was made with,
-as frontend attributes: XLA passes them through, jaxlib never reads them,
-and they survive serialisation, where ``jt_dist.exported_versions`` reads
-them back.
+An exported module may run months later, on another host and jaxlib. So an
+exported call is compiled for a GPU named explicitly, carries PTX unless a
+CUBIN is asked for (on ROCm, its HSACO: jaxlib 0.11.1 or later), and records
+the versions it was made with as frontend attributes of its custom call,
+which survive serialisation (``jt_dist.exported_versions`` reads them).
 """
 
 from __future__ import annotations
@@ -127,11 +124,8 @@ def record(results: Sequence[Any], target, target_name: str,
            kernels: Sequence[Any], binary: str) -> None:
   """Records the versions, target GPU and binary kind on the custom call.
 
-  They go in as frontend attributes, with ``SAFETY_CHECKS_NOTE``, which
-  JAX's refusal of the call (exported without ``disabled_checks``) prints
-  near its start. ``results`` are the custom call's results; a call
-  without results (all outputs empty) has nothing to run and records
-  nothing.
+  With them goes ``SAFETY_CHECKS_NOTE``, which JAX's refusal of the call
+  prints near its start. A call without results runs nothing: no record.
   """
   from jt_dist import __version__  # pylint: disable=g-import-not-at-top
 

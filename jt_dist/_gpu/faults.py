@@ -1,12 +1,10 @@
 """Naming the kernel behind a device fault that jaxlib reports.
 
 jaxlib reports an illegal address or a failed launch as a bare runtime error
-("CUDA_ERROR_ILLEGAL_ADDRESS", "an illegal memory access was encountered",
-"hipErrorLaunchFailure", ...) that does not say which kernel caused it.
-jt_dist can add that where it is on the stack: an eager ``triton_call``.
-Launches are asynchronous, so an illegal address usually surfaces at a later
-synchronisation; with ``JT_DIST_SYNC_LAUNCHES=1`` every eager call waits for
-its kernel, so that the fault is reported by the call that caused it.
+that does not say which kernel caused it; an eager ``triton_call`` can.
+Launches are asynchronous, so a fault usually surfaces at a later
+synchronisation, unless ``JT_DIST_SYNC_LAUNCHES=1`` makes each eager call
+wait for its kernel.
 """
 
 from __future__ import annotations

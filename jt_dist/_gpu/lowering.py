@@ -13,6 +13,7 @@ into the call too. ``export.py`` says what ``jax.export`` changes.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 import logging
@@ -83,11 +84,10 @@ def plugin(platform: str):
   found = None if module is None else getattr(
       module, _PLUGIN_ATTRIBUTE[platform], None)
   if found is None or not hasattr(found, "TritonKernel"):
-    if platform == "cuda":
-      hint = ("Install JAX's CUDA plugin with `pip install jt_dist[cuda12]`"
-              " or `pip install jt_dist[cuda13]`, matching your CUDA driver.")
-    else:
-      hint = "Install JAX's ROCm plugin (`pip install jax[rocm]`)."
+    hint = ("Install JAX's CUDA plugin with `pip install jt_dist[cuda12]`"
+            " or `pip install jt_dist[cuda13]`, matching your CUDA driver."
+            if platform == "cuda"
+            else "Install JAX's ROCm plugin (`pip install jax[rocm]`).")
     raise RuntimeError(
         f"triton_call: lowering for {platform} needs jaxlib's Triton"
         f" custom call, which comes with JAX's {platform} plugin, and the"
@@ -97,13 +97,11 @@ def plugin(platform: str):
 
 
 def rocm_binary_inline() -> bool:
-  """Whether a ROCm call carries its HSACO inline (``module_image``).
+  """Whether a ROCm call carries its HSACO inline (jaxlib 0.11.1 or later).
 
-  jaxlib's ROCm call otherwise reads the HSACO from the file whose path is
-  in the ``ptx`` field, and deletes the file once read: an executable
-  restored from JAX's persistent compilation cache in another process
-  would name a file that is gone. jaxlib 0.11.1 and later load a
-  ``module_image`` as is, on ROCm as on CUDA, and never open the path.
+  Older jaxlibs read the HSACO from the file named in the ``ptx`` field and
+  delete it: an executable restored from JAX's persistent compilation cache
+  in another process would name a file that is gone.
   """
   return _compat.jaxlib_takes_module_image()
 
@@ -111,9 +109,8 @@ def rocm_binary_inline() -> bool:
 def _binary_argument(compiled: _compile.CompiledKernel, platform: str) -> str:
   """What jaxlib takes in the ``ptx`` field: PTX text, or an HSACO's name.
 
-  On ROCm with the HSACO inline the field is never read as a path, but it
-  is part of the key under which jaxlib caches loaded modules in-process,
-  so it names the HSACO's content: two configs of one kernel differ there.
+  With the HSACO inline, the name still keys jaxlib's in-process module
+  cache, so it names the HSACO's content.
   """
   if platform == "cuda":
     return compiled.binary.decode("utf-8")
@@ -138,10 +135,8 @@ def _nbytes(shape, dtype) -> int:
 def _descriptor_parameters(lib, op, meta, platform):
   """jaxlib's parameters for one host TMA descriptor, as Triton expands it.
 
-  With Triton's TMA metadata: the descriptor (jaxlib builds it over the
-  operand's buffer at launch), then the shape (i32) and strides (i64).
-  Lowered to pointer arithmetic instead: the buffer, its shape and strides
-  (i64), flags, then the shape and strides again.
+  With TMA (``meta``) the descriptor jaxlib builds at launch, else the
+  buffer, its shape and strides (i64) and flags; then shape (i32), strides.
   """
   info = op.value
   shape_i32 = [lib.create_scalar_parameter(int(d), "i32") for d in info.shape]
@@ -309,10 +304,13 @@ def gpu_lowering(ctx, *args, spec, platform: str):
   CUDA call carries PTX unless ``jt_dist.export_options(cubin=True)``, and the
   versions it was made with are recorded on the custom call.
   """
+  if _compat.is_interpreted(spec.info.fn):
+    # A kernel made under TRITON_INTERPRET=1 asks to be interpreted: honour
+    # that on GPUs too (through a host callback) rather than compiling it.
+    return _cpu_lowering.cpu_lowering(ctx, *args, spec=spec)
   exporting = _compat.lowering_for_export(ctx)
-  capability = spec.compute_capability
-  if exporting:
-    capability = _gpu_export.export_capability(spec, platform)
+  capability = (_gpu_export.export_capability(spec, platform) if exporting
+                else spec.compute_capability)
   lib = plugin(platform)
   name = custom_call_target(spec, platform, exporting)
   cubin = (_gpu_export.wants_cubin(name, FFI_TARGET)
@@ -364,25 +362,17 @@ def gpu_lowering(ctx, *args, spec, platform: str):
 def result_order(spec) -> tuple[int, ...]:
   """The custom call's results, as output indices, in jaxlib's buffer order.
 
-  jaxlib hands a kernel's pointer parameters the call's buffers in order:
-  the operands, then the results. Under jax-triton 0.4's convention an
-  aliased output binds no parameter (its input's does), so the outputs that
-  bind one come first, in parameter order, and the aliased rest last, where
-  no parameter reads them. Under 0.3.1's every output binds one in order,
-  and this is ``range(len(outputs))``.
+  jaxlib hands pointer parameters the operands, then the results, in order.
+  Under jax-triton 0.4's convention an aliased output binds no parameter,
+  so the outputs that bind one come first, in parameter order.
   """
-  bound = [op.index for op in spec.operands if op.kind == "output"]
-  seen = set(bound)
-  return tuple(bound) + tuple(
-      i for i in range(len(spec.out_shapes)) if i not in seen)
+  bound = tuple(op.index for op in spec.operands if op.kind == "output")
+  return bound + tuple(i for i in range(len(spec.out_shapes))
+                       if i not in bound)
 
 
 def _emit(ctx, args, spec, name: str, opaque: bytes, order: tuple[int, ...]):
-  """The custom call on ``name``, its results in ``order``.
-
-  The serialised call is its config; the results are given back in output
-  order.
-  """
+  """The custom call on ``name``; its results in ``order``, returned sorted."""
   position = {out: k for k, out in enumerate(order)}
   aliases = {i: position[o] for i, o in spec.input_output_aliases} or None
   ctx = ctx.replace(avals_out=[ctx.avals_out[i] for i in order])
@@ -409,22 +399,12 @@ def _emit(ctx, args, spec, name: str, opaque: bytes, order: tuple[int, ...]):
   return [results[position[i]] for i in range(len(order))]
 
 
-def _rule(platform: str):
-  """The lowering for ``platform``: compiled, or interpreted on request."""
-  def rule(ctx, *args, spec):
-    # A kernel made under TRITON_INTERPRET=1 asks to be interpreted: honour
-    # that on GPUs too (through a host callback) rather than compiling it.
-    if _compat.is_interpreted(spec.info.fn):
-      return _cpu_lowering.cpu_lowering(ctx, *args, spec=spec)
-    return gpu_lowering(ctx, *args, spec=spec, platform=platform)
-  return rule
-
-
 for _platform in ("cuda", "rocm"):
   mlir.register_lowering(
       _primitive.triton_call_p,
-      _lowering_rule.checked(_rule(_platform), _choose.for_lowering,
-                             _platform),
+      _lowering_rule.checked(
+          functools.partial(gpu_lowering, platform=_platform),
+          _choose.for_lowering, _platform),
       platform=_platform)
 # The GPU target is read from the devices the call is lowered for, which
 # JAX names in the lowering context only for primitives that ask for them.

@@ -1,18 +1,12 @@
 """Adding machine code to jaxlib's serialised Triton kernel calls.
 
-jaxlib 0.11.1 and later read an optional ``module_image`` in each
-``TritonKernel``: the kernel's CUBIN, loaded as is instead of assembling the
-PTX while XLA builds the executable (about 0.16 s per kernel on an H200).
-jaxlib's Python bindings cannot set the field, so it is added to the
-serialised ``TritonAnyKernelCall`` on the protobuf wire format:
-
-- a plain call gets, appended to its ``kernel_call`` field, a fragment
-  setting ``kernel.module_image``; protobuf merges repeated occurrences of
-  a singular message field, so the fragment completes the existing kernel;
-- an autotuned call has a repeated ``configs`` field, which does not merge,
-  so each config is rewritten with its own fragment appended.
-
-Field numbers are those of jaxlib's ``jaxlib/gpu/triton.proto``.
+jaxlib 0.11.1 and later load a ``TritonKernel``'s optional ``module_image``
+(its CUBIN) as is, instead of assembling the PTX (about 0.16 s per kernel on
+an H200). jaxlib's Python bindings cannot set it, so it is added on the wire:
+a plain call's ``kernel_call`` gets a fragment appended (protobuf merges a
+singular message field's occurrences); an autotuned call's repeated
+``configs`` do not merge, so each is rewritten with its own fragment. Field
+numbers are those of jaxlib's ``jaxlib/gpu/triton.proto``.
 """
 
 from __future__ import annotations
@@ -45,11 +39,7 @@ class ModuleImage(NamedTuple):
 
 
 class Field(NamedTuple):
-  """One field of a serialised message.
-
-  ``payload`` is the value's bytes for length-delimited fields, and the
-  encoded value otherwise; ``raw`` is the whole field, tag included.
-  """
+  """One field of a serialised message; ``raw`` includes the tag."""
 
   number: int
   wire_type: int
@@ -158,9 +148,7 @@ def _with_config_images(autotuned: bytes, images: list[ModuleImage]) -> bytes:
 def with_module_images(serialized: bytes, images: list[ModuleImage]) -> bytes:
   """``serialized`` (from jaxlib's ``to_proto``) with each kernel's image.
 
-  ``images`` has one image per kernel, in config order for an autotuned
-  call; every other field is kept. ValueError where the kernel count
-  differs from ``len(images)``, or the bytes hold no kernel call.
+  ``images``: one per kernel, in config order for an autotuned call.
   """
   out, patched = [], False
   for field in parse_fields(serialized):

@@ -10,6 +10,7 @@ by someone who can write the cache directory is not caught.
 from __future__ import annotations
 
 import collections
+import contextlib
 import hashlib
 import json
 import logging
@@ -130,10 +131,8 @@ def _discard(key: str, paths: list[str], reason: str) -> None:
       "jt_dist: discarding the disk cache entry %s (%s); the kernel will be"
       " recompiled.", key[:16], reason)
   for path in paths:
-    try:
+    with contextlib.suppress(OSError):
       os.remove(path)
-    except OSError:
-      pass
 
 
 def load(key: str) -> tuple[dict[str, Any], bytes] | None:
@@ -194,9 +193,8 @@ def _parse_document(key: str, raw: bytes) -> dict[str, Any] | str:
 
 
 def _atomic_write(folder: str, path: str, data: bytes) -> None:
-  # Readers see either the old file or the complete new one: the data goes
-  # to a temporary file in the same directory, is flushed to disk, and is
-  # renamed over the target, which POSIX and Windows do atomically.
+  # Readers see the old file or the complete new one: a flushed temporary
+  # file in the same directory is renamed over it (atomic on POSIX, Windows).
   fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp-")
   try:
     with os.fdopen(fd, "wb") as f:
@@ -205,10 +203,8 @@ def _atomic_write(folder: str, path: str, data: bytes) -> None:
       os.fsync(f.fileno())
     os.replace(tmp, path)
   except BaseException:
-    try:
+    with contextlib.suppress(OSError):
       os.remove(tmp)
-    except OSError:
-      pass
     raise
 
 

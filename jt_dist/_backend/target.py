@@ -1,9 +1,8 @@
 """Which GPU a kernel is compiled for.
 
-The target comes from the devices the computation is lowered for, never
-from "device 0": a program placed on the second GPU of a mixed host must get
-that GPU's code. ``compute_capability=`` overrides it, which is how a host
-without the GPU (a CI machine cross-lowering for CUDA) names its target.
+That of the devices the computation is lowered for, never "device 0" (a
+mixed host's second GPU gets its own code), unless ``compute_capability=``
+names it, as a host without the GPU (cross-lowering) must.
 """
 
 from __future__ import annotations
@@ -18,9 +17,8 @@ from jt_dist import _compat
 
 logger = logging.getLogger("jt_dist")
 
-# Opt-in shared memory per block (bytes), by compute capability. Triton
-# reports what a kernel needs; checking it here turns a launch failure on
-# the device into an error at lowering that names the config.
+# Opt-in shared memory per block (bytes), by compute capability: checked at
+# lowering, where an error can name the config, not at launch on the device.
 _CUDA_SHARED_MEMORY = {
     70: 98304, 72: 98304, 75: 65536,
     80: 166912, 86: 101376, 87: 166912, 89: 101376,

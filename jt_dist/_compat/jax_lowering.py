@@ -11,9 +11,8 @@ import jax
 def output_avals(in_avals, out_shapes):
   """Abstract values of a kernel call's outputs.
 
-  Inside ``shard_map`` they must carry the mesh and the manual axes they
-  vary over (``check_vma``), which JAX releases record differently: so they
-  are an input aval ``update``d, keeping whatever the release records.
+  Inside ``shard_map`` they must carry the mesh and varying manual axes,
+  recorded differently per JAX release: so an input aval is ``update``d.
   """
   meshes = [getattr(getattr(a, "sharding", None), "mesh", None)
             for a in in_avals]
@@ -47,10 +46,8 @@ class AxisFacts(NamedTuple):
 
 
 def lowering_axis_facts(ctx) -> AxisFacts:
-  """The lowering context's axis context, read by its attributes only.
-
-  Its classes are private to JAX and were renamed between releases.
-  """
+  """The lowering context's axis context, read by attributes only."""
+  # Its classes are private to JAX and were renamed between releases.
   axis_ctx = ctx.module_context.axis_context
   if hasattr(axis_ctx, "manual_axes") and hasattr(axis_ctx, "mesh"):
     mesh = axis_ctx.mesh
@@ -76,22 +73,16 @@ def lowering_for_export(ctx) -> bool:
 
 
 def mesh_devices(mesh: Any) -> tuple:
-  """A mesh's devices, flattened; () for None, an empty or abstract mesh.
-
-  ``AbstractMesh.devices`` raises ValueError, not AttributeError.
-  """
+  """A mesh's devices, flattened; () for None, an empty or abstract mesh."""
   try:
     devices = mesh.devices
-  except (AttributeError, ValueError):
+  except (AttributeError, ValueError):  # AbstractMesh raises ValueError.
     return ()
   return tuple(devices.flat) if getattr(devices, "size", 0) else ()
 
 
 def mesh_platform(mesh: Any) -> str | None:
-  """The platform of a mesh's devices ("cpu", "cuda", ...), or None.
-
-  An ``AbstractMesh`` names it by its ``abstract_device`` only.
-  """
+  """The platform of a mesh's (or an AbstractMesh's) devices, or None."""
   devices = mesh_devices(mesh)
   if devices:
     return devices[0].platform
@@ -117,7 +108,7 @@ def mark_requires_devices(primitive) -> None:
 def varying_axes(aval) -> frozenset:
   """The manual mesh axes a value varies over inside ``shard_map``.
 
-  ``aval.mat.varying``: private, in jax 0.10.2 and 0.12 (a Ref has none).
+  ``aval.mat.varying`` is private (jax 0.10.2 and 0.12); a Ref has none.
   """
   return frozenset(getattr(getattr(aval, "mat", None), "varying", None) or ())
 

@@ -13,25 +13,21 @@ from jax._src import core as _jax_core  # pylint: disable=g-bad-import-order
 def jit_cache_context(default: Any = None) -> Any:
   """A context whose value is part of JAX's tracing and lowering cache keys.
 
-  ``jax.make_user_context`` (public since jax 0.6): unlike a plain context
-  variable, a new value makes ``jit`` trace and lower again.
+  ``jax.make_user_context``: public since jax 0.6.
   """
   return jax.make_user_context(default_value=default)
 
 
 def platform_version(device: Any) -> str:
   """The runtime a device's backend reports (e.g. its CUDA version)."""
-  try:
-    return str(device.client.platform_version)
-  except AttributeError:
-    return "unknown"
+  return str(getattr(getattr(device, "client", None), "platform_version",
+                     "unknown"))
 
 
 def primitive_impl(primitive) -> Callable[..., Any]:
   """The eager implementation jax gives its own primitives: jit and cache.
 
-  ``dispatch.apply_primitive``: private (``jax.ffi`` uses it too), in every
-  supported release.
+  ``dispatch.apply_primitive`` is private, in every supported release.
   """
   from jax._src import dispatch  # pylint: disable=g-import-not-at-top
   return functools.partial(dispatch.apply_primitive, primitive)
@@ -40,8 +36,7 @@ def primitive_impl(primitive) -> Callable[..., Any]:
 def at_top_level() -> bool:
   """Whether no trace is under way (an eager call, not inside a jit).
 
-  ``core.trace_state_clean``: private, in every supported release. A call
-  with no traced operand can still be inside a trace.
+  ``core.trace_state_clean`` is private, in every supported release.
   """
   return _jax_core.trace_state_clean()
 
@@ -49,8 +44,7 @@ def at_top_level() -> bool:
 def is_ref_view(x: Any) -> bool:
   """Whether ``x`` is a view of a Ref (``ref.at[...]``): jax's TransformedRef.
 
-  It has no public name: recognised by its class name and its ``ref``
-  attribute, as in jax 0.10.2 and 0.12.
+  Private: known by its class name and ``ref`` (jax 0.10.2 and 0.12).
   """
   if type(x).__name__ != "TransformedRef":
     return False
@@ -63,8 +57,8 @@ def is_ref_view(x: Any) -> bool:
 def distributed_client():
   """The client of jax.distributed's coordination service, or None.
 
-  Its key-value store hands process 0's value to the others without a
-  collective; JAX exposes it only through a private module.
+  Its key-value store hands values between processes without a collective;
+  JAX exposes it only through a private module.
   """
   from jax._src import distributed  # pylint: disable=g-import-not-at-top
   return distributed.global_state.client

@@ -55,16 +55,10 @@ def jaxlib_version() -> str:
   return str(getattr(jaxlib, "__version__", "unknown"))
 
 
-def _version_tuple(version: str) -> tuple[int, ...]:
-  match = re.match(r"\d+(?:\.\d+){0,2}", version)
-  return tuple(map(int, match[0].split("."))) if match else ()
-
-
-# jaxlib 0.11.1 added TritonKernel.module_image: machine code that jaxlib
-# loads as is, where older releases only assemble the PTX themselves.
-_MODULE_IMAGE_JAXLIB = (0, 11, 1)
-
-
 def jaxlib_takes_module_image() -> bool:
-  """Whether jaxlib's Triton proto reads a kernel's CUBIN (module_image)."""
-  return _version_tuple(jaxlib_version()) >= _MODULE_IMAGE_JAXLIB
+  """Whether jaxlib's Triton proto reads a kernel's CUBIN (module_image).
+
+  jaxlib 0.11.1 added it; older releases only assemble the PTX themselves.
+  """
+  match = re.match(r"\d+(?:\.\d+){0,2}", jaxlib_version())
+  return bool(match) and tuple(map(int, match[0].split("."))) >= (0, 11, 1)

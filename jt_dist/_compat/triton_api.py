@@ -20,19 +20,16 @@ Config = triton.Config
 InterpreterError = triton.runtime.errors.InterpreterError
 
 
-# Triton's interpreter patches ``triton.language`` module-wide for the length
-# of a launch, and the compiler's code generator calls that same module: a
-# compile overlapping an interpreted launch in another thread would generate
-# code from the interpreter's functions. Both hold this lock while they use
-# the module. Reentrant: an interpreted kernel may trace a nested call.
+# Triton's interpreter patches ``triton.language`` module-wide for a launch,
+# and the compiler's code generator calls that same module: both hold this
+# lock while they use it, lest a compile generate code from the
+# interpreter's functions. Reentrant: a launch may trace a nested call.
 LANGUAGE_LOCK = threading.RLock()
 
 
 def is_interpreted(fn: Any) -> bool:
-  """Whether ``fn`` is an ``InterpretedFunction`` (``TRITON_INTERPRET=1``).
-
-  Looked up, not imported: ``jt_dist._cpu.interpreter`` is its one importer.
-  """
+  """Whether ``fn`` is an ``InterpretedFunction`` (``TRITON_INTERPRET=1``)."""
+  # Looked up, not imported: jt_dist._cpu.interpreter is its one importer.
   interpreter = sys.modules.get("triton.runtime.interpreter")
   return (interpreter is not None
           and isinstance(fn, interpreter.InterpretedFunction))
@@ -44,10 +41,7 @@ def is_triton_function(fn: Any) -> bool:
 
 
 def jit_function_of(fn: Any) -> JITFunction:
-  """A ``JITFunction`` for a ``JITFunction`` or ``InterpretedFunction``.
-
-  The GPU compiler needs one; memoized, so Triton's caches stay warm.
-  """
+  """A ``JITFunction`` for a ``JITFunction`` or ``InterpretedFunction``."""
   if isinstance(fn, JITFunction):
     return fn
   return jit_function_for(fn.fn)
@@ -70,6 +64,7 @@ def triton_launcher_scalar_type(value: Any) -> str | None:
 @functools.lru_cache(maxsize=None)
 def jit_function_for(python_fn) -> JITFunction:
   """A ``JITFunction`` of a plain Python function, one per function."""
+  # One per function keeps Triton's own per-function caches warm.
   return JITFunction(python_fn)
 
 
@@ -80,10 +75,9 @@ _ABSENT = object()
 def attributes_replaced(owner: Any, replacements: Mapping[str, Any]):
   """Sets attributes of ``owner`` for the ``with`` block, then restores them.
 
-  The one way jt_dist patches Triton (the interpreter's builder and module,
-  ``JITFunction``), under the reentrant ``LANGUAGE_LOCK``: the interpreter
-  and the compiler share these objects across threads. An attribute that
-  ``owner`` only inherited is deleted again afterwards.
+  The one way jt_dist patches Triton, under the reentrant ``LANGUAGE_LOCK``
+  (the interpreter and the compiler share these objects across threads).
+  An attribute ``owner`` only inherited is deleted again afterwards.
   """
   with LANGUAGE_LOCK:
     own = vars(owner)

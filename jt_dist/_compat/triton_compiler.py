@@ -74,10 +74,8 @@ def ast_to_ttir(jit_fn, backend, target, options, signature, constexprs,
 def static_assert_note(error: Exception) -> str | None:
   """Names the failing ``tl.static_assert`` behind ``error``, or None.
 
-  Triton (3.6 to 3.9) reports an assert failing in a function the kernel
-  calls (``tl.rand``'s, say) at the kernel's line; the assert itself is
-  only at the end of the chain of causes, a
-  ``CompileTimeAssertionFailure``.
+  Triton (3.6 to 3.9) reports one in a function the kernel calls at the
+  kernel's line; the assert is only at the end of the chain of causes.
   """
   from triton.compiler import errors  # pylint: disable=g-import-not-at-top
 
@@ -101,10 +99,8 @@ def static_assert_note(error: Exception) -> str | None:
 def missing_gluon_api(fn: Any, error: Exception):
   """A clear error for a Gluon kernel using what this Triton lacks, or None.
 
-  Gluon's API grows with each release (3.6 has no
-  ``mbarrier.allocate_mbarrier``); Triton reports the gap as an
-  AttributeError on a ``triton.experimental.gluon`` module, or a
-  CompilationError quoting one.
+  Gluon grows with each release; Triton reports a gap as an AttributeError
+  on a ``triton.experimental.gluon`` module, or an error quoting one.
   """
   text = str(error)
   if (not is_gluon(fn) or "has no attribute" not in text
@@ -130,11 +126,9 @@ def is_gluon(fn: Any) -> bool:
 def compiler_stages(backend, target, options, gluon: bool):
   """Triton's ordered stages after source (ttir, ttgir, ...), and metadata.
 
-  Each stage maps ``(module, metadata) -> next module`` and fills
-  ``metadata``; running them in order is what ``triton.compile`` does,
-  without its launcher, its file cache and its need for a driver. As
-  there, the metadata starts with the target and every backend option (the
-  HIP backend's LLIR stage reads ``num_ctas`` from it, 3.6 to 3.9).
+  Running them in order is ``triton.compile`` without its launcher, file
+  cache and driver. As there, the metadata starts with the target and every
+  option (the HIP backend's LLIR stage reads ``num_ctas`` from it).
   """
   from triton.backends import compiler as backend_compiler  # pylint: disable=g-import-not-at-top
 

@@ -1,13 +1,10 @@
 """The XLA FFI C API's structs, as ctypes mirrors (xla/ffi/api/c_api.h).
 
-jt_dist's own CPU custom-call target (jt_dist/_cpu/ffi_target.py) is a
-ctypes trampoline, so it needs the C API's binary layout without a compiler.
-The fields used here have one layout in every jaxlib jt_dist supports: FFI
-API 0.3 (jaxlib 0.10.2) and 0.5 (jaxlib 0.12) differ only in names
-(``XLA_FFI_Extension_Base`` became ``XLA_FFI_InternalExtension``). XLA keeps
-major version 0 ABI-stable and only appends fields, so a call frame whose
-size or API major version differs from what is read here is refused with
-an error rather than read (see ``frame_is_readable``).
+jt_dist's CPU custom-call target (jt_dist/_cpu/ffi_target.py) is a ctypes
+trampoline. The fields used here have one layout in FFI API 0.3 (jaxlib
+0.10.2) and 0.5 (jaxlib 0.12), which differ only in names. XLA keeps major
+version 0 ABI-stable and only appends fields, so a call frame of another
+major version or a smaller size is refused, not read (``frame_is_readable``).
 """
 
 import ctypes
@@ -132,9 +129,8 @@ def frame_is_readable(frame: CallFrame) -> bool:
 def answer_metadata(frame: CallFrame) -> bool:
   """Answers XLA's metadata query, if ``frame`` is one; returns whether.
 
-  Against an API whose major version is not 0 (where it is given: some XLA
-  versions pass none here) the handler claims version 0.0, which XLA
-  refuses: registration fails and the caller keeps its fallback.
+  Against an API of another major version the handler claims 0.0, which
+  XLA refuses: registration fails and the caller keeps its fallback.
   """
   ext = frame.extension_start
   if not ext or ext.contents.type != EXTENSION_METADATA:

@@ -34,9 +34,7 @@ _TMEM_LIMIT = 512
 class Specialization(NamedTuple):
   """How one launch binds the kernel's parameters at compile time.
 
-  ``signature`` holds every parameter's Triton type ("constexpr" for the
-  compile-time ones) in parameter order; ``attrs`` the pointer divisibility
-  by ``(index, *tuple path)``; ``launch_operands`` what is passed at launch.
+  ``attrs`` holds the divisibility by ``(index, *tuple path)``.
   """
 
   signature: dict[str, str]
@@ -140,19 +138,6 @@ def specialize(spec, launch, backend) -> Specialization:
       attrs[(index,)] = divisible
     launched.append(op)
   return Specialization(signature, constexprs, attrs, tuple(launched))
-
-
-def _check_backend_options(spec, options, target: _target.Target) -> None:
-  # Triton's ``parse_options`` drops unknown names silently, so a misspelt
-  # option would compile as if it had not been given.
-  known = {f.name for f in dataclasses.fields(options)}
-  unknown = sorted(k for k, _ in spec.backend_options if k not in known)
-  if unknown:
-    raise ValueError(
-        f"triton_call: backend_options {unknown} are not options of Triton's"
-        f" {target.platform} backend ({type(options).__name__}, Triton"
-        f" {_compat.triton.__version__}). Known options:"
-        f" {', '.join(sorted(known))}.")
 
 
 def _value_key(value: Any) -> str:
@@ -283,7 +268,15 @@ def compiled_kernel(spec, launch, target: _target.Target,
       "num_stages": config.num_stages, "num_ctas": config.num_ctas,
       "enable_fp_fusion": spec.enable_fp_fusion, "debug": spec.debug,
       **({} if config.maxnreg is None else {"maxnreg": config.maxnreg})})
-  _check_backend_options(spec, options, target)
+  # Triton's ``parse_options`` drops unknown names silently, so a misspelt
+  # option would compile as if it had not been given.
+  known = {f.name for f in dataclasses.fields(options)}
+  if unknown := sorted(k for k, _ in spec.backend_options if k not in known):
+    raise ValueError(
+        f"triton_call: backend_options {unknown} are not options of Triton's"
+        f" {target.platform} backend ({type(options).__name__}, Triton"
+        f" {_compat.triton.__version__}). Known options:"
+        f" {', '.join(sorted(known))}.")
   spec_ = specialize(spec, launch, backend)
   jit_fn = _compat.jit_function_of(spec.info.fn)
 

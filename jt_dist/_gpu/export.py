@@ -24,10 +24,9 @@ from jt_dist._errors import ExportError
 ATTRIBUTE_PREFIX = "jt_dist_"
 FRONTEND_ATTRIBUTES = "mhlo.frontend_attributes"
 
-# jax.export checks its disabled_checks after lowering, where jt_dist cannot
-# see them, and refuses a Triton call it was not told to allow with a
-# ValueError that prints the call's attributes, in name order: this one,
-# a discardable attribute that XLA ignores, comes before the call's binary.
+# jax.export refuses a Triton call not allowed by disabled_checks (which
+# jt_dist cannot see) with a ValueError printing its attributes in name
+# order: this one, which XLA ignores, comes before the call's binary.
 SAFETY_CHECKS_ATTRIBUTE = "jt_dist.export"
 SAFETY_CHECKS_NOTE = (
     "jax.export.export takes this Triton call only with"
@@ -58,9 +57,7 @@ def _settings_context() -> Any:
 
 def current() -> ExportSettings:
   """The settings in force in this thread."""
-  if _context is None:
-    return ExportSettings()
-  return _context.value or ExportSettings()
+  return (_context is not None and _context.value) or ExportSettings()
 
 
 @contextlib.contextmanager
@@ -89,9 +86,9 @@ def export_capability(spec, platform: str) -> int | str:
         " or later (the kernel then travels in the module), export for"
         " CUDA (platforms=['cuda'] with compute_capability=), or lower and"
         " run on the ROCm host without exporting.")
-  capability = spec.compute_capability
-  if capability is None:
-    capability = current().compute_capability
+  capability = (current().compute_capability
+                if spec.compute_capability is None
+                else spec.compute_capability)
   if capability is None:
     example, note = (("compute_capability='gfx942'", "gfx942: MI300")
                      if platform == "rocm"

@@ -72,9 +72,8 @@ class ProtoChoices:
 _PADDING_FIELD = 99
 
 
-# What every lowering puts in the serialised call, read as it lowers.
-# benchmarks/dispatch_profile.py prices each choice by replacing it
-# (mock.patch.object), as tests do to read a kernel's TTIR.
+# Read as each call lowers: benchmarks/dispatch_profile.py prices each choice
+# by replacing it (mock.patch.object), as tests do to read a kernel's TTIR.
 proto_choices = ProtoChoices()
 
 
@@ -163,16 +162,14 @@ def _parameters(lib, spec, launch, specialization, compiled, platform):
       params.append(lib.create_scalar_parameter(op.value, op.type))
       continue
     if op.type.startswith("tensordesc"):
-      meta = next(metas, None) if compiled.tensordesc_meta else None
-      params.extend(_descriptor_parameters(lib, op, meta, platform))
+      params.extend(_descriptor_parameters(lib, op, next(metas, None),
+                                           platform))
       continue
     # Under jax-triton 0.4's convention an aliased output binds no
     # parameter: its input's pointer is the output's buffer.
     out = (op.index if op.kind == "output"
            else aliased.get(op.index) if op.kind == "array" else None)
-    to_zero = 0
-    if out is not None and out in zeroed:
-      to_zero = _nbytes(*spec.out_shapes[out])
+    to_zero = _nbytes(*spec.out_shapes[out]) if out in zeroed else 0
     # 16: the divisibility the kernel was specialised for; jaxlib checks it.
     params.append(lib.create_array_parameter(to_zero, 16))
   return params
@@ -242,13 +239,11 @@ def _autotuned_call(lib, spec, calls, ctx, order):
   return lib.TritonAutotunedKernelCall(description, configs, aliases_with_sizes)
 
 
-# Whether a CUDA call that names no target gets the legacy one where jaxlib
-# also has the FFI one, and nothing needs FFI (``default_target``). On one
-# H100 (jax 0.11.2, benchmarks/results/h100x1/dispatch.json) a jitted
-# 1,024-float add launched through the legacy target took as long as
-# jax-triton 0.3.1's, which emits it, and the FFI target ~2 us (2%) more
-# with or without the inline CUBIN: the FFI call itself costs it. ROCm
-# keeps FFI (never measured there).
+# Whether a CUDA call that names no target gets the legacy one where nothing
+# needs FFI (``default_target``). On one H100 (jax 0.11.2,
+# benchmarks/results/h100x1/dispatch.json) a jitted 1,024-float add took as
+# long as jax-triton 0.3.1's on the legacy target, and ~2 us (2%) more on the
+# FFI one, with or without the CUBIN. ROCm keeps FFI (never measured there).
 PREFER_LEGACY_TARGET = True
 
 
@@ -256,14 +251,11 @@ def default_target(has_ffi: bool, *, exporting: bool, cost_estimate: bool,
                    prefer_legacy: bool | None = None) -> str:
   """The custom-call target of a call whose ``custom_call_target_name`` is None.
 
-  The FFI target is kept wherever something needs it: ``jax.export`` (a
-  CUBIN travels only in the FFI call, and exported artifacts should not
-  change with a speed preference), a ``cost_estimate`` (only the FFI call
-  carries it), and XLA's command buffers (CUDA graphs), which capture only
-  handlers marked compatible, as jaxlib's FFI Triton handler is and the
-  legacy custom call is not. Otherwise ``prefer_legacy`` (by default
-  ``PREFER_LEGACY_TARGET``) picks the legacy target, the one jax-triton
-  0.3 emits.
+  FFI wherever something needs it: ``jax.export`` (a CUBIN travels only in
+  the FFI call, and artifacts should not change with a speed preference),
+  a ``cost_estimate``, and CUDA graphs (XLA captures jaxlib's FFI handler,
+  not the legacy call). Else ``prefer_legacy`` (by default
+  ``PREFER_LEGACY_TARGET``) picks the legacy target, jax-triton 0.3's.
   """
   if not has_ffi:
     return LEGACY_TARGET

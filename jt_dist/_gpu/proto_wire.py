@@ -57,13 +57,11 @@ def encode_varint(value: int) -> bytes:
   if value < 0:
     raise ValueError(f"varint {value} is negative")
   out = bytearray()
-  while True:
-    low, value = value & 0x7F, value >> 7
-    if value:
-      out.append(low | 0x80)
-    else:
-      out.append(low)
-      return bytes(out)
+  while value > 0x7F:
+    out.append(value & 0x7F | 0x80)
+    value >>= 7
+  out.append(value)
+  return bytes(out)
 
 
 def _decode_varint(buf: bytes, pos: int) -> tuple[int, int]:
@@ -121,28 +119,20 @@ def _image_fragment(image: ModuleImage) -> bytes:
       _CALL_KERNEL, length_delimited(_KERNEL_MODULE_IMAGE, message))
 
 
-def _is_config(field: Field) -> bool:
-  return field.number == _AUTOTUNED_CONFIGS and field.wire_type == _LEN
-
-
 def _with_config_images(autotuned: bytes, images: list[ModuleImage]) -> bytes:
   fields = parse_fields(autotuned)
-  num_configs = sum(map(_is_config, fields))
-  if num_configs != len(images):
+  configs = [f.number == _AUTOTUNED_CONFIGS and f.wire_type == _LEN
+             for f in fields]
+  if sum(configs) != len(images):
     raise ValueError(
-        f"the autotuned call has {num_configs} configs, but"
+        f"the autotuned call has {sum(configs)} configs, but"
         f" {len(images)} module images were given")
   remaining = iter(images)
-  out = []
-  for field in fields:
-    if _is_config(field):
-      fragment = _image_fragment(next(remaining))
-      out.append(length_delimited(_AUTOTUNED_CONFIGS, field.payload
-                                  + length_delimited(_CONFIG_KERNEL_CALL,
-                                                     fragment)))
-    else:
-      out.append(field.raw)
-  return b"".join(out)
+  return b"".join(
+      length_delimited(_AUTOTUNED_CONFIGS, field.payload + length_delimited(
+          _CONFIG_KERNEL_CALL, _image_fragment(next(remaining))))
+      if config else field.raw
+      for field, config in zip(fields, configs))
 
 
 def with_module_images(serialized: bytes, images: list[ModuleImage]) -> bytes:

@@ -136,10 +136,7 @@ def _discard(key: str, paths: list[str], reason: str) -> None:
 
 
 def load(key: str) -> tuple[dict[str, Any], bytes] | None:
-  """Reads the entry for ``key``: ``(metadata, binary)``, or None.
-
-  An entry that fails any check is deleted, logged, and reported missing.
-  """
+  """``(metadata, binary)`` of ``key``'s entry, or None (a bad one deleted)."""
   if not _settings.disk_cache() or not _KEY_PATTERN.match(key):
     return None
   folder, json_path = _entry_paths(key)

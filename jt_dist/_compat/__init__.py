@@ -1,11 +1,10 @@
 """Every jax-, jaxlib- and Triton-version difference jt_dist depends on.
 
-All code that touches a version-dependent Triton, jaxlib or JAX detail goes
-through this package, so that supporting a new release means editing it
-alone (Triton's interpreter is adapted in ``jt_dist._cpu.interpreter``).
-Nothing runs at import time beyond reading versions and importing classes.
-The rest of jt_dist, and the tests' ``mock.patch.object(_compat, ...)``,
-use the names re-exported here, never the modules behind them:
+Supporting a new release means editing this package alone (and
+``jt_dist._cpu.interpreter``, which adapts Triton's interpreter). Nothing
+runs at import time beyond reading versions and importing classes. The rest
+of jt_dist, and the tests' ``mock.patch.object(_compat, ...)``, use the
+names re-exported here, never the modules behind them:
 
 - ``triton_api``: Triton's runtime classes, JIT functions, the language lock
   and ``attributes_replaced``, the one way jt_dist patches Triton.

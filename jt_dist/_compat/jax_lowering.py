@@ -33,8 +33,7 @@ def output_avals(in_avals, out_shapes):
 class AxisFacts(NamedTuple):
   """What the lowering context says about the devices a call runs on.
 
-  kind is "sharding" (plain jit over num_devices), "spmd" (inside
-  shard_map), "replica" (pmap) or "none" (no partitioning information).
+  ``kind``: "sharding" (jit), "spmd" (shard_map), "replica" (pmap), "none".
   """
 
   kind: str
@@ -116,9 +115,8 @@ def varying_axes(aval) -> frozenset:
 def register_dce_rule(primitive, keep: Callable[[Any], bool]) -> None:
   """Drops an equation with no used output unless ``keep(eqn)``.
 
-  A kept one keeps all its inputs. ``partial_eval.dce_rules`` take
-  ``(used_outputs, eqn)`` on jax 0.10, ``(used_outputs, live_inputs, eqn)``
-  on jax 0.12.
+  ``partial_eval.dce_rules`` take ``(used_outputs, eqn)`` on jax 0.10,
+  ``(used_outputs, live_inputs, eqn)`` on jax 0.12.
   """
   from jax.interpreters import partial_eval  # pylint: disable=g-import-not-at-top
 
@@ -135,9 +133,8 @@ def register_dce_rule(primitive, keep: Callable[[Any], bool]) -> None:
 def kernel_side_effect() -> Any:
   """The effect of a call marked ``has_side_effect=True``, registered once.
 
-  Unlike a DCE rule, an effect keeps the equation in every enclosing jaxpr
-  (nested jit, ``shard_map``, ``cond``). Unordered: calls need no tokens.
-  ``jax._src.effects`` is private (jax 0.10.2 and 0.12 alike).
+  Unlike a DCE rule, it keeps the equation in every enclosing jaxpr; it is
+  unordered (no tokens). ``jax._src.effects`` is private (jax 0.10.2, 0.12).
   """
   from jax._src import effects  # pylint: disable=g-import-not-at-top
   from jax.extend import core as jex_core  # pylint: disable=g-import-not-at-top

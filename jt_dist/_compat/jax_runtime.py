@@ -65,13 +65,12 @@ def distributed_client():
 
 
 def host_buffer_callback():
-  """``jax.experimental.buffer_callback.buffer_callback`` (every supported jax).
+  """``jax.experimental.buffer_callback.buffer_callback`` (in every jax).
 
   It hands the callback the computation's own host buffers, where
   ``jax.pure_callback`` ``device_put``s operands to CPU device 0: on jaxlib
-  0.10 one of 102,400 bytes or more is copied on the thread pool that runs
-  the devices' programs, which a collective after the callback can
-  deadlock (XLA aborts after its rendezvous timeout).
+  0.10 one of 102,400 bytes or more is copied on the devices' thread pool,
+  which a collective after the callback can deadlock (XLA then aborts).
   """
   from jax.experimental import buffer_callback  # pylint: disable=g-import-not-at-top
   return buffer_callback.buffer_callback

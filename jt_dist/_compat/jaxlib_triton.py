@@ -1,4 +1,4 @@
-"""jaxlib's Triton custom call: the parts whose presence and signatures differ."""
+"""jaxlib's Triton custom call: parts whose presence or signature differ."""
 
 from __future__ import annotations
 

@@ -58,8 +58,7 @@ class CompiledKernel:
   profile_scratch_size: int
   # The CUBIN assembled from ``binary`` where jaxlib can load one, else b"".
   object_file: bytes = b""
-  # Triton's metadata of each host TMA descriptor parameter, in order;
-  # empty where Triton lowered them to pointer arithmetic (or has none).
+  # Each host TMA descriptor's metadata; empty where lowered without TMA.
   tensordesc_meta: tuple = ()
 
   def metadata(self) -> dict[str, Any]:

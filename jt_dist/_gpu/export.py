@@ -64,8 +64,7 @@ def current() -> ExportSettings:
 def scoped(settings: ExportSettings):
   """Puts ``settings`` in force for lowerings inside the block.
 
-  The settings are part of JAX's cache keys, so a function exported before
-  under other settings is lowered again, not taken from JAX's caches.
+  They are part of JAX's cache keys: other settings lower a function again.
   """
   with _settings_context()(settings):
     yield settings

@@ -1,13 +1,11 @@
 """The primitive's CUDA and ROCm lowering: jaxlib's Triton custom call.
 
-Each launch is compiled (through the caches) and described to jaxlib as a
-``TritonKernelCall``. The launches of a call still autotuned here (jaxlib's
-mode, or cross-lowering without a pin) go into one
-``TritonAutotunedKernelCall``, which times them on the first run in each
-process. The call is serialised to jaxlib's proto, compressed, and emitted
-on the target ``custom_call_target`` picks. Where jaxlib (0.11.1 or later)
-loads machine code as is, the CUBIN (FFI target) or the HSACO (ROCm) goes
-into the call too. ``export.py`` says what ``jax.export`` changes.
+Each launch is compiled and described to jaxlib as a ``TritonKernelCall``;
+a call still autotuned here (jaxlib's mode, or cross-lowering without a pin)
+becomes a ``TritonAutotunedKernelCall``, timed on its first run. The call is
+serialised, compressed, and emitted on the target ``custom_call_target``
+picks, with the CUBIN (FFI target) or HSACO (ROCm) where jaxlib 0.11.1 or
+later loads it. ``export.py`` says what ``jax.export`` changes.
 """
 
 from __future__ import annotations
@@ -52,9 +50,8 @@ _hsaco_dir: tempfile.TemporaryDirectory | None = None
 class ProtoChoices:
   """What the serialised kernel call carries besides what jaxlib needs.
 
-  The defaults follow benchmarks/dispatch_profile.py on 2x H200: each
-  launch's host time grows with the serialised call's size, by 0.04-0.17 µs
-  per KiB on either target, so bytes that jaxlib never reads are left out.
+  By benchmarks/dispatch_profile.py on 2x H200, each launch's host time
+  grows by 0.04-0.17 µs per serialised KiB: unread bytes are left out.
   """
 
   # Each kernel's CUBIN, on the FFI target only (the legacy one would hash
@@ -98,9 +95,8 @@ def plugin(platform: str):
 def rocm_binary_inline() -> bool:
   """Whether a ROCm call carries its HSACO inline (jaxlib 0.11.1 or later).
 
-  Older jaxlibs read the HSACO from the file named in the ``ptx`` field and
-  delete it: an executable restored from JAX's persistent compilation cache
-  in another process would name a file that is gone.
+  Older jaxlibs read, then delete, the file named in the ``ptx`` field: an
+  executable from JAX's persistent cache in another process names no file.
   """
   return _compat.jaxlib_takes_module_image()
 
@@ -193,9 +189,8 @@ def _check_descriptors(spec, platform: str) -> None:
 def _fitting_calls(lib, spec, target, object_file=None):
   """``(TritonKernelCall, launch, compiled kernel)`` of each launch that fits.
 
-  As Triton's own autotuner skips configs that run out of resources, a
-  config needing more shared memory than the GPU has is dropped (and
-  logged) when others remain; a lone config's error is raised as is.
+  As in Triton's autotuner, a config needing more shared memory than the
+  GPU has is dropped (and logged) unless it is the only one.
   """
   _check_descriptors(spec, target.platform)
   calls, errors = [], []

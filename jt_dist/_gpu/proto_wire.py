@@ -1,12 +1,11 @@
 """Adding machine code to jaxlib's serialised Triton kernel calls.
 
-jaxlib 0.11.1 and later load a ``TritonKernel``'s optional ``module_image``
-(its CUBIN) as is, instead of assembling the PTX (about 0.16 s per kernel on
-an H200). jaxlib's Python bindings cannot set it, so it is added on the wire:
-a plain call's ``kernel_call`` gets a fragment appended (protobuf merges a
-singular message field's occurrences); an autotuned call's repeated
-``configs`` do not merge, so each is rewritten with its own fragment. Field
-numbers are those of jaxlib's ``jaxlib/gpu/triton.proto``.
+jaxlib 0.11.1 and later load a ``TritonKernel``'s ``module_image`` (a CUBIN)
+instead of assembling the PTX (about 0.16 s per kernel on an H200). Its
+Python bindings cannot set it, so a fragment setting it is appended on the
+wire: to a plain call's kernel (protobuf merges a singular message field's
+occurrences), or to each of an autotuned call's repeated configs. Field
+numbers are jaxlib's ``jaxlib/gpu/triton.proto``'s.
 """
 
 from __future__ import annotations

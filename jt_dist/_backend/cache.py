@@ -1,23 +1,16 @@
 """Caches of compiled kernels: a bounded in-process LRU and an on-disk store.
 
-Triton compiles during JAX's lowering, so JAX's own persistent compilation
-cache cannot spare it: every new process would recompile every kernel and
-every autotuning config. The disk cache here keeps Triton's output across
-processes. Entries are keyed by a content hash (never by object identity),
-stored as JSON metadata plus the binary (no pickle), written atomically, and
-checked on load as a whole: the JSON document records a sha256 over its key,
-its launch metadata and the binary's size and sha256, so a damaged entry (in
-its binary, or in any field of a well-formed document) is discarded and
-recompiled, never used. The checks catch damage and stale entries, not a
-deliberate forgery by someone who can write the cache directory.
-
-Where the disk cache lives, whether it is on, and how many kernels the
-memory cache keeps are settings (``jt_dist._settings``), read at each use.
+Triton compiles during JAX's lowering, which JAX's persistent compilation
+cache cannot spare. Disk entries are keyed by a content hash, stored as JSON
+plus the binary (no pickle), written atomically and checked whole on load
+(sha256s), so a damaged or stale entry is recompiled, never used; a forgery
+by someone who can write the cache directory is not caught.
 """
 
 from __future__ import annotations
 
 import collections
+import contextlib
 import hashlib
 import json
 import logging
@@ -97,8 +90,7 @@ _events_lock = threading.Lock()
 
 
 def count(event: str) -> None:
-  """Counts one ``event`` (``"lowerings"``, ``"compiles"``, ``"memory_hits"``,
-  ``"disk_hits"`` or ``"disk_writes"``)."""
+  """Counts one ``event`` ("compiles", "disk_hits"...) for cache_info."""
   with _events_lock:
     _events[event] += 1
 
@@ -139,21 +131,12 @@ def _discard(key: str, paths: list[str], reason: str) -> None:
       "jt_dist: discarding the disk cache entry %s (%s); the kernel will be"
       " recompiled.", key[:16], reason)
   for path in paths:
-    try:
+    with contextlib.suppress(OSError):
       os.remove(path)
-    except OSError:
-      pass
 
 
 def load(key: str) -> tuple[dict[str, Any], bytes] | None:
-  """Reads the entry for ``key``: ``(metadata, binary)``, or None.
-
-  A missing entry, or the disk cache being off, returns None. An entry that
-  fails any check (unparsable JSON, another key or format, a document whose
-  fields differ from the ones its sha256 was recorded over, a binary whose
-  size or sha256 differ from the recorded ones) is deleted, logged, and
-  reported as missing.
-  """
+  """``(metadata, binary)`` of ``key``'s entry, or None (a bad one deleted)."""
   if not _settings.disk_cache() or not _KEY_PATTERN.match(key):
     return None
   folder, json_path = _entry_paths(key)
@@ -207,9 +190,8 @@ def _parse_document(key: str, raw: bytes) -> dict[str, Any] | str:
 
 
 def _atomic_write(folder: str, path: str, data: bytes) -> None:
-  # Readers see either the old file or the complete new one: the data goes
-  # to a temporary file in the same directory, is flushed to disk, and is
-  # renamed over the target, which POSIX and Windows do atomically.
+  # Readers see the old file or the complete new one: a flushed temporary
+  # file in the same directory is renamed over it (atomic on POSIX, Windows).
   fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp-")
   try:
     with os.fdopen(fd, "wb") as f:
@@ -218,10 +200,8 @@ def _atomic_write(folder: str, path: str, data: bytes) -> None:
       os.fsync(f.fileno())
     os.replace(tmp, path)
   except BaseException:
-    try:
+    with contextlib.suppress(OSError):
       os.remove(tmp)
-    except OSError:
-      pass
     raise
 
 
@@ -265,15 +245,8 @@ def get_or_create(key: str, create: Callable[[], tuple[Any, dict, bytes]],
                   use_cached: bool = True) -> Any:
   """The value for ``key``: from memory, else from disk, else created.
 
-  Threads asking for the same key at once wait for one of them to create
-  it, so a kernel is compiled once however many threads lower it.
-
-  Args:
-    key: a ``content_key``.
-    create: compiles; returns ``(value, metadata, binary)``.
-    restore: rebuilds the value from a disk entry's metadata and binary;
-      raising ``ValueError``/``KeyError``/``TypeError`` marks the entry bad.
-    use_cached: False skips both lookups (the value is still stored).
+  Concurrent callers of one key wait for one of them to create it.
+  ``restore`` raises ValueError, KeyError or TypeError for a bad entry.
   """
   if not use_cached:
     return _create_and_store(key, create)

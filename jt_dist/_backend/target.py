@@ -1,16 +1,15 @@
 """Which GPU a kernel is compiled for.
 
-The target comes from the devices the computation is lowered for, never
-from "device 0": a program placed on the second GPU of a mixed host must get
-that GPU's code. ``compute_capability=`` overrides it, which is how a host
-without the GPU (a CI machine cross-lowering for CUDA) names its target.
+That of the devices the computation is lowered for, never "device 0" (a
+mixed host's second GPU gets its own code), unless ``compute_capability=``
+names it, as a host without the GPU (cross-lowering) must.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
-from typing import Any, Sequence
+from typing import Any
 
 import jax
 
@@ -18,9 +17,8 @@ from jt_dist import _compat
 
 logger = logging.getLogger("jt_dist")
 
-# Opt-in shared memory per block (bytes), by compute capability. Triton
-# reports what a kernel needs; checking it here turns a launch failure on
-# the device into an error at lowering that names the config.
+# Opt-in shared memory per block (bytes), by compute capability: checked at
+# lowering, where an error can name the config, not at launch on the device.
 _CUDA_SHARED_MEMORY = {
     70: 98304, 72: 98304, 75: 65536,
     80: 166912, 86: 101376, 87: 166912, 89: 101376,
@@ -31,32 +29,38 @@ _CUDA_SHARED_MEMORY = {
 # LDS per workgroup (bytes), by gfx arch; 64 KiB unless listed.
 _ROCM_SHARED_MEMORY = {"gfx950": 163840}
 _ROCM_DEFAULT_SHARED_MEMORY = 65536
+_NO_DEVICE = {
+    "cuda": (
+        "triton_call: cannot tell which CUDA compute capability to compile"
+        " for: the computation is lowered for CUDA, but no CUDA device is"
+        " visible (e.g. cross-lowering on a host without a GPU). Pass"
+        " compute_capability= to triton_call, e.g. compute_capability=90"
+        " for H100/H200 (sm_90)."),
+    "rocm": (
+        "triton_call: cannot tell which ROCm GPU arch (gfx...) to compile"
+        " for: the computation is lowered for ROCm, but no ROCm device is"
+        " visible (e.g. cross-lowering on a host without a GPU). Pass"
+        " compute_capability= to triton_call with the arch, e.g."
+        " compute_capability='gfx942' for MI300X or 'gfx90a' for MI250X."),
+}
 
-_WARP_SIZE = {"cuda": 32, "rocm": 64}
-_TRITON_BACKEND = {"cuda": "cuda", "rocm": "hip"}
 
 
 @dataclasses.dataclass(frozen=True)
 class Target:
-  """A GPU to compile for.
+  """A GPU to compile for."""
 
-  Attributes:
-    platform: "cuda" or "rocm".
-    arch: the compute capability as an int (90 for sm_90) on CUDA, the gfx
-      arch (e.g. "gfx942") on ROCm.
-  """
-
-  platform: str
-  arch: int | str
+  platform: str  # "cuda" or "rocm".
+  arch: int | str  # 90 (sm_90) on CUDA, a gfx arch ("gfx942") on ROCm.
 
   @property
   def warp_size(self) -> int:
-    return _WARP_SIZE[self.platform]
+    return 32 if self.platform == "cuda" else 64
 
   @property
   def triton_target(self):
-    return _compat.gpu_target(
-        _TRITON_BACKEND[self.platform], self.arch, self.warp_size)
+    return _compat.gpu_target("cuda" if self.platform == "cuda" else "hip",
+                              self.arch, self.warp_size)
 
   @property
   def arch_number(self) -> int:
@@ -80,17 +84,6 @@ def shared_memory_limit(target: Target) -> int | None:
   return _CUDA_SHARED_MEMORY[max(same_major)] if same_major else None
 
 
-def _parse_capability(text: Any) -> int | None:
-  """ "9.0" -> 90; ints pass through; anything else -> None."""
-  if isinstance(text, int):
-    return text
-  try:
-    major, minor = str(text).split(".")[:2]
-    return int(major) * 10 + int(minor)
-  except ValueError:
-    return None
-
-
 def _devices_of_mesh() -> tuple:
   """The devices of the concrete mesh set with ``jax.set_mesh``, if any."""
   try:
@@ -108,8 +101,15 @@ def local_devices(platform: str) -> list[Any]:
 
 
 def cuda_capability(device: Any) -> int | None:
-  """A CUDA device's compute capability as an int (90), or None."""
-  return _parse_capability(getattr(device, "compute_capability", None))
+  """A CUDA device's compute capability as an int (90 for "9.0"), or None."""
+  text = getattr(device, "compute_capability", None)
+  if isinstance(text, int):
+    return text
+  try:
+    major, minor = str(text).split(".")[:2]
+    return int(major) * 10 + int(minor)
+  except ValueError:
+    return None
 
 
 def rocm_arch(device: Any) -> str | None:
@@ -140,36 +140,12 @@ def candidate_devices(ctx, platform: str) -> list[Any]:
   return []
 
 
-def _lowest(values: Sequence[tuple[Any, Any]], platform: str, what: str):
-  """The lowest target among (device, arch) pairs; logs when they differ."""
-  distinct = sorted({arch for _, arch in values}, key=str)
-  if len(distinct) > 1:
-    by_arch = {a: [str(d) for d, b in values if b == a] for a in distinct}
-    if platform != "cuda":
-      # HSACO is built for one gfx arch and runs on no other.
-      raise ValueError(
-          f"triton_call: the devices the call is lowered for differ in"
-          f" {what}: {by_arch}. A ROCm kernel runs only on the arch it was"
-          " compiled for: place the call on devices of one arch.")
-    lowest = min(distinct)
-    logger.warning(
-        "jt_dist: the devices the call is lowered for differ in %s: %s."
-        " Compiling for the lowest, %s, whose code runs on all of them.",
-        what, by_arch, lowest)
-    return lowest
-  return distinct[0]
-
-
 def resolve_target(ctx, platform: str, compute_capability: int | None
                    ) -> Target:
-  """The GPU to compile for, from the override or the lowering's devices.
+  """The GPU ``compute_capability`` names, else the lowering devices' GPU.
 
-  ``compute_capability`` is the caller's override: e.g. 90 on CUDA
-  (``platform`` "cuda"), "gfx942" on ROCm.
-
-  Raises:
-    ValueError: no device of the platform is known and no
-      ``compute_capability`` was given, or it names the other platform's GPU.
+  Devices of several archs get the lowest CUDA capability, whose code runs
+  on all of them (logged); a ROCm kernel runs only on its own gfx arch.
   """
   if compute_capability is not None:
     return _named_target(platform, compute_capability)
@@ -177,9 +153,23 @@ def resolve_target(ctx, platform: str, compute_capability: int | None
   pairs = [(d, arch) for d in candidate_devices(ctx, platform)
            if (arch := arch_of(d)) not in (None, "")]
   if not pairs:
-    raise ValueError(_no_device_message(platform))
+    raise ValueError(_NO_DEVICE[platform])
+  distinct = sorted({arch for _, arch in pairs}, key=str)
+  if len(distinct) == 1:
+    return Target(platform, distinct[0])
   what = "compute capability" if platform == "cuda" else "GPU arch"
-  return Target(platform, _lowest(pairs, platform, what))
+  by_arch = {a: [str(d) for d, b in pairs if b == a] for a in distinct}
+  if platform != "cuda":
+    raise ValueError(
+        f"triton_call: the devices the call is lowered for differ in"
+        f" {what}: {by_arch}. A ROCm kernel runs only on the arch it was"
+        " compiled for: place the call on devices of one arch.")
+  lowest = min(distinct)
+  logger.warning(
+      "jt_dist: the devices the call is lowered for differ in %s: %s."
+      " Compiling for the lowest, %s, whose code runs on all of them.",
+      what, by_arch, lowest)
+  return Target(platform, lowest)
 
 
 def _named_target(platform: str, named: int | str) -> Target:
@@ -195,24 +185,6 @@ def _named_target(platform: str, named: int | str) -> Target:
       f" platform, but the call is lowered for {platform}. Pass {expected},"
       " or lower for the platform it names (jax.jit(...).trace(...)"
       ".lower(lowering_platforms=(...,)).")
-
-
-def _no_device_message(platform: str) -> str:
-  if platform == "cuda":
-    return (
-        "triton_call: cannot tell which CUDA compute capability to compile"
-        " for: the computation is lowered for CUDA, but no CUDA device is"
-        " visible (e.g. cross-lowering on a host without a GPU). Pass"
-        " compute_capability= to triton_call, e.g. compute_capability=90"
-        " for H100/H200 (sm_90)."
-    )
-  return (
-      "triton_call: cannot tell which ROCm GPU arch (gfx...) to compile for:"
-      " the computation is lowered for ROCm, but no ROCm device is visible"
-      " (e.g. cross-lowering on a host without a GPU). Pass"
-      " compute_capability= to triton_call with the arch, e.g."
-      " compute_capability='gfx942' for MI300X or 'gfx90a' for MI250X."
-  )
 
 
 def check_num_ctas(target: Target, num_ctas: int, label: str) -> None:

@@ -1,21 +1,13 @@
 """Every jax-, jaxlib- and Triton-version difference jt_dist depends on.
 
-Triton's Python API is not stable between releases, and breakage with new
-Triton releases is what hurts users of Triton bindings most. All code that
-touches a version-dependent Triton, jaxlib or JAX detail goes through this
-package, so that supporting a new release means editing it alone. Nothing
-here runs at import time beyond reading version numbers and importing
-classes.
-
-The rest of jt_dist (and the tests, which replace some of these names with
-``mock.patch.object(_compat, ...)``) uses the names re-exported here, never
-the modules behind them:
+Supporting a new release means editing this package alone (and
+``jt_dist._cpu.interpreter``, which adapts Triton's interpreter). Nothing
+runs at import time beyond reading versions and importing classes. The rest
+of jt_dist, and the tests' ``mock.patch.object(_compat, ...)``, use the
+names re-exported here, never the modules behind them:
 
 - ``triton_api``: Triton's runtime classes, JIT functions, the language lock
   and ``attributes_replaced``, the one way jt_dist patches Triton.
-
-Triton's interpreter is adapted in one place of its own,
-``jt_dist._cpu.interpreter``, the CPU runtime's.
 - ``triton_compiler``: Triton's compiler stages (GPU lowering).
 - ``jaxlib_triton``: jaxlib's Triton custom call.
 - ``descriptors``: tensor descriptors (TMA), host and device side.
@@ -28,7 +20,6 @@ import triton
 
 from jt_dist._compat.descriptors import check_tf32_descriptor
 from jt_dist._compat.descriptors import descriptor_fallback_flags
-from jt_dist._compat.descriptors import descriptors_round_to_tf32
 from jt_dist._compat.descriptors import interpreter_descriptor
 from jt_dist._compat.descriptors import tma_parameter
 from jt_dist._compat.jax_lowering import is_auto_axis
@@ -70,7 +61,6 @@ from jt_dist._compat.triton_compiler import backend_hash
 from jt_dist._compat.triton_compiler import cache_invalidating_env_vars
 from jt_dist._compat.triton_compiler import compiler_stages
 from jt_dist._compat.triton_compiler import gpu_target
-from jt_dist._compat.triton_compiler import initial_metadata
 from jt_dist._compat.triton_compiler import is_gluon
 from jt_dist._compat.triton_compiler import make_backend
 from jt_dist._compat.triton_compiler import missing_gluon_api

@@ -1,8 +1,4 @@
-"""Tensor descriptors (TMA) as each Triton and jaxlib release builds them.
-
-The host-side ``TensorDescriptor``'s fields, how a descriptor lowered to
-pointer arithmetic is passed, and jaxlib's TMA descriptor parameter.
-"""
+"""Tensor descriptors (TMA) as each Triton and jaxlib release builds them."""
 
 from __future__ import annotations
 
@@ -21,11 +17,7 @@ def descriptors_round_to_tf32() -> bool:
 
 
 def check_tf32_descriptor(info, kernel: str) -> None:
-  """Refuses ``round_f32_to_tf32`` where the installed Triton lacks it.
-
-  Raises:
-    NotImplementedError: Triton before 3.9 (3.6 has no such option).
-  """
+  """Refuses ``round_f32_to_tf32`` before Triton 3.9, which lacks it."""
   if info.round_f32_to_tf32 and not descriptors_round_to_tf32():
     raise NotImplementedError(
         f"triton_call: kernel {kernel!r} takes a TensorDescriptor with"
@@ -38,9 +30,8 @@ def check_tf32_descriptor(info, kernel: str) -> None:
 def interpreter_descriptor(base, info):
   """Triton's host descriptor over ``base`` (a ``data_ptr`` object).
 
-  Triton's constructor validates a torch-like tensor (``dtype.itemsize``);
-  ``base`` is jt_dist's host pointer, and ``_tensordesc`` has already
-  checked the same rules, so the fields are set directly.
+  Triton's constructor would validate a torch-like tensor; ``_tensordesc``
+  has checked the same rules, so the fields are set directly.
   """
   from triton.tools import tensor_descriptor  # pylint: disable=g-import-not-at-top
   cls = tensor_descriptor.TensorDescriptor
@@ -55,12 +46,9 @@ def interpreter_descriptor(base, info):
 
 
 def descriptor_fallback_flags(info) -> list[tuple[Any, str]]:
-  """The flags after a lowered descriptor's shape and strides.
+  """The flags after a descriptor's shape and strides, lowered without TMA.
 
-  Where Triton lowers a host descriptor to pointer arithmetic (no TMA:
-  before Hopper), the kernel takes the base pointer, shape and strides
-  (i64), then ``padding == "nan"`` (i1), then on Triton 3.9
-  ``round_f32_to_tf32`` (i1), then the shape (i32) and strides (i64) again.
+  ``padding == "nan"`` (i1), then on Triton 3.9 ``round_f32_to_tf32`` (i1).
   """
   flags = [(info.padding == "nan", "i1")]
   if descriptors_round_to_tf32():
@@ -71,10 +59,8 @@ def descriptor_fallback_flags(info) -> list[tuple[Any, str]]:
 def tma_parameter(lib, meta, info, platform: str):
   """jaxlib's TMA descriptor parameter for ``info``, per Triton's ``meta``.
 
-  Raises:
-    NotImplementedError: the installed jaxlib's Triton call takes no host
-      TMA descriptors (jax-triton 0.4 needs a jaxlib newer than 0.11.0), or
-      the descriptor is an im2col or fp4-padded one.
+  Only jaxlibs newer than 0.11.0 build host TMA descriptors; im2col and
+  fp4-padded ones are refused.
   """
   make = getattr(lib, "create_tma_descriptor_parameter", None)
   if make is None or platform != "cuda":

@@ -1,9 +1,4 @@
-"""JAX facts a lowering and a primitive's rules need, across JAX releases.
-
-Abstract values, the lowering context's devices and mesh axes, the varying
-manual axes of ``shard_map``, and the registries (dead-code elimination,
-effects) that JAX reaches only through private modules.
-"""
+"""JAX facts a lowering and a primitive's rules need, across JAX releases."""
 
 from __future__ import annotations
 
@@ -16,11 +11,8 @@ import jax
 def output_avals(in_avals, out_shapes):
   """Abstract values of a kernel call's outputs.
 
-  Outside ``shard_map`` outputs are plain shaped arrays. Inside, they must
-  carry the mesh and the manual axes they vary over, or ``shard_map``'s
-  ``check_vma`` rejects them; how an aval records that differs between JAX
-  releases, so outputs are derived from an input aval with ``update``, which
-  keeps whatever the running release records.
+  Inside ``shard_map`` they must carry the mesh and varying manual axes,
+  recorded differently per JAX release: so an input aval is ``update``d.
   """
   meshes = [getattr(getattr(a, "sharding", None), "mesh", None)
             for a in in_avals]
@@ -41,8 +33,7 @@ def output_avals(in_avals, out_shapes):
 class AxisFacts(NamedTuple):
   """What the lowering context says about the devices a call runs on.
 
-  kind is "sharding" (plain jit over num_devices), "spmd" (inside
-  shard_map), "replica" (pmap) or "none" (no partitioning information).
+  ``kind``: "sharding" (jit), "spmd" (shard_map), "replica" (pmap), "none".
   """
 
   kind: str
@@ -54,11 +45,8 @@ class AxisFacts(NamedTuple):
 
 
 def lowering_axis_facts(ctx) -> AxisFacts:
-  """Reads the lowering context's axis context without naming its classes.
-
-  The classes live in a private JAX module and their names have changed
-  between releases, so only their documented attributes are read.
-  """
+  """The lowering context's axis context, read by attributes only."""
+  # Its classes are private to JAX and were renamed between releases.
   axis_ctx = ctx.module_context.axis_context
   if hasattr(axis_ctx, "manual_axes") and hasattr(axis_ctx, "mesh"):
     mesh = axis_ctx.mesh
@@ -84,25 +72,16 @@ def lowering_for_export(ctx) -> bool:
 
 
 def mesh_devices(mesh: Any) -> tuple:
-  """A mesh's devices, flattened; () for None, an empty or abstract mesh.
-
-  ``AbstractMesh.devices`` raises ``ValueError`` rather than
-  ``AttributeError``, so ``getattr(mesh, "devices", None)`` is not safe on
-  the meshes that ``jax.typeof`` and partially manual ``shard_map`` give.
-  """
+  """A mesh's devices, flattened; () for None, an empty or abstract mesh."""
   try:
     devices = mesh.devices
-  except (AttributeError, ValueError):
+  except (AttributeError, ValueError):  # AbstractMesh raises ValueError.
     return ()
   return tuple(devices.flat) if getattr(devices, "size", 0) else ()
 
 
 def mesh_platform(mesh: Any) -> str | None:
-  """The platform of a mesh's devices ("cpu", "cuda", ...), or None.
-
-  An ``AbstractMesh`` (from ``jax.typeof``) has no devices, only an
-  abstract device that names the platform.
-  """
+  """The platform of a mesh's (or an AbstractMesh's) devices, or None."""
   devices = mesh_devices(mesh)
   if devices:
     return devices[0].platform
@@ -116,11 +95,10 @@ def is_auto_axis(axis_type) -> bool:
 
 
 def mark_requires_devices(primitive) -> None:
-  """Asks JAX to pass the device assignment to ``primitive``'s lowering.
+  """Asks JAX to name the devices in ``primitive``'s lowering context.
 
-  Without this, ``jit`` lowers device-independently and the lowering context
-  names no devices, so the GPU target could only be guessed. jax has no
-  public registry for it (jax 0.10.2 and 0.12 have this private one).
+  Else the GPU target could only be guessed. jax has no public registry
+  for it (jax 0.10.2 and 0.12 have this private one).
   """
   from jax._src import dispatch  # pylint: disable=g-import-not-at-top
   dispatch.prim_requires_devices_during_lowering.add(primitive)
@@ -129,19 +107,16 @@ def mark_requires_devices(primitive) -> None:
 def varying_axes(aval) -> frozenset:
   """The manual mesh axes a value varies over inside ``shard_map``.
 
-  jax 0.10.2 and 0.12 record them as ``aval.mat.varying``, a private field
-  (avals without one, such as a Ref's, vary over none).
+  ``aval.mat.varying`` is private (jax 0.10.2 and 0.12); a Ref has none.
   """
   return frozenset(getattr(getattr(aval, "mat", None), "varying", None) or ())
 
 
 def register_dce_rule(primitive, keep: Callable[[Any], bool]) -> None:
-  """jax's dead-code elimination of ``primitive``'s equations.
+  """Drops an equation with no used output unless ``keep(eqn)``.
 
-  An equation with no used output is dropped unless ``keep(eqn)``; one that
-  is kept keeps all its inputs. ``jax.interpreters.partial_eval.dce_rules``
-  is the registry; its rules take ``(used_outputs, eqn)`` on jax 0.10 and
-  ``(used_outputs, live_inputs, eqn)`` on jax 0.12, the equation last in both.
+  ``partial_eval.dce_rules`` take ``(used_outputs, eqn)`` on jax 0.10,
+  ``(used_outputs, live_inputs, eqn)`` on jax 0.12.
   """
   from jax.interpreters import partial_eval  # pylint: disable=g-import-not-at-top
 
@@ -158,11 +133,8 @@ def register_dce_rule(primitive, keep: Callable[[Any], bool]) -> None:
 def kernel_side_effect() -> Any:
   """The effect of a call marked ``has_side_effect=True``, registered once.
 
-  An equation with an effect is kept by every enclosing jaxpr's dead-code
-  elimination (a nested ``jax.jit``, ``shard_map``, ``cond``), which a DCE
-  rule of the primitive alone cannot do. It is unordered: calls need no
-  tokens. jax has no public registry of effects, so ``jax._src.effects``'
-  sets are used, on jax 0.10.2 and 0.12 alike.
+  Unlike a DCE rule, it keeps the equation in every enclosing jaxpr; it is
+  unordered (no tokens). ``jax._src.effects`` is private (jax 0.10.2, 0.12).
   """
   from jax._src import effects  # pylint: disable=g-import-not-at-top
   from jax.extend import core as jex_core  # pylint: disable=g-import-not-at-top

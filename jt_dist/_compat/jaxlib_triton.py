@@ -1,7 +1,4 @@
-"""jaxlib's Triton custom call: the parts whose presence and signatures differ.
-
-Used only when lowering for CUDA or ROCm, and by ``jt_dist.doctor``.
-"""
+"""jaxlib's Triton custom call: parts whose presence or signature differ."""
 
 from __future__ import annotations
 
@@ -36,8 +33,7 @@ def make_triton_kernel(lib, name, num_warps, num_ctas, shared_mem, binary,
                        ttir, arch_number, scratch_size, scratch_align):
   """jaxlib's ``TritonKernel``; newer jaxlibs also take the global scratch.
 
-  jaxlib up to 0.11 takes 7 arguments and launches with a null scratch
-  pointer, so a kernel that needs scratch memory cannot run there.
+  jaxlib up to 0.11 takes 7 arguments (a null scratch pointer at launch).
   """
   args = [name, num_warps, num_ctas, shared_mem, binary, ttir, arch_number]
   if not scratch_size:
@@ -55,22 +51,14 @@ def make_triton_kernel(lib, name, num_warps, num_ctas, shared_mem, binary,
 
 
 def jaxlib_version() -> str:
-  """The installed jaxlib's version string."""
   import jaxlib  # pylint: disable=g-import-not-at-top
-
   return str(getattr(jaxlib, "__version__", "unknown"))
 
 
-def _version_tuple(version: str) -> tuple[int, ...]:
-  match = re.match(r"\d+(?:\.\d+){0,2}", version)
-  return tuple(map(int, match[0].split("."))) if match else ()
-
-
-# jaxlib 0.11.1 added TritonKernel.module_image: machine code that jaxlib
-# loads as is, where older releases only assemble the PTX themselves.
-_MODULE_IMAGE_JAXLIB = (0, 11, 1)
-
-
 def jaxlib_takes_module_image() -> bool:
-  """Whether jaxlib's Triton proto reads a kernel's CUBIN (module_image)."""
-  return _version_tuple(jaxlib_version()) >= _MODULE_IMAGE_JAXLIB
+  """Whether jaxlib's Triton proto reads a kernel's CUBIN (module_image).
+
+  jaxlib 0.11.1 added it; older releases only assemble the PTX themselves.
+  """
+  match = re.match(r"\d+(?:\.\d+){0,2}", jaxlib_version())
+  return bool(match) and tuple(map(int, match[0].split("."))) >= (0, 11, 1)

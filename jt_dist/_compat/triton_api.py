@@ -1,9 +1,4 @@
-"""Triton's runtime classes and JIT functions, per supported Triton.
-
-Triton's Python API is not stable between releases; the classes jt_dist
-recognises kernels by, and the lock that keeps the interpreter and the
-compiler apart, are named here once.
-"""
+"""Triton's runtime classes, JIT functions and language lock, per Triton."""
 
 from __future__ import annotations
 
@@ -25,21 +20,16 @@ Config = triton.Config
 InterpreterError = triton.runtime.errors.InterpreterError
 
 
-# Triton's interpreter patches ``triton.language`` module-wide for the length
-# of a launch, and the compiler's code generator calls that same module: a
-# compile overlapping an interpreted launch in another thread would generate
-# code from the interpreter's functions. Both hold this lock while they use
-# the module. Reentrant: an interpreted kernel may trace a nested call.
+# Triton's interpreter patches ``triton.language`` module-wide for a launch,
+# and the compiler's code generator calls that same module: both hold this
+# lock while they use it, lest a compile generate code from the
+# interpreter's functions. Reentrant: a launch may trace a nested call.
 LANGUAGE_LOCK = threading.RLock()
 
 
 def is_interpreted(fn: Any) -> bool:
-  """Whether ``fn`` is an ``InterpretedFunction`` (``TRITON_INTERPRET=1``).
-
-  Looked up, not imported: ``jt_dist._cpu.interpreter`` is the one
-  importer of Triton's interpreter, and such a kernel exists only once
-  the interpreter has been imported.
-  """
+  """Whether ``fn`` is an ``InterpretedFunction`` (``TRITON_INTERPRET=1``)."""
+  # Looked up, not imported: jt_dist._cpu.interpreter is its one importer.
   interpreter = sys.modules.get("triton.runtime.interpreter")
   return (interpreter is not None
           and isinstance(fn, interpreter.InterpretedFunction))
@@ -51,12 +41,7 @@ def is_triton_function(fn: Any) -> bool:
 
 
 def jit_function_of(fn: Any) -> JITFunction:
-  """Returns a ``JITFunction`` for a ``JITFunction`` or ``InterpretedFunction``.
-
-  Kernels defined under ``TRITON_INTERPRET=1`` are ``InterpretedFunction``s;
-  the GPU compiler needs a ``JITFunction`` of the same Python function. The
-  result is memoized so that Triton's own per-function caches stay warm.
-  """
+  """A ``JITFunction`` for a ``JITFunction`` or ``InterpretedFunction``."""
   if isinstance(fn, JITFunction):
     return fn
   return jit_function_for(fn.fn)
@@ -65,11 +50,9 @@ def jit_function_of(fn: Any) -> JITFunction:
 def triton_launcher_scalar_type(value: Any) -> str | None:
   """The type Triton's own launcher gives an unannotated scalar argument.
 
-  ``triton.runtime.jit.mangle_type``, native code in Triton 3.6 and 3.9.
-  Triton 3.9 names bools "u1", earlier releases "i1";
-  jaxlib's Triton call takes "i1", so both read "i1" here. None where the
+  ``triton.runtime.jit.mangle_type`` (native in Triton 3.6 and 3.9). Bools
+  read "i1", as jaxlib takes them (Triton 3.9 says "u1"). None where the
   launcher refuses the value (an int beyond 64 bits, a NumPy int).
-  jt_dist's own typing (``_types.scalar_type``) is tested against this.
   """
   try:
     mangled = _jit.mangle_type(value)
@@ -81,6 +64,7 @@ def triton_launcher_scalar_type(value: Any) -> str | None:
 @functools.lru_cache(maxsize=None)
 def jit_function_for(python_fn) -> JITFunction:
   """A ``JITFunction`` of a plain Python function, one per function."""
+  # One per function keeps Triton's own per-function caches warm.
   return JITFunction(python_fn)
 
 
@@ -91,16 +75,9 @@ _ABSENT = object()
 def attributes_replaced(owner: Any, replacements: Mapping[str, Any]):
   """Sets attributes of ``owner`` for the ``with`` block, then restores them.
 
-  The one way jt_dist patches Triton (the interpreter's builder and module,
-  ``JITFunction``): for one launch, under ``LANGUAGE_LOCK``, because the
-  interpreter and the compiler share these objects across threads. The lock
-  is reentrant, so launches that already hold it nest patches freely. An
-  attribute that ``owner`` only inherited is deleted again rather than left
-  shadowing the inherited one.
-
-  Args:
-    owner: a class, module or instance with a ``__dict__``.
-    replacements: attribute name -> the value to hold inside the block.
+  The one way jt_dist patches Triton, under the reentrant ``LANGUAGE_LOCK``
+  (the interpreter and the compiler share these objects across threads).
+  An attribute ``owner`` only inherited is deleted again afterwards.
   """
   with LANGUAGE_LOCK:
     own = vars(owner)

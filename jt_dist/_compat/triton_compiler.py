@@ -1,7 +1,6 @@
-"""Triton's compiler stages, as each supported Triton release calls them.
+"""Triton's compiler stages, as each supported Triton (3.6 to 3.9) calls them.
 
-Used only when lowering for CUDA or ROCm. It wraps the Triton compiler APIs
-that moved between releases (3.6 to 3.9 are tested).
+Used only when lowering for CUDA or ROCm.
 """
 
 from __future__ import annotations
@@ -42,11 +41,7 @@ def cache_invalidating_env_vars() -> dict[str, str]:
 
 def ast_to_ttir(jit_fn, backend, target, options, signature, constexprs,
                 attrs):
-  """Generates the TTIR module of ``jit_fn`` (the first compiler stage).
-
-  Returns:
-    ``(module, context)``; the context must outlive the module.
-  """
+  """The TTIR module of ``jit_fn`` and its context, which must outlive it."""
   from triton._C.libtriton import ir  # pylint: disable=g-import-not-at-top
   from triton.compiler import compiler as triton_compiler  # pylint: disable=g-import-not-at-top
 
@@ -79,12 +74,8 @@ def ast_to_ttir(jit_fn, backend, target, options, signature, constexprs,
 def static_assert_note(error: Exception) -> str | None:
   """Names the failing ``tl.static_assert`` behind ``error``, or None.
 
-  Triton (3.6 to 3.9) reports an assert that fails inside a function the
-  kernel calls (``tl.rand``'s on its seed, say) as a ``CompilationError``
-  at the kernel's line; the assert, its line and its message are only in
-  the chain of causes, one ``CompilationError`` per call, ending in a
-  ``CompileTimeAssertionFailure``. An assert in the kernel's own body is
-  that error itself, whose text shows them already.
+  Triton (3.6 to 3.9) reports one in a function the kernel calls at the
+  kernel's line; the assert is only at the end of the chain of causes.
   """
   from triton.compiler import errors  # pylint: disable=g-import-not-at-top
 
@@ -108,10 +99,8 @@ def static_assert_note(error: Exception) -> str | None:
 def missing_gluon_api(fn: Any, error: Exception):
   """A clear error for a Gluon kernel using what this Triton lacks, or None.
 
-  Gluon's API grows with each release (Triton 3.6 has no
-  ``mbarrier.allocate_mbarrier``, for one); Triton reports the gap as an
-  AttributeError on a ``triton.experimental.gluon`` module, from hashing
-  the kernel (3.6), or as a CompilationError quoting it (generating IR).
+  Gluon grows with each release; Triton reports a gap as an AttributeError
+  on a ``triton.experimental.gluon`` module, or an error quoting one.
   """
   text = str(error)
   if (not is_gluon(fn) or "has no attribute" not in text
@@ -126,10 +115,7 @@ def missing_gluon_api(fn: Any, error: Exception):
 
 
 def is_gluon(fn: Any) -> bool:
-  """Whether ``fn`` is a Gluon kernel (``triton.experimental.gluon.jit``).
-
-  Triton 3.6 to 3.9 mark them by ``JITFunction.is_gluon()``.
-  """
+  """Whether ``fn`` is a Gluon kernel: ``JITFunction.is_gluon()`` (3.6-3.9)."""
   marker = getattr(fn, "is_gluon", None)
   try:
     return bool(marker()) if callable(marker) else False
@@ -137,30 +123,21 @@ def is_gluon(fn: Any) -> bool:
     return False
 
 
-def compiler_stages(backend, options, gluon: bool = False) -> dict[str, Any]:
-  """Triton's ordered compiler stages after source: ttir, ttgir, llir, ...
+def compiler_stages(backend, target, options, gluon: bool):
+  """Triton's ordered stages after source (ttir, ttgir, ...), and metadata.
 
-  Each stage maps ``(module, metadata) -> next module`` and fills
-  ``metadata``; running them in order is what ``triton.compile`` does,
-  without its launcher, its file cache and its need for a driver.
+  Running them in order is ``triton.compile`` without its launcher, file
+  cache and driver. As there, the metadata starts with the target and every
+  option (the HIP backend's LLIR stage reads ``num_ctas`` from it).
   """
   from triton.backends import compiler as backend_compiler  # pylint: disable=g-import-not-at-top
 
+  metadata = {"target": target, **options.__dict__}
   stages: dict[str, Any] = {}
   language = backend_compiler.Language
   backend.add_stages(stages, options,
                      language.GLUON if gluon else language.TRITON)
-  return stages
-
-
-def initial_metadata(target, options) -> dict[str, Any]:
-  """The metadata the first compiler stage receives, as in triton.compile.
-
-  ``triton.compile`` starts it with the target and every backend option;
-  the HIP backend's LLIR stage reads ``num_ctas`` from it (3.6 to 3.9),
-  where the CUDA stages only write to it.
-  """
-  return {"target": target, **options.__dict__}
+  return stages, metadata
 
 
 def pointer_divisibility_attr(backend) -> Any:

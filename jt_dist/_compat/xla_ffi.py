@@ -1,13 +1,10 @@
 """The XLA FFI C API's structs, as ctypes mirrors (xla/ffi/api/c_api.h).
 
-jt_dist's own CPU custom-call target (jt_dist/_cpu/ffi_target.py) is a
-ctypes trampoline, so it needs the C API's binary layout without a compiler.
-The fields used here have one layout in every jaxlib jt_dist supports: FFI
-API 0.3 (jaxlib 0.10.2) and 0.5 (jaxlib 0.12) differ only in names
-(``XLA_FFI_Extension_Base`` became ``XLA_FFI_InternalExtension``). XLA keeps
-major version 0 ABI-stable and only appends fields, so a call frame whose
-size or API major version differs from what is read here is refused with
-an error rather than read (see ``frame_is_readable``).
+jt_dist's CPU custom-call target (jt_dist/_cpu/ffi_target.py) is a ctypes
+trampoline. The fields used here have one layout in FFI API 0.3 (jaxlib
+0.10.2) and 0.5 (jaxlib 0.12), which differ only in names. XLA keeps major
+version 0 ABI-stable and only appends fields, so a call frame of another
+major version or a smaller size is refused, not read (``frame_is_readable``).
 """
 
 import ctypes
@@ -113,21 +110,27 @@ CLAIMED_API = (0, 1)
 HANDLER = ctypes.CFUNCTYPE(_P, ctypes.POINTER(CallFrame))
 
 
+def _api(address: int) -> ApiHead | None:
+  """The API table at ``address`` if it has the layout mirrored here."""
+  if not address:
+    return None
+  api = ApiHead.from_address(address)
+  if api.api_version.major_version != 0 or api.struct_size < MIN_API_SIZE:
+    return None
+  return api
+
+
 def frame_is_readable(frame: CallFrame) -> bool:
   """Whether ``frame`` and its API table have the layout mirrored here."""
-  if frame.struct_size < MIN_CALL_FRAME_SIZE or not frame.api:
-    return False
-  api = ApiHead.from_address(frame.api)
-  return (api.struct_size >= MIN_API_SIZE
-          and api.api_version.major_version == 0)
+  return (frame.struct_size >= MIN_CALL_FRAME_SIZE
+          and _api(frame.api) is not None)
 
 
 def answer_metadata(frame: CallFrame) -> bool:
   """Answers XLA's metadata query, if ``frame`` is one; returns whether.
 
-  Against an API whose major version is not 0 (where it is given: some XLA
-  versions pass none here) the handler claims version 0.0, which XLA
-  refuses: registration fails and the caller keeps its fallback.
+  Against an API of another major version the handler claims 0.0, which
+  XLA refuses: registration fails and the caller keeps its fallback.
   """
   ext = frame.extension_start
   if not ext or ext.contents.type != EXTENSION_METADATA:
@@ -147,13 +150,10 @@ def answer_metadata(frame: CallFrame) -> bool:
 def make_error(api_address: int, message: str, errc: int = ERRC_UNKNOWN):
   """An ``XLA_FFI_Error*`` with ``message`` (XLA copies it), or None.
 
-  None where the API table cannot be used (no table, or one of another
-  major version, whose function table may be laid out differently).
+  None where the API table cannot be used (another major version's function
+  table may be laid out differently).
   """
-  if not api_address:
-    return None
-  api = ApiHead.from_address(api_address)
-  if api.api_version.major_version != 0 or api.struct_size < MIN_API_SIZE:
+  if (api := _api(api_address)) is None:
     return None
   args = ErrorCreateArgs(ERROR_CREATE_ARGS_SIZE, None,
                          message.encode("utf-8", "replace"), errc)

@@ -1,16 +1,10 @@
 """Compiling one launch of a call with Triton: to PTX (CUDA) or HSACO (ROCm).
 
-On CUDA with jaxlib 0.11.1 or later, the PTX is also assembled into a CUBIN
-(Triton's ``ptxas`` stage), which jaxlib then loads without assembling the
-PTX itself; cached on disk, it spares later processes that step.
-
-A launch is specialised as Triton's own launcher would specialise it: the
-config's keyword arguments are constexprs, integer scalars equal to 1 become
-the constexpr 1 (and are not passed at launch), and every pointer is assumed
-16-byte aligned, which jaxlib checks before each launch. Results go through
-``_cache``, so a kernel is compiled once per content, not once per process.
-With ``JT_DIST_DUMP_DIR`` set (``jt_dist._settings``), each compiled kernel's
-TTIR, TTGIR, LLIR, PTX or HSACO and its launch metadata are written there.
+A launch is specialised as Triton's own launcher would: the config's keyword
+arguments are constexprs, integer scalars equal to 1 the constexpr 1 (not
+passed at launch), and every pointer 16-byte aligned (jaxlib checks it).
+Where jaxlib (0.11.1 or later) loads a CUBIN, the PTX is assembled too.
+Results go through ``_cache``; ``JT_DIST_DUMP_DIR`` receives every IR.
 """
 
 from __future__ import annotations
@@ -19,7 +13,7 @@ import dataclasses
 import json
 import os
 import sys
-from typing import Any
+from typing import Any, NamedTuple
 
 from jt_dist._backend import cache as _cache
 from jt_dist import _compat
@@ -37,16 +31,10 @@ _OBJECT_STAGE = "cubin"
 _TMEM_LIMIT = 512
 
 
-@dataclasses.dataclass(frozen=True)
-class Specialization:
+class Specialization(NamedTuple):
   """How one launch binds the kernel's parameters at compile time.
 
-  Attributes:
-    signature: every parameter's Triton type by name, "constexpr" for
-      compile-time ones, in parameter order.
-    constexprs: compile-time values by parameter name.
-    attrs: per-parameter attributes (pointer divisibility) by ``(index,)``.
-    launch_operands: the operands passed at launch, in parameter order.
+  ``attrs`` holds the divisibility by ``(index, *tuple path)``.
   """
 
   signature: dict[str, str]
@@ -70,8 +58,7 @@ class CompiledKernel:
   profile_scratch_size: int
   # The CUBIN assembled from ``binary`` where jaxlib can load one, else b"".
   object_file: bytes = b""
-  # Triton's metadata of each host TMA descriptor parameter, in order;
-  # empty where Triton lowered them to pointer arithmetic (or has none).
+  # Each host TMA descriptor's metadata; empty where lowered without TMA.
   tensordesc_meta: tuple = ()
 
   def metadata(self) -> dict[str, Any]:
@@ -105,100 +92,51 @@ class CompiledKernel:
     return cls(binary=blob[:split], object_file=blob[split:], **metadata)
 
 
-def _is_equal_to_1(op) -> bool:
-  # Triton specialises integer arguments equal to 1 into constants; bools
-  # are typed i1 and are not integers to it.
-  return op.kind == "scalar" and op.type in _INT_TYPES and op.value == 1
-
-
-def _is_multiple_of_16(op) -> bool:
-  return (op.kind == "scalar" and op.type in ("i32", "u32", "i64", "u64")
-          and op.value % 16 == 0)
-
-
 def specialize(spec, launch, backend) -> Specialization:
   """The signature, constexprs and attributes of ``launch`` of ``spec``."""
-  info = spec.info
-  index = {name: i for i, name in enumerate(info.param_names)}
-  by_name = {op.name: op for op in spec.operands}
   kwargs = dict(launch.config.kwargs)
   divisible = _compat.pointer_divisibility_attr(backend)
-  pinned = {p.name for p in _compat.jit_function_of(info.fn).params
+  pinned = {p.name for p in _compat.jit_function_of(spec.info.fn).params
             if p.do_not_specialize}
   signature, constexprs, attrs, launched = {}, {}, {}, []
-  leaves = {}
+  by_name, leaves = {}, {}
   for op in spec.operands:
     if op.path:
       leaves.setdefault(op.name, []).append(op)
-  for param in info.params:
+    else:
+      by_name[op.name] = op
+  for index, param in enumerate(spec.info.params):
     if param.name in leaves:
       # A tuple parameter: Triton takes a nested tuple of types, attributes
       # by path, and one kernel argument per leaf.
       ops = leaves[param.name]
       signature[param.name] = _pytree_args.nest(
           [(op.path, op.type) for op in ops])
-      for op in ops:
-        if op.type.startswith("*"):
-          attrs[(index[param.name], *op.path)] = divisible
+      attrs.update({(index, *op.path): divisible for op in ops
+                    if op.type.startswith("*")})
       launched.extend(ops)
       continue
     op = by_name.get(param.name)
-    if param.name in kwargs or op is None or _is_equal_to_1(op):
-      if param.name in kwargs:
-        value = kwargs[param.name]
-      elif op is not None:
-        value = 1
-      else:  # Unbound, so it has a default (binding checked that).
-        value = param.default
-      constexprs[param.name] = value
+    # Triton specialises integer arguments equal to 1 into constants; bools
+    # are typed i1 and are not integers to it.
+    is_one = (op is not None and op.kind == "scalar"
+              and op.type in _INT_TYPES and op.value == 1)
+    if param.name in kwargs or op is None or is_one:
+      # Unbound, a parameter has a default (binding checked that).
+      constexprs[param.name] = kwargs.get(
+          param.name, 1 if op is not None else param.default)
       signature[param.name] = "constexpr"
       continue
     signature[param.name] = op.type
     if op.type.startswith("*") or (
-        _is_multiple_of_16(op) and param.name not in pinned):
+        op.kind == "scalar" and op.type in ("i32", "u32", "i64", "u64")
+        and op.value % 16 == 0 and param.name not in pinned):
       # As Triton's own launcher does for integers: a size or stride known
       # to be a multiple of 16 lets the compiler vectorise the accesses it
       # indexes. The value is static per call, so this costs no recompiles.
-      attrs[(index[param.name],)] = divisible
+      attrs[(index,)] = divisible
     launched.append(op)
   return Specialization(signature, constexprs, attrs, tuple(launched))
-
-
-def compile_options(spec, launch) -> dict[str, Any]:
-  """Triton's backend options for ``launch``."""
-  config = launch.config
-  # The user's backend_options first: a config's own maxnreg is more
-  # specific, and the named options were merged out of them.
-  options = {
-      **dict(spec.backend_options),
-      "num_warps": config.num_warps,
-      "num_stages": config.num_stages,
-      "num_ctas": config.num_ctas,
-      "enable_fp_fusion": spec.enable_fp_fusion,
-      "debug": spec.debug,
-  }
-  if config.maxnreg is not None:
-    options["maxnreg"] = config.maxnreg
-  return options
-
-
-def check_backend_options(spec, options, target: _target.Target) -> None:
-  """Refuses ``backend_options`` the target's Triton backend does not know.
-
-  Triton's ``parse_options`` drops unknown names silently, so a misspelt
-  option would compile as if it had not been given.
-
-  Raises:
-    ValueError: an option is not a field of the backend's options.
-  """
-  known = {f.name for f in dataclasses.fields(options)}
-  unknown = sorted(k for k, _ in spec.backend_options if k not in known)
-  if unknown:
-    raise ValueError(
-        f"triton_call: backend_options {unknown} are not options of Triton's"
-        f" {target.platform} backend ({type(options).__name__}, Triton"
-        f" {_compat.triton.__version__}). Known options:"
-        f" {', '.join(sorted(known))}.")
 
 
 def _value_key(value: Any) -> str:
@@ -230,21 +168,15 @@ def cache_key(jit_fn, spec_: Specialization, options, backend,
   })
 
 
-def wants_object_file(target: _target.Target) -> bool:
-  """Whether to assemble a CUBIN too: only where jaxlib can load one."""
-  return target.platform == "cuda" and _compat.jaxlib_takes_module_image()
-
-
 def _run_stages(jit_fn, spec_, target, backend, options, object_file):
   """Runs Triton's pipeline to the final stage; returns (IRs, metadata)."""
   module, context = _compat.ast_to_ttir(
       jit_fn, backend, target.triton_target, options, spec_.signature,
       spec_.constexprs, spec_.attrs)
   irs = {"source": str(module)}
-  metadata = _compat.initial_metadata(target.triton_target, options)
   final = _OBJECT_STAGE if object_file else _FINAL_STAGE[target.platform]
-  stages = _compat.compiler_stages(backend, options,
-                                   _compat.is_gluon(jit_fn))
+  stages, metadata = _compat.compiler_stages(
+      backend, target.triton_target, options, _compat.is_gluon(jit_fn))
   for stage, run in stages.items():
     module = run(module, metadata)
     irs[stage] = module if isinstance(module, bytes) else str(module)
@@ -254,19 +186,9 @@ def _run_stages(jit_fn, spec_, target, backend, options, object_file):
   return irs, metadata
 
 
-def run_triton(spec, launch, target: _target.Target,
-               object_file: bool | None = None) -> CompiledKernel:
-  """Compiles ``launch`` of ``spec`` with Triton, bypassing every cache.
-
-  ``object_file``: whether to assemble a CUBIN too; by default where the
-  installed jaxlib loads one (``wants_object_file``).
-  """
-  if object_file is None:
-    object_file = wants_object_file(target)
-  backend = _compat.make_backend(target.triton_target)
-  options = backend.parse_options(compile_options(spec, launch))
-  spec_ = specialize(spec, launch, backend)
-  jit_fn = _compat.jit_function_of(spec.info.fn)
+def _run_triton(spec, launch, target, backend, options, spec_, jit_fn,
+                object_file) -> CompiledKernel:
+  """Compiles ``launch`` with Triton, bypassing every cache."""
   irs, metadata = _run_stages(jit_fn, spec_, target, backend, options,
                               object_file)
   binary = irs[_FINAL_STAGE[target.platform]]
@@ -290,18 +212,14 @@ def run_triton(spec, launch, target: _target.Target,
         f" {launch.config.label}) needs {metadata['tmem_size']} columns of"
         f" tensor memory; the GPU has {_TMEM_LIMIT}. Use smaller blocks.")
   if spec.debug:
-    _print_irs(compiled.name, irs)
-  dump_dir = _settings.dump_dir()
-  if dump_dir:
+    for stage, text in irs.items():
+      if isinstance(text, bytes):
+        text = f"<{len(text)} bytes of binary>"
+      print(f"// ----- jt_dist: {compiled.name} {stage} -----\n{text}",
+            file=sys.stdout)
+  if dump_dir := _settings.dump_dir():
     _dump(dump_dir, compiled, irs, launch, target)
   return compiled
-
-
-def _print_irs(name: str, irs: dict[str, Any]) -> None:
-  for stage, text in irs.items():
-    if isinstance(text, bytes):
-      text = f"<{len(text)} bytes of binary>"
-    print(f"// ----- jt_dist: {name} {stage} -----\n{text}", file=sys.stdout)
 
 
 def _dump(dump_dir: str, compiled: CompiledKernel, irs, launch, target):
@@ -324,53 +242,59 @@ def _dump(dump_dir: str, compiled: CompiledKernel, irs, launch, target):
     json.dump(launch_metadata, f, indent=2, sort_keys=True)
 
 
+class SharedMemoryError(ValueError):
+  """A compiled kernel needs more shared memory than its GPU has."""
+
+
 def compiled_kernel(spec, launch, target: _target.Target,
                     object_file: bool | None = None
                     ) -> tuple[CompiledKernel, Specialization]:
   """The compiled kernel of ``launch``, from the caches or from Triton.
 
   ``debug=True`` and ``JT_DIST_DUMP_DIR`` force a compilation, so that the
-  IRs are printed or dumped even for a kernel already cached.
-  ``object_file=True`` assembles a CUBIN whatever the installed jaxlib
-  (``jax.export`` does, for the jaxlib that will run the artifact).
+  IRs are printed or dumped. ``object_file``: whether to assemble a CUBIN
+  too; by default where the installed jaxlib loads one.
   """
   if object_file is None:
-    object_file = wants_object_file(target)
+    object_file = (target.platform == "cuda"
+                   and _compat.jaxlib_takes_module_image())
   backend = _compat.make_backend(target.triton_target)
-  options = backend.parse_options(compile_options(spec, launch))
-  check_backend_options(spec, options, target)
+  config = launch.config
+  # The user's backend_options first: a config's own maxnreg is more
+  # specific, and the named options were merged out of them.
+  options = backend.parse_options({
+      **dict(spec.backend_options), "num_warps": config.num_warps,
+      "num_stages": config.num_stages, "num_ctas": config.num_ctas,
+      "enable_fp_fusion": spec.enable_fp_fusion, "debug": spec.debug,
+      **({} if config.maxnreg is None else {"maxnreg": config.maxnreg})})
+  # Triton's ``parse_options`` drops unknown names silently, so a misspelt
+  # option would compile as if it had not been given.
+  known = {f.name for f in dataclasses.fields(options)}
+  if unknown := sorted(k for k, _ in spec.backend_options if k not in known):
+    raise ValueError(
+        f"triton_call: backend_options {unknown} are not options of Triton's"
+        f" {target.platform} backend ({type(options).__name__}, Triton"
+        f" {_compat.triton.__version__}). Known options:"
+        f" {', '.join(sorted(known))}.")
   spec_ = specialize(spec, launch, backend)
   jit_fn = _compat.jit_function_of(spec.info.fn)
-  key = cache_key(jit_fn, spec_, options, backend, target, object_file)
 
   def create():
-    compiled = run_triton(spec, launch, target, object_file)
+    compiled = _run_triton(spec, launch, target, backend, options, spec_,
+                           jit_fn, object_file)
     return (compiled, *compiled.to_entry())
 
-  use_cached = not (spec.debug or _settings.dump_dir())
   compiled = _cache.get_or_create(
-      key, create, CompiledKernel.from_entry, use_cached=use_cached)
-  check_shared_memory(compiled, target, launch)
-  return compiled, spec_
-
-
-class SharedMemoryError(ValueError):
-  """A compiled kernel needs more shared memory than its GPU has."""
-
-
-def check_shared_memory(compiled: CompiledKernel, target: _target.Target,
-                        launch) -> None:
-  """Refuses a kernel that needs more shared memory than the GPU has.
-
-  Raises:
-    SharedMemoryError: the kernel's shared memory exceeds the target's limit.
-  """
+      cache_key(jit_fn, spec_, options, backend, target, object_file),
+      create, CompiledKernel.from_entry,
+      use_cached=not (spec.debug or _settings.dump_dir()))
   limit = _target.shared_memory_limit(target)
   if limit is not None and compiled.shared_mem > limit:
     raise SharedMemoryError(
         f"triton_call: kernel {compiled.name!r} (config:"
-        f" {launch.config.label}) needs {compiled.shared_mem} bytes of shared"
+        f" {config.label}) needs {compiled.shared_mem} bytes of shared"
         f" memory, more than the {limit} bytes a block may use on"
         f" {target.describe()}. Use smaller blocks or fewer pipeline stages"
         " (num_stages)."
     )
+  return compiled, spec_

@@ -1,13 +1,10 @@
 """What the GPU lowering does differently when ``jax.export`` lowers a call.
 
-An exported module is serialised and may run months later, on another
-host, under another jaxlib. So an exported call is compiled for a GPU
-named explicitly (``compute_capability=``), carries PTX unless a CUBIN is
-asked for (on ROCm, its HSACO, which needs jaxlib 0.11.1 or later), and
-records on its custom call the versions it was made with,
-as frontend attributes: XLA passes them through, jaxlib never reads them,
-and they survive serialisation, where ``jt_dist.exported_versions`` reads
-them back.
+An exported module may run months later, on another host and jaxlib. So an
+exported call is compiled for a GPU named explicitly, carries PTX unless a
+CUBIN is asked for (on ROCm, its HSACO: jaxlib 0.11.1 or later), and records
+the versions it was made with as frontend attributes of its custom call,
+which survive serialisation (``jt_dist.exported_versions`` reads them).
 """
 
 from __future__ import annotations
@@ -27,10 +24,9 @@ from jt_dist._errors import ExportError
 ATTRIBUTE_PREFIX = "jt_dist_"
 FRONTEND_ATTRIBUTES = "mhlo.frontend_attributes"
 
-# jax.export checks its disabled_checks after lowering, where jt_dist cannot
-# see them, and refuses a Triton call it was not told to allow with a
-# ValueError that prints the call's attributes, in name order: this one,
-# a discardable attribute that XLA ignores, comes before the call's binary.
+# jax.export refuses a Triton call not allowed by disabled_checks (which
+# jt_dist cannot see) with a ValueError printing its attributes in name
+# order: this one, which XLA ignores, comes before the call's binary.
 SAFETY_CHECKS_ATTRIBUTE = "jt_dist.export"
 SAFETY_CHECKS_NOTE = (
     "jax.export.export takes this Triton call only with"
@@ -39,16 +35,11 @@ SAFETY_CHECKS_NOTE = (
 
 @dataclasses.dataclass(frozen=True)
 class ExportSettings:
-  """How calls lowered by ``jax.export`` are compiled.
+  """How calls lowered by ``jax.export`` are compiled (``export_options``)."""
 
-  Attributes:
-    compute_capability: the GPU for calls that name none: a CUDA
-      capability (90) or a ROCm arch ("gfx942").
-    cubin: whether to put each kernel's CUBIN into the call besides its PTX.
-  """
-
+  # The GPU of calls that name none: 90 (CUDA) or "gfx942" (ROCm).
   compute_capability: int | str | None = None
-  cubin: bool = False
+  cubin: bool = False  # A CUBIN in the call besides the PTX.
 
 
 # Created on first use, not at import: it registers state with JAX.
@@ -66,42 +57,21 @@ def _settings_context() -> Any:
 
 def current() -> ExportSettings:
   """The settings in force in this thread."""
-  if _context is None:
-    return ExportSettings()
-  return _context.value or ExportSettings()
+  return (_context is not None and _context.value) or ExportSettings()
 
 
 @contextlib.contextmanager
 def scoped(settings: ExportSettings):
   """Puts ``settings`` in force for lowerings inside the block.
 
-  The settings are part of JAX's cache keys, so a function exported before
-  under other settings is lowered again, not taken from JAX's caches.
+  They are part of JAX's cache keys: other settings lower a function again.
   """
   with _settings_context()(settings):
     yield settings
 
 
-def is_export(ctx) -> bool:
-  """Whether ``ctx`` is the lowering context of a ``jax.export``."""
-  return _compat.lowering_for_export(ctx)
-
-
 def export_capability(spec, platform: str) -> int | str:
-  """The GPU an exported call is compiled for.
-
-  Args:
-    spec: the call's ``CallSpec``.
-    platform: "cuda" or "rocm".
-
-  Returns:
-    The call's own ``compute_capability``, else the export settings' one:
-    e.g. 90 on CUDA, "gfx942" on ROCm.
-
-  Raises:
-    ExportError: neither names a GPU.
-    NotImplementedError: the platform is ROCm and jaxlib predates 0.11.1.
-  """
+  """The call's own ``compute_capability``, else the export settings' one."""
   if platform != "cuda" and not _compat.jaxlib_takes_module_image():
     # Such a jaxlib's ROCm call names the HSACO by a file path on the
     # lowering host, so the serialised module would point at a file that
@@ -115,9 +85,9 @@ def export_capability(spec, platform: str) -> int | str:
         " or later (the kernel then travels in the module), export for"
         " CUDA (platforms=['cuda'] with compute_capability=), or lower and"
         " run on the ROCm host without exporting.")
-  capability = spec.compute_capability
-  if capability is None:
-    capability = current().compute_capability
+  capability = (current().compute_capability
+                if spec.compute_capability is None
+                else spec.compute_capability)
   if capability is None:
     example, note = (("compute_capability='gfx942'", "gfx942: MI300")
                      if platform == "rocm"
@@ -146,12 +116,18 @@ def wants_cubin(target_name: str, ffi_target: str) -> bool:
   return True
 
 
-def versions(target, target_name: str, kernels: Sequence[Any],
-             binary: str) -> dict[str, str]:
-  """What an exported call records: versions, target GPU, binary kind."""
+def record(results: Sequence[Any], target, target_name: str,
+           kernels: Sequence[Any], binary: str) -> None:
+  """Records the versions, target GPU and binary kind on the custom call.
+
+  With them goes ``SAFETY_CHECKS_NOTE``, which JAX's refusal of the call
+  prints near its start. A call without results runs nothing: no record.
+  """
   from jt_dist import __version__  # pylint: disable=g-import-not-at-top
 
-  return {
+  if not results:
+    return
+  recorded = {
       "jt_dist": __version__,
       "jax": jax.__version__,
       "jaxlib": _compat.jaxlib_version(),
@@ -162,18 +138,6 @@ def versions(target, target_name: str, kernels: Sequence[Any],
       "target": target_name,
       "kernels": ",".join(k.name for k in kernels),
   }
-
-
-def record(results: Sequence[Any], recorded: dict[str, str]) -> None:
-  """Writes ``recorded`` as frontend attributes of the call's custom call.
-
-  With them goes ``SAFETY_CHECKS_NOTE``, which JAX's refusal of the call
-  (exported without ``disabled_checks``) prints near its start.
-  ``results`` are the custom call's results; a call without results (all
-  outputs empty) has nothing to run and records nothing.
-  """
-  if not results:
-    return
   op = results[0].owner
   op = getattr(op, "operation", op)
   attributes = {}

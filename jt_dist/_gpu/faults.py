@@ -1,12 +1,8 @@
 """Naming the kernel behind a device fault that jaxlib reports.
 
-jaxlib reports an illegal address or a failed launch as a bare runtime error
-("CUDA_ERROR_ILLEGAL_ADDRESS", "an illegal memory access was encountered",
-"hipErrorLaunchFailure", ...) that does not say which kernel caused it.
-jt_dist can add that where it is on the stack: an eager ``triton_call``.
-Launches are asynchronous, so an illegal address usually surfaces at a later
-synchronisation; with ``JT_DIST_SYNC_LAUNCHES=1`` every eager call waits for
-its kernel, so that the fault is reported by the call that caused it.
+jaxlib's error for an illegal address or a failed launch names no kernel;
+an eager ``triton_call`` can. Launches are asynchronous, so a fault surfaces
+later unless ``JT_DIST_SYNC_LAUNCHES=1`` makes each eager call wait.
 """
 
 from __future__ import annotations
@@ -31,10 +27,7 @@ def is_device_fault(error: BaseException) -> bool:
 
 def launch_fault(error: BaseException,
                  call: str) -> _errors.KernelLaunchError:
-  """A KernelLaunchError naming the call behind the device fault ``error``.
-
-  ``call`` describes the call: its kernel, grid and options.
-  """
+  """A KernelLaunchError naming ``call`` (kernel, grid, options) at fault."""
   synced = _settings.sync_launches()
   where = ("this call's kernel" if synced else
            "this call, or a kernel launched before it (launches are"

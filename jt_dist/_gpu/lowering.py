@@ -1,24 +1,17 @@
 """The primitive's CUDA and ROCm lowering: jaxlib's Triton custom call.
 
-Each launch of the call is compiled (through the caches) and described to
-jaxlib as a ``TritonKernelCall``. An autotuned call usually arrives here
-with the one config ``jt_dist._autotune`` chose; only in jaxlib's mode (or
-when cross-lowering without a pin) do its launches go into one
-``TritonAutotunedKernelCall``, which times them on the first run, in each
-process, and keeps the fastest. The call is serialised to jaxlib's proto, compressed, and
-emitted as a custom call: the FFI target where the plugin registers it (it
-works inside CUDA graphs), the legacy target otherwise or on request. On
-the FFI target with jaxlib 0.11.1 or later, each kernel's CUBIN goes into
-the call too, so that jaxlib loads it instead of assembling the PTX. On
-ROCm with jaxlib 0.11.1 or later the HSACO goes in on either target,
-where older jaxlibs read it from a file (``rocm_binary_inline``).
-Under ``jax.export`` (``export.py``) the GPU is named explicitly, CUBINs go
-in only on request, and the versions are recorded on the custom call.
+Each launch is compiled and described to jaxlib as a ``TritonKernelCall``;
+a call still autotuned here (jaxlib's mode, or cross-lowering without a pin)
+becomes a ``TritonAutotunedKernelCall``, timed on its first run. The call is
+serialised, compressed, and emitted on the target ``custom_call_target``
+picks, with the CUBIN (FFI target) or HSACO (ROCm) where jaxlib 0.11.1 or
+later loads it. ``export.py`` says what ``jax.export`` changes.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 import logging
@@ -57,22 +50,17 @@ _hsaco_dir: tempfile.TemporaryDirectory | None = None
 class ProtoChoices:
   """What the serialised kernel call carries besides what jaxlib needs.
 
-  The defaults follow benchmarks/dispatch_profile.py on 2x H200: each
-  launch's host time grows with the serialised call's size, by 0.04-0.17 µs
-  per KiB on either target, so bytes that jaxlib never reads are left out.
-
-  Attributes:
-    module_images: each kernel's CUBIN, where jaxlib reads it and the
-      target is the FFI one (on the legacy target it would be hashed on
-      every launch).
-    ttir: each kernel's TTIR, which jaxlib keeps but never reads; it is in
-      ``JT_DIST_DUMP_DIR`` and ``debug=True``'s output.
-    padding_bytes: random bytes in a field jaxlib ignores, for measuring
-      what each serialised byte costs per launch.
+  By benchmarks/dispatch_profile.py on 2x H200, each launch's host time
+  grows by 0.04-0.17 µs per serialised KiB: unread bytes are left out.
   """
 
+  # Each kernel's CUBIN, on the FFI target only (the legacy one would hash
+  # it on every launch).
   module_images: bool = True
+  # Each kernel's TTIR, which jaxlib keeps but never reads; it is in
+  # JT_DIST_DUMP_DIR and debug=True's output.
   ttir: bool = False
+  # Random bytes in a field jaxlib ignores, to price each serialised byte.
   padding_bytes: int = 0
 
 
@@ -81,27 +69,21 @@ class ProtoChoices:
 _PADDING_FIELD = 99
 
 
-# What every lowering puts in the serialised call, read as it lowers.
-# benchmarks/dispatch_profile.py prices each choice by replacing it
-# (mock.patch.object), as tests do to read a kernel's TTIR.
+# Read as each call lowers: benchmarks/dispatch_profile.py prices each choice
+# by replacing it (mock.patch.object), as tests do to read a kernel's TTIR.
 proto_choices = ProtoChoices()
 
 
 def plugin(platform: str):
-  """jaxlib's Triton bindings for ``platform``.
-
-  Raises:
-    RuntimeError: the platform's JAX GPU plugin is not installed.
-  """
+  """jaxlib's Triton bindings for ``platform``; RuntimeError without them."""
   module = _compat.gpu_triton_module()
   found = None if module is None else getattr(
       module, _PLUGIN_ATTRIBUTE[platform], None)
   if found is None or not hasattr(found, "TritonKernel"):
-    if platform == "cuda":
-      hint = ("Install JAX's CUDA plugin with `pip install jt_dist[cuda12]`"
-              " or `pip install jt_dist[cuda13]`, matching your CUDA driver.")
-    else:
-      hint = "Install JAX's ROCm plugin (`pip install jax[rocm]`)."
+    hint = ("Install JAX's CUDA plugin with `pip install jt_dist[cuda12]`"
+            " or `pip install jt_dist[cuda13]`, matching your CUDA driver."
+            if platform == "cuda"
+            else "Install JAX's ROCm plugin (`pip install jax[rocm]`).")
     raise RuntimeError(
         f"triton_call: lowering for {platform} needs jaxlib's Triton"
         f" custom call, which comes with JAX's {platform} plugin, and the"
@@ -111,13 +93,10 @@ def plugin(platform: str):
 
 
 def rocm_binary_inline() -> bool:
-  """Whether a ROCm call carries its HSACO inline (``module_image``).
+  """Whether a ROCm call carries its HSACO inline (jaxlib 0.11.1 or later).
 
-  jaxlib's ROCm call otherwise reads the HSACO from the file whose path is
-  in the ``ptx`` field, and deletes the file once read: an executable
-  restored from JAX's persistent compilation cache in another process
-  would name a file that is gone. jaxlib 0.11.1 and later load a
-  ``module_image`` as is, on ROCm as on CUDA, and never open the path.
+  Older jaxlibs read, then delete, the file named in the ``ptx`` field: an
+  executable from JAX's persistent cache in another process names no file.
   """
   return _compat.jaxlib_takes_module_image()
 
@@ -125,9 +104,8 @@ def rocm_binary_inline() -> bool:
 def _binary_argument(compiled: _compile.CompiledKernel, platform: str) -> str:
   """What jaxlib takes in the ``ptx`` field: PTX text, or an HSACO's name.
 
-  On ROCm with the HSACO inline the field is never read as a path, but it
-  is part of the key under which jaxlib caches loaded modules in-process,
-  so it names the HSACO's content: two configs of one kernel differ there.
+  With the HSACO inline, the name still keys jaxlib's in-process module
+  cache, so it names the HSACO's content.
   """
   if platform == "cuda":
     return compiled.binary.decode("utf-8")
@@ -145,12 +123,6 @@ def _binary_argument(compiled: _compile.CompiledKernel, platform: str) -> str:
   return path
 
 
-def _module_image(compiled: _compile.CompiledKernel, platform: str):
-  """The machine code jaxlib loads as is: the CUBIN, or the HSACO."""
-  code = compiled.binary if platform == "rocm" else compiled.object_file
-  return _proto_wire.ModuleImage(compiled.name, compiled.shared_mem, code)
-
-
 def _nbytes(shape, dtype) -> int:
   return int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
 
@@ -158,10 +130,8 @@ def _nbytes(shape, dtype) -> int:
 def _descriptor_parameters(lib, op, meta, platform):
   """jaxlib's parameters for one host TMA descriptor, as Triton expands it.
 
-  With Triton's TMA metadata: the descriptor (jaxlib builds it over the
-  operand's buffer at launch), then the shape (i32) and strides (i64).
-  Lowered to pointer arithmetic instead: the buffer, its shape and strides
-  (i64), flags, then the shape and strides again.
+  With TMA (``meta``) the descriptor jaxlib builds at launch, else the
+  buffer, its shape and strides (i64) and flags; then shape (i32), strides.
   """
   info = op.value
   shape_i32 = [lib.create_scalar_parameter(int(d), "i32") for d in info.shape]
@@ -188,49 +158,21 @@ def _parameters(lib, spec, launch, specialization, compiled, platform):
       params.append(lib.create_scalar_parameter(op.value, op.type))
       continue
     if op.type.startswith("tensordesc"):
-      meta = next(metas, None) if compiled.tensordesc_meta else None
-      params.extend(_descriptor_parameters(lib, op, meta, platform))
+      params.extend(_descriptor_parameters(lib, op, next(metas, None),
+                                           platform))
       continue
     # Under jax-triton 0.4's convention an aliased output binds no
     # parameter: its input's pointer is the output's buffer.
     out = (op.index if op.kind == "output"
            else aliased.get(op.index) if op.kind == "array" else None)
-    to_zero = 0
-    if out is not None and out in zeroed:
-      to_zero = _nbytes(*spec.out_shapes[out])
+    to_zero = _nbytes(*spec.out_shapes[out]) if out in zeroed else 0
     # 16: the divisibility the kernel was specialised for; jaxlib checks it.
     params.append(lib.create_array_parameter(to_zero, 16))
   return params
 
 
-def _kernel_call(lib, spec, launch, target, object_file):
-  """jaxlib's ``TritonKernelCall`` of one launch, and the compiled kernel."""
-  _check_descriptors(spec, target.platform)
-  compiled, specialization = _compile.compiled_kernel(
-      spec, launch, target, object_file)
-  if compiled.profile_scratch_size:
-    raise NotImplementedError(
-        f"triton_call: kernel {compiled.name!r} was compiled with profiling"
-        " instrumentation (Proton), which needs a profile scratch buffer that"
-        " jaxlib does not allocate. Turn the instrumentation off.")
-  ttir = compiled.ttir if proto_choices.ttir else ""
-  kernel = _compat.make_triton_kernel(
-      lib, compiled.name, compiled.num_warps, compiled.num_ctas,
-      compiled.shared_mem, _binary_argument(compiled, target.platform),
-      ttir, target.arch_number, compiled.global_scratch_size,
-      compiled.global_scratch_align)
-  params = _parameters(lib, spec, launch, specialization, compiled,
-                       target.platform)
-  return lib.TritonKernelCall(kernel, *launch.grid, params), compiled
-
-
 def _check_descriptors(spec, platform: str) -> None:
-  """Refuses host TMA descriptors where jt_dist cannot pass them.
-
-  Raises:
-    NotImplementedError: a descriptor on ROCm, or one rounding to TF32 on
-      a Triton without that option.
-  """
+  """Refuses host TMA descriptors where jt_dist cannot pass them."""
   for op in spec.operands:
     if op.kind != "array" or not op.type.startswith("tensordesc"):
       continue
@@ -245,49 +187,58 @@ def _check_descriptors(spec, platform: str) -> None:
 
 
 def _fitting_calls(lib, spec, target, object_file=None):
-  """One kernel call per launch; autotuning drops configs that cannot run.
+  """``(TritonKernelCall, launch, compiled kernel)`` of each launch that fits.
 
-  As Triton's own autotuner skips configs that run out of resources, a
-  config needing more shared memory than the GPU has is dropped (and
-  logged) when others remain; a lone config's error is raised as is.
+  As in Triton's autotuner, a config needing more shared memory than the
+  GPU has is dropped (and logged) unless it is the only one.
   """
-  calls, launches, kernels, errors = [], [], [], []
+  _check_descriptors(spec, target.platform)
+  calls, errors = [], []
   for launch in spec.launches:
     try:
-      call, compiled = _kernel_call(lib, spec, launch, target, object_file)
+      compiled, specialization = _compile.compiled_kernel(
+          spec, launch, target, object_file)
     except _compile.SharedMemoryError as e:
       if len(spec.launches) == 1:
         raise
       errors.append(e)
       logger.warning("jt_dist: dropping autotuning config: %s", e)
       continue
-    calls.append(call)
-    launches.append(launch)
-    kernels.append(compiled)
+    if compiled.profile_scratch_size:
+      raise NotImplementedError(
+          f"triton_call: kernel {compiled.name!r} was compiled with profiling"
+          " instrumentation (Proton), which needs a profile scratch buffer"
+          " that jaxlib does not allocate. Turn the instrumentation off.")
+    kernel = _compat.make_triton_kernel(
+        lib, compiled.name, compiled.num_warps, compiled.num_ctas,
+        compiled.shared_mem, _binary_argument(compiled, target.platform),
+        compiled.ttir if proto_choices.ttir else "", target.arch_number,
+        compiled.global_scratch_size, compiled.global_scratch_align)
+    params = _parameters(lib, spec, launch, specialization, compiled,
+                         target.platform)
+    calls.append((lib.TritonKernelCall(kernel, *launch.grid, params), launch,
+                  compiled))
   if not calls:
     raise errors[0]
-  return calls, launches, kernels
+  return calls
 
 
-def _autotuned_call(lib, spec, calls, launches, ctx, order):
+def _autotuned_call(lib, spec, calls, ctx, order):
   scalars = {op.name: op.value for op in spec.operands if op.kind == "scalar"}
   description = f"{spec.name} ({spec.info.name}) {scalars}"
   # Output indices as the custom call's results are ordered (result_order).
   aliases_with_sizes = tuple(
       (i, order.index(o), _nbytes(ctx.avals_in[i].shape, ctx.avals_in[i].dtype))
       for i, o in spec.input_output_aliases)
-  configs = [(call, launch.config.label)
-             for call, launch in zip(calls, launches)]
+  configs = [(call, launch.config.label) for call, launch, _ in calls]
   return lib.TritonAutotunedKernelCall(description, configs, aliases_with_sizes)
 
 
-# Whether a CUDA call that names no target gets the legacy one where jaxlib
-# also has the FFI one, and nothing needs FFI (``default_target``). On one
-# H100 (jax 0.11.2, benchmarks/results/h100x1/dispatch.json) a jitted
-# 1,024-float add launched through the legacy target took as long as
-# jax-triton 0.3.1's, which emits it, and the FFI target ~2 us (2%) more
-# with or without the inline CUBIN: the FFI call itself costs it. ROCm
-# keeps FFI (never measured there).
+# Whether a CUDA call that names no target gets the legacy one where nothing
+# needs FFI (``default_target``). On one H100 (jax 0.11.2,
+# benchmarks/results/h100x1/dispatch.json) a jitted 1,024-float add took as
+# long as jax-triton 0.3.1's on the legacy target, and ~2 us (2%) more on the
+# FFI one, with or without the CUBIN. ROCm keeps FFI (never measured there).
 PREFER_LEGACY_TARGET = True
 
 
@@ -295,20 +246,11 @@ def default_target(has_ffi: bool, *, exporting: bool, cost_estimate: bool,
                    prefer_legacy: bool | None = None) -> str:
   """The custom-call target of a call whose ``custom_call_target_name`` is None.
 
-  The FFI target is kept wherever something needs it: ``jax.export`` (a
-  CUBIN travels only in the FFI call, and exported artifacts should not
-  change with a speed preference), a ``cost_estimate`` (only the FFI call
-  carries it), and XLA's command buffers (CUDA graphs), which capture only
-  handlers marked compatible, as jaxlib's FFI Triton handler is and the
-  legacy custom call is not. Otherwise ``prefer_legacy`` (by default
-  ``PREFER_LEGACY_TARGET``) picks the legacy target, the one jax-triton
-  0.3 emits.
-
-  Args:
-    has_ffi: whether the installed jaxlib registers the FFI target.
-    exporting: whether the call is lowered for ``jax.export``.
-    cost_estimate: whether the call has a ``cost_estimate``.
-    prefer_legacy: overrides ``PREFER_LEGACY_TARGET``.
+  FFI wherever something needs it: ``jax.export`` (a CUBIN travels only in
+  the FFI call, and artifacts should not change with a speed preference),
+  a ``cost_estimate``, and CUDA graphs (XLA captures jaxlib's FFI handler,
+  not the legacy call). Else ``prefer_legacy`` (by default
+  ``PREFER_LEGACY_TARGET``) picks the legacy target, jax-triton 0.3's.
   """
   if not has_ffi:
     return LEGACY_TARGET
@@ -334,10 +276,8 @@ def custom_call_target(spec, platform: str, exporting: bool = False) -> str:
         f" installed jaxlib ({_compat.jaxlib_version()}) does not register"
         f" it for {platform}. Upgrade jax and its plugin, or pass"
         f" {LEGACY_TARGET!r}.")
-  if requested == LEGACY_TARGET:
-    return LEGACY_TARGET
-  if requested == FFI_TARGET:
-    return FFI_TARGET
+  if requested is not None:
+    return requested
   return default_target(has_ffi, exporting=exporting,
                         cost_estimate=bool(spec.cost_estimate),
                         prefer_legacy=(PREFER_LEGACY_TARGET
@@ -350,20 +290,14 @@ def gpu_lowering(ctx, *args, spec, platform: str):
   Under ``jax.export`` the GPU must be named (``compute_capability``), a
   CUDA call carries PTX unless ``jt_dist.export_options(cubin=True)``, and the
   versions it was made with are recorded on the custom call.
-
-  Args:
-    ctx: the lowering context.
-    *args: the array operands.
-    spec: the call's ``CallSpec``.
-    platform: "cuda" or "rocm".
-
-  Returns:
-    The custom call's results.
   """
-  exporting = _gpu_export.is_export(ctx)
-  capability = spec.compute_capability
-  if exporting:
-    capability = _gpu_export.export_capability(spec, platform)
+  if _compat.is_interpreted(spec.info.fn):
+    # A kernel made under TRITON_INTERPRET=1 asks to be interpreted: honour
+    # that on GPUs too (through a host callback) rather than compiling it.
+    return _cpu_lowering.cpu_lowering(ctx, *args, spec=spec)
+  exporting = _compat.lowering_for_export(ctx)
+  capability = (_gpu_export.export_capability(spec, platform) if exporting
+                else spec.compute_capability)
   lib = plugin(platform)
   name = custom_call_target(spec, platform, exporting)
   cubin = (_gpu_export.wants_cubin(name, FFI_TARGET)
@@ -372,8 +306,7 @@ def gpu_lowering(ctx, *args, spec, platform: str):
   for launch in spec.launches:
     _target.check_num_ctas(target, launch.config.num_ctas, launch.config.label)
   try:
-    calls, launches, kernels = _fitting_calls(
-        lib, spec, target, cubin or None)
+    calls = _fitting_calls(lib, spec, target, cubin or None)
   except Exception as e:  # pylint: disable=broad-except
     error = _wrapper.callee_error(e)
     # Triton's CompilationError, for a 0-d array used as a number: named.
@@ -384,8 +317,9 @@ def gpu_lowering(ctx, *args, spec, platform: str):
     error.__suppress_context__ = True
     raise error  # pylint: disable=raise-missing-from
   order = result_order(spec)
-  call = (calls[0] if len(calls) == 1
-          else _autotuned_call(lib, spec, calls, launches, ctx, order))
+  call = (calls[0][0] if len(calls) == 1
+          else _autotuned_call(lib, spec, calls, ctx, order))
+  kernels = [compiled for _, _, compiled in calls]
   serialized = call.to_proto(spec.name, spec.serialized_metadata)
   choices = proto_choices
   if platform == "rocm":
@@ -396,90 +330,68 @@ def gpu_lowering(ctx, *args, spec, platform: str):
     with_images = (choices.module_images and name == FFI_TARGET
                    and bool(kernels[0].object_file))
   if with_images:
-    serialized = _proto_wire.with_module_images(
-        serialized, [_module_image(k, platform) for k in kernels])
+    # The machine code jaxlib loads as is: the CUBIN, or the HSACO.
+    serialized = _proto_wire.with_module_images(serialized, [
+        _proto_wire.ModuleImage(k.name, k.shared_mem, k.binary
+                                if platform == "rocm" else k.object_file)
+        for k in kernels])
   if choices.padding_bytes:
     serialized += _proto_wire.length_delimited(
         _PADDING_FIELD, os.urandom(choices.padding_bytes))
-  results = _emit_in_order(ctx, args, spec, name, zlib.compress(serialized),
-                           order)
+  results = _emit(ctx, args, spec, name, zlib.compress(serialized), order)
   if exporting:
     binary = ("hsaco" if platform == "rocm"
               else "cubin" if with_images else "ptx")
-    _gpu_export.record(
-        results, _gpu_export.versions(target, name, kernels, binary))
+    _gpu_export.record(results, target, name, kernels, binary)
   return results
 
 
 def result_order(spec) -> tuple[int, ...]:
   """The custom call's results, as output indices, in jaxlib's buffer order.
 
-  jaxlib hands a kernel's pointer parameters the call's buffers in order:
-  the operands, then the results. Under jax-triton 0.4's convention an
-  aliased output binds no parameter (its input's does), so the outputs that
-  bind one come first, in parameter order, and the aliased rest last, where
-  no parameter reads them. Under 0.3.1's every output binds one in order,
-  and this is ``range(len(outputs))``.
+  jaxlib hands pointer parameters the operands, then the results, in order.
+  Under jax-triton 0.4's convention an aliased output binds no parameter,
+  so the outputs that bind one come first, in parameter order.
   """
-  bound = [op.index for op in spec.operands if op.kind == "output"]
-  seen = set(bound)
-  return tuple(bound) + tuple(
-      i for i in range(len(spec.out_shapes)) if i not in seen)
+  bound = tuple(op.index for op in spec.operands if op.kind == "output")
+  return bound + tuple(i for i in range(len(spec.out_shapes))
+                       if i not in bound)
 
 
-def _emit_in_order(ctx, args, spec, name: str, opaque: bytes,
-                   order: tuple[int, ...]):
-  """``_emit`` with the results in ``order``, given back in output order."""
-  if order == tuple(range(len(order))):
-    return _emit(ctx, args, spec, name, opaque)
+def _emit(ctx, args, spec, name: str, opaque: bytes, order: tuple[int, ...]):
+  """The custom call on ``name``; its results in ``order``, returned sorted."""
   position = {out: k for k, out in enumerate(order)}
-  aliases = tuple((i, position[o]) for i, o in spec.input_output_aliases)
-  reordered = _emit(ctx.replace(avals_out=[ctx.avals_out[i] for i in order]),
-                    args, spec, name, opaque, aliases)
-  return [reordered[position[i]] for i in range(len(order))]
-
-
-def _emit(ctx, args, spec, name: str, opaque: bytes, aliases=None):
-  """The custom call on ``name``, with the serialised call as its config."""
-  aliases = dict(spec.input_output_aliases if aliases is None
-                 else aliases) or None
+  aliases = {i: position[o] for i, o in spec.input_output_aliases} or None
+  ctx = ctx.replace(avals_out=[ctx.avals_out[i] for i in order])
+  attributes = {}
   if name == FFI_TARGET:
     rule = jax.ffi.ffi_lowering(
         name, api_version=4, operand_output_aliases=aliases,
         has_side_effect=spec.has_side_effect)
-    attributes = {"opaque": opaque}
+    attributes["opaque"] = opaque
     if spec.cost_estimate:
       # The key and JSON form jax-triton 0.4 gives XLA.
       attributes["cost_estimate_json"] = json.dumps(dict(spec.cost_estimate))
-    return rule(ctx, *args, **attributes)
-  if spec.cost_estimate:
+  elif spec.cost_estimate:
     raise ValueError(
         f"triton_call: kernel {spec.info.name!r} has cost_estimate="
         f"{dict(spec.cost_estimate)!r}, which only the FFI custom call"
         f" ({FFI_TARGET!r}) can carry, but custom_call_target_name={name!r}"
         " was chosen. Drop cost_estimate, or use the FFI target.")
-  rule = jax.ffi.ffi_lowering(
-      name, api_version=2, backend_config=opaque,
-      operand_output_aliases=aliases, has_side_effect=spec.has_side_effect)
-  return rule(ctx, *args)
-
-
-def _rule(platform: str):
-  """The lowering for ``platform``: compiled, or interpreted on request."""
-  def rule(ctx, *args, spec):
-    # A kernel made under TRITON_INTERPRET=1 asks to be interpreted: honour
-    # that on GPUs too (through a host callback) rather than compiling it.
-    if _compat.is_interpreted(spec.info.fn):
-      return _cpu_lowering.cpu_lowering(ctx, *args, spec=spec)
-    return gpu_lowering(ctx, *args, spec=spec, platform=platform)
-  return rule
+  else:
+    rule = jax.ffi.ffi_lowering(
+        name, api_version=2, backend_config=opaque,
+        operand_output_aliases=aliases, has_side_effect=spec.has_side_effect)
+  results = rule(ctx, *args, **attributes)
+  return [results[position[i]] for i in range(len(order))]
 
 
 for _platform in ("cuda", "rocm"):
   mlir.register_lowering(
       _primitive.triton_call_p,
-      _lowering_rule.checked(_rule(_platform), _choose.for_lowering,
-                             _platform),
+      _lowering_rule.checked(
+          functools.partial(gpu_lowering, platform=_platform),
+          _choose.for_lowering, _platform),
       platform=_platform)
 # The GPU target is read from the devices the call is lowered for, which
 # JAX names in the lowering context only for primitives that ask for them.

@@ -1,23 +1,16 @@
 """Adding machine code to jaxlib's serialised Triton kernel calls.
 
-jaxlib 0.11.1 and later read an optional ``module_image`` in each
-``TritonKernel``: the kernel's CUBIN, loaded as is instead of assembling the
-PTX while XLA builds the executable (about 0.16 s per kernel on an H200).
-jaxlib's Python bindings cannot set the field, so it is added to the
-serialised ``TritonAnyKernelCall`` on the protobuf wire format:
-
-- a plain call gets, appended to its ``kernel_call`` field, a fragment
-  setting ``kernel.module_image``; protobuf merges repeated occurrences of
-  a singular message field, so the fragment completes the existing kernel;
-- an autotuned call has a repeated ``configs`` field, which does not merge,
-  so each config is rewritten with its own fragment appended.
-
-Field numbers are those of jaxlib's ``jaxlib/gpu/triton.proto``.
+jaxlib 0.11.1 and later load a ``TritonKernel``'s ``module_image`` (a CUBIN)
+instead of assembling the PTX (about 0.16 s per kernel on an H200). Its
+Python bindings cannot set it, so a fragment setting it is appended on the
+wire: to a plain call's kernel (protobuf merges a singular message field's
+occurrences), or to each of an autotuned call's repeated configs. Field
+numbers are jaxlib's ``jaxlib/gpu/triton.proto``'s.
 """
 
 from __future__ import annotations
 
-import dataclasses
+from typing import NamedTuple
 
 _VARINT, _I64, _LEN, _I32 = 0, 1, 2, 5
 _FIXED_SIZES = {_I64: 8, _I32: 4}
@@ -36,8 +29,7 @@ _IMAGE_KERNEL_NAME = 2
 _IMAGE_SHARED_MEM = 3
 
 
-@dataclasses.dataclass(frozen=True)
-class ModuleImage:
+class ModuleImage(NamedTuple):
   """One kernel's machine code, as jaxlib's ``ModuleImageProto`` holds it."""
 
   kernel_name: str
@@ -45,13 +37,8 @@ class ModuleImage:
   object_file: bytes
 
 
-@dataclasses.dataclass(frozen=True)
-class Field:
-  """One field of a serialised message: its number, wire type and bytes.
-
-  ``payload`` is the value's bytes for length-delimited fields, and the
-  encoded value otherwise; ``raw`` is the whole field, tag included.
-  """
+class Field(NamedTuple):
+  """One field of a serialised message; ``raw`` includes the tag."""
 
   number: int
   wire_type: int
@@ -69,13 +56,11 @@ def encode_varint(value: int) -> bytes:
   if value < 0:
     raise ValueError(f"varint {value} is negative")
   out = bytearray()
-  while True:
-    low, value = value & 0x7F, value >> 7
-    if value:
-      out.append(low | 0x80)
-    else:
-      out.append(low)
-      return bytes(out)
+  while value > 0x7F:
+    out.append(value & 0x7F | 0x80)
+    value >>= 7
+  out.append(value)
+  return bytes(out)
 
 
 def _decode_varint(buf: bytes, pos: int) -> tuple[int, int]:
@@ -92,11 +77,7 @@ def _decode_varint(buf: bytes, pos: int) -> tuple[int, int]:
 
 
 def parse_fields(buf: bytes) -> list[Field]:
-  """Splits a serialised message into its fields, in order.
-
-  Raises:
-    ValueError: the bytes are not a well-formed message.
-  """
+  """Splits a serialised message into its fields; ValueError if malformed."""
   fields, pos = [], 0
   while pos < len(buf):
     start = pos
@@ -137,43 +118,26 @@ def _image_fragment(image: ModuleImage) -> bytes:
       _CALL_KERNEL, length_delimited(_KERNEL_MODULE_IMAGE, message))
 
 
-def _is_config(field: Field) -> bool:
-  return field.number == _AUTOTUNED_CONFIGS and field.wire_type == _LEN
-
-
 def _with_config_images(autotuned: bytes, images: list[ModuleImage]) -> bytes:
   fields = parse_fields(autotuned)
-  num_configs = sum(map(_is_config, fields))
-  if num_configs != len(images):
+  configs = [f.number == _AUTOTUNED_CONFIGS and f.wire_type == _LEN
+             for f in fields]
+  if sum(configs) != len(images):
     raise ValueError(
-        f"the autotuned call has {num_configs} configs, but"
+        f"the autotuned call has {sum(configs)} configs, but"
         f" {len(images)} module images were given")
   remaining = iter(images)
-  out = []
-  for field in fields:
-    if _is_config(field):
-      fragment = _image_fragment(next(remaining))
-      out.append(length_delimited(_AUTOTUNED_CONFIGS, field.payload
-                                  + length_delimited(_CONFIG_KERNEL_CALL,
-                                                     fragment)))
-    else:
-      out.append(field.raw)
-  return b"".join(out)
+  return b"".join(
+      length_delimited(_AUTOTUNED_CONFIGS, field.payload + length_delimited(
+          _CONFIG_KERNEL_CALL, _image_fragment(next(remaining))))
+      if config else field.raw
+      for field, config in zip(fields, configs))
 
 
 def with_module_images(serialized: bytes, images: list[ModuleImage]) -> bytes:
-  """``serialized`` (a ``TritonAnyKernelCall``) with each kernel's image.
+  """``serialized`` (from jaxlib's ``to_proto``) with each kernel's image.
 
-  Args:
-    serialized: what jaxlib's ``to_proto`` returned.
-    images: one image per kernel, in config order for an autotuned call.
-
-  Returns:
-    The serialised call, every other field unchanged.
-
-  Raises:
-    ValueError: the call's kernel count differs from ``len(images)``, or the
-      bytes are not a serialised kernel call.
+  ``images``: one per kernel, in config order for an autotuned call.
   """
   out, patched = [], False
   for field in parse_fields(serialized):

@@ -142,11 +142,9 @@ def process_note() -> str:
 
 def call_user(fn: Callable[..., Any], role: str, *args: Any,
               **kwargs: Any) -> Any:
-  """``fn(*args, **kwargs)``; an exception it raises gets a note naming it.
+  """``fn(*args, **kwargs)``; what it raises gets a note naming ``fn``.
 
-  The exception keeps its type and traceback (``except KeyError`` still
-  works); the note names the callable, its file and line, and its ``role``
-  (e.g. "the grid callable").
+  The exception keeps its type and traceback, so ``except KeyError`` works.
   """
   try:
     return fn(*args, **kwargs)
@@ -159,13 +157,10 @@ def call_user(fn: Callable[..., Any], role: str, *args: Any,
 
 
 def raise_if_scalar_pointer(error: Exception, spec, shapes) -> None:
-  """Raises a ``KernelTypeError`` for a 0-d array used as a number, if one.
+  """Raises a ``KernelTypeError`` naming 0-d arrays a kernel used as numbers.
 
-  A 0-d array binds a pointer parameter (as in jax-triton; under ``jax.jit``
-  every argument is one), and a kernel using it as a number fails inside
-  Triton with no word of the parameter. When ``error`` (the interpreter's
-  or Triton's) speaks of pointers or a static assert, this names the 0-d
-  parameters; ``shapes`` are the array operands' shapes, by index.
+  A 0-d array binds a pointer parameter (as in jax-triton), and Triton's
+  ``error`` about pointers or a static assert does not name the parameter.
   """
   # Triton chains a compile error inside a called function (tl.rand's
   # static assert) to the one it reports at the call.

@@ -1,19 +1,13 @@
 """Every ``JT_DIST_*`` environment variable, and the ``configure_*`` functions.
 
-jt_dist reads its settings here and nowhere else. What a ``configure_*``
-function set wins over the environment; otherwise each variable is read at
-each use, so a change to ``os.environ`` counts from the next read on. This
-module imports nothing from jt_dist, so that every layer may import it.
-
-docs/api/caches.md describes each variable. Their readers:
-``JT_DIST_CACHE_DIR`` and ``JT_DIST_DISK_CACHE``: ``_backend.cache`` and
-``_autotune.store``; ``JT_DIST_DUMP_DIR``: ``_gpu.compile``;
-``JT_DIST_SYNC_LAUNCHES``: ``_call.kernel_call`` and ``_gpu.faults``;
-``JT_DIST_BOUNDS_CHECK``: ``_cpu.lowering``; ``JT_DIST_VECTORIZE``:
-``_cpu.vector_launch``; ``JT_DIST_AUTOTUNE``, ``JT_DIST_AUTOTUNE_CPU``,
-``JT_DIST_AUTOTUNE_PIN`` and ``JT_DIST_AUTOTUNE_TIMEOUT_S``: ``_autotune``,
-as an autotuned call is lowered; ``JT_DIST_CPU_DEVICES``:
-``_tools.processes``.
+jt_dist reads its settings here and nowhere else, and this module imports
+nothing from jt_dist, so every layer may import it. What a ``configure_*``
+function set wins; otherwise each variable is read at each use, so a change
+to ``os.environ`` counts from the next read on. docs/api/caches.md describes
+``JT_DIST_CACHE_DIR``, ``JT_DIST_DISK_CACHE``, ``JT_DIST_DUMP_DIR``,
+``JT_DIST_SYNC_LAUNCHES``, ``JT_DIST_BOUNDS_CHECK``, ``JT_DIST_VECTORIZE``,
+``JT_DIST_AUTOTUNE``, ``JT_DIST_AUTOTUNE_CPU``, ``JT_DIST_AUTOTUNE_PIN``,
+``JT_DIST_AUTOTUNE_TIMEOUT_S`` and ``JT_DIST_CPU_DEVICES``.
 
 Not here: ``JT_DIST_COORDINATOR``, ``JT_DIST_NUM_PROCESSES``,
 ``JT_DIST_PROCESS_ID`` and ``JT_DIST_FAILURE_FILE``, the protocol of
@@ -67,10 +61,6 @@ class Configured:
 _configured = Configured()
 _lock = threading.Lock()
 _trims: list[Callable[[], None]] = []  # See trim_on_configure.
-
-
-# One parser per kind of variable; each error names the variable, the value
-# found and what to set instead.
 
 
 def _flag(name: str, default: bool, *, strict: bool) -> bool:
@@ -235,10 +225,7 @@ def _check_count(name: str, value: Any, fix: str) -> None:
 
 
 def _update(trim: bool, /, **changes: Any) -> Configured:
-  """Makes ``changes`` to ``_configured``; returns the one before.
-
-  With ``trim``, the caches then free what a lowered limit no longer allows.
-  """
+  """Applies ``changes`` (then the ``_trims``, if ``trim``); returns the old."""
   global _configured
   with _lock:
     before = _configured
@@ -251,11 +238,7 @@ def _update(trim: bool, /, **changes: Any) -> Configured:
 
 @contextlib.contextmanager
 def restored(*, from_environment: bool = False) -> Iterator[None]:
-  """Puts back what the ``configure_*`` functions set, on leaving.
-
-  With ``from_environment`` it also forgets it on entering: the environment
-  decides until the block sets something.
-  """
+  """Undoes ``configure_*`` on exit (and, ``from_environment``, on entry)."""
   saved = _update(True, **(dataclasses.asdict(Configured())
                            if from_environment else {}))
   try:
@@ -265,11 +248,7 @@ def restored(*, from_environment: bool = False) -> Iterator[None]:
 
 
 def trim_on_configure(trim: Callable[[], None]) -> None:
-  """Has ``configure_cache`` call ``trim`` after it changes a cache limit.
-
-  The caches read their limits whenever they grow; ``trim`` frees their
-  extra entries at once, without this module importing them.
-  """
+  """Calls ``trim`` on a limit's change: caches only check it as they grow."""
   _trims.append(trim)
 
 

@@ -1,22 +1,16 @@
 """Choosing the one config every shard of an autotuned call runs.
 
-The choice is made as the call is lowered, where its device is known, and
-the call is lowered with that config alone, so every shard runs the same
-code. In order: process 0's choice, in every other process of a multi-process
-run (through jax.distributed's key-value store); a pinned config
-(``pin_autotune_config`` over ``JT_DIST_AUTOTUNE_PIN``); a choice made
-earlier, in memory or on disk; timing every config on one local device (on
-the CPU, the first config unless timing is asked for).
+The choice is made as the call is lowered (its device is then known), and
+the call is lowered with that config alone. Precedence: process 0's choice
+(sent through jax.distributed's key-value store), a pin, a choice made
+earlier (memory, then disk), timing on one local device (on the CPU, the
+first config unless timing is asked for). With ``JT_DIST_AUTOTUNE=jaxlib``,
+or no local device (cross-lowering), jaxlib times the configs per process.
 
-With ``JT_DIST_AUTOTUNE=jaxlib``, or with no local device of the platform
-(cross-lowering), jaxlib times the configs on its first run, per process.
-
-Timing happens while a call is lowered, possibly inside the user's
-``jax.jit`` or ``jax.shard_map``, so it runs in a thread of its own, whose
-JAX context is fresh: each config alone, as a one-device ``jax.jit`` of the
-primitive, on inputs of the call's shapes (random normal floats; zero
-integers and bools, which kernels often use as indices). Zeroed and aliased
-outputs are prepared by the call itself; the caller's buffers are untouched.
+Timing may happen inside the user's ``jax.jit`` or ``jax.shard_map``, so it
+runs in a thread of its own, whose JAX context is fresh: each config as a
+one-device ``jax.jit`` on inputs of its own (zero integers: kernels often
+use them as indices), never on the caller's buffers.
 """
 
 from __future__ import annotations
@@ -49,9 +43,8 @@ logger = logging.getLogger("jt_dist")
 
 _warned_jaxlib_mode = False
 _OPTION_FIELDS = ("num_warps", "num_stages", "num_ctas", "maxnreg")
-# Process 0 sends its n-th choice for a call under round n, and the others
-# read round n: a choice made again (after a pin or forget) never meets a
-# stale one.
+# Round n carries process 0's n-th choice for a call: a choice made again
+# (after a pin or forget) never meets a stale one.
 _rounds: collections.Counter = collections.Counter()
 _pins: dict[str, dict[str, Any]] = {}
 _lock = threading.Lock()  # For both.
@@ -189,11 +182,7 @@ def _measure(spec, avals, device) -> list[float | None]:
 
 
 def time_configs(spec, avals: Sequence[Any], device) -> list[float | None]:
-  """Seconds per launch of each of ``spec``'s configs on ``device``.
-
-  ``avals`` are those of its array operands (shard-local shapes). Each
-  time is a median; None where the config failed to compile or run.
-  """
+  """Median seconds per launch of each config; None where one failed."""
   with futures.ThreadPoolExecutor(
       1, thread_name_prefix="jt_dist-autotune") as pool:
     return pool.submit(_measure, spec, avals, device).result()
@@ -313,10 +302,7 @@ def _leave_to_jaxlib(spec, platform: str, asked: bool) -> None:
 
 
 def for_lowering(ctx, spec, platform: str):
-  """The ``CallSpec`` to lower on ``platform`` ("cpu", "cuda" or "rocm").
-
-  It is the chosen launch alone, or ``spec`` where jaxlib times the configs.
-  """
+  """The chosen launch alone, or ``spec`` where jaxlib times the configs."""
   if len(spec.launches) == 1:
     return spec
   jaxlib = _settings.autotune_mode() == "jaxlib" and platform != "cpu"

@@ -1,10 +1,8 @@
-"""Autotuning choices: the record of each, in memory and on disk.
+"""Autotuning choices, in memory and in ``<cache dir>/autotune/``.
 
-A choice is filed under a content key (the kernel's source hash, the call's
-shapes and dtypes, the candidate configs, the device kind and the versions),
-so a new process finds it on disk and skips the timing. Files live beside
-the kernel cache, in ``<cache dir>/autotune/``, written atomically; one that
-fails a check is deleted and ignored, never used.
+A choice is filed under a content key of all it depends on, so a new process
+finds it on disk and skips the timing. Files are written atomically; one
+that fails a check is deleted and ignored, never used.
 """
 
 from __future__ import annotations
@@ -24,8 +22,7 @@ logger = logging.getLogger("jt_dist")
 FORMAT_VERSION = 1
 _SUBDIR = "autotune"
 _STRING_FIELDS = ("kernel", "config", "source", "device_kind", "key")
-# How many left-alone files forget's warning names.
-_LISTED = 8
+_LISTED = 8  # How many left-alone files forget's warning names.
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,10 +80,6 @@ def _folder() -> str:
   return os.path.join(_settings.cache_dir(), _SUBDIR)
 
 
-def _path(key: str) -> str:
-  return os.path.join(_folder(), key + ".json")
-
-
 def save(choice: AutotuneChoice) -> None:
   """Writes ``choice`` to disk; failures are logged, never raised."""
   if not _settings.disk_cache():
@@ -96,7 +89,8 @@ def save(choice: AutotuneChoice) -> None:
   try:
     os.makedirs(folder, exist_ok=True)
     _cache._atomic_write(  # pylint: disable=protected-access
-        folder, _path(choice.key), json.dumps(document).encode("utf-8"))
+        folder, os.path.join(folder, choice.key + ".json"),
+        json.dumps(document).encode("utf-8"))
   except OSError as e:
     logger.warning("jt_dist: cannot save the autotuning choice in %s (%s);"
                    " a new process will time the configs again.", folder, e)
@@ -106,7 +100,7 @@ def load(key: str, candidates: tuple[str, ...]) -> AutotuneChoice | None:
   """The choice saved under ``key`` for these candidates, or None."""
   if not _settings.disk_cache():
     return None
-  path = _path(key)
+  path = os.path.join(_folder(), key + ".json")
   try:
     with open(path, "rb") as f:
       document = json.loads(f.read().decode("utf-8"))

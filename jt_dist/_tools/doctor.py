@@ -1,7 +1,7 @@
 """``python -m jt_dist [doctor]``: can this machine run Triton kernels?
 
-Prints the versions, the devices, a checked test kernel on each, the disk
-cache and how kernels' binaries reach jaxlib, then each problem with its fix.
+Prints versions, devices, a checked test kernel on each, the disk cache and
+how kernels' binaries reach jaxlib, then each problem with its fix.
 """
 
 from __future__ import annotations
@@ -209,15 +209,15 @@ def _kernel_fix(device: Any) -> str:
   if device.platform == "cpu":
     return ("reinstall Triton (pip install 'triton>=3.6'); its interpreter"
             " runs kernels on the CPU")
+  dump = (", and rerun with JT_DIST_DUMP_DIR=/tmp/dump to inspect the"
+          " kernel's IR")
   if device.platform == "rocm":
     return ("make JAX's ROCm plugin match jaxlib (jax-rocm7-plugin and"
             " jax-rocm7-pjrt at jaxlib's version), check the GPU with"
-            " rocm-smi, and rerun with"
-            " JT_DIST_DUMP_DIR=/tmp/dump to inspect the kernel's IR")
+            " rocm-smi" + dump)
   return ("make the JAX GPU plugin match jaxlib (pip install -U"
           " 'jax[cuda12]' or 'jax[cuda13]' for your driver), check the"
-          " driver with nvidia-smi, and rerun with JT_DIST_DUMP_DIR=/tmp/dump"
-          " to inspect the kernel's IR")
+          " driver with nvidia-smi" + dump)
 
 
 def _cache_size(root: str) -> tuple[int, int]:
@@ -340,8 +340,7 @@ def main(argv: list[str] | None = None, out: TextIO | None = None) -> int:
       description="Checks that jt_dist can run Triton kernels here: versions,"
       " devices, a test kernel on each device, the disk cache. Exits 0 only"
       " when everything works; each problem is printed with its fix.")
-  # The doctor is the only command, so naming it is optional: both
-  # `python -m jt_dist` and `python -m jt_dist doctor` run it.
+  # The only command, so naming it is optional.
   parser.add_argument(
       "command", nargs="?", choices=("doctor",), default="doctor",
       help="what to run: the doctor (the default)")

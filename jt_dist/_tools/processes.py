@@ -1,7 +1,7 @@
 """Tests over several processes joined by ``jax.distributed``.
 
-``jt_dist.testing.run_processes`` starts them; each calls
-``initialize_process``. Re-exported by ``jt_dist.testing``.
+Re-exported by ``jt_dist.testing``: ``run_processes`` starts the processes;
+each joins with ``initialize_process``.
 """
 
 from __future__ import annotations
@@ -40,17 +40,15 @@ def configure_cpu_devices(count: int = 8) -> None:
     pass  # Backends already initialised: keep what they have.
 
 
-# A run's coordinates, from run_processes to the processes it starts: this
-# module's protocol with itself, which no user sets (so not in _settings).
+# This module's protocol with the processes it starts, which no user sets
+# (so not in _settings).
 _ENV_COORDINATOR = "JT_DIST_COORDINATOR"
 _ENV_NUM_PROCESSES = "JT_DIST_NUM_PROCESSES"
 _ENV_PROCESS_ID = "JT_DIST_PROCESS_ID"
-# Where a process writes the traceback of an exception it did not catch.
-_ENV_FAILURE_FILE = "JT_DIST_FAILURE_FILE"
+_ENV_FAILURE_FILE = "JT_DIST_FAILURE_FILE"  # Gets an uncaught traceback.
 _TRACEBACK_START = "Traceback (most recent call last):"
-# After one process fails, the others get this long to fail or finish too:
-# a peer blocked in a collective with a dead process would otherwise wait
-# for jax.distributed's own heartbeat timeout.
+# How long the others run on after one process failed: a peer blocked in a
+# collective with it would otherwise wait for jax.distributed's heartbeat.
 _GRACE_S = 10.0
 _PORT_IN_USE = ("Address already in use", "address already in use",
                 "Failed to add port")
@@ -156,8 +154,7 @@ def _process_env(base, port, process_id, num_processes, cpu_devices,
          _ENV_COORDINATOR: f"localhost:{port}",
          _ENV_NUM_PROCESSES: str(num_processes),
          _ENV_PROCESS_ID: str(process_id), "PYTHONUNBUFFERED": "1"}
-  # The children import the jt_dist this process runs, not another copy
-  # installed elsewhere.
+  # The children import this jt_dist, not another copy installed elsewhere.
   root = os.path.abspath(os.path.join(__file__, "..", "..", ".."))
   path = env.get("PYTHONPATH", "").split(os.pathsep)
   env["PYTHONPATH"] = os.pathsep.join(
@@ -175,11 +172,7 @@ def _process_env(base, port, process_id, num_processes, cpu_devices,
 
 def _wait(procs, markers, deadline: float,
           grace_s: float) -> tuple[set[int], bool, list[int]]:
-  """Returns ``(killed, timed_out, failed)``.
-
-  ``failed``: the processes with an error status or a traceback in their
-  marker, in the order seen.
-  """
+  """``(killed, timed_out, failed)``; ``failed`` in the order seen."""
   failed: list[int] = []
   failed_at = None
   while True:
@@ -206,15 +199,6 @@ def _read(path: str) -> str:
     return f.read()
 
 
-def _traceback(marker: str, stderr: str) -> str:
-  """The traceback a process reported, else the last one in its stderr."""
-  try:
-    return _read(marker)
-  except OSError:
-    start = stderr.rfind(_TRACEBACK_START)
-    return stderr[start:] if start >= 0 else ""
-
-
 def _run_once(argv, envs, timeout_s, grace_s, cwd, popen):
   """Runs the group once: outputs, timed_out, failed, first traceback."""
   with tempfile.TemporaryDirectory(prefix="jt_dist_procs_") as logs:
@@ -228,14 +212,21 @@ def _run_once(argv, envs, timeout_s, grace_s, cwd, popen):
         procs.append(popen(
             list(argv), env={**env, _ENV_FAILURE_FILE: markers[i]},
             cwd=cwd, stdout=out, stderr=err, start_new_session=True))
-    killed, timed_out, failed = _wait(procs, markers, time.monotonic() + timeout_s,
-                                grace_s)
+    killed, timed_out, failed = _wait(
+        procs, markers, time.monotonic() + timeout_s, grace_s)
     outputs = [ProcessOutput(i, None if i in killed else p.returncode,
                              *(_read(os.path.join(logs, f"{i}.{s}"))
                                for s in ("out", "err")))
                for i, p in enumerate(procs)]
-    first = _traceback(markers[failed[0]],
-                       outputs[failed[0]].stderr) if failed else ""
+    first = ""
+    if failed:
+      # The traceback the process reported, else the last in its stderr.
+      try:
+        first = _read(markers[failed[0]])
+      except OSError:
+        stderr = outputs[failed[0]].stderr
+        start = stderr.rfind(_TRACEBACK_START)
+        first = stderr[start:] if start >= 0 else ""
   return outputs, timed_out, failed, first
 
 

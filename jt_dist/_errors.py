@@ -162,8 +162,7 @@ def raise_if_scalar_pointer(error: Exception, spec, shapes) -> None:
   A 0-d array binds a pointer parameter (as in jax-triton), and Triton's
   ``error`` about pointers or a static assert does not name the parameter.
   """
-  # Triton chains a compile error inside a called function (tl.rand's
-  # static assert) to the one it reports at the call.
+  # Triton chains errors from called functions (tl.rand's static assert).
   chain, cause = [], error
   while cause is not None and len(chain) < 8:
     chain.append(str(cause))

@@ -117,8 +117,7 @@ class TestCase(parameterized.TestCase):
 
   def setUp(self):
     super().setUp()
-    # A new seed per test: kernels must be right on any input, and a fixed
-    # seed would let a lucky input pass forever.
+    # A new seed per test: a fixed one would let a lucky input pass forever.
     self.seed = int.from_bytes(os.urandom(4), "little")
     self.np_rng = np.random.default_rng(self.seed)
 

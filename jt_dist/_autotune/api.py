@@ -61,8 +61,7 @@ def pin_autotune_config(kernel: Any, config: Any = None, **fields: Any) -> None:
   pinned.update(fields)
   _choose.pin(kernel, pinned or None)
   _store.forget_in_memory(_choose.kernel_name(kernel))
-  # A choice is made as a call is lowered: dropping JAX's compiled
-  # functions (kernel_call's among them) makes later calls lower again.
+  # Choices are made at lowering: later calls must lower again.
   jax.clear_caches()
 
 

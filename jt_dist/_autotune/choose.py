@@ -43,8 +43,8 @@ logger = logging.getLogger("jt_dist")
 
 _warned_jaxlib_mode = False
 _OPTION_FIELDS = ("num_warps", "num_stages", "num_ctas", "maxnreg")
-# Round n carries process 0's n-th choice for a call: a choice made again
-# (after a pin or forget) never meets a stale one.
+# Round n holds process 0's n-th choice for a call: a new choice (after a
+# pin or forget) never meets a stale one.
 _rounds: collections.Counter = collections.Counter()
 _pins: dict[str, dict[str, Any]] = {}
 _lock = threading.Lock()  # For both.
@@ -94,8 +94,7 @@ def _key_parts(spec, avals, platform: str) -> dict[str, Any]:
   """What a choice depends on, but the device kind."""
   scalars = {op.name: op.value for op in spec.operands if op.kind == "scalar"}
   common = dict(spec.launches[0].config.kwargs)
-  # Triton's autotuner re-tunes when the values of its `key` arguments
-  # change; shapes and dtypes are in the key regardless.
+  # Triton's autotuner re-tunes when its `key` arguments' values change.
   keyed = {name: repr(scalars.get(name, common.get(name)))
            for layer in spec.info.layers
            if isinstance(layer, _compat.Autotuner) for name in layer.keys or ()}
@@ -139,8 +138,7 @@ def _compile(spec, index: int, inputs) -> tuple[Any, Exception | None]:
     compiled = fn.lower(*inputs).compile()
     jax.block_until_ready(compiled(*inputs))  # Loads the kernel; warms up.
   except Exception as e:  # pylint: disable=broad-except
-    # As Triton's autotuner skips configs that fail to compile or run
-    # (e.g. out of shared memory), so does this one, unless none is left.
+    # Skipped, as Triton's autotuner does (e.g. out of shared memory).
     logger.warning("jt_dist: autotuning drops config %s of kernel %r: %s",
                    spec.launches[index].config.label, spec.info.name, e)
     return None, e
@@ -162,13 +160,11 @@ def _measure(spec, avals, device) -> list[float | None]:
         f" compiled and ran on {device}{_errors.process_note()}. The first"
         f" config ({spec.launches[0].config.label}) failed with"
         f" {type(first).__name__}: {first}") from first
-  # Rounds over all configs, and launches per measurement: the interpreter
-  # runs Python per program instance, so the CPU gets fewer.
+  # Fewer on the CPU, whose interpreter runs Python per program instance.
   rounds, launches = (3, 1) if device.platform == "cpu" else (7, 10)
   samples: list[list[float]] = [[] for _ in compiled]
   for r in range(rounds):
-    # Configs take turns, in an order rotated each round, so that a drift
-    # in clocks or load favours none of them.
+    # An order rotated each round: drifts in clocks or load favour none.
     order = list(range(len(compiled)))
     for i in order[r % len(order):] + order[:r % len(order)]:
       if compiled[i] is None:
@@ -308,8 +304,7 @@ def for_lowering(ctx, spec, platform: str):
   jaxlib = _settings.autotune_mode() == "jaxlib" and platform != "cpu"
   device = None if jaxlib else _local_device(ctx, platform)
   if device is None:
-    # A pin needs no device: jaxlib's mode and cross-lowered code run the
-    # pinned config too.
+    # A pin needs no device: jaxlib's mode and cross-lowering run it too.
     pinned = _pinned(spec, "unknown", "")
     if pinned is not None:
       return single(spec, pinned.index)

@@ -190,9 +190,8 @@ def exported_versions(exported: Any) -> list[ExportedKernelCall]:
 def _runs_on(call: ExportedKernelCall, capability: int) -> bool:
   made_for = call.compute_capability
   if call.binary == "cubin" or made_for >= 90:
-    # A CUBIN is machine code for one architecture; Triton compiles for
-    # the architecture-specific sm_90a / sm_100a from Hopper on, whose PTX
-    # no other GPU takes.
+    # A CUBIN is machine code for one arch; from Hopper on Triton compiles
+    # for sm_90a / sm_100a, whose PTX no other GPU takes.
     return capability == made_for
   return capability >= made_for  # Plain PTX is JIT-compiled forward.
 

@@ -40,8 +40,7 @@ def configure_cpu_devices(count: int = 8) -> None:
     pass  # Backends already initialised: keep what they have.
 
 
-# This module's protocol with the processes it starts, which no user sets
-# (so not in _settings).
+# run_processes' protocol with its processes; no user sets it (not settings).
 _ENV_COORDINATOR = "JT_DIST_COORDINATOR"
 _ENV_NUM_PROCESSES = "JT_DIST_NUM_PROCESSES"
 _ENV_PROCESS_ID = "JT_DIST_PROCESS_ID"
@@ -207,8 +206,7 @@ def _run_once(argv, envs, timeout_s, grace_s, cwd, popen):
     for i, env in enumerate(envs):
       with open(os.path.join(logs, f"{i}.out"), "w") as out, \
           open(os.path.join(logs, f"{i}.err"), "w") as err:
-        # A session of its own, so that a hung process and anything it
-        # started can be killed together by its process group id.
+        # Its own session: killpg then ends it and all it started.
         procs.append(popen(
             list(argv), env={**env, _ENV_FAILURE_FILE: markers[i]},
             cwd=cwd, stdout=out, stderr=err, start_new_session=True))
@@ -285,8 +283,7 @@ def run_processes(argv: Sequence[str], *, num_processes: int = 2,
                          gpus_per_process) for i in range(num_processes)]
     outputs, timed_out, failed, first_traceback = _run_once(
         argv, envs, timeout_s, grace_s, cwd, popen)
-    # The port was free when chosen but another program may take it
-    # before the coordinator binds it: then try another one.
+    # Another program may bind the free port first: then try another one.
     if not any(m in o.stderr for o in outputs for m in _PORT_IN_USE):
       break
   _raise_if_failed(argv, num_processes, outputs, timed_out, failed,

@@ -142,10 +142,7 @@ def process_note() -> str:
 
 def call_user(fn: Callable[..., Any], role: str, *args: Any,
               **kwargs: Any) -> Any:
-  """``fn(*args, **kwargs)``; what it raises gets a note naming ``fn``.
-
-  The exception keeps its type and traceback, so ``except KeyError`` works.
-  """
+  """``fn(*args, **kwargs)``; what it raises (type kept) notes ``fn``."""
   try:
     return fn(*args, **kwargs)
   except Exception as e:

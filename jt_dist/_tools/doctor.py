@@ -1,8 +1,4 @@
-"""``python -m jt_dist [doctor]``: can this machine run Triton kernels?
-
-Prints versions, devices, a checked test kernel on each, the disk cache and
-how kernels' binaries reach jaxlib, then each problem with its fix.
-"""
+"""``python -m jt_dist [doctor]``: can this machine run Triton kernels?"""
 
 from __future__ import annotations
 

@@ -1,8 +1,4 @@
-"""``jax.export`` of functions that call Triton kernels: the public side.
-
-Setting up an export (safety checks, target GPU) and reading an artifact back
-(what its kernels were made with, whether they can run here).
-"""
+"""``jax.export`` of kernel calls: setting exports up, checking artifacts."""
 
 from __future__ import annotations
 

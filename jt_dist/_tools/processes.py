@@ -1,8 +1,4 @@
-"""Tests over several processes joined by ``jax.distributed``.
-
-Re-exported by ``jt_dist.testing``: ``run_processes`` starts the processes;
-each joins with ``initialize_process``.
-"""
+"""``jt_dist.testing``'s tests over processes joined by jax.distributed."""
 
 from __future__ import annotations
 

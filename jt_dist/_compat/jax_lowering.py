@@ -91,19 +91,15 @@ def is_auto_axis(axis_type) -> bool:
 
 
 def mark_requires_devices(primitive) -> None:
-  """Asks JAX to name the devices in ``primitive``'s lowering context.
-
-  Private registry, no public one (jax 0.10.2 and 0.12).
-  """
+  """Asks JAX to name the devices in ``primitive``'s lowering context (a
+  private registry, no public one: jax 0.10.2 and 0.12)."""
   from jax._src import dispatch  # pylint: disable=g-import-not-at-top
   dispatch.prim_requires_devices_during_lowering.add(primitive)
 
 
 def varying_axes(aval) -> frozenset:
-  """The manual mesh axes a value varies over inside ``shard_map``.
-
-  ``aval.mat.varying`` is private (jax 0.10.2 and 0.12); a Ref has none.
-  """
+  """The manual mesh axes a value varies over inside ``shard_map``
+  (``aval.mat.varying``: private, jax 0.10.2 and 0.12; a Ref has none)."""
   return frozenset(getattr(getattr(aval, "mat", None), "varying", None) or ())
 
 
@@ -127,8 +123,7 @@ def register_dce_rule(primitive, keep: Callable[[Any], bool]) -> None:
 @functools.cache
 def kernel_side_effect() -> Any:
   """The (unordered) effect of a ``has_side_effect=True`` call, which keeps
-  it in every enclosing jaxpr. ``jax._src.effects``: private (0.10.2, 0.12).
-  """
+  it in every enclosing jaxpr. ``jax._src.effects``: private (0.10.2, 0.12)."""
   from jax._src import effects  # pylint: disable=g-import-not-at-top
   from jax.extend import core as jex_core  # pylint: disable=g-import-not-at-top
 

@@ -45,8 +45,7 @@ def is_ref_view(x: Any) -> bool:
 
 def distributed_client():
   """jax.distributed's coordination client (a private module), or None:
-  its key-value store hands values between processes without a collective.
-  """
+  its key-value store passes values between processes without collectives."""
   from jax._src import distributed  # pylint: disable=g-import-not-at-top
   return distributed.global_state.client
 

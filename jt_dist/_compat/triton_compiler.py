@@ -117,8 +117,7 @@ def is_gluon(fn: Any) -> bool:
 def compiler_stages(backend, target, options, gluon: bool):
   """Triton's ordered stages after source, and their starting metadata:
   ``triton.compile`` without launcher, file cache or driver. The metadata
-  holds every option (the HIP LLIR stage reads ``num_ctas`` from it).
-  """
+  holds every option (the HIP LLIR stage reads ``num_ctas`` there)."""
   from triton.backends import compiler as backend_compiler  # pylint: disable=g-import-not-at-top
 
   metadata = {"target": target, **options.__dict__}

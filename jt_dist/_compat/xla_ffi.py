@@ -125,9 +125,7 @@ def frame_is_readable(frame: CallFrame) -> bool:
 
 def answer_metadata(frame: CallFrame) -> bool:
   """Answers XLA's metadata query, if ``frame`` is one; returns whether.
-
-  Against another major version it claims 0.0: XLA refuses registration.
-  """
+  Against another major version it claims 0.0: XLA refuses registration."""
   ext = frame.extension_start
   if not ext or ext.contents.type != EXTENSION_METADATA:
     return False

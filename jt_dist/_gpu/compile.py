@@ -29,10 +29,8 @@ _TMEM_LIMIT = 512
 
 
 class Specialization(NamedTuple):
-  """How one launch binds the kernel's parameters at compile time.
-
-  ``attrs``: the divisibility by ``(index, *tuple path)``.
-  """
+  """How one launch binds the kernel's parameters at compile time
+  (``attrs``: the divisibility by ``(index, *tuple path)``)."""
 
   signature: dict[str, str]
   constexprs: dict[str, Any]

@@ -170,8 +170,7 @@ def _check_descriptors(spec, platform: str) -> None:
 
 def _fitting_calls(lib, spec, target, object_file=None):
   """``(TritonKernelCall, launch, compiled)`` of each launch that fits: as
-  in Triton's autotuner, one short of shared memory is dropped if not alone.
-  """
+  in Triton's autotuner, one short of shared memory is dropped if not alone."""
   _check_descriptors(spec, target.platform)
   calls, errors = [], []
   for launch in spec.launches:
@@ -326,25 +325,21 @@ def _emit(ctx, args, spec, name: str, opaque: bytes, order: tuple[int, ...]):
   position = {out: k for k, out in enumerate(order)}
   aliases = {i: position[o] for i, o in spec.input_output_aliases} or None
   ctx = ctx.replace(avals_out=[ctx.avals_out[i] for i in order])
-  attributes = {}
-  if name == FFI_TARGET:
-    rule = jax.ffi.ffi_lowering(
-        name, api_version=4, operand_output_aliases=aliases,
-        has_side_effect=spec.has_side_effect)
-    attributes["opaque"] = opaque
-    if spec.cost_estimate:
-      # The key and JSON form jax-triton 0.4 gives XLA.
-      attributes["cost_estimate_json"] = json.dumps(dict(spec.cost_estimate))
-  elif spec.cost_estimate:
+  if spec.cost_estimate and name != FFI_TARGET:
     raise ValueError(
         f"triton_call: kernel {spec.info.name!r} has cost_estimate="
         f"{dict(spec.cost_estimate)!r}, which only the FFI custom call"
         f" ({FFI_TARGET!r}) can carry, but custom_call_target_name={name!r}"
         " was chosen. Drop cost_estimate, or use the FFI target.")
-  else:
-    rule = jax.ffi.ffi_lowering(
-        name, api_version=2, backend_config=opaque,
-        operand_output_aliases=aliases, has_side_effect=spec.has_side_effect)
+  attributes, legacy = {"opaque": opaque}, {}
+  if name != FFI_TARGET:
+    attributes, legacy = {}, {"backend_config": opaque}
+  elif spec.cost_estimate:
+    # The key and JSON form jax-triton 0.4 gives XLA.
+    attributes["cost_estimate_json"] = json.dumps(dict(spec.cost_estimate))
+  rule = jax.ffi.ffi_lowering(
+      name, api_version=2 if legacy else 4, operand_output_aliases=aliases,
+      has_side_effect=spec.has_side_effect, **legacy)
   results = rule(ctx, *args, **attributes)
   return [results[position[i]] for i in range(len(order))]
 

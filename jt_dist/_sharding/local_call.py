@@ -132,10 +132,8 @@ def single_device(args, kernel, out_shape, grid, options, metaparams,
 
 def _partitioned(args, kernel, out_shape, grid, options, metaparams, device,
                  layout=None):
-  """Runs a call with a rule once per shard; None if unsplit.
-
-  Shapes are checked first: a rule that does not fit fails on one device
-  as on many."""
+  """Runs a call with a rule once per shard; None if unsplit. Shapes are
+  checked first: a rule that does not fit fails on one device as on many."""
   rule = _rule.check(options.sharding_rule, "triton_call")
   out_shapes, out_tree = _binding.flatten_out_shape(out_shape)
   _partition.factor_sizes(rule, args, out_shapes)

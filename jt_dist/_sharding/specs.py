@@ -181,10 +181,8 @@ def infer_spec(x: Any, mesh) -> P:
 
 
 def in_specs_for(in_specs: Any, args: Sequence[Any], mesh) -> list[P]:
-  """One checked spec per array leaf of ``args``, given or inferred.
-
-  ``in_specs`` is a prefix of the arguments, as ``jax.shard_map``'s is.
-  """
+  """One checked spec per array leaf, given (a prefix of ``args``, as
+  ``jax.shard_map``'s are) or inferred."""
   flat, arrays = arrays_of(args)
   if in_specs is None:
     specs = [infer_spec(flat.leaves[k], mesh) for k in arrays]

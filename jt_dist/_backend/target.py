@@ -27,19 +27,17 @@ _CUDA_SHARED_MEMORY = {
 # LDS per workgroup (bytes), by gfx arch; 64 KiB unless listed.
 _ROCM_SHARED_MEMORY = {"gfx950": 163840}
 _ROCM_DEFAULT_SHARED_MEMORY = 65536
-_NO_DEVICE = {
-    "cuda": (
-        "triton_call: cannot tell which CUDA compute capability to compile"
-        " for: the computation is lowered for CUDA, but no CUDA device is"
-        " visible (e.g. cross-lowering on a host without a GPU). Pass"
-        " compute_capability= to triton_call, e.g. compute_capability=90"
-        " for H100/H200 (sm_90)."),
-    "rocm": (
-        "triton_call: cannot tell which ROCm GPU arch (gfx...) to compile"
-        " for: the computation is lowered for ROCm, but no ROCm device is"
-        " visible (e.g. cross-lowering on a host without a GPU). Pass"
-        " compute_capability= to triton_call with the arch, e.g."
-        " compute_capability='gfx942' for MI300X or 'gfx90a' for MI250X."),
+_NO_DEVICE = (
+    "triton_call: cannot tell which {what} to compile for: the computation"
+    " is lowered for {name}, but no {name} device is visible (e.g."
+    " cross-lowering on a host without a GPU). Pass compute_capability= to"
+    " triton_call{example}.")
+_NO_DEVICE_WORDS = {
+    "cuda": {"what": "CUDA compute capability", "name": "CUDA",
+             "example": ", e.g. compute_capability=90 for H100/H200 (sm_90)"},
+    "rocm": {"what": "ROCm GPU arch (gfx...)", "name": "ROCm",
+             "example": " with the arch, e.g. compute_capability='gfx942' for"
+                        " MI300X or 'gfx90a' for MI250X"},
 }
 
 
@@ -145,7 +143,7 @@ def resolve_target(ctx, platform: str, compute_capability: int | None
   pairs = [(d, arch) for d in candidate_devices(ctx, platform)
            if (arch := arch_of(d)) not in (None, "")]
   if not pairs:
-    raise ValueError(_NO_DEVICE[platform])
+    raise ValueError(_NO_DEVICE.format(**_NO_DEVICE_WORDS[platform]))
   distinct = sorted({arch for _, arch in pairs}, key=str)
   if len(distinct) == 1:
     return Target(platform, distinct[0])

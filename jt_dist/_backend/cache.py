@@ -1,10 +1,9 @@
 """Caches of compiled kernels: a bounded in-process LRU and an on-disk store.
 
-Triton compiles during JAX's lowering, which JAX's persistent compilation
-cache cannot spare. Disk entries are keyed by a content hash, stored as JSON
-plus the binary (no pickle), written atomically and checked whole on load
-(sha256s), so a damaged or stale entry is recompiled, never used; a forgery
-by someone who can write the cache directory is not caught.
+Triton compiles during lowering, which JAX's persistent cache cannot spare.
+Disk entries (JSON plus the binary, no pickle) are written atomically and
+checked whole (sha256s) on load: a damaged one is recompiled, never used (a
+forgery by whoever can write the directory is not caught).
 """
 
 from __future__ import annotations
@@ -24,8 +23,7 @@ from jt_dist import _settings
 
 logger = logging.getLogger("jt_dist")
 
-# Bumped whenever the entry layout or the meaning of its metadata changes,
-# so that an older jt_dist's entries are never read as this one's.
+# Bumped when the entry layout or its metadata's meaning changes.
 FORMAT_VERSION = 3
 _KEY_PATTERN = re.compile(r"^[0-9a-f]{64}$")
 
@@ -45,7 +43,7 @@ class LRUCache:
   """A thread-safe, bounded map that evicts the least recently used entry."""
 
   def __init__(self, max_entries: Callable[[], int]):
-    # The limit is asked at each put and trim: its setting has one owner.
+    # Asked at each trim: the setting has one owner.
     self._entries: collections.OrderedDict[str, Any] = collections.OrderedDict()
     self._lock = threading.Lock()
     self._max_entries = max_entries
@@ -83,8 +81,7 @@ class LRUCache:
 
 memory_cache = LRUCache(_settings.memory_entries)
 _settings.trim_on_configure(memory_cache.trim)
-# What ``jt_dist.cache_info`` reports: events counted as calls are lowered
-# and kernels compiled, never per eager call.
+# cache_info's events, counted per lowering or compile, never per eager call.
 _events: collections.Counter[str] = collections.Counter()
 _events_lock = threading.Lock()
 
@@ -101,8 +98,7 @@ def counted(event: str) -> int:
     return _events[event]
 _warned_unwritable: set[str] = set()
 _warned_lock = threading.Lock()
-# Striped rather than one lock per key: bounded, and two different kernels
-# rarely wait for each other.
+# Striped, not per key: bounded, and two kernels rarely wait for each other.
 _CREATE_LOCKS = tuple(threading.Lock() for _ in range(64))
 
 
@@ -120,9 +116,8 @@ def _entry_digest(document: Mapping[str, Any]) -> str:
 
 
 def _binary_name(key: str, digest: str) -> str:
-  # The binary is named by its own hash too: two processes writing the same
-  # key with different binaries never overwrite each other's file, so a JSON
-  # document always points at the binary it was written with.
+  # Named by its own hash too: a JSON document always names the binary it
+  # was written with, even when two processes write one key.
   return f"{key}-{digest[:16]}.bin"
 
 
@@ -144,8 +139,7 @@ def load(key: str) -> tuple[dict[str, Any], bytes] | None:
     with open(json_path, "rb") as f:
       document = _parse_document(key, f.read())
   except (FileNotFoundError, NotADirectoryError):
-    # NotADirectoryError: the cache directory (or its fan-out folder) is a
-    # file. Every entry would fail alike; store() says so, once.
+    # NotADirectoryError: the directory is a file; store() says so, once.
     return None
   except OSError as e:
     logger.warning("jt_dist: cannot read disk cache entry %s: %s", json_path, e)
@@ -190,8 +184,7 @@ def _parse_document(key: str, raw: bytes) -> dict[str, Any] | str:
 
 
 def _atomic_write(folder: str, path: str, data: bytes) -> None:
-  # Readers see the old file or the complete new one: a flushed temporary
-  # file in the same directory is renamed over it (atomic on POSIX, Windows).
+  # Readers see the old file or the complete new one (an atomic rename).
   fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp-")
   try:
     with os.fdopen(fd, "wb") as f:
@@ -220,14 +213,12 @@ def store(key: str, metadata: Mapping[str, Any], binary: bytes) -> None:
   document["entry_sha256"] = _entry_digest(document)
   try:
     os.makedirs(folder, exist_ok=True)
-    # The binary first: a JSON document is only ever visible once the
-    # binary it names is complete.
+    # The binary first: a JSON document never names an incomplete one.
     _atomic_write(folder, os.path.join(folder, document["binary_file"]), binary)
     _atomic_write(folder, json_path, json.dumps(document).encode("utf-8"))
     count("disk_writes")
   except OSError as e:
-    # Once per cache directory, not per entry: a full disk or a read-only
-    # directory fails every write, and one line says so.
+    # Once per directory: a full or read-only disk fails every write.
     root = _settings.cache_dir()
     with _warned_lock:
       if root in _warned_unwritable:
@@ -243,11 +234,9 @@ def store(key: str, metadata: Mapping[str, Any], binary: bytes) -> None:
 def get_or_create(key: str, create: Callable[[], tuple[Any, dict, bytes]],
                   restore: Callable[[dict, bytes], Any], *,
                   use_cached: bool = True) -> Any:
-  """The value for ``key``: from memory, else from disk, else created.
-
-  Concurrent callers of one key wait for one of them to create it.
-  ``restore`` raises ValueError, KeyError or TypeError for a bad entry.
-  """
+  """The value for ``key``: from memory, else from disk, else created
+  (once for concurrent callers). ``restore`` raises ValueError, KeyError or
+  TypeError for a bad entry."""
   if not use_cached:
     return _create_and_store(key, create)
   if (value := memory_cache.get(key)) is not None:

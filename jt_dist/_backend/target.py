@@ -1,8 +1,6 @@
-"""Which GPU a kernel is compiled for.
-
-That of the devices the computation is lowered for, never "device 0" (a
-mixed host's second GPU gets its own code), unless ``compute_capability=``
-names it, as a host without the GPU (cross-lowering) must.
+"""Which GPU a kernel is compiled for: the one ``compute_capability=`` names,
+else that of the devices the computation is lowered for (never "device 0":
+a mixed host's second GPU gets its own code).
 """
 
 from __future__ import annotations
@@ -18,7 +16,7 @@ from jt_dist import _compat
 logger = logging.getLogger("jt_dist")
 
 # Opt-in shared memory per block (bytes), by compute capability: checked at
-# lowering, where an error can name the config, not at launch on the device.
+# lowering, where an error can name the config.
 _CUDA_SHARED_MEMORY = {
     70: 98304, 72: 98304, 75: 65536,
     80: 166912, 86: 101376, 87: 166912, 89: 101376,
@@ -29,21 +27,18 @@ _CUDA_SHARED_MEMORY = {
 # LDS per workgroup (bytes), by gfx arch; 64 KiB unless listed.
 _ROCM_SHARED_MEMORY = {"gfx950": 163840}
 _ROCM_DEFAULT_SHARED_MEMORY = 65536
-_NO_DEVICE = {
-    "cuda": (
-        "triton_call: cannot tell which CUDA compute capability to compile"
-        " for: the computation is lowered for CUDA, but no CUDA device is"
-        " visible (e.g. cross-lowering on a host without a GPU). Pass"
-        " compute_capability= to triton_call, e.g. compute_capability=90"
-        " for H100/H200 (sm_90)."),
-    "rocm": (
-        "triton_call: cannot tell which ROCm GPU arch (gfx...) to compile"
-        " for: the computation is lowered for ROCm, but no ROCm device is"
-        " visible (e.g. cross-lowering on a host without a GPU). Pass"
-        " compute_capability= to triton_call with the arch, e.g."
-        " compute_capability='gfx942' for MI300X or 'gfx90a' for MI250X."),
+_NO_DEVICE = (
+    "triton_call: cannot tell which {what} to compile for: the computation"
+    " is lowered for {name}, but no {name} device is visible (e.g."
+    " cross-lowering on a host without a GPU). Pass compute_capability= to"
+    " triton_call{example}.")
+_NO_DEVICE_WORDS = {
+    "cuda": {"what": "CUDA compute capability", "name": "CUDA",
+             "example": ", e.g. compute_capability=90 for H100/H200 (sm_90)"},
+    "rocm": {"what": "ROCm GPU arch (gfx...)", "name": "ROCm",
+             "example": " with the arch, e.g. compute_capability='gfx942' for"
+                        " MI300X or 'gfx90a' for MI250X"},
 }
-
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,8 +72,7 @@ def shared_memory_limit(target: Target) -> int | None:
     return _ROCM_SHARED_MEMORY.get(str(target.arch), _ROCM_DEFAULT_SHARED_MEMORY)
   if target.arch in _CUDA_SHARED_MEMORY:
     return _CUDA_SHARED_MEMORY[target.arch]
-  # An unlisted minor revision takes the limit of the closest lower revision
-  # of its major; for an unknown major there is nothing sound to guess.
+  # An unlisted minor revision takes its major's closest lower one's.
   same_major = [cc for cc in _CUDA_SHARED_MEMORY
                 if cc // 10 == target.arch // 10 and cc <= target.arch]
   return _CUDA_SHARED_MEMORY[max(same_major)] if same_major else None
@@ -116,8 +110,7 @@ def rocm_arch(device: Any) -> str | None:
   """A ROCm device's gfx arch without feature flags ("gfx942"), or None."""
   arch = str(getattr(device, "compute_capability", "") or "")
   if not arch.startswith("gfx"):
-    # The ROCm plugin's own bindings: with the CUDA plugin installed too,
-    # jaxlib's module-level names may be either plugin's.
+    # The ROCm plugin's own: jaxlib's module-level names may be CUDA's.
     lib = getattr(_compat.gpu_triton_module(), "_hip_triton", None)
     if lib is None or not hasattr(lib, "get_arch_details"):
       return None
@@ -127,8 +120,7 @@ def rocm_arch(device: Any) -> str | None:
 
 def candidate_devices(ctx, platform: str) -> list[Any]:
   """The platform's devices the call is lowered for, best source first."""
-  # Cross-lowering for CUDA on a CPU host assigns CPU devices: they say
-  # nothing about the GPU target, so only devices of the platform count.
+  # Only the platform's devices count (cross-lowering assigns CPU ones).
   aliases = (platform, "gpu")
   for source in (lambda: _compat.lowering_axis_facts(ctx).devices,
                  _devices_of_mesh,
@@ -142,18 +134,16 @@ def candidate_devices(ctx, platform: str) -> list[Any]:
 
 def resolve_target(ctx, platform: str, compute_capability: int | None
                    ) -> Target:
-  """The GPU ``compute_capability`` names, else the lowering devices' GPU.
-
-  Devices of several archs get the lowest CUDA capability, whose code runs
-  on all of them (logged); a ROCm kernel runs only on its own gfx arch.
-  """
+  """The GPU ``compute_capability`` names, else the lowering devices' GPU:
+  of several, the lowest CUDA capability (its code runs on all); on ROCm,
+  several archs are refused."""
   if compute_capability is not None:
     return _named_target(platform, compute_capability)
   arch_of = cuda_capability if platform == "cuda" else rocm_arch
   pairs = [(d, arch) for d in candidate_devices(ctx, platform)
            if (arch := arch_of(d)) not in (None, "")]
   if not pairs:
-    raise ValueError(_NO_DEVICE[platform])
+    raise ValueError(_NO_DEVICE.format(**_NO_DEVICE_WORDS[platform]))
   distinct = sorted({arch for _, arch in pairs}, key=str)
   if len(distinct) == 1:
     return Target(platform, distinct[0])

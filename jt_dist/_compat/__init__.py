@@ -1,19 +1,10 @@
 """Every jax-, jaxlib- and Triton-version difference jt_dist depends on.
 
 Supporting a new release means editing this package alone (and
-``jt_dist._cpu.interpreter``, which adapts Triton's interpreter). Nothing
-runs at import time beyond reading versions and importing classes. The rest
-of jt_dist, and the tests' ``mock.patch.object(_compat, ...)``, use the
-names re-exported here, never the modules behind them:
-
-- ``triton_api``: Triton's runtime classes, JIT functions, the language lock
-  and ``attributes_replaced``, the one way jt_dist patches Triton.
-- ``triton_compiler``: Triton's compiler stages (GPU lowering).
-- ``jaxlib_triton``: jaxlib's Triton custom call.
-- ``descriptors``: tensor descriptors (TMA), host and device side.
-- ``jax_lowering``: JAX facts for lowering rules and primitive registries.
-- ``jax_runtime``: JAX facts at call time (tracing state, Refs, services).
-- ``xla_ffi``: the XLA FFI C API's struct layouts (the CPU FFI target).
+``jt_dist._cpu.interpreter``). Nothing runs at import beyond reading
+versions and importing classes. The rest of jt_dist, and the tests'
+``mock.patch.object(_compat, ...)``, use the names re-exported here, never
+the modules behind them (CONTRIBUTING.md says which holds what).
 """
 
 import triton

@@ -28,11 +28,8 @@ def check_tf32_descriptor(info, kernel: str) -> None:
 
 
 def interpreter_descriptor(base, info):
-  """Triton's host descriptor over ``base`` (a ``data_ptr`` object).
-
-  Triton's constructor would validate a torch-like tensor; ``_tensordesc``
-  has checked the same rules, so the fields are set directly.
-  """
+  """Triton's host descriptor over ``base`` (a ``data_ptr`` object), its
+  fields set directly: the constructor wants a torch-like tensor."""
   from triton.tools import tensor_descriptor  # pylint: disable=g-import-not-at-top
   cls = tensor_descriptor.TensorDescriptor
   desc = cls.__new__(cls)
@@ -46,10 +43,8 @@ def interpreter_descriptor(base, info):
 
 
 def descriptor_fallback_flags(info) -> list[tuple[Any, str]]:
-  """The flags after a descriptor's shape and strides, lowered without TMA.
-
-  ``padding == "nan"`` (i1), then on Triton 3.9 ``round_f32_to_tf32`` (i1).
-  """
+  """The flags after a descriptor's shape and strides, without TMA:
+  ``padding == "nan"``, then (Triton 3.9+) ``round_f32_to_tf32``."""
   flags = [(info.padding == "nan", "i1")]
   if descriptors_round_to_tf32():
     flags.append((bool(info.round_f32_to_tf32), "i1"))
@@ -57,11 +52,8 @@ def descriptor_fallback_flags(info) -> list[tuple[Any, str]]:
 
 
 def tma_parameter(lib, meta, info, platform: str):
-  """jaxlib's TMA descriptor parameter for ``info``, per Triton's ``meta``.
-
-  Only jaxlibs newer than 0.11.0 build host TMA descriptors; im2col and
-  fp4-padded ones are refused.
-  """
+  """jaxlib's TMA descriptor parameter for ``info``, per Triton's ``meta``
+  (only jaxlibs newer than 0.11.0 build one)."""
   make = getattr(lib, "create_tma_descriptor_parameter", None)
   if make is None or platform != "cuda":
     raise NotImplementedError(

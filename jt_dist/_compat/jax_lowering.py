@@ -9,11 +9,9 @@ import jax
 
 
 def output_avals(in_avals, out_shapes):
-  """Abstract values of a kernel call's outputs.
-
-  Inside ``shard_map`` they must carry the mesh and varying manual axes,
-  recorded differently per JAX release: so an input aval is ``update``d.
-  """
+  """Abstract values of a kernel call's outputs: an input aval ``update``d,
+  since inside ``shard_map`` they carry the mesh and varying axes, recorded
+  differently per JAX release."""
   meshes = [getattr(getattr(a, "sharding", None), "mesh", None)
             for a in in_avals]
   template = next((a for a, mesh in zip(in_avals, meshes)
@@ -31,10 +29,8 @@ def output_avals(in_avals, out_shapes):
 
 
 class AxisFacts(NamedTuple):
-  """What the lowering context says about the devices a call runs on.
-
-  ``kind``: "sharding" (jit), "spmd" (shard_map), "replica" (pmap), "none".
-  """
+  """The devices a call is lowered for; ``kind``: "sharding" (jit), "spmd"
+  (shard_map), "replica" (pmap) or "none"."""
 
   kind: str
   num_devices: int
@@ -95,28 +91,23 @@ def is_auto_axis(axis_type) -> bool:
 
 
 def mark_requires_devices(primitive) -> None:
-  """Asks JAX to name the devices in ``primitive``'s lowering context.
-
-  Else the GPU target could only be guessed. jax has no public registry
-  for it (jax 0.10.2 and 0.12 have this private one).
-  """
+  """Asks JAX to name the devices in ``primitive``'s lowering context (a
+  private registry, no public one: jax 0.10.2 and 0.12)."""
   from jax._src import dispatch  # pylint: disable=g-import-not-at-top
   dispatch.prim_requires_devices_during_lowering.add(primitive)
 
 
 def varying_axes(aval) -> frozenset:
-  """The manual mesh axes a value varies over inside ``shard_map``.
-
-  ``aval.mat.varying`` is private (jax 0.10.2 and 0.12); a Ref has none.
-  """
+  """The manual mesh axes a value varies over inside ``shard_map``
+  (``aval.mat.varying``: private, jax 0.10.2 and 0.12; a Ref has none)."""
   return frozenset(getattr(getattr(aval, "mat", None), "varying", None) or ())
 
 
 def register_dce_rule(primitive, keep: Callable[[Any], bool]) -> None:
   """Drops an equation with no used output unless ``keep(eqn)``.
 
-  ``partial_eval.dce_rules`` take ``(used_outputs, eqn)`` on jax 0.10,
-  ``(used_outputs, live_inputs, eqn)`` on jax 0.12.
+  ``dce_rules`` take ``(used_outputs, eqn)`` on jax 0.10, and
+  ``(used_outputs, live_inputs, eqn)`` on 0.12.
   """
   from jax.interpreters import partial_eval  # pylint: disable=g-import-not-at-top
 
@@ -131,11 +122,8 @@ def register_dce_rule(primitive, keep: Callable[[Any], bool]) -> None:
 
 @functools.cache
 def kernel_side_effect() -> Any:
-  """The effect of a call marked ``has_side_effect=True``, registered once.
-
-  Unlike a DCE rule, it keeps the equation in every enclosing jaxpr; it is
-  unordered (no tokens). ``jax._src.effects`` is private (jax 0.10.2, 0.12).
-  """
+  """The (unordered) effect of a ``has_side_effect=True`` call, which keeps
+  it in every enclosing jaxpr. ``jax._src.effects``: private (0.10.2, 0.12)."""
   from jax._src import effects  # pylint: disable=g-import-not-at-top
   from jax.extend import core as jex_core  # pylint: disable=g-import-not-at-top
 

@@ -11,10 +11,7 @@ from jax._src import core as _jax_core  # pylint: disable=g-bad-import-order
 
 
 def jit_cache_context(default: Any = None) -> Any:
-  """A context whose value is part of JAX's tracing and lowering cache keys.
-
-  ``jax.make_user_context``: public since jax 0.6.
-  """
+  """A context in JAX's tracing and lowering cache keys (jax 0.6+)."""
   return jax.make_user_context(default_value=default)
 
 
@@ -25,27 +22,19 @@ def platform_version(device: Any) -> str:
 
 
 def primitive_impl(primitive) -> Callable[..., Any]:
-  """The eager implementation jax gives its own primitives: jit and cache.
-
-  ``dispatch.apply_primitive`` is private, in every supported release.
-  """
+  """jax's eager implementation of primitives (private in every release)."""
   from jax._src import dispatch  # pylint: disable=g-import-not-at-top
   return functools.partial(dispatch.apply_primitive, primitive)
 
 
 def at_top_level() -> bool:
-  """Whether no trace is under way (an eager call, not inside a jit).
-
-  ``core.trace_state_clean`` is private, in every supported release.
-  """
+  """Whether no trace is under way (private in every release)."""
   return _jax_core.trace_state_clean()
 
 
 def is_ref_view(x: Any) -> bool:
-  """Whether ``x`` is a view of a Ref (``ref.at[...]``): jax's TransformedRef.
-
-  Private: known by its class name and ``ref`` (jax 0.10.2 and 0.12).
-  """
+  """Whether ``x`` is a view of a Ref (``ref.at[...]``), known by its
+  private class's name and ``ref`` (jax 0.10.2 and 0.12)."""
   if type(x).__name__ != "TransformedRef":
     return False
   try:
@@ -55,11 +44,8 @@ def is_ref_view(x: Any) -> bool:
 
 
 def distributed_client():
-  """The client of jax.distributed's coordination service, or None.
-
-  Its key-value store hands values between processes without a collective;
-  JAX exposes it only through a private module.
-  """
+  """jax.distributed's coordination client (a private module), or None:
+  its key-value store passes values between processes without collectives."""
   from jax._src import distributed  # pylint: disable=g-import-not-at-top
   return distributed.global_state.client
 
@@ -67,10 +53,9 @@ def distributed_client():
 def host_buffer_callback():
   """``jax.experimental.buffer_callback.buffer_callback`` (in every jax).
 
-  It hands the callback the computation's own host buffers, where
-  ``jax.pure_callback`` ``device_put``s operands to CPU device 0: on jaxlib
-  0.10 one of 102,400 bytes or more is copied on the devices' thread pool,
-  which a collective after the callback can deadlock (XLA then aborts).
+  It passes the host buffers as they are; ``jax.pure_callback`` copies big
+  ones (102,400+ bytes, jaxlib 0.10) on the devices' thread pool, which a
+  collective after the callback can deadlock (XLA then aborts).
   """
   from jax.experimental import buffer_callback  # pylint: disable=g-import-not-at-top
   return buffer_callback.buffer_callback

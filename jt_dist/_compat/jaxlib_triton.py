@@ -31,10 +31,7 @@ def triton_ffi_targets(platform: str) -> frozenset[str]:
 
 def make_triton_kernel(lib, name, num_warps, num_ctas, shared_mem, binary,
                        ttir, arch_number, scratch_size, scratch_align):
-  """jaxlib's ``TritonKernel``; newer jaxlibs also take the global scratch.
-
-  jaxlib up to 0.11 takes 7 arguments (a null scratch pointer at launch).
-  """
+  """jaxlib's ``TritonKernel``; jaxlib up to 0.11 takes no global scratch."""
   args = [name, num_warps, num_ctas, shared_mem, binary, ttir, arch_number]
   if not scratch_size:
     return lib.TritonKernel(*args)
@@ -56,9 +53,6 @@ def jaxlib_version() -> str:
 
 
 def jaxlib_takes_module_image() -> bool:
-  """Whether jaxlib's Triton proto reads a kernel's CUBIN (module_image).
-
-  jaxlib 0.11.1 added it; older releases only assemble the PTX themselves.
-  """
+  """Whether jaxlib's Triton proto reads a kernel's CUBIN (0.11.1+)."""
   match = re.match(r"\d+(?:\.\d+){0,2}", jaxlib_version())
   return bool(match) and tuple(map(int, match[0].split("."))) >= (0, 11, 1)

@@ -20,10 +20,9 @@ Config = triton.Config
 InterpreterError = triton.runtime.errors.InterpreterError
 
 
-# Triton's interpreter patches ``triton.language`` module-wide for a launch,
-# and the compiler's code generator calls that same module: both hold this
-# lock while they use it, lest a compile generate code from the
-# interpreter's functions. Reentrant: a launch may trace a nested call.
+# Triton's interpreter patches ``triton.language`` for a launch, which the
+# compiler's code generator calls too: both hold this lock. Reentrant: a
+# launch may trace a nested call.
 LANGUAGE_LOCK = threading.RLock()
 
 
@@ -48,12 +47,8 @@ def jit_function_of(fn: Any) -> JITFunction:
 
 
 def triton_launcher_scalar_type(value: Any) -> str | None:
-  """The type Triton's own launcher gives an unannotated scalar argument.
-
-  ``triton.runtime.jit.mangle_type`` (native in Triton 3.6 and 3.9). Bools
-  read "i1", as jaxlib takes them (Triton 3.9 says "u1"). None where the
-  launcher refuses the value (an int beyond 64 bits, a NumPy int).
-  """
+  """The type Triton's launcher gives an unannotated scalar (``mangle_type``,
+  Triton 3.6-3.9), bools as "i1" (3.9 says "u1"); None where refused."""
   try:
     mangled = _jit.mangle_type(value)
   except (OverflowError, TypeError, ValueError):
@@ -73,12 +68,8 @@ _ABSENT = object()
 
 @contextlib.contextmanager
 def attributes_replaced(owner: Any, replacements: Mapping[str, Any]):
-  """Sets attributes of ``owner`` for the ``with`` block, then restores them.
-
-  The one way jt_dist patches Triton, under the reentrant ``LANGUAGE_LOCK``
-  (the interpreter and the compiler share these objects across threads).
-  An attribute ``owner`` only inherited is deleted again afterwards.
-  """
+  """Sets attributes of ``owner`` for the block, under ``LANGUAGE_LOCK``;
+  restores them after (an attribute only inherited is deleted again)."""
   with LANGUAGE_LOCK:
     own = vars(owner)
     saved = {name: own.get(name, _ABSENT) for name in replacements}

@@ -1,7 +1,4 @@
-"""Triton's compiler stages, as each supported Triton (3.6 to 3.9) calls them.
-
-Used only when lowering for CUDA or ROCm.
-"""
+"""Triton's compiler stages (GPU lowering), as Triton 3.6 to 3.9 call them."""
 
 from __future__ import annotations
 
@@ -72,11 +69,8 @@ def ast_to_ttir(jit_fn, backend, target, options, signature, constexprs,
 
 
 def static_assert_note(error: Exception) -> str | None:
-  """Names the failing ``tl.static_assert`` behind ``error``, or None.
-
-  Triton (3.6 to 3.9) reports one in a function the kernel calls at the
-  kernel's line; the assert is only at the end of the chain of causes.
-  """
+  """Names the failing ``tl.static_assert`` behind ``error``, or None:
+  Triton 3.6-3.9 report one in a callee at the kernel's line."""
   from triton.compiler import errors  # pylint: disable=g-import-not-at-top
 
   inner = error
@@ -97,11 +91,8 @@ def static_assert_note(error: Exception) -> str | None:
 
 
 def missing_gluon_api(fn: Any, error: Exception):
-  """A clear error for a Gluon kernel using what this Triton lacks, or None.
-
-  Gluon grows with each release; Triton reports a gap as an AttributeError
-  on a ``triton.experimental.gluon`` module, or an error quoting one.
-  """
+  """A clear error for a Gluon kernel using what this Triton lacks, or None
+  (Triton reports it as an AttributeError on a gluon module)."""
   text = str(error)
   if (not is_gluon(fn) or "has no attribute" not in text
       or "module 'triton.experimental.gluon" not in text):
@@ -124,12 +115,9 @@ def is_gluon(fn: Any) -> bool:
 
 
 def compiler_stages(backend, target, options, gluon: bool):
-  """Triton's ordered stages after source (ttir, ttgir, ...), and metadata.
-
-  Running them in order is ``triton.compile`` without its launcher, file
-  cache and driver. As there, the metadata starts with the target and every
-  option (the HIP backend's LLIR stage reads ``num_ctas`` from it).
-  """
+  """Triton's ordered stages after source, and their starting metadata:
+  ``triton.compile`` without launcher, file cache or driver. The metadata
+  holds every option (the HIP LLIR stage reads ``num_ctas`` there)."""
   from triton.backends import compiler as backend_compiler  # pylint: disable=g-import-not-at-top
 
   metadata = {"target": target, **options.__dict__}

@@ -1,10 +1,7 @@
-"""The XLA FFI C API's structs, as ctypes mirrors (xla/ffi/api/c_api.h).
-
-jt_dist's CPU custom-call target (jt_dist/_cpu/ffi_target.py) is a ctypes
-trampoline. The fields used here have one layout in FFI API 0.3 (jaxlib
-0.10.2) and 0.5 (jaxlib 0.12), which differ only in names. XLA keeps major
-version 0 ABI-stable and only appends fields, so a call frame of another
-major version or a smaller size is refused, not read (``frame_is_readable``).
+"""The XLA FFI C API's structs as ctypes mirrors (xla/ffi/api/c_api.h), for
+the CPU target's trampoline. Their layout is one in FFI API 0.3 (jaxlib
+0.10.2) and 0.5 (jaxlib 0.12); XLA only appends fields within major 0, so a
+frame of another major or a smaller size is refused, not read.
 """
 
 import ctypes
@@ -128,10 +125,7 @@ def frame_is_readable(frame: CallFrame) -> bool:
 
 def answer_metadata(frame: CallFrame) -> bool:
   """Answers XLA's metadata query, if ``frame`` is one; returns whether.
-
-  Against an API of another major version the handler claims 0.0, which
-  XLA refuses: registration fails and the caller keeps its fallback.
-  """
+  Against another major version it claims 0.0: XLA refuses registration."""
   ext = frame.extension_start
   if not ext or ext.contents.type != EXTENSION_METADATA:
     return False
@@ -148,11 +142,8 @@ def answer_metadata(frame: CallFrame) -> bool:
 
 
 def make_error(api_address: int, message: str, errc: int = ERRC_UNKNOWN):
-  """An ``XLA_FFI_Error*`` with ``message`` (XLA copies it), or None.
-
-  None where the API table cannot be used (another major version's function
-  table may be laid out differently).
-  """
+  """An ``XLA_FFI_Error*`` with ``message`` (XLA copies it), or None where
+  the API table is another major version's."""
   if (api := _api(api_address)) is None:
     return None
   args = ErrorCreateArgs(ERROR_CREATE_ARGS_SIZE, None,

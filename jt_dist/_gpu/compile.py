@@ -1,10 +1,8 @@
-"""Compiling one launch of a call with Triton: to PTX (CUDA) or HSACO (ROCm).
+"""Compiling one launch with Triton: to PTX (CUDA) or HSACO (ROCm).
 
-A launch is specialised as Triton's own launcher would: the config's keyword
-arguments are constexprs, integer scalars equal to 1 the constexpr 1 (not
-passed at launch), and every pointer 16-byte aligned (jaxlib checks it).
-Where jaxlib (0.11.1 or later) loads a CUBIN, the PTX is assembled too.
-Results go through ``_cache``; ``JT_DIST_DUMP_DIR`` receives every IR.
+A launch is specialised as Triton's own launcher would (integer scalars
+equal to 1 become constexprs; pointers are 16-byte aligned, which jaxlib
+checks). Where jaxlib (0.11.1 or later) loads a CUBIN, one is assembled too.
 """
 
 from __future__ import annotations
@@ -22,8 +20,7 @@ from jt_dist._core import pytree_args as _pytree_args
 from jt_dist._backend import target as _target
 
 _INT_TYPES = ("i8", "i16", "i32", "i64", "u8", "u16", "u32", "u64")
-# The stage whose output jaxlib takes as the kernel: PTX, which jaxlib can
-# assemble itself for the GPU it runs on, or an HSACO file.
+# The stage whose output jaxlib takes as the kernel.
 _FINAL_STAGE = {"cuda": "ptx", "rocm": "hsaco"}
 _OBJECT_STAGE = "cubin"
 # Blackwell's tensor memory has 512 columns; Triton emits a trap instead of
@@ -32,10 +29,8 @@ _TMEM_LIMIT = 512
 
 
 class Specialization(NamedTuple):
-  """How one launch binds the kernel's parameters at compile time.
-
-  ``attrs`` holds the divisibility by ``(index, *tuple path)``.
-  """
+  """How one launch binds the kernel's parameters at compile time
+  (``attrs``: the divisibility by ``(index, *tuple path)``)."""
 
   signature: dict[str, str]
   constexprs: dict[str, Any]
@@ -107,8 +102,8 @@ def specialize(spec, launch, backend) -> Specialization:
       by_name[op.name] = op
   for index, param in enumerate(spec.info.params):
     if param.name in leaves:
-      # A tuple parameter: Triton takes a nested tuple of types, attributes
-      # by path, and one kernel argument per leaf.
+      # A tuple parameter: nested types, attributes by path, one argument
+      # per leaf.
       ops = leaves[param.name]
       signature[param.name] = _pytree_args.nest(
           [(op.path, op.type) for op in ops])
@@ -131,9 +126,8 @@ def specialize(spec, launch, backend) -> Specialization:
     if op.type.startswith("*") or (
         op.kind == "scalar" and op.type in ("i32", "u32", "i64", "u64")
         and op.value % 16 == 0 and param.name not in pinned):
-      # As Triton's own launcher does for integers: a size or stride known
-      # to be a multiple of 16 lets the compiler vectorise the accesses it
-      # indexes. The value is static per call, so this costs no recompiles.
+      # As Triton's launcher does: a size or stride divisible by 16 lets
+      # accesses vectorise; static per call, so no recompiles.
       attrs[(index,)] = divisible
     launched.append(op)
   return Specialization(signature, constexprs, attrs, tuple(launched))
@@ -251,24 +245,22 @@ def compiled_kernel(spec, launch, target: _target.Target,
                     ) -> tuple[CompiledKernel, Specialization]:
   """The compiled kernel of ``launch``, from the caches or from Triton.
 
-  ``debug=True`` and ``JT_DIST_DUMP_DIR`` force a compilation, so that the
-  IRs are printed or dumped. ``object_file``: whether to assemble a CUBIN
-  too; by default where the installed jaxlib loads one.
+  ``debug=True`` and ``JT_DIST_DUMP_DIR`` bypass the caches, so the IRs are
+  printed or dumped. ``object_file`` (a CUBIN too): by default where jaxlib
+  loads one.
   """
   if object_file is None:
     object_file = (target.platform == "cuda"
                    and _compat.jaxlib_takes_module_image())
   backend = _compat.make_backend(target.triton_target)
   config = launch.config
-  # The user's backend_options first: a config's own maxnreg is more
-  # specific, and the named options were merged out of them.
+  # backend_options first: a config's own maxnreg is more specific.
   options = backend.parse_options({
       **dict(spec.backend_options), "num_warps": config.num_warps,
       "num_stages": config.num_stages, "num_ctas": config.num_ctas,
       "enable_fp_fusion": spec.enable_fp_fusion, "debug": spec.debug,
       **({} if config.maxnreg is None else {"maxnreg": config.maxnreg})})
-  # Triton's ``parse_options`` drops unknown names silently, so a misspelt
-  # option would compile as if it had not been given.
+  # parse_options drops unknown names silently: refuse misspelt ones.
   known = {f.name for f in dataclasses.fields(options)}
   if unknown := sorted(k for k, _ in spec.backend_options if k not in known):
     raise ValueError(

@@ -1,10 +1,8 @@
-"""What the GPU lowering does differently when ``jax.export`` lowers a call.
+"""What the GPU lowering does differently under ``jax.export``.
 
-An exported module may run months later, on another host and jaxlib. So an
-exported call is compiled for a GPU named explicitly, carries PTX unless a
-CUBIN is asked for (on ROCm, its HSACO: jaxlib 0.11.1 or later), and records
-the versions it was made with as frontend attributes of its custom call,
-which survive serialisation (``jt_dist.exported_versions`` reads them).
+An exported module may run later on another host and jaxlib: the call is
+compiled for a GPU named explicitly, carries PTX unless a CUBIN is asked for,
+and records its versions as frontend attributes, which survive serialisation.
 """
 
 from __future__ import annotations
@@ -20,13 +18,12 @@ from jax.interpreters import mlir
 from jt_dist import _compat
 from jt_dist._errors import ExportError
 
-# Frontend attribute names, all under one prefix; read back by _export.py.
+# Read back by jt_dist._tools.export.
 ATTRIBUTE_PREFIX = "jt_dist_"
 FRONTEND_ATTRIBUTES = "mhlo.frontend_attributes"
 
-# jax.export refuses a Triton call not allowed by disabled_checks (which
-# jt_dist cannot see) with a ValueError printing its attributes in name
-# order: this one, which XLA ignores, comes before the call's binary.
+# jax.export's refusal of a Triton call prints its attributes in name order:
+# this one (ignored by XLA) comes before the binary, so users read the fix.
 SAFETY_CHECKS_ATTRIBUTE = "jt_dist.export"
 SAFETY_CHECKS_NOTE = (
     "jax.export.export takes this Triton call only with"
@@ -62,10 +59,7 @@ def current() -> ExportSettings:
 
 @contextlib.contextmanager
 def scoped(settings: ExportSettings):
-  """Puts ``settings`` in force for lowerings inside the block.
-
-  They are part of JAX's cache keys: other settings lower a function again.
-  """
+  """Puts ``settings`` in force inside the block (part of JAX's cache keys)."""
   with _settings_context()(settings):
     yield settings
 
@@ -73,9 +67,6 @@ def scoped(settings: ExportSettings):
 def export_capability(spec, platform: str) -> int | str:
   """The call's own ``compute_capability``, else the export settings' one."""
   if platform != "cuda" and not _compat.jaxlib_takes_module_image():
-    # Such a jaxlib's ROCm call names the HSACO by a file path on the
-    # lowering host, so the serialised module would point at a file that
-    # is not there when it runs.
     raise NotImplementedError(
         f"triton_call: kernel {spec.info.name!r} cannot be exported with"
         f" jax.export for {platform} under jaxlib"
@@ -118,11 +109,8 @@ def wants_cubin(target_name: str, ffi_target: str) -> bool:
 
 def record(results: Sequence[Any], target, target_name: str,
            kernels: Sequence[Any], binary: str) -> None:
-  """Records the versions, target GPU and binary kind on the custom call.
-
-  With them goes ``SAFETY_CHECKS_NOTE``, which JAX's refusal of the call
-  prints near its start. A call without results runs nothing: no record.
-  """
+  """Records the versions, GPU and binary kind (and the safety checks'
+  note) on the custom call, if it has results."""
   from jt_dist import __version__  # pylint: disable=g-import-not-at-top
 
   if not results:

@@ -1,11 +1,8 @@
 """The primitive's CUDA and ROCm lowering: jaxlib's Triton custom call.
 
-Each launch is compiled and described to jaxlib as a ``TritonKernelCall``;
-a call still autotuned here (jaxlib's mode, or cross-lowering without a pin)
-becomes a ``TritonAutotunedKernelCall``, timed on its first run. The call is
-serialised, compressed, and emitted on the target ``custom_call_target``
-picks, with the CUBIN (FFI target) or HSACO (ROCm) where jaxlib 0.11.1 or
-later loads it. ``export.py`` says what ``jax.export`` changes.
+Each launch becomes a ``TritonKernelCall``; several configs still to be
+tuned become a ``TritonAutotunedKernelCall``, timed on its first run. The
+CUBIN (FFI target) or HSACO (ROCm) goes along where jaxlib 0.11.1+ loads it.
 """
 
 from __future__ import annotations
@@ -39,8 +36,7 @@ logger = logging.getLogger("jt_dist")
 
 FFI_TARGET = "triton_kernel_call_ffi"
 LEGACY_TARGET = "triton_kernel_call"
-# jax-triton 0.4's public name for the custom-call target it emits: jaxlib's
-# FFI Triton call, which jt_dist also emits by default where jaxlib has it.
+# jax-triton 0.4's public name for the target it emits.
 CUSTOM_CALL_TARGET_NAME = FFI_TARGET
 _PLUGIN_ATTRIBUTE = {"cuda": "_cuda_triton", "rocm": "_hip_triton"}
 _hsaco_dir: tempfile.TemporaryDirectory | None = None
@@ -48,29 +44,23 @@ _hsaco_dir: tempfile.TemporaryDirectory | None = None
 
 @dataclasses.dataclass(frozen=True)
 class ProtoChoices:
-  """What the serialised kernel call carries besides what jaxlib needs.
+  """What the serialised call carries besides what jaxlib needs.
 
-  By benchmarks/dispatch_profile.py on 2x H200, each launch's host time
-  grows by 0.04-0.17 µs per serialised KiB: unread bytes are left out.
+  Each launch's host time grows by 0.04-0.17 µs per serialised KiB
+  (benchmarks/dispatch_profile.py, 2x H200): unread bytes are left out.
   """
 
-  # Each kernel's CUBIN, on the FFI target only (the legacy one would hash
-  # it on every launch).
+  # The CUBIN, on the FFI target only (the legacy one hashes it per launch).
   module_images: bool = True
-  # Each kernel's TTIR, which jaxlib keeps but never reads; it is in
-  # JT_DIST_DUMP_DIR and debug=True's output.
-  ttir: bool = False
+  ttir: bool = False  # jaxlib keeps the TTIR but never reads it.
   # Random bytes in a field jaxlib ignores, to price each serialised byte.
   padding_bytes: int = 0
 
 
-# A field number TritonAnyKernelCall does not use; protobuf keeps unknown
-# fields and jaxlib never looks at them.
-_PADDING_FIELD = 99
+_PADDING_FIELD = 99  # Unused by TritonAnyKernelCall; protobuf keeps it.
 
 
-# Read as each call lowers: benchmarks/dispatch_profile.py prices each choice
-# by replacing it (mock.patch.object), as tests do to read a kernel's TTIR.
+# Read per lowering: benchmarks and tests replace it (mock.patch.object).
 proto_choices = ProtoChoices()
 
 
@@ -93,20 +83,14 @@ def plugin(platform: str):
 
 
 def rocm_binary_inline() -> bool:
-  """Whether a ROCm call carries its HSACO inline (jaxlib 0.11.1 or later).
-
-  Older jaxlibs read, then delete, the file named in the ``ptx`` field: an
-  executable from JAX's persistent cache in another process names no file.
-  """
+  """Whether a ROCm call carries its HSACO inline (jaxlib 0.11.1 or later);
+  else it names a file, which a persistently cached executable lacks."""
   return _compat.jaxlib_takes_module_image()
 
 
 def _binary_argument(compiled: _compile.CompiledKernel, platform: str) -> str:
-  """What jaxlib takes in the ``ptx`` field: PTX text, or an HSACO's name.
-
-  With the HSACO inline, the name still keys jaxlib's in-process module
-  cache, so it names the HSACO's content.
-  """
+  """The ``ptx`` field: PTX, or an HSACO's name (inline, it still keys
+  jaxlib's module cache, so it names the content)."""
   if platform == "cuda":
     return compiled.binary.decode("utf-8")
   digest = hashlib.sha256(compiled.binary).hexdigest()
@@ -128,11 +112,9 @@ def _nbytes(shape, dtype) -> int:
 
 
 def _descriptor_parameters(lib, op, meta, platform):
-  """jaxlib's parameters for one host TMA descriptor, as Triton expands it.
-
-  With TMA (``meta``) the descriptor jaxlib builds at launch, else the
-  buffer, its shape and strides (i64) and flags; then shape (i32), strides.
-  """
+  """jaxlib's parameters for one host TMA descriptor, as Triton expands it:
+  the TMA descriptor (with ``meta``) or the buffer, shape, strides and
+  flags; then shape (i32) and strides."""
   info = op.value
   shape_i32 = [lib.create_scalar_parameter(int(d), "i32") for d in info.shape]
   strides = [lib.create_scalar_parameter(int(s), "i64") for s in info.strides]
@@ -187,11 +169,8 @@ def _check_descriptors(spec, platform: str) -> None:
 
 
 def _fitting_calls(lib, spec, target, object_file=None):
-  """``(TritonKernelCall, launch, compiled kernel)`` of each launch that fits.
-
-  As in Triton's autotuner, a config needing more shared memory than the
-  GPU has is dropped (and logged) unless it is the only one.
-  """
+  """``(TritonKernelCall, launch, compiled)`` of each launch that fits: as
+  in Triton's autotuner, one short of shared memory is dropped if not alone."""
   _check_descriptors(spec, target.platform)
   calls, errors = [], []
   for launch in spec.launches:
@@ -234,24 +213,17 @@ def _autotuned_call(lib, spec, calls, ctx, order):
   return lib.TritonAutotunedKernelCall(description, configs, aliases_with_sizes)
 
 
-# Whether a CUDA call that names no target gets the legacy one where nothing
-# needs FFI (``default_target``). On one H100 (jax 0.11.2,
-# benchmarks/results/h100x1/dispatch.json) a jitted 1,024-float add took as
-# long as jax-triton 0.3.1's on the legacy target, and ~2 us (2%) more on the
-# FFI one, with or without the CUBIN. ROCm keeps FFI (never measured there).
+# Whether CUDA calls default to the legacy target where nothing needs FFI:
+# on one H100 (benchmarks/results/h100x1/dispatch.json) a jitted add took
+# ~2 us (2%) less on it. ROCm keeps FFI (never measured there).
 PREFER_LEGACY_TARGET = True
 
 
 def default_target(has_ffi: bool, *, exporting: bool, cost_estimate: bool,
                    prefer_legacy: bool | None = None) -> str:
-  """The custom-call target of a call whose ``custom_call_target_name`` is None.
-
-  FFI wherever something needs it: ``jax.export`` (a CUBIN travels only in
-  the FFI call, and artifacts should not change with a speed preference),
-  a ``cost_estimate``, and CUDA graphs (XLA captures jaxlib's FFI handler,
-  not the legacy call). Else ``prefer_legacy`` (by default
-  ``PREFER_LEGACY_TARGET``) picks the legacy target, jax-triton 0.3's.
-  """
+  """The target of a call naming none: FFI where something needs it
+  (``jax.export``'s CUBIN, a ``cost_estimate``, CUDA graphs, which capture
+  only the FFI handler), else as ``prefer_legacy`` says."""
   if not has_ffi:
     return LEGACY_TARGET
   if prefer_legacy is None:
@@ -285,15 +257,9 @@ def custom_call_target(spec, platform: str, exporting: bool = False) -> str:
 
 
 def gpu_lowering(ctx, *args, spec, platform: str):
-  """Lowers one ``triton_call`` to jaxlib's Triton custom call.
-
-  Under ``jax.export`` the GPU must be named (``compute_capability``), a
-  CUDA call carries PTX unless ``jt_dist.export_options(cubin=True)``, and the
-  versions it was made with are recorded on the custom call.
-  """
+  """Lowers one ``triton_call`` to jaxlib's Triton custom call."""
   if _compat.is_interpreted(spec.info.fn):
-    # A kernel made under TRITON_INTERPRET=1 asks to be interpreted: honour
-    # that on GPUs too (through a host callback) rather than compiling it.
+    # A kernel made under TRITON_INTERPRET=1 is interpreted on GPUs too.
     return _cpu_lowering.cpu_lowering(ctx, *args, spec=spec)
   exporting = _compat.lowering_for_export(ctx)
   capability = (_gpu_export.export_capability(spec, platform) if exporting
@@ -347,12 +313,8 @@ def gpu_lowering(ctx, *args, spec, platform: str):
 
 
 def result_order(spec) -> tuple[int, ...]:
-  """The custom call's results, as output indices, in jaxlib's buffer order.
-
-  jaxlib hands pointer parameters the operands, then the results, in order.
-  Under jax-triton 0.4's convention an aliased output binds no parameter,
-  so the outputs that bind one come first, in parameter order.
-  """
+  """The custom call's results, as output indices, in jaxlib's order: the
+  outputs that bind a parameter first (an aliased one binds none)."""
   bound = tuple(op.index for op in spec.operands if op.kind == "output")
   return bound + tuple(i for i in range(len(spec.out_shapes))
                        if i not in bound)
@@ -363,25 +325,21 @@ def _emit(ctx, args, spec, name: str, opaque: bytes, order: tuple[int, ...]):
   position = {out: k for k, out in enumerate(order)}
   aliases = {i: position[o] for i, o in spec.input_output_aliases} or None
   ctx = ctx.replace(avals_out=[ctx.avals_out[i] for i in order])
-  attributes = {}
-  if name == FFI_TARGET:
-    rule = jax.ffi.ffi_lowering(
-        name, api_version=4, operand_output_aliases=aliases,
-        has_side_effect=spec.has_side_effect)
-    attributes["opaque"] = opaque
-    if spec.cost_estimate:
-      # The key and JSON form jax-triton 0.4 gives XLA.
-      attributes["cost_estimate_json"] = json.dumps(dict(spec.cost_estimate))
-  elif spec.cost_estimate:
+  if spec.cost_estimate and name != FFI_TARGET:
     raise ValueError(
         f"triton_call: kernel {spec.info.name!r} has cost_estimate="
         f"{dict(spec.cost_estimate)!r}, which only the FFI custom call"
         f" ({FFI_TARGET!r}) can carry, but custom_call_target_name={name!r}"
         " was chosen. Drop cost_estimate, or use the FFI target.")
-  else:
-    rule = jax.ffi.ffi_lowering(
-        name, api_version=2, backend_config=opaque,
-        operand_output_aliases=aliases, has_side_effect=spec.has_side_effect)
+  attributes, legacy = {"opaque": opaque}, {}
+  if name != FFI_TARGET:
+    attributes, legacy = {}, {"backend_config": opaque}
+  elif spec.cost_estimate:
+    # The key and JSON form jax-triton 0.4 gives XLA.
+    attributes["cost_estimate_json"] = json.dumps(dict(spec.cost_estimate))
+  rule = jax.ffi.ffi_lowering(
+      name, api_version=2 if legacy else 4, operand_output_aliases=aliases,
+      has_side_effect=spec.has_side_effect, **legacy)
   results = rule(ctx, *args, **attributes)
   return [results[position[i]] for i in range(len(order))]
 
@@ -393,6 +351,5 @@ for _platform in ("cuda", "rocm"):
           functools.partial(gpu_lowering, platform=_platform),
           _choose.for_lowering, _platform),
       platform=_platform)
-# The GPU target is read from the devices the call is lowered for, which
-# JAX names in the lowering context only for primitives that ask for them.
+# The GPU target is read from the lowering devices, named only on request.
 _compat.mark_requires_devices(_primitive.triton_call_p)

@@ -1,11 +1,9 @@
 """Adding machine code to jaxlib's serialised Triton kernel calls.
 
-jaxlib 0.11.1 and later load a ``TritonKernel``'s ``module_image`` (a CUBIN)
-instead of assembling the PTX (about 0.16 s per kernel on an H200). Its
-Python bindings cannot set it, so a fragment setting it is appended on the
-wire: to a plain call's kernel (protobuf merges a singular message field's
-occurrences), or to each of an autotuned call's repeated configs. Field
-numbers are jaxlib's ``jaxlib/gpu/triton.proto``'s.
+jaxlib 0.11.1+ loads a ``TritonKernel``'s ``module_image`` (a CUBIN) instead
+of assembling the PTX (~0.16 s per kernel on an H200), but its bindings
+cannot set it: a fragment is appended on the wire (protobuf merges singular
+message fields). Field numbers: ``jaxlib/gpu/triton.proto``.
 """
 
 from __future__ import annotations
@@ -135,10 +133,7 @@ def _with_config_images(autotuned: bytes, images: list[ModuleImage]) -> bytes:
 
 
 def with_module_images(serialized: bytes, images: list[ModuleImage]) -> bytes:
-  """``serialized`` (from jaxlib's ``to_proto``) with each kernel's image.
-
-  ``images``: one per kernel, in config order for an autotuned call.
-  """
+  """``serialized`` with each kernel's image (in config order)."""
   out, patched = [], False
   for field in parse_fields(serialized):
     if field.number == _ANY_KERNEL_CALL and field.wire_type == _LEN:

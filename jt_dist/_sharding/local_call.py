@@ -1,9 +1,7 @@
 """One kernel call on the operands at hand: bind, check placement, launch.
 
-The whole meaning of ``triton_call`` with no cache in front: the front door
-runs it inside ``jax.jit`` (on tracers), ``shard_map`` bodies on shards, and
-eager calls that need concrete arrays (``device=``, a ``ShardingRule`` over
-sharded arrays, ``jax.Ref``s) at top level.
+The whole meaning of ``triton_call`` with no cache in front, run on tracers
+(under ``jax.jit``), on shards, or on concrete arrays at top level.
 """
 
 from __future__ import annotations
@@ -35,9 +33,8 @@ def call(args, kernel, out_shape, grid, options: _binding.CallOptions,
          metaparams: dict, device: Any = None, layout: Any = None) -> Any:
   """Runs one ``triton_call`` on ``args``, tracers or concrete arrays.
 
-  ``metaparams`` holds the kernel's constexprs and keyword operands.
-  ``layout``: a rule's ``partition.Layout`` found on the concrete operands
-  before they were traced (traced ones show explicit mesh axes only).
+  ``layout``: a rule's layout found on the concrete operands before they
+  were traced (traced ones show explicit mesh axes only).
   """
   kernel, args, metaparams = _operands.merge_keywords(kernel, args,
                                                      metaparams)
@@ -84,8 +81,7 @@ def options_from_keywords(kwargs: dict):
 
 
 def check_binding(args, kernel, out_shape, grid, options, metaparams):
-  """Binds a call on concrete ``args`` without launching it, to raise
-  jt_dist's words for operands jax.jit refused (a string array, say)."""
+  """Binds without launching, to explain operands jax.jit refused."""
   kernel, args, metaparams = _operands.merge_keywords(kernel, args,
                                                      metaparams)
   args, descriptors = _tensordesc.split(args)
@@ -116,10 +112,7 @@ def _with_refs(args, kernel, out_shape, grid, options, metaparams, device):
 
 def single_device(args, kernel, out_shape, grid, options, metaparams,
                   device=None):
-  """Binds, places and launches a call on one device.
-
-  Returns ``(outputs, new values of the Refs' arrays)``.
-  """
+  """Launches on one device; returns (outputs, the Refs' new values)."""
   kernel, args, metaparams = _resolved(kernel, args, metaparams)
   # A Ref argument is written even when every output is empty.
   empty = not options.ref_inputs and _all_outputs_empty(out_shape)
@@ -139,15 +132,12 @@ def single_device(args, kernel, out_shape, grid, options, metaparams,
 
 def _partitioned(args, kernel, out_shape, grid, options, metaparams, device,
                  layout=None):
-  """Runs a call with a rule once per shard; None if unsplit.
-
-  The shapes are checked against the rule first, so that a rule that does
-  not fit fails on one device as on many."""
+  """Runs a call with a rule once per shard; None if unsplit. Shapes are
+  checked first: a rule that does not fit fails on one device as on many."""
   rule = _rule.check(options.sharding_rule, "triton_call")
   out_shapes, out_tree = _binding.flatten_out_shape(out_shape)
   _partition.factor_sizes(rule, args, out_shapes)
-  if layout is None:
-    layout = _partition.find_layout(args, rule, "triton_call")
+  layout = layout or _partition.find_layout(args, rule, "triton_call")
   if layout is None:
     return None
   if device is not None:
@@ -165,7 +155,7 @@ def _partitioned(args, kernel, out_shape, grid, options, metaparams, device,
 
 
 def _all_outputs_empty(out_shape: Any) -> bool:
-  """Whether every output has a dimension of 0 (and there is one at least)."""
+  """Whether there are outputs and every one is empty."""
   leaves = jax.tree_util.tree_leaves(out_shape)
   try:
     sizes = [math.prod(leaf.shape) for leaf in leaves]
@@ -175,7 +165,7 @@ def _all_outputs_empty(out_shape: Any) -> bool:
 
 
 def _place(arrays, args, spec, device):
-  """Runs the device-validation layer; moves uncommitted inputs to device."""
+  """Checks placement; moves uncommitted inputs to ``device``."""
   name = spec.info.name
   if any(_pytree_args.is_tuple(a) for a in args):
     # Tuple operands: their leaves are checked like positional ones.

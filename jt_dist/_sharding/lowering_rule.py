@@ -1,9 +1,6 @@
-"""What every platform's lowering of the primitive runs first.
-
-Each platform's lowering is wrapped by ``checked``: the lowering-time
-placement check, so that no platform lets XLA silently replicate a kernel
-call, and one launch per device inside a partially manual ``shard_map``.
-"""
+"""What every platform's lowering runs first (``checked``): the placement
+check, so that XLA never silently replicates a kernel call, and one launch
+per device inside a partially manual ``shard_map``."""
 
 from __future__ import annotations
 
@@ -22,10 +19,9 @@ from jt_dist._sharding import placement as _placement
 def _manual_over_rest(ctx, args, spec, facts):
   """Lowers the call inside a shard_map manual over the remaining axes.
 
-  Every operand is replicated over them (the placement check passed), so
-  making them manual pins one launch per device on its own copy, instead of
-  leaving XLA free to partition a call it cannot see into (and host
-  callbacks, used on the CPU, need every axis manual).
+  The operands are replicated over them (the check passed): making them
+  manual pins one launch per device, where XLA could partition a call it
+  cannot see into (and CPU host callbacks need every axis manual).
   """
   mesh = jax.sharding.get_abstract_mesh()
   if mesh.empty:

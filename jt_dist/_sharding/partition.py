@@ -1,15 +1,11 @@
 """A call with a ``ShardingRule``, run once per shard.
 
-On explicit mesh axes (``run``) the operands' types carry their specs at
-trace time: the call decides which mesh axes split which factor, reshards
-the operands that disagree (as XLA does for its own ops) and runs the kernel
-in a ``jax.shard_map``, combining split contracted factors with the rule's
-collectives; the result exports with ``jax.export``. On automatic axes the
-layout is XLA's, chosen after tracing: on GPUs ``run_auto`` hands the call
-to XLA's partitioner through ``custom_partitioning`` (not exportable);
-elsewhere it is refused with ``AutoAxesError``, because the kernel is a host
-callback there and one inside ``custom_partitioning`` crashes the process
-(jax PR #23620).
+On explicit mesh axes (``run``) the specs are known at trace time: operands
+that disagree with the plan are resharded and the kernel runs in a
+``jax.shard_map`` (exportable). On automatic axes the layout is XLA's:
+GPUs hand the call to ``custom_partitioning`` (``run_auto``); elsewhere it
+is refused, since a host callback inside ``custom_partitioning`` crashes
+the process (jax PR #23620).
 """
 
 from __future__ import annotations
@@ -35,9 +31,7 @@ class Layout(NamedTuple):
 
   mesh: Any
   specs: tuple[P, ...]
-  # Whether XLA lays the operands out (automatic axes, on GPUs): the call
-  # then goes through run_auto.
-  auto: bool = False
+  auto: bool = False  # XLA lays the operands out: run_auto.
 
 
 class Plan(NamedTuple):
@@ -62,11 +56,8 @@ def _split_axes(mesh) -> dict[str, int]:
 
 
 def find_layout(args: Sequence[Any], rule, where: str) -> Layout | None:
-  """The layout a call with ``rule`` is partitioned over, or None.
-
-  None: no operand lives on a mesh with an axis not already manual, so the
-  call runs as a plain ``triton_call`` (whose placement checks then apply).
-  """
+  """The layout a call with ``rule`` is split over; None (a plain call)
+  where no operand's mesh has an axis not already manual."""
   flat, positions = _specs.arrays_of(args)
   arrays = [(flat.names[k], flat.leaves[k]) for k in positions]
   mesh, first = None, None
@@ -133,10 +124,8 @@ def _auto_axes(mesh, rule, where: str) -> bool:
 def make_plan(rule, sizes: dict[str, int], layout: Layout) -> Plan:
   """Assigns mesh axes to factors, first come first served, as XLA does.
 
-  Operands are read in order, dimensions left to right. A dimension's axes
-  are taken for its factor unless the factor is whole, already has axes, or
-  one of its axes already splits another factor; operands that then
-  disagree with the assignment are resharded.
+  Operands in order, dimensions left to right; a dimension's axes go to its
+  factor unless it is whole, already has axes, or an axis is taken.
   """
   split = _split_axes(layout.mesh)
   factor_axes: dict[str, tuple[str, ...]] = {}
@@ -237,10 +226,8 @@ def shard_body(args, call, kernel, grid, kwargs, out_shapes, out_tree,
                out_specs, mesh, reductions, ref_args=(), check=None):
   """The function one device runs: the kernel on its shard, then reductions.
 
-  It takes the array arguments' shards, in order, and returns the outputs'
-  shards, flat, each reduced by its ``((op, axes), ...)``, then ``check``ed.
-  A Ref's value (at ``ref_args``) reaches the kernel as a new Ref, whose
-  value follows the outputs.
+  Returns the outputs' shards, flat, then the new values of the Refs made
+  from the values at ``ref_args``.
   """
   flat, positions = _specs.arrays_of(args)
   local_out = _specs.local_out_shape(out_shapes, out_tree, out_specs, mesh)
@@ -263,14 +250,8 @@ def shard_body(args, call, kernel, grid, kwargs, out_shapes, out_tree,
 def run(args: Sequence[Any], call: Callable[..., Any], kernel: Any,
         out_shapes, out_tree, grid: Any, rule, layout: Layout, kwargs: dict,
         where: str) -> Any:
-  """Runs ``call`` once per shard of ``layout.mesh``, split by ``rule``.
-
-  ``call`` is the per-shard call (``local_call.shard_call``), given the
-  shards of ``args``, ``kernel``, the per-shard ``grid`` and ``kwargs``
-  (every other keyword, metaparams included); ``out_shapes`` (``((shape,
-  dtype), ...)``) are global. ``where`` names the public function in
-  messages.
-  """
+  """Runs ``call`` (``local_call.shard_call``) once per shard of
+  ``layout.mesh``, split by ``rule``; ``out_shapes`` are global."""
   flat, positions = _specs.arrays_of(args)
   plan = make_plan(rule, factor_sizes(rule, args, out_shapes), layout)
   _log_plan(where, rule, kernel, [flat.names[k] for k in positions], layout,
@@ -305,16 +286,14 @@ def run(args: Sequence[Any], call: Callable[..., Any], kernel: Any,
 def run_auto(args: Sequence[Any], call: Callable[..., Any], kernel: Any,
              out_shapes, out_tree, grid: Any, rule, kwargs: dict,
              where: str) -> Any:
-  """``run`` through ``custom_partitioning``: the layout is the
-  partitioner's, known only when it calls back."""
+  """``run`` through ``custom_partitioning``: the partitioner's layout."""
   flat, positions = _specs.arrays_of(args)
   sizes = factor_sizes(rule, args, out_shapes)
   global_out = jax.tree_util.tree_unflatten(
       out_tree, [jax.ShapeDtypeStruct(s, d) for s, d in out_shapes])
 
   def whole_call(*arrays):
-    # Traced once with global shapes for the op's types, and run as is
-    # where nothing is split (one device).
+    # The op's types, and the call where nothing is split.
     full = with_arrays(flat, positions, arrays)
     return tuple(jax.tree_util.tree_leaves(
         call(*full, kernel=kernel, out_shape=global_out, grid=grid,

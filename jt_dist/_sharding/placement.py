@@ -1,14 +1,9 @@
-"""The device-validation layer: where a call's inputs live, and in what context.
+"""The device-validation layer: where a call's inputs live.
 
-A Triton kernel sees raw pointers into one device's memory, so every
-``triton_call`` is checked with what JAX reports through public APIs:
-eagerly, that its arrays sit on one and the same device; at trace time, that
-no array is sharded over an explicit mesh axis outside a ``shard_map``
-manual over it; at lowering, that XLA will not partition the call over
-devices (it would gather the inputs and run the whole kernel on each). A
-call with a ``ShardingRule`` is split per shard (``partition``) before these
-checks; one that reaches lowering over several devices anyway (its axes were
-automatic) gets an ``AutoAxesError`` about partitioning instead.
+A kernel sees raw pointers into one device's memory, so a call is checked
+eagerly (its arrays on one device), at trace time (none sharded over an
+explicit axis outside a ``shard_map`` manual over it) and at lowering (XLA
+would gather the inputs and run the whole kernel on each device).
 """
 
 from __future__ import annotations
@@ -46,11 +41,8 @@ def _device_list(devices) -> str:
 
 
 def _resolve_device(device: Any):
-  """``device=`` as a ``jax.Device`` this process addresses, or None.
-
-  A process launches kernels only on its own devices: an index counts
-  ``jax.local_devices()``, and another process's device is refused.
-  """
+  """``device=`` as one of this process's devices (an index counts
+  ``jax.local_devices()``), or None."""
   if device is None:
     return None
   local = jax.local_devices()
@@ -100,9 +92,8 @@ def _global_index_hint(index: int) -> str:
 
 
 def check_concrete(args: Sequence[Any], kernel_name: str, device: Any = None):
-  """Checks where concrete array arguments live; returns the target device:
-  ``device`` (an index or ``jax.Device``), else the one every committed
-  array sits on, or None when no array is committed."""
+  """Checks where concrete arrays live; returns ``device``, else the
+  committed arrays' device, else None."""
   wanted = _resolve_device(device)
   found = None  # (position, array, device) of the first committed array.
   for i, x in enumerate(args):
@@ -144,12 +135,8 @@ def check_concrete(args: Sequence[Any], kernel_name: str, device: Any = None):
 
 
 def check_traced(args: Sequence[Any], kernel_name: str) -> None:
-  """Trace-time check of traced arrays' shardings (explicit mesh axes).
-
-  Outside a ``shard_map`` manual over its axes a sharded array is a global
-  value: the kernel would see all of it through XLA's all-gather, or a
-  shard it does not know is one.
-  """
+  """Refuses a traced array sharded over an axis not manual here: the
+  kernel would see it all-gathered, or a shard it does not know is one."""
   for i, x in enumerate(args):
     if not isinstance(x, jax.core.Tracer):
       continue
@@ -179,7 +166,6 @@ def check_lowering(ctx, spec) -> None:
   split = ({a: n for a, n in facts.auto_axis_sizes.items() if n > 1}
            if facts.kind == "spmd" else {})
   if spec.sharding_rule is not None and (over_devices or split):
-    # A call with a rule lowered over devices it was not split for.
     axes = (f"{facts.num_devices} devices{_device_list(facts.devices)}"
             if over_devices else "automatic mesh axes " + ", ".join(
                 f"{a}={n}" for a, n in sorted(facts.auto_axis_sizes.items())))
@@ -216,12 +202,8 @@ def check_lowering(ctx, spec) -> None:
 
 
 def unify_varying_axes(arrays: Sequence[Any]) -> list[Any]:
-  """Makes every traced input vary over the union of the inputs' manual axes.
-
-  A kernel output depends on all inputs, so under ``check_vma`` it varies
-  wherever any input does; casting the inputs to that union (free at run
-  time) lets the outputs inherit it, so ``out_specs`` checks pass.
-  """
+  """Makes every traced input vary over the union of the inputs' manual
+  axes (free at run time), as the outputs do, so ``check_vma`` passes."""
   varying = [_compat.varying_axes(jax.typeof(x)) for x in arrays]
   union = frozenset().union(*varying)
   return [jax.lax.pcast(x, tuple(sorted(union - axes)), to="varying")

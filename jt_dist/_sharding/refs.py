@@ -1,9 +1,8 @@
 """``jax.Ref`` arguments: buffers a kernel mutates in place.
 
-A Ref is read, its value passed as an input that a hidden extra output
-aliases (the kernel writes through the input's pointer), and that output is
-written back: the primitive never sees a Ref, and jax's own discharge of Ref
-reads and writes carries the update under jit, shard_map and vmap.
+A Ref is read, its value passed as an input aliased by a hidden output, and
+that output written back: the primitive never sees a Ref, and jax's own
+discharge of Ref reads and writes carries the update under every transform.
 """
 
 from __future__ import annotations
@@ -24,23 +23,20 @@ def _ref_like(x: Any) -> bool:
 
 
 def _leaves(args):
-  """``args``' leaves (Refs are leaves, in a tuple operand too), their
-  names and the treedef."""
+  """``args``' leaves (Refs included), their names and the treedef."""
   flat, tree = jax.tree_util.tree_flatten_with_path(
       tuple(args), is_leaf=_ref_like)
   names = ["args" + jax.tree_util.keystr(path) for path, _ in flat]
   return [leaf for _, leaf in flat], names, tree
 
 
-# Types that are never Refs: jax's Ref check (an isinstance through jax's
-# metaclass) costs microseconds, and every eager call asks.
+# Never Refs: jax's Ref isinstance costs microseconds, asked per eager call.
 _PLAIN_TYPES = {int, float, bool, np.ndarray}
 
 
 def has_refs(args) -> bool:
   """Whether any argument is, or holds, a Ref or a view of one."""
-  # Every eager call asks, before its fast-path lookup: flatten only
-  # containers, which plain calls do not pass.
+  # Flattens only containers, which plain calls do not pass.
   for a in args:
     kind = type(a)
     if kind in _PLAIN_TYPES:
@@ -84,8 +80,8 @@ def check(args, aliases: Any, rule: Any, where: str) -> None:
 
 
 def array_positions(args) -> tuple[list[int], list[int]]:
-  """The Refs' array indices (counted as ``input_output_aliases`` counts,
-  scalars left out), and their positions among ``args``' leaves."""
+  """The Refs' array indices (as ``input_output_aliases`` counts), and
+  their positions among ``args``' leaves."""
   leaves = _leaves(args)[0]
   arrays = [k for k, leaf in enumerate(leaves)
             if isinstance(leaf, jax.Ref) or not _types.is_scalar(leaf)]
@@ -124,8 +120,8 @@ def top_level(args, where: str) -> list[int]:
 
 
 def _check_varying(name: str, value, new) -> None:
-  """Refuses an update that would make a Ref's copies differ in a shard_map:
-  one varying over a manual mesh axis that the Ref's value does not."""
+  """Refuses an update varying over a manual axis the Ref's value does not
+  (its copies in a shard_map would differ)."""
   extra = sorted(_compat.varying_axes(jax.typeof(new))
                  - _compat.varying_axes(jax.typeof(value)))
   if extra:

@@ -1,10 +1,8 @@
 """``ShardingRule``: how a kernel's dimensions may be split over a mesh.
 
-In Shardy's factor notation, a factor shared by several dimensions has one
-size and is split over the same mesh axes in each. A factor an output lacks
-is contracted: splitting it leaves partial results, so the rule must say how
-they combine (``reductions``) or forbid the split (``whole``); anything else
-would give wrong answers silently, and is refused when the rule is made.
+A factor an output lacks is contracted: split, it leaves partial results, so
+the rule must say how they combine (``reductions``) or forbid the split
+(``whole``); else answers would be silently wrong, so it is refused.
 """
 
 from __future__ import annotations

@@ -1,13 +1,9 @@
 """One kernel call per shard over a device mesh (``sharded_triton_call``).
 
-The front door (``jt_dist._call.sharded``) merges keyword operands and
-handles Refs; each shard runs ``local_call``. Inside ``shard_map`` a
-kernel's outputs vary (``check_vma``) over every mesh axis an input does,
-so an output's ``out_specs`` must name those axes unless ``out_reduce``
-reduces over them. ``_check_varying`` says so inside the shard, naming the
-output, the spec it needs and the argument to pass, before ``shard_map``
-would refuse it in words about its internals, with advice
-(``check_vma=False``) that would return one shard's data as the whole.
+An output varies over every mesh axis an input does, so its ``out_specs``
+must name those axes unless ``out_reduce`` reduces over them.
+``_check_varying`` says so inside the shard, before ``shard_map`` would,
+with advice (``check_vma=False``) that returns one shard's data as the whole.
 """
 
 from __future__ import annotations
@@ -52,8 +48,8 @@ def is_spec_leaf(x: Any) -> bool:
 
 
 def _per_output(value, is_one, out_tree, n: int, message) -> list:
-  """``value`` for each of ``n`` outputs: one for all, or a pytree with the
-  structure of out_shape (else ``message(structure)`` is raised)."""
+  """``value`` for each of ``n`` outputs: one for all, or a pytree shaped
+  as out_shape (else ``message(structure)`` is raised)."""
   if value is None or is_one(value):
     return [value] * n
   leaves, tree = jax.tree_util.tree_flatten(
@@ -112,10 +108,8 @@ def _check_reduction(k: int, entry, mesh):
 def leaf_specs(args, mesh, in_specs, out_shape, out_specs, rule) -> list[P]:
   """One checked spec per array leaf: from ``in_specs``, else its own.
 
-  Inferred specs refuse ``out_specs`` that split an output over a mesh axis
-  no input is split over (nor manual outside the call): the shards along it
-  would get the same inputs, and a kernel sized by them (``shard_size``)
-  would write past its output shard.
+  Inferred specs refuse ``out_specs`` splitting an output over an axis no
+  input is split over: a kernel sized by its inputs would overrun its shard.
   """
   specs = _specs.in_specs_for(in_specs, args, mesh)
   if (in_specs is None and rule is None and out_specs is not None
@@ -142,7 +136,6 @@ def _unsplit_inputs_message(args, specs, k, shape, spec, out_tree, alone,
   name = _output_names(out_tree)[k]
   suggestion = "pass in_specs (one PartitionSpec per array argument)"
   if not leaves.has_tuples:
-    # Inputs of the output's shape split as it is; the others replicated.
     entries = [
         _spec_text(spec if tuple(leaves.leaves[j].shape) == tuple(shape)
                    else P()) for j in positions]
@@ -182,18 +175,14 @@ def _by_rule(args, kernel, out_shapes, out_tree, grid, mesh, arg_specs, rule,
 
 def run(args, kernel, out_shape, grid, mesh, in_specs,
         out_specs, out_reduce, sharding_rule, kwargs, ref_args=()):
-  """``sharded_triton_call`` on arrays (keyword operands merged in).
-
-  With ``ref_args``, ``args`` holds the Refs' values at those indices, and
-  the call returns ``(outputs, the Refs' new values)``.
-  """
+  """``sharded_triton_call`` on arrays; with ``ref_args`` (indices of the
+  Refs' values in ``args``) returns ``(outputs, the Refs' new values)``."""
   out_shapes, out_tree = _binding.flatten_out_shape(
       out_shape, allow_empty=bool(ref_args))
   # Tuple operands' leaves are split one by one, as positional arrays are.
   leaves, positions = _specs.arrays_of(args)
   mesh = _specs.resolve_mesh(mesh, leaves.leaves)
-  # Resolving against the global arguments checks indices early, at the
-  # caller's line; the values used are resolved again inside each shard.
+  # Checks indices at the caller's line; each shard resolves its own.
   _shard_size.resolve(args, kwargs)
   arg_specs = leaf_specs(args, mesh, in_specs, out_shape, out_specs,
                          sharding_rule)
@@ -220,8 +209,7 @@ def run(args, kernel, out_shape, grid, mesh, in_specs,
       per_shard, mesh=mesh, in_specs=tuple(arg_specs),
       out_specs=tuple(o_specs) + ref_specs, check_vma=True)
   if ref_args:
-    # The shards' Refs live inside the shard_map, which jax allows only
-    # under a trace.
+    # jax allows Refs made inside a shard_map only under a trace.
     mapped = jax.jit(mapped)
   flat = list(mapped(*arrays))
   if ref_args:
@@ -239,10 +227,8 @@ def _output_names(out_tree) -> tuple[str, ...]:
 
 def _check_varying(flat: Sequence[Any], outputs: _Outputs,
                    operands: Sequence[_Operand], mesh) -> None:
-  """Raises if a shard's output (after ``out_reduce``) varies over a mesh
-  axis its spec does not name."""
-  # Only this shard_map's axes: one already manual in a caller's shard_map
-  # is the caller's out_specs' to name (jax.shard_map's check skips them too).
+  """Raises if a shard's output varies over a mesh axis its spec lacks."""
+  # An axis manual in a caller's shard_map is the caller's to name.
   outer = _specs.manual_axes(mesh)
   order = [a for a in mesh.axis_names if a not in outer]
   for k, x in enumerate(flat):
@@ -294,12 +280,9 @@ def _reduce_fix(outputs: _Outputs, k: int, missing: list) -> str:
 
 def _needed_spec(shape: tuple, varying: list, operands: Sequence[_Operand],
                  mesh) -> P | None:
-  """A spec that names ``varying`` on the output's dimensions, or None.
-
-  The spec of an operand of the output's shape that varies over exactly
-  those axes; else each axis on the one output dimension whose size
-  matches a dimension it splits in an operand; else None (no guess).
-  """
+  """A spec naming ``varying`` on the output's dimensions, or None: an
+  operand's of the same shape and axes, else each axis on the one output
+  dimension whose size matches one it splits in an operand."""
   for o in operands:
     if tuple(o.shape) == tuple(shape) and (
         set(_specs.spec_axes(o.spec)) == set(varying)):

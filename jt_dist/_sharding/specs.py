@@ -1,8 +1,4 @@
-"""Partition specs for ``sharded_triton_call``: inference and checks.
-
-The checks run before tracing, at the caller's line, and name the argument,
-its shape and spec, the mesh axes and their sizes, and the fix.
-"""
+"""Partition specs: inference, and checks run at the caller's line."""
 
 from __future__ import annotations
 
@@ -18,7 +14,6 @@ from jt_dist._core import pytree_args as _pytree_args
 from jt_dist._core import types as _types
 
 
-# The collectives an output may be reduced with, by the name users give.
 COLLECTIVES = {"sum": jax.lax.psum, "max": jax.lax.pmax, "min": jax.lax.pmin}
 
 
@@ -27,10 +22,8 @@ def is_array(x: Any) -> bool:
 
 
 def arrays_of(args: Sequence[Any]):
-  """``pytree_args.flatten(args)`` and the positions of its array leaves.
-
-  These arrays, in order, are what in_specs and a rule's operands count.
-  """
+  """``pytree_args.flatten(args)`` and the positions of its array leaves
+  (what in_specs and a rule's operands count)."""
   flat = _pytree_args.flatten(args)
   return flat, [k for k, a in enumerate(flat.leaves) if is_array(a)]
 
@@ -69,10 +62,8 @@ def resolve_mesh(mesh: Any, args: Sequence[Any]):
     if is_array(x) and mesh_of(x) is not None:
       return mesh_of(x)
   if not any(isinstance(x, jax.core.Tracer) for x in args):
-    # Eagerly, jax.set_mesh's concrete mesh: the arguments are laid out on
-    # its devices by their in_specs (the abstract mesh places nothing).
-    # jax.sharding.get_mesh raises ValueError under jax.jit (a call whose
-    # arguments are all constants there has no tracer to say so).
+    # Eagerly, jax.set_mesh's concrete mesh places the arguments (the
+    # abstract one places nothing); get_mesh raises under jax.jit.
     try:
       concrete = jax.sharding.get_mesh()
     except (RuntimeError, ValueError):
@@ -190,12 +181,8 @@ def infer_spec(x: Any, mesh) -> P:
 
 
 def in_specs_for(in_specs: Any, args: Sequence[Any], mesh) -> list[P]:
-  """One checked spec per array leaf of ``args``, given or inferred.
-
-  ``in_specs`` is a prefix of the arguments, as ``jax.shard_map``'s is: one
-  entry per argument that holds an array; a tuple operand's entry is one
-  ``PartitionSpec`` for all its arrays, or a tuple with one per element.
-  """
+  """One checked spec per array leaf, given (a prefix of ``args``, as
+  ``jax.shard_map``'s are) or inferred."""
   flat, arrays = arrays_of(args)
   if in_specs is None:
     specs = [infer_spec(flat.leaves[k], mesh) for k in arrays]
@@ -259,13 +246,9 @@ def _leaf_specs(arg: Any, entry: Any, where: str) -> list:
 
 
 def place(x: Any, spec: P, mesh, equivalent_ok: bool = False):
-  """Lays ``x`` out as ``NamedSharding(mesh, spec)`` if it is not already.
-
-  ``shard_map`` over explicit axes (and one in a trace, for a concrete
-  array it closes over) wants inputs laid out by its in_specs already.
-  ``equivalent_ok``: an array laid out equivalently (on the mesh's one
-  device, say) stays where it is, for a ``jax.jit`` to take.
-  """
+  """Lays ``x`` out as ``NamedSharding(mesh, spec)`` if it is not already,
+  as ``shard_map`` over explicit axes wants. ``equivalent_ok``: an array
+  laid out equivalently (on a one-device mesh, say) stays put."""
   if isinstance(x, jax.core.Tracer):
     current = getattr(jax.typeof(x), "sharding", None)
     explicit = tuple(getattr(mesh, "explicit_axes", ()))

@@ -1,9 +1,7 @@
 """Binding a ``triton_call``'s arguments to its kernel's parameters.
 
-Parameters are bound by the positional arguments (``positional``), the
-outputs (``outputs``), then by name from the metaparams, autotuning configs
-and heuristics, into a ``kernel.CallSpec``. Everything checkable before
-tracing is checked here, so that mistakes surface at the caller's line.
+Everything checkable before tracing is checked here, so that mistakes
+surface at the caller's line.
 """
 
 from __future__ import annotations
@@ -80,9 +78,8 @@ def _launches(info, grid, options, constexprs, named, operands, aliases,
   launches = []
   for config in configs:
     _check_complete(info, runtime_names, config, operands, n_args)
-    # Defaults of the constexprs the config leaves unbound: a launch states
-    # every constexpr it is compiled with, so that the grid, zeroed_outputs
-    # and the compiler all see the same values.
+    # A launch states every constexpr it is compiled with, defaults too, so
+    # that the grid, zeroed_outputs and the compiler see the same values.
     bound = {k for k, _ in config.kwargs}
     extra = tuple((p.name, p.default) for p in info.params
                   if p.is_constexpr and p.has_default and p.name not in bound)

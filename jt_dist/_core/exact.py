@@ -20,10 +20,7 @@ PLAIN = frozenset((int, bool, str, bytes, type(None)))
 
 
 def key(value: Any) -> Any:
-  """A hashable stand-in for ``value``, equal only for equal kernels.
-
-  TypeError for an unhashable value of another type, as hashing would.
-  """
+  """A hashable stand-in for ``value``, equal only for equal kernels."""
   kind = type(value)
   if kind in PLAIN:
     return kind, value

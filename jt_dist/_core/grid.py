@@ -13,10 +13,7 @@ MAX_GRID = (2**31 - 1, 65535, 65535)
 
 def evaluate_grid(grid: Any, named: Mapping[str, Any],
                   where: str) -> tuple[int, int, int]:
-  """``grid`` (an int, up to 3 ints or a callable of ``named``) as x, y, z.
-
-  ``where`` names the config in messages.
-  """
+  """``grid`` (an int, up to 3 ints or a callable of ``named``) as x, y, z."""
   given = grid
   if callable(grid):
     grid = _errors.call_user(grid, "the grid callable", dict(named))

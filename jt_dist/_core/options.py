@@ -1,12 +1,10 @@
 """``triton_call``'s keyword options: one ``CallOptions``, checked once.
 
-A mistyped option (``num_warps=3``, ``name=3``) would otherwise fail inside
-Triton's compiler or jaxlib's protobuf writer, naming neither it nor the fix.
-
-As in jax-triton 0.4, the options in ``NAMED`` may be given as arguments or
-inside ``backend_options``, never both. The rest (``maxnreg``, ...) go to
-the Triton backend's ``parse_options`` on GPUs (the CPU interpreter ignores
-them), as sorted ``(name, value)`` pairs so that keys and specs can hold them.
+Checked here because a mistyped option would otherwise fail inside Triton's
+compiler or jaxlib's protobuf writer, naming neither it nor the fix. As in
+jax-triton 0.4, an option in ``NAMED`` may be an argument or in
+``backend_options``, not both; the other backend options go to Triton's
+``parse_options`` on GPUs, as sorted pairs so that specs can hold them.
 """
 
 from __future__ import annotations
@@ -60,8 +58,7 @@ def check(options: Any) -> None:
              "Pass 1 (the default), or a cluster size on Hopper or later.",
              power_of_two=True)
   if options.num_ctas > MAX_CLUSTER:
-    # Larger clusters need an opt-in attribute that jaxlib's launch does
-    # not set; Triton would compile them and the launch would fail.
+    # Larger clusters need an opt-in that jaxlib's launch does not set.
     raise ValueError(
         f"triton_call: num_ctas={options.num_ctas} must be at most"
         f" {MAX_CLUSTER}, the largest portable cluster on CUDA GPUs. Pass 1,"
@@ -138,11 +135,11 @@ class CallOptions:
   cost_estimate: Any = None
   # Further Triton compiler options: sorted (name, value) pairs.
   backend_options: tuple[tuple[str, Any], ...] = ()
-  # The array indices of the call's ``jax.Ref`` arguments (their values are
-  # passed in their place); each gets an output aliased to it.
+  # Array indices of ``jax.Ref`` arguments (passed as their values); each
+  # gets an output aliased to it.
   ref_inputs: tuple[int, ...] = ()
-  # (position in args, _tensordesc.Info) of each host-side TMA descriptor,
-  # whose array stands in args in its place.
+  # (position in args, _tensordesc.Info) of each TMA descriptor, whose
+  # array stands in its place.
   tensor_descriptors: tuple = ()
 
   def with_descriptors(self, descriptors) -> "CallOptions":
@@ -175,11 +172,7 @@ NAMED = {"num_warps": None, "num_stages": None, "num_ctas": None,
 
 
 def _merge_backend_options(backend_options: Any, given: dict[str, Any]):
-  """``(every named option, the other options as sorted pairs)``.
-
-  A named option is taken from whichever of ``given`` (not equal to its
-  default) and ``backend_options`` sets it; setting it in both is an error.
-  """
+  """``(every named option, the other options as sorted pairs)``."""
   if backend_options is None:  # The usual case.
     return given, ()
   if not isinstance(backend_options, collections.abc.Mapping):

@@ -1,11 +1,9 @@
 """Host-side TMA descriptors as kernel arguments (jax-triton 0.4's).
 
-A ``TensorDescriptor`` is a pytree whose only leaf is its array.
-``triton_call`` splits it into that array, an ordinary array operand, and
-its static ``Info``, which types the parameter (``tensordesc<fp32[32,32]>``)
-and tells each platform how to pass it: the CPU interpreter gets Triton's
-host descriptor over the buffer; jaxlib a TMA descriptor, or the base
-pointer, shape and strides where Triton lowered it to pointer arithmetic.
+``triton_call`` splits a ``TensorDescriptor`` (a pytree whose one leaf is
+its array) into that array, an ordinary operand, and its static ``Info``,
+which types the parameter (``tensordesc<fp32[32,32]>``) and tells each
+platform how to pass it.
 """
 
 from __future__ import annotations

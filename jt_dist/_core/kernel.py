@@ -78,10 +78,8 @@ def _describe(obj: Any) -> str:
 
 
 def kernel_info(kernel: Any) -> KernelInfo:
-  """Unwraps ``kernel``: TypeError if it is not a Triton kernel.
-
-  NotImplementedError if a Gluon kernel uses what this Triton's Gluon lacks.
-  """
+  """Unwraps ``kernel``: TypeError if it is not a Triton kernel,
+  NotImplementedError if a Gluon kernel uses what this Triton's Gluon lacks."""
   try:
     # Hashing a kernel parses its source, and CPython 3.11's ast counts
     # recursion depth per interpreter: two threads parsing at once can fail.
@@ -183,17 +181,13 @@ def _autotune_configs(info: KernelInfo, tuner: Any, fixed: Mapping[str, Any],
 def expand_configs(info: KernelInfo, metaparams: Mapping[str, Any],
                    named_args: Mapping[str, Any], num_warps: int | None,
                    num_stages: int | None, num_ctas: int) -> tuple[Config, ...]:
-  """One ``Config`` per launch candidate of the decorator layers.
-
-  Layers apply outermost first, as in Triton's launcher: a heuristic inside
-  an autotuner sees each config's values; one outside is computed once.
-  """
+  """One ``Config`` per launch candidate of the decorator layers, applied
+  outermost first as in Triton's launcher."""
   metaparams = _plain(metaparams)
   base = _compat.Config({}, num_warps=4 if num_warps is None else num_warps,
                         num_stages=3 if num_stages is None else num_stages,
                         num_ctas=num_ctas)
-  # Each candidate: the constexprs its layers set, and the Triton config
-  # whose launch options it takes.
+  # Each candidate: (the constexprs its layers set, its Triton config).
   partial = [({}, base)]
   for layer in info.layers:
     if isinstance(layer, _compat.Autotuner):

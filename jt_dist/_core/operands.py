@@ -97,11 +97,8 @@ def _short(value: Any) -> str:
 
 
 def canonical_numpy(args: Sequence[Any]) -> list[Any]:
-  """``args`` with NumPy arrays in the dtypes ``jax.jit`` gives them.
-
-  The call is bound for what the kernel receives (float32 for a float64
-  without ``jax_enable_x64``).
-  """
+  """``args`` with NumPy arrays in the dtypes ``jax.jit`` gives them: the
+  call is bound for what the kernel receives."""
   def canonical(a):
     if type(a) is not np.ndarray:  # pylint: disable=unidiomatic-typecheck
       return a

@@ -15,8 +15,7 @@ import numbers
 import re
 from typing import Any, Callable, Mapping, Sequence
 
-# A ROCm GPU arch as Triton's HIP backend takes it: "gfx" and the hex
-# digits of its version, without feature flags (":sramecc+").
+# A ROCm GPU arch as Triton's HIP backend takes it: no ":sramecc+" flags.
 GFX_ARCH = re.compile(r"gfx[0-9a-f]{3,4}")
 # The most CTAs a cluster may have without CUDA's non-portable opt-in.
 MAX_CLUSTER = 8
@@ -135,11 +134,9 @@ class CallOptions:
   cost_estimate: Any = None
   # Further Triton compiler options: sorted (name, value) pairs.
   backend_options: tuple[tuple[str, Any], ...] = ()
-  # Array indices of ``jax.Ref`` arguments (passed as their values); each
-  # gets an output aliased to it.
+  # Array indices of ``jax.Ref`` arguments, each aliased to an extra output.
   ref_inputs: tuple[int, ...] = ()
-  # (position in args, _tensordesc.Info) of each TMA descriptor, whose
-  # array stands in its place.
+  # (position in args, _tensordesc.Info) of each descriptor's array.
   tensor_descriptors: tuple = ()
 
   def with_descriptors(self, descriptors) -> "CallOptions":
@@ -158,15 +155,13 @@ class CallOptions:
     return named
 
 
-# triton_call's option keywords that CallOptions holds; ``device`` and
-# ``out_type`` are resolved by the front door.
+# triton_call's option keywords (the front door resolves device, out_type).
 OPTION_NAMES = frozenset(
     f.name for f in dataclasses.fields(CallOptions)
     if f.name not in ("ref_inputs", "tensor_descriptors"))
 
 
-# The options triton_call also takes as arguments, with their values when
-# not given: an argument equal to its default is not "given".
+# Options also taken as arguments, by default value: a default is not given.
 NAMED = {"num_warps": None, "num_stages": None, "num_ctas": None,
          "debug": False, "enable_fp_fusion": True}
 

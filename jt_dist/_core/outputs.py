@@ -112,10 +112,8 @@ def check_output_index(what: str, index: Any, n_outputs: int,
 
 
 def reset_to_zero(info, operands, aliases) -> tuple[int, ...]:
-  """The outputs an autotuner's ``reset_to_zero`` names, as indices.
-
-  jt_dist zeroes them before every launch: each output is a fresh buffer.
-  """
+  """The outputs an autotuner's ``reset_to_zero`` names, as indices (zeroed
+  before every launch: each output is a fresh buffer)."""
   names = [name for layer in info.layers
            if isinstance(layer, _compat.Autotuner)
            for name in (getattr(layer, "reset_to_zero", None) or ())]

@@ -20,11 +20,8 @@ from jt_dist._core import types as _types
 
 
 def classify_args(args: Sequence[Any]):
-  """Each arg's ``(kind, payload)``, and the number of arrays.
-
-  Payloads: array index, scalar value, None, or a tuple's
-  ``[(path, kind, payload) per leaf]``.
-  """
+  """Each arg's ``(kind, payload)``, and the number of arrays; a tuple's
+  payload is ``[(path, kind, payload) per leaf]``."""
   kinds = []
   n_arrays = 0
   for i, arg in enumerate(args):

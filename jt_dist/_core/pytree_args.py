@@ -65,11 +65,8 @@ def check_leaf(i: int, path: tuple[int, ...], leaf: Any) -> None:
 
 @dataclasses.dataclass(frozen=True)
 class FlatArgs:
-  """A call's positional arguments with tuple operands spread into leaves.
-
-  A non-tuple argument (or an empty tuple, for the call to refuse) is one
-  leaf with path ``()``.
-  """
+  """A call's positional arguments with tuple operands spread into leaves;
+  another argument (or an empty tuple, refused later) is one leaf."""
 
   leaves: tuple  # Every leaf, in order.
   # Per leaf, ``(argument index, path in its tuple)``.

@@ -9,6 +9,7 @@ platform how to pass it.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from typing import Any, Sequence
 
@@ -18,6 +19,8 @@ import numpy as np
 from jt_dist._core import types as _types
 
 _PADDINGS = ("zero", "nan")
+# A field jax's pytree keeps as static metadata: only the array is a leaf.
+_static = functools.partial(dataclasses.field, metadata={"static": True})
 
 
 @jax.tree_util.register_dataclass
@@ -44,15 +47,12 @@ class TensorDescriptor:
   """
 
   base: Any
-  shape: tuple[int, ...] = dataclasses.field(metadata=dict(static=True))
-  strides: tuple[int, ...] = dataclasses.field(metadata=dict(static=True))
-  block_shape: tuple[int, ...] = dataclasses.field(
-      metadata=dict(static=True))
-  layout: Any = dataclasses.field(default=None, metadata=dict(static=True))
-  padding: str = dataclasses.field(default="zero",
-                                   metadata=dict(static=True))
-  round_f32_to_tf32: bool = dataclasses.field(default=False,
-                                              metadata=dict(static=True))
+  shape: tuple[int, ...] = _static()
+  strides: tuple[int, ...] = _static()
+  block_shape: tuple[int, ...] = _static()
+  layout: Any = _static(default=None)
+  padding: str = _static(default="zero")
+  round_f32_to_tf32: bool = _static(default=False)
 
   def __post_init__(self):
     for field in ("shape", "strides", "block_shape"):

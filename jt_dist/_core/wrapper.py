@@ -84,11 +84,8 @@ def make_kernel(base_fn: Any, source: str, p: str, what: str,
 @functools.lru_cache(maxsize=256)
 def reordered(kernel: Any, order: tuple[str, ...],
               loaded: tuple[tuple[str, int], ...] = ()) -> Any:
-  """``kernel`` (its layers copied) taking its parameters in ``order``.
-
-  ``loaded``: ``(name, divisibility)`` of each parameter passed as a
-  pointer to its value.
-  """
+  """``kernel`` (its layers copied) taking its parameters in ``order``;
+  ``loaded``: ``(name, divisibility)`` of those passed by pointer."""
   info = _kernel.kernel_info(kernel)
   wrapper = _wrapper(info.fn, order, dict(loaded))
   for layer in reversed(info.layers):

@@ -21,7 +21,7 @@ import jax
 from jax.interpreters import batching as _jax_batching
 
 from jt_dist import _compat
-from jt_dist._core import grid as _grid
+from jt_dist._core import binding as _binding
 from jt_dist._core import primitive as _primitive
 from jt_dist._core import pytree_args as _pytree_args
 from jt_dist._core import wrapper as _wrapper
@@ -59,11 +59,8 @@ def _resolve(node: ast.expr, scope: dict[str, Any]) -> Any:
 
 
 def used_grid_axes(kernel_fn: Any) -> frozenset[int]:
-  """The grid axes a kernel (or a ``@triton.jit`` callee it names) reads.
-
-  An axis that is not a literal could be any. Constexpr kernels are not
-  followed: the caller scans them.
-  """
+  """The grid axes a kernel (or a ``@triton.jit`` callee it names) reads;
+  a non-literal axis could be any. The caller scans constexpr kernels."""
   # Keyed by the Python function: hashing a JITFunction computes its
   # cache_key, which fails for kernels calling interpreted helpers.
   return _used_axes(kernel_fn.fn)
@@ -295,13 +292,13 @@ def _placement(base, sizes):
         f" or tl.num_programs) and its grid {grids[0]} leaves no other axis"
         " free for the batch.")
   first = free[0]
-  if total <= _grid.MAX_GRID[first]:
+  if total <= _binding.MAX_GRID[first]:
     return (first,), (total,)
   if len(free) > 1:
-    high = -(-total // _grid.MAX_GRID[first])
-    if high <= _grid.MAX_GRID[free[1]]:
+    high = -(-total // _binding.MAX_GRID[first])
+    if high <= _binding.MAX_GRID[free[1]]:
       return (first, free[1]), (-(-total // high), high)
-  limits = " x ".join(str(_grid.MAX_GRID[a]) for a in free)
+  limits = " x ".join(str(_binding.MAX_GRID[a]) for a in free)
   names = "/".join("xyz"[a] for a in free)
   raise _NoRoom(
       f"the batch of {total} ({' x '.join(map(str, sizes))}) exceeds the"

@@ -9,7 +9,6 @@ platform how to pass it.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 from typing import Any, Sequence
 
@@ -19,8 +18,7 @@ import numpy as np
 from jt_dist._core import types as _types
 
 _PADDINGS = ("zero", "nan")
-# A field jax's pytree keeps as static metadata: only the array is a leaf.
-_static = functools.partial(dataclasses.field, metadata={"static": True})
+_STATIC = {"static": True}  # A field jax's pytrees keep as metadata.
 
 
 @jax.tree_util.register_dataclass
@@ -47,12 +45,12 @@ class TensorDescriptor:
   """
 
   base: Any
-  shape: tuple[int, ...] = _static()
-  strides: tuple[int, ...] = _static()
-  block_shape: tuple[int, ...] = _static()
-  layout: Any = _static(default=None)
-  padding: str = _static(default="zero")
-  round_f32_to_tf32: bool = _static(default=False)
+  shape: tuple[int, ...] = dataclasses.field(metadata=_STATIC)
+  strides: tuple[int, ...] = dataclasses.field(metadata=_STATIC)
+  block_shape: tuple[int, ...] = dataclasses.field(metadata=_STATIC)
+  layout: Any = dataclasses.field(default=None, metadata=_STATIC)
+  padding: str = dataclasses.field(default="zero", metadata=_STATIC)
+  round_f32_to_tf32: bool = dataclasses.field(default=False, metadata=_STATIC)
 
   def __post_init__(self):
     for field in ("shape", "strides", "block_shape"):

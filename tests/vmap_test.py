@@ -26,7 +26,7 @@ testing.configure_cpu_devices()
 
 import jt_dist  # pylint: disable=g-import-not-at-top,wrong-import-position
 from jt_dist._vmap import batching as _batch_kernel  # pylint: disable=g-import-not-at-top,wrong-import-position
-from jt_dist._core import grid as _grid  # pylint: disable=g-import-not-at-top,wrong-import-position
+from jt_dist._core import binding as _binding  # pylint: disable=g-import-not-at-top,wrong-import-position
 import gpu_lowering_util as util  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -390,7 +390,7 @@ class FallbackTest(testing.TestCase):
     # Axis limits of 4 (instead of 65,535) force a batch of 7 onto two axes,
     # 4 x 2 programs, one of which idles.
     xs = self.random((7, 20))
-    with mock.patch.object(_grid, "MAX_GRID", (2**31 - 1, 4, 4)):
+    with mock.patch.object(_binding, "MAX_GRID", (2**31 - 1, 4, 4)):
       fn = jax.jit(jax.vmap(lambda x: double(x, BLOCK=16)))
       out = fn(xs)
       text = fn.lower(xs).as_text()
@@ -399,7 +399,7 @@ class FallbackTest(testing.TestCase):
 
   def test_batch_too_large_for_the_grid(self):
     xs = self.random((17, 20))
-    with mock.patch.object(_grid, "MAX_GRID", (2**31 - 1, 4, 4)):
+    with mock.patch.object(_binding, "MAX_GRID", (2**31 - 1, 4, 4)):
       with self.assertLogs("jt_dist", logging.DEBUG) as logs:
         out = jax.vmap(lambda x: double(x, BLOCK=16))(xs)
       with self.assertRaisesRegex(
@@ -423,7 +423,7 @@ class FallbackTest(testing.TestCase):
   def test_aliased_unbatched_input_when_falling_back(self):
     xs = self.random((17, 20))
     acc = self.random((20,))
-    with mock.patch.object(_grid, "MAX_GRID", (2**31 - 1, 4, 4)):
+    with mock.patch.object(_binding, "MAX_GRID", (2**31 - 1, 4, 4)):
       new_acc, total = jax.vmap(
           lambda x, a: jt_dist.triton_call(
               x, a, x.size, kernel=accumulate_kernel,
@@ -527,7 +527,7 @@ class CudaLoweringTest(util.JaxlibAutotuningMixin, util.IsolatedCacheMixin,
   def test_batch_split_over_y_and_z_compiles(self):
     # Axis limits of 4 put a batch of 7 on y and z, 4 x 2 programs, and the
     # spare one skips the kernel behind an `if`.
-    with mock.patch.object(_grid, "MAX_GRID", (2**31 - 1, 4, 4)):
+    with mock.patch.object(_binding, "MAX_GRID", (2**31 - 1, 4, 4)):
       call = self._calls(add, (7, 64), (7, 64))
     (kernel,) = call["calls"]
     self.assertEqual(kernel["grid"], (4, 4, 2))

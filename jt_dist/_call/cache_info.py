@@ -1,7 +1,6 @@
 """``jt_dist.cache_info``: what this process compiled, reused and keeps.
 
-Counted where the work happens (a call lowered, a kernel compiled, a cache
-entry found or written), never per eager dispatch; memo sizes read when asked.
+Counted where the work happens, never per eager dispatch.
 """
 
 from __future__ import annotations

@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import math
 import numbers
 from typing import Any, Sequence
 
@@ -77,10 +78,7 @@ def strides_from_shape(shape: Sequence[int]) -> tuple[int, ...]:
                     " x.shape.")
   dims = [_check_int(f"strides_from_shape: shape[{i}]", d, 0)
           for i, d in enumerate(shape)]
-  strides = [1] * len(dims)
-  for i in reversed(range(len(dims) - 1)):
-    strides[i] = strides[i + 1] * dims[i + 1]
-  return tuple(strides)
+  return tuple(math.prod(dims[k + 1:]) for k in range(len(dims)))
 
 
 def get_compute_capability(device: int | jax.Device = 0) -> int:

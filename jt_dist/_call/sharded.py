@@ -1,7 +1,7 @@
 """``sharded_triton_call``'s front door: its memo and its Refs.
 
 An eager call fixes its mesh and specs from its arguments, then runs the
-jitted ``shard_map`` (``jt_dist._sharding.sharded_call``) made for them.
+jitted ``shard_map`` made for them.
 """
 
 from __future__ import annotations
@@ -207,11 +207,8 @@ def _refuse_descriptors(args, kwargs) -> None:
 
 def _with_refs(args, kernel, out_shape, grid, mesh, in_specs, out_specs,
                out_reduce, rule, kwargs):
-  """A sharded call with Ref arguments: each shard updates its shard of them.
-
-  The Refs' values go in as arrays, each shard's piece returns as an extra
-  output split as its input is, and the new values are written back.
-  """
+  """A sharded call with Ref arguments: their values go in as arrays, and
+  come back as extra outputs, split as the inputs, to be written back."""
   _refs.check(args, kwargs.get("input_output_aliases"), rule,
               "sharded_triton_call")
   ref_args = _refs.top_level(args, "sharded_triton_call")
@@ -223,8 +220,7 @@ def _with_refs(args, kernel, out_shape, grid, mesh, in_specs, out_specs,
       out_specs, out_reduce, None, kwargs, ref_args=ref_args)
   for i, new in zip(ref_args, updated):
     if not isinstance(new, jax.core.Tracer):
-      # An eager Ref keeps its placement; the update comes back as the
-      # shard_map placed it.
+      # An eager Ref keeps its placement, whatever the shard_map's.
       new = jax.device_put(new, values[i].sharding)
     args[i][...] = new
   return outs

@@ -1,2 +1,1 @@
-"""The primitive and what it is bound to: a kernel's parameters, the
-call's static spec, scalar and pointer types, options and lowering rules."""
+"""The primitive, and a call's binding into the static spec it carries."""

@@ -1,20 +1,21 @@
-"""Binding a ``triton_call``'s arguments to its kernel's parameters.
+"""Binding a ``triton_call``'s arguments to its kernel's parameters, and
+its launch grids.
 
-Parameters are bound by the positional arguments (``positional``), the
-outputs (``outputs``), then by name from the metaparams, autotuning configs
-and heuristics, into a ``kernel.CallSpec``. Everything checkable before
-tracing is checked here, so that mistakes surface at the caller's line.
+Everything checkable before tracing is checked here, so that mistakes
+surface at the caller's line.
 """
 
 from __future__ import annotations
 
 import collections
 import dataclasses
+import numbers
+from typing import Any, Mapping
 
 import jax
 import numpy as np
 
-from jt_dist._core import grid as _grid
+from jt_dist import _errors
 from jt_dist._core import kernel as _kernel
 from jt_dist._core import options as _options
 from jt_dist._core import outputs as _outputs
@@ -32,6 +33,8 @@ _SPEC_OPTIONS = (
     "name", "compute_capability", "enable_fp_fusion", "debug",
     "serialized_metadata", "custom_call_target_name", "vmap_method",
     "sharding_rule", "has_side_effect", "backend_options")
+# CUDA's gridDim limits; ROCm's are at least as large.
+MAX_GRID = (2**31 - 1, 65535, 65535)
 
 
 def _check_complete(info, positional_names, config, operands, n_args):
@@ -80,9 +83,8 @@ def _launches(info, grid, options, constexprs, named, operands, aliases,
   launches = []
   for config in configs:
     _check_complete(info, runtime_names, config, operands, n_args)
-    # Defaults of the constexprs the config leaves unbound: a launch states
-    # every constexpr it is compiled with, so that the grid, zeroed_outputs
-    # and the compiler all see the same values.
+    # A launch states every constexpr it is compiled with, defaults too, so
+    # that the grid, zeroed_outputs and the compiler see the same values.
     bound = {k for k, _ in config.kwargs}
     extra = tuple((p.name, p.default) for p in info.params
                   if p.is_constexpr and p.has_default and p.name not in bound)
@@ -92,10 +94,50 @@ def _launches(info, grid, options, constexprs, named, operands, aliases,
     kwargs = dict(config.kwargs)
     launches.append(_kernel.Launch(
         config=config,
-        grid=_grid.evaluate_grid(grid, {**named, **kwargs}, where),
+        grid=evaluate_grid(grid, {**named, **kwargs}, where),
         zeroed_outputs=tuple(sorted({*reset, *_outputs.zeroed(
             options.zeroed_outputs, kwargs, n_outputs, where)}))))
   return launches
+
+
+def evaluate_grid(grid: Any, named: Mapping[str, Any],
+                  where: str) -> tuple[int, int, int]:
+  """``grid`` (an int, up to 3 ints or a callable of ``named``) as x, y, z."""
+  given = grid
+  if callable(grid):
+    grid = _errors.call_user(grid, "the grid callable", dict(named))
+  if isinstance(grid, numbers.Integral):
+    grid = (grid,)
+  try:
+    dims = tuple(grid)
+  except TypeError:
+    raise TypeError(
+        f"triton_call: `grid` must be an int, a tuple of up to 3 ints or a"
+        f" callable returning one; got {grid!r}{where}.") from None
+  if len(dims) > 3 or not dims:
+    raise ValueError(
+        f"triton_call: `grid` must have 1 to 3 dimensions; got {dims!r} with"
+        f" {len(dims)}{where}. Fold extra dimensions into one, and recover"
+        " them in the kernel from tl.program_id with // and %.")
+  for axis, (value, limit) in enumerate(zip(dims, MAX_GRID)):
+    name = f"grid[{axis}] ({'xyz'[axis]})"
+    if not isinstance(value, numbers.Integral) or isinstance(value, bool):
+      raise TypeError(
+          f"triton_call: {name} must be an int; got {value!r} of type"
+          f" {type(value).__name__} in grid {dims!r}{where}."
+          + (" The grid callable must return ints." if callable(given) else ""))
+    if value <= 0:
+      raise ValueError(
+          f"triton_call: {name} must be at least 1; got {int(value)} in grid"
+          f" {dims!r}{where}. A grid computed with // can round down to 0:"
+          " use triton.cdiv(n, BLOCK) instead.")
+    if value > limit:
+      raise ValueError(
+          f"triton_call: {name} = {int(value)} exceeds the launch limit of"
+          f" {limit} for that axis (grid {dims!r}{where}). Use larger blocks,"
+          " or put the longest dimension on axis 0, whose limit is"
+          f" {MAX_GRID[0]}.")
+  return tuple(int(d) for d in dims) + (1,) * (3 - len(dims))
 
 
 def bind_call(args, kernel, out_shape, grid, options: CallOptions, metaparams):
@@ -111,8 +153,7 @@ def bind_call(args, kernel, out_shape, grid, options: CallOptions, metaparams):
   constexprs.update(metaparams)
   arrays = _pytree_args.array_leaves(args)
   named = _named_args(arrays, operands, out_shapes, constexprs)
-  # Triton's launcher shows heuristics and the grid every parameter, those
-  # left to their defaults included.
+  # As in Triton's launcher, heuristics and the grid see defaults too.
   named = {**{p.name: p.default for p in info.params
               if p.has_default and p.name not in named}, **named}
   launches = _launches(info, grid, options, constexprs, named, operands,

@@ -1,9 +1,8 @@
 """Values compared as Triton specialises on them, for keys and specs.
 
-Python's ``==`` says ``4 == 4.0 == True``, ``0.0 == -0.0`` and
-``(4,) == (4.0,)``; Triton compiles a different kernel for each. Every key
-or spec that stands for a compiled kernel compares values through ``key``:
-types at every depth, floats by their bits, ``tl.constexpr``'s contents.
+Python says ``4 == 4.0 == True``, ``0.0 == -0.0`` and ``(4,) == (4.0,)``;
+Triton compiles a different kernel for each. So every key or spec standing
+for a compiled kernel compares values through ``key``.
 """
 
 from __future__ import annotations
@@ -20,10 +19,7 @@ PLAIN = frozenset((int, bool, str, bytes, type(None)))
 
 
 def key(value: Any) -> Any:
-  """A hashable stand-in for ``value``, equal only for equal kernels.
-
-  TypeError for an unhashable value of another type, as hashing would.
-  """
+  """A hashable stand-in for ``value``, equal only for equal kernels."""
   kind = type(value)
   if kind in PLAIN:
     return kind, value

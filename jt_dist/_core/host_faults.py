@@ -1,11 +1,10 @@
 """Kernel errors that leave a host callback, and how callers get them back.
 
-jax reports an exception raised in a host callback as its own runtime
-error. A CPU launch therefore files its exception under a token carried by
-the ``HostFault`` it raises; at the boundaries jt_dist owns (a
-``KernelCall``, the primitive's eager implementation) ``raise_original``
-raises the kernel's own exception in place of jax's error. Under a caller's
-``jax.jit`` jax's error reaches the caller, with the kernel's message.
+jax reports an exception raised in a host callback as its own error. A CPU
+launch files its exception under a token in the ``HostFault`` it raises;
+where jt_dist owns the boundary, ``raise_original`` raises the kernel's own
+exception instead. Under a caller's ``jax.jit`` jax's error, with the
+kernel's message, reaches the caller.
 """
 
 from __future__ import annotations

@@ -1,11 +1,8 @@
 """A user's kernel object, the configs it launches, and one call's spec.
 
-A kernel is a ``@triton.jit`` function (an ``InterpretedFunction`` under
-``TRITON_INTERPRET=1``), possibly wrapped by ``@triton.autotune`` and
-``@triton.heuristics`` in either order; the decorators are unwrapped
-without being mutated, and expanded into concrete launch configurations.
-``binding.bind_call`` builds a call's ``CallSpec``, frozen and hashable,
-which the lowerings and the batching rule read.
+The ``@triton.autotune``/``@triton.heuristics`` layers (in either order)
+are unwrapped without being mutated and expanded into concrete configs.
+A ``CallSpec`` is frozen and hashable: it is the primitive's static param.
 """
 
 from __future__ import annotations
@@ -44,8 +41,7 @@ class Config:
   num_ctas: int
   maxnreg: int | None
   label: str
-  # ``kwargs`` as Triton tells values apart (``_exact``): (4,) and (4.0,)
-  # are equal in Python but different kernels.
+  # ``kwargs`` as Triton tells values apart: (4,) == (4.0,) in Python only.
   kwargs_key: tuple = dataclasses.field(init=False, repr=False)
 
   def __post_init__(self):
@@ -82,15 +78,11 @@ def _describe(obj: Any) -> str:
 
 
 def kernel_info(kernel: Any) -> KernelInfo:
-  """Unwraps ``kernel``: TypeError if it is not a Triton kernel.
-
-  NotImplementedError if a Gluon kernel uses what this Triton's Gluon lacks
-  (found when hashing it).
-  """
+  """Unwraps ``kernel``: TypeError if it is not a Triton kernel,
+  NotImplementedError if a Gluon kernel uses what this Triton's Gluon lacks."""
   try:
-    # Hashing a kernel first parses its source, and CPython 3.11's ast
-    # counts recursion depth per interpreter, not per thread: two threads
-    # parsing at once can fail ("AST constructor recursion depth mismatch").
+    # Hashing a kernel parses its source, and CPython 3.11's ast counts
+    # recursion depth per interpreter: two threads parsing at once can fail.
     with _compat.LANGUAGE_LOCK:
       return _kernel_info(kernel)
   except AttributeError as e:
@@ -166,9 +158,8 @@ def _autotune_configs(info: KernelInfo, tuner: Any, fixed: Mapping[str, Any],
           f"triton_call: autotuning config {config} of kernel {info.name!r}"
           " has a pre_hook, which jt_dist cannot run: remove it, and use"
           " zeroed_outputs=[...] to zero outputs before the launch.")
-    # A metaparam given explicitly fixes that value: configs disagreeing
-    # with it are dropped rather than rejected, so one autotuned kernel can
-    # be called with some of its knobs pinned.
+    # Configs disagreeing with an explicit metaparam are dropped, not
+    # rejected, so that an autotuned kernel can have some knobs pinned.
     if all(config.kwargs.get(k, v) == v for k, v in fixed.items()):
       configs.append(config)
   prune = getattr(tuner, "early_config_prune", None)
@@ -190,25 +181,17 @@ def _autotune_configs(info: KernelInfo, tuner: Any, fixed: Mapping[str, Any],
 def expand_configs(info: KernelInfo, metaparams: Mapping[str, Any],
                    named_args: Mapping[str, Any], num_warps: int | None,
                    num_stages: int | None, num_ctas: int) -> tuple[Config, ...]:
-  """One ``Config`` per launch candidate of the decorator layers.
-
-  Layers apply outermost first, as in Triton's launcher: a heuristic inside
-  an autotuner sees each config's values; one outside is computed once for
-  every config. ``named_args`` (every bound parameter by name) is for the
-  heuristics and pruning; the launch options are for a kernel without an
-  autotuner.
-  """
+  """One ``Config`` per launch candidate of the decorator layers, applied
+  outermost first as in Triton's launcher."""
   metaparams = _plain(metaparams)
   base = _compat.Config({}, num_warps=4 if num_warps is None else num_warps,
                         num_stages=3 if num_stages is None else num_stages,
                         num_ctas=num_ctas)
-  # Each candidate so far: the constexprs its layers set, and the Triton
-  # config whose launch options it takes (the base one until an autotuner).
+  # Each candidate: (the constexprs its layers set, its Triton config).
   partial = [({}, base)]
   for layer in info.layers:
     if isinstance(layer, _compat.Autotuner):
-      # Each candidate once per config that agrees with it: the constexprs
-      # outer layers set prune the configs as a metaparam would.
+      # Constexprs set by outer layers prune configs as metaparams do.
       partial = [({**extra, **_plain(config.kwargs)}, config)
                  for extra, _ in partial
                  for config in _autotune_configs(
@@ -233,11 +216,7 @@ def _with_heuristics(info, layer, partial, metaparams, named_args):
 
 
 def _concrete(metaparams, extra, config) -> Config:
-  """A candidate as a ``Config`` of plain Python values.
-
-  The label, which tells candidates apart in messages, names only what the
-  layers chose: the metaparams are the same in every candidate.
-  """
+  """A candidate as a ``Config``; its label names only what the layers chose."""
   warps, stages, ctas = (_types.plain_constexpr(n) for n in (
       config.num_warps, config.num_stages, config.num_ctas))
   label = "".join(f"{k}: {v}, " for k, v in extra.items()) + (
@@ -248,8 +227,6 @@ def _concrete(metaparams, extra, config) -> Config:
 
 
 def _plain(kwargs: Mapping[str, Any]) -> dict[str, Any]:
-  # NumPy scalars among constexprs become Python scalars, which Triton's
-  # code generator (and the interpreter) take.
   return {k: _types.plain_constexpr(v) for k, v in kwargs.items()}
 
 
@@ -301,15 +278,15 @@ class CallSpec:
   vmap_method: str | None
   # A _batching.Batched when this is the batched form of a user's call.
   batch: Any = None
-  # The lowering refuses a ShardingRule's call over several devices with a
-  # message about partitioning rather than misplacement.
+  # So that a ShardingRule's call over several devices is refused with a
+  # message about partitioning, not misplacement.
   sharding_rule: Any = None
   # The call must run even when its outputs are unused (has_side_effect=).
   has_side_effect: bool = False
   # ``cost_estimate=`` as sorted (key, int) pairs; () when not given.
   cost_estimate: tuple[tuple[str, int], ...] = ()
-  # How many trailing outputs are the new values of ``jax.Ref`` arguments:
-  # each aliases its input and binds no kernel parameter of its own.
+  # Trailing outputs that are ``jax.Ref`` arguments' new values (aliased,
+  # binding no parameter).
   ref_outputs: int = 0
   # Triton compiler options besides the named ones: sorted (name, value).
   backend_options: tuple[tuple[str, Any], ...] = ()

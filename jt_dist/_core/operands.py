@@ -1,9 +1,7 @@
 """Kernel operands passed as keyword arguments (jax-triton 0.4's convention).
 
-A keyword naming a non-``constexpr`` parameter is an operand, as if passed
-positionally. Everything downstream works on positional operands, so they
-are moved into the positional arguments here, before anything else sees
-the call.
+A keyword naming a non-``constexpr`` parameter is an operand; it is moved
+into the positional arguments before anything else sees the call.
 """
 
 from __future__ import annotations
@@ -32,13 +30,11 @@ def merge_keywords(kernel: Any, args: Sequence[Any],
                    metaparams: dict[str, Any]):
   """``(kernel, args, metaparams)`` with keyword operands moved into args.
 
-  The parameters after the args are walked: each keyword operand's is
-  appended, and each ``constexpr`` between them (its keyword value, else
-  its default), until a parameter no keyword binds (an output's, usually).
-  A scalar keyword operand (or ``shard_size``) after it stays by name,
-  compiled in. An array there (an input declared after an output, as in
-  kernels for PyTorch) makes ``kernel`` a wrapper taking the keyword
-  operands right after the args, the outputs binding the parameters left.
+  Operands (and constexprs between them) are appended up to the first
+  parameter no keyword binds (usually an output's); a scalar after it stays
+  by name, compiled in. An array after it (an input declared after an
+  output, as in kernels for PyTorch) makes ``kernel`` a wrapper taking the
+  keyword operands right after the args.
   """
   try:
     info = _kernel.kernel_info(kernel)
@@ -59,8 +55,7 @@ def merge_keywords(kernel: Any, args: Sequence[Any],
           " positionally or by name.")
   merged, rest, left = _walk(info, args, metaparams, names)
   if any(_is_pointer(rest[name]) for name in left):
-    # An input after an output: the wrapper takes the keyword operands
-    # first, and the call is that of the wrapper.
+    # An input after an output: a wrapper takes the keyword operands first.
     moved = sorted(names, key=info.param_names.index)
     order = (*info.param_names[:len(args)], *moved,
              *(n for n in info.param_names[len(args):] if n not in moved))
@@ -90,10 +85,7 @@ def _walk(info, args, metaparams, names):
 
 
 def _is_pointer(value: Any) -> bool:
-  """Whether a keyword operand left by name would have to be a pointer.
-
-  ``None`` and a resolved ``shard_size`` are compile-time constants.
-  """
+  """Whether a keyword operand left by name would have to be a pointer."""
   return not (value is None or _types.is_scalar(value)
               or isinstance(value, _shard_size.ShardSize))
 
@@ -105,11 +97,8 @@ def _short(value: Any) -> str:
 
 
 def canonical_numpy(args: Sequence[Any]) -> list[Any]:
-  """``args`` with NumPy arrays in the dtypes ``jax.jit`` gives them.
-
-  Without ``jax_enable_x64`` the kernel receives a float64 operand as
-  float32: the call is bound for what it receives.
-  """
+  """``args`` with NumPy arrays in the dtypes ``jax.jit`` gives them: the
+  call is bound for what the kernel receives."""
   def canonical(a):
     if type(a) is not np.ndarray:  # pylint: disable=unidiomatic-typecheck
       return a

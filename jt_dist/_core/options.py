@@ -1,12 +1,10 @@
 """``triton_call``'s keyword options: one ``CallOptions``, checked once.
 
-A mistyped option (``num_warps=3``, ``name=3``) would otherwise fail inside
-Triton's compiler or jaxlib's protobuf writer, naming neither it nor the fix.
-
-As in jax-triton 0.4, the options in ``NAMED`` may be given as arguments or
-inside ``backend_options``, never both. The rest (``maxnreg``, ...) go to
-the Triton backend's ``parse_options`` on GPUs (the CPU interpreter ignores
-them), as sorted ``(name, value)`` pairs so that keys and specs can hold them.
+Checked here because a mistyped option would otherwise fail inside Triton's
+compiler or jaxlib's protobuf writer, naming neither it nor the fix. As in
+jax-triton 0.4, an option in ``NAMED`` may be an argument or in
+``backend_options``, not both; the other backend options go to Triton's
+``parse_options`` on GPUs, as sorted pairs so that specs can hold them.
 """
 
 from __future__ import annotations
@@ -17,8 +15,7 @@ import numbers
 import re
 from typing import Any, Callable, Mapping, Sequence
 
-# A ROCm GPU arch as Triton's HIP backend takes it: "gfx" and the hex
-# digits of its version, without feature flags (":sramecc+").
+# A ROCm GPU arch as Triton's HIP backend takes it: no ":sramecc+" flags.
 GFX_ARCH = re.compile(r"gfx[0-9a-f]{3,4}")
 # The most CTAs a cluster may have without CUDA's non-portable opt-in.
 MAX_CLUSTER = 8
@@ -60,8 +57,7 @@ def check(options: Any) -> None:
              "Pass 1 (the default), or a cluster size on Hopper or later.",
              power_of_two=True)
   if options.num_ctas > MAX_CLUSTER:
-    # Larger clusters need an opt-in attribute that jaxlib's launch does
-    # not set; Triton would compile them and the launch would fail.
+    # Larger clusters need an opt-in that jaxlib's launch does not set.
     raise ValueError(
         f"triton_call: num_ctas={options.num_ctas} must be at most"
         f" {MAX_CLUSTER}, the largest portable cluster on CUDA GPUs. Pass 1,"
@@ -138,11 +134,9 @@ class CallOptions:
   cost_estimate: Any = None
   # Further Triton compiler options: sorted (name, value) pairs.
   backend_options: tuple[tuple[str, Any], ...] = ()
-  # The array indices of the call's ``jax.Ref`` arguments (their values are
-  # passed in their place); each gets an output aliased to it.
+  # Array indices of ``jax.Ref`` arguments, each aliased to an extra output.
   ref_inputs: tuple[int, ...] = ()
-  # (position in args, _tensordesc.Info) of each host-side TMA descriptor,
-  # whose array stands in args in its place.
+  # (position in args, _tensordesc.Info) of each descriptor's array.
   tensor_descriptors: tuple = ()
 
   def with_descriptors(self, descriptors) -> "CallOptions":
@@ -161,25 +155,19 @@ class CallOptions:
     return named
 
 
-# triton_call's option keywords that CallOptions holds; ``device`` and
-# ``out_type`` are resolved by the front door.
+# triton_call's option keywords (the front door resolves device, out_type).
 OPTION_NAMES = frozenset(
     f.name for f in dataclasses.fields(CallOptions)
     if f.name not in ("ref_inputs", "tensor_descriptors"))
 
 
-# The options triton_call also takes as arguments, with their values when
-# not given: an argument equal to its default is not "given".
+# Options also taken as arguments, by default value: a default is not given.
 NAMED = {"num_warps": None, "num_stages": None, "num_ctas": None,
          "debug": False, "enable_fp_fusion": True}
 
 
 def _merge_backend_options(backend_options: Any, given: dict[str, Any]):
-  """``(every named option, the other options as sorted pairs)``.
-
-  A named option is taken from whichever of ``given`` (not equal to its
-  default) and ``backend_options`` sets it; setting it in both is an error.
-  """
+  """``(every named option, the other options as sorted pairs)``."""
   if backend_options is None:  # The usual case.
     return given, ()
   if not isinstance(backend_options, collections.abc.Mapping):

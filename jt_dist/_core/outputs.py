@@ -1,18 +1,14 @@
-"""Outputs of a kernel call: ``out_shape``, which parameters they bind,
-aliases and zeroed outputs; checked before tracing, at the caller's line.
+"""Outputs of a kernel call: ``out_shape``, the parameters they bind,
+aliases and zeroed outputs.
 
-jax-triton 0.3.1 binds the outputs, one pointer each, to the parameters
-right after the positional arguments; ``input_output_aliases`` keys count
-the array arguments, and an aliased output still has its own parameter.
-jax-triton 0.4 binds them to the non-``constexpr`` parameters no argument
-binds, in order; an aliased input *is* its output's buffer, its output
-binds no parameter, and alias keys count the non-``constexpr`` operands,
-scalars included. ``zeroed_outputs`` indexes the flattened outputs in both.
-
-Without aliases the two agree wherever 0.3.1 binds at all. With aliases,
-``bind`` reads a call both ways and takes the reading that binds the
-kernel's parameters; where both do, 0.4's, with a ``DeprecationWarning``
-naming the fix; where neither does, the error names both readings.
+jax-triton 0.3.1 binds one output pointer each to the parameters right
+after the args; alias keys count the array arguments, and an aliased output
+keeps its parameter. 0.4 binds the outputs to the non-``constexpr``
+parameters no argument binds; an aliased input *is* its output's buffer
+(that output binds no parameter), and alias keys count the non-constexpr
+operands. Without aliases the two agree wherever 0.3.1 binds. With aliases
+``bind`` tries both: where both bind, 0.4's wins with a DeprecationWarning;
+where neither does, the error names both readings.
 """
 
 from __future__ import annotations
@@ -34,10 +30,7 @@ _ERRORS = (_errors.KernelBindingError, ValueError)
 
 
 def flatten_out_shape(out_shape: Any, allow_empty: bool = False):
-  """``out_shape`` as (shape, dtype) pairs, and its treedef.
-
-  ``allow_empty``: no outputs is legal (``jax.Ref`` arguments carry them).
-  """
+  """``out_shape`` as (shape, dtype) pairs, and its treedef."""
   if out_shape is None:
     raise TypeError(
         "triton_call: `out_shape` (or `out_type`) is required: pass a"
@@ -64,11 +57,8 @@ def flatten_out_shape(out_shape: Any, allow_empty: bool = False):
 
 
 def _checked_shape(shape: Any, where: str) -> tuple[int, ...]:
-  """``shape`` as a tuple of ints, else an error.
-
-  ``int(2.5)`` would silently make a smaller buffer than the kernel writes,
-  and a negative size reaches XLA as an unreadable MLIR error.
-  """
+  """``shape`` as a tuple of ints, checked: ``int(2.5)`` would silently make
+  a smaller buffer, and a negative size an unreadable MLIR error."""
   try:
     dims = tuple(shape)
   except TypeError:
@@ -122,11 +112,8 @@ def check_output_index(what: str, index: Any, n_outputs: int,
 
 
 def reset_to_zero(info, operands, aliases) -> tuple[int, ...]:
-  """The outputs an autotuner's ``reset_to_zero`` names, as indices.
-
-  Triton zeroes them between benchmark runs; in JAX an output is a fresh
-  buffer at every call, so jt_dist zeroes them before every launch.
-  """
+  """The outputs an autotuner's ``reset_to_zero`` names, as indices (zeroed
+  before every launch: each output is a fresh buffer)."""
   names = [name for layer in info.layers
            if isinstance(layer, _compat.Autotuner)
            for name in (getattr(layer, "reset_to_zero", None) or ())]
@@ -181,12 +168,8 @@ def _check_aliases(aliases, arrays, out_shapes):
 
 
 def bind(info, args, kinds, out_shapes, metaparams, aliases):
-  """Binds operands and outputs under the fitting convention.
-
-  ``kinds`` is ``positional.classify_args(args)``. Returns ``(operands in
-  parameter order, constexprs bound positionally, aliases as (array index,
-  output index) pairs)``.
-  """
+  """``(operands in parameter order, positional constexprs, aliases as
+  (array index, output index) pairs)`` under the fitting convention."""
   try:
     old = _bind_031(info, args, kinds, out_shapes, metaparams, aliases)
   except _ERRORS as e:
@@ -267,10 +250,7 @@ def _bind_04(info, args, kinds, out_shapes, metaparams, aliases):
 
 def _checked(info, args, operands, constexprs, out_shapes, metaparams,
              aliases):
-  """``bind``'s result for one reading, checked whole, as for the other.
-
-  ``aliases`` count array arguments.
-  """
+  """``bind``'s result for one reading, checked; ``aliases`` count arrays."""
   bound = [op.name for op in operands] + list(constexprs)
   _positional.check_metaparams(info, metaparams, bound)
   bound = {*bound, *metaparams}
@@ -298,8 +278,7 @@ def _translate(info, operands, aliases, n_outputs):
           f" {op.label!r}, a scalar; only an array can alias an output."
           " (Under jax-triton 0.4's convention keys count the non-constexpr"
           f" operands {[o.label for o in operands]}, scalars included.)")
-    check_output_index(f"input_output_aliases[{key}] = {out}", out,
-                                n_outputs)
+    check_output_index(f"input_output_aliases[{key}] = {out}", out, n_outputs)
     pairs.append((op.index, out))
   return pairs
 

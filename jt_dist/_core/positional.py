@@ -1,10 +1,7 @@
 """Positional operands: what each argument is, and which parameter it binds.
 
-Arrays bind pointer parameters, scalars value parameters (typed by their
-annotation or their value), tuples a tuple parameter leaf by leaf, and
-``tl.constexpr`` parameters take compile-time values. ``None`` binds any
-parameter as a compile-time ``None``, as in Triton's launcher, so that
-``if bias_ptr is not None:`` is decided when compiling.
+``None`` binds any parameter as a compile-time ``None``, as in Triton's
+launcher, so that ``if bias_ptr is not None:`` is decided when compiling.
 """
 
 from __future__ import annotations
@@ -23,11 +20,8 @@ from jt_dist._core import types as _types
 
 
 def classify_args(args: Sequence[Any]):
-  """Each arg's ``(kind, payload)``, and the number of arrays.
-
-  ``("array", array index)``, ``("scalar", value)``, ``("none", None)`` or
-  ``("tuple", [(path, kind, payload) per leaf])``.
-  """
+  """Each arg's ``(kind, payload)``, and the number of arrays; a tuple's
+  payload is ``[(path, kind, payload) per leaf]``."""
   kinds = []
   n_arrays = 0
   for i, arg in enumerate(args):
@@ -63,11 +57,8 @@ def classify_args(args: Sequence[Any]):
 
 
 def typed_descriptors(operands, kinds, descriptors):
-  """``operands`` with descriptors' arrays typed ``tensordesc<...>``.
-
-  Such an operand keeps kind "array" (its array is the buffer passed), and
-  has its ``Info`` as value.
-  """
+  """``operands`` with descriptors' arrays typed ``tensordesc<...>``, their
+  ``Info`` as value (kind "array": the array is the buffer passed)."""
   if not descriptors:
     return operands
   by_index = {kinds[i][1]: desc for i, desc in descriptors}
@@ -86,10 +77,7 @@ def binding_error(info, message: str) -> _errors.KernelBindingError:
 
 
 def bind_positional(info, args, kinds, n_outputs, warn=True):
-  """``(operands, constexprs)`` the args bind; ``n_outputs`` follow them.
-
-  ``warn`` of deprecated scalars (once for a call read both ways).
-  """
+  """``(operands, constexprs)`` the args bind; ``n_outputs`` follow them."""
   params = info.params
   if len(args) + n_outputs > len(params):
     extra = len(args) + n_outputs - len(params)
@@ -202,11 +190,8 @@ def check_metaparams(info, metaparams, positional_names):
 
 
 def check_bound(info, missing, operands, n_args, names) -> None:
-  """Raises for the ``missing`` parameters, if any.
-
-  The message shows what binds the others ("n=output 0"): a forgotten
-  argument usually shifts an output onto the parameter it should bind.
-  """
+  """Raises for the ``missing`` parameters, showing what binds the others:
+  a forgotten argument usually shifts an output onto the next parameter."""
   if not missing:
     return
   outputs = {op.name: op.index for op in operands if op.kind == "output"}

@@ -24,10 +24,9 @@ def _abstract_eval(*in_avals, spec):
 
 triton_call_p.def_effectful_abstract_eval(_abstract_eval)
 
-# jax never drops a kernel call, as jax-triton 0.4 does not: a kernel may
-# write through a pointer jax cannot see. XLA still removes an unused call
-# unless it is marked has_side_effect=True (a device print, a pointer it
-# computes), which also keeps it inside nested jaxprs (an effect).
+# jax never drops a kernel call (as jax-triton 0.4): a kernel may write
+# through a pointer jax cannot see. XLA still removes an unused call unless
+# has_side_effect=True, which also keeps it in nested jaxprs (an effect).
 _compat.register_dce_rule(triton_call_p, lambda eqn: True)
 
 _apply_primitive = _compat.primitive_impl(triton_call_p)

@@ -1,10 +1,8 @@
 """Tuple operands: (nested) tuples of arrays and scalars for tuple parameters.
 
-As in jax-triton 0.4, a parameter may take a (nested) tuple of arrays and
-scalars. Each leaf is one operand, named by its parameter and path
-(``yz[1]``); arrays are numbered in flattened order with the other arrays,
-as ``input_output_aliases`` keys count them. Triton compiles a tuple
-parameter into one kernel argument per leaf; its interpreter takes the tuple.
+Each leaf is one operand, named by its parameter and path (``yz[1]``);
+arrays are numbered in flattened order with the others, as
+``input_output_aliases`` keys count them.
 """
 
 from __future__ import annotations
@@ -67,12 +65,8 @@ def check_leaf(i: int, path: tuple[int, ...], leaf: Any) -> None:
 
 @dataclasses.dataclass(frozen=True)
 class FlatArgs:
-  """A call's positional arguments with tuple operands spread into leaves.
-
-  A call split over a mesh places, splits and names each leaf on its own,
-  and rebuilds the tuples around the shards. A non-tuple argument (or an
-  empty tuple, for the call to refuse) is one leaf with path ``()``.
-  """
+  """A call's positional arguments with tuple operands spread into leaves;
+  another argument (or an empty tuple, refused later) is one leaf."""
 
   leaves: tuple  # Every leaf, in order.
   # Per leaf, ``(argument index, path in its tuple)``.

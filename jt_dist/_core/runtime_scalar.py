@@ -1,9 +1,8 @@
 """``jt_dist.runtime_scalar``: a scalar parameter's value, passed at run time.
 
-A scalar given by value is part of a call's static spec (on GPUs jaxlib
-compiles it into its call), and a traced value cannot be one at all. A
-``runtime_scalar`` travels as a 0-d array operand instead, which a wrapper
-kernel (``jt_dist._core.wrapper``) loads and passes on to the parameter.
+A scalar given by value is part of the static spec, which a traced value
+cannot be; a ``runtime_scalar`` travels as a 0-d array that a wrapper
+kernel loads and passes on to the parameter.
 """
 
 from __future__ import annotations
@@ -19,7 +18,7 @@ from jt_dist._core import types as _types
 from jt_dist._core import wrapper as _wrapper
 
 
-# A scalar's dtype by its ``_types.scalar_type``; int64 for other ints.
+# A scalar's dtype by its ``_types.scalar_type``; else int64.
 _SCALAR_DTYPES = {"i1": np.bool_, "i32": np.int32, "fp32": np.float32,
                   "fp64": np.float64}
 
@@ -137,10 +136,7 @@ def is_runtime_scalar(x: Any) -> bool:
 
 
 def bind(kernel: Any, args: Sequence[Any], metaparams: dict[str, Any]):
-  """``(kernel, args)`` with runtime scalars as 0-d arrays the kernel loads.
-
-  Keyword operands are among ``args`` by now (``operands.merge_keywords``).
-  """
+  """``(kernel, args)`` with runtime scalars as 0-d arrays the kernel loads."""
   for name, value in metaparams.items():
     if is_runtime_scalar(value):
       raise _errors.KernelBindingError(

@@ -1,11 +1,9 @@
 """Host-side TMA descriptors as kernel arguments (jax-triton 0.4's).
 
-A ``TensorDescriptor`` is a pytree whose only leaf is its array.
-``triton_call`` splits it into that array, an ordinary array operand, and
-its static ``Info``, which types the parameter (``tensordesc<fp32[32,32]>``)
-and tells each platform how to pass it: the CPU interpreter gets Triton's
-host descriptor over the buffer; jaxlib a TMA descriptor, or the base
-pointer, shape and strides where Triton lowered it to pointer arithmetic.
+``triton_call`` splits a ``TensorDescriptor`` (a pytree whose one leaf is
+its array) into that array, an ordinary operand, and its static ``Info``,
+which types the parameter (``tensordesc<fp32[32,32]>``) and tells each
+platform how to pass it.
 """
 
 from __future__ import annotations
@@ -20,6 +18,7 @@ import numpy as np
 from jt_dist._core import types as _types
 
 _PADDINGS = ("zero", "nan")
+_STATIC = {"static": True}  # A field jax's pytrees keep as metadata.
 
 
 @jax.tree_util.register_dataclass
@@ -46,15 +45,12 @@ class TensorDescriptor:
   """
 
   base: Any
-  shape: tuple[int, ...] = dataclasses.field(metadata=dict(static=True))
-  strides: tuple[int, ...] = dataclasses.field(metadata=dict(static=True))
-  block_shape: tuple[int, ...] = dataclasses.field(
-      metadata=dict(static=True))
-  layout: Any = dataclasses.field(default=None, metadata=dict(static=True))
-  padding: str = dataclasses.field(default="zero",
-                                   metadata=dict(static=True))
-  round_f32_to_tf32: bool = dataclasses.field(default=False,
-                                              metadata=dict(static=True))
+  shape: tuple[int, ...] = dataclasses.field(metadata=_STATIC)
+  strides: tuple[int, ...] = dataclasses.field(metadata=_STATIC)
+  block_shape: tuple[int, ...] = dataclasses.field(metadata=_STATIC)
+  layout: Any = dataclasses.field(default=None, metadata=_STATIC)
+  padding: str = dataclasses.field(default="zero", metadata=_STATIC)
+  round_f32_to_tf32: bool = dataclasses.field(default=False, metadata=_STATIC)
 
   def __post_init__(self):
     for field in ("shape", "strides", "block_shape"):

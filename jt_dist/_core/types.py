@@ -22,9 +22,8 @@ SUPPORTED_DTYPES = tuple(_POINTER_ELEMENT_TYPES)
 FLOAT32_OVERFLOW = 2.0**128 - 2.0**103
 FLOAT32_MAX = float(np.finfo(np.float32).max)
 FLOAT32_TINY = float(np.finfo(np.float32).tiny)
-# The scalar types jaxlib's Triton call can carry, by the annotation (as
-# Triton names it; 3.9 spells bool "u1") that chooses them; other
-# annotations leave the type to the value.
+# The scalar types jaxlib's Triton call can carry, by the annotation that
+# chooses them (Triton 3.9 spells bool "u1"); others leave it to the value.
 ANNOTATED_TYPES = {"i1": "i1", "u1": "i1", "i32": "i32", "u32": "u32",
                    "i64": "i64", "u64": "u64", "fp32": "fp32", "fp64": "fp64"}
 
@@ -35,11 +34,8 @@ def is_shape_dtype(x: Any) -> bool:
 
 
 def pointer_dtype(dtype: Any, where: str, shape: Any = None) -> np.dtype:
-  """``dtype`` as a NumPy dtype that a kernel pointer can carry.
-
-  ``where`` gives it (``"args[0]"``); ``shape`` is an argument's (None for
-  an output), for the message.
-  """
+  """``dtype`` as a NumPy dtype a kernel pointer can carry; ``where`` and
+  ``shape`` (None for an output) are for messages."""
   try:
     dtype = np.dtype(dtype)
   except TypeError:
@@ -76,10 +72,8 @@ def is_scalar(value: Any) -> bool:
 def scalar_type(value: Any) -> str | None:
   """Triton's type for a scalar argument; None for an int over 64 bits.
 
-  Ints as Triton's launcher types them (``mangle_type``): i1, i32, i64,
-  else u64. Floats as jax-triton 0.4 does: fp32 where float32 holds them
-  without overflow or underflow, else fp64. NumPy scalars as the Python
-  scalar of their value, except ``np.float32`` and ``np.float16``: fp32.
+  Ints as Triton's launcher types them, floats as jax-triton 0.4 does: fp32
+  where float32 holds them (``np.float32``/``np.float16`` always), else fp64.
   """
   if isinstance(value, (bool, np.bool_)):
     return "i1"
@@ -119,11 +113,8 @@ def python_scalar(value: Any, as_type: str | None = None) -> bool | int | float:
 
 
 def plain_constexpr(value: Any) -> Any:
-  """A constexpr with NumPy scalars (in tuples too) as Python scalars.
-
-  Triton's code generator takes only Python scalars, and ``BLOCK`` computed
-  from NumPy shapes is an ``np.int64``.
-  """
+  """A constexpr with NumPy scalars (in tuples too) as Python scalars, the
+  only ones Triton's code generator takes."""
   if isinstance(value, (np.bool_, np.integer, np.floating)):
     return python_scalar(value)
   if type(value) is tuple:  # pylint: disable=unidiomatic-typecheck
@@ -131,8 +122,7 @@ def plain_constexpr(value: Any) -> Any:
   return value
 
 
-# The values each integer type a parameter may declare holds, by Triton's
-# name for the type (from ``n: tl.int32`` or ``n: "i32"``).
+# The range of each integer type a parameter may declare, by Triton's name.
 INT_RANGES = {f"{sign}{bits}": (0, 2**bits - 1) if sign == "u"
               else (-(2**(bits - 1)), 2**(bits - 1) - 1)
               for sign in "iu" for bits in (8, 16, 32, 64)}

@@ -1,12 +1,9 @@
 """Generated ``@triton.jit`` kernels that call a user's kernel inline.
 
-A wrapper calls the user's kernel with each of its parameters by name;
-Triton inlines the callee, so the wrapper costs nothing. ``reordered``
-takes the parameters in another order (jaxlib passes buffers inputs
-first, so an output declared before an input must move) and loads those
-passed as pointers (``runtime_scalar``); ``jt_dist._vmap.batching``
-runs a batch on a grid axis. The user's kernel is never modified; wrappers
-are cached, so that Triton's and jt_dist's caches stay warm.
+Triton inlines the callee, so a wrapper costs nothing. ``reordered`` takes
+the parameters in another order (jaxlib passes inputs first) and loads
+those passed as pointers (``runtime_scalar``). The user's kernel is never
+modified; wrappers are cached, so that Triton's caches stay warm.
 """
 
 from __future__ import annotations
@@ -38,11 +35,8 @@ def call_line(p: str, names: Sequence[str]) -> str:
 
 
 def callee_error(error: BaseException) -> BaseException:
-  """The user's kernel's own error, where ``error`` reports it at a wrapper.
-
-  Triton reports an error in an inlined callee at the call, chained to the
-  callee's own; a wrapper's call line is not the user's code.
-  """
+  """The user's kernel's own error, where Triton reports it at a wrapper's
+  call line (chained to the callee's own)."""
   while error.__cause__ is not None:
     node = getattr(error, "node", None)
     if isinstance(node, ast.Expr):
@@ -57,14 +51,9 @@ def callee_error(error: BaseException) -> BaseException:
 
 def make_kernel(base_fn: Any, source: str, p: str, what: str,
                 scope: dict[str, Any] | None = None) -> Any:
-  """The kernel defined by ``source``, calling ``base_fn`` as ``{p}kernel``.
-
-  ``base_fn`` is the user's kernel without its layers. ``source`` is one
-  ``def`` named as the user's function; it reads ``tl`` and ``{p}tl`` as
-  ``triton.language``, and ``scope``'s names. ``what`` goes in its file
-  name. Returns a ``JITFunction`` (an ``InterpretedFunction`` for an
-  interpreted ``base_fn``), keeping the user's ``do_not_specialize``.
-  """
+  """The kernel ``source`` defines (one ``def`` named as the user's), which
+  calls ``base_fn`` (without its layers) as ``{p}kernel``; of the same class
+  as ``base_fn``, keeping its ``do_not_specialize``."""
   jit_fn = _compat.jit_function_of(base_fn)
   python_fn = jit_fn.fn
   # Triton names the compiled kernel by it: profiles show the user's.
@@ -95,12 +84,8 @@ def make_kernel(base_fn: Any, source: str, p: str, what: str,
 @functools.lru_cache(maxsize=256)
 def reordered(kernel: Any, order: tuple[str, ...],
               loaded: tuple[tuple[str, int], ...] = ()) -> Any:
-  """``kernel`` taking its parameters in ``order``, some loaded at run time.
-
-  ``loaded``: ``(name, divisibility)`` of each parameter taken as a pointer
-  to its value, a multiple of divisibility. ``kernel``'s layers are copied
-  around the wrapper.
-  """
+  """``kernel`` (its layers copied) taking its parameters in ``order``;
+  ``loaded``: ``(name, divisibility)`` of those passed by pointer."""
   info = _kernel.kernel_info(kernel)
   wrapper = _wrapper(info.fn, order, dict(loaded))
   for layer in reversed(info.layers):
@@ -117,9 +102,8 @@ def _wrapper(base_fn, order, loaded: dict[str, int]):
   constexprs = {q.name for q in jit_fn.params if q.is_constexpr}
   p = prefix(order, "_jt_wrap_")
   scope, parts, body = {}, [], []
-  # Python takes a default only where every later parameter has one: the
-  # defaults are kept on the trailing run of parameters in the user's
-  # order; the parameters moved before them are bound by the call anyway.
+  # Python takes a default only where every later parameter has one: keep
+  # those of the trailing run in the user's order (the call binds the rest).
   keep = _trailing_in_order(order, list(declared))
   for k, name in enumerate(order):
     param = declared[name]
@@ -142,8 +126,7 @@ def _wrapper(base_fn, order, loaded: dict[str, int]):
   source = (f"def {python_fn.__name__}({', '.join(parts)}):\n"
             + "".join(f"    {line}\n" for line in body))
   if loaded:
-    # The CPU's launch decisions (jt_dist._cpu.vector_launch) are recorded
-    # as the user's kernel's, which the wrapper runs unchanged; the
+    # The CPU's launch decisions are recorded as the user's kernel's; the
     # interpreter's rewrite of the wrapper keeps its globals.
     scope["_jt_dist_user_fn"] = python_fn
   kernel = make_kernel(base_fn, source, p, "wrapper", scope)

@@ -1,16 +1,11 @@
 """``jax.vmap`` of a ``triton_call``: one launch over a batched grid.
 
-A kernel does its own pointer arithmetic, so the batch gets a grid axis of
-its own, one the user kernel never reads: a generated wrapper kernel reads
-the batch index there, moves each batched pointer by that index times its
-batch stride (in 64-bit integers; a tuple parameter is rebuilt around its
-moved leaves), and calls the user kernel inline. Batch dimensions move to
-the front; unbatched operands are shared (stride 0); nested ``vmap``s fold
-into one flat batch index.
-
-Where the grid has no room for the batch, the default method runs one
-launch per element, as ``vmap_method="sequential"`` does, and says so on
-the ``jt_dist`` logger at debug level; ``vmap_method="grid"`` raises.
+The batch gets a grid axis the user kernel never reads: a wrapper kernel
+reads the batch index there, moves each batched pointer by it times its
+batch stride (in 64-bit integers), and calls the user kernel inline.
+Nested ``vmap``s fold into one flat batch index. Where the grid has no room,
+the default method runs one launch per element (logged at debug level);
+``vmap_method="grid"`` raises.
 """
 
 from __future__ import annotations
@@ -26,7 +21,7 @@ import jax
 from jax.interpreters import batching as _jax_batching
 
 from jt_dist import _compat
-from jt_dist._core import grid as _grid
+from jt_dist._core import binding as _binding
 from jt_dist._core import primitive as _primitive
 from jt_dist._core import pytree_args as _pytree_args
 from jt_dist._core import wrapper as _wrapper
@@ -44,10 +39,9 @@ class Layout:
 
   sizes: tuple[int, ...]  # The batch sizes, outermost vmap first.
   # (label, element stride per level) of each pointer batched at some
-  # level, a tuple's leaves by label (``yz[0]``); 0 shares it at a level.
+  # level (a tuple's leaves as ``yz[0]``); 0 shares it at a level.
   strides: tuple[tuple[str, tuple[int, ...]], ...]
-  # The grid axes holding the flat batch index, least significant first,
-  # and the grid size along each.
+  # The grid axes holding the flat batch index, least significant first.
   axes: tuple[int, ...]
   counts: tuple[int, ...]
   # (parameter name, leaf paths) of each tuple parameter.
@@ -65,12 +59,8 @@ def _resolve(node: ast.expr, scope: dict[str, Any]) -> Any:
 
 
 def used_grid_axes(kernel_fn: Any) -> frozenset[int]:
-  """The grid axes a kernel (or any ``@triton.jit`` callee) reads.
-
-  Through ``tl.program_id`` or ``tl.num_programs``; an axis that is not a
-  literal could be any. Calls not resolved to a function (a constexpr
-  kernel) are not followed: the caller scans constexpr kernels.
-  """
+  """The grid axes a kernel (or a ``@triton.jit`` callee it names) reads;
+  a non-literal axis could be any. The caller scans constexpr kernels."""
   # Keyed by the Python function: hashing a JITFunction computes its
   # cache_key, which fails for kernels calling interpreted helpers.
   return _used_axes(kernel_fn.fn)
@@ -150,14 +140,10 @@ def _tuple_expr(name, prefix, paths, offsets) -> str:
 
 
 def wrapper_source(name: str, params, layout: Layout) -> str:
-  """The wrapper's source: one ``def`` named ``name`` (the user kernel's).
-
-  ``params`` are its ``(name, is_constexpr)``, in the user kernel's order.
-  """
+  """The wrapper's source; ``params`` are its ``(name, is_constexpr)``."""
   p = _prefix(params)
-  # Annotations are evaluated where the function is defined, so a parameter
-  # named `tl` cannot shadow this one; Triton's interpreter reads them as
-  # text, and knows `tl.constexpr` by name.
+  # Annotations are evaluated at definition, so a parameter named `tl`
+  # cannot shadow it; Triton's interpreter knows `tl.constexpr` by name.
   signature = ", ".join(
       f"{n}: tl.constexpr" if constexpr else n for n, constexpr in params)
   body = _batch_index_lines(layout, p) + _offset_lines(layout, p)
@@ -306,13 +292,13 @@ def _placement(base, sizes):
         f" or tl.num_programs) and its grid {grids[0]} leaves no other axis"
         " free for the batch.")
   first = free[0]
-  if total <= _grid.MAX_GRID[first]:
+  if total <= _binding.MAX_GRID[first]:
     return (first,), (total,)
   if len(free) > 1:
-    high = -(-total // _grid.MAX_GRID[first])
-    if high <= _grid.MAX_GRID[free[1]]:
+    high = -(-total // _binding.MAX_GRID[first])
+    if high <= _binding.MAX_GRID[free[1]]:
       return (first, free[1]), (-(-total // high), high)
-  limits = " x ".join(str(_grid.MAX_GRID[a]) for a in free)
+  limits = " x ".join(str(_binding.MAX_GRID[a]) for a in free)
   names = "/".join("xyz"[a] for a in free)
   raise _NoRoom(
       f"the batch of {total} ({' x '.join(map(str, sizes))}) exceeds the"

@@ -1,10 +1,8 @@
 """Kernel asserts on Triton's interpreter, as ``debug=True`` promises.
 
-Upstream the interpreter's builder runs with ``debug=False`` (device
-asserts skipped) and a failing assert is a bare ``AssertionError`` in an
-``InterpreterError``. For one launch the builder takes the call's
-``debug``, and a failing assert raises ``KernelAssertionError`` naming the
-kernel, the program id and the message (a static assert's also its line).
+Upstream's builder skips device asserts and a failure is a bare
+``AssertionError``; here the builder takes the call's ``debug`` and a failure
+raises ``KernelAssertionError`` naming kernel, program id and message.
 """
 
 from __future__ import annotations
@@ -24,9 +22,8 @@ from jt_dist._cpu import bounds as _bounds
 
 
 def _launch_options(options, debug: bool):
-  """The builder's options for one launch: without ``debug`` no overflow
-  check (``sanitize_overflow`` ends in a no-op device assert, dead work on
-  every int32 ``+``, ``-`` and ``*``; compiled kernels drop it too)."""
+  """Without ``debug`` no ``sanitize_overflow``: its no-op device assert is
+  dead work on every int32 ``+``, ``-``, ``*`` (compiled kernels drop it)."""
   changes = {"debug": debug}
   if not debug and getattr(options, "sanitize_overflow", False):
     changes["sanitize_overflow"] = False
@@ -42,8 +39,7 @@ def _failure(kernel: str, which: str, message, detail: str = ""):
 
 
 def _static_assert_location(caller) -> str:
-  """" at FILE:LINE (`SOURCE`)" of a static assert's frame ``caller``, and
-  the kernel's line that reached it where that differs."""
+  """Where a static assert ran, and the kernel line that reached it."""
   own = _bounds.source_line(caller.f_code.co_filename, caller.f_lineno)
   kernel_line = _bounds.running_kernel_location()
   if not kernel_line or kernel_line == own:
@@ -53,9 +49,8 @@ def _static_assert_location(caller) -> str:
 
 @contextlib.contextmanager
 def kernel_asserts(kernel: str, debug: bool):
-  """Turns device asserts on with ``debug`` and names failures; enter inside
-  ``_interpreter.language_patched()``, whose ``static_assert`` this replaces.
-  """
+  """Device asserts on with ``debug``, failures named; enter inside
+  ``_interpreter.language_patched()``, whose ``static_assert`` this replaces."""
   builder = _interpreter.builder()
 
   def create_assert(self, condition, message):

@@ -1,14 +1,10 @@
 """Float8 on Triton's interpreter: computed on values, or refused by name.
 
-Upstream the interpreter computes on float8's raw uint8 bits (``x + x`` on
-float8_e4m3fn ``[0.5, 1.0]`` gives ``[32.0, 128.0]``). Triton's GPU
-backends refuse arithmetic, comparisons, minimum, maximum, clamp and math
-functions on float8, so for one launch the interpreter raises
-``KernelTypeError`` for them too (reductions and scans: ``reductions``).
-Conversions to float8, and float8 constants, round to nearest even and
-saturate as NVIDIA GPUs convert (``cvt.rn.satfinite``); conversions from
-float8, ``tl.dot`` and ``tl.device_print`` take the values. Loads, stores,
-selects and ``tl.abs`` move bits and are left alone.
+Upstream computes on float8's raw uint8 bits. GPU backends refuse float8
+arithmetic, comparisons and math, so for one launch these raise
+``KernelTypeError``; conversions to float8 round to nearest even and
+saturate as NVIDIA's ``cvt.rn.satfinite``; conversions from it, ``tl.dot``
+and ``tl.device_print`` take the values. Bit moves are left alone.
 """
 
 from __future__ import annotations
@@ -29,8 +25,7 @@ _VALUE_TYPES = {
     "fp8e4b8": ml_dtypes.float8_e4m3fnuz,
     "fp8e5b16": ml_dtypes.float8_e5m2fnuz,
 }
-# Float types whose values convert to float8 exactly through float32 or
-# float64 (and every float8 value is one of theirs).
+# Float types that hold every float8 value, converted through float32/64.
 _FLOAT_SOURCES = {"fp16": np.float16, "bf16": ml_dtypes.bfloat16,
                   "fp32": np.float32, "fp64": np.float64}
 # How a kernel spells the refused operations.
@@ -51,11 +46,10 @@ def _type_name(scalar) -> str:
 
 
 def refusal(kernel: str, what: str, scalar) -> _errors.KernelTypeError:
-  """The error refusing ``what`` (a NumPy ufunc's name, or a ``tl``
-  function's: "tl.sum") on float8 type ``scalar``."""
+  """Refuses ``what`` (a ufunc's name, or "tl.sum" etc.) on float8."""
   spelled = _SPELLING.get(what)
   op = f"`{spelled}` ({what})" if spelled else f"{what}"
-  # The language names are the type names spelled out: fp8e5, float8e5.
+  # fp8e5 is spelled tl.float8e5.
   language_name = scalar.name.replace("fp8", "float8", 1)
   return _errors.KernelTypeError(
       f"triton_call: kernel {kernel!r}, program id"
@@ -96,8 +90,7 @@ def _narrowing_conversion(src, dst_type):
 
 
 def _constants() -> dict:
-  """Builder constructors of float8 constants, on values (Triton 3.6's
-  interpreter has none; 3.9's truncates a float32 constant)."""
+  """Float8 constants on values (3.6 has none; 3.9 truncates float32)."""
   def constant(scalar):
     def get(self, value):
       del self
@@ -107,8 +100,7 @@ def _constants() -> dict:
 
 
 def _fp_trunc(original):
-  # Upstream truncates to float8 with a plain ``astype`` of the number: a
-  # float8 constant 1.5 became the bits 0x01.
+  # Upstream ``astype``s the number: a constant 1.5 became the bits 0x01.
   def create_fp_trunc(self, src, dst_type):
     converted = _narrowing_conversion(src, dst_type)
     return original(self, src, dst_type) if converted is None else converted
@@ -123,8 +115,7 @@ def _values(handle):
 
 
 def _widening_conversion(src, dst_type):
-  """float8 ``src`` converted exactly to a wider float type, or None
-  (upstream converts the bits: float8_e4m3fn's NaN comes out as 480)."""
+  """float8 ``src`` widened exactly, or None (upstream widens the bits)."""
   values = _values(src)
   dst = dst_type.scalar
   if values is None or dst.name not in _FLOAT_SOURCES:
@@ -136,9 +127,8 @@ def _widening_conversion(src, dst_type):
 
 
 def _fp_to_fp(original):
-  # A cast to float8 (``tl.cast``, ``.to``) or from it, on values.
   def create_fp_to_fp(self, src, dst_type, rounding_mode):
-    # (A handle's truth is its data's: compared with None, not `or`ed.)
+    # A handle's truth is its data's: compared with None, not `or`ed.
     converted = None
     if getattr(rounding_mode, "name", None) == "RTNE":
       converted = _narrowing_conversion(src, dst_type)
@@ -151,8 +141,7 @@ def _fp_to_fp(original):
 
 
 def _dot(original):
-  # Upstream converts float8 operands to float16 through the same bit
-  # conversion as its casts (see _widening_conversion).
+  # Upstream widens float8 operands' bits, as its casts do.
   def create_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
     a_values, b_values = _values(a), _values(b)
     if a_values is None or b_values is None:
@@ -164,9 +153,8 @@ def _dot(original):
 
 
 def _refusing(kernel, original, operands: int, what=None):
-  """``original`` refusing float8 among its first ``operands`` arguments,
-  as ``what`` or the last argument (a NumPy ufunc) names it. A select
-  (np.where) moves bits and is left alone."""
+  """``original`` refusing float8 in its first ``operands`` arguments (not
+  in a select, which moves bits), named ``what`` or by the ufunc."""
   def method(self, *args):
     scalar = next((h.dtype.scalar for h in args[:operands]
                    if h.dtype.scalar.is_fp8()), None)
@@ -177,11 +165,9 @@ def _refusing(kernel, original, operands: int, what=None):
 
 
 def float8_like_compiled(kernel: str):
-  """Routes the interpreter's float8 arithmetic for one launch (see above);
-  ``kernel`` is the kernel's name, for the messages."""
+  """Float8 on values, or refused, for one launch."""
   builder = _interpreter.InterpreterBuilder
-  # A clamp is refused as the clamp it is, before upstream splits it into a
-  # maximum and a minimum.
+  # A clamp is refused as such, before upstream splits it in two.
   return _compat.attributes_replaced(builder, {
       "binary_op": _refusing(kernel, builder.binary_op, 2),
       "unary_op": _refusing(kernel, builder.unary_op, 1),

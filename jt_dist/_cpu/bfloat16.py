@@ -93,11 +93,9 @@ def _on_values(original, typed_by_last=False):
 
 
 def _odd_float32(x, y, z):
-  """``x * y + z`` (float64 bf16 values) rounded to float32 "to odd".
-
-  Round to odd (24 >= 8 + 2 bits) keeps the later rounding to bf16 the one
-  rounding of the exact result a GPU's fma does; double nearest could not.
-  """
+  """``x * y + z`` (float64 bf16 values) rounded to float32 "to odd" (24 >=
+  8 + 2 bits), so rounding it to bf16 rounds the exact result once, as a
+  GPU's fma does (rounding to nearest twice could land on a false tie)."""
   with np.errstate(all="ignore"):
     product = x * y  # Exact: two 8-bit significands.
     total = product + z

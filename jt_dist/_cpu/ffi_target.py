@@ -70,11 +70,8 @@ def ensure_registered() -> bool:
 
 
 def add_call(fn, in_avals, out_avals, module_context) -> int:
-  """Records ``fn`` for one custom call; returns its index attribute.
-
-  Kept as a host callback of the module, so it lives with the executable,
-  also a cached one (a plain keepalive was lost on jax 0.12).
-  """
+  """Records ``fn`` for one custom call; returns its index attribute. A host
+  callback of the module lives with the executable (a keepalive did not)."""
   call = _HostCall(fn, in_avals, out_avals)
   module_context.add_host_callback(call)
   with _LOCK:

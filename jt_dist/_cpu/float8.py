@@ -28,6 +28,7 @@ _VALUE_TYPES = {
 # Float types that hold every float8 value, converted through float32/64.
 _FLOAT_SOURCES = {"fp16": np.float16, "bf16": ml_dtypes.bfloat16,
                   "fp32": np.float32, "fp64": np.float64}
+_ANY_FLOAT = {**_FLOAT_SOURCES, **_VALUE_TYPES}
 # How a kernel spells the refused operations.
 _SPELLING = {
     "add": "+", "subtract": "-", "multiply": "*", "divide": "/",
@@ -38,22 +39,17 @@ _SPELLING = {
 }
 
 
-def _type_name(scalar) -> str:
-  numpy_twin = _VALUE_TYPES.get(scalar.name)
-  if numpy_twin is None:
-    return scalar.name
-  return f"{scalar.name} ({np.dtype(numpy_twin).name})"
-
-
 def refusal(kernel: str, what: str, scalar) -> _errors.KernelTypeError:
   """Refuses ``what`` (a ufunc's name, or "tl.sum" etc.) on float8."""
   spelled = _SPELLING.get(what)
   op = f"`{spelled}` ({what})" if spelled else f"{what}"
+  twin = _VALUE_TYPES.get(scalar.name)
+  type_name = scalar.name + (f" ({np.dtype(twin).name})" if twin else "")
   # fp8e5 is spelled tl.float8e5.
   language_name = scalar.name.replace("fp8", "float8", 1)
   return _errors.KernelTypeError(
       f"triton_call: kernel {kernel!r}, program id"
-      f" {_interpreter.program_id()}: {op} on {_type_name(scalar)}"
+      f" {_interpreter.program_id()}: {op} on {type_name}"
       " operands. Triton does not compile arithmetic, comparisons, minimum,"
       " maximum or math functions on float8 values for GPUs, nor the"
       " reductions and scans made of them, and the CPU interpreter would"
@@ -62,13 +58,13 @@ def refusal(kernel: str, what: str, scalar) -> _errors.KernelTypeError:
       f" `.to(tl.{language_name})` for a float8 result.")
 
 
-def _source_values(handle):
-  """A float handle's values (float32, or float64), or None."""
+def _values(handle, twins=_VALUE_TYPES):
+  """A handle's values as float32 (fp64: float64), or None where ``twins``
+  (by default, the float8 types) has none for its type."""
   name = handle.dtype.scalar.name
-  twin = _FLOAT_SOURCES.get(name) or _VALUE_TYPES.get(name)
-  if twin is None:
+  if name not in twins:
     return None
-  values = np.asarray(handle.data).view(twin)
+  values = np.asarray(handle.data).view(twins[name])
   return values if name == "fp64" else values.astype(np.float32)
 
 
@@ -85,7 +81,7 @@ def _to_float8(values, scalar):
 def _narrowing_conversion(src, dst_type):
   """``src`` converted to float8 as NVIDIA GPUs convert, or None."""
   dst = dst_type.scalar
-  values = _source_values(src) if dst.name in _VALUE_TYPES else None
+  values = _values(src, _ANY_FLOAT) if dst.name in _VALUE_TYPES else None
   return None if values is None else _to_float8(values, dst)
 
 
@@ -105,13 +101,6 @@ def _fp_trunc(original):
     converted = _narrowing_conversion(src, dst_type)
     return original(self, src, dst_type) if converted is None else converted
   return create_fp_trunc
-
-
-def _values(handle):
-  """A float8 handle's values as float32, or None (no NumPy twin)."""
-  if handle.dtype.scalar.name in _VALUE_TYPES:
-    return _source_values(handle)
-  return None
 
 
 def _widening_conversion(src, dst_type):

@@ -1,15 +1,18 @@
 """Driving Triton's interpreter on host buffers, as a compiled kernel runs.
 
 Upstream expects torch tensors, refuses ``@triton.jit`` helpers outside
-``TRITON_INTERPRET=1`` and computes on narrow floats' bits. Every patch here
-lasts one launch, under the interpreter lock.
+``TRITON_INTERPRET=1``, computes on narrow floats' bits, skips device asserts
+and reports a failed one as a bare ``AssertionError``. Every patch here lasts
+one launch, under the interpreter lock.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import re
+import sys
 import weakref
 
 import numpy as np
@@ -19,7 +22,6 @@ from jt_dist._cpu import interpreter as _interpreter
 
 from jt_dist import _compat
 from jt_dist import _errors
-from jt_dist._cpu import asserts as _asserts
 from jt_dist._cpu import atomics as _atomics
 from jt_dist._cpu import bfloat16 as _bfloat16
 from jt_dist._cpu import bounds as _bounds
@@ -54,10 +56,8 @@ def _interpreted(python_fn):
 
 def run(python_fn, grid: tuple[int, int, int], args, kwargs, checker=None,
         debug: bool = False):
-  """Runs ``python_fn`` over ``grid``; the caller holds the interpreter lock.
-
-  A kernel fault leaves unwrapped from the interpreter's ``InterpreterError``.
-  """
+  """Runs ``python_fn`` over ``grid`` (the caller holds the interpreter
+  lock); a kernel fault leaves unwrapped from ``InterpreterError``."""
   interpreted = _interpreted(python_fn)
   executor = _HostBufferExecutor(interpreted.rewrite(),
                                  list(interpreted.arg_names), tuple(grid))
@@ -111,7 +111,7 @@ def _checked_memory(checker):
   if checker is None:
     return contextlib.nullcontext()
   native = _interpreter.native_memory()
-  if _vector_launch.enabled():
+  if _vector_launch.mode() != _vector_launch.ONE_AT_A_TIME:
     # Accesses to the launch's own buffers as NumPy gathers and scatters.
     native = _host_memory.HostMemory(native,
                                      [b.array for b in checker.buffers])
@@ -152,8 +152,63 @@ def _patched_language(kernel: str, debug: bool):
         _atomics.float_atomics_on_values(),
         _interpreter.language_patched(),
         _reductions.reductions_on_values(kernel),
-        _asserts.kernel_asserts(kernel, debug),
+        _kernel_asserts(kernel, debug),
         _compat.attributes_replaced(tl_core.tensor, {"__index__": index})):
+    yield
+
+
+def _launch_options(options, debug: bool):
+  """Without ``debug`` no ``sanitize_overflow``: its no-op device assert is
+  dead work on every int32 ``+``, ``-``, ``*`` (compiled kernels drop it)."""
+  changes = {"debug": debug}
+  if not debug and getattr(options, "sanitize_overflow", False):
+    changes["sanitize_overflow"] = False
+  return dataclasses.replace(options, **changes)
+
+
+def _failure(kernel: str, which: str, message, detail: str = ""):
+  text = message.value if isinstance(message, tl.constexpr) else message
+  return _errors.KernelAssertionError(
+      f"triton_call: kernel {kernel!r}, program id"
+      f" {_interpreter.program_id()}: {which} failed{detail}:"
+      f" {text!s}")
+
+
+def _static_assert_location(caller) -> str:
+  """Where a static assert ran, and the kernel line that reached it."""
+  own = _bounds.source_line(caller.f_code.co_filename, caller.f_lineno)
+  kernel_line = _bounds.running_kernel_location()
+  if not kernel_line or kernel_line == own:
+    return f" at {own}"
+  return f" at {own}, reached from the kernel's line {kernel_line}"
+
+
+@contextlib.contextmanager
+def _kernel_asserts(kernel: str, debug: bool):
+  """Device asserts on with ``debug``, failures named; enter inside
+  ``_interpreter.language_patched()``, whose ``static_assert`` this replaces."""
+  builder = _interpreter.builder()
+
+  def create_assert(self, condition, message):
+    del self
+    holds = np.asarray(condition.data, dtype=bool)
+    if not holds.all():
+      detail = f" in {int((~holds).sum())} of {holds.size} lanes"
+      raise _failure(kernel, "tl.device_assert", message, detail)
+
+  def static_assert(cond, msg="", **kwargs):
+    del kwargs
+    if not cond:  # A constexpr's truth is its value's.
+      where = _static_assert_location(sys._getframe(1))  # pylint: disable=protected-access
+      raise _failure(kernel, "tl.static_assert", msg or "(no message)", where)
+
+  options = _launch_options(builder.options, bool(debug))
+  with (_compat.attributes_replaced(builder, {"options": options}),
+        _compat.attributes_replaced(_interpreter.InterpreterBuilder,
+                                    {"create_assert": create_assert}),
+        _compat.attributes_replaced(tl, {"static_assert": static_assert}),
+        _compat.attributes_replaced(tl_core,
+                                    {"static_assert": static_assert})):
     yield
 
 

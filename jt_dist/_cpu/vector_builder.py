@@ -117,13 +117,10 @@ class VectorBuilder(_interpreter.InterpreterBuilder):
 
   def create_atomic_cas(self, ptr, cmp, val, *args, **kwargs):
     p, c, v = _with_programs([ptr.data, cmp.data, val.data], self.programs)
-    rows = self.masks.current
-    if rows is None:
-      return super().create_atomic_cas(
-          TensorHandle(p, ptr.dtype), TensorHandle(c, cmp.dtype),
-          TensorHandle(v, val.dtype), *args, **kwargs)
+    active = self.masks.current
+    rows = slice(None) if active is None else active
     old = np.zeros_like(v)
-    if rows.any():
+    if active is None or active.any():
       old[rows] = super().create_atomic_cas(
           TensorHandle(p[rows], ptr.dtype), TensorHandle(c[rows], cmp.dtype),
           TensorHandle(v[rows], val.dtype), *args, **kwargs).data
@@ -240,10 +237,8 @@ _ADDABLE = tuple(np.dtype(t) for t in (np.float32, np.float64, np.int32,
 
 def _shared_address_add(row_ptrs, values, row_mask, programs: int):
   """Every program's atomic add into the same distinct addresses, as a
-  sequential cumsum down the program axis (as native atomics add).
-
-  Returns the old values (0 where masked), or None where this cannot apply.
-  """
+  sequential cumsum down the program axis (as native atomics add): the old
+  values (0 where masked), or None where this cannot apply."""
   values = np.asarray(values)
   row_mask = np.broadcast_to(np.asarray(row_mask, dtype=bool), row_ptrs.shape)
   ptrs = row_ptrs[row_mask]

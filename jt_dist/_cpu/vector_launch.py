@@ -47,18 +47,10 @@ def mode() -> str:
   return _MODES[_settings.vectorize()]
 
 
-def enabled() -> bool:
-  """Whether CPU launches try the vectorised interpreter (default on)."""
-  return mode() != ONE_AT_A_TIME
-
-
 def run(executor, args, kwargs, checker, patched_language, python_fn) -> bool:
   """Runs the launch vectorised if it can; False if the caller must run it
-  one program at a time (memory as before).
-
-  ``patched_language()`` patches the language as a launch one program at a
-  time needs; it is entered once the vectorised builder is in place.
-  """
+  one program at a time (memory as before). ``patched_language()`` is
+  entered once the vectorised builder is in place."""
   how = mode()
   grid = _grid(executor)
   if grid is None or how == ONE_AT_A_TIME:

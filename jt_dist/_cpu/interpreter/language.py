@@ -9,7 +9,6 @@ they bind a builder: 3.9's read ``interpreter_semantic`` at call time, and
 from __future__ import annotations
 
 import contextlib
-import functools
 import inspect
 import re
 from typing import Any
@@ -31,11 +30,9 @@ _ABSENT = object()
 _LANGUAGE_MODULES = (tl, tl_core)
 
 
-@functools.cache
-def _wrappers_read_shared_semantic() -> bool:
-  """Whether wrappers never bind a builder (Triton 3.9 on)."""
-  match = re.match(r"(\d+)\.(\d+)", triton.__version__)
-  return match is not None and (int(match[1]), int(match[2])) >= (3, 9)
+# Triton 3.9's wrappers never bind a builder.
+_SHARED_SEMANTIC = tuple(
+    int(v) for v in re.findall(r"\d+", triton.__version__)[:2]) >= (3, 9)
 
 
 class _Recorder:
@@ -69,7 +66,7 @@ class _Recorder:
     """Whether the recorded wrappers serve any builder, any launch."""
     if self.bound or not self.changes:
       return False
-    return self.shared or _wrappers_read_shared_semantic()
+    return self.shared or _SHARED_SEMANTIC
 
 
 class _OwnerPlan:

@@ -1,10 +1,8 @@
-"""Float atomics that Triton's interpreter cannot run natively, on values.
+"""Float atomics the interpreter's native module lacks, as GPUs run them.
 
-The native module exchanges only integers and adds no bfloat16 ("Unsupported
-data type"), where GPUs run both. For one launch a float exchange exchanges
-the bits as integers of the same width, and a bf16 add is a 16-bit
-compare-and-swap per lane, lanes in order, rounded as a GPU rounds. Both go
-through the memory module, checked and journalled as any atomic.
+A float exchange swaps bits as same-width integers; a bf16 add is a 16-bit
+compare-and-swap per lane, in lane order. Both go through the (checked,
+journalled) memory module.
 """
 
 from __future__ import annotations
@@ -36,8 +34,7 @@ def _ranks(addresses) -> np.ndarray:
 
 
 def _bf16_add(ptr, val, mask, sem) -> TensorHandle:
-  """``tl.atomic_add`` of bf16 values; each address sees its lanes in
-  order, one per round."""
+  """``tl.atomic_add`` on bf16; each address takes its lanes in order."""
   ptrs, vals, on = np.broadcast_arrays(
       np.asarray(ptr.data), np.asarray(val.data),
       np.asarray(mask.data, dtype=bool))
@@ -76,7 +73,7 @@ def _atomic_rmw(original):
 
 
 def float_atomics_on_values():
-  """Runs float exchanges and bf16 adds for one launch (see above)."""
+  """Float exchanges and bf16 adds for one launch."""
   builder = _interpreter.InterpreterBuilder
   return _compat.attributes_replaced(builder, {
       "create_atomic_rmw": _atomic_rmw(builder.create_atomic_rmw)})

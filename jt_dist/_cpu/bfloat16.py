@@ -1,13 +1,9 @@
 """bfloat16 on Triton's interpreter: computed on values, as GPUs compute it.
 
-Upstream the interpreter computes on bf16's raw uint16 bits (``tl.fma`` on
-bf16 ``[1, 2]`` gives ``[5.4e-20, 2]``). For one launch every builder
-operation on bf16 operands computes on their values in float32 (float64
-for ``tl.fma``, which rounds once) and rounds the result to bf16, to
-nearest even, as GPUs do; so do conversions and constants (upstream
-truncates), and ``tl.device_print`` prints values. Selects, loads, stores
-and ``tl.abs`` move bits and are left alone; reductions are in
-``reductions``.
+Upstream computes on bf16's raw uint16 bits. For one launch builder
+operations on bf16 compute in float32 (``tl.fma`` in float64, rounding
+once) and round to nearest even, as GPUs do; so do conversions and
+constants. Bit moves (selects, loads, stores, ``tl.abs``) are left alone.
 """
 
 from __future__ import annotations
@@ -48,8 +44,7 @@ def _any_bf16(*handles) -> bool:
 
 
 def _cast_impl(original):
-  # Upstream truncates fp32 to bf16 and converts other types with a plain
-  # ``astype`` of the raw bits.
+  # Upstream truncates fp32 and ``astype``s the raw bits of the rest.
   def cast_impl(self, src, dst_type):
     src_ty, dst_ty = src.dtype.scalar, dst_type.scalar
     if is_bfloat16(dst_ty) and src_ty.name in _CONVERTIBLE:
@@ -83,8 +78,8 @@ def _dot(original):
 
 
 def _on_values(original, typed_by_last=False):
-  """``binary_op``, ``unary_op`` or ``ternary_op`` on bf16 values (a select
-  moves bits), typed bf16, int1 or ``typed_by_last`` the last operand's."""
+  """``*_op`` on bf16 values (a select moves bits), typed bf16, int1 or
+  (``typed_by_last``) as the last operand."""
   def method(self, *args):
     *handles, op = args
     if op is np.where or not _any_bf16(*handles):
@@ -98,14 +93,9 @@ def _on_values(original, typed_by_last=False):
 
 
 def _odd_float32(x, y, z):
-  """``x * y + z`` (float64 bf16 values) rounded to float32 "to odd".
-
-  A GPU's bf16 fma rounds the exact result once. Rounding it first to
-  nearest in float64 and then in bf16 could land on a bf16 tie that the
-  exact result is not on; truncating to float32 with the last bit set where
-  anything was cut ("round to odd", 24 >= 8 + 2 bits) keeps the one
-  rounding to bf16 correct.
-  """
+  """``x * y + z`` (float64 bf16 values) rounded to float32 "to odd" (24 >=
+  8 + 2 bits), so rounding it to bf16 rounds the exact result once, as a
+  GPU's fma does (rounding to nearest twice could land on a false tie)."""
   with np.errstate(all="ignore"):
     product = x * y  # Exact: two 8-bit significands.
     total = product + z
@@ -133,8 +123,8 @@ def _fma(original):
 
 
 def printing_values(original, values_of):
-  """``create_print`` printing a number as its float32 ``values_of(handle)``
-  (None: as is), as a GPU prints it; a hex print shows the bits either way."""
+  """``create_print`` printing ``values_of(handle)`` (None: as is) as a GPU
+  does; a hex print shows the bits."""
   def create_print(self, prefix, hex, handles, isSigned):  # pylint: disable=redefined-builtin,invalid-name
     if not hex:
       handles = [h if (v := values_of(h)) is None
@@ -149,7 +139,7 @@ def _bf16_values(handle):
 
 
 def bfloat16_like_compiled():
-  """Routes the interpreter's bf16 arithmetic for one launch (see above)."""
+  """bf16 on values for one launch."""
   builder = _interpreter.InterpreterBuilder
   return _compat.attributes_replaced(builder, {
       "cast_impl": _cast_impl(builder.cast_impl),

@@ -1,14 +1,11 @@
 """Bounds and initialisation checks for kernels run through the interpreter.
 
-The interpreter reads and writes raw host addresses, so a kernel that goes
-past its buffer returns garbage or kills the process. With the check on
-(``JT_DIST_BOUNDS_CHECK``), pointer parameter ``k`` gets the *tagged*
-address ``(k + 1) << 40`` plus half a region: any pointer derived from it,
-even with a negative or huge offset, still names ``k`` (its top bits) and
-its byte offset (the rest). An access reaches real addresses only once its
-enabled lanes are checked against the buffer. Outputs the kernel must
-write before reading carry a byte map of what the launch wrote; reading an
-unwritten byte raises too (aliased and zeroed outputs start written).
+Unchecked, a kernel past its buffer reads garbage or kills the process.
+Pointer parameter ``k`` gets the *tagged* address ``(k + 1) << 40`` plus
+half a region, so any derived pointer still names ``k`` (top bits) and its
+offset; an access reaches real memory only once its enabled lanes are
+checked. Outputs carry a byte map of what was written, so reading an
+unwritten byte raises too.
 """
 
 from __future__ import annotations
@@ -29,20 +26,19 @@ from jt_dist._cpu import host_memory as _host_memory
 
 _REGION_BITS = 40
 _HALF_REGION = 1 << (_REGION_BITS - 1)
-# Tagged addresses keep the real address's low bits, so alignment checks
-# (the kernel's, tensor descriptors') see what they would see unchecked.
+# Tagged addresses keep the real low bits: alignment checks see the same.
 _ALIGN_MASK = 0xFFF
 _SHOWN_OFFSETS = 8
 
 
 @dataclasses.dataclass
 class Buffer:
-  """One pointer parameter's buffer, as the checker sees it."""
+  """One pointer parameter's buffer."""
 
   param: str
   role: str
   array: np.ndarray
-  # Byte map of what the launch wrote; None where every byte starts defined.
+  # Byte map of what the launch wrote; None where all starts defined.
   written: np.ndarray | None = None
 
 
@@ -63,7 +59,6 @@ class MemoryChecker:
     self._tracks_writes = any(b.written is not None for b in buffers)
 
   def tagged_address(self, k: int) -> int:
-    """The address the kernel sees for buffer ``k``."""
     return int(self._tagged[k])
 
   def address_window(self, k: int) -> tuple[int, int]:
@@ -71,13 +66,11 @@ class MemoryChecker:
     return (k + 1) << _REGION_BITS, (k + 2) << _REGION_BITS
 
   def real(self, k: int, offsets) -> np.ndarray:
-    """Real addresses of byte ``offsets`` into buffer ``k``."""
     return self._real[k] + offsets.view(np.uint64)
 
   def translate_lanes(self, op, ptrs, mask, itemsize, reads, writes):
-    """Real addresses for ``ptrs``, each enabled lane checked (and written
-    bytes tracked) on its own: pointers into several buffers, or an access
-    to describe as an error."""
+    """Real addresses, each enabled lane checked and tracked on its own
+    (several buffers, or an access to describe as an error)."""
     ptrs = np.asarray(ptrs, dtype=np.uint64)
     on = np.broadcast_to(np.asarray(mask, dtype=bool), ptrs.shape)
     index = (ptrs >> np.uint64(_REGION_BITS)).astype(np.int64) - 1
@@ -94,12 +87,9 @@ class MemoryChecker:
 
   def locate(self, op: str, ptrs, mask, itemsize: int, *, reads: bool,
              writes: bool):
-    """``(k, byte offsets)`` where every lane names buffer ``k`` (the usual
-    case) and every enabled lane is inside it, checked and tracked as
-    ``translate_lanes`` does; else None (``translate_lanes`` describes it).
-
-    Disabled lanes get offset 0, so a gather over every lane stays inside.
-    """
+    """``(k, byte offsets)`` where all lanes name buffer ``k`` and enabled
+    ones are inside (disabled ones get offset 0), checked and tracked; else
+    None, for ``translate_lanes``."""
     ptrs = np.asarray(ptrs, dtype=np.uint64)
     if not ptrs.size:
       return None
@@ -112,8 +102,7 @@ class MemoryChecker:
     offset = ptrs.view(np.int64) - np.int64(base)
     last = int(self._nbytes[k]) - itemsize
     if lo - base >= 0 and hi - base <= last:
-      # The extremes of the offsets are those of the pointers: every lane,
-      # enabled or not, is inside, with no pass over them.
+      # Every lane is inside: no pass over them.
       if self.buffers[k].written is not None:
         starts = offset.reshape(-1) if on.all() else offset[on]
         self._track_buffer(op, k, starts, on, itemsize, reads, writes)
@@ -139,9 +128,8 @@ class MemoryChecker:
     written = self.buffers[k].written
     if (itemsize in (2, 4, 8) and written.size % itemsize == 0 and starts.size
         and not int(np.bitwise_or.reduce(starts, axis=None)) & (itemsize - 1)):
-      # Aligned elements: one word per element of the byte map, all of
-      # whose bytes are 1 where the element is written. (Shifts and ORs:
-      # NumPy's integer division is several times slower.)
+      # Aligned: one word of the byte map per element, all ones where
+      # written. (Shifts: NumPy's integer division is several times slower.)
       table = written.view(np.dtype(f"<u{itemsize}"))
       index = starts >> (itemsize.bit_length() - 1)
       full = int.from_bytes(b"\x01" * itemsize, "little")
@@ -156,8 +144,7 @@ class MemoryChecker:
       table[index] = full
 
   def unwritten_outputs(self) -> list[tuple[int, np.ndarray]]:
-    """``(k, element offsets)`` of each tracked output left partly unwritten
-    (aliased and zeroed ones, and Refs, start defined)."""
+    """``(k, element offsets)`` of each output left partly unwritten."""
     found = []
     for k, b in enumerate(self.buffers):
       # The whole map first: one fast pass where all was written.
@@ -167,7 +154,6 @@ class MemoryChecker:
     return found
 
   def unwritten_message(self, k: int, elements: np.ndarray) -> str:
-    """What a launch left unwritten of output buffer ``k``, and the fix."""
     return (
         f"triton_call: kernel {self.kernel!r} left {elements.size} of"
         f" {self.buffers[k].array.size} elements of {self._describe(k)}"
@@ -238,22 +224,17 @@ class MemoryChecker:
 
 _TRITON_DIR = os.path.dirname(os.path.abspath(triton.__file__)) + os.sep
 _CPU_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
-# Where kernels are called from: Triton's grid loop, or the vectorised
-# launch's (which also runs the rest of a grid one program at a time).
+# Where kernels are called from: Triton's grid loop, or vector_launch's.
 _GRID_LOOPS = (_TRITON_DIR, _CPU_DIR + "vector_launch.py")
-# Frames from these folders are the interpreter's, not the kernel's.
 _INTERPRETER_DIRS = (
     _TRITON_DIR, os.path.dirname(os.path.abspath(np.__file__)) + os.sep,
     _CPU_DIR)
 
 
 def kernel_location(frames) -> str:
-  """The kernel's line: ``"FILE:LINE (`SOURCE`)"``, or "" if none is found.
-
-  ``frames``: ``(frame, line number)`` pairs, outermost first. Below the
-  first frame of a grid loop, the deepest frame outside Triton, NumPy and
-  jt_dist._cpu is the kernel's (or a ``@triton.jit`` helper's).
-  """
+  """The kernel's ``"FILE:LINE (`SOURCE`)"`` or "": the deepest of
+  ``frames`` (``(frame, lineno)``, outermost first) below a grid loop and
+  outside Triton, NumPy and jt_dist._cpu."""
   found, inside = None, False
   for frame, lineno in frames:
     filename = frame.f_code.co_filename
@@ -266,19 +247,18 @@ def kernel_location(frames) -> str:
 
 
 def source_line(filename: str, lineno: int) -> str:
-  """``"FILE:LINE (`SOURCE`)"``, without the source where none is found."""
+  """``"FILE:LINE (`SOURCE`)"``, the source where found."""
   source = linecache.getline(filename, lineno).strip()
   return f"{filename}:{lineno}" + (f" (`{source}`)" if source else "")
 
 
 def running_kernel_location() -> str:
-  """``kernel_location`` of the running kernel, from the current stack."""
+  """``kernel_location`` of the current stack."""
   frame = sys._getframe(1)  # pylint: disable=protected-access
   return kernel_location(reversed(list(traceback.walk_stack(frame))))
 
 
 def _stack_location() -> str:
-  """The sentence naming the running kernel's line, or "" if none is found."""
   where = running_kernel_location()
   return f" The access is at {where}." if where else ""
 
@@ -297,13 +277,12 @@ def _mask_text(on: np.ndarray) -> str:
 
 
 class CheckedMemory:
-  """Stands in for the interpreter's native memory module during a launch."""
+  """The native memory module, checked, for one launch."""
 
   def __init__(self, native, checker: MemoryChecker):
     self._native = native
     self._checker = checker
-    # Over the launch's own buffers (HostMemory), an access that stays in
-    # one buffer goes by its offsets, with no real address computed.
+    # HostMemory takes an access inside one buffer by offsets.
     self._direct = isinstance(native, _host_memory.HostMemory)
 
   def __getattr__(self, name):
@@ -311,8 +290,8 @@ class CheckedMemory:
     return getattr(self._native, name)
 
   def _checked(self, op, ptrs, mask, itemsize, direct=False):
-    """``((k, offsets), None)`` for HostMemory to reach buffer ``k`` by
-    (``direct`` accesses), or ``(None, real addresses)``."""
+    """``((k, offsets), None)`` for HostMemory (``direct``), else
+    ``(None, real addresses)``."""
     reads, writes = op != "store", op != "load"
     found = self._checker.locate(op, ptrs, mask, itemsize, reads=reads,
                                  writes=writes)

@@ -1,12 +1,10 @@
 """jt_dist's own CPU custom-call target: an XLA FFI handler made with ctypes.
 
-JAX's buffer callback takes exactly one attribute, so it cannot carry
-jax-triton's ``cost_estimate_json``; a call with a ``cost_estimate`` lowers
-to this target instead, which runs the same host function. It is
-registered once per process from the lowering rule: by then the CPU backend
-exists, so a failed registration can be caught (earlier, jax replays it
-when it makes the CPU client, and a bad one breaks the backend) and the
-call keeps the buffer callback.
+JAX's buffer callback cannot carry ``cost_estimate_json``; a call with a
+``cost_estimate`` lowers to this target, running the same host function.
+It registers from the lowering rule, once the CPU backend exists, so a
+failure is caught and the call keeps the buffer callback (a bad registration
+replayed at client creation would break the backend).
 """
 
 from __future__ import annotations
@@ -28,12 +26,10 @@ logger = logging.getLogger("jt_dist")
 
 TARGET = "jt_dist_cpu_interpret"
 _LOCK = threading.Lock()
-# The registered trampoline: XLA keeps its address for the process's life,
-# so it is never freed nor replaced.
+# XLA keeps the trampoline's address for life: never freed nor replaced.
 _HANDLER = None
 _REGISTERED: bool | None = None  # None: not tried yet.
-# Index (an attribute of the custom call) -> the call's _HostCall. Entries
-# live as long as an executable holds the _HostCall (add_host_callback).
+# Custom call's index attribute -> _HostCall, alive while an executable is.
 _CALLS: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
 _NEXT_INDEX = itertools.count(1)
 
@@ -49,8 +45,7 @@ class _HostCall:
     self.out_avals = [(tuple(a.shape), np.dtype(a.dtype)) for a in out_avals]
 
   def __call__(self, *args):
-    # jaxlib holds a module's host callbacks for its executable's life, as
-    # callables; this one is reached through the FFI target, never this way.
+    # Held by jaxlib as a host callback, but reached via the FFI target.
     raise RuntimeError("jt_dist: the CPU FFI target's record was called as"
                        " a host callback.")
 
@@ -75,12 +70,8 @@ def ensure_registered() -> bool:
 
 
 def add_call(fn, in_avals, out_avals, module_context) -> int:
-  """Records ``fn`` for one custom call; returns its index attribute.
-
-  A host callback of the module, as JAX's buffer callback is, so jaxlib
-  keeps it with the executable, also one from the persistent cache (a plain
-  keepalive was lost in an eager sharded call on jax 0.12).
-  """
+  """Records ``fn`` for one custom call; returns its index attribute. A host
+  callback of the module lives with the executable (a keepalive did not)."""
   call = _HostCall(fn, in_avals, out_avals)
   module_context.add_host_callback(call)
   with _LOCK:

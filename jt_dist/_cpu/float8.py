@@ -1,14 +1,10 @@
 """Float8 on Triton's interpreter: computed on values, or refused by name.
 
-Upstream the interpreter computes on float8's raw uint8 bits (``x + x`` on
-float8_e4m3fn ``[0.5, 1.0]`` gives ``[32.0, 128.0]``). Triton's GPU
-backends refuse arithmetic, comparisons, minimum, maximum, clamp and math
-functions on float8, so for one launch the interpreter raises
-``KernelTypeError`` for them too (reductions and scans: ``reductions``).
-Conversions to float8, and float8 constants, round to nearest even and
-saturate as NVIDIA GPUs convert (``cvt.rn.satfinite``); conversions from
-float8, ``tl.dot`` and ``tl.device_print`` take the values. Loads, stores,
-selects and ``tl.abs`` move bits and are left alone.
+Upstream computes on float8's raw uint8 bits. GPU backends refuse float8
+arithmetic, comparisons and math, so for one launch these raise
+``KernelTypeError``; conversions to float8 round to nearest even and
+saturate as NVIDIA's ``cvt.rn.satfinite``; conversions from it, ``tl.dot``
+and ``tl.device_print`` take the values. Bit moves are left alone.
 """
 
 from __future__ import annotations
@@ -29,10 +25,10 @@ _VALUE_TYPES = {
     "fp8e4b8": ml_dtypes.float8_e4m3fnuz,
     "fp8e5b16": ml_dtypes.float8_e5m2fnuz,
 }
-# Float types whose values convert to float8 exactly through float32 or
-# float64 (and every float8 value is one of theirs).
+# Float types that hold every float8 value, converted through float32/64.
 _FLOAT_SOURCES = {"fp16": np.float16, "bf16": ml_dtypes.bfloat16,
                   "fp32": np.float32, "fp64": np.float64}
+_ANY_FLOAT = {**_FLOAT_SOURCES, **_VALUE_TYPES}
 # How a kernel spells the refused operations.
 _SPELLING = {
     "add": "+", "subtract": "-", "multiply": "*", "divide": "/",
@@ -43,23 +39,17 @@ _SPELLING = {
 }
 
 
-def _type_name(scalar) -> str:
-  numpy_twin = _VALUE_TYPES.get(scalar.name)
-  if numpy_twin is None:
-    return scalar.name
-  return f"{scalar.name} ({np.dtype(numpy_twin).name})"
-
-
 def refusal(kernel: str, what: str, scalar) -> _errors.KernelTypeError:
-  """The error refusing ``what`` (a NumPy ufunc's name, or a ``tl``
-  function's: "tl.sum") on float8 type ``scalar``."""
+  """Refuses ``what`` (a ufunc's name, or "tl.sum" etc.) on float8."""
   spelled = _SPELLING.get(what)
   op = f"`{spelled}` ({what})" if spelled else f"{what}"
-  # The language names are the type names spelled out: fp8e5, float8e5.
+  twin = _VALUE_TYPES.get(scalar.name)
+  type_name = scalar.name + (f" ({np.dtype(twin).name})" if twin else "")
+  # fp8e5 is spelled tl.float8e5.
   language_name = scalar.name.replace("fp8", "float8", 1)
   return _errors.KernelTypeError(
       f"triton_call: kernel {kernel!r}, program id"
-      f" {_interpreter.program_id()}: {op} on {_type_name(scalar)}"
+      f" {_interpreter.program_id()}: {op} on {type_name}"
       " operands. Triton does not compile arithmetic, comparisons, minimum,"
       " maximum or math functions on float8 values for GPUs, nor the"
       " reductions and scans made of them, and the CPU interpreter would"
@@ -68,13 +58,13 @@ def refusal(kernel: str, what: str, scalar) -> _errors.KernelTypeError:
       f" `.to(tl.{language_name})` for a float8 result.")
 
 
-def _source_values(handle):
-  """A float handle's values (float32, or float64), or None."""
+def _values(handle, twins=_VALUE_TYPES):
+  """A handle's values as float32 (fp64: float64), or None where ``twins``
+  (by default, the float8 types) has none for its type."""
   name = handle.dtype.scalar.name
-  twin = _FLOAT_SOURCES.get(name) or _VALUE_TYPES.get(name)
-  if twin is None:
+  if name not in twins:
     return None
-  values = np.asarray(handle.data).view(twin)
+  values = np.asarray(handle.data).view(twins[name])
   return values if name == "fp64" else values.astype(np.float32)
 
 
@@ -91,13 +81,12 @@ def _to_float8(values, scalar):
 def _narrowing_conversion(src, dst_type):
   """``src`` converted to float8 as NVIDIA GPUs convert, or None."""
   dst = dst_type.scalar
-  values = _source_values(src) if dst.name in _VALUE_TYPES else None
+  values = _values(src, _ANY_FLOAT) if dst.name in _VALUE_TYPES else None
   return None if values is None else _to_float8(values, dst)
 
 
 def _constants() -> dict:
-  """Builder constructors of float8 constants, on values (Triton 3.6's
-  interpreter has none; 3.9's truncates a float32 constant)."""
+  """Float8 constants on values (3.6 has none; 3.9 truncates float32)."""
   def constant(scalar):
     def get(self, value):
       del self
@@ -107,24 +96,15 @@ def _constants() -> dict:
 
 
 def _fp_trunc(original):
-  # Upstream truncates to float8 with a plain ``astype`` of the number: a
-  # float8 constant 1.5 became the bits 0x01.
+  # Upstream ``astype``s the number: a constant 1.5 became the bits 0x01.
   def create_fp_trunc(self, src, dst_type):
     converted = _narrowing_conversion(src, dst_type)
     return original(self, src, dst_type) if converted is None else converted
   return create_fp_trunc
 
 
-def _values(handle):
-  """A float8 handle's values as float32, or None (no NumPy twin)."""
-  if handle.dtype.scalar.name in _VALUE_TYPES:
-    return _source_values(handle)
-  return None
-
-
 def _widening_conversion(src, dst_type):
-  """float8 ``src`` converted exactly to a wider float type, or None
-  (upstream converts the bits: float8_e4m3fn's NaN comes out as 480)."""
+  """float8 ``src`` widened exactly, or None (upstream widens the bits)."""
   values = _values(src)
   dst = dst_type.scalar
   if values is None or dst.name not in _FLOAT_SOURCES:
@@ -136,9 +116,8 @@ def _widening_conversion(src, dst_type):
 
 
 def _fp_to_fp(original):
-  # A cast to float8 (``tl.cast``, ``.to``) or from it, on values.
   def create_fp_to_fp(self, src, dst_type, rounding_mode):
-    # (A handle's truth is its data's: compared with None, not `or`ed.)
+    # A handle's truth is its data's: compared with None, not `or`ed.
     converted = None
     if getattr(rounding_mode, "name", None) == "RTNE":
       converted = _narrowing_conversion(src, dst_type)
@@ -151,8 +130,7 @@ def _fp_to_fp(original):
 
 
 def _dot(original):
-  # Upstream converts float8 operands to float16 through the same bit
-  # conversion as its casts (see _widening_conversion).
+  # Upstream widens float8 operands' bits, as its casts do.
   def create_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
     a_values, b_values = _values(a), _values(b)
     if a_values is None or b_values is None:
@@ -164,9 +142,8 @@ def _dot(original):
 
 
 def _refusing(kernel, original, operands: int, what=None):
-  """``original`` refusing float8 among its first ``operands`` arguments,
-  as ``what`` or the last argument (a NumPy ufunc) names it. A select
-  (np.where) moves bits and is left alone."""
+  """``original`` refusing float8 in its first ``operands`` arguments (not
+  in a select, which moves bits), named ``what`` or by the ufunc."""
   def method(self, *args):
     scalar = next((h.dtype.scalar for h in args[:operands]
                    if h.dtype.scalar.is_fp8()), None)
@@ -177,11 +154,9 @@ def _refusing(kernel, original, operands: int, what=None):
 
 
 def float8_like_compiled(kernel: str):
-  """Routes the interpreter's float8 arithmetic for one launch (see above);
-  ``kernel`` is the kernel's name, for the messages."""
+  """Float8 on values, or refused, for one launch."""
   builder = _interpreter.InterpreterBuilder
-  # A clamp is refused as the clamp it is, before upstream splits it into a
-  # maximum and a minimum.
+  # A clamp is refused as such, before upstream splits it in two.
   return _compat.attributes_replaced(builder, {
       "binary_op": _refusing(kernel, builder.binary_op, 2),
       "unary_op": _refusing(kernel, builder.unary_op, 1),

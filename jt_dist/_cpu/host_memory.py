@@ -1,10 +1,8 @@
 """Loads and stores on the launch's own buffers as NumPy gathers/scatters.
 
-The native memory module visits one address at a time (about 30 ms per
-million elements; a NumPy gather, 1 ms). An access inside one of the
-launch's buffers is a gather from (or scatter into) it; anything else
-(several buffers, misaligned addresses, stores that hit one element twice,
-where the native lane order decides) goes to the native module.
+The native module takes ~30 ms per million elements, a gather 1 ms. What
+is not inside one buffer, aligned, and (stores) free of repeated elements
+goes to the native module, whose lane order decides.
 """
 
 from __future__ import annotations
@@ -13,7 +11,7 @@ import numpy as np
 
 
 class HostMemory:
-  """The interpreter's native memory module, faster on known buffers."""
+  """The native memory module, faster on known buffers."""
 
   def __init__(self, native, arrays):
     self._native = native
@@ -29,9 +27,8 @@ class HostMemory:
     or None where misaligned; ``in_place`` reuses the offsets' memory."""
     itemsize = dtype.itemsize
     array = self._arrays[k]
-    # An empty buffer has no element 0 for the lanes a mask turns off. The
-    # buffer's start is aligned, so every address is where the OR of the
-    # offsets is: one pass, with no temporary array.
+    # An empty buffer has no element 0 for masked lanes. The OR of the
+    # offsets checks alignment in one pass, with no temporary array.
     if (itemsize not in (1, 2, 4, 8) or array.nbytes % itemsize
         or self._starts[k] % itemsize or not array.nbytes
         or (itemsize > 1 and int(np.bitwise_or.reduce(offsets, axis=None))
@@ -47,8 +44,8 @@ class HostMemory:
     return np.uint64(self._starts[k]) + np.asarray(offsets).view(np.uint64)
 
   def load_at(self, k: int, offsets, mask, other, dtype):
-    """``load`` at byte ``offsets`` (the caller's scratch, made indices in
-    place) into buffer ``k``, as checked."""
+    """``load`` at byte ``offsets`` into buffer ``k``, as checked; the
+    offsets are the caller's scratch, overwritten."""
     dtype = np.dtype(dtype)
     found = self._at(k, offsets, dtype, in_place=True)
     if found is None:
@@ -89,8 +86,7 @@ class HostMemory:
 
 
 def _gather(flat, elements, mask, other):
-  # A C-ordered result, as the native module returns: NumPy's reductions
-  # group their sums by memory order.
+  # C order, as natively: NumPy's sums group by memory order.
   result = np.ascontiguousarray(flat[elements])
   mask = np.asarray(mask, dtype=bool)
   if not mask.all():
@@ -104,7 +100,6 @@ def _scatter(flat, elements, values, mask) -> bool:
   mask = np.asarray(mask, dtype=bool)
   values = np.broadcast_to(values, elements.shape)
   if not mask.all():
-    # Boolean indexing copies: only where some lane is off.
     mask = np.broadcast_to(mask, elements.shape)
     elements, values = elements[mask], values[mask]
   elements = elements.reshape(-1)

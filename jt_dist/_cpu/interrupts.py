@@ -1,11 +1,8 @@
-"""Ctrl-C during a CPU launch leaves the launch as the signal's own exception.
+"""Ctrl-C during a CPU launch leaves it as the signal's own exception.
 
-C code a launch runs under can replace the ``KeyboardInterrupt`` (NumPy
-reading a ``tl.tuple`` shape reports ``TypeError``, which the interpreter
-wraps as a kernel fault). On the main thread ``signal_kept`` wraps a Python
-SIGINT handler and remembers what it raised; a launch failing otherwise
-raises that instead. Code catching broad exceptions inside a launch calls
-``raise_if_interrupted`` first.
+C code can replace the ``KeyboardInterrupt`` (NumPy reports ``TypeError``),
+so ``signal_kept`` remembers what SIGINT's handler raised and re-raises it;
+code catching broad exceptions in a launch calls ``raise_if_interrupted``.
 """
 
 from __future__ import annotations

@@ -1,15 +1,10 @@
 """Masked lockstep: program-dependent control flow over all programs at once.
 
-The code ``lockstep_rewrite`` generates calls this module. In a vectorised
-launch the builder's ``Masks`` hold which of its programs are active: one
-stack entry per region that narrowed them and one per function frame, so
-that a bare ``return`` taken by some programs retires them for the rest of
-their function. Where the programs agree, every call does what upstream's
-Python does with one value and pushes nothing; one program at a time (the
-builder is upstream's) every call acts as plain Python.
-
-Masked programs keep computing (on loads' ``other`` values), but write,
-assert and take atomics nowhere (``vector_builder``).
+What ``lockstep_rewrite``'s code calls. The builder's ``Masks`` stack holds
+the active programs, an entry per narrowing region and per function frame
+(so a ``return`` taken by some retires them). Where the programs agree, or
+one runs at a time, calls act as plain Python. Masked programs compute on
+but write, assert and take atomics nowhere (``vector_builder``).
 """
 
 from __future__ import annotations
@@ -48,7 +43,7 @@ def _programs() -> int:
 
 
 def _lanes(value):
-  """A scalar's values, (programs,) or (1,) if shared; None for a block."""
+  """A scalar's values, (programs,) or (1,); None for a block."""
   if isinstance(value, tl.constexpr):
     value = value.value
   if not isinstance(value, tl.tensor):
@@ -79,8 +74,7 @@ def merge(mask, new, old, name: str):
   if _python_int(new) and _python_int(old):
     if new == old:
       return new
-    # Python ints per program (a loop index after its loop): as a shared
-    # lo's loop index would be had the programs' indices differed.
+    # A loop index after its loop: as if the programs' indices differed.
     return _loop_index(np.where(mask, new, old), every)
   if _python_int(new) and _is_int32_scalar(old):
     new = _loop_index(np.full(mask.shape, new), every)
@@ -112,7 +106,7 @@ class _Region:
     self.saved: dict = {}
 
   def _push(self, mask):
-    """Narrows the programs active on entry to ``mask``; returns those."""
+    """Narrows the active programs by ``mask``; returns those on entry."""
     del self.masks.stack[self.depth:]
     entry = self.masks.current
     self.masks.stack.append(mask if entry is None else entry & mask)
@@ -179,7 +173,7 @@ def _is_int32_scalar(value) -> bool:
 
 
 def _range_bounds(fn, args, kwargs):
-  """(lo, hi, step) of a range as int64 arrays, else None (or not ints)."""
+  """(lo, hi, step) of a range as int64 arrays, or None."""
   bound = list(args)
   if fn is builtins.range:
     if kwargs:
@@ -258,7 +252,7 @@ class _Branch(_Region):
     return self.cond is not None
 
   def old(self, name, local_names):
-    """A name's value before the ``if`` branch, for the ``else`` branch."""
+    """A name's value before the ``if`` branch, for ``else``."""
     del local_names
     value = self.saved[name]
     if value is _MISSING:
@@ -282,7 +276,7 @@ class _Branch(_Region):
 
 
 def enter():
-  """A function frame: its entry mask, retired from by its returns."""
+  """A function frame, whose returns retire programs from it."""
   masks = _masks()
   if masks is None:
     return None

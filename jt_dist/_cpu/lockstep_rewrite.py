@@ -1,21 +1,13 @@
 """A kernel's Python control flow rewritten to run its programs in lockstep.
 
-Triton's interpreter runs a kernel's Python directly, so a loop bound, an
-``if`` or a ``return`` that depends on the program id asks for one Python
-value where a vectorised launch holds one per program. The rewrite (after
-upstream's own, of the vectorised launch's copy of the kernel and its
-helpers) routes each such statement through ``lockstep``, which runs it as
-SIMD hardware runs SIMT code: a loop as often as its longest-running
-program, an ``if`` both branches, each under the mask of the programs that
-take it. After such a region each variable the code after it may read is
-merged per program (``where(mask, new, old)``); where both values do not
-exist or differ in type, the launch gives way (``lockstep.Unsupported``).
-
-Left as upstream wrote them (giving way where the programs disagree): a
-``for`` over anything but a call, with an ``else``, a non-name target or a
-``break``, ``continue`` or ``return`` in its body; an ``if`` containing a
-``break`` or ``continue``; ``while`` loops (a spin lock in lockstep would
-never let go), conditional expressions and ``and``/``or``.
+Loops, ``if``s and ``return``s whose Python value differs per program run
+through ``lockstep`` as SIMD runs SIMT code: a loop as often as its longest
+program, an ``if`` both branches, each masked; variables read later are
+then merged per program, or the launch gives way. Left alone (giving way
+where programs disagree): ``for`` loops not over a call or with ``else``,
+a non-name target or jumps; ``if``s holding ``break``/``continue``;
+``while`` (a spin lock in lockstep never lets go); ``x if c else y``,
+``and``/``or``.
 """
 
 from __future__ import annotations
@@ -31,7 +23,7 @@ _PREFIX = "_jt_ls"
 
 
 def _name_nodes(nodes, ctx) -> list[ast.Name]:
-  """Name nodes (not generated ones) of ``ctx`` in ``nodes``; ``x += 1`` both."""
+  """Name nodes of ``ctx`` in ``nodes``, not generated; ``x += 1`` both."""
   found = []
   for node in nodes:
     for sub in ast.walk(node):
@@ -103,12 +95,9 @@ class _Transformer(ast.NodeTransformer):
     self._count = 0
 
   def _live(self, region, stores, skip=()) -> set[str]:
-    """Of ``stores``, the names read after ``region`` ends.
-
-    After it in the source, or anywhere in a loop around it (a later trip
-    runs it again), except in ``skip``. A loop's own later trips need no
-    merge: a program its bound masks stays masked until the loop ends.
-    """
+    """Of ``stores``, those read after ``region`` or in a loop around it
+    (outside ``skip``); a loop's own trips need no merge: a program its
+    bound masks stays masked until the loop ends."""
     end = max(_position(node, end=True) for node in region)
     again = set()
     if self._loops:
@@ -192,16 +181,13 @@ def _constants(names) -> ast.Tuple:
   return ast.Tuple([ast.Constant(n) for n in sorted(names)], ast.Load())
 
 
-# Python function -> its lockstep form (as runtime's for upstream's form).
+# Python function -> its lockstep form.
 _REWRITTEN: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def rewrite(python_fn, fallback):
-  """``python_fn`` as upstream rewrites it, run in lockstep.
-
-  ``lockstep`` is bound as a closure variable (the kernel's module gains no
-  name); where the source cannot be read, ``fallback()`` stands in.
-  """
+  """``python_fn`` in lockstep (``lockstep`` a closure variable), or
+  ``fallback()`` where its source cannot be read."""
   found = _REWRITTEN.get(python_fn)
   if found is None:
     found = _interpreter.function_rewriter(python_fn, _lockstep_tree,

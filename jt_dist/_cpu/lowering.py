@@ -1,12 +1,9 @@
 """The CPU lowering: kernels run through Triton's interpreter.
 
-The lowering is jax's buffer callback, which hands over XLA's own buffers
-(``jax.pure_callback`` copied its operands on XLA's thread pool first,
-which deadlocked beside collectives on jaxlib 0.10); the kernel reads and
-writes them through raw pointers as it would device memory. Aliased and
-zeroed outputs are prepared as jaxlib prepares them on a GPU, so a kernel
-gives the same results (and the same mistakes) on both. What the
-interpreter cannot run is refused here, before any callback exists.
+A buffer callback hands the kernel XLA's own buffers (``jax.pure_callback``
+copied operands on XLA's thread pool, which deadlocked beside collectives
+on jaxlib 0.10). Outputs start as on a GPU, so results and mistakes match.
+What the interpreter cannot run is refused before any callback exists.
 """
 
 from __future__ import annotations
@@ -39,21 +36,18 @@ from jt_dist._sharding import lowering_rule as _lowering_rule
 
 logger = logging.getLogger("jt_dist")
 
-# The interpreter patches triton.language module-wide during a launch, so
-# launches must not overlap each other or a GPU compile: one lock for all.
+# Launches patch triton.language: they must not overlap each other or a
+# GPU compile.
 _INTERPRETER_LOCK = _compat.LANGUAGE_LOCK
 _logged_kernels: set[str] = set()
-# Kernels already warned of outputs they left unwritten.
 _warned_unwritten: set[str] = set()
 
-# Outputs the kernel does not write come back as this byte pattern (NaN for
-# floats, -1 for signed ints) rather than zeros, which would hide the bug.
+# Unwritten outputs come back NaN (or -1), not zeros, which hide the bug.
 _POISON_BYTE = 0xFF
 
 
 class _HostPointer:
-  """A tensor as the interpreter reads it: an address (the checker's tagged
-  one, with the bounds check on) and an element type."""
+  """A pointer argument: an address (tagged when checked) and a type."""
 
   __slots__ = ("buffer", "dtype", "address")
 
@@ -130,24 +124,21 @@ def _kernel_args(spec, buffers, checker):
 
 
 def run_on_host(spec, *arrays):
-  """The ``jax.pure_callback`` route (GPU platforms running an interpreted
-  kernel, or a jax without buffer callbacks): returns the outputs."""
+  """The ``jax.pure_callback`` route, where buffer callbacks are absent."""
   outputs = [np.empty(shape, dtype) for shape, dtype in spec.out_shapes]
   _launch_filed(spec, [np.ascontiguousarray(a) for a in arrays], outputs)
   return tuple(outputs)
 
 
 def _fill_buffers(spec, ctx, outputs, *inputs):
-  """The buffer-callback route: the kernel writes XLA's output buffers.
-
-  Inputs are copied: a store through one must not change the caller's."""
+  """The buffer-callback route; inputs copied, as a store may hit them."""
   del ctx
   _launch_filed(spec, [np.array(np.asarray(b), order="C") for b in inputs],
                 [np.asarray(b) for b in outputs])
 
 
 def _launch_filed(spec, inputs, outputs):
-  """``_launch``, its fault (Ctrl-C too) filed for the front door to raise."""
+  """``_launch``, any fault (Ctrl-C too) filed for the front door."""
   try:
     _launch(spec, inputs, outputs)
   except BaseException as e:  # pylint: disable=broad-except
@@ -155,9 +146,8 @@ def _launch_filed(spec, inputs, outputs):
 
 
 def _in_parameter_order(spec, args, kwargs):
-  """Positional arguments up to the last operand, constexprs in their place
-  (the interpreter binds them by position), a tuple parameter's leaves as
-  that tuple."""
+  """Arguments by position up to the last operand (constexprs included),
+  a tuple parameter's leaves nested again."""
   leaves = {}
   for op, arg in zip(spec.operands, args):
     leaves.setdefault(op.name, []).append((op.path, arg))
@@ -200,8 +190,7 @@ def _launch(spec, inputs, outputs):
 
 
 def _check_all_written(spec, checker) -> None:
-  """Outputs the launch left partly unwritten: a warning, once per kernel
-  (with ``debug=True``, ``UnwrittenOutputReadError``)."""
+  """Warns once per kernel of unwritten outputs (raises with ``debug``)."""
   unwritten = checker.unwritten_outputs()
   if not unwritten:
     return
@@ -216,8 +205,7 @@ def _check_all_written(spec, checker) -> None:
 
 
 def _name_the_kernel(error, spec) -> None:
-  """Puts the kernel, program id and source line before Triton's message,
-  which is the ``repr`` of the original exception alone."""
+  """Prefixes Triton's bare message with the kernel, program id and line."""
   message = getattr(error, "error_message", None)
   if not isinstance(message, str):
     return
@@ -272,8 +260,8 @@ def cpu_lowering(ctx, *args, spec):
 
 
 def _check_supported(spec) -> None:
-  """Refuses a Gluon kernel, a TF32 descriptor on a Triton without it, and
-  clusters: the interpreter cannot run them."""
+  """Refuses what the interpreter cannot run: Gluon, clusters, TF32
+  descriptors on a Triton without them."""
   name = spec.info.name
   if _compat.is_gluon(spec.info.fn):
     raise NotImplementedError(
@@ -297,8 +285,7 @@ def _check_supported(spec) -> None:
 
 
 def _own_target_call(ctx, *args, spec):
-  """A CPU call with a ``cost_estimate``: jt_dist's own FFI target, which
-  carries ``cost_estimate_json``."""
+  """jt_dist's own FFI target, which can carry ``cost_estimate_json``."""
   index = _ffi_target.add_call(
       lambda inputs, outputs: _fill_buffers(spec, None, outputs, *inputs),
       ctx.avals_in, ctx.avals_out, ctx.module_context)

@@ -1,22 +1,11 @@
 """Reductions and scans on bfloat16 and float8 values, as GPUs run them.
 
-Upstream's interpreter reduces bf16 (uint16) and float8 (uint8) blocks with
-NumPy on their raw bits: ``tl.sum`` of bf16 ``[1, 2, -1, 0.5, ...]`` gives
--5.3e36, and ``tl.argmax`` ranks negative values backwards. Its fast paths
-(``tl.sum``, ``tl.max``/``tl.min`` with indices, ``tl.argmax``/``argmin``,
-``tl.cumsum``, ``tl.cumprod``) act here on values, one program at a time
-and vectorised alike:
-
-* bf16: as a GPU, in bf16, rounding every partial result: sums round each
-  pairwise addition of a tree (as a GPU's lanes combine), scans each step;
-  maxima, minima and their indices compare the values exactly.
-* float8: GPUs compile none of them (LLVM has no float8 arithmetic), so
-  each raises ``KernelTypeError``, as the builder's arithmetic does.
-
-A kernel's own combine function already runs on values (through the patched
-builder), but one that changes its operands' types is refused
-(``CheckedCombine``). ``tl.max``/``tl.min`` without indices widen to float32
-first, upstream and compiled alike.
+Upstream reduces bf16 and float8 with NumPy on their raw bits. Here the
+fast paths (sum, min/max with indices, argmin/argmax, cumsum, cumprod) run
+on values, one program at a time and vectorised alike: bf16 rounding each
+partial result as a GPU's lane tree does; float8 refused, as GPUs compile
+none of them. A combine function changing its operands' types is refused
+(``CheckedCombine``).
 """
 
 from __future__ import annotations
@@ -38,7 +27,6 @@ TensorHandle = _interpreter.TensorHandle
 
 
 def _narrow(scalar) -> bool:
-  """Whether the interpreter keeps ``scalar`` values as raw bits."""
   return _bf16.is_bfloat16(scalar) or scalar.is_fp8()
 
 
@@ -63,8 +51,7 @@ def _tree_sum(bits, axis: int) -> np.ndarray:
 
 
 def sum_along(data, axis: int, scalar, kernel: str) -> np.ndarray:
-  """``np.sum(data, axis)`` of storage ``data`` as a GPU's ``tl.sum`` adds
-  ``scalar`` values."""
+  """``np.sum`` of storage ``data`` as a GPU's ``tl.sum`` adds ``scalar``."""
   if _bf16.is_bfloat16(scalar):
     return _tree_sum(data, axis)
   _refuse_float8(kernel, "tl.sum", scalar)
@@ -89,16 +76,15 @@ def _retyped(tensor, scalar, data):
 
 
 def _min_max_name(val_reduce_op, idx_reduce_op) -> str:
-  """The ``tl`` function behind NaN-ignoring (``nan_ignoring``) reductions."""
+  """The ``tl`` function behind ``nan_ignoring`` reductions."""
   if idx_reduce_op is not None:
     return "tl.argmin" if idx_reduce_op is np.nanargmin else "tl.argmax"
   return "tl.min" if val_reduce_op is np.nanmin else "tl.max"
 
 
 class CheckedCombine:
-  """Stands in for ``combine_fn`` (upstream calls ``combine_fn.fn``),
-  refusing a combine that changes its operands' types, as compiling does
-  (upstream would store floats into bf16 bits, say)."""
+  """``combine_fn`` refusing a change of its operands' types, as compiling
+  does (upstream would store floats into bf16 bits)."""
 
   def __init__(self, combine_fn, kernel: str, what: str):
     self.combine_fn = combine_fn
@@ -129,7 +115,7 @@ class CheckedCombine:
 
 
 class KernelNamed:
-  """A reduction or scan that knows its kernel's name, for messages."""
+  """A reduction or scan knowing its kernel's name."""
 
   def __init__(self, *args, kernel: str = "?", **kwargs):
     super().__init__(*args, **kwargs)
@@ -137,8 +123,7 @@ class KernelNamed:
 
 
 class MinMaxOnValues(KernelNamed):
-  """``ReduceOps.min_max`` on bf16 values (ignoring NaN, as Triton 3.9's
-  interpreter does); refused on float8."""
+  """``min_max`` on bf16 values (NaN ignored, as 3.9); refused on float8."""
 
   def min_max(self, input, val_reduce_op, idx_reduce_op=None):  # pylint: disable=redefined-builtin
     first = input[0] if isinstance(input, tuple) else input
@@ -202,8 +187,7 @@ class ScanOnValues(KernelNamed, _interpreter.ScanOps):
 
 
 def language_functions(kernel: str, reduce_ops, scan_ops) -> dict:
-  """``tl.reduce`` and ``tl.associative_scan`` (by name) run by the
-  ``KernelNamed`` classes ``reduce_ops`` and ``scan_ops``."""
+  """``tl.reduce`` and ``tl.associative_scan`` run by these classes."""
   def reduce(input, axis, combine_fn, keep_dims=False, **kwargs):  # pylint: disable=redefined-builtin
     del kwargs
     return reduce_ops(axis, combine_fn, keep_dims, kernel=kernel).apply(input)
@@ -217,11 +201,8 @@ def language_functions(kernel: str, reduce_ops, scan_ops) -> dict:
 
 @contextlib.contextmanager
 def reductions_on_values(kernel: str):
-  """``tl.reduce`` and ``tl.associative_scan`` on values, for one launch.
-
-  Enter inside ``_interpreter.language_patched()``, whose ones these replace
-  (as a vectorised launch's replace these, ``vector_lang``).
-  """
+  """``tl.reduce`` and ``tl.associative_scan`` on values, for one launch;
+  enter inside ``_interpreter.language_patched()``."""
   replacements = language_functions(kernel, ReduceOnValues, ScanOnValues)
   with _compat.attributes_replaced(tl, replacements), \
       _compat.attributes_replaced(tl_core, replacements):

@@ -1,15 +1,18 @@
 """Driving Triton's interpreter on host buffers, as a compiled kernel runs.
 
-Upstream, the interpreter expects torch tensors, refuses ``@triton.jit``
-helpers outside ``TRITON_INTERPRET=1`` and computes on narrow floats' bits.
-Every patch here lasts one launch, under the interpreter lock.
+Upstream expects torch tensors, refuses ``@triton.jit`` helpers outside
+``TRITON_INTERPRET=1``, computes on narrow floats' bits, skips device asserts
+and reports a failed one as a bare ``AssertionError``. Every patch here lasts
+one launch, under the interpreter lock.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import re
+import sys
 import weakref
 
 import numpy as np
@@ -19,7 +22,6 @@ from jt_dist._cpu import interpreter as _interpreter
 
 from jt_dist import _compat
 from jt_dist import _errors
-from jt_dist._cpu import asserts as _asserts
 from jt_dist._cpu import atomics as _atomics
 from jt_dist._cpu import bfloat16 as _bfloat16
 from jt_dist._cpu import bounds as _bounds
@@ -40,8 +42,7 @@ class _HostBufferExecutor(_interpreter.GridExecutor):
     del args_dev, args_hst, kwargs, kwargs_hst
 
 
-# Python function -> its InterpretedFunction: making one costs about a
-# hundredth of a tiny launch, and helpers are made again at every call.
+# Making an InterpretedFunction costs ~1% of a tiny launch, per helper call.
 _INTERPRETED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
@@ -55,12 +56,8 @@ def _interpreted(python_fn):
 
 def run(python_fn, grid: tuple[int, int, int], args, kwargs, checker=None,
         debug: bool = False):
-  """Runs ``python_fn`` over ``grid`` through Triton's interpreter.
-
-  The caller holds the interpreter lock. Pointers in ``args`` are at the
-  tagged addresses of ``checker`` (None: unchecked, real addresses). A
-  kernel fault leaves unwrapped from the interpreter's ``InterpreterError``.
-  """
+  """Runs ``python_fn`` over ``grid`` (the caller holds the interpreter
+  lock); a kernel fault leaves unwrapped from ``InterpreterError``."""
   interpreted = _interpreted(python_fn)
   executor = _HostBufferExecutor(interpreted.rewrite(),
                                  list(interpreted.arg_names), tuple(grid))
@@ -82,8 +79,7 @@ _KERNEL_FAULTS = (_errors.OutOfBoundsAccessError,
                   _errors.KernelTypeError)
 
 
-# "Expected dtype ['fp32', 'fp64'] but got bf16", from Triton's
-# ``math._check_dtype``.
+# Triton's ``math._check_dtype``: "Expected dtype ['fp32'] but got bf16".
 _MATH_DTYPE_MESSAGE = re.compile(
     r"Expected dtype \[(?P<accepted>[^\]]*)\] but got (?P<got>\w+)")
 # Language names of Triton's type names, for the suggested cast.
@@ -93,9 +89,7 @@ _LANGUAGE_NAMES = {"fp16": "float16", "fp32": "float32", "fp64": "float64",
 
 def _math_refusal(error, kernel: str) -> _errors.KernelTypeError | None:
   """The ``KernelTypeError`` for a math function's dtype refusal (``tl.exp``
-  on bf16, say; ``tl.sigmoid`` is refused as ``tl.exp``), or None where
-  ``error``, the ``InterpreterError``'s cause, is none. Read only when a
-  launch fails, so that launches pay nothing for it."""
+  on bf16), or None; read only once a launch fails, so launches pay nothing."""
   found = (_MATH_DTYPE_MESSAGE.fullmatch(str(error))
            if isinstance(error, ValueError) else None)
   name = None if found is None else _interpreter.dtype_refusing_function(
@@ -117,10 +111,8 @@ def _checked_memory(checker):
   if checker is None:
     return contextlib.nullcontext()
   native = _interpreter.native_memory()
-  if _vector_launch.enabled():
-    # Checked accesses reach real addresses in the launch's own buffers,
-    # which NumPy can gather from and scatter into. (Off, launches run as
-    # Triton's interpreter runs them, native memory module included.)
+  if _vector_launch.mode() != _vector_launch.ONE_AT_A_TIME:
+    # Accesses to the launch's own buffers as NumPy gathers and scatters.
     native = _host_memory.HostMemory(native,
                                      [b.array for b in checker.buffers])
   return _interpreter.native_memory_replaced(
@@ -128,9 +120,8 @@ def _checked_memory(checker):
 
 
 def _run_patched(executor, args, kwargs, checker, python_fn, debug):
-  # All programs at once where the kernel allows (not with tuple operands:
-  # the vectorised launch journals top-level pointers only); otherwise
-  # (memory restored) one at a time, as Triton's interpreter runs them.
+  # Vectorised where it can (not with tuple operands: the journal knows
+  # top-level pointers only), else one program at a time.
   patched = functools.partial(_patched_language, python_fn.__name__, debug)
   if (not any(isinstance(a, tuple) for a in args)
       and _vector_launch.run(executor, args, kwargs, checker, patched,
@@ -142,18 +133,14 @@ def _run_patched(executor, args, kwargs, checker, python_fn, debug):
 
 @contextlib.contextmanager
 def _patched_language(kernel: str, debug: bool):
-  """``triton.language`` and the interpreter as jt_dist runs a launch: the
-  bf16 and float8 patches wrap the builder's backports, and jt_dist's
-  replacements of language functions follow the language patches."""
+  """The language and builder as a launch runs them; the order matters:
+  each patch wraps those entered before it."""
   def call_interpreted(self, *args, **kwargs):
-    # A @triton.jit helper (a JITFunction) refuses to run outside a
-    # compiled kernel unless TRITON_INTERPRET=1: it runs interpreted.
+    # A @triton.jit helper refuses to run unless TRITON_INTERPRET=1.
     return _interpreted(self.fn).rewrite()(*args, **kwargs)
 
   def index(self):
-    # `range(n)` on a scalar tensor (a 1-element 1-D array): Triton 3.6's
-    # `int(data)` fails on NumPy >= 2.4. A pointer or float is refused, as
-    # compiling refuses it.
+    # Triton 3.6's `int(data)` of a (1,) array fails on NumPy >= 2.4.
     _vector_lang.require_integer(self, kernel)
     return int(self.handle.data.squeeze())
 
@@ -165,19 +152,70 @@ def _patched_language(kernel: str, debug: bool):
         _atomics.float_atomics_on_values(),
         _interpreter.language_patched(),
         _reductions.reductions_on_values(kernel),
-        _asserts.kernel_asserts(kernel, debug),
+        _kernel_asserts(kernel, debug),
         _compat.attributes_replaced(tl_core.tensor, {"__index__": index})):
     yield
 
 
-def interpreter_scalar(value, triton_type: str):
-  """A scalar argument (of ``triton_type``: "fp32", "i1", "u64", ...) as a
-  typed tensor, as a compiled kernel types it.
+def _launch_options(options, debug: bool):
+  """Without ``debug`` no ``sanitize_overflow``: its no-op device assert is
+  dead work on every int32 ``+``, ``-``, ``*`` (compiled kernels drop it)."""
+  changes = {"debug": debug}
+  if not debug and getattr(options, "sanitize_overflow", False):
+    changes["sanitize_overflow"] = False
+  return dataclasses.replace(options, **changes)
 
-  The interpreter types a bare Python float weakly (``x_fp16 * alpha``
-  would stay fp16), Triton 3.6's rejects its own bool arguments, and 3.9's
-  stores an int in [2**31, 2**32) in 4 bytes.
-  """
+
+def _failure(kernel: str, which: str, message, detail: str = ""):
+  text = message.value if isinstance(message, tl.constexpr) else message
+  return _errors.KernelAssertionError(
+      f"triton_call: kernel {kernel!r}, program id"
+      f" {_interpreter.program_id()}: {which} failed{detail}:"
+      f" {text!s}")
+
+
+def _static_assert_location(caller) -> str:
+  """Where a static assert ran, and the kernel line that reached it."""
+  own = _bounds.source_line(caller.f_code.co_filename, caller.f_lineno)
+  kernel_line = _bounds.running_kernel_location()
+  if not kernel_line or kernel_line == own:
+    return f" at {own}"
+  return f" at {own}, reached from the kernel's line {kernel_line}"
+
+
+@contextlib.contextmanager
+def _kernel_asserts(kernel: str, debug: bool):
+  """Device asserts on with ``debug``, failures named; enter inside
+  ``_interpreter.language_patched()``, whose ``static_assert`` this replaces."""
+  builder = _interpreter.builder()
+
+  def create_assert(self, condition, message):
+    del self
+    holds = np.asarray(condition.data, dtype=bool)
+    if not holds.all():
+      detail = f" in {int((~holds).sum())} of {holds.size} lanes"
+      raise _failure(kernel, "tl.device_assert", message, detail)
+
+  def static_assert(cond, msg="", **kwargs):
+    del kwargs
+    if not cond:  # A constexpr's truth is its value's.
+      where = _static_assert_location(sys._getframe(1))  # pylint: disable=protected-access
+      raise _failure(kernel, "tl.static_assert", msg or "(no message)", where)
+
+  options = _launch_options(builder.options, bool(debug))
+  with (_compat.attributes_replaced(builder, {"options": options}),
+        _compat.attributes_replaced(_interpreter.InterpreterBuilder,
+                                    {"create_assert": create_assert}),
+        _compat.attributes_replaced(tl, {"static_assert": static_assert}),
+        _compat.attributes_replaced(tl_core,
+                                    {"static_assert": static_assert})):
+    yield
+
+
+def interpreter_scalar(value, triton_type: str):
+  """A scalar argument typed as a compiled kernel types it: upstream types a
+  float weakly (``x_fp16 * alpha`` stays fp16), 3.6 rejects its own bools,
+  3.9 stores an int in [2**31, 2**32) in 4 bytes."""
   tl_dtype = {"fp32": tl.float32, "fp64": tl.float64, "i1": tl.int1,
               "i32": tl.int32, "u32": tl.uint32, "i64": tl.int64,
               "u64": tl.uint64}[triton_type]

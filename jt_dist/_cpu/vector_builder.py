@@ -1,17 +1,11 @@
 """Triton's interpreter builder, run over every program instance at once.
 
-Each ``TensorHandle`` carries one more leading axis than upstream: the
-program axis, of length Q (the programs) or 1 for a value all share
-(constants, scalar arguments, ``tl.arange``), which NumPy broadcasts. A
-scalar is a ``(Q,)`` array, a block of shape ``S`` a ``(Q, *S)`` one;
-upstream's scalars are ``(1,)`` arrays, so a shared scalar looks the same.
-
-Operations whose upstream form names an axis, or whose side effects happen
-once per program, are redefined here; of the rest, those not in
-``vector_reviewed.REVIEWED`` refuse. A builder spans one chunk of programs,
-numbered as upstream's grid loop visits them (x outermost, z innermost), so
-memory operations over the flattened ``(program, lane)`` order touch memory
-in upstream's order.
+Each handle has a leading program axis of Q (the chunk's programs) or 1
+(shared, broadcast): a scalar is ``(Q,)``, a block ``(Q, *S)``; upstream's
+scalars are ``(1,)``, so a shared one looks the same. Methods that name an
+axis or act once per program are redefined; unreviewed ones refuse.
+Programs are numbered as upstream's grid loop visits them (z innermost), so
+memory sees upstream's order.
 """
 
 from __future__ import annotations
@@ -38,14 +32,14 @@ def _lead(data) -> int:
 
 
 def _with_programs(arrays, count: int):
-  """``arrays`` broadcast to one shape whose program axis is ``count``."""
+  """``arrays`` broadcast to one shape, program axis ``count``."""
   arrays = [np.asarray(a) for a in arrays]
   shape = (count,) + np.broadcast_shapes(*(a.shape for a in arrays))[1:]
   return [np.ascontiguousarray(np.broadcast_to(a, shape)) for a in arrays]
 
 
 def same_programs(arrays):
-  """``arrays`` broadcast along the program axis to the longest one's."""
+  """``arrays`` broadcast to the longest program axis."""
   count = max(_lead(a) for a in arrays)
   return [np.broadcast_to(a, (count,) + a.shape[1:]) for a in arrays]
 
@@ -60,7 +54,6 @@ class VectorBuilder(_interpreter.InterpreterBuilder):
 
   def __init__(self, grid: tuple[int, int, int],
                programs: range | None = None):
-    """A builder over ``programs`` of ``grid`` (all of them if None)."""
     super().__init__()
     self.set_grid_dim(*grid)
     self.grid_idx = None
@@ -83,8 +76,7 @@ class VectorBuilder(_interpreter.InterpreterBuilder):
   def create_make_range(self, ret_ty, start, stop):
     return TensorHandle(np.arange(start, stop, dtype=np.int32)[None], tl.int32)
 
-  # Memory: loads may stay shared; writes happen once per program, each
-  # honouring the programs masked lockstep (``lockstep``) leaves active.
+  # Memory: loads may stay shared; writes honour the lockstep masks.
 
   def active(self, mask):
     """``mask`` (a per-lane bool array) and the active programs."""
@@ -125,13 +117,10 @@ class VectorBuilder(_interpreter.InterpreterBuilder):
 
   def create_atomic_cas(self, ptr, cmp, val, *args, **kwargs):
     p, c, v = _with_programs([ptr.data, cmp.data, val.data], self.programs)
-    rows = self.masks.current
-    if rows is None:
-      return super().create_atomic_cas(
-          TensorHandle(p, ptr.dtype), TensorHandle(c, cmp.dtype),
-          TensorHandle(v, val.dtype), *args, **kwargs)
+    active = self.masks.current
+    rows = slice(None) if active is None else active
     old = np.zeros_like(v)
-    if rows.any():
+    if active is None or active.any():
       old[rows] = super().create_atomic_cas(
           TensorHandle(p[rows], ptr.dtype), TensorHandle(c[rows], cmp.dtype),
           TensorHandle(v[rows], val.dtype), *args, **kwargs).data
@@ -149,9 +138,8 @@ class VectorBuilder(_interpreter.InterpreterBuilder):
     return super().create_assume(self._holds(condition))
 
   def create_addptr(self, ptr, offset):
-    # Upstream's ``ptr + width * offset`` makes three arrays of addresses,
-    # megabytes each over every program of a large block. One, updated in
-    # place, holds the same uint64 addresses, wrapping as upstream's do.
+    # Upstream's ``ptr + width * offset`` makes three large arrays; one,
+    # updated in place, holds the same wrapping uint64 addresses.
     width = max(1, ptr.get_element_ty().primitive_bitwidth // 8)
     addresses = np.asarray(offset.data).astype(np.uint64)
     if width != 1:
@@ -248,20 +236,13 @@ _ADDABLE = tuple(np.dtype(t) for t in (np.float32, np.float64, np.int32,
 
 
 def _shared_address_add(row_ptrs, values, row_mask, programs: int):
-  """Every program's atomic add into the same addresses, in program order.
-
-  Where each program adds into the same distinct addresses (a gradient
-  accumulated over rows), program ``p`` sees the initial values plus those
-  of programs ``0..p-1``: a cumulative sum down the program axis, which
-  NumPy adds sequentially, as native atomics would, reading and writing
-  memory once. Returns the old values per program and lane (0 where
-  masked), or None where this does not apply (then native atomics).
-  """
+  """Every program's atomic add into the same distinct addresses, as a
+  sequential cumsum down the program axis (as native atomics add): the old
+  values (0 where masked), or None where this cannot apply."""
   values = np.asarray(values)
   row_mask = np.broadcast_to(np.asarray(row_mask, dtype=bool), row_ptrs.shape)
   ptrs = row_ptrs[row_mask]
-  # Compared, not differenced: a uint64 difference wraps a decrease (an
-  # address met twice, unsorted) into a large positive step.
+  # Compared, not differenced: a uint64 difference wraps a decrease.
   if (values.dtype not in _ADDABLE or ptrs.size == 0
       or (ptrs.size > 1 and not (ptrs[1:] > ptrs[:-1]).all())):
     return None
@@ -313,7 +294,7 @@ def _tile_pointers(handle, offsets, checked_dims):
 def _descriptor_pointers(self, offsets):
   itemsize = max(1, self.base.dtype.element_ty.primitive_bitwidth // 8)
   if np.any((np.asarray(offsets[-1].data) * itemsize) % 16 != 0):
-    # Upstream asserts; the one-program path raises its own message.
+    # Upstream asserts; one program at a time raises its message.
     raise Unsupported("misaligned tensor descriptor offset")
   return _tile_pointers(self, offsets, range(len(self.block_shape)))
 

@@ -1,21 +1,10 @@
 """How many programs of a vectorised launch run at once.
 
-Every value of a vectorised launch carries a program axis, so its working
-memory grows with the programs run together (tens of GiB over a grid of
-2**31). A launch runs its grid in chunks of consecutive programs, each of
-working memory (beyond the buffers) under ``WORKING_MEMORY_BOUND``, sized
-from measurements per kernel, signature and constexprs:
-
-- A kernel's first chunk is one program. The bytes of every value it
-  creates, times ``_TEMPORARIES`` for NumPy's temporaries, bound its
-  working memory from above, at next to no cost.
-- A chunk whose estimate reaches ``_TRACED_FROM`` is measured exactly
-  (``tracemalloc``'s peak, to which NumPy reports), where its work dwarfs
-  the tracing; chunks then grow at most ``_GROWTH`` times per step over the
-  largest one measured, until a chunk is no more than twice that one.
-
-Later launches size their chunks from the estimate: a small grid runs as
-one chunk, unmeasured.
+Working memory grows with the programs run together, so a grid runs in
+chunks of consecutive programs under ``WORKING_MEMORY_BOUND``, sized per
+kernel key. The first chunk is one program, its values' bytes (times
+``_TEMPORARIES``) an upper bound; chunks estimated past ``_TRACED_FROM``
+are measured by ``tracemalloc`` and grow at most ``_GROWTH`` times a step.
 """
 
 from __future__ import annotations
@@ -41,7 +30,7 @@ class Estimate(NamedTuple):
 
   per_program: float  # Bytes.
   programs: int
-  traced: bool  # Whether ``tracemalloc`` measured it (else values counted).
+  traced: bool  # Measured by ``tracemalloc`` (else values counted).
 
 
 # Kernel key -> Estimate; read and written under the interpreter lock.
@@ -49,8 +38,7 @@ _estimates: dict = {}
 
 
 def chunks(key, total: int) -> Iterator[range]:
-  """Ranges of flat program numbers, in order, each to run inside
-  ``measured(key, programs)``."""
+  """Ranges of flat program numbers, each run inside ``measured``."""
   start = 0
   while start < total:
     programs = range(start, min(total, start + _next_size(key)))
@@ -96,8 +84,7 @@ def _record(key, nbytes: int, programs: range, traced: bool) -> None:
 
 @contextlib.contextmanager
 def _values_bytes():
-  """Yields a list whose item counts the bytes of the block's new values
-  (broadcast views at their full size)."""
+  """Yields ``[bytes of the block's new values]`` (views at full size)."""
   handle = _interpreter.TensorHandle
   original = getattr(handle, "__post_init__", None)
   counted = [0]
@@ -113,11 +100,8 @@ def _values_bytes():
 
 @contextlib.contextmanager
 def _peak_bytes():
-  """Yields a list that receives the block's peak of new allocations.
-
-  A caller's ``tracemalloc`` peak is left alone: the block's is then bounded
-  by the larger peak less what was allocated before the block.
-  """
+  """Yields a list receiving the block's allocation peak (bounded from
+  above where a caller traces already: its peak is left alone)."""
   found: list[int] = []
   started = not tracemalloc.is_tracing()
   if started:

@@ -1,9 +1,7 @@
-"""Undoing one chunk of a vectorised launch: the bytes its writes replaced.
+"""Undoing a chunk of a vectorised launch that gives way.
 
-When a chunk gives way (``vector_launch``), what it wrote is put back,
-written-byte maps included. For each write the journal keeps the bytes it
-replaces: a slice of the buffer where the write is dense, else the written
-elements' bytes alone; so about what the chunk stores, never a whole buffer.
+Each write keeps the bytes (and written-byte map) it replaces: a slice
+where dense, else the elements alone; never a whole buffer.
 """
 
 from __future__ import annotations
@@ -15,8 +13,8 @@ import numpy as np
 
 from jt_dist._cpu import interpreter as _interpreter
 
-# A write whose addresses span at most this many times its bytes (plus a
-# page) is saved as one slice: a copy instead of a gather.
+# A write spanning at most this many times its bytes (plus a page) is
+# saved as one slice: a copy instead of a gather.
 _DENSE = 2
 _PAGE = 4096
 
@@ -26,12 +24,8 @@ def _dense(first: int, last: int, lanes: int, itemsize: int) -> bool:
 
 
 class Window(NamedTuple):
-  """One buffer (``array``) as the kernel addresses it.
-
-  ``start``/``end`` bound the addresses that name it (the checker's tagged
-  region, or the buffer's own bytes), ``base`` is its first byte's address
-  as the kernel sees it, ``written`` its written-byte map or None.
-  """
+  """A buffer as the kernel addresses it: ``[start, end)`` name it,
+  ``base`` is its first byte, ``written`` its byte map or None."""
 
   array: np.ndarray
   start: int
@@ -57,7 +51,6 @@ def windows_of(args, checker) -> list[Window] | None:
 
 
 def _pointer_of(arg):
-  """The pointer an argument reaches memory by: its own, a descriptor's."""
   if hasattr(arg, "data_ptr"):
     return arg
   base = getattr(arg, "base", None)
@@ -79,8 +72,7 @@ def writable_bytes(array: np.ndarray) -> np.ndarray:
 
 
 class WriteJournal:
-  """The interpreter's memory module, remembering what each write replaces
-  until ``clear``, for ``restore``."""
+  """The memory module, keeping what each write replaces for ``restore``."""
 
   def __init__(self, windows: list[Window]):
     self._inner = _interpreter.native_memory()
@@ -122,7 +114,7 @@ class WriteJournal:
       if (w.start <= lo and hi < w.end and 0 <= first
           and last <= w.array.nbytes
           and _dense(first, last, ptrs.size, itemsize)):
-        # The usual write: one block of one buffer. No array of offsets.
+        # The usual write: one block of one buffer.
         self._keep(k, slice(first, last))
       else:
         self._save_lanes(k, ptrs[(ptrs >= w.start) & (ptrs < w.end)],
@@ -136,8 +128,7 @@ class WriteJournal:
   def _save_lanes(self, k: int, ptrs, itemsize: int) -> None:
     w = self._windows[k]
     offsets = ptrs.view(np.int64) - np.int64(w.base)
-    # Lanes outside the buffer write nothing here: the checker refuses them,
-    # and unchecked they land outside every buffer the journal knows.
+    # Lanes outside the buffer write nothing of it (checked or not).
     inside = (offsets >= 0) & (offsets <= w.array.nbytes - itemsize)
     if not inside.all():
       offsets = offsets[inside]

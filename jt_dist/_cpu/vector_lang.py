@@ -1,18 +1,10 @@
 """``triton.language`` as a vectorised launch needs it patched.
 
-Upstream's interpreter patches ``tl.tensor``'s conversions to Python values
-and ``tl.reduce``/``tl.associative_scan`` for one program at a time; here
-they act per program along the leading program axis. A conversion to a
-Python ``bool`` or ``int`` outside what lockstep runs (``lockstep_rewrite``)
-raises ``Divergent`` where the active programs disagree.
-
-Float ``tl.atomic_max``/``tl.atomic_min`` keep program order: Triton lowers
-a float atomic max to two integer atomics on the value's bits (a signed max
-on the lanes whose sign bit is clear, then an unsigned min on the others;
-a min the other way round), each lane's old value from the one that ran it.
-One program at a time, program 0 runs both before program 1 runs either;
-vectorised, each would run for all programs first. So where both halves
-have lanes, the pair runs program after program.
+Conversions to Python values, reductions and scans act per program; a
+``bool``/``int`` outside lockstep raises ``Divergent`` where programs
+disagree. A float atomic max/min is two integer atomics (signed on
+non-negative lanes, unsigned on the rest); where both have lanes the pair
+runs program after program, as one program at a time would.
 """
 
 from __future__ import annotations
@@ -32,8 +24,7 @@ class Divergent(Exception):
   """The programs of a vectorised launch would take different paths."""
 
 
-# Set while a combine function runs on whole blocks where upstream would
-# hand it scalars (generic reductions and scans).
+# Set while a combine function runs on blocks where upstream hands scalars.
 _COMBINING = []
 
 
@@ -42,19 +33,14 @@ def _bool(tensor):
   if data.size != (data.shape[0] if data.ndim else 1):
     if _COMBINING:
       raise _vb.Unsupported("bool() inside a combine function")
-    # Upstream calls every block true (Triton's semantic layer asks whether
-    # an optional operand was given this way).
+    # As upstream (the semantic layer asks if an operand was given so).
     return True
   return bool(_one_value(tensor, "bool()"))
 
 
 def require_integer(tensor, kernel: str) -> None:
-  """Refuses a pointer or float where Python needs an int, as Triton does.
-
-  ``range(n)``'s bounds and an index into a tuple use ``__index__``, which
-  upstream's interpreter allows on anything: a pointer bound would loop
-  over its address (for hours) where compiling fails.
-  """
+  """Refuses a non-integer ``__index__`` (range bounds, tuple indices), as
+  compiling does; upstream would loop over a pointer's address for hours."""
   dtype = tensor.dtype
   if dtype.is_int():
     return
@@ -97,7 +83,7 @@ def _transpose(self):
 
 
 def patch(scope, kernel: str) -> None:
-  """Adds the vectorised forms to ``scope`` (after upstream's, to win)."""
+  """Adds the vectorised forms to ``scope``, after upstream's."""
   tensor = tl.core.tensor
 
   def index(self):
@@ -137,7 +123,7 @@ class _ProgramsReduce(_reductions.KernelNamed, _interpreter.ReduceOps):
     return _to_tensor(ret, dtype)
 
   def _flat(self, data):
-    """``data`` and the NumPy axis to reduce (the block flattened if None)."""
+    """``data`` and the axis to reduce (the block flattened if None)."""
     if self.axis is None:
       return data.reshape(data.shape[0], -1), 1
     return data, int(self.axis) + 1
@@ -195,8 +181,7 @@ def _running(combine_fn, datas, axis, dtypes):
 
 
 def _combine(combine_fn, acc, step, dtypes):
-  """One combine step over all programs, cast back to the inputs' types
-  (as upstream stores each step; ``CheckedCombine`` refuses other types)."""
+  """One combine step over all programs, cast back as upstream stores it."""
   args = [_to_tensor(v, dt) for v, dt in zip(acc + step, dtypes * 2)]
   _COMBINING.append(True)
   try:

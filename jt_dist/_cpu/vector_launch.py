@@ -1,19 +1,11 @@
 """Running a launch's programs together through the interpreter, or giving way.
 
-A launch runs vectorised (``vector_builder``, ``vector_lang``), the kernel
-and its helpers in their lockstep form (``lockstep_rewrite``), its grid in
-chunks of consecutive programs of bounded working memory (``vector_chunks``),
-in order; between chunks Ctrl-C stops it. Where a chunk cannot run as one
-(control flow lockstep leaves alone diverges, an operation is not reviewed,
-anything raises), what it wrote is put back (``vector_journal``), and its
-programs and all later ones run one at a time as Triton's interpreter runs
-them, which reports any fault as before. A kernel (per signature and
-constexprs) that once gave way runs one program at a time from then on.
-
-``JT_DIST_VECTORIZE`` (read at each launch) turns this off (``0``), or runs
-each launch both ways and compares what they wrote (``check``): vectorised
-first, then, the buffers and written-byte maps put back, one program at a
-time, whose results stay; any difference raises ``VectorisedMismatchError``.
+A grid runs vectorised in chunks (``vector_chunks``), in lockstep form. A
+chunk that raises is undone (``vector_journal``) and it and later programs
+run one at a time, which reports faults as before; a kernel key that gave
+way once stays one at a time. ``JT_DIST_VECTORIZE=check`` runs both ways
+(the one-at-a-time results stay) and raises ``VectorisedMismatchError``
+where they differ.
 """
 
 from __future__ import annotations
@@ -55,22 +47,10 @@ def mode() -> str:
   return _MODES[_settings.vectorize()]
 
 
-def enabled() -> bool:
-  """Whether CPU launches try the vectorised interpreter (default on)."""
-  return mode() != ONE_AT_A_TIME
-
-
 def run(executor, args, kwargs, checker, patched_language, python_fn) -> bool:
   """Runs the launch vectorised if it can; False if the caller must run it
-  one program at a time (memory as before this call).
-
-  The caller holds the interpreter lock, memory patched as for a launch one
-  program at a time. ``executor`` is the ``GridExecutor``, ``kwargs`` the
-  constexprs, ``checker`` a ``bounds.MemoryChecker`` or None,
-  ``patched_language`` a context manager factory patching
-  ``triton.language`` as one program at a time needs (entered once the
-  vectorised builder is in place), ``python_fn`` the kernel's function.
-  """
+  one program at a time (memory as before). ``patched_language()`` is
+  entered once the vectorised builder is in place."""
   how = mode()
   grid = _grid(executor)
   if grid is None or how == ONE_AT_A_TIME:
@@ -83,8 +63,8 @@ def run(executor, args, kwargs, checker, patched_language, python_fn) -> bool:
 
 
 def kernel_key(fn, args, kwargs) -> tuple:
-  """What a decision is cached under: kernel, argument types, constexprs."""
-  # A runtime scalar's wrapper (jt_dist._core.wrapper): the user's kernel.
+  """Kernel, argument types and constexprs."""
+  # Through a runtime scalar's wrapper (jt_dist._core.wrapper).
   fn = fn.__globals__.get("_jt_dist_user_fn", fn)
   code = fn.__code__
   sig = tuple(_arg_signature(a) for a in args)
@@ -108,7 +88,7 @@ def _decide(key, how: str, why: str) -> None:
 
 
 def _grid(executor):
-  """The launch's grid as 3 ints, or None where vectorising cannot help."""
+  """The grid as 3 ints, or None where vectorising cannot help."""
   if callable(executor.grid) or executor.pre_run_hooks:
     return None
   grid = tuple(int(g) for g in executor.grid)
@@ -139,9 +119,8 @@ class Launch:
     if windows is None:
       return False
     journal = _journal.WriteJournal(windows)
-    # In lockstep, programs a branch or loop trip leaves out compute on
-    # masked values (a row of -inf minus its max, -inf) whose results are
-    # dropped: NumPy's floating-point warnings there are not the kernel's.
+    # Masked programs compute on values whose results are dropped: their
+    # floating-point warnings are not the kernel's.
     builder = _vb.VectorBuilder(self.grid, range(0))
     with _interpreter.native_memory_replaced(journal), \
         _interpreter.builder_replaced(builder), \
@@ -168,12 +147,10 @@ class Launch:
           _run_vectorised(self)
       except Exception as e:  # pylint: disable=broad-except
         journal.restore()
-        # An interrupt that the kernel's code turned into another error
-        # stops the launch; it does not start it over.
+        # An interrupt turned into another error stops the launch.
         _interrupts.raise_if_interrupted()
         if isinstance(e, _KERNEL_FAULTS):
-          # Reported one program at a time (program id included); later,
-          # correct launches may still vectorise.
+          # Reported one at a time; later launches may still vectorise.
           logger.debug("jt_dist: kernel %s faulted vectorised; running its"
                        " programs from %d on one at a time to report it: %s",
                        self.key[2], programs.start, e)
@@ -218,8 +195,7 @@ def _call_args(executor, args, kwargs) -> dict:
 def _run_vectorised(launch):
   executor = launch.executor
   fn = _lockstep_rewrite.rewrite(launch.python_fn, lambda: executor.fn)
-  # ``patched_language`` has patched triton.language and its core, the only
-  # modules upstream's ``_patch_lang(fn)`` would patch again.
+  # ``patched_language`` has patched what upstream's ``_patch_lang`` would.
   scope = _interpreter.LangPatchScope()
   try:
     _vl.patch(scope, fn.__name__)
@@ -274,7 +250,7 @@ def _snapshot(windows) -> list[tuple[np.ndarray, np.ndarray | None]]:
 
 
 def _mismatch(launch, name, array, differs, vectorised, what):
-  """The error for bytes ``differs`` (byte offsets) of buffer ``array``."""
+  """The error for byte offsets ``differs`` of ``array``."""
   itemsize = max(array.itemsize, 1)
   elements = np.unique(differs // itemsize)
   first = int(elements[0])
@@ -298,6 +274,6 @@ def _mismatch(launch, name, array, differs, vectorised, what):
 
 
 def decisions_of(python_fn) -> set[str]:
-  """How launches of the kernel function ``python_fn`` ran (for tests)."""
+  """How launches of ``python_fn`` ran (for tests)."""
   where = (python_fn.__code__.co_filename, python_fn.__name__)
   return {how for key, how in _decisions.items() if (key[0], key[2]) == where}

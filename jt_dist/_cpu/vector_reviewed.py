@@ -1,11 +1,9 @@
 """Which of the interpreter's builder methods run right over all programs.
 
-An upstream builder method that broadcasts over the leading program axis
-(``vector_builder``), as elementwise NumPy does, may run unchanged; one that
-names the first axis, loops over it or acts once per call would mix
-programs. Only the methods listed here, each read for this, run as upstream
-wrote them; every other one, a later Triton's included, refuses
-(``Unsupported``) before computing anything.
+A method that broadcasts over the leading program axis runs unchanged; one
+naming, looping over or acting once for the first axis would mix programs.
+Only the methods listed, each read for this, run as upstream wrote them;
+every other, a later Triton's included, refuses (``Unsupported``).
 """
 
 from __future__ import annotations
@@ -17,13 +15,9 @@ class Unsupported(Exception):
   """A vectorised launch met an operation it cannot run for all programs."""
 
 
-# Beyond those VectorBuilder redefines: the grid's size, types and constants
-# (shared by every program), elementwise arithmetic, comparisons and
-# conversions (NumPy broadcasts them), operations that only call redefined
-# ones (plain, tensor-descriptor and block-pointer loads and stores), and
-# ``tl.dot`` (NumPy's matmul takes the program axis as a batch axis). Left
-# off: printing, polling, a program id set from outside, scaled dots and
-# descriptor gathers/scatters (upstream loops over the first axis).
+# Shared or elementwise methods, those calling only redefined ones (loads,
+# stores) and ``tl.dot`` (matmul batches the program axis). Left off:
+# printing, polling, scaled dots, descriptor gathers (they loop on axis 0).
 REVIEWED = frozenset("""
     set_grid_dim get_cache_policy get_ptr_ty get_block_ty get_half_ty
     get_bf16_ty get_float_ty get_double_ty get_int1_ty get_int8_ty
@@ -67,8 +61,8 @@ def _refusal(name: str):
 
 
 def refuse_unreviewed(cls, base) -> list[str]:
-  """Makes ``cls`` refuse ``base``'s methods it neither redefines nor
-  reviewed; returns their names."""
+  """``cls`` refuses ``base``'s unreviewed methods it does not redefine;
+  returns their names."""
   own = [c for c in cls.__mro__ if c not in base.__mro__]
   refused = []
   for name, value in inspect.getmembers(base):

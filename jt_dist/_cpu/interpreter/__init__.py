@@ -1,9 +1,7 @@
 """Triton's interpreter: the names and hooks jt_dist's CPU runtime uses.
 
-The only package of jt_dist that imports ``triton.runtime.interpreter``
-(Triton 3.6 through 3.9 hold every name below); ``language`` records its
-patches of ``triton.language`` once, ``triton36_floats`` evens out Triton
-3.6's float differences.
+The only package importing ``triton.runtime.interpreter`` (3.6 to 3.9 hold
+every name below).
 """
 
 from __future__ import annotations
@@ -39,7 +37,7 @@ patch_lang = _interpreter._patch_lang  # pylint: disable=protected-access
 
 
 def builder():
-  """The interpreter's builder in place (jt_dist replaces it per launch)."""
+  """The interpreter's builder in place."""
   return _interpreter.interpreter_builder
 
 
@@ -53,11 +51,9 @@ def builder_replaced(replacement):
     yield
 
 
-# The interpreter reaches memory only through four functions of its native
-# module, `_interpreter` there: load(ptrs, mask, other, dtype), store(ptrs,
-# values, mask), atomic_rmw(op, ptrs, values, mask, sem) and
-# atomic_cas(ptrs, cmp, values, sem). Plain, block-pointer (3.6) and
-# tensor-descriptor (3.9) accesses all end there: the one place to check.
+# Every memory access (pointer, block pointer, descriptor) ends in this
+# native module's load, store, atomic_rmw or atomic_cas: the one place to
+# check.
 _NATIVE_MEMORY_ATTR = "_interpreter"
 
 
@@ -78,8 +74,8 @@ def program_id() -> tuple[int, int, int] | None:
 
 
 def dtype_refusing_function(traceback) -> str | None:
-  """The math function whose dtype check (``math._check_dtype``'s closure
-  over ``dtypes`` and ``fn``) raised along ``traceback``, or None."""
+  """The math function whose ``math._check_dtype`` closure raised along
+  ``traceback``, or None."""
   while traceback is not None:
     frame = traceback.tb_frame
     if "dtypes" in frame.f_code.co_freevars:
@@ -101,12 +97,8 @@ def block_pointer(base, shape, strides, offsets, block_shape, order) -> Any:
 
 
 def function_rewriter(python_fn, transform, name: str, value):
-  """``python_fn`` rewritten as upstream does, then by ``transform`` (of the
-  module's AST); None where the source cannot be read.
-
-  Defined inside an outer function binding ``name`` to ``value``, so the
-  rewritten code reaches ``value`` as a closure variable.
-  """
+  """``python_fn`` rewritten as upstream does, then by ``transform``, with
+  ``name`` bound to ``value`` as a closure variable; None without source."""
   rewriter = _interpreter.FunctionRewriter(python_fn)
   try:
     lines, _ = inspect.getsourcelines(python_fn)

@@ -1,32 +1,22 @@
 """``triton.language`` as Triton's interpreter patches it, recorded once.
 
-At every launch the interpreter's ``_patch_lang(fn)`` walks the language
-modules and tensor classes and wraps every builtin anew: about a third of a
-tiny kernel's launch. While the modules hold the same originals the walk
-gives the same wrappers, provided they do not bind the launch's builder:
-Triton 3.9's read the module-level ``interpreter_semantic`` at call time;
-Triton 3.6's bind a ``TritonSemantic(builder)``, which while recording
-hands out ``interpreter_semantic`` itself, whose ``builder`` follows the
-one in place (the vectorised launch sets it). So the patches are recorded
-once and re-applied per launch; the executor's own ``_patch_lang`` then
-only checks that the kernel can see ``triton.language``.
+Upstream's ``_patch_lang`` wraps every builtin anew per launch (a third of
+a tiny launch). The wrappers are the same while the originals are, unless
+they bind a builder: 3.9's read ``interpreter_semantic`` at call time, and
+3.6's get that one while recording. So they are recorded once and reapplied.
 """
 
 from __future__ import annotations
 
 import contextlib
-import functools
 import inspect
 import re
 from typing import Any
 
 import triton
-# Imported before any launch patches the language modules: Triton's code
-# generator keys what it runs at compile time (tl.static_assert,
-# tl.static_print) by the objects triton.language holds when it is first
-# imported, and Triton imports it lazily. First imported inside a launch, it
-# would key them by the interpreter's stand-ins, and every later compile for
-# a GPU in the process would skip the kernel's static asserts.
+# Imported before any launch patches the language: the code generator keys
+# tl.static_assert by the objects tl holds at its (lazy) first import, and
+# keyed by the interpreter's stand-ins, GPU compiles would skip the asserts.
 from triton.compiler import code_generator as _code_generator  # pylint: disable=unused-import
 import triton.language as tl
 from triton.language import core as tl_core
@@ -37,15 +27,12 @@ from jt_dist._compat.triton_api import LANGUAGE_LOCK
 
 _ABSENT = object()
 
-# What upstream's `_patch_lang(fn)` patches, whichever a kernel's globals name.
 _LANGUAGE_MODULES = (tl, tl_core)
 
 
-@functools.cache
-def _wrappers_read_shared_semantic() -> bool:
-  """Whether wrappers never bind a builder (Triton 3.9 on)."""
-  match = re.match(r"(\d+)\.(\d+)", triton.__version__)
-  return match is not None and (int(match[1]), int(match[2])) >= (3, 9)
+# Triton 3.9's wrappers never bind a builder.
+_SHARED_SEMANTIC = tuple(
+    int(v) for v in re.findall(r"\d+", triton.__version__)[:2]) >= (3, 9)
 
 
 class _Recorder:
@@ -58,8 +45,7 @@ class _Recorder:
     self.bound = False  # A wrapper bound a semantic of its own.
 
   def set_attr(self, obj, name, value):
-    # The same attribute may be set twice (tl.tensor is tl.core.tensor);
-    # both values wrap the same original, and the last wins as upstream.
+    # Set twice (tl.tensor is tl.core.tensor): the last wins, as upstream.
     self.changes.setdefault(id(obj), (obj, {}))[1][name] = value
 
   def restore(self):
@@ -80,15 +66,12 @@ class _Recorder:
     """Whether the recorded wrappers serve any builder, any launch."""
     if self.bound or not self.changes:
       return False
-    return self.shared or _wrappers_read_shared_semantic()
+    return self.shared or _SHARED_SEMANTIC
 
 
 class _OwnerPlan:
-  """Upstream's patches of one owner (a module or a class), made once.
-
-  A launch applies and undoes about 250 attributes: nothing is read back,
-  and a module's dictionary is updated in one call (a class's is read-only).
-  """
+  """Upstream's patches of one module or class; applied with no reads back,
+  a module's in one dictionary update (~250 attributes a launch)."""
 
   def __init__(self, obj, replacements):
     own = vars(obj)
@@ -127,8 +110,8 @@ class _OwnerPlan:
         delattr(self.obj, name)
 
 
-# "plan": the recorded _OwnerPlans; "unusable": a recording cannot be reused
-# here. Read and written under LANGUAGE_LOCK.
+# "plan": the recorded _OwnerPlans; "unusable": recordings cannot be
+# reused. Under LANGUAGE_LOCK.
 _cache: dict[str, Any] = {}
 
 
@@ -162,8 +145,7 @@ def _plan_for_launch(patch_lang) -> list[_OwnerPlan] | None:
     return plan
   plan = _recorded_plan(patch_lang)
   if plan is None:
-    # Not upstream's shape, or wrappers bound to one builder: from now on
-    # patch as upstream does, once per launch.
+    # Not reusable: patch as upstream does, per launch, from now on.
     _cache["unusable"] = True
   _cache["plan"] = plan
   return plan
@@ -179,9 +161,8 @@ def _visibility_check(fn):
 
 @contextlib.contextmanager
 def language_patched():
-  """Patches ``triton.language`` and its core for one interpreted launch;
-  within it upstream's ``_patch_lang`` only checks visibility, so that
-  jt_dist's own replacements entered inside stay."""
+  """Patches the language for one launch; within it upstream's
+  ``_patch_lang`` only checks visibility, so replacements entered inside stay."""
   with LANGUAGE_LOCK, contextlib.ExitStack() as stack:
     patch_lang = _interpreter._patch_lang  # pylint: disable=protected-access
     if patch_lang is _visibility_check:

@@ -1,12 +1,8 @@
 """Where Triton 3.6's interpreter treats floats otherwise than 3.9's.
 
-Remove when Triton 3.6 support ends (the backport then is empty, the
-mapping the identity). ``tl.minimum``, ``tl.maximum`` and ``tl.clamp`` with
-``propagate_nan`` NONE return the other operand where one is NaN on GPUs
-and in 3.9 (``np.fmin``, ``np.fmax``); 3.6 returns NaN. ``tl.argmin`` and
-``tl.argmax`` reduce with ``np.argmin`` in 3.6, with the NaN-ignoring
-``np.nanargmin`` in 3.9. Language differences stay, as compiled kernels
-have them (3.6 widens bf16 in ``tl.minimum``, divides bf16 in bf16).
+Remove when Triton 3.6 support ends. 3.6's minimum, maximum and clamp
+return NaN for a NaN operand (GPUs and 3.9 the other one), and its
+argmin/argmax do not ignore NaN. Language differences stay, as compiled.
 """
 
 from __future__ import annotations
@@ -29,8 +25,7 @@ _NAN_IGNORING = {np.min: np.nanmin, np.max: np.nanmax,
 
 
 def nan_ignoring(reduce_op):
-  """``np.nanmin`` for ``np.min`` and so on (others unchanged), as Triton
-  3.9 picks for ``ReduceOps.apply_impl``'s ``min_max``."""
+  """``np.nanmin`` for ``np.min`` and so on, as Triton 3.9's ``min_max``."""
   return _NAN_IGNORING.get(reduce_op, reduce_op)
 
 
@@ -55,8 +50,7 @@ def _scalar(value) -> TensorHandle:
 
 @functools.cache
 def _backports() -> dict:
-  """The builder methods that return NaN for a NaN operand, with fixes
-  (none where upstream computes as Triton 3.9 does)."""
+  """Fixes of the builder methods that return NaN for a NaN operand."""
   builder = _interpreter.InterpreterBuilder()
   nan, one = _scalar(np.nan), _scalar(1.0)
   results = {
@@ -75,8 +69,8 @@ def _backports() -> dict:
 
 @contextlib.contextmanager
 def builder_backported():
-  """Triton 3.9's NaN-ignoring minimum, maximum and clamp, for one launch
-  (entered before other patches of the builder, which wrap these)."""
+  """3.9's NaN-ignoring minimum, maximum and clamp for one launch; enter
+  before the builder patches that wrap them."""
   with LANGUAGE_LOCK, attributes_replaced(_interpreter.InterpreterBuilder,
                                           _backports()):
     yield

@@ -29,25 +29,9 @@ _LOCK = threading.Lock()
 # XLA keeps the trampoline's address for life: never freed nor replaced.
 _HANDLER = None
 _REGISTERED: bool | None = None  # None: not tried yet.
-# Custom call's index attribute -> _HostCall, alive while an executable is.
+# Custom call's index attribute -> its call, alive while an executable is.
 _CALLS: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
 _NEXT_INDEX = itertools.count(1)
-
-
-class _HostCall:
-  """What one lowered custom call runs: ``fn(inputs, outputs)``."""
-
-  __slots__ = ("fn", "in_avals", "out_avals", "__weakref__")
-
-  def __init__(self, fn, in_avals, out_avals):
-    self.fn = fn
-    self.in_avals = [(tuple(a.shape), np.dtype(a.dtype)) for a in in_avals]
-    self.out_avals = [(tuple(a.shape), np.dtype(a.dtype)) for a in out_avals]
-
-  def __call__(self, *args):
-    # Held by jaxlib as a host callback, but reached via the FFI target.
-    raise RuntimeError("jt_dist: the CPU FFI target's record was called as"
-                       " a host callback.")
 
 
 def ensure_registered() -> bool:
@@ -70,9 +54,15 @@ def ensure_registered() -> bool:
 
 
 def add_call(fn, in_avals, out_avals, module_context) -> int:
-  """Records ``fn`` for one custom call; returns its index attribute. A host
-  callback of the module lives with the executable (a keepalive did not)."""
-  call = _HostCall(fn, in_avals, out_avals)
+  """Records ``fn(inputs, outputs)`` for one custom call; returns its index
+  attribute. A host callback of the module lives with the executable (a
+  keepalive did not)."""
+  ins, outs = ([(tuple(a.shape), np.dtype(a.dtype)) for a in avals]
+               for avals in (in_avals, out_avals))
+
+  def call(args, rets):
+    fn(_views(args, ins, "operand"), _views(rets, outs, "result"))
+
   module_context.add_host_callback(call)
   with _LOCK:
     index = next(_NEXT_INDEX)
@@ -107,8 +97,7 @@ def _handle(frame_pointer):
           f"jt_dist: no CPU kernel for custom call index {index}: the"
           " executable was not lowered in this process (a deserialized CPU"
           " executable cannot run a triton_call); lower it again.")
-    call.fn(_views(frame.args, call.in_avals, "operand"),
-            _views(frame.rets, call.out_avals, "result"))
+    call(frame.args, frame.rets)
     return None
   except BaseException as e:  # pylint: disable=broad-except
     # An exception leaving a ctypes callback would read as success to XLA.

@@ -9,6 +9,7 @@ from __future__ import annotations
 import ast
 import contextlib
 import inspect
+import traceback
 from typing import Any
 
 import triton
@@ -54,16 +55,13 @@ def builder_replaced(replacement):
 # Every memory access (pointer, block pointer, descriptor) ends in this
 # native module's load, store, atomic_rmw or atomic_cas: the one place to
 # check.
-_NATIVE_MEMORY_ATTR = "_interpreter"
-
-
 def native_memory() -> Any:
-  return getattr(_interpreter, _NATIVE_MEMORY_ATTR)
+  return _interpreter._interpreter  # pylint: disable=protected-access
 
 
 def native_memory_replaced(replacement: Any):
   """Routes the interpreter's memory accesses through ``replacement``."""
-  return attributes_replaced(_interpreter, {_NATIVE_MEMORY_ATTR: replacement})
+  return attributes_replaced(_interpreter, {"_interpreter": replacement})
 
 
 def program_id() -> tuple[int, int, int] | None:
@@ -73,17 +71,14 @@ def program_id() -> tuple[int, int, int] | None:
   return None if grid_idx is None else tuple(int(i) for i in grid_idx)
 
 
-def dtype_refusing_function(traceback) -> str | None:
+def dtype_refusing_function(tb) -> str | None:
   """The math function whose ``math._check_dtype`` closure raised along
-  ``traceback``, or None."""
-  while traceback is not None:
-    frame = traceback.tb_frame
+  ``tb``, or None."""
+  for frame, _ in traceback.walk_tb(tb):
     if "dtypes" in frame.f_code.co_freevars:
-      fn = frame.f_locals.get("fn")
-      name = getattr(fn, "__name__", None)
+      name = getattr(frame.f_locals.get("fn"), "__name__", None)
       if name is not None:
         return name
-    traceback = traceback.tb_next
   return None
 
 

@@ -62,16 +62,17 @@ class _Recorder:
       return make_semantic(builder)
     return semantic
 
-  def reusable(self) -> bool:
-    """Whether the recorded wrappers serve any builder, any launch."""
-    if self.bound or not self.changes:
-      return False
-    return self.shared or _SHARED_SEMANTIC
+
+def _assign(obj, values: dict) -> None:
+  if inspect.ismodule(obj):
+    vars(obj).update(values)  # One update for a module's ~250 names.
+  else:
+    for name, value in values.items():
+      setattr(obj, name, value)
 
 
 class _OwnerPlan:
-  """Upstream's patches of one module or class; applied with no reads back,
-  a module's in one dictionary update (~250 attributes a launch)."""
+  """Upstream's patches of one module or class, applied with no reads back."""
 
   def __init__(self, obj, replacements):
     own = vars(obj)
@@ -79,9 +80,7 @@ class _OwnerPlan:
     self.originals = {name: own.get(name, _ABSENT) for name in replacements}
     self.restored = {name: value for name, value in self.originals.items()
                      if value is not _ABSENT}
-    self.absent = [name for name, value in self.originals.items()
-                   if value is _ABSENT]
-    self.is_module = inspect.ismodule(obj)
+    self.absent = [name for name in replacements if name not in own]
 
   def current(self) -> bool:
     """Whether the owner still holds what the wrappers wrap."""
@@ -90,28 +89,17 @@ class _OwnerPlan:
                for name, original in self.originals.items())
 
   def apply(self) -> None:
-    if self.is_module:
-      vars(self.obj).update(self.replacements)
-      return
-    for name, value in self.replacements.items():
-      setattr(self.obj, name, value)
+    _assign(self.obj, self.replacements)
 
   def restore(self) -> None:
-    if self.is_module:
-      own = vars(self.obj)
-      own.update(self.restored)
-      for name in self.absent:
-        own.pop(name, None)
-      return
-    for name, value in self.restored.items():
-      setattr(self.obj, name, value)
+    _assign(self.obj, self.restored)
     for name in self.absent:
       if name in vars(self.obj):
         delattr(self.obj, name)
 
 
-# "plan": the recorded _OwnerPlans; "unusable": recordings cannot be
-# reused. Under LANGUAGE_LOCK.
+# The recorded _OwnerPlans; None once recordings proved unusable. Under
+# LANGUAGE_LOCK.
 _cache: dict[str, Any] = {}
 
 
@@ -131,23 +119,21 @@ def _recorded_plan(patch_lang) -> list[_OwnerPlan] | None:
       returned = patch_lang(_probe)
   except Exception:  # pylint: disable=broad-except
     return None  # Upstream's own walk, run next, reports any real fault.
-  if returned is not recorder or not recorder.reusable():
+  # Reusable where the wrappers serve any builder, any launch.
+  if (returned is not recorder or recorder.bound or not recorder.changes
+      or not (recorder.shared or _SHARED_SEMANTIC)):
     return None
   return [_OwnerPlan(obj, changes)
           for obj, changes in recorder.changes.values()]
 
 
 def _plan_for_launch(patch_lang) -> list[_OwnerPlan] | None:
-  if _cache.get("unusable"):
-    return None
-  plan = _cache.get("plan")
-  if plan is not None and all(owner.current() for owner in plan):
+  plan = _cache.get("plan", [])
+  if plan is None or (plan and all(owner.current() for owner in plan)):
     return plan
-  plan = _recorded_plan(patch_lang)
-  if plan is None:
-    # Not reusable: patch as upstream does, per launch, from now on.
-    _cache["unusable"] = True
-  _cache["plan"] = plan
+  # Recorded again where an owner changed; not reusable: patched as
+  # upstream does, per launch, from now on.
+  plan = _cache["plan"] = _recorded_plan(patch_lang)
   return plan
 
 

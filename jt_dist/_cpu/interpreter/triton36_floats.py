@@ -29,14 +29,6 @@ def nan_ignoring(reduce_op):
   return _NAN_IGNORING.get(reduce_op, reduce_op)
 
 
-def _minnumf(self, lhs, rhs):
-  return self.binary_op(lhs, rhs, np.fmin)
-
-
-def _maxnumf(self, lhs, rhs):
-  return self.binary_op(lhs, rhs, np.fmax)
-
-
 def _clampf(self, arg, lo, hi, propagate_nans):
   # As Triton 3.9: a maximum then a minimum, each ignoring a NaN operand.
   if propagate_nans == tl.PropagateNan.NONE:
@@ -44,27 +36,22 @@ def _clampf(self, arg, lo, hi, propagate_nans):
   return self.ternary_op(arg, lo, hi, np.clip)
 
 
-def _scalar(value) -> TensorHandle:
-  return TensorHandle(np.array([value], np.float32), tl.float32)
-
-
 @functools.cache
 def _backports() -> dict:
   """Fixes of the builder methods that return NaN for a NaN operand."""
-  builder = _interpreter.InterpreterBuilder()
-  nan, one = _scalar(np.nan), _scalar(1.0)
-  results = {
-      "create_minnumf": (lambda: builder.create_minnumf(nan, one), _minnumf),
-      "create_maxnumf": (lambda: builder.create_maxnumf(nan, one), _maxnumf),
-      "create_clampf": (lambda: builder.create_clampf(
-          nan, one, one, tl.PropagateNan.NONE), _clampf),
+  nan, one = (TensorHandle(np.array([v], np.float32), tl.float32)
+              for v in (np.nan, 1.0))
+  fixes = {  # name: (fix, a probe's arguments)
+      "create_minnumf": (lambda self, a, b: self.binary_op(a, b, np.fmin),
+                         (nan, one)),
+      "create_maxnumf": (lambda self, a, b: self.binary_op(a, b, np.fmax),
+                         (nan, one)),
+      "create_clampf": (_clampf, (nan, one, one, tl.PropagateNan.NONE)),
   }
-  backports = {}
+  builder = _interpreter.InterpreterBuilder()
   with np.errstate(all="ignore"):
-    for name, (run, fixed) in results.items():
-      if np.isnan(run().data).any():
-        backports[name] = fixed
-  return backports
+    return {name: fix for name, (fix, probe) in fixes.items()
+            if np.isnan(getattr(builder, name)(*probe).data).any()}
 
 
 @contextlib.contextmanager

@@ -133,9 +133,8 @@ def _views(operands, avals, what):
       raise RuntimeError(f"jt_dist: CPU custom call {what} {k} has shape"
                          f" {dims}, lowered as {shape}.")
     nbytes = math.prod(shape) * dtype.itemsize
-    if nbytes == 0:
-      views.append(np.empty(shape, dtype))
-      continue
-    raw = (ctypes.c_char * nbytes).from_address(buffer.data)
+    # An empty buffer's data pointer may be null.
+    raw = (ctypes.c_char * nbytes).from_address(buffer.data) if nbytes else (
+        bytearray())
     views.append(np.frombuffer(raw, dtype=dtype).reshape(shape))
   return views

@@ -78,35 +78,22 @@ def _to_float8(values, scalar):
   return _interpreter.TensorHandle(bits, scalar)
 
 
-def _narrowing_conversion(src, dst_type):
-  """``src`` converted to float8 as NVIDIA GPUs convert, or None."""
+def _constant(scalar):
+  """A float8 constant on values (3.6 has none; 3.9 truncates float32)."""
+  def get(self, value):
+    del self
+    return _to_float8(np.array([value], np.float32), scalar)
+  return get
+
+
+def _conversion(src, dst_type, narrowing: bool):
+  """``src`` converted to float8 (if ``narrowing``) as NVIDIA GPUs convert,
+  or from float8 exactly; else None."""
   dst = dst_type.scalar
-  values = _values(src, _ANY_FLOAT) if dst.name in _VALUE_TYPES else None
-  return None if values is None else _to_float8(values, dst)
-
-
-def _constants() -> dict:
-  """Float8 constants on values (3.6 has none; 3.9 truncates float32)."""
-  def constant(scalar):
-    def get(self, value):
-      del self
-      return _to_float8(np.array([value], np.float32), scalar)
-    return get
-  return {f"get_{name}": constant(tl.dtype(name)) for name in _VALUE_TYPES}
-
-
-def _fp_trunc(original):
-  # Upstream ``astype``s the number: a constant 1.5 became the bits 0x01.
-  def create_fp_trunc(self, src, dst_type):
-    converted = _narrowing_conversion(src, dst_type)
-    return original(self, src, dst_type) if converted is None else converted
-  return create_fp_trunc
-
-
-def _widening_conversion(src, dst_type):
-  """float8 ``src`` widened exactly, or None (upstream widens the bits)."""
+  if dst.name in _VALUE_TYPES:
+    values = _values(src, _ANY_FLOAT) if narrowing else None
+    return None if values is None else _to_float8(values, dst)
   values = _values(src)
-  dst = dst_type.scalar
   if values is None or dst.name not in _FLOAT_SOURCES:
     return None
   data = values.astype(_FLOAT_SOURCES[dst.name])
@@ -115,18 +102,17 @@ def _widening_conversion(src, dst_type):
   return _interpreter.TensorHandle(data, dst)
 
 
-def _fp_to_fp(original):
-  def create_fp_to_fp(self, src, dst_type, rounding_mode):
+def _converting(original):
+  # Upstream ``astype``s the bits or the number (a constant 1.5 became the
+  # bits 0x01); ``create_fp_to_fp`` narrows to float8 only rounding RTNE.
+  def convert(self, src, dst_type, *rounding_mode):
+    narrowing = not rounding_mode or getattr(
+        rounding_mode[0], "name", None) == "RTNE"
+    converted = _conversion(src, dst_type, narrowing)
     # A handle's truth is its data's: compared with None, not `or`ed.
-    converted = None
-    if getattr(rounding_mode, "name", None) == "RTNE":
-      converted = _narrowing_conversion(src, dst_type)
-    if converted is None:
-      converted = _widening_conversion(src, dst_type)
-    if converted is None:
-      return original(self, src, dst_type, rounding_mode)
-    return converted
-  return create_fp_to_fp
+    return (original(self, src, dst_type, *rounding_mode)
+            if converted is None else converted)
+  return convert
 
 
 def _dot(original):
@@ -163,8 +149,8 @@ def float8_like_compiled(kernel: str):
       "ternary_op": _refusing(kernel, builder.ternary_op, 3),
       "create_fma": _refusing(kernel, builder.create_fma, 3, "tl.fma"),
       "create_clampf": _refusing(kernel, builder.create_clampf, 3, "clip"),
-      "create_fp_to_fp": _fp_to_fp(builder.create_fp_to_fp),
-      "create_fp_trunc": _fp_trunc(builder.create_fp_trunc),
+      "create_fp_to_fp": _converting(builder.create_fp_to_fp),
+      "create_fp_trunc": _converting(builder.create_fp_trunc),
       "create_dot": _dot(builder.create_dot),
       "create_print": _bf16.printing_values(builder.create_print, _values),
-      **_constants()})
+      **{f"get_{name}": _constant(tl.dtype(name)) for name in _VALUE_TYPES}})

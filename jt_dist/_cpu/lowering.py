@@ -71,8 +71,9 @@ def _first_time(seen: set[str], spec) -> str | None:
   return key
 
 
-def _prepare_outputs(spec, launch, inputs, outputs):
-  """Sets each output's starting bytes, in place, as jaxlib does on a GPU."""
+def _pointer_buffers(spec, launch, inputs, outputs):
+  """Sets each output's starting bytes, in place, as jaxlib does on a GPU;
+  returns the buffer behind each pointer operand, in operand order."""
   for out in outputs:
     # Through a flat view: a 0-d array cannot change its itemsize.
     out.reshape(-1).view(np.uint8)[...] = _POISON_BYTE
@@ -80,11 +81,7 @@ def _prepare_outputs(spec, launch, inputs, outputs):
     np.copyto(outputs[o], inputs[i])
   for o in launch.zeroed_outputs:
     outputs[o][...] = 0
-
-
-def _pointer_buffers(spec, launch, inputs, outputs):
-  """The buffer behind each pointer operand, in operand order."""
-  aliased = {i: o for i, o in spec.input_output_aliases}
+  aliased = dict(spec.input_output_aliases)
   defined = set(aliased.values()) | set(launch.zeroed_outputs)
   buffers = []
   for op in spec.operands:
@@ -112,12 +109,12 @@ def _kernel_args(spec, buffers, checker):
       address = None if checker is None else checker.tagged_address(k)
       if not op.type.startswith("tensordesc"):
         args.append(_HostPointer(buffer.array, op.type, address))
-        continue
-      # A host TMA descriptor: Triton's own, over the (tagged) buffer, so
-      # the interpreter's descriptor accesses are checked like any other.
-      pointer = _HostPointer(buffer.array, _types.pointer_type(op.value.dtype),
-                             address)
-      args.append(_compat.interpreter_descriptor(pointer, op.value))
+      else:
+        # A host TMA descriptor: Triton's own, over the (tagged) buffer, so
+        # the interpreter's descriptor accesses are checked like any other.
+        args.append(_compat.interpreter_descriptor(_HostPointer(
+            buffer.array, _types.pointer_type(op.value.dtype), address),
+            op.value))
     else:
       args.append(_interpreter_runtime.interpreter_scalar(op.value, op.type))
   return args
@@ -126,23 +123,15 @@ def _kernel_args(spec, buffers, checker):
 def run_on_host(spec, *arrays):
   """The ``jax.pure_callback`` route, where buffer callbacks are absent."""
   outputs = [np.empty(shape, dtype) for shape, dtype in spec.out_shapes]
-  _launch_filed(spec, [np.ascontiguousarray(a) for a in arrays], outputs)
+  _launch(spec, [np.ascontiguousarray(a) for a in arrays], outputs)
   return tuple(outputs)
 
 
 def _fill_buffers(spec, ctx, outputs, *inputs):
   """The buffer-callback route; inputs copied, as a store may hit them."""
   del ctx
-  _launch_filed(spec, [np.array(np.asarray(b), order="C") for b in inputs],
-                [np.asarray(b) for b in outputs])
-
-
-def _launch_filed(spec, inputs, outputs):
-  """``_launch``, any fault (Ctrl-C too) filed for the front door."""
-  try:
-    _launch(spec, inputs, outputs)
-  except BaseException as e:  # pylint: disable=broad-except
-    raise _host_faults.file(e) from None
+  _launch(spec, [np.array(np.asarray(b), order="C") for b in inputs],
+          [np.asarray(b) for b in outputs])
 
 
 def _in_parameter_order(spec, args, kwargs):
@@ -161,32 +150,33 @@ def _in_parameter_order(spec, args, kwargs):
 
 
 def _launch(spec, inputs, outputs):
-  key = _first_time(_logged_kernels, spec)
-  if key is not None:
-    logger.info(
-        "jt_dist: kernel %s runs through Triton's interpreter on the CPU"
-        " (%d program instances per launch); expect it to be slow.",
-        key, int(np.prod(spec.launches[0].grid)))
-  launch = spec.launches[0]
-  _prepare_outputs(spec, launch, inputs, outputs)
-  buffers = _pointer_buffers(spec, launch, inputs, outputs)
-  checker = (_bounds.MemoryChecker(spec.info.name, buffers)
-             if _settings.bounds_check() else None)
-  args, kwargs = _in_parameter_order(
-      spec, _kernel_args(spec, buffers, checker), dict(launch.config.kwargs))
-  with _INTERPRETER_LOCK, _interrupts.signal_kept():
-    try:
-      _interpreter_runtime.run(
-          spec.info.python_fn, launch.grid, args, kwargs,
-          checker=checker, debug=spec.debug,
-      )
-    except (_compat.InterpreterError, _errors.KernelAssertionError,
-            _errors.KernelTypeError) as e:
-      _name_the_kernel(e, spec)  # An InterpreterError's message only.
-      _errors.raise_if_scalar_pointer(e, spec, [a.shape for a in inputs])
-      raise
-  if checker is not None:
-    _check_all_written(spec, checker)
+  """Runs the kernel; any fault (Ctrl-C too) is filed for the front door."""
+  try:
+    key = _first_time(_logged_kernels, spec)
+    if key is not None:
+      logger.info(
+          "jt_dist: kernel %s runs through Triton's interpreter on the CPU"
+          " (%d program instances per launch); expect it to be slow.",
+          key, int(np.prod(spec.launches[0].grid)))
+    launch = spec.launches[0]
+    buffers = _pointer_buffers(spec, launch, inputs, outputs)
+    checker = (_bounds.MemoryChecker(spec.info.name, buffers)
+               if _settings.bounds_check() else None)
+    args, kwargs = _in_parameter_order(
+        spec, _kernel_args(spec, buffers, checker), dict(launch.config.kwargs))
+    with _INTERPRETER_LOCK, _interrupts.signal_kept():
+      try:
+        _interpreter_runtime.run(spec.info.python_fn, launch.grid, args,
+                                 kwargs, checker=checker, debug=spec.debug)
+      except (_compat.InterpreterError, _errors.KernelAssertionError,
+              _errors.KernelTypeError) as e:
+        _name_the_kernel(e, spec)  # An InterpreterError's message only.
+        _errors.raise_if_scalar_pointer(e, spec, [a.shape for a in inputs])
+        raise
+    if checker is not None:
+      _check_all_written(spec, checker)
+  except BaseException as e:  # pylint: disable=broad-except
+    raise _host_faults.file(e) from None
 
 
 def _check_all_written(spec, checker) -> None:
@@ -198,10 +188,9 @@ def _check_all_written(spec, checker) -> None:
                      for k, elements in unwritten)
   if spec.debug:
     raise _errors.UnwrittenOutputReadError(message)
-  if _first_time(_warned_unwritten, spec) is None:
-    return
-  warnings.warn(message + " Pass debug=True to raise instead; this warning"
-                " is shown once per kernel.", RuntimeWarning, stacklevel=2)
+  if _first_time(_warned_unwritten, spec) is not None:
+    warnings.warn(message + " Pass debug=True to raise instead; this warning"
+                  " is shown once per kernel.", RuntimeWarning, stacklevel=2)
 
 
 def _name_the_kernel(error, spec) -> None:
@@ -209,7 +198,7 @@ def _name_the_kernel(error, spec) -> None:
   message = getattr(error, "error_message", None)
   if not isinstance(message, str):
     return
-  cause = error.__cause__ if error.__cause__ is not None else error
+  cause = error.__cause__ or error
   where = _bounds.kernel_location(traceback.walk_tb(cause.__traceback__))
   pid = _interpreter.program_id()
   error.error_message = (
@@ -252,11 +241,9 @@ def cpu_lowering(ctx, *args, spec):
       and _compat.host_buffer_callback() is not None
       and _ffi_target.ensure_registered()):
     return _own_target_call(ctx, *args, spec=spec)
-  rule = mlir.lower_fun(
+  return mlir.lower_fun(
       functools.partial(_host_call, spec=spec, platform=platform),
-      multiple_results=True,
-  )
-  return rule(ctx, *args)
+      multiple_results=True)(ctx, *args)
 
 
 def _check_supported(spec) -> None:

@@ -15,7 +15,7 @@ import dataclasses
 import functools
 import logging
 import math
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 from jax.interpreters import batching as _jax_batching
@@ -33,8 +33,7 @@ _AXIS_READERS = ("program_id", "num_programs")
 _ALL_AXES = frozenset((0, 1, 2))
 
 
-@dataclasses.dataclass(frozen=True)
-class Layout:
+class Layout(NamedTuple):
   """Where a batch lives in memory and on the grid."""
 
   sizes: tuple[int, ...]  # The batch sizes, outermost vmap first.
@@ -111,12 +110,10 @@ def _batch_index_lines(layout: Layout, p: str) -> list[str]:
 
 
 def _offset_lines(layout: Layout, p: str) -> list[str]:
-  offsets = {}
-  for name, strides in layout.strides:
-    terms = [f"{p}i{level} * {stride}"
-             for level, stride in enumerate(strides) if stride]
-    if terms:
-      offsets[name] = " + ".join(terms)
+  # Each entry has a nonzero stride (see _strides).
+  offsets = {name: " + ".join(f"{p}i{level} * {stride}"
+                              for level, stride in enumerate(strides) if stride)
+             for name, strides in layout.strides}
   lines = [f"{name} += {offset}" for name, offset in offsets.items()
            if "[" not in name]
   for name, paths in layout.tuples:
@@ -172,8 +169,7 @@ def wrapper_kernel(base_fn: Any, params: tuple[tuple[str, bool], ...],
   return _wrapper.make_kernel(base_fn, source, _prefix(params), "vmap wrapper")
 
 
-@dataclasses.dataclass(frozen=True)
-class Batched:
+class Batched(NamedTuple):
   """What makes a ``CallSpec`` the batched form of another."""
 
   base: Any  # The user's unbatched call, a _kernel.CallSpec.
@@ -186,7 +182,6 @@ class _NoRoom(Exception):
 
 def _batch(args, dims, *, spec):
   """The batching rule; ``spec`` is already batched under nested vmaps."""
-  bind = _primitive.triton_call_p.bind
   size = next(a.shape[d] for a, d in zip(args, dims) if d is not None)
   args = [a if d is None else jax.numpy.moveaxis(a, d, 0)
           for a, d in zip(args, dims)]
@@ -194,7 +189,7 @@ def _batch(args, dims, *, spec):
   # An empty batch launches nothing, whichever the method.
   if spec.vmap_method != "sequential" and size:
     try:
-      outs = _on_grid(bind, args, batched, spec, size)
+      outs = _on_grid(args, batched, spec, size)
       return outs, [0] * len(outs)
     except _NoRoom as e:
       if spec.vmap_method == "grid":
@@ -205,23 +200,17 @@ def _batch(args, dims, *, spec):
             " vmap_method='sequential'.") from None
       logger.debug("jt_dist: vmap of kernel %s runs one launch per batch"
                    " element: %s", spec.info.name, e)
-  outs = _sequential(bind, args, batched, spec)
+
+  def one(slices):  # One launch per batch element, through jax.lax.map.
+    it = iter(slices)
+    return _primitive.triton_call_p.bind(
+        *[next(it) if m else a for a, m in zip(args, batched)], spec=spec)
+
+  outs = jax.lax.map(one, tuple(a for a, m in zip(args, batched) if m))
   return outs, [0] * len(outs)
 
 
-def _sequential(bind, args, batched, spec):
-  """One launch per batch element, through ``jax.lax.map``."""
-  xs = tuple(a for a, m in zip(args, batched) if m)
-
-  def one(slices):
-    it = iter(slices)
-    return bind(*[next(it) if m else a for a, m in zip(args, batched)],
-                spec=spec)
-
-  return jax.lax.map(one, xs)
-
-
-def _on_grid(bind, args, batched, spec, size):
+def _on_grid(args, batched, spec, size):
   """One launch of the wrapper kernel over the batched grid."""
   base = spec.batch.base if spec.batch else spec
   if _compat.is_gluon(base.info.fn):
@@ -237,15 +226,13 @@ def _on_grid(bind, args, batched, spec, size):
       args[i] = jax.numpy.broadcast_to(args[i], (size, *args[i].shape))
       batched[i] = True
   sizes = (size, *(spec.batch.layout.sizes if spec.batch else ()))
-  axes, counts = _placement(base, sizes)
   paths: dict[str, list] = {}  # Every leaf's path, per tuple parameter.
   for op in base.operands:
     if op.path:
       paths.setdefault(op.name, []).append(op.path)
-  layout = Layout(
-      sizes=sizes, strides=_strides(args, batched, spec, base),
-      axes=axes, counts=counts,
-      tuples=tuple((name, tuple(p)) for name, p in paths.items()))
+  layout = Layout(sizes, _strides(args, batched, spec, base),
+                  *_placement(base, sizes),
+                  tuple((name, tuple(p)) for name, p in paths.items()))
   params = _wrapper_params(base)
   wrapper = wrapper_kernel(base.info.fn, params, layout)
   new_spec = dataclasses.replace(
@@ -254,7 +241,7 @@ def _on_grid(bind, args, batched, spec, size):
                        for shape, dtype in spec.out_shapes),
       launches=tuple(_batched_launch(base, launch, params, layout)
                      for launch in base.launches))
-  return bind(*args, spec=new_spec)
+  return _primitive.triton_call_p.bind(*args, spec=new_spec)
 
 
 def _strides(args, batched, spec, base):

@@ -145,7 +145,7 @@ def bind_call(args, kernel, out_shape, grid, options: CallOptions, metaparams):
   info = _kernel.kernel_info(kernel)
   out_shapes, out_tree = _outputs.flatten_out_shape(
       out_shape, allow_empty=bool(options.ref_inputs))
-  kinds, _ = _positional.classify_args(args)
+  kinds = _positional.classify_args(args)
   operands, constexprs, aliases = _outputs.bind(
       info, args, kinds, out_shapes, metaparams, options.input_output_aliases)
   operands = _positional.typed_descriptors(operands, kinds,

@@ -197,22 +197,20 @@ def expand_configs(info: KernelInfo, metaparams: Mapping[str, Any],
                  for config in _autotune_configs(
                      info, layer, {**metaparams, **extra}, named_args)]
     else:
-      partial = _with_heuristics(info, layer, partial, metaparams, named_args)
+      partial = [(_heuristics(info, layer, extra, metaparams, named_args),
+                  config) for extra, config in partial]
   return tuple(_concrete(metaparams, extra, config)
                for extra, config in partial)
 
 
-def _with_heuristics(info, layer, partial, metaparams, named_args):
-  """Each candidate with ``layer``'s heuristics' values, in Triton's order."""
-  out = []
-  for extra, config in partial:
-    extra = dict(extra)
-    for name, heuristic in layer.values.items():
-      extra[name] = _types.plain_constexpr(_errors.call_user(
-          heuristic, f"the heuristic for {name!r} of kernel {info.name!r}",
-          {**named_args, **metaparams, **extra}))
-    out.append((extra, config))
-  return out
+def _heuristics(info, layer, extra, metaparams, named_args):
+  """``extra`` with ``layer``'s heuristics' values, in Triton's order."""
+  extra = dict(extra)
+  for name, heuristic in layer.values.items():
+    extra[name] = _types.plain_constexpr(_errors.call_user(
+        heuristic, f"the heuristic for {name!r} of kernel {info.name!r}",
+        {**named_args, **metaparams, **extra}))
+  return extra
 
 
 def _concrete(metaparams, extra, config) -> Config:

@@ -199,7 +199,7 @@ def expand_configs(info: KernelInfo, metaparams: Mapping[str, Any],
     else:
       partial = [(_heuristics(info, layer, extra, metaparams, named_args),
                   config) for extra, config in partial]
-  return tuple(_concrete(metaparams, extra, config)
+  return tuple(_concrete(info, metaparams, extra, config)
                for extra, config in partial)
 
 
@@ -213,13 +213,20 @@ def _heuristics(info, layer, extra, metaparams, named_args):
   return extra
 
 
-def _concrete(metaparams, extra, config) -> Config:
-  """A candidate as a ``Config``; its label names only what the layers chose."""
+def _concrete(info, metaparams, extra, config) -> Config:
+  """A candidate as a ``Config``; its label names only what the layers chose.
+
+  Its kwargs state every constexpr it is compiled with, defaults too, so
+  that the grid, zeroed_outputs and the compiler see the same values.
+  """
   warps, stages, ctas = (_types.plain_constexpr(n) for n in (
       config.num_warps, config.num_stages, config.num_ctas))
   label = "".join(f"{k}: {v}, " for k, v in extra.items()) + (
       f"num_warps: {warps}, num_ctas: {ctas}, num_stages: {stages}")
-  return Config(kwargs=tuple({**metaparams, **extra}.items()),
+  kwargs = {**metaparams, **extra}
+  kwargs.update((p.name, p.default) for p in info.params
+                if p.is_constexpr and p.has_default and p.name not in kwargs)
+  return Config(kwargs=tuple(kwargs.items()),
                 num_warps=warps, num_stages=stages, num_ctas=ctas,
                 maxnreg=getattr(config, "maxnreg", None), label=label)
 

@@ -214,11 +214,9 @@ def _heuristics(info, layer, extra, metaparams, named_args):
 
 
 def _concrete(info, metaparams, extra, config) -> Config:
-  """A candidate as a ``Config``; its label names only what the layers chose.
-
-  Its kwargs state every constexpr it is compiled with, defaults too, so
-  that the grid, zeroed_outputs and the compiler see the same values.
-  """
+  """A candidate as a ``Config`` stating every constexpr, defaults too (so
+  that the grid, zeroed_outputs and the compiler see the same values); its
+  label names only what the layers chose."""
   warps, stages, ctas = (_types.plain_constexpr(n) for n in (
       config.num_warps, config.num_stages, config.num_ctas))
   label = "".join(f"{k}: {v}, " for k, v in extra.items()) + (

@@ -191,6 +191,11 @@ _TRITON_CALL_CASES = (
      TypeError, r"args\[1\] has shape \(16,\) and dtype object"),
     ("arg_int_beyond_uint64", lambda t: _call(t, t.x, t.y, 2**64 + 5),
      ValueError, r"args\[2\] = 18446744073709551621 does not fit in 64 bits"),
+    ("tuple_leaf_int_beyond_uint64", lambda t: _call(t, t.x, t.y, (1, 2**64)),
+     ValueError, r"args\[2\]\[1\] = 18446744073709551616 does not fit"),
+    ("tuple_leaf_complex_array",
+     lambda t: _call(t, t.x, (t.y, np.zeros(4, np.complex64)), 16),
+     TypeError, r"args\[1\]\[1\] has shape \(4,\) and dtype complex64"),
     ("declared_int32_overflow",
      lambda t: _call(t, t.x, t.y, 2**31, kernel=declared_add_kernel),
      ValueError, r"args\[2\] = 2147483648 binds parameter 'n' of kernel"

@@ -59,13 +59,9 @@ def cache_info() -> CacheInfo:
   return CacheInfo(
       triton_call_entries=len(_memo.triton_calls),
       sharded_call_entries=len(_memo.sharded_calls),
-      lowerings=_cache.counted("lowerings"),
-      compiles=_cache.counted("compiles"),
-      memory_hits=_cache.counted("memory_hits"),
-      disk_hits=_cache.counted("disk_hits"),
-      disk_writes=_cache.counted("disk_writes"),
       memory_cache_entries=len(_cache.memory_cache),
-  )
+      **{name: _cache.counted(name) for name in (
+          "lowerings", "compiles", "memory_hits", "disk_hits", "disk_writes")})
 
 
 def clear_memory_caches() -> None:

@@ -116,11 +116,13 @@ def sharded_triton_call(
   args = _placed(args, leaf_specs, mesh)
   statics = tuple(OPERAND if _api._is_operand(a) else a for a in args)  # pylint: disable=protected-access
   specs = (mesh, in_specs, out_specs, out_reduce, sharding_rule)
+  spec_leaves, spec_tree = jax.tree_util.tree_flatten(
+      specs, is_leaf=_sharded_call.is_spec_leaf)
   try:
     key = (id(kernel), _memo.out_key(out_shape), _memo.grid_key(grid),
            _exact.dict_key(kwargs),
            tuple(s if s is OPERAND else _exact.key(s) for s in statics),
-           tuple(map(_hashable, specs)))
+           spec_tree, tuple(spec_leaves))
     call = _memo.sharded_calls.get(key)
   except TypeError:
     key = call = None
@@ -178,17 +180,6 @@ def _per_argument(args, leaf_specs):
                       for leaf in jax.tree_util.tree_leaves(arg)))
 
 
-def _hashable(x: Any) -> Any:
-  """A pytree of specs as a hashable key: its structure and leaves."""
-  if isinstance(x, list):
-    return tuple(x)
-  if isinstance(x, dict):
-    leaves, tree = jax.tree_util.tree_flatten(
-        x, is_leaf=_sharded_call.is_spec_leaf)
-    return tree, tuple(leaves)
-  return x
-
-
 def _refuse_descriptors(args, kwargs) -> None:
   """TensorDescriptors describe global arrays; shards need their own (a
   keyword operand's too, or it would reach every shard whole)."""
@@ -212,9 +203,7 @@ def _with_refs(args, kernel, out_shape, grid, mesh, in_specs, out_specs,
   _refs.check(args, kwargs.get("input_output_aliases"), rule,
               "sharded_triton_call")
   ref_args = _refs.top_level(args, "sharded_triton_call")
-  values = list(args)
-  for i in ref_args:
-    values[i] = args[i][...]
+  values = [a[...] if i in ref_args else a for i, a in enumerate(args)]
   outs, updated = _sharded_call.run(
       values, kernel, out_shape, grid, mesh, in_specs,
       out_specs, out_reduce, None, kwargs, ref_args=ref_args)

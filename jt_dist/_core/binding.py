@@ -8,7 +8,6 @@ surface at the caller's line.
 from __future__ import annotations
 
 import collections
-import dataclasses
 import numbers
 from typing import Any, Mapping
 
@@ -83,13 +82,6 @@ def _launches(info, grid, options, constexprs, named, operands, aliases,
   launches = []
   for config in configs:
     _check_complete(info, runtime_names, config, operands, n_args)
-    # A launch states every constexpr it is compiled with, defaults too, so
-    # that the grid, zeroed_outputs and the compiler see the same values.
-    bound = {k for k, _ in config.kwargs}
-    extra = tuple((p.name, p.default) for p in info.params
-                  if p.is_constexpr and p.has_default and p.name not in bound)
-    if extra:
-      config = dataclasses.replace(config, kwargs=config.kwargs + extra)
     where = f" (config: {config.label})" if info.layers else ""
     kwargs = dict(config.kwargs)
     launches.append(_kernel.Launch(
@@ -145,7 +137,7 @@ def bind_call(args, kernel, out_shape, grid, options: CallOptions, metaparams):
   info = _kernel.kernel_info(kernel)
   out_shapes, out_tree = _outputs.flatten_out_shape(
       out_shape, allow_empty=bool(options.ref_inputs))
-  kinds, _ = _positional.classify_args(args)
+  kinds = _positional.classify_args(args)
   operands, constexprs, aliases = _outputs.bind(
       info, args, kinds, out_shapes, metaparams, options.input_output_aliases)
   operands = _positional.typed_descriptors(operands, kinds,

@@ -197,31 +197,34 @@ def expand_configs(info: KernelInfo, metaparams: Mapping[str, Any],
                  for config in _autotune_configs(
                      info, layer, {**metaparams, **extra}, named_args)]
     else:
-      partial = _with_heuristics(info, layer, partial, metaparams, named_args)
-  return tuple(_concrete(metaparams, extra, config)
+      partial = [(_heuristics(info, layer, extra, metaparams, named_args),
+                  config) for extra, config in partial]
+  return tuple(_concrete(info, metaparams, extra, config)
                for extra, config in partial)
 
 
-def _with_heuristics(info, layer, partial, metaparams, named_args):
-  """Each candidate with ``layer``'s heuristics' values, in Triton's order."""
-  out = []
-  for extra, config in partial:
-    extra = dict(extra)
-    for name, heuristic in layer.values.items():
-      extra[name] = _types.plain_constexpr(_errors.call_user(
-          heuristic, f"the heuristic for {name!r} of kernel {info.name!r}",
-          {**named_args, **metaparams, **extra}))
-    out.append((extra, config))
-  return out
+def _heuristics(info, layer, extra, metaparams, named_args):
+  """``extra`` with ``layer``'s heuristics' values, in Triton's order."""
+  extra = dict(extra)
+  for name, heuristic in layer.values.items():
+    extra[name] = _types.plain_constexpr(_errors.call_user(
+        heuristic, f"the heuristic for {name!r} of kernel {info.name!r}",
+        {**named_args, **metaparams, **extra}))
+  return extra
 
 
-def _concrete(metaparams, extra, config) -> Config:
-  """A candidate as a ``Config``; its label names only what the layers chose."""
+def _concrete(info, metaparams, extra, config) -> Config:
+  """A candidate as a ``Config`` stating every constexpr, defaults too (so
+  that the grid, zeroed_outputs and the compiler see the same values); its
+  label names only what the layers chose."""
   warps, stages, ctas = (_types.plain_constexpr(n) for n in (
       config.num_warps, config.num_stages, config.num_ctas))
   label = "".join(f"{k}: {v}, " for k, v in extra.items()) + (
       f"num_warps: {warps}, num_ctas: {ctas}, num_stages: {stages}")
-  return Config(kwargs=tuple({**metaparams, **extra}.items()),
+  kwargs = {**metaparams, **extra}
+  kwargs.update((p.name, p.default) for p in info.params
+                if p.is_constexpr and p.has_default and p.name not in kwargs)
+  return Config(kwargs=tuple(kwargs.items()),
                 num_warps=warps, num_stages=stages, num_ctas=ctas,
                 maxnreg=getattr(config, "maxnreg", None), label=label)
 

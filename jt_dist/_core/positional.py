@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import itertools
 import warnings
 from typing import Any, Sequence
 
@@ -19,41 +20,41 @@ from jt_dist._core import pytree_args as _pytree_args
 from jt_dist._core import types as _types
 
 
-def classify_args(args: Sequence[Any]):
-  """Each arg's ``(kind, payload)``, and the number of arrays; a tuple's
-  payload is ``[(path, kind, payload) per leaf]``."""
-  kinds = []
-  n_arrays = 0
+def classify_args(args: Sequence[Any]) -> list:
+  """Each arg's ``(kind, payload)``: an array's index among the arrays
+  (tuples' leaves counted in order), a scalar's value, or a tuple's
+  ``[(path, kind, payload) per leaf]``."""
+  kinds, arrays = [], itertools.count()
   for i, arg in enumerate(args):
     if _pytree_args.is_tuple(arg) and arg:
       leaves = []
       for path, leaf in _pytree_args.leaves_with_paths(arg):
         _pytree_args.check_leaf(i, path, leaf)
-        kind, payload = classify_args([leaf])[0][0]
-        if kind == "array":
-          payload = n_arrays
-          n_arrays += 1
-        leaves.append((path, kind, payload))
+        leaves.append(
+            (path, *_classify(_pytree_args.where(i, path), leaf, arrays)))
       kinds.append(("tuple", leaves))
-    elif arg is None:
-      kinds.append(("none", None))
-    elif _types.is_scalar(arg):
-      if _types.scalar_type(arg) is None:
-        raise ValueError(
-            f"triton_call: args[{i}] = {arg!r} does not fit in 64 bits, the"
-            " widest integer a kernel parameter can take. Pass a value in"
-            f" [{-(2**63)}, {2**64 - 1}], or split it across two parameters.")
-      kinds.append(("scalar", arg))
-    elif _types.is_shape_dtype(arg):
-      _types.pointer_dtype(arg.dtype, f"args[{i}]", arg.shape)
-      kinds.append(("array", n_arrays))
-      n_arrays += 1
     else:
-      raise TypeError(
-          f"triton_call: args[{i}] = {arg!r} of type {type(arg).__name__} is"
-          " neither an array nor a bool/int/float scalar. Pass jax.Arrays"
-          " for pointer parameters and Python scalars for value parameters.")
-  return kinds, n_arrays
+      kinds.append(_classify(f"args[{i}]", arg, arrays))
+  return kinds
+
+
+def _classify(where: str, arg: Any, arrays) -> tuple[str, Any]:
+  if arg is None:
+    return "none", None
+  if _types.is_scalar(arg):
+    if _types.scalar_type(arg) is None:
+      raise ValueError(
+          f"triton_call: {where} = {arg!r} does not fit in 64 bits, the"
+          " widest integer a kernel parameter can take. Pass a value in"
+          f" [{-(2**63)}, {2**64 - 1}], or split it across two parameters.")
+    return "scalar", arg
+  if _types.is_shape_dtype(arg):
+    _types.pointer_dtype(arg.dtype, where, arg.shape)
+    return "array", next(arrays)
+  raise TypeError(
+      f"triton_call: {where} = {arg!r} of type {type(arg).__name__} is"
+      " neither an array nor a bool/int/float scalar. Pass jax.Arrays"
+      " for pointer parameters and Python scalars for value parameters.")
 
 
 def typed_descriptors(operands, kinds, descriptors):
@@ -102,7 +103,6 @@ def bind_positional(info, args, kinds, n_outputs, warn=True):
       leaves = payload if kind == "tuple" else [((), kind, payload)]
       operands.extend(_leaf_operands(param, args[i], leaves))
     else:
-      _check_declared_scalar(info, i, param, payload)
       scalar_type = _scalar_type(info, i, param, payload, warn)
       operands.append(_kernel.Operand(
           param.name, "scalar", -1,
@@ -128,7 +128,23 @@ def _leaf_operands(param, arg, leaves):
 
 
 def _scalar_type(info, i, param, value, warn=True) -> str:
-  """``value``'s type for ``param``: its annotation's, else the value's."""
+  """``value``'s type for ``param``: its annotation's, else the value's.
+  A value must fit the type its parameter declares (``n: tl.int32``)."""
+  bounds = _types.INT_RANGES.get(param.annotation)
+  if bounds is not None:
+    if not isinstance(value, (int, np.integer, bool, np.bool_)):
+      raise TypeError(
+          f"triton_call: args[{i}] = {value!r} of type"
+          f" {type(value).__name__} binds parameter {param.name!r} of kernel"
+          f" {info.name!r}, declared {param.annotation}; pass an int (e.g."
+          f" int({value!r})), or change the kernel's annotation.")
+    low, high = bounds
+    if not low <= int(value) <= high:
+      raise ValueError(
+          f"triton_call: args[{i}] = {int(value)} binds parameter"
+          f" {param.name!r} of kernel {info.name!r}, declared"
+          f" {param.annotation}, which holds {low} to {high}. Pass a value in"
+          " that range, or declare the parameter wider (e.g. tl.int64).")
   if warn and isinstance(value, np.float32):
     warnings.warn(
         f"triton_call: args[{i}] = np.float32({float(value)!r}) binds"
@@ -146,26 +162,6 @@ def _scalar_type(info, i, param, value, warn=True) -> str:
         f" largest is {_types.FLOAT32_MAX!r}). Declare the parameter"
         f" `{param.name}: tl.float64` to pass a double, or scale the value.")
   return scalar_type
-
-
-def _check_declared_scalar(info, i, param, value) -> None:
-  """A scalar must fit the type its parameter declares (``n: tl.int32``)."""
-  bounds = _types.INT_RANGES.get(param.annotation)
-  if bounds is None:
-    return
-  if not isinstance(value, (int, np.integer, bool, np.bool_)):
-    raise TypeError(
-        f"triton_call: args[{i}] = {value!r} of type {type(value).__name__}"
-        f" binds parameter {param.name!r} of kernel {info.name!r}, declared"
-        f" {param.annotation}; pass an int (e.g. int({value!r})), or change"
-        " the kernel's annotation.")
-  low, high = bounds
-  if not low <= int(value) <= high:
-    raise ValueError(
-        f"triton_call: args[{i}] = {int(value)} binds parameter"
-        f" {param.name!r} of kernel {info.name!r}, declared"
-        f" {param.annotation}, which holds {low} to {high}. Pass a value in"
-        " that range, or declare the parameter wider (e.g. tl.int64).")
 
 
 def check_metaparams(info, metaparams, positional_names):

@@ -97,8 +97,7 @@ class FlatArgs:
 def flatten(args: Sequence[Any]) -> FlatArgs:
   leaves, places = [], []
   for i, arg in enumerate(args):
-    items = (leaves_with_paths(arg) if is_tuple(arg) and not _has_empty(arg)
-             else [((), arg)])
+    items = [((), arg)] if _has_empty(arg) else leaves_with_paths(arg)
     for path, leaf in items:
       leaves.append(leaf)
       places.append((i, path))

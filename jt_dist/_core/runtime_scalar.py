@@ -7,6 +7,7 @@ kernel loads and passes on to the parameter.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Sequence
 
 import jax
@@ -23,7 +24,8 @@ _SCALAR_DTYPES = {"i1": np.bool_, "i32": np.int32, "fp32": np.float32,
                   "fp64": np.float64}
 
 
-@jax.tree_util.register_pytree_node_class
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(eq=False, repr=False, slots=True)
 class RuntimeScalar:
   """A value for a scalar parameter, passed at run time.
 
@@ -37,19 +39,12 @@ class RuntimeScalar:
       (1, or 16 for an int known to be one).
   """
 
-  __slots__ = ("value", "dtype", "divisibility")
+  value: Any
+  dtype: np.dtype = dataclasses.field(metadata={"static": True})
+  divisibility: int = dataclasses.field(default=1, metadata={"static": True})
 
-  def __init__(self, value: Any, dtype: Any, divisibility: int = 1):
-    self.value = value
-    self.dtype = np.dtype(dtype)
-    self.divisibility = divisibility
-
-  def tree_flatten(self):
-    return (self.value,), (self.dtype, self.divisibility)
-
-  @classmethod
-  def tree_unflatten(cls, aux, children):
-    return cls(children[0], *aux)
+  def __post_init__(self):
+    self.dtype = np.dtype(self.dtype)
 
   def __repr__(self) -> str:
     return f"jt_dist.runtime_scalar({self.value!r}, dtype={self.dtype.name})"

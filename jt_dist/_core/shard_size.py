@@ -78,22 +78,14 @@ def shard_size(arg_index: int, axis: int | None = None) -> ShardSize:
 
 
 def resolve(args: Sequence[Any], metaparams: Mapping[str, Any]):
-  """Args and metaparams with each ``ShardSize`` (tuple leaves too) resolved."""
-  if not any(map(_holds_placeholder, args)) and not any(
-      isinstance(v, ShardSize) for v in metaparams.values()):
-    return args, metaparams
+  """Args (a list) and metaparams with each ``ShardSize`` (tuple leaves of
+  args too) resolved."""
   new_args = [_resolved(a, args, f"triton_call: args[{i}]")
               for i, a in enumerate(args)]
   new_meta = {k: v.resolve(args, f"triton_call: metaparam {k}")
               if isinstance(v, ShardSize) else v
               for k, v in metaparams.items()}
   return new_args, new_meta
-
-
-def _holds_placeholder(arg: Any) -> bool:
-  if type(arg) is tuple:  # pylint: disable=unidiomatic-typecheck
-    return any(map(_holds_placeholder, arg))
-  return isinstance(arg, ShardSize)
 
 
 def _resolved(arg: Any, args: Sequence[Any], where: str) -> Any:

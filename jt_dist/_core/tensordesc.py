@@ -134,8 +134,6 @@ class Info:
 
 def split(args: Sequence[Any]) -> tuple[tuple[Any, ...], tuple]:
   """``(args with arrays for descriptors, ((position, Info), ...))``."""
-  if not any(isinstance(a, TensorDescriptor) for a in args):
-    return tuple(args), ()
   found = tuple((i, _info(a, i)) for i, a in enumerate(args)
                 if isinstance(a, TensorDescriptor))
   return tuple(a.base if isinstance(a, TensorDescriptor) else a

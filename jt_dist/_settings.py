@@ -92,8 +92,7 @@ def _choice(name: str, default: str, choices: tuple[str, ...]) -> str:
 
 def _path(name: str) -> str | None:
   """A directory variable; None where it is unset or empty."""
-  raw = os.environ.get(name)
-  return _checked_dir(raw, name) if raw else None
+  return os.environ.get(name) or None
 
 
 def _number(name: str, default, convert: Callable[[str], Any]):

@@ -70,8 +70,6 @@ def shared_memory_limit(target: Target) -> int | None:
   """The most shared memory a block may use on ``target``; None if unknown."""
   if target.platform == "rocm":
     return _ROCM_SHARED_MEMORY.get(str(target.arch), _ROCM_DEFAULT_SHARED_MEMORY)
-  if target.arch in _CUDA_SHARED_MEMORY:
-    return _CUDA_SHARED_MEMORY[target.arch]
   # An unlisted minor revision takes its major's closest lower one's.
   same_major = [cc for cc in _CUDA_SHARED_MEMORY
                 if cc // 10 == target.arch // 10 and cc <= target.arch]

@@ -66,10 +66,9 @@ proto_choices = ProtoChoices()
 
 def plugin(platform: str):
   """jaxlib's Triton bindings for ``platform``; RuntimeError without them."""
-  module = _compat.gpu_triton_module()
-  found = None if module is None else getattr(
-      module, _PLUGIN_ATTRIBUTE[platform], None)
-  if found is None or not hasattr(found, "TritonKernel"):
+  found = getattr(_compat.gpu_triton_module(), _PLUGIN_ATTRIBUTE[platform],
+                  None)
+  if not hasattr(found, "TritonKernel"):
     hint = ("Install JAX's CUDA plugin with `pip install jt_dist[cuda12]`"
             " or `pip install jt_dist[cuda13]`, matching your CUDA driver."
             if platform == "cuda"
@@ -168,7 +167,7 @@ def _check_descriptors(spec, platform: str) -> None:
     _compat.check_tf32_descriptor(op.value, spec.info.name)
 
 
-def _fitting_calls(lib, spec, target, object_file=None):
+def _fitting_calls(lib, spec, target, object_file):
   """``(TritonKernelCall, launch, compiled)`` of each launch that fits: as
   in Triton's autotuner, one short of shared memory is dropped if not alone."""
   _check_descriptors(spec, target.platform)
@@ -233,7 +232,7 @@ def default_target(has_ffi: bool, *, exporting: bool, cost_estimate: bool,
   return LEGACY_TARGET
 
 
-def custom_call_target(spec, platform: str, exporting: bool = False) -> str:
+def custom_call_target(spec, lib, platform: str, exporting: bool) -> str:
   """The custom-call target to emit; ValueError for an unknown name."""
   requested = spec.custom_call_target_name
   if requested not in (None, FFI_TARGET, LEGACY_TARGET):
@@ -241,7 +240,7 @@ def custom_call_target(spec, platform: str, exporting: bool = False) -> str:
         f"triton_call: custom_call_target_name={requested!r} is not a Triton"
         f" target of jaxlib; pass {FFI_TARGET!r}, {LEGACY_TARGET!r}, or None"
         " for the default.")
-  has_ffi = FFI_TARGET in _compat.triton_ffi_targets(platform)
+  has_ffi = FFI_TARGET in _compat.triton_ffi_targets(lib)
   if requested == FFI_TARGET and not has_ffi:
     raise ValueError(
         f"triton_call: custom_call_target_name={FFI_TARGET!r}, but the"
@@ -265,7 +264,7 @@ def gpu_lowering(ctx, *args, spec, platform: str):
   capability = (_gpu_export.export_capability(spec, platform) if exporting
                 else spec.compute_capability)
   lib = plugin(platform)
-  name = custom_call_target(spec, platform, exporting)
+  name = custom_call_target(spec, lib, platform, exporting)
   cubin = (_gpu_export.wants_cubin(name, FFI_TARGET)
            if exporting and platform == "cuda" else None)
   target = _target.resolve_target(ctx, platform, capability)
@@ -287,23 +286,19 @@ def gpu_lowering(ctx, *args, spec, platform: str):
           else _autotuned_call(lib, spec, calls, ctx, order))
   kernels = [compiled for _, _, compiled in calls]
   serialized = call.to_proto(spec.name, spec.serialized_metadata)
-  choices = proto_choices
-  if platform == "rocm":
-    with_images = rocm_binary_inline()
-  elif exporting:
-    with_images = cubin
-  else:
-    with_images = (choices.module_images and name == FFI_TARGET
-                   and bool(kernels[0].object_file))
+  with_images = (rocm_binary_inline() if platform == "rocm"
+                 else cubin if exporting
+                 else (proto_choices.module_images and name == FFI_TARGET
+                       and bool(kernels[0].object_file)))
   if with_images:
     # The machine code jaxlib loads as is: the CUBIN, or the HSACO.
     serialized = _proto_wire.with_module_images(serialized, [
         _proto_wire.ModuleImage(k.name, k.shared_mem, k.binary
                                 if platform == "rocm" else k.object_file)
         for k in kernels])
-  if choices.padding_bytes:
+  if proto_choices.padding_bytes:
     serialized += _proto_wire.length_delimited(
-        _PADDING_FIELD, os.urandom(choices.padding_bytes))
+        _PADDING_FIELD, os.urandom(proto_choices.padding_bytes))
   results = _emit(ctx, args, spec, name, zlib.compress(serialized), order)
   if exporting:
     binary = ("hsaco" if platform == "rocm"

@@ -290,7 +290,8 @@ def cubin_path(report: Report, found: list[Any]) -> None:
                           "n/a (no Triton custom call)",
                           "install JAX's CUDA plugin at jaxlib's version"):
     return
-  has_ffi = _gpu_lowering.FFI_TARGET in _compat.triton_ffi_targets("cuda")
+  has_ffi = _gpu_lowering.FFI_TARGET in _compat.triton_ffi_targets(
+      _gpu_lowering.plugin("cuda"))
   if not (_compat.jaxlib_takes_module_image() and has_ffi):
     report.line("CUBIN path", "inactive: jaxlib assembles each kernel's PTX"
                 f" in every process (needs jaxlib >= 0.11.1 and the FFI"

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import operator
 import os
+import pathlib
 import signal
 import socket
 import subprocess
@@ -18,6 +20,7 @@ from typing import Any, Callable, Sequence
 import jax
 
 from jt_dist import _settings
+from jt_dist._backend import cache as _cache
 
 
 def configure_cpu_devices(count: int = 8) -> None:
@@ -132,13 +135,11 @@ def _report_uncaught_exceptions(path: str) -> None:
   def hook(kind, value, tb):
     previous(kind, value, tb)
     text = "".join(traceback.format_exception(kind, value, tb))
-    try:
-      # Renamed into place: the parent never reads half a traceback.
-      with open(path + ".tmp", "w") as f:
-        f.write(text)
-      os.replace(path + ".tmp", path)
-    except OSError:
-      pass  # The exit status and stderr still tell the parent.
+    # Written atomically: the parent never reads half a traceback. Failing,
+    # the exit status and stderr still tell the parent.
+    with contextlib.suppress(OSError):
+      _cache._atomic_write(  # pylint: disable=protected-access
+          os.path.dirname(path), path, text.encode())
 
   sys.excepthook = hook
 
@@ -189,11 +190,6 @@ def _wait(procs, markers, deadline: float,
     time.sleep(0.05)
 
 
-def _read(path: str) -> str:
-  with open(path) as f:
-    return f.read()
-
-
 def _run_once(argv, envs, timeout_s, grace_s, cwd, popen):
   """Runs the group once: outputs, timed_out, failed, first traceback."""
   with tempfile.TemporaryDirectory(prefix="jt_dist_procs_") as logs:
@@ -209,14 +205,14 @@ def _run_once(argv, envs, timeout_s, grace_s, cwd, popen):
     killed, timed_out, failed = _wait(
         procs, markers, time.monotonic() + timeout_s, grace_s)
     outputs = [ProcessOutput(i, None if i in killed else p.returncode,
-                             *(_read(os.path.join(logs, f"{i}.{s}"))
+                             *(pathlib.Path(logs, f"{i}.{s}").read_text()
                                for s in ("out", "err")))
                for i, p in enumerate(procs)]
     first = ""
     if failed:
       # The traceback the process reported, else the last in its stderr.
       try:
-        first = _read(markers[failed[0]])
+        first = pathlib.Path(markers[failed[0]]).read_text()
       except OSError:
         stderr = outputs[failed[0]].stderr
         start = stderr.rfind(_TRACEBACK_START)

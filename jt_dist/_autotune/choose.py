@@ -239,8 +239,8 @@ def _pinned(spec, kind, key):
     fields = _pins.get(name)
   if fields is None:
     fields = _settings.autotune_pins().get(name)
-    if fields is None:
-      return None
+  if fields is None:
+    return None
   configs = [l.config for l in spec.launches]
   for i, config in enumerate(configs):
     have = config_fields(config)

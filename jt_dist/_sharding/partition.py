@@ -60,17 +60,14 @@ def find_layout(args: Sequence[Any], rule, where: str) -> Layout | None:
   where no operand's mesh has an axis not already manual."""
   flat, positions = _specs.arrays_of(args)
   arrays = [(flat.names[k], flat.leaves[k]) for k in positions]
-  mesh, first = None, None
-  for i, x in arrays:
-    candidate = _specs.mesh_of(x)
-    if candidate is None:
-      continue
-    if mesh is None:
-      mesh, first = candidate, i
-    elif candidate.shape != mesh.shape:
+  meshes = [(i, _specs.mesh_of(x)) for i, x in arrays
+            if _specs.mesh_of(x) is not None]
+  mesh = meshes[0][1] if meshes else None
+  for i, other in meshes[1:]:
+    if other.shape != mesh.shape:
       raise _errors.ShardingSpecError(
-          f"{where}: {first} lives on mesh {dict(mesh.shape)} but"
-          f" {i} on mesh {dict(candidate.shape)}; one call runs on one"
+          f"{where}: {meshes[0][0]} lives on mesh {dict(mesh.shape)} but"
+          f" {i} on mesh {dict(other.shape)}; one call runs on one"
           " mesh. Put every operand on the same mesh with jax.device_put(x,"
           " NamedSharding(mesh, spec)) or jax.sharding.reshard.")
   traced = any(isinstance(x, jax.core.Tracer) for _, x in arrays)
@@ -79,8 +76,7 @@ def find_layout(args: Sequence[Any], rule, where: str) -> Layout | None:
     mesh = None if ambient.empty else ambient
   if mesh is None or not _split_axes(mesh):
     return None
-  specs = [P() if _specs.mesh_of(x) is None else _specs.sharding_of(x).spec
-           for _, x in arrays]
+  specs = [_specs.infer_spec(x, mesh) for _, x in arrays]
   auto = traced and _auto_axes(mesh, rule, where)
   return Layout(mesh, tuple(specs), auto=auto)
 
@@ -91,16 +87,15 @@ _GPU_PLATFORMS = ("cuda", "gpu", "rocm")
 def _auto_axes(mesh, rule, where: str) -> bool:
   """Whether XLA lays the call out; refused where it cannot be handed over."""
   manual = _specs.manual_axes(mesh)
-  types = dict(zip(mesh.axis_names, getattr(mesh, "axis_types", ())))
-  auto = sorted(a for a, n in mesh.shape.items()
-                if a not in manual and n > 1 and _compat.is_auto_axis(
-                    types.get(a)))
+  types = dict(zip(mesh.axis_names, mesh.axis_types))
+  auto = sorted(a for a, n in _split_axes(mesh).items()
+                if n > 1 and _compat.is_auto_axis(types[a]))
   if not auto:
     return False
   platform = _compat.mesh_platform(mesh)
-  if platform in _GPU_PLATFORMS and not manual:
-    return True
   if platform in _GPU_PLATFORMS:
+    if not manual:
+      return True
     why = (" inside a shard_map manual over"
            f" {sorted(manual)}, where jt_dist does not hand Triton calls to"
            " XLA's partitioner")
@@ -211,26 +206,18 @@ def _log_plan(where, rule, kernel, names, layout, plan) -> None:
                  rule, step)
 
 
-def _reshard(x: Any, spec: P, layout: Layout):
-  """Lays an operand out as the plan wants; XLA adds the collective."""
-  if not isinstance(x, jax.core.Tracer) and isinstance(
-      layout.mesh, jax.sharding.Mesh):
-    return _specs.place(x, spec, layout.mesh)
-  explicit = tuple(getattr(layout.mesh, "explicit_axes", ()) or ())
-  if not explicit:
-    return x  # shard_map's in_specs lay it out.
-  return jax.sharding.reshard(x, NamedSharding(layout.mesh, spec))
-
-
 def shard_body(args, call, kernel, grid, kwargs, out_shapes, out_tree,
                out_specs, mesh, reductions, ref_args=(), check=None):
-  """The function one device runs: the kernel on its shard, then reductions.
+  """The function one device runs: the kernel on its shard, then per output
+  the ``(op, axes)`` of ``reductions``. With nothing split, the whole call.
 
   Returns the outputs' shards, flat, then the new values of the Refs made
   from the values at ``ref_args``.
   """
   flat, positions = _specs.arrays_of(args)
-  local_out = _specs.local_out_shape(out_shapes, out_tree, out_specs, mesh)
+  local_out = jax.tree_util.tree_unflatten(out_tree, [
+      jax.ShapeDtypeStruct(_specs.local_shape(shape, spec, mesh), dtype)
+      for (shape, dtype), spec in zip(out_shapes, out_specs)])
 
   def per_shard(*local_arrays):
     local_args = with_arrays(flat, positions, local_arrays)
@@ -239,7 +226,9 @@ def shard_body(args, call, kernel, grid, kwargs, out_shapes, out_tree,
     outs = jax.tree_util.tree_leaves(
         call(*local_args, kernel=kernel, out_shape=local_out, grid=grid,
              **kwargs))
-    outs = [_specs.reduce(x, steps) for x, steps in zip(outs, reductions)]
+    for k, steps in enumerate(reductions):
+      for op, axes in steps:
+        outs[k] = _specs.COLLECTIVES[op](outs[k], axes)
     if check is not None:
       check(outs)
     return (*outs, *(local_args[i][...] for i in ref_args))
@@ -256,7 +245,8 @@ def run(args: Sequence[Any], call: Callable[..., Any], kernel: Any,
   plan = make_plan(rule, factor_sizes(rule, args, out_shapes), layout)
   _log_plan(where, rule, kernel, [flat.names[k] for k in positions], layout,
             plan)
-  placed = [_reshard(flat.leaves[k], target, layout)
+  # XLA adds the collectives that lay the operands out as the plan wants.
+  placed = [_specs.place(flat.leaves[k], target, layout.mesh)
             for k, target in zip(positions, plan.in_specs)]
   per_shard = shard_body(args, call, kernel, grid, kwargs, out_shapes,
                          out_tree, plan.out_specs, layout.mesh,
@@ -289,15 +279,10 @@ def run_auto(args: Sequence[Any], call: Callable[..., Any], kernel: Any,
   """``run`` through ``custom_partitioning``: the partitioner's layout."""
   flat, positions = _specs.arrays_of(args)
   sizes = factor_sizes(rule, args, out_shapes)
-  global_out = jax.tree_util.tree_unflatten(
-      out_tree, [jax.ShapeDtypeStruct(s, d) for s, d in out_shapes])
-
-  def whole_call(*arrays):
-    # The op's types, and the call where nothing is split.
-    full = with_arrays(flat, positions, arrays)
-    return tuple(jax.tree_util.tree_leaves(
-        call(*full, kernel=kernel, out_shape=global_out, grid=grid,
-             **kwargs)))
+  n = len(out_shapes)
+  # The op's types, and the call where nothing is split.
+  whole_call = shard_body(args, call, kernel, grid, kwargs, out_shapes,
+                          out_tree, [P()] * n, None, [()] * n)
 
   def plan_for(mesh, arg_shapes):
     # The specs the partitioner chose (replicated where it chose none).

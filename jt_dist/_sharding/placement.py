@@ -3,18 +3,23 @@
 A kernel sees raw pointers into one device's memory, so a call is checked
 eagerly (its arrays on one device), at trace time (none sharded over an
 explicit axis outside a ``shard_map`` manual over it) and at lowering (XLA
-would gather the inputs and run the whole kernel on each device).
+would gather the inputs and run the whole kernel on each device): every
+platform's lowering rule runs behind ``checked``.
 """
 
 from __future__ import annotations
 
+import functools
 import numbers
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import jax
+from jax.interpreters import mlir
 
 from jt_dist import _compat
 from jt_dist import _errors
+from jt_dist._backend import cache as _cache
+from jt_dist._core import primitive as _primitive
 from jt_dist._sharding import specs as _specs
 
 _FIX_SHARDED = (
@@ -129,9 +134,7 @@ def check_concrete(args: Sequence[Any], kernel_name: str, device: Any = None):
           f" Move them to one device with jax.device_put(x, {other}) before"
           " the call, or shard them over a mesh and call"
           " jt_dist.sharded_triton_call.")
-  if wanted is not None:
-    return wanted
-  return None if found is None else found[2]
+  return wanted or (found and found[2])
 
 
 def check_traced(args: Sequence[Any], kernel_name: str) -> None:
@@ -157,9 +160,8 @@ def check_traced(args: Sequence[Any], kernel_name: str) -> None:
           f" have to gather it for the kernel.{_FIX_SHARDED}")
 
 
-def check_lowering(ctx, spec) -> None:
+def _check_lowering(facts, spec) -> None:
   """Lowering-time check that XLA will not partition the kernel call."""
-  facts = _compat.lowering_axis_facts(ctx)
   name = spec.info.name
   arrays = [op.name for op in spec.operands if op.kind == "array"]
   over_devices = facts.kind == "sharding" and facts.num_devices > 1
@@ -208,3 +210,44 @@ def unify_varying_axes(arrays: Sequence[Any]) -> list[Any]:
   union = frozenset().union(*varying)
   return [jax.lax.pcast(x, tuple(sorted(union - axes)), to="varying")
           if union - axes else x for x, axes in zip(arrays, varying)]
+
+
+def _manual_over_rest(ctx, args, spec, facts):
+  """Lowers the call inside a shard_map manual over the remaining axes.
+
+  The operands are replicated over them (the check passed): making them
+  manual pins one launch per device, where XLA could partition a call it
+  cannot see into (and CPU host callbacks need every axis manual).
+  """
+  mesh = jax.sharding.get_abstract_mesh()
+  if mesh.empty:
+    mesh = facts.mesh
+  rest = frozenset(mesh.axis_names) - facts.manual_axes
+  spec_none = jax.sharding.PartitionSpec()
+
+  def body(*xs):
+    return tuple(_primitive.triton_call_p.bind(*xs, spec=spec))
+
+  inner = jax.shard_map(
+      body, mesh=mesh, in_specs=(spec_none,) * len(args),
+      out_specs=(spec_none,) * len(spec.out_shapes), axis_names=rest,
+      check_vma=False)
+  return mlir.lower_fun(inner, multiple_results=True)(ctx, *args)
+
+
+def checked(rule: Callable[..., Any], choose: Callable[..., Any],
+            platform: str) -> Callable[..., Any]:
+  """``rule(ctx, *args, spec=spec)`` behind the placement check, for the
+  one config ``choose(ctx, spec, platform)`` picks (``jt_dist._autotune``)."""
+  @functools.wraps(rule)
+  def lowering(ctx, *args, spec, **kwargs):
+    facts = _compat.lowering_axis_facts(ctx)
+    _check_lowering(facts, spec)
+    if facts.kind == "spmd" and facts.manual_axes != frozenset(
+        facts.mesh.axis_names):
+      return _manual_over_rest(ctx, args, spec, facts)
+    lowered = rule(ctx, *args, spec=choose(ctx, spec, platform), **kwargs)
+    _cache.count("lowerings")  # Once per call lowered, never per run.
+    return lowered
+
+  return lowering

@@ -146,26 +146,12 @@ def check_spec(where: str, shape: tuple, spec: Any, mesh) -> P:
 
 
 def local_shape(shape: tuple, spec: P, mesh) -> tuple:
-  """The shard-local shape of a global ``shape`` split by ``spec``."""
-  sizes = dict(mesh.shape)
+  """The shard-local shape of a global ``shape`` split by ``spec`` (``mesh``
+  may be None when ``spec`` splits nothing)."""
   local = list(shape)
   for dim, entry in enumerate(spec):
-    local[dim] //= math.prod(sizes[a] for a in entry_axes(entry))
+    local[dim] //= math.prod(mesh.shape[a] for a in entry_axes(entry))
   return tuple(local)
-
-
-def local_out_shape(out_shapes, out_tree, specs, mesh) -> Any:
-  """``out_shape`` for one shard: global ``(shape, dtype)``s split by specs."""
-  return jax.tree_util.tree_unflatten(out_tree, [
-      jax.ShapeDtypeStruct(local_shape(shape, spec, mesh), dtype)
-      for (shape, dtype), spec in zip(out_shapes, specs)])
-
-
-def reduce(x: Any, steps) -> Any:
-  """``x`` reduced by each ``(op, axes)`` of ``steps`` (inside a shard)."""
-  for op, axes in steps:
-    x = COLLECTIVES[op](x, axes)
-  return x
 
 
 def _sizes(sizes: dict) -> str:
@@ -249,15 +235,14 @@ def place(x: Any, spec: P, mesh, equivalent_ok: bool = False):
   """Lays ``x`` out as ``NamedSharding(mesh, spec)`` if it is not already,
   as ``shard_map`` over explicit axes wants. ``equivalent_ok``: an array
   laid out equivalently (on a one-device mesh, say) stays put."""
+  current = sharding_of(x)
   if isinstance(x, jax.core.Tracer):
-    current = getattr(jax.typeof(x), "sharding", None)
-    explicit = tuple(getattr(mesh, "explicit_axes", ()))
-    if explicit and trimmed(getattr(current, "spec", None)) != trimmed(spec):
+    if mesh.explicit_axes and trimmed(
+        getattr(current, "spec", None)) != trimmed(spec):
       return jax.sharding.reshard(x, NamedSharding(mesh, spec))
     return x
   if not isinstance(mesh, jax.sharding.Mesh):
     return x
-  current = getattr(x, "sharding", None)
   target = NamedSharding(mesh, spec)
   if isinstance(current, NamedSharding) and current.mesh == mesh and (
       trimmed(current.spec) == trimmed(spec)) or (

@@ -194,13 +194,12 @@ def _log_plan(where, rule, kernel, names, layout, plan) -> None:
   """Names, at debug level, every collective the plan adds around the call."""
   if not logger.isEnabledFor(logging.DEBUG):
     return
-  steps = []
-  for operand, factors, current, target in zip(names, rule.operands,
-                                               layout.specs, plan.in_specs):
-    steps += _describe_move(operand, factors, current, target)
-  for k, reductions in enumerate(plan.reductions):
-    steps += [f"output {k}: all-reduce ({op}) over mesh axes"
-              f" {list(axes)}" for op, axes in reductions]
+  steps = [step for operand in zip(names, rule.operands, layout.specs,
+                                   plan.in_specs)
+           for step in _describe_move(*operand)]
+  steps += [f"output {k}: all-reduce ({op}) over mesh axes {list(axes)}"
+            for k, reductions in enumerate(plan.reductions)
+            for op, axes in reductions]
   for step in steps:
     logger.debug("%s: kernel %s with %s: %s", where, _kernel_name(kernel),
                  rule, step)

@@ -141,9 +141,7 @@ def check_traced(args: Sequence[Any], kernel_name: str) -> None:
   """Refuses a traced array sharded over an axis not manual here: the
   kernel would see it all-gathered, or a shard it does not know is one."""
   for i, x in enumerate(args):
-    if not isinstance(x, jax.core.Tracer):
-      continue
-    mesh = _specs.mesh_of(x)
+    mesh = _specs.mesh_of(x) if isinstance(x, jax.core.Tracer) else None
     if mesh is None:
       continue
     manual = _specs.manual_axes(mesh)

@@ -120,12 +120,9 @@ class ShardingRule:
       object.__setattr__(self, field, value)
 
   def __repr__(self) -> str:
-    extra = ""
-    if self.reductions:
-      extra += f", reductions={dict(self.reductions)!r}"
-    if self.whole:
-      extra += f", whole={self.whole!r}"
-    return f"ShardingRule({self.rule!r}{extra})"
+    extra = [f", {name}={value!r}" for name, value in (
+        ("reductions", dict(self.reductions)), ("whole", self.whole)) if value]
+    return f"ShardingRule({self.rule!r}{''.join(extra)})"
 
   def reduction(self, factor: str) -> str | None:
     """The op combining partial results split along ``factor``, or None."""

@@ -199,10 +199,8 @@ def _given_specs(in_specs: Any, args: Sequence[Any]) -> list:
         f" no spec{note}. Pass one PartitionSpec per array argument, in"
         " order, or leave in_specs out to take them from the arguments'"
         " shardings.")
-  specs = []
-  for i, entry in zip(takers, entries):
-    specs.extend(_leaf_specs(args[i], entry, f"args[{i}]"))
-  return specs
+  return [spec for i, entry in zip(takers, entries)
+          for spec in _leaf_specs(args[i], entry, f"args[{i}]")]
 
 
 def _leaf_specs(arg: Any, entry: Any, where: str) -> list:
@@ -225,10 +223,8 @@ def _leaf_specs(arg: Any, entry: Any, where: str) -> list:
         f" tuple of {len(arg)} elements, must be one PartitionSpec for all"
         f" its arrays, or a tuple of {len(arg)} entries, one per element (a"
         " PartitionSpec, None for a scalar, or a tuple for a nested tuple).")
-  specs = []
-  for k, (item, sub) in enumerate(zip(arg, entry)):
-    specs.extend(_leaf_specs(item, sub, f"{where}[{k}]"))
-  return specs
+  return [spec for k, (item, sub) in enumerate(zip(arg, entry))
+          for spec in _leaf_specs(item, sub, f"{where}[{k}]")]
 
 
 def place(x: Any, spec: P, mesh, equivalent_ok: bool = False):

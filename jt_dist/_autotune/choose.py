@@ -263,13 +263,12 @@ def _choose(spec, avals, device, platform) -> _store.AutotuneChoice:
       choice = _receive(spec, share_key, kind, key)
       _store.save(choice)
     return choice
-  choice = _pinned(spec, kind, key)
+  choice = (_pinned(spec, kind, key) or _store.recalled(key)
+            or _store.load(key, _labels(spec)))
   if choice is None:
-    choice = _store.recalled(key) or _store.load(key, _labels(spec))
-    if choice is None:
-      choice = _decide(spec, avals, device, platform, key)
-      if choice.source == "timed":
-        _store.save(choice)
+    choice = _decide(spec, avals, device, platform, key)
+    if choice.source == "timed":
+      _store.save(choice)
   if multi and _store.recalled(key) != choice:
     _client(spec).key_value_set(_kv_key(share_key), json.dumps(
         {"config": choice.config, "timings_s": choice.timings_s}),

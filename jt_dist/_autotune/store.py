@@ -20,7 +20,6 @@ from jt_dist._backend import cache as _cache
 logger = logging.getLogger("jt_dist")
 
 FORMAT_VERSION = 1
-_SUBDIR = "autotune"
 _STRING_FIELDS = ("kernel", "config", "source", "device_kind", "key")
 _LISTED = 8  # How many left-alone files forget's warning names.
 
@@ -77,7 +76,7 @@ def choices() -> list[AutotuneChoice]:
 
 
 def _folder() -> str:
-  return os.path.join(_settings.cache_dir(), _SUBDIR)
+  return os.path.join(_settings.cache_dir(), "autotune")
 
 
 def save(choice: AutotuneChoice) -> None:

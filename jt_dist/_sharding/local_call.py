@@ -71,8 +71,7 @@ def find_layout(args, options):
 
 def shard_call(*args, kernel, out_shape, grid, **kwargs) -> Any:
   """``call`` with ``triton_call``'s keywords: the body a shard runs."""
-  options, metaparams = options_from_keywords(kwargs)
-  return call(args, kernel, out_shape, grid, options, metaparams)
+  return call(args, kernel, out_shape, grid, *options_from_keywords(kwargs))
 
 
 def options_from_keywords(kwargs: dict):

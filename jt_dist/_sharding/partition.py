@@ -81,9 +81,6 @@ def find_layout(args: Sequence[Any], rule, where: str) -> Layout | None:
   return Layout(mesh, tuple(specs), auto=auto)
 
 
-_GPU_PLATFORMS = ("cuda", "gpu", "rocm")
-
-
 def _auto_axes(mesh, rule, where: str) -> bool:
   """Whether XLA lays the call out; refused where it cannot be handed over."""
   manual = _specs.manual_axes(mesh)
@@ -93,7 +90,7 @@ def _auto_axes(mesh, rule, where: str) -> bool:
   if not auto:
     return False
   platform = _compat.mesh_platform(mesh)
-  if platform in _GPU_PLATFORMS:
+  if platform in ("cuda", "gpu", "rocm"):
     if not manual:
       return True
     why = (" inside a shard_map manual over"
@@ -169,19 +166,6 @@ def _kernel_name(kernel) -> str:
       getattr(kernel, "fn", None), "__name__", repr(kernel))
 
 
-# jax.shard_map's words when it is batched by jax.vmap over a dimension that
-# is itself sharded over the mesh axes the split needs.
-_BATCHED_OVER_MESH_AXES = "jax.shard_map requires axis_names"
-
-
-def with_arrays(flat, positions: Sequence[int], arrays) -> list[Any]:
-  """``flat``'s arguments, ``arrays`` put at their leaves' ``positions``."""
-  leaves = list(flat.leaves)
-  for k, x in zip(positions, arrays):
-    leaves[k] = x
-  return flat.rebuild(leaves)
-
-
 def factor_sizes(rule, args: Sequence[Any], out_shapes) -> dict[str, int]:
   """``rule``'s factor sizes from the call's arrays and ``out_shapes``."""
   flat, positions = _specs.arrays_of(args)
@@ -219,7 +203,9 @@ def shard_body(args, call, kernel, grid, kwargs, out_shapes, out_tree,
       for (shape, dtype), spec in zip(out_shapes, out_specs)])
 
   def per_shard(*local_arrays):
-    local_args = with_arrays(flat, positions, local_arrays)
+    given = dict(zip(positions, local_arrays))
+    local_args = flat.rebuild([given.get(k, x)
+                               for k, x in enumerate(flat.leaves)])
     for i in ref_args:
       local_args[i] = jax.new_ref(local_args[i])
     outs = jax.tree_util.tree_leaves(
@@ -258,7 +244,9 @@ def run(args: Sequence[Any], call: Callable[..., Any], kernel: Any,
   try:
     outs = mapped(*placed)
   except ValueError as e:
-    if _BATCHED_OVER_MESH_AXES not in str(e):
+    # jax.shard_map's words when it is batched by jax.vmap over a dimension
+    # that is itself sharded over the mesh axes the split needs.
+    if "jax.shard_map requires axis_names" not in str(e):
       raise
     raise NotImplementedError(
         f"{where}: kernel {_kernel_name(kernel)!r} with sharding_rule {rule}"
@@ -285,10 +273,8 @@ def run_auto(args: Sequence[Any], call: Callable[..., Any], kernel: Any,
 
   def plan_for(mesh, arg_shapes):
     # The specs the partitioner chose (replicated where it chose none).
-    layout = Layout(mesh, tuple(
-        s.sharding.spec if isinstance(getattr(s, "sharding", None),
-                                      NamedSharding) else P()
-        for s in arg_shapes))
+    layout = Layout(mesh, tuple(_specs.infer_spec(s, mesh)
+                                for s in arg_shapes))
     return layout, make_plan(rule, sizes, layout)
 
   def infer(mesh, arg_shapes, result_shape):

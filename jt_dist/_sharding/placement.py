@@ -75,25 +75,20 @@ def _resolve_device(device: Any):
     device = int(device)
     if 0 <= device < len(local):
       return local[device]
+    hint, every = "", jax.devices()
+    if jax.process_count() > 1 and 0 <= device < len(every):
+      hint = (f" jax.devices()[{device}] is {every[device]} of process"
+              f" {every[device].process_index}: device= counts this"
+              " process's devices (jax.local_devices()), and another"
+              " process's device cannot run this call.")
     raise _errors.DevicePlacementError(
         f"triton_call: device={device} is not a local device index"
         f"{_errors.process_note()}; this process addresses {len(local)}"
         f" {local[0].platform} devices, indices 0 to {len(local) - 1}"
-        f"{_device_list(local)}.{_global_index_hint(device)}")
+        f"{_device_list(local)}.{hint}")
   raise TypeError(
       f"triton_call: device={device!r} of type {type(device).__name__} must"
       " be a device index (int) or a jax.Device.")
-
-
-def _global_index_hint(index: int) -> str:
-  devices = jax.devices()
-  if jax.process_count() == 1 or not 0 <= index < len(devices):
-    return ""
-  other = devices[index]
-  return (f" jax.devices()[{index}] is {other} of process"
-          f" {other.process_index}: device= counts this process's devices"
-          " (jax.local_devices()), and another process's device cannot run"
-          " this call.")
 
 
 def check_concrete(args: Sequence[Any], kernel_name: str, device: Any = None):

@@ -189,7 +189,6 @@ def _check_reductions(rule, reductions, operands, outputs) -> dict[str, str]:
         f" {list(REDUCTIONS)}, e.g. {{'k': 'sum'}}.")
   in_operands = set(_all_factors(operands))
   in_every_output = set.intersection(*(set(o) for o in outputs))
-  checked = {}
   for factor, op in reductions.items():
     if op not in REDUCTIONS:
       raise ValueError(
@@ -204,8 +203,7 @@ def _check_reductions(rule, reductions, operands, outputs) -> dict[str, str]:
           f"ShardingRule({rule!r}): reductions names factor {factor!r}, but"
           " every output keeps it, so nothing is contracted over it. Drop it"
           " from reductions.")
-    checked[factor] = op
-  return checked
+  return dict(reductions)
 
 
 def _check_whole(rule, whole, operands, outputs, reductions) -> tuple[str, ...]:

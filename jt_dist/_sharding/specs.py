@@ -247,21 +247,17 @@ def place(x: Any, spec: P, mesh, equivalent_ok: bool = False):
     return x
   if (isinstance(x, jax.Array) and getattr(x, "committed", False)
       and not target.is_fully_addressable):
-    _refuse_local_array(x, spec, mesh)
+    # A committed array of one process cannot be spread over a global mesh.
+    devices = sorted(x.sharding.device_set, key=lambda d: d.id)
+    processes = sorted({d.process_index for d in mesh.devices.flat})
+    raise _errors.ShardingSpecError(
+        f"sharded_triton_call: an array argument of shape {tuple(x.shape)}"
+        f" and dtype {x.dtype}{_errors.process_note()} is committed to"
+        f" {', '.join(str(d) for d in devices[:4])}, devices of this process,"
+        f" but spec {spec} lays it over a mesh of {mesh.size} devices in"
+        f" processes {processes}; JAX cannot move one process's array onto"
+        " devices other processes own. Pass the same NumPy array in every"
+        " process (or an uncommitted jnp array), or build the global array"
+        " with jax.make_array_from_process_local_data(NamedSharding(mesh,"
+        " spec), local_data).")
   return jax.device_put(x, target)
-
-
-def _refuse_local_array(x, spec, mesh):
-  """A committed array of one process cannot be spread over a global mesh."""
-  devices = sorted(x.sharding.device_set, key=lambda d: d.id)
-  processes = sorted({d.process_index for d in mesh.devices.flat})
-  raise _errors.ShardingSpecError(
-      f"sharded_triton_call: an array argument of shape {tuple(x.shape)} and"
-      f" dtype {x.dtype}{_errors.process_note()} is committed to"
-      f" {', '.join(str(d) for d in devices[:4])}, devices of this process,"
-      f" but spec {spec} lays it over a mesh of {mesh.size} devices in"
-      f" processes {processes}; JAX cannot move one process's array onto"
-      " devices other processes own. Pass the same NumPy array in every"
-      " process (or an uncommitted jnp array), or build the global array"
-      " with jax.make_array_from_process_local_data(NamedSharding(mesh,"
-      " spec), local_data).")

@@ -7,6 +7,7 @@ that fails a check is deleted and ignored, never used.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
@@ -140,10 +141,8 @@ def _problem(document: Any, key: str) -> str:
 def _discard(path: str, reason: str) -> None:
   logger.warning("jt_dist: ignoring the autotuning choice %s (%s).", path,
                  reason)
-  try:
+  with contextlib.suppress(OSError):
     os.remove(path)
-  except OSError:
-    pass
 
 
 def forget_in_memory(name: str | None) -> int:

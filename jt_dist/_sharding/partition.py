@@ -239,8 +239,7 @@ def run(args: Sequence[Any], call: Callable[..., Any], kernel: Any,
   mapped = jax.shard_map(
       per_shard, mesh=layout.mesh, in_specs=plan.in_specs,
       out_specs=plan.out_specs, check_vma=True,
-      axis_names=frozenset(layout.mesh.axis_names)
-      - _specs.manual_axes(layout.mesh))
+      axis_names=frozenset(_split_axes(layout.mesh)))
   try:
     outs = mapped(*placed)
   except ValueError as e:

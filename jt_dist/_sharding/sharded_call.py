@@ -204,10 +204,8 @@ def run(args, kernel, out_shape, grid, mesh, in_specs,
   mapped = jax.shard_map(
       per_shard, mesh=mesh, in_specs=tuple(arg_specs),
       out_specs=tuple(o_specs) + ref_specs, check_vma=True)
-  if ref_args:
-    # jax allows Refs made inside a shard_map only under a trace.
-    mapped = jax.jit(mapped)
-  flat = list(mapped(*arrays))
+  # jax allows Refs made inside a shard_map only under a trace.
+  flat = list((jax.jit(mapped) if ref_args else mapped)(*arrays))
   if ref_args:
     n = len(flat) - len(ref_args)
     return jax.tree_util.tree_unflatten(out_tree, flat[:n]), flat[n:]

@@ -107,8 +107,7 @@ def spec_of(groups: Sequence[Sequence[str]]) -> P:
 
 def check_spec(where: str, shape: tuple, spec: Any, mesh) -> P:
   """One array's spec (None for P()), checked against its shape and mesh."""
-  if spec is None:
-    spec = P()
+  spec = P() if spec is None else spec
   if not isinstance(spec, P):
     raise _errors.ShardingSpecError(
         f"sharded_triton_call: the spec of {where} is {spec!r} of type"
@@ -170,10 +169,8 @@ def in_specs_for(in_specs: Any, args: Sequence[Any], mesh) -> list[P]:
   """One checked spec per array leaf, given (a prefix of ``args``, as
   ``jax.shard_map``'s are) or inferred."""
   flat, arrays = arrays_of(args)
-  if in_specs is None:
-    specs = [infer_spec(flat.leaves[k], mesh) for k in arrays]
-  else:
-    specs = _given_specs(in_specs, args)
+  specs = ([infer_spec(flat.leaves[k], mesh) for k in arrays]
+           if in_specs is None else _given_specs(in_specs, args))
   return [check_spec(flat.names[k], tuple(flat.leaves[k].shape), spec, mesh)
           for k, spec in zip(arrays, specs)]
 

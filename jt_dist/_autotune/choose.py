@@ -82,12 +82,11 @@ def _local_device(ctx, platform: str):
   """One device of ``platform`` this process addresses, or None."""
   me = jax.process_index()
   if platform == "cpu":
-    found = [d for d in _compat.lowering_axis_facts(ctx).devices
-             if d.platform == "cpu" and d.process_index == me]
-    return found[0] if found else jax.local_devices(backend="cpu")[0]
-  found = [d for d in _target.candidate_devices(ctx, platform)
-           if d.process_index == me]
-  return found[0] if found else None
+    return next((d for d in _compat.lowering_axis_facts(ctx).devices
+                 if d.platform == "cpu" and d.process_index == me),
+                jax.local_devices(backend="cpu")[0])
+  return next((d for d in _target.candidate_devices(ctx, platform)
+               if d.process_index == me), None)
 
 
 def _key_parts(spec, avals, platform: str) -> dict[str, Any]:
@@ -153,7 +152,8 @@ def _measure(spec, avals, device) -> list[float | None]:
       else np.zeros(a.shape, np.dtype(a.dtype)), device) for a in avals]
   results = [_compile(spec, i, inputs) for i in range(len(spec.launches))]
   compiled = [c for c, _ in results]
-  if all(c is None for c in compiled):
+  ran = [i for i, c in enumerate(compiled) if c is not None]
+  if not ran:
     first = results[0][1]
     raise _errors.AutotuneError(
         f"triton_call: no autotuning config of kernel {spec.info.name!r}"
@@ -165,10 +165,7 @@ def _measure(spec, avals, device) -> list[float | None]:
   samples: list[list[float]] = [[] for _ in compiled]
   for r in range(rounds):
     # An order rotated each round: drifts in clocks or load favour none.
-    order = list(range(len(compiled)))
-    for i in order[r % len(order):] + order[:r % len(order)]:
-      if compiled[i] is None:
-        continue
+    for i in ran[r % len(ran):] + ran[:r % len(ran)]:
       start = time.perf_counter()
       for _ in range(launches):
         out = compiled[i](*inputs)
@@ -239,8 +236,8 @@ def _pinned(spec, kind, key):
     fields = _pins.get(name)
   if fields is None:
     fields = _settings.autotune_pins().get(name)
-    if fields is None:
-      return None
+  if fields is None:
+    return None
   configs = [l.config for l in spec.launches]
   for i, config in enumerate(configs):
     have = config_fields(config)
@@ -266,13 +263,12 @@ def _choose(spec, avals, device, platform) -> _store.AutotuneChoice:
       choice = _receive(spec, share_key, kind, key)
       _store.save(choice)
     return choice
-  choice = _pinned(spec, kind, key)
+  choice = (_pinned(spec, kind, key) or _store.recalled(key)
+            or _store.load(key, _labels(spec)))
   if choice is None:
-    choice = _store.recalled(key) or _store.load(key, _labels(spec))
-    if choice is None:
-      choice = _decide(spec, avals, device, platform, key)
-      if choice.source == "timed":
-        _store.save(choice)
+    choice = _decide(spec, avals, device, platform, key)
+    if choice.source == "timed":
+      _store.save(choice)
   if multi and _store.recalled(key) != choice:
     _client(spec).key_value_set(_kv_key(share_key), json.dumps(
         {"config": choice.config, "timings_s": choice.timings_s}),

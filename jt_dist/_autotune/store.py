@@ -7,6 +7,7 @@ that fails a check is deleted and ignored, never used.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
@@ -20,7 +21,6 @@ from jt_dist._backend import cache as _cache
 logger = logging.getLogger("jt_dist")
 
 FORMAT_VERSION = 1
-_SUBDIR = "autotune"
 _STRING_FIELDS = ("kernel", "config", "source", "device_kind", "key")
 _LISTED = 8  # How many left-alone files forget's warning names.
 
@@ -77,7 +77,7 @@ def choices() -> list[AutotuneChoice]:
 
 
 def _folder() -> str:
-  return os.path.join(_settings.cache_dir(), _SUBDIR)
+  return os.path.join(_settings.cache_dir(), "autotune")
 
 
 def save(choice: AutotuneChoice) -> None:
@@ -141,10 +141,8 @@ def _problem(document: Any, key: str) -> str:
 def _discard(path: str, reason: str) -> None:
   logger.warning("jt_dist: ignoring the autotuning choice %s (%s).", path,
                  reason)
-  try:
+  with contextlib.suppress(OSError):
     os.remove(path)
-  except OSError:
-    pass
 
 
 def forget_in_memory(name: str | None) -> int:

@@ -32,7 +32,7 @@ from jt_dist._cpu import ffi_target as _ffi_target
 from jt_dist._core import host_faults as _host_faults
 from jt_dist._cpu import interrupts as _interrupts
 from jt_dist._cpu import runtime as _interpreter_runtime
-from jt_dist._sharding import lowering_rule as _lowering_rule
+from jt_dist._sharding import placement as _placement
 
 logger = logging.getLogger("jt_dist")
 
@@ -284,5 +284,5 @@ def _own_target_call(ctx, *args, spec):
 
 mlir.register_lowering(
     _primitive.triton_call_p,
-    _lowering_rule.checked(cpu_lowering, _choose.for_lowering, "cpu"),
+    _placement.checked(cpu_lowering, _choose.for_lowering, "cpu"),
     platform="cpu")

@@ -30,7 +30,7 @@ from jt_dist._gpu import compile as _compile
 from jt_dist._gpu import export as _gpu_export
 from jt_dist._gpu import proto_wire as _proto_wire
 from jt_dist._backend import target as _target
-from jt_dist._sharding import lowering_rule as _lowering_rule
+from jt_dist._sharding import placement as _placement
 
 logger = logging.getLogger("jt_dist")
 
@@ -342,7 +342,7 @@ def _emit(ctx, args, spec, name: str, opaque: bytes, order: tuple[int, ...]):
 for _platform in ("cuda", "rocm"):
   mlir.register_lowering(
       _primitive.triton_call_p,
-      _lowering_rule.checked(
+      _placement.checked(
           functools.partial(gpu_lowering, platform=_platform),
           _choose.for_lowering, _platform),
       platform=_platform)

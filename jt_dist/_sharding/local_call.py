@@ -47,8 +47,11 @@ def call(args, kernel, out_shape, grid, options: _binding.CallOptions,
         " jax.shard_map: TensorDescriptor.from_array(local_x, block_shape).")
   options = options.with_descriptors(descriptors)
   if _refs.has_refs(args):
-    return _with_refs(args, kernel, out_shape, grid, options, metaparams,
-                      device)
+    _refs.check(args, options.input_output_aliases, options.sharding_rule,
+                "triton_call")
+    return _refs.with_values(args, lambda values, refs: single_device(
+        values, kernel, out_shape, grid, options.with_refs(refs), metaparams,
+        device))
   if options.sharding_rule is not None:
     outs = _partitioned(args, kernel, out_shape, grid, options, metaparams,
                         device, layout)
@@ -68,8 +71,7 @@ def find_layout(args, options):
 
 def shard_call(*args, kernel, out_shape, grid, **kwargs) -> Any:
   """``call`` with ``triton_call``'s keywords: the body a shard runs."""
-  options, metaparams = options_from_keywords(kwargs)
-  return call(args, kernel, out_shape, grid, options, metaparams)
+  return call(args, kernel, out_shape, grid, *options_from_keywords(kwargs))
 
 
 def options_from_keywords(kwargs: dict):
@@ -95,19 +97,6 @@ def _resolved(kernel, args, metaparams):
   args, metaparams = _shard_size.resolve(args, metaparams)
   kernel, args = _runtime_scalar.bind(kernel, args, metaparams)
   return kernel, _operands.canonical_numpy(args), metaparams
-
-
-def _with_refs(args, kernel, out_shape, grid, options, metaparams, device):
-  """A call with Ref arguments: reads them, calls, writes them back."""
-  _refs.check(args, options.input_output_aliases, options.sharding_rule,
-              "triton_call")
-  ref_arrays, ref_leaves = _refs.array_positions(args)
-  values, value_leaves = _refs.read(args, ref_leaves)
-  options = options.with_refs(tuple(ref_arrays))
-  outs, updated = single_device(values, kernel, out_shape, grid, options,
-                                metaparams, device)
-  _refs.write(args, ref_leaves, updated, value_leaves)
-  return outs
 
 
 def single_device(args, kernel, out_shape, grid, options, metaparams,

@@ -60,17 +60,14 @@ def find_layout(args: Sequence[Any], rule, where: str) -> Layout | None:
   where no operand's mesh has an axis not already manual."""
   flat, positions = _specs.arrays_of(args)
   arrays = [(flat.names[k], flat.leaves[k]) for k in positions]
-  mesh, first = None, None
-  for i, x in arrays:
-    candidate = _specs.mesh_of(x)
-    if candidate is None:
-      continue
-    if mesh is None:
-      mesh, first = candidate, i
-    elif candidate.shape != mesh.shape:
+  meshes = [(i, _specs.mesh_of(x)) for i, x in arrays
+            if _specs.mesh_of(x) is not None]
+  mesh = meshes[0][1] if meshes else None
+  for i, other in meshes[1:]:
+    if other.shape != mesh.shape:
       raise _errors.ShardingSpecError(
-          f"{where}: {first} lives on mesh {dict(mesh.shape)} but"
-          f" {i} on mesh {dict(candidate.shape)}; one call runs on one"
+          f"{where}: {meshes[0][0]} lives on mesh {dict(mesh.shape)} but"
+          f" {i} on mesh {dict(other.shape)}; one call runs on one"
           " mesh. Put every operand on the same mesh with jax.device_put(x,"
           " NamedSharding(mesh, spec)) or jax.sharding.reshard.")
   traced = any(isinstance(x, jax.core.Tracer) for _, x in arrays)
@@ -79,28 +76,23 @@ def find_layout(args: Sequence[Any], rule, where: str) -> Layout | None:
     mesh = None if ambient.empty else ambient
   if mesh is None or not _split_axes(mesh):
     return None
-  specs = [P() if _specs.mesh_of(x) is None else _specs.sharding_of(x).spec
-           for _, x in arrays]
+  specs = [_specs.infer_spec(x, mesh) for _, x in arrays]
   auto = traced and _auto_axes(mesh, rule, where)
   return Layout(mesh, tuple(specs), auto=auto)
-
-
-_GPU_PLATFORMS = ("cuda", "gpu", "rocm")
 
 
 def _auto_axes(mesh, rule, where: str) -> bool:
   """Whether XLA lays the call out; refused where it cannot be handed over."""
   manual = _specs.manual_axes(mesh)
-  types = dict(zip(mesh.axis_names, getattr(mesh, "axis_types", ())))
-  auto = sorted(a for a, n in mesh.shape.items()
-                if a not in manual and n > 1 and _compat.is_auto_axis(
-                    types.get(a)))
+  types = dict(zip(mesh.axis_names, mesh.axis_types))
+  auto = sorted(a for a, n in _split_axes(mesh).items()
+                if n > 1 and _compat.is_auto_axis(types[a]))
   if not auto:
     return False
   platform = _compat.mesh_platform(mesh)
-  if platform in _GPU_PLATFORMS and not manual:
-    return True
-  if platform in _GPU_PLATFORMS:
+  if platform in ("cuda", "gpu", "rocm"):
+    if not manual:
+      return True
     why = (" inside a shard_map manual over"
            f" {sorted(manual)}, where jt_dist does not hand Triton calls to"
            " XLA's partitioner")
@@ -174,19 +166,6 @@ def _kernel_name(kernel) -> str:
       getattr(kernel, "fn", None), "__name__", repr(kernel))
 
 
-# jax.shard_map's words when it is batched by jax.vmap over a dimension that
-# is itself sharded over the mesh axes the split needs.
-_BATCHED_OVER_MESH_AXES = "jax.shard_map requires axis_names"
-
-
-def with_arrays(flat, positions: Sequence[int], arrays) -> list[Any]:
-  """``flat``'s arguments, ``arrays`` put at their leaves' ``positions``."""
-  leaves = list(flat.leaves)
-  for k, x in zip(positions, arrays):
-    leaves[k] = x
-  return flat.rebuild(leaves)
-
-
 def factor_sizes(rule, args: Sequence[Any], out_shapes) -> dict[str, int]:
   """``rule``'s factor sizes from the call's arrays and ``out_shapes``."""
   flat, positions = _specs.arrays_of(args)
@@ -199,47 +178,42 @@ def _log_plan(where, rule, kernel, names, layout, plan) -> None:
   """Names, at debug level, every collective the plan adds around the call."""
   if not logger.isEnabledFor(logging.DEBUG):
     return
-  steps = []
-  for operand, factors, current, target in zip(names, rule.operands,
-                                               layout.specs, plan.in_specs):
-    steps += _describe_move(operand, factors, current, target)
-  for k, reductions in enumerate(plan.reductions):
-    steps += [f"output {k}: all-reduce ({op}) over mesh axes"
-              f" {list(axes)}" for op, axes in reductions]
+  steps = [step for operand in zip(names, rule.operands, layout.specs,
+                                   plan.in_specs)
+           for step in _describe_move(*operand)]
+  steps += [f"output {k}: all-reduce ({op}) over mesh axes {list(axes)}"
+            for k, reductions in enumerate(plan.reductions)
+            for op, axes in reductions]
   for step in steps:
     logger.debug("%s: kernel %s with %s: %s", where, _kernel_name(kernel),
                  rule, step)
 
 
-def _reshard(x: Any, spec: P, layout: Layout):
-  """Lays an operand out as the plan wants; XLA adds the collective."""
-  if not isinstance(x, jax.core.Tracer) and isinstance(
-      layout.mesh, jax.sharding.Mesh):
-    return _specs.place(x, spec, layout.mesh)
-  explicit = tuple(getattr(layout.mesh, "explicit_axes", ()) or ())
-  if not explicit:
-    return x  # shard_map's in_specs lay it out.
-  return jax.sharding.reshard(x, NamedSharding(layout.mesh, spec))
-
-
 def shard_body(args, call, kernel, grid, kwargs, out_shapes, out_tree,
                out_specs, mesh, reductions, ref_args=(), check=None):
-  """The function one device runs: the kernel on its shard, then reductions.
+  """The function one device runs: the kernel on its shard, then per output
+  the ``(op, axes)`` of ``reductions``. With nothing split, the whole call.
 
   Returns the outputs' shards, flat, then the new values of the Refs made
   from the values at ``ref_args``.
   """
   flat, positions = _specs.arrays_of(args)
-  local_out = _specs.local_out_shape(out_shapes, out_tree, out_specs, mesh)
+  local_out = jax.tree_util.tree_unflatten(out_tree, [
+      jax.ShapeDtypeStruct(_specs.local_shape(shape, spec, mesh), dtype)
+      for (shape, dtype), spec in zip(out_shapes, out_specs)])
 
   def per_shard(*local_arrays):
-    local_args = with_arrays(flat, positions, local_arrays)
+    given = dict(zip(positions, local_arrays))
+    local_args = flat.rebuild([given.get(k, x)
+                               for k, x in enumerate(flat.leaves)])
     for i in ref_args:
       local_args[i] = jax.new_ref(local_args[i])
     outs = jax.tree_util.tree_leaves(
         call(*local_args, kernel=kernel, out_shape=local_out, grid=grid,
              **kwargs))
-    outs = [_specs.reduce(x, steps) for x, steps in zip(outs, reductions)]
+    for k, steps in enumerate(reductions):
+      for op, axes in steps:
+        outs[k] = _specs.COLLECTIVES[op](outs[k], axes)
     if check is not None:
       check(outs)
     return (*outs, *(local_args[i][...] for i in ref_args))
@@ -256,7 +230,8 @@ def run(args: Sequence[Any], call: Callable[..., Any], kernel: Any,
   plan = make_plan(rule, factor_sizes(rule, args, out_shapes), layout)
   _log_plan(where, rule, kernel, [flat.names[k] for k in positions], layout,
             plan)
-  placed = [_reshard(flat.leaves[k], target, layout)
+  # XLA adds the collectives that lay the operands out as the plan wants.
+  placed = [_specs.place(flat.leaves[k], target, layout.mesh)
             for k, target in zip(positions, plan.in_specs)]
   per_shard = shard_body(args, call, kernel, grid, kwargs, out_shapes,
                          out_tree, plan.out_specs, layout.mesh,
@@ -264,12 +239,13 @@ def run(args: Sequence[Any], call: Callable[..., Any], kernel: Any,
   mapped = jax.shard_map(
       per_shard, mesh=layout.mesh, in_specs=plan.in_specs,
       out_specs=plan.out_specs, check_vma=True,
-      axis_names=frozenset(layout.mesh.axis_names)
-      - _specs.manual_axes(layout.mesh))
+      axis_names=frozenset(_split_axes(layout.mesh)))
   try:
     outs = mapped(*placed)
   except ValueError as e:
-    if _BATCHED_OVER_MESH_AXES not in str(e):
+    # jax.shard_map's words when it is batched by jax.vmap over a dimension
+    # that is itself sharded over the mesh axes the split needs.
+    if "jax.shard_map requires axis_names" not in str(e):
       raise
     raise NotImplementedError(
         f"{where}: kernel {_kernel_name(kernel)!r} with sharding_rule {rule}"
@@ -289,22 +265,15 @@ def run_auto(args: Sequence[Any], call: Callable[..., Any], kernel: Any,
   """``run`` through ``custom_partitioning``: the partitioner's layout."""
   flat, positions = _specs.arrays_of(args)
   sizes = factor_sizes(rule, args, out_shapes)
-  global_out = jax.tree_util.tree_unflatten(
-      out_tree, [jax.ShapeDtypeStruct(s, d) for s, d in out_shapes])
-
-  def whole_call(*arrays):
-    # The op's types, and the call where nothing is split.
-    full = with_arrays(flat, positions, arrays)
-    return tuple(jax.tree_util.tree_leaves(
-        call(*full, kernel=kernel, out_shape=global_out, grid=grid,
-             **kwargs)))
+  n = len(out_shapes)
+  # The op's types, and the call where nothing is split.
+  whole_call = shard_body(args, call, kernel, grid, kwargs, out_shapes,
+                          out_tree, [P()] * n, None, [()] * n)
 
   def plan_for(mesh, arg_shapes):
     # The specs the partitioner chose (replicated where it chose none).
-    layout = Layout(mesh, tuple(
-        s.sharding.spec if isinstance(getattr(s, "sharding", None),
-                                      NamedSharding) else P()
-        for s in arg_shapes))
+    layout = Layout(mesh, tuple(_specs.infer_spec(s, mesh)
+                                for s in arg_shapes))
     return layout, make_plan(rule, sizes, layout)
 
   def infer(mesh, arg_shapes, result_shape):

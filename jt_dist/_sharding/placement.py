@@ -3,18 +3,23 @@
 A kernel sees raw pointers into one device's memory, so a call is checked
 eagerly (its arrays on one device), at trace time (none sharded over an
 explicit axis outside a ``shard_map`` manual over it) and at lowering (XLA
-would gather the inputs and run the whole kernel on each device).
+would gather the inputs and run the whole kernel on each device): every
+platform's lowering rule runs behind ``checked``.
 """
 
 from __future__ import annotations
 
+import functools
 import numbers
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import jax
+from jax.interpreters import mlir
 
 from jt_dist import _compat
 from jt_dist import _errors
+from jt_dist._backend import cache as _cache
+from jt_dist._core import primitive as _primitive
 from jt_dist._sharding import specs as _specs
 
 _FIX_SHARDED = (
@@ -70,25 +75,20 @@ def _resolve_device(device: Any):
     device = int(device)
     if 0 <= device < len(local):
       return local[device]
+    hint, every = "", jax.devices()
+    if jax.process_count() > 1 and 0 <= device < len(every):
+      hint = (f" jax.devices()[{device}] is {every[device]} of process"
+              f" {every[device].process_index}: device= counts this"
+              " process's devices (jax.local_devices()), and another"
+              " process's device cannot run this call.")
     raise _errors.DevicePlacementError(
         f"triton_call: device={device} is not a local device index"
         f"{_errors.process_note()}; this process addresses {len(local)}"
         f" {local[0].platform} devices, indices 0 to {len(local) - 1}"
-        f"{_device_list(local)}.{_global_index_hint(device)}")
+        f"{_device_list(local)}.{hint}")
   raise TypeError(
       f"triton_call: device={device!r} of type {type(device).__name__} must"
       " be a device index (int) or a jax.Device.")
-
-
-def _global_index_hint(index: int) -> str:
-  devices = jax.devices()
-  if jax.process_count() == 1 or not 0 <= index < len(devices):
-    return ""
-  other = devices[index]
-  return (f" jax.devices()[{index}] is {other} of process"
-          f" {other.process_index}: device= counts this process's devices"
-          " (jax.local_devices()), and another process's device cannot run"
-          " this call.")
 
 
 def check_concrete(args: Sequence[Any], kernel_name: str, device: Any = None):
@@ -129,18 +129,14 @@ def check_concrete(args: Sequence[Any], kernel_name: str, device: Any = None):
           f" Move them to one device with jax.device_put(x, {other}) before"
           " the call, or shard them over a mesh and call"
           " jt_dist.sharded_triton_call.")
-  if wanted is not None:
-    return wanted
-  return None if found is None else found[2]
+  return wanted or (found and found[2])
 
 
 def check_traced(args: Sequence[Any], kernel_name: str) -> None:
   """Refuses a traced array sharded over an axis not manual here: the
   kernel would see it all-gathered, or a shard it does not know is one."""
   for i, x in enumerate(args):
-    if not isinstance(x, jax.core.Tracer):
-      continue
-    mesh = _specs.mesh_of(x)
+    mesh = _specs.mesh_of(x) if isinstance(x, jax.core.Tracer) else None
     if mesh is None:
       continue
     manual = _specs.manual_axes(mesh)
@@ -157,9 +153,8 @@ def check_traced(args: Sequence[Any], kernel_name: str) -> None:
           f" have to gather it for the kernel.{_FIX_SHARDED}")
 
 
-def check_lowering(ctx, spec) -> None:
+def _check_lowering(facts, spec) -> None:
   """Lowering-time check that XLA will not partition the kernel call."""
-  facts = _compat.lowering_axis_facts(ctx)
   name = spec.info.name
   arrays = [op.name for op in spec.operands if op.kind == "array"]
   over_devices = facts.kind == "sharding" and facts.num_devices > 1
@@ -208,3 +203,44 @@ def unify_varying_axes(arrays: Sequence[Any]) -> list[Any]:
   union = frozenset().union(*varying)
   return [jax.lax.pcast(x, tuple(sorted(union - axes)), to="varying")
           if union - axes else x for x, axes in zip(arrays, varying)]
+
+
+def _manual_over_rest(ctx, args, spec, facts):
+  """Lowers the call inside a shard_map manual over the remaining axes.
+
+  The operands are replicated over them (the check passed): making them
+  manual pins one launch per device, where XLA could partition a call it
+  cannot see into (and CPU host callbacks need every axis manual).
+  """
+  mesh = jax.sharding.get_abstract_mesh()
+  if mesh.empty:
+    mesh = facts.mesh
+  rest = frozenset(mesh.axis_names) - facts.manual_axes
+  spec_none = jax.sharding.PartitionSpec()
+
+  def body(*xs):
+    return tuple(_primitive.triton_call_p.bind(*xs, spec=spec))
+
+  inner = jax.shard_map(
+      body, mesh=mesh, in_specs=(spec_none,) * len(args),
+      out_specs=(spec_none,) * len(spec.out_shapes), axis_names=rest,
+      check_vma=False)
+  return mlir.lower_fun(inner, multiple_results=True)(ctx, *args)
+
+
+def checked(rule: Callable[..., Any], choose: Callable[..., Any],
+            platform: str) -> Callable[..., Any]:
+  """``rule(ctx, *args, spec=spec)`` behind the placement check, for the
+  one config ``choose(ctx, spec, platform)`` picks (``jt_dist._autotune``)."""
+  @functools.wraps(rule)
+  def lowering(ctx, *args, spec, **kwargs):
+    facts = _compat.lowering_axis_facts(ctx)
+    _check_lowering(facts, spec)
+    if facts.kind == "spmd" and facts.manual_axes != frozenset(
+        facts.mesh.axis_names):
+      return _manual_over_rest(ctx, args, spec, facts)
+    lowered = rule(ctx, *args, spec=choose(ctx, spec, platform), **kwargs)
+    _cache.count("lowerings")  # Once per call lowered, never per run.
+    return lowered
+
+  return lowering

@@ -79,31 +79,38 @@ def check(args, aliases: Any, rule: Any, where: str) -> None:
         " input_output_aliases), or drop sharding_rule.")
 
 
-def array_positions(args) -> tuple[list[int], list[int]]:
-  """The Refs' array indices (as ``input_output_aliases`` counts), and
-  their positions among ``args``' leaves."""
-  leaves = _leaves(args)[0]
+def with_values(args, run):
+  """``run(values, refs)`` on ``args`` with each Ref replaced by its value;
+  ``refs``: the Refs' array indices, as ``input_output_aliases`` counts.
+  ``run`` returns (outputs, the Refs' new values), which are written back.
+  """
+  leaves, names, tree = _leaves(args)
   arrays = [k for k, leaf in enumerate(leaves)
             if isinstance(leaf, jax.Ref) or not _types.is_scalar(leaf)]
   refs = [(i, k) for i, k in enumerate(arrays)
           if isinstance(leaves[k], jax.Ref)]
-  return [i for i, _ in refs], [k for _, k in refs]
-
-
-def read(args, ref_leaves):
-  """``args`` with the Refs at ``ref_leaves`` replaced by their values."""
-  leaves, _, tree = _leaves(args)
-  for k in ref_leaves:
-    leaves[k] = leaves[k][...]
-  return tuple(jax.tree_util.tree_unflatten(tree, leaves)), leaves
-
-
-def write(args, ref_leaves, updated, values) -> None:
-  """Writes the new values back into the Refs at ``ref_leaves``."""
-  leaves, names, _ = _leaves(args)
-  for k, new in zip(ref_leaves, updated):
-    _check_varying(names[k], values[k], new)
+  values = list(leaves)
+  for _, k in refs:
+    values[k] = leaves[k][...]
+  outs, updated = run(tuple(jax.tree_util.tree_unflatten(tree, values)),
+                      tuple(i for i, _ in refs))
+  for (_, k), new in zip(refs, updated):
+    # An update varying over a manual axis the value does not would leave
+    # the Ref's copies in a shard_map differing.
+    extra = sorted(_compat.varying_axes(jax.typeof(new))
+                   - _compat.varying_axes(jax.typeof(values[k])))
+    if extra:
+      raise _errors.ShardingSpecError(
+          f"triton_call: the Ref {names[k]} holds the same value on every"
+          f" device along mesh axes {extra}, but the kernel's update of it"
+          " reads inputs that differ along them, so the Ref's copies would"
+          " differ. Split the Ref over those axes too (its in_specs entry,"
+          " in sharded_triton_call or jax.shard_map), or make its value vary"
+          " over them (jax.lax.pcast(x, axes, to='varying')) before"
+          " jax.new_ref, or pass it as an array and return the update as an"
+          " output.")
     leaves[k][...] = new
+  return outs
 
 
 def top_level(args, where: str) -> list[int]:
@@ -117,20 +124,4 @@ def top_level(args, where: str) -> list[int]:
         " Refs must be arguments of their own. Pass it as a separate"
         " argument (and take it as a separate kernel parameter).")
   return [i for i, a in enumerate(args) if isinstance(a, jax.Ref)]
-
-
-def _check_varying(name: str, value, new) -> None:
-  """Refuses an update varying over a manual axis the Ref's value does not
-  (its copies in a shard_map would differ)."""
-  extra = sorted(_compat.varying_axes(jax.typeof(new))
-                 - _compat.varying_axes(jax.typeof(value)))
-  if extra:
-    raise _errors.ShardingSpecError(
-        f"triton_call: the Ref {name} holds the same value on every"
-        f" device along mesh axes {extra}, but the kernel's update of it"
-        " reads inputs that differ along them, so the Ref's copies would"
-        " differ. Split the Ref over those axes too (its in_specs entry, in"
-        " sharded_triton_call or jax.shard_map), or make its value vary over"
-        " them (jax.lax.pcast(x, axes, to='varying')) before jax.new_ref, or"
-        " pass it as an array and return the update as an output.")
 

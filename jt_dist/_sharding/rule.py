@@ -120,12 +120,9 @@ class ShardingRule:
       object.__setattr__(self, field, value)
 
   def __repr__(self) -> str:
-    extra = ""
-    if self.reductions:
-      extra += f", reductions={dict(self.reductions)!r}"
-    if self.whole:
-      extra += f", whole={self.whole!r}"
-    return f"ShardingRule({self.rule!r}{extra})"
+    extra = [f", {name}={value!r}" for name, value in (
+        ("reductions", dict(self.reductions)), ("whole", self.whole)) if value]
+    return f"ShardingRule({self.rule!r}{''.join(extra)})"
 
   def reduction(self, factor: str) -> str | None:
     """The op combining partial results split along ``factor``, or None."""
@@ -145,15 +142,21 @@ class ShardingRule:
         a rank that differs from its group's number of factors, or a factor
         whose dimensions differ in size.
     """
-    _check_count(self, "array operands", len(self.operands), len(arrays),
-                 [name for name, _ in arrays])
-    _check_count(self, "outputs", len(self.outputs), len(outputs),
-                 [f"output {k}" for k in range(len(outputs))])
-    named = list(zip(self.operands, arrays)) + [
-        (factors, (f"output {k}", shape))
-        for k, (factors, shape) in enumerate(zip(self.outputs, outputs))]
+    outputs = [(f"output {k}", shape) for k, shape in enumerate(outputs)]
+    for what, groups, given in (("array operands", self.operands, arrays),
+                                ("outputs", self.outputs, outputs)):
+      if len(groups) != len(given):
+        names = [name for name, _ in given]
+        leaves = (" and each array in a tuple operand its own, in order"
+                  if any("][" in n for n in names) else "")
+        raise _errors.ShardingSpecError(
+            f"{self!r}: the rule lists {len(groups)} {what}, but the call"
+            f" has {len(given)} ({', '.join(names) or 'none'}). Give one"
+            f" group of factors per array {what.split()[-1].rstrip('s')}"
+            f" (scalar arguments take none{leaves}).")
     sizes: dict[str, tuple[int, str]] = {}
-    for factors, (name, shape) in named:
+    for factors, (name, shape) in zip(self.operands + self.outputs,
+                                      [*arrays, *outputs]):
       shape = tuple(shape)
       if len(factors) != len(shape):
         raise _errors.ShardingSpecError(
@@ -172,17 +175,6 @@ class ShardingRule:
     return {factor: size for factor, (size, _) in sizes.items()}
 
 
-def _check_count(rule, what, expected, got, names) -> None:
-  if expected != got:
-    leaves = (" and each array in a tuple operand its own, in order"
-              if any("][" in n for n in names) else "")
-    raise _errors.ShardingSpecError(
-        f"{rule!r}: the rule lists {expected} {what}, but the call has {got}"
-        f" ({', '.join(names) or 'none'}). Give one group of factors per"
-        f" array {what.split()[-1].rstrip('s')} (scalar arguments take"
-        f" none{leaves}).")
-
-
 def _all_factors(groups) -> list[str]:
   return list(dict.fromkeys(f for group in groups for f in group))
 
@@ -197,7 +189,6 @@ def _check_reductions(rule, reductions, operands, outputs) -> dict[str, str]:
         f" {list(REDUCTIONS)}, e.g. {{'k': 'sum'}}.")
   in_operands = set(_all_factors(operands))
   in_every_output = set.intersection(*(set(o) for o in outputs))
-  checked = {}
   for factor, op in reductions.items():
     if op not in REDUCTIONS:
       raise ValueError(
@@ -212,8 +203,7 @@ def _check_reductions(rule, reductions, operands, outputs) -> dict[str, str]:
           f"ShardingRule({rule!r}): reductions names factor {factor!r}, but"
           " every output keeps it, so nothing is contracted over it. Drop it"
           " from reductions.")
-    checked[factor] = op
-  return checked
+  return dict(reductions)
 
 
 def _check_whole(rule, whole, operands, outputs, reductions) -> tuple[str, ...]:

@@ -66,20 +66,16 @@ def _out_specs_for(out_specs, out_tree, out_shapes, mesh) -> list[P]:
           f"sharded_triton_call: out_specs {out_specs!r} must be one"
           " PartitionSpec for every output, or a pytree with the structure"
           f" of out_shape ({out_tree}); got the structure {tree}."))
-  return [
-      _specs.check_spec(f"output {k}", shape, spec, mesh)
-      for k, (spec, (shape, _)) in enumerate(zip(specs, out_shapes))
-  ]
-
-
-def _is_reduction(x: Any) -> bool:
-  return isinstance(x, tuple) and len(x) == 2 and isinstance(x[0], str)
+  return [_specs.check_spec(f"output {k}", shape, spec, mesh)
+          for k, (spec, (shape, _)) in enumerate(zip(specs, out_shapes))]
 
 
 def _reductions_for(out_reduce, out_tree, n_out, mesh) -> list:
   """One (collective, axes) pair or None per output."""
   entries = _per_output(
-      out_reduce, _is_reduction, out_tree, n_out,
+      out_reduce,
+      lambda x: isinstance(x, tuple) and len(x) == 2 and isinstance(x[0], str),
+      out_tree, n_out,
       lambda tree: (
           f"sharded_triton_call: out_reduce {out_reduce!r} must be one"
           " (op, axes) pair for every output, or a pytree with the structure"
@@ -208,10 +204,8 @@ def run(args, kernel, out_shape, grid, mesh, in_specs,
   mapped = jax.shard_map(
       per_shard, mesh=mesh, in_specs=tuple(arg_specs),
       out_specs=tuple(o_specs) + ref_specs, check_vma=True)
-  if ref_args:
-    # jax allows Refs made inside a shard_map only under a trace.
-    mapped = jax.jit(mapped)
-  flat = list(mapped(*arrays))
+  # jax allows Refs made inside a shard_map only under a trace.
+  flat = list((jax.jit(mapped) if ref_args else mapped)(*arrays))
   if ref_args:
     n = len(flat) - len(ref_args)
     return jax.tree_util.tree_unflatten(out_tree, flat[:n]), flat[n:]
@@ -295,8 +289,7 @@ def _needed_spec(shape: tuple, varying: list, operands: Sequence[_Operand],
     if len(dims) != 1:
       return None
     entries[dims[0]].append(axis)
-  sizes = dict(mesh.shape)
-  if any(shape[d] % math.prod(sizes[a] for a in e)
+  if any(shape[d] % math.prod(mesh.shape[a] for a in e)
          for d, e in enumerate(entries)):
     return None
   return _specs.spec_of(entries)

@@ -107,8 +107,7 @@ def spec_of(groups: Sequence[Sequence[str]]) -> P:
 
 def check_spec(where: str, shape: tuple, spec: Any, mesh) -> P:
   """One array's spec (None for P()), checked against its shape and mesh."""
-  if spec is None:
-    spec = P()
+  spec = P() if spec is None else spec
   if not isinstance(spec, P):
     raise _errors.ShardingSpecError(
         f"sharded_triton_call: the spec of {where} is {spec!r} of type"
@@ -146,26 +145,12 @@ def check_spec(where: str, shape: tuple, spec: Any, mesh) -> P:
 
 
 def local_shape(shape: tuple, spec: P, mesh) -> tuple:
-  """The shard-local shape of a global ``shape`` split by ``spec``."""
-  sizes = dict(mesh.shape)
+  """The shard-local shape of a global ``shape`` split by ``spec`` (``mesh``
+  may be None when ``spec`` splits nothing)."""
   local = list(shape)
   for dim, entry in enumerate(spec):
-    local[dim] //= math.prod(sizes[a] for a in entry_axes(entry))
+    local[dim] //= math.prod(mesh.shape[a] for a in entry_axes(entry))
   return tuple(local)
-
-
-def local_out_shape(out_shapes, out_tree, specs, mesh) -> Any:
-  """``out_shape`` for one shard: global ``(shape, dtype)``s split by specs."""
-  return jax.tree_util.tree_unflatten(out_tree, [
-      jax.ShapeDtypeStruct(local_shape(shape, spec, mesh), dtype)
-      for (shape, dtype), spec in zip(out_shapes, specs)])
-
-
-def reduce(x: Any, steps) -> Any:
-  """``x`` reduced by each ``(op, axes)`` of ``steps`` (inside a shard)."""
-  for op, axes in steps:
-    x = COLLECTIVES[op](x, axes)
-  return x
 
 
 def _sizes(sizes: dict) -> str:
@@ -184,10 +169,8 @@ def in_specs_for(in_specs: Any, args: Sequence[Any], mesh) -> list[P]:
   """One checked spec per array leaf, given (a prefix of ``args``, as
   ``jax.shard_map``'s are) or inferred."""
   flat, arrays = arrays_of(args)
-  if in_specs is None:
-    specs = [infer_spec(flat.leaves[k], mesh) for k in arrays]
-  else:
-    specs = _given_specs(in_specs, args)
+  specs = ([infer_spec(flat.leaves[k], mesh) for k in arrays]
+           if in_specs is None else _given_specs(in_specs, args))
   return [check_spec(flat.names[k], tuple(flat.leaves[k].shape), spec, mesh)
           for k, spec in zip(arrays, specs)]
 
@@ -213,10 +196,8 @@ def _given_specs(in_specs: Any, args: Sequence[Any]) -> list:
         f" no spec{note}. Pass one PartitionSpec per array argument, in"
         " order, or leave in_specs out to take them from the arguments'"
         " shardings.")
-  specs = []
-  for i, entry in zip(takers, entries):
-    specs.extend(_leaf_specs(args[i], entry, f"args[{i}]"))
-  return specs
+  return [spec for i, entry in zip(takers, entries)
+          for spec in _leaf_specs(args[i], entry, f"args[{i}]")]
 
 
 def _leaf_specs(arg: Any, entry: Any, where: str) -> list:
@@ -239,25 +220,22 @@ def _leaf_specs(arg: Any, entry: Any, where: str) -> list:
         f" tuple of {len(arg)} elements, must be one PartitionSpec for all"
         f" its arrays, or a tuple of {len(arg)} entries, one per element (a"
         " PartitionSpec, None for a scalar, or a tuple for a nested tuple).")
-  specs = []
-  for k, (item, sub) in enumerate(zip(arg, entry)):
-    specs.extend(_leaf_specs(item, sub, f"{where}[{k}]"))
-  return specs
+  return [spec for k, (item, sub) in enumerate(zip(arg, entry))
+          for spec in _leaf_specs(item, sub, f"{where}[{k}]")]
 
 
 def place(x: Any, spec: P, mesh, equivalent_ok: bool = False):
   """Lays ``x`` out as ``NamedSharding(mesh, spec)`` if it is not already,
   as ``shard_map`` over explicit axes wants. ``equivalent_ok``: an array
   laid out equivalently (on a one-device mesh, say) stays put."""
+  current = sharding_of(x)
   if isinstance(x, jax.core.Tracer):
-    current = getattr(jax.typeof(x), "sharding", None)
-    explicit = tuple(getattr(mesh, "explicit_axes", ()))
-    if explicit and trimmed(getattr(current, "spec", None)) != trimmed(spec):
+    if mesh.explicit_axes and trimmed(
+        getattr(current, "spec", None)) != trimmed(spec):
       return jax.sharding.reshard(x, NamedSharding(mesh, spec))
     return x
   if not isinstance(mesh, jax.sharding.Mesh):
     return x
-  current = getattr(x, "sharding", None)
   target = NamedSharding(mesh, spec)
   if isinstance(current, NamedSharding) and current.mesh == mesh and (
       trimmed(current.spec) == trimmed(spec)) or (
@@ -266,21 +244,17 @@ def place(x: Any, spec: P, mesh, equivalent_ok: bool = False):
     return x
   if (isinstance(x, jax.Array) and getattr(x, "committed", False)
       and not target.is_fully_addressable):
-    _refuse_local_array(x, spec, mesh)
+    # A committed array of one process cannot be spread over a global mesh.
+    devices = sorted(x.sharding.device_set, key=lambda d: d.id)
+    processes = sorted({d.process_index for d in mesh.devices.flat})
+    raise _errors.ShardingSpecError(
+        f"sharded_triton_call: an array argument of shape {tuple(x.shape)}"
+        f" and dtype {x.dtype}{_errors.process_note()} is committed to"
+        f" {', '.join(str(d) for d in devices[:4])}, devices of this process,"
+        f" but spec {spec} lays it over a mesh of {mesh.size} devices in"
+        f" processes {processes}; JAX cannot move one process's array onto"
+        " devices other processes own. Pass the same NumPy array in every"
+        " process (or an uncommitted jnp array), or build the global array"
+        " with jax.make_array_from_process_local_data(NamedSharding(mesh,"
+        " spec), local_data).")
   return jax.device_put(x, target)
-
-
-def _refuse_local_array(x, spec, mesh):
-  """A committed array of one process cannot be spread over a global mesh."""
-  devices = sorted(x.sharding.device_set, key=lambda d: d.id)
-  processes = sorted({d.process_index for d in mesh.devices.flat})
-  raise _errors.ShardingSpecError(
-      f"sharded_triton_call: an array argument of shape {tuple(x.shape)} and"
-      f" dtype {x.dtype}{_errors.process_note()} is committed to"
-      f" {', '.join(str(d) for d in devices[:4])}, devices of this process,"
-      f" but spec {spec} lays it over a mesh of {mesh.size} devices in"
-      f" processes {processes}; JAX cannot move one process's array onto"
-      " devices other processes own. Pass the same NumPy array in every"
-      " process (or an uncommitted jnp array), or build the global array"
-      " with jax.make_array_from_process_local_data(NamedSharding(mesh,"
-      " spec), local_data).")

@@ -99,10 +99,10 @@ def merge(mask, new, old, name: str):
 class _Region:
   """A loop or ``if`` that may narrow the active programs."""
 
-  def __init__(self, masks, names):
-    self.masks = masks
+  def __init__(self, names):
+    self.masks = _masks()
     self.names = names
-    self.depth = None if masks is None else len(masks.stack)
+    self.depth = None if self.masks is None else len(self.masks.stack)
     self.saved: dict = {}
 
   def _push(self, mask):
@@ -117,13 +117,11 @@ class _Region:
       del self.masks.stack[self.depth:]
 
 
-class _Loop(_Region):
+class Loop(_Region):
   """A ``for`` over ``range``/``tl.range`` whose trip count may differ."""
 
-  def __init__(self, masks, names):
-    super().__init__(masks, names)
-    self.mask = None
-    self.narrow = False
+  mask = None  # The programs of the current trip.
+  narrow = False  # Whether the current trip leaves some programs out.
 
   def loop(self, fn, *args, **kwargs):
     """The loop's values; per program trip counts run masked."""
@@ -213,15 +211,16 @@ def _loop_index(values, active):
   return tl.tensor(TensorHandle(data, tl.int32), tl.int32)
 
 
-class _Branch(_Region):
+class Branch(_Region):
   """An ``if`` whose condition may differ between programs."""
 
-  def __init__(self, masks, test, names, else_names):
-    super().__init__(masks, names)
+  def __init__(self, test, names, else_names):
+    super().__init__(names)
     self.else_names = else_names
     self.cond = None  # Per program where the programs disagree.
     self.value = None
     self.then_values: dict = {}
+    masks = self.masks
     values = None if masks is None else _lanes(test)
     if values is None or values.size == 1:
       self.value = bool(test)
@@ -308,11 +307,3 @@ def returns(has_value: bool) -> bool:
     mask = masks.stack[i]
     masks.stack[i] = ~lanes if mask is None else mask & ~lanes
   return False
-
-
-def region(names) -> _Loop:
-  return _Loop(_masks(), names)
-
-
-def branch(test, names, else_names) -> _Branch:
-  return _Branch(_masks(), test, names, else_names)

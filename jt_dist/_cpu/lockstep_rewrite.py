@@ -151,7 +151,7 @@ class _Transformer(ast.NodeTransformer):
     node.body = ([ast.Expr(_call("save", _locals(), target=region)),
                   _assign(target, ast.Name(index, ast.Load()))]
                  + node.body + [_merges(region, "narrowed", live)])
-    return [_assign(region, _call("region", _constants(live))), node,
+    return [_assign(region, _call("Loop", _constants(live))), node,
             ast.Expr(_call("done", target=region))]
 
   def visit_If(self, node):
@@ -165,7 +165,7 @@ class _Transformer(ast.NodeTransformer):
     self.generic_visit(node)
     region = self._fresh()
     branch = _assign(region, _call(
-        "branch", node.test, _constants(live | restored),
+        "Branch", node.test, _constants(live | restored),
         _constants(live & else_stores)))
     then = ast.If(test=_call("then", _locals(), target=region),
                   body=node.body, orelse=[])

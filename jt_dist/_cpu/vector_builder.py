@@ -10,6 +10,8 @@ memory sees upstream's order.
 
 from __future__ import annotations
 
+import types
+
 import numpy as np
 import triton.language as tl
 from jt_dist._cpu import interpreter as _interpreter
@@ -303,14 +305,7 @@ def _block_pointers(self, boundary_check):
   return _tile_pointers(self, self.offsets, tuple(boundary_check))
 
 
-_SUBCLASSES: dict = {}
-
-
 def _vectorised(handle, materialize):
   """``handle``, its ``materialize_pointers`` working per program."""
-  cls = type(handle)
-  if (cls, materialize) not in _SUBCLASSES:
-    _SUBCLASSES[cls, materialize] = type(
-        "Vector" + cls.__name__, (cls,), {"materialize_pointers": materialize})
-  handle.__class__ = _SUBCLASSES[cls, materialize]
+  handle.materialize_pointers = types.MethodType(materialize, handle)
   return handle

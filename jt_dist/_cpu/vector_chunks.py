@@ -50,11 +50,9 @@ def _next_size(key) -> int:
   estimate = _estimates.get(key)
   if estimate is None:
     return 1
-  target = WORKING_MEMORY_BOUND * _TARGET_FRACTION
-  size = max(1, int(target // estimate.per_program))
-  if estimate.traced:
-    size = min(size, estimate.programs * _GROWTH)
-  return size
+  size = max(1, int(WORKING_MEMORY_BOUND * _TARGET_FRACTION
+                    // estimate.per_program))
+  return min(size, estimate.programs * _GROWTH) if estimate.traced else size
 
 
 @contextlib.contextmanager
@@ -64,22 +62,18 @@ def measured(key, programs: range):
   if estimate is None:
     with _values_bytes() as counted:
       yield
-    _record(key, counted[0] * _TEMPORARIES, programs, traced=False)
+    nbytes, traced = counted[0] * _TEMPORARIES, False
   elif (estimate.per_program * len(programs) >= _TRACED_FROM
         and (not estimate.traced or len(programs) > 2 * estimate.programs)):
     with _peak_bytes() as peak:
       yield
-    _record(key, peak[0], programs, traced=True)
+    nbytes, traced = peak[0], True
   else:
     yield
-
-
-def _record(key, nbytes: int, programs: range, traced: bool) -> None:
-  estimate = _estimates.get(key)
-  if (estimate is None or (traced and not estimate.traced)
-      or len(programs) > estimate.programs):
-    _estimates[key] = Estimate(max(nbytes, 1) / len(programs), len(programs),
-                               traced)
+    return
+  # A first, traced or larger chunk: its estimate replaces the last.
+  _estimates[key] = Estimate(max(nbytes, 1) / len(programs), len(programs),
+                             traced)
 
 
 @contextlib.contextmanager

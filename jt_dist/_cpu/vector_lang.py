@@ -144,8 +144,6 @@ class _ProgramsReduce(_reductions.KernelNamed, _interpreter.ReduceOps):
                            dtype)
             for op, dtype in ((val_reduce_op, input.dtype),
                               (idx_reduce_op, tl.int32)) if op]
-    if not outs:
-      raise ValueError("val_reduce_op and idx_reduce_op are both None")
     return outs[0] if len(outs) == 1 else tuple(outs)
 
   def sum(self, input):
@@ -206,12 +204,11 @@ class VectorScan(_reductions.KernelNamed, _interpreter.ScanOps):
     datas = [t.handle.data for t in input]
     if self.reverse:
       datas = [np.flip(d, axis=axis) for d in datas]
-    if self.combine_fn == tl.standard._sum_combine:  # pylint: disable=protected-access
-      outs = [_reductions.scan_along("tl.cumsum", datas[0], axis,
-                                     input[0].dtype, self.kernel)]
-    elif self.combine_fn == tl.standard._prod_combine:  # pylint: disable=protected-access
-      outs = [_reductions.scan_along("tl.cumprod", datas[0], axis,
-                                     input[0].dtype, self.kernel)]
+    sum_fn, prod_fn = tl.standard._sum_combine, tl.standard._prod_combine  # pylint: disable=protected-access
+    if self.combine_fn in (sum_fn, prod_fn):
+      what = "tl.cumsum" if self.combine_fn == sum_fn else "tl.cumprod"
+      outs = [_reductions.scan_along(what, datas[0], axis, input[0].dtype,
+                                     self.kernel)]
     else:
       combine_fn = _reductions.CheckedCombine(self.combine_fn, self.kernel,
                                               "tl.associative_scan")

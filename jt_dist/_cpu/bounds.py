@@ -48,14 +48,13 @@ class MemoryChecker:
   def __init__(self, kernel: str, buffers: list[Buffer]):
     self.kernel = kernel
     self.buffers = buffers
-    n = len(buffers)
-    self._real = real = np.array([b.array.ctypes.data for b in buffers]
-                                 or [0], np.uint64)
+    self._count = len(buffers)
+    real = [b.array.ctypes.data for b in buffers] or [0]
+    self._real = np.array(real, np.uint64)
     self._nbytes = np.array([b.array.nbytes for b in buffers] or [0], np.int64)
-    tags = (np.arange(1, max(n, 1) + 1, dtype=np.uint64) << _REGION_BITS)
-    low_bits = real & np.uint64(_ALIGN_MASK)
-    self._tagged = tags + np.uint64(_HALF_REGION) + low_bits
-    self._count = n
+    tags = np.arange(1, len(real) + 1, dtype=np.uint64) << _REGION_BITS
+    self._tagged = (tags + np.uint64(_HALF_REGION)
+                    + (self._real & np.uint64(_ALIGN_MASK)))
     self._tracks_writes = any(b.written is not None for b in buffers)
 
   def tagged_address(self, k: int) -> int:
@@ -156,7 +155,7 @@ class MemoryChecker:
   def unwritten_message(self, k: int, elements: np.ndarray) -> str:
     return (
         f"triton_call: kernel {self.kernel!r} left {elements.size} of"
-        f" {self.buffers[k].array.size} elements of {self._describe(k)}"
+        f" {self.buffers[k].array.size} elements of {self.describe(k)}"
         f" unwritten: element offsets {_first(elements)}. The buffer"
         f" {self._extent(k)}. They come back as 0xFF bytes (NaN for floats)"
         " on the CPU, and as whatever the memory held on a GPU. Check that"
@@ -167,7 +166,7 @@ class MemoryChecker:
         " to keep its start."
     )
 
-  def _describe(self, k: int) -> str:
+  def describe(self, k: int) -> str:
     b = self.buffers[k]
     return f"{b.param!r} ({b.role})"
 
@@ -198,7 +197,7 @@ class MemoryChecker:
               " it wraps past 2**31 - 1: compute offsets in int64, e.g."
               " `tl.program_id(0).to(tl.int64) * BLOCK`.")
     return _errors.OutOfBoundsAccessError(
-        f"{self._where(op)} {self._describe(k)} reaches {elements.size}"
+        f"{self._where(op)} {self.describe(k)} reaches {elements.size}"
         f" element(s) outside the buffer: element offsets"
         f" {_first(elements)} (in {itemsize}-byte elements). The buffer"
         f" {self._extent(k)}, so offsets must lie in [0, {size}). Mask in"
@@ -210,7 +209,7 @@ class MemoryChecker:
 
   def _unwritten(self, op, k, starts, on, itemsize):
     return _errors.UnwrittenOutputReadError(
-        f"{self._where(op)} {self._describe(k)} reads {starts.size}"
+        f"{self._where(op)} {self.describe(k)} reads {starts.size}"
         f" element(s) that the kernel has not written: element offsets"
         f" {_first(starts // itemsize)} (in {itemsize}-byte elements). The"
         f" buffer {self._extent(k)}. Mask in force: {_mask_text(on)}. An"

@@ -75,11 +75,9 @@ def _retyped(tensor, scalar, data):
   return tl_core.tensor(TensorHandle(data, scalar), ty)
 
 
-def _min_max_name(val_reduce_op, idx_reduce_op) -> str:
-  """The ``tl`` function behind ``nan_ignoring`` reductions."""
-  if idx_reduce_op is not None:
-    return "tl.argmin" if idx_reduce_op is np.nanargmin else "tl.argmax"
-  return "tl.min" if val_reduce_op is np.nanmin else "tl.max"
+# The ``tl`` function behind a ``nan_ignoring`` index (else value) reduction.
+_MIN_MAX_NAMES = {np.nanargmin: "tl.argmin", np.nanargmax: "tl.argmax",
+                  np.nanmin: "tl.min", np.nanmax: "tl.max"}
 
 
 class CheckedCombine:
@@ -97,21 +95,19 @@ class CheckedCombine:
     for result, operand in zip(results, args):
       # Python numbers are left to upstream, as it leaves them.
       if isinstance(result, tl_core.tensor) and result.dtype != operand.dtype:
-        raise self._refusal(operand.dtype, result.dtype)
+        op = "tt.reduce" if self.what == "tl.reduce" else "tt.scan"
+        raise _errors.KernelTypeError(
+            f"triton_call: kernel {self.kernel!r}, program id"
+            f" {_interpreter.program_id()}: {self.what} on"
+            f" {operand.dtype.name} operands whose combine function returns"
+            f" {result.dtype.name} values. A combine function must return its"
+            f" operands' types: Triton's compiler refuses it (\"'{op}' op type"
+            " mismatch on combine operation\"), and the CPU interpreter would"
+            f" store the values into {operand.dtype.name} as they are. Cast"
+            " what it returns, e.g. `tl.maximum(a, b).to(a.dtype)` (Triton"
+            " 3.6's tl.minimum, tl.maximum and tl.clamp return float32 for"
+            " bfloat16 operands).")
     return returned
-
-  def _refusal(self, operand, returned) -> _errors.KernelTypeError:
-    op = "tt.reduce" if self.what == "tl.reduce" else "tt.scan"
-    return _errors.KernelTypeError(
-        f"triton_call: kernel {self.kernel!r}, program id"
-        f" {_interpreter.program_id()}: {self.what} on {operand.name}"
-        f" operands whose combine function returns {returned.name} values."
-        " A combine function must return its operands' types: Triton's"
-        f" compiler refuses it (\"'{op}' op type mismatch on combine"
-        " operation\"), and the CPU interpreter would store the values into"
-        f" {operand.name} as they are. Cast what it returns, e.g."
-        " `tl.maximum(a, b).to(a.dtype)` (Triton 3.6's tl.minimum, tl.maximum"
-        " and tl.clamp return float32 for bfloat16 operands).")
 
 
 class KernelNamed:
@@ -132,7 +128,7 @@ class MinMaxOnValues(KernelNamed):
       return super().min_max(input, val_reduce_op, idx_reduce_op)
     val_reduce_op = _interpreter.nan_ignoring(val_reduce_op)
     idx_reduce_op = _interpreter.nan_ignoring(idx_reduce_op)
-    _refuse_float8(self.kernel, _min_max_name(val_reduce_op, idx_reduce_op),
+    _refuse_float8(self.kernel, _MIN_MAX_NAMES[idx_reduce_op or val_reduce_op],
                    scalar)
     wide = _retyped(first, tl.float32, _bf16.values(first.handle.data))
     out = super().min_max(wide, val_reduce_op, idx_reduce_op)

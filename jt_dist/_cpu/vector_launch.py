@@ -115,7 +115,8 @@ class Launch:
     """As ``run``, without ``check``."""
     if _decisions.get(self.key) == ONE_AT_A_TIME:
       return False
-    windows = _journal.windows_of(self.args, self.checker)
+    windows = _journal.windows_of(self.args, self.executor.arg_names,
+                                  self.checker)
     if windows is None:
       return False
     journal = _journal.WriteJournal(windows)
@@ -215,7 +216,8 @@ def _call_in_lockstep(self, *args, **kwargs):
 
 def _run_both(launch) -> bool:
   """``JT_DIST_VECTORIZE=check``: False where the vectorised run gave way."""
-  windows = _journal.windows_of(launch.args, launch.checker)
+  windows = _journal.windows_of(launch.args, launch.executor.arg_names,
+                                launch.checker)
   if windows is None:
     return False
   before = _snapshot(windows)
@@ -228,19 +230,13 @@ def _run_both(launch) -> bool:
       w.written[...] = written
   with launch.patched_language():
     launch.one_at_a_time()
-  if launch.checker is not None:
-    names = [f"{b.param!r} ({b.role})" for b in launch.checker.buffers]
-  else:
-    names = [repr(n) for n in _journal.pointer_names(
-        launch.args, launch.executor.arg_names)]
-  for name, w, (data, written) in zip(names, windows, vectorised):
+  for w, (data, written) in zip(windows, vectorised):
     differs = np.flatnonzero(data != _journal.writable_bytes(w.array))
     if differs.size:
-      raise _mismatch(launch, name, w.array, differs, data, "holds")
+      raise _mismatch(launch, w, differs, data, "holds")
     if written is not None and (written != w.written).any():
       differs = np.flatnonzero(written != w.written)
-      raise _mismatch(launch, name, w.array, differs, written,
-                      "marks as written")
+      raise _mismatch(launch, w, differs, written, "marks as written")
   return True
 
 
@@ -249,8 +245,9 @@ def _snapshot(windows) -> list[tuple[np.ndarray, np.ndarray | None]]:
            None if w.written is None else w.written.copy()) for w in windows]
 
 
-def _mismatch(launch, name, array, differs, vectorised, what):
-  """The error for byte offsets ``differs`` of ``array``."""
+def _mismatch(launch, window, differs, vectorised, what):
+  """The error for byte offsets ``differs`` of ``window``."""
+  name, array = window.name, window.array
   itemsize = max(array.itemsize, 1)
   elements = np.unique(differs // itemsize)
   first = int(elements[0])

@@ -288,8 +288,8 @@ class CheckedMemory:
     # Enums (MEM_SEMANTIC, RMW_OP) and anything else pass through.
     return getattr(self._native, name)
 
-  def _checked(self, op, ptrs, mask, itemsize, direct=False):
-    """``((k, offsets), None)`` for HostMemory (``direct``), else
+  def _checked(self, op, ptrs, mask, itemsize):
+    """``((k, offsets), None)`` for HostMemory's loads and stores, else
     ``(None, real addresses)``."""
     reads, writes = op != "store", op != "load"
     found = self._checker.locate(op, ptrs, mask, itemsize, reads=reads,
@@ -297,20 +297,19 @@ class CheckedMemory:
     if found is None:
       return None, self._checker.translate_lanes(op, ptrs, mask, itemsize,
                                                  reads, writes)
-    if direct and self._direct:
+    if self._direct and op in ("load", "store"):
       return found, None
     return None, self._checker.real(*found)
 
   def load(self, ptrs, mask, other, dtype):
-    found, real = self._checked("load", ptrs, mask, np.dtype(dtype).itemsize,
-                                direct=True)
+    found, real = self._checked("load", ptrs, mask, np.dtype(dtype).itemsize)
     if found is not None:
       return self._native.load_at(*found, mask, other, dtype)
     return self._native.load(real, mask, other, dtype)
 
   def store(self, ptrs, values, mask):
     found, real = self._checked("store", ptrs, mask,
-                                np.asarray(values).dtype.itemsize, direct=True)
+                                np.asarray(values).dtype.itemsize)
     if found is not None:
       return self._native.store_at(*found, values, mask)
     return self._native.store(real, values, mask)

@@ -184,12 +184,10 @@ class ScanOnValues(KernelNamed, _interpreter.ScanOps):
 
 def language_functions(kernel: str, reduce_ops, scan_ops) -> dict:
   """``tl.reduce`` and ``tl.associative_scan`` run by these classes."""
-  def reduce(input, axis, combine_fn, keep_dims=False, **kwargs):  # pylint: disable=redefined-builtin
-    del kwargs
+  def reduce(input, axis, combine_fn, keep_dims=False, **_):  # pylint: disable=redefined-builtin
     return reduce_ops(axis, combine_fn, keep_dims, kernel=kernel).apply(input)
 
-  def scan(input, axis, combine_fn, reverse=False, **kwargs):  # pylint: disable=redefined-builtin
-    del kwargs
+  def scan(input, axis, combine_fn, reverse=False, **_):  # pylint: disable=redefined-builtin
     return scan_ops(axis, combine_fn, reverse, kernel=kernel).apply(input)
 
   return {"reduce": reduce, "associative_scan": scan}

@@ -108,12 +108,10 @@ def patch(scope, kernel: str) -> None:
 def _to_tensor(data, dtype):
   """A tensor of ``dtype`` from per-program ``data`` (program axis first)."""
   data = np.asarray(data).astype(_interpreter.np_dtype(dtype), copy=False)
-  if data.ndim > 1:
-    ty = tl.block_type(dtype, list(data.shape[1:]))
-  else:
-    data = data.reshape(-1)
-    ty = dtype
-  return tl.core.tensor(TensorHandle(data, dtype.scalar), ty)
+  if data.ndim <= 1:
+    return tl.core.tensor(TensorHandle(data.reshape(-1), dtype.scalar), dtype)
+  return tl.core.tensor(TensorHandle(data, dtype.scalar),
+                        tl.block_type(dtype, list(data.shape[1:])))
 
 
 class _ProgramsReduce(_reductions.KernelNamed, _interpreter.ReduceOps):

@@ -91,8 +91,7 @@ def _grid(executor):
   """The grid as 3 ints, or None where vectorising cannot help."""
   if callable(executor.grid) or executor.pre_run_hooks:
     return None
-  grid = tuple(int(g) for g in executor.grid)
-  grid = grid + (1,) * (3 - len(grid))
+  grid = (*map(int, executor.grid), 1, 1)[:3]
   return grid if int(np.prod(grid)) > 1 else None
 
 

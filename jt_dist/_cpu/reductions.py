@@ -118,42 +118,55 @@ class KernelNamed:
     self.kernel = kernel
 
 
-class MinMaxOnValues(KernelNamed):
-  """``min_max`` on bf16 values (NaN ignored, as 3.9); refused on float8."""
+class ReduceOnValues(KernelNamed, _interpreter.ReduceOps):
+  """Upstream's reductions, bf16 on values (min/max ignoring NaN, as 3.9),
+  float8 refused; blocks follow ``LEAD`` program axes (1 vectorised)."""
+
+  LEAD = 0
+
+  def _flat(self, data):
+    """``data`` and the axis to reduce (the block flattened if None)."""
+    if self.axis is None:
+      return data.reshape(data.shape[:self.LEAD] + (-1,)), self.LEAD
+    return data, int(self.axis) + self.LEAD
+
+  def _shaped(self, out, ndim: int):
+    """``out`` of an ``ndim`` input, reduced dims kept if ``keep_dims``."""
+    if not self.keep_dims:
+      return out
+    if self.axis is None:
+      return out.reshape(out.shape[:self.LEAD] + (1,) * (ndim - self.LEAD))
+    return np.expand_dims(out, int(self.axis) + self.LEAD)
 
   def min_max(self, input, val_reduce_op, idx_reduce_op=None):  # pylint: disable=redefined-builtin
-    first = input[0] if isinstance(input, tuple) else input
-    scalar = first.dtype
-    if not _narrow(scalar):
-      return super().min_max(input, val_reduce_op, idx_reduce_op)
-    val_reduce_op = _interpreter.nan_ignoring(val_reduce_op)
-    idx_reduce_op = _interpreter.nan_ignoring(idx_reduce_op)
-    _refuse_float8(self.kernel, _MIN_MAX_NAMES[idx_reduce_op or val_reduce_op],
-                   scalar)
-    wide = _retyped(first, tl.float32, _bf16.values(first.handle.data))
-    out = super().min_max(wide, val_reduce_op, idx_reduce_op)
-    outs = out if isinstance(out, tuple) else (out,)
-    # The extreme value is one of the inputs: back to bf16 exactly.
-    outs = tuple(
-        _retyped(o, tl.bfloat16, _bf16.to_bits(o.handle.data))
-        if o.dtype == tl.float32 else o for o in outs)
-    return outs if isinstance(out, tuple) else outs[0]
-
-
-class ReduceOnValues(MinMaxOnValues, _interpreter.ReduceOps):
-  """Upstream's one-program reductions, on values."""
+    input = input[0] if isinstance(input, tuple) else input
+    if _narrow(input.dtype):
+      val_reduce_op = _interpreter.nan_ignoring(val_reduce_op)
+      idx_reduce_op = _interpreter.nan_ignoring(idx_reduce_op)
+      _refuse_float8(self.kernel,
+                     _MIN_MAX_NAMES[idx_reduce_op or val_reduce_op],
+                     input.dtype)
+      wide = _retyped(input, tl.float32, _bf16.values(input.handle.data))
+      out = self.min_max(wide, val_reduce_op, idx_reduce_op)
+      outs = out if isinstance(out, tuple) else (out,)
+      # The extreme value is one of the inputs: back to bf16 exactly.
+      outs = tuple(
+          _retyped(o, tl.bfloat16, _bf16.to_bits(o.handle.data))
+          if o.dtype == tl.float32 else o for o in outs)
+      return outs if isinstance(out, tuple) else outs[0]
+    data = np.asarray(input.handle.data)
+    flat, axis = self._flat(data)
+    outs = [self.to_tensor(self._shaped(op(flat, axis=axis), data.ndim), dt)
+            for op, dt in ((val_reduce_op, input.dtype),
+                           (idx_reduce_op, tl.int32)) if op]
+    return outs[0] if len(outs) == 1 else tuple(outs)
 
   def sum(self, input):  # pylint: disable=redefined-builtin
-    if not _narrow(input.dtype):
-      return super().sum(input)
+    if not _narrow(input.dtype) and not self.LEAD:
+      return super().sum(input)  # Upstream's, one program at a time.
     data = np.asarray(input.handle.data)
-    axis = 0 if self.axis is None else int(self.axis)
-    flat = data.reshape(-1) if self.axis is None else data
-    out = sum_along(flat, axis, input.dtype, self.kernel)
-    if self.keep_dims:
-      out = (out.reshape((1,) * data.ndim) if self.axis is None
-             else np.expand_dims(out, axis))
-    return self.to_tensor(out, input.dtype)
+    out = sum_along(*self._flat(data), input.dtype, self.kernel)
+    return self.to_tensor(self._shaped(out, data.ndim), input.dtype)
 
   def generic_reduce(self, input):  # pylint: disable=redefined-builtin
     self.combine_fn = CheckedCombine(self.combine_fn, self.kernel, "tl.reduce")

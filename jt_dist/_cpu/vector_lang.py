@@ -114,40 +114,13 @@ def _to_tensor(data, dtype):
                         tl.block_type(dtype, list(data.shape[1:])))
 
 
-class _ProgramsReduce(_reductions.KernelNamed, _interpreter.ReduceOps):
-  """Upstream's reductions (its NumPy picks), reduced axes one to the right."""
+class VectorReduce(_reductions.ReduceOnValues):
+  """The reductions over all programs, reduced axes one to the right."""
+
+  LEAD = 1
 
   def to_tensor(self, ret, dtype):
     return _to_tensor(ret, dtype)
-
-  def _flat(self, data):
-    """``data`` and the axis to reduce (the block flattened if None)."""
-    if self.axis is None:
-      return data.reshape(data.shape[0], -1), 1
-    return data, int(self.axis) + 1
-
-  def _shaped(self, out, block_ndim: int):
-    """``out`` with reduced dims kept, where ``keep_dims`` asks."""
-    if not self.keep_dims:
-      return out
-    if self.axis is None:
-      return out.reshape((out.shape[0],) + (1,) * block_ndim)
-    return np.expand_dims(out, int(self.axis) + 1)
-
-  def min_max(self, input, val_reduce_op, idx_reduce_op=None):
-    input = input[0] if isinstance(input, tuple) else input
-    data = input.handle.data
-    flat, axis = self._flat(data)
-    outs = [self.to_tensor(self._shaped(op(flat, axis=axis), data.ndim - 1),
-                           dtype)
-            for op, dtype in ((val_reduce_op, input.dtype),
-                              (idx_reduce_op, tl.int32)) if op]
-    return outs[0] if len(outs) == 1 else tuple(outs)
-
-  def sum(self, input):
-    data = input.handle.data
-    out = _reductions.sum_along(*self._flat(data), input.dtype, self.kernel)
-    return self.to_tensor(self._shaped(out, data.ndim - 1), input.dtype)
 
   def generic_reduce(self, input):
     datas = [self._flat(t.handle.data)[0] for t in input]
@@ -156,13 +129,9 @@ class _ProgramsReduce(_reductions.KernelNamed, _interpreter.ReduceOps):
     combine_fn = _reductions.CheckedCombine(self.combine_fn, self.kernel,
                                             "tl.reduce")
     *_, acc = _running(combine_fn, datas, axis, dtypes)
-    block_ndim = input[0].handle.data.ndim - 1
-    return [self.to_tensor(self._shaped(a, block_ndim), dt)
+    ndim = input[0].handle.data.ndim
+    return [self.to_tensor(self._shaped(a, ndim), dt)
             for a, dt in zip(acc, dtypes)]
-
-
-class VectorReduce(_reductions.MinMaxOnValues, _ProgramsReduce):
-  """The vectorised reductions, bf16 and float8 on values (``reductions``)."""
 
 
 def _running(combine_fn, datas, axis, dtypes):

@@ -302,8 +302,7 @@ def returns(has_value: bool) -> bool:
   if has_value:
     raise Unsupported("a return with a value taken by some programs only")
   current = masks.current
-  lanes = np.ones(_programs(), bool) if current is None else current.copy()
-  for i in range(frame, len(masks.stack)):
-    mask = masks.stack[i]
-    masks.stack[i] = ~lanes if mask is None else mask & ~lanes
+  retired = ~(np.ones(_programs(), bool) if current is None else current)
+  masks.stack[frame:] = [retired if m is None else m & retired
+                         for m in masks.stack[frame:]]
   return False

@@ -154,13 +154,9 @@ def _combine(combine_fn, acc, step, dtypes):
   finally:
     _COMBINING.pop()
   ret = ret if isinstance(ret, tuple) else (ret,)
-  out = []
-  for r, a, dt in zip(ret, acc, dtypes):
-    value = r.handle.data if isinstance(r, tl.core.tensor) else r
-    value = np.broadcast_to(np.asarray(value), np.broadcast_shapes(
-        np.shape(value), a.shape))
-    out.append(value.astype(_interpreter.np_dtype(dt)))
-  return out
+  values = [r.handle.data if isinstance(r, tl.core.tensor) else r for r in ret]
+  return [np.broadcast_arrays(v, a)[0].astype(_interpreter.np_dtype(dt))
+          for v, a, dt in zip(values, acc, dtypes)]
 
 
 class VectorScan(_reductions.KernelNamed, _interpreter.ScanOps):

@@ -66,14 +66,14 @@ def _first(values, active):
 
 def merge(mask, new, old, name: str):
   """Per program, ``new`` where ``mask`` holds and ``old`` elsewhere."""
-  if new is old:
+  if new is old or (type(new) is type(old)  # pylint: disable=unidiomatic-typecheck
+                    and isinstance(new, (int, float, bool, str))
+                    and new == old):
     return new
   if new is _MISSING or old is _MISSING:
     raise Unsupported(f"{name!r} is not assigned on every program's path")
   every = np.ones(mask.shape, bool)
   if _python_int(new) and _python_int(old):
-    if new == old:
-      return new
     # A loop index after its loop: as if the programs' indices differed.
     return _loop_index(np.where(mask, new, old), every)
   if _python_int(new) and _is_int32_scalar(old):
@@ -90,9 +90,6 @@ def merge(mask, new, old, name: str):
     return tl.tensor(TensorHandle(data, new.handle.dtype), new.type)
   if type(new) is tuple and type(old) is tuple and len(new) == len(old):  # pylint: disable=unidiomatic-typecheck
     return tuple(merge(mask, n, o, name) for n, o in zip(new, old))
-  if (type(new) is type(old) and isinstance(new, (int, float, bool, str))
-      and new == old):
-    return new
   raise Unsupported(f"{name!r} holds values lockstep cannot merge")
 
 

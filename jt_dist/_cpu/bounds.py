@@ -10,11 +10,11 @@ unwritten byte raises too.
 
 from __future__ import annotations
 
-import dataclasses
 import linecache
 import os
 import sys
 import traceback
+from typing import NamedTuple
 
 import numpy as np
 import triton
@@ -31,8 +31,7 @@ _ALIGN_MASK = 0xFFF
 _SHOWN_OFFSETS = 8
 
 
-@dataclasses.dataclass
-class Buffer:
+class Buffer(NamedTuple):
   """One pointer parameter's buffer."""
 
   param: str
@@ -144,13 +143,10 @@ class MemoryChecker:
 
   def unwritten_outputs(self) -> list[tuple[int, np.ndarray]]:
     """``(k, element offsets)`` of each output left partly unwritten."""
-    found = []
-    for k, b in enumerate(self.buffers):
-      # The whole map first: one fast pass where all was written.
-      if b.written is not None and b.array.size and not b.written.all():
-        whole = b.written.reshape(b.array.size, b.array.itemsize).all(axis=1)
-        found.append((k, np.flatnonzero(~whole)))
-    return found
+    # The whole map first: one fast pass where all was written.
+    return [(k, np.flatnonzero(~b.written.reshape(b.array.size, -1).all(1)))
+            for k, b in enumerate(self.buffers)
+            if b.written is not None and b.array.size and not b.written.all()]
 
   def unwritten_message(self, k: int, elements: np.ndarray) -> str:
     return (

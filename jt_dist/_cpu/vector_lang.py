@@ -159,28 +159,24 @@ def _combine(combine_fn, acc, step, dtypes):
           for v, a, dt in zip(values, acc, dtypes)]
 
 
-class VectorScan(_reductions.KernelNamed, _interpreter.ScanOps):
-  """Upstream's scans with the program axis kept apart, on values."""
+class VectorScan(_reductions.ScanOnValues):
+  """The scans over all programs (upstream's dispatch, bf16 on values)."""
 
   def apply_impl(self, input):
-    axis = int(self.axis) + 1
-    datas = [t.handle.data for t in input]
-    if self.reverse:
-      datas = [np.flip(d, axis=axis) for d in datas]
-    sum_fn, prod_fn = tl.standard._sum_combine, tl.standard._prod_combine  # pylint: disable=protected-access
-    if self.combine_fn in (sum_fn, prod_fn):
-      what = "tl.cumsum" if self.combine_fn == sum_fn else "tl.cumprod"
-      outs = [_reductions.scan_along(what, datas[0], axis, input[0].dtype,
-                                     self.kernel)]
-    else:
-      combine_fn = _reductions.CheckedCombine(self.combine_fn, self.kernel,
-                                              "tl.associative_scan")
-      steps = _running(combine_fn, datas, axis, [t.dtype for t in input])
-      outs = [np.stack(s, axis=axis) for s in zip(*steps)]
-    if self.reverse:
-      outs = [np.flip(o, axis=axis) for o in outs]
-    return [_to_tensor(np.ascontiguousarray(o), t.dtype)
-            for o, t in zip(outs, input)]
+    # ``apply`` has checked the axis against the blocks; the data's is next.
+    self.axis = int(self.axis) + 1
+    return super().apply_impl(input)
+
+  def to_tensor(self, ret, dtype):
+    return _to_tensor(ret, dtype)
+
+  def generic_scan(self, input):
+    combine_fn = _reductions.CheckedCombine(self.combine_fn, self.kernel,
+                                            "tl.associative_scan")
+    steps = _running(combine_fn, [t.handle.data for t in input], self.axis,
+                     [t.dtype for t in input])
+    return [self.to_tensor(np.stack(s, axis=self.axis), t.dtype)
+            for s, t in zip(zip(*steps), input)]
 
 
 _OP = _interpreter.ATOMIC_OP

@@ -169,16 +169,13 @@ def _is_int32_scalar(value) -> bool:
 
 def _range_bounds(fn, args, kwargs):
   """(lo, hi, step) of a range as int64 arrays, or None."""
-  bound = list(args)
-  if fn is builtins.range:
-    if kwargs:
-      return None
-  elif fn is tl.range or fn is tl.static_range:
-    bound = bound[:3]
-    if "step" in kwargs:
-      if len(bound) < 2:
-        return None
-      bound = bound[:2] + [kwargs["step"]]
+  triton_range = fn is tl.range or fn is tl.static_range
+  if fn is builtins.range and not kwargs:
+    bound = list(args)
+  elif triton_range and "step" not in kwargs:
+    bound = list(args[:3])
+  elif triton_range and len(args) >= 2:
+    bound = [*args[:2], kwargs["step"]]
   else:
     return None
   bound = [b.value if isinstance(b, tl.constexpr) else b for b in bound]

@@ -57,9 +57,7 @@ def run(executor, args, kwargs, checker, patched_language, python_fn) -> bool:
     return False
   launch = Launch(executor, grid, args, kwargs, checker, patched_language,
                   python_fn)
-  if how == CHECK:
-    return _run_both(launch)
-  return launch.vectorised()
+  return _run_both(launch) if how == CHECK else launch.vectorised()
 
 
 def kernel_key(fn, args, kwargs) -> tuple:

@@ -59,10 +59,6 @@ class MemoryChecker:
   def tagged_address(self, k: int) -> int:
     return int(self._tagged[k])
 
-  def address_window(self, k: int) -> tuple[int, int]:
-    """The [start, end) of the addresses that name buffer ``k``."""
-    return (k + 1) << _REGION_BITS, (k + 2) << _REGION_BITS
-
   def real(self, k: int, offsets) -> np.ndarray:
     return self._real[k] + offsets.view(np.uint64)
 

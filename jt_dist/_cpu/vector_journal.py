@@ -24,13 +24,10 @@ def _dense(first: int, last: int, lanes: int, itemsize: int) -> bool:
 
 
 class Window(NamedTuple):
-  """A buffer as the kernel addresses it: ``[start, end)`` name it,
-  ``base`` is its first byte, ``written`` its byte map or None; ``name``
-  names it in errors."""
+  """A buffer as the kernel addresses it: ``base`` is its first byte,
+  ``written`` its byte map or None; ``name`` names it in errors."""
 
   array: np.ndarray
-  start: int
-  end: int
   base: int
   name: str
   written: np.ndarray | None = None
@@ -39,18 +36,14 @@ class Window(NamedTuple):
 def windows_of(args, arg_names, checker) -> list[Window] | None:
   """The launch's buffers as windows, or None where a pointer has no array."""
   if checker is not None:
-    return [
-        Window(b.array, *checker.address_window(k), checker.tagged_address(k),
-               checker.describe(k), b.written)
-        for k, b in enumerate(checker.buffers)
-    ]
+    return [Window(b.array, checker.tagged_address(k), checker.describe(k),
+                   b.written) for k, b in enumerate(checker.buffers)]
   pointers = [(getattr(p, "buffer", None), name)
               for p, name in zip(map(_pointer_of, args), arg_names)
               if p is not None]
   if any(not isinstance(b, np.ndarray) for b, _ in pointers):
     return None
-  return [Window(b, b.ctypes.data, b.ctypes.data + b.nbytes, b.ctypes.data,
-                 repr(name)) for b, name in pointers]
+  return [Window(b, b.ctypes.data, repr(name)) for b, name in pointers]
 
 
 def _pointer_of(arg):
@@ -105,17 +98,13 @@ class WriteJournal:
       return
     lo, hi = int(ptrs.min()), int(ptrs.max())
     for k, w in enumerate(self._windows):
-      if not (lo < w.end and hi >= w.start):
-        continue
       first, last = lo - w.base, hi - w.base + itemsize
-      if (w.start <= lo and hi < w.end and 0 <= first
-          and last <= w.array.nbytes
+      if (0 <= first and last <= w.array.nbytes
           and _dense(first, last, ptrs.size, itemsize)):
         # The usual write: one block of one buffer.
         self._keep(k, slice(first, last))
-      else:
-        self._save_lanes(k, ptrs[(ptrs >= w.start) & (ptrs < w.end)],
-                         itemsize)
+      elif hi >= w.base and lo < w.base + w.array.nbytes:
+        self._save_lanes(k, ptrs, itemsize)
 
   def _keep(self, k: int, where) -> None:
     w = self._windows[k]

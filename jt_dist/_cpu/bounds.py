@@ -183,11 +183,10 @@ class MemoryChecker:
     lanes = bad & (index == k)
     elements = offset[lanes] // itemsize
     size = self.buffers[k].array.nbytes // itemsize
-    hint = ""
-    if (elements < 0).any():
-      hint = (" Negative offsets are what 32-bit offset arithmetic gives when"
-              " it wraps past 2**31 - 1: compute offsets in int64, e.g."
-              " `tl.program_id(0).to(tl.int64) * BLOCK`.")
+    hint = (" Negative offsets are what 32-bit offset arithmetic gives when"
+            " it wraps past 2**31 - 1: compute offsets in int64, e.g."
+            " `tl.program_id(0).to(tl.int64) * BLOCK`."
+            if (elements < 0).any() else "")
     return _errors.OutOfBoundsAccessError(
         f"{self._where(op)} {self.describe(k)} reaches {elements.size}"
         f" element(s) outside the buffer: element offsets"

@@ -214,14 +214,13 @@ class Branch(_Region):
     self.cond = None  # Per program where the programs disagree.
     self.value = None
     self.then_values: dict = {}
-    masks = self.masks
-    values = None if masks is None else _lanes(test)
+    values = None if self.masks is None else _lanes(test)
     if values is None or values.size == 1:
       self.value = bool(test)
       return
     values = values.astype(bool)
-    if _uniform(values, masks.current):
-      self.value = bool(_first(values, masks.current))
+    if _uniform(values, self.masks.current):
+      self.value = bool(_first(values, self.masks.current))
     else:
       self.cond = values
 

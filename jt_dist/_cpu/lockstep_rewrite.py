@@ -49,16 +49,14 @@ def _position(node, end: bool = False) -> tuple[int, int]:
 def _jumps(nodes, kinds) -> bool:
   """Whether ``nodes`` hold a statement of ``kinds`` for their own loop."""
   for node in nodes:
-    if isinstance(node, kinds):
-      return True
     if isinstance(node, (ast.For, ast.While, ast.AsyncFor)):
       # A nested loop owns its break/continue, not a return.
-      if _jumps(node.body + node.orelse, (ast.Return,)):
-        return True
+      inner = node.body + node.orelse, (ast.Return,)
+    elif isinstance(node, (ast.FunctionDef, ast.Lambda, ast.ClassDef)):
       continue
-    if isinstance(node, (ast.FunctionDef, ast.Lambda, ast.ClassDef)):
-      continue
-    if _jumps(list(ast.iter_child_nodes(node)), kinds):
+    else:
+      inner = list(ast.iter_child_nodes(node)), kinds
+    if isinstance(node, kinds) or _jumps(*inner):
       return True
   return False
 

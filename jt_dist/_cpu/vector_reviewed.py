@@ -52,8 +52,7 @@ REVIEWED = frozenset("""
 
 
 def _refusal(name: str):
-  def refuse(self, *args, **kwargs):
-    del self, args, kwargs
+  def refuse(*_, **__):
     raise Unsupported(f"{name} is not reviewed for a leading program axis"
                       " (vector_reviewed.REVIEWED)")
   refuse.__name__ = refuse.__qualname__ = name

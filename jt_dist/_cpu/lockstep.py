@@ -287,11 +287,10 @@ def leave(frame) -> None:
 def returns(has_value: bool) -> bool:
   """Whether to return; else the active programs retire from the frame."""
   masks = _masks()
-  if masks is None:
+  if (masks is None or not masks.frames
+      or len(masks.stack) == masks.frames[-1] + 1):
     return True
-  frame = masks.frames[-1] if masks.frames else None
-  if frame is None or len(masks.stack) == frame + 1:
-    return True
+  frame = masks.frames[-1]
   if has_value:
     raise Unsupported("a return with a value taken by some programs only")
   current = masks.current

@@ -76,9 +76,9 @@ def merge(mask, new, old, name: str):
   if _python_int(new) and _python_int(old):
     # A loop index after its loop: as if the programs' indices differed.
     return _loop_index(np.where(mask, new, old), every)
-  if _python_int(new) and _is_int32_scalar(old):
+  if _python_int(new) and isinstance(old, tl.tensor) and old.type == tl.int32:
     new = _loop_index(np.full(mask.shape, new), every)
-  if _python_int(old) and _is_int32_scalar(new):
+  if _python_int(old) and isinstance(new, tl.tensor) and new.type == tl.int32:
     old = _loop_index(np.full(mask.shape, old), every)
   if isinstance(new, tl.tensor) and isinstance(old, tl.tensor):
     new_data = np.asarray(new.handle.data)
@@ -161,10 +161,6 @@ class Loop(_Region):
 
 def _python_int(value) -> bool:
   return type(value) is int  # pylint: disable=unidiomatic-typecheck
-
-
-def _is_int32_scalar(value) -> bool:
-  return isinstance(value, tl.tensor) and value.type == tl.int32
 
 
 def _range_bounds(fn, args, kwargs):

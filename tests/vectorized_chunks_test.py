@@ -25,7 +25,6 @@ testing.configure_cpu_devices()
 import jt_dist  # pylint: disable=g-import-not-at-top,wrong-import-position
 from jt_dist import _settings  # pylint: disable=g-import-not-at-top,wrong-import-position
 from jt_dist._cpu import vector_builder  # pylint: disable=g-import-not-at-top,wrong-import-position
-from jt_dist._cpu import vector_chunks  # pylint: disable=g-import-not-at-top,wrong-import-position
 from jt_dist._cpu import vector_launch  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 _BLOCK = 16
@@ -112,7 +111,7 @@ class ChunkedLaunchTest(testing.TestCase):
         chunks.append(programs)
       return original(builder, programs)
 
-    with mock.patch.object(vector_chunks, "WORKING_MEMORY_BOUND", bound), \
+    with mock.patch.object(vector_launch, "WORKING_MEMORY_BOUND", bound), \
         mock.patch.object(vector_builder.VectorBuilder, "set_programs",
                           set_programs):
       yield chunks

@@ -10,11 +10,11 @@ unwritten byte raises too.
 
 from __future__ import annotations
 
-import dataclasses
 import linecache
 import os
 import sys
 import traceback
+from typing import NamedTuple
 
 import numpy as np
 import triton
@@ -31,8 +31,7 @@ _ALIGN_MASK = 0xFFF
 _SHOWN_OFFSETS = 8
 
 
-@dataclasses.dataclass
-class Buffer:
+class Buffer(NamedTuple):
   """One pointer parameter's buffer."""
 
   param: str
@@ -48,22 +47,17 @@ class MemoryChecker:
   def __init__(self, kernel: str, buffers: list[Buffer]):
     self.kernel = kernel
     self.buffers = buffers
-    n = len(buffers)
-    self._real = real = np.array([b.array.ctypes.data for b in buffers]
-                                 or [0], np.uint64)
+    self._count = len(buffers)
+    real = [b.array.ctypes.data for b in buffers] or [0]
+    self._real = np.array(real, np.uint64)
     self._nbytes = np.array([b.array.nbytes for b in buffers] or [0], np.int64)
-    tags = (np.arange(1, max(n, 1) + 1, dtype=np.uint64) << _REGION_BITS)
-    low_bits = real & np.uint64(_ALIGN_MASK)
-    self._tagged = tags + np.uint64(_HALF_REGION) + low_bits
-    self._count = n
+    tags = np.arange(1, len(real) + 1, dtype=np.uint64) << _REGION_BITS
+    self._tagged = (tags + np.uint64(_HALF_REGION)
+                    + (self._real & np.uint64(_ALIGN_MASK)))
     self._tracks_writes = any(b.written is not None for b in buffers)
 
   def tagged_address(self, k: int) -> int:
     return int(self._tagged[k])
-
-  def address_window(self, k: int) -> tuple[int, int]:
-    """The [start, end) of the addresses that name buffer ``k``."""
-    return (k + 1) << _REGION_BITS, (k + 2) << _REGION_BITS
 
   def real(self, k: int, offsets) -> np.ndarray:
     return self._real[k] + offsets.view(np.uint64)
@@ -145,18 +139,15 @@ class MemoryChecker:
 
   def unwritten_outputs(self) -> list[tuple[int, np.ndarray]]:
     """``(k, element offsets)`` of each output left partly unwritten."""
-    found = []
-    for k, b in enumerate(self.buffers):
-      # The whole map first: one fast pass where all was written.
-      if b.written is not None and b.array.size and not b.written.all():
-        whole = b.written.reshape(b.array.size, b.array.itemsize).all(axis=1)
-        found.append((k, np.flatnonzero(~whole)))
-    return found
+    # The whole map first: one fast pass where all was written.
+    return [(k, np.flatnonzero(~b.written.reshape(b.array.size, -1).all(1)))
+            for k, b in enumerate(self.buffers)
+            if b.written is not None and b.array.size and not b.written.all()]
 
   def unwritten_message(self, k: int, elements: np.ndarray) -> str:
     return (
         f"triton_call: kernel {self.kernel!r} left {elements.size} of"
-        f" {self.buffers[k].array.size} elements of {self._describe(k)}"
+        f" {self.buffers[k].array.size} elements of {self.describe(k)}"
         f" unwritten: element offsets {_first(elements)}. The buffer"
         f" {self._extent(k)}. They come back as 0xFF bytes (NaN for floats)"
         " on the CPU, and as whatever the memory held on a GPU. Check that"
@@ -167,7 +158,7 @@ class MemoryChecker:
         " to keep its start."
     )
 
-  def _describe(self, k: int) -> str:
+  def describe(self, k: int) -> str:
     b = self.buffers[k]
     return f"{b.param!r} ({b.role})"
 
@@ -192,13 +183,12 @@ class MemoryChecker:
     lanes = bad & (index == k)
     elements = offset[lanes] // itemsize
     size = self.buffers[k].array.nbytes // itemsize
-    hint = ""
-    if (elements < 0).any():
-      hint = (" Negative offsets are what 32-bit offset arithmetic gives when"
-              " it wraps past 2**31 - 1: compute offsets in int64, e.g."
-              " `tl.program_id(0).to(tl.int64) * BLOCK`.")
+    hint = (" Negative offsets are what 32-bit offset arithmetic gives when"
+            " it wraps past 2**31 - 1: compute offsets in int64, e.g."
+            " `tl.program_id(0).to(tl.int64) * BLOCK`."
+            if (elements < 0).any() else "")
     return _errors.OutOfBoundsAccessError(
-        f"{self._where(op)} {self._describe(k)} reaches {elements.size}"
+        f"{self._where(op)} {self.describe(k)} reaches {elements.size}"
         f" element(s) outside the buffer: element offsets"
         f" {_first(elements)} (in {itemsize}-byte elements). The buffer"
         f" {self._extent(k)}, so offsets must lie in [0, {size}). Mask in"
@@ -210,7 +200,7 @@ class MemoryChecker:
 
   def _unwritten(self, op, k, starts, on, itemsize):
     return _errors.UnwrittenOutputReadError(
-        f"{self._where(op)} {self._describe(k)} reads {starts.size}"
+        f"{self._where(op)} {self.describe(k)} reads {starts.size}"
         f" element(s) that the kernel has not written: element offsets"
         f" {_first(starts // itemsize)} (in {itemsize}-byte elements). The"
         f" buffer {self._extent(k)}. Mask in force: {_mask_text(on)}. An"
@@ -289,8 +279,8 @@ class CheckedMemory:
     # Enums (MEM_SEMANTIC, RMW_OP) and anything else pass through.
     return getattr(self._native, name)
 
-  def _checked(self, op, ptrs, mask, itemsize, direct=False):
-    """``((k, offsets), None)`` for HostMemory (``direct``), else
+  def _checked(self, op, ptrs, mask, itemsize):
+    """``((k, offsets), None)`` for HostMemory's loads and stores, else
     ``(None, real addresses)``."""
     reads, writes = op != "store", op != "load"
     found = self._checker.locate(op, ptrs, mask, itemsize, reads=reads,
@@ -298,20 +288,19 @@ class CheckedMemory:
     if found is None:
       return None, self._checker.translate_lanes(op, ptrs, mask, itemsize,
                                                  reads, writes)
-    if direct and self._direct:
+    if self._direct and op in ("load", "store"):
       return found, None
     return None, self._checker.real(*found)
 
   def load(self, ptrs, mask, other, dtype):
-    found, real = self._checked("load", ptrs, mask, np.dtype(dtype).itemsize,
-                                direct=True)
+    found, real = self._checked("load", ptrs, mask, np.dtype(dtype).itemsize)
     if found is not None:
       return self._native.load_at(*found, mask, other, dtype)
     return self._native.load(real, mask, other, dtype)
 
   def store(self, ptrs, values, mask):
     found, real = self._checked("store", ptrs, mask,
-                                np.asarray(values).dtype.itemsize, direct=True)
+                                np.asarray(values).dtype.itemsize)
     if found is not None:
       return self._native.store_at(*found, values, mask)
     return self._native.store(real, values, mask)

@@ -66,19 +66,19 @@ def _first(values, active):
 
 def merge(mask, new, old, name: str):
   """Per program, ``new`` where ``mask`` holds and ``old`` elsewhere."""
-  if new is old:
+  if new is old or (type(new) is type(old)  # pylint: disable=unidiomatic-typecheck
+                    and isinstance(new, (int, float, bool, str))
+                    and new == old):
     return new
   if new is _MISSING or old is _MISSING:
     raise Unsupported(f"{name!r} is not assigned on every program's path")
   every = np.ones(mask.shape, bool)
   if _python_int(new) and _python_int(old):
-    if new == old:
-      return new
     # A loop index after its loop: as if the programs' indices differed.
     return _loop_index(np.where(mask, new, old), every)
-  if _python_int(new) and _is_int32_scalar(old):
+  if _python_int(new) and isinstance(old, tl.tensor) and old.type == tl.int32:
     new = _loop_index(np.full(mask.shape, new), every)
-  if _python_int(old) and _is_int32_scalar(new):
+  if _python_int(old) and isinstance(new, tl.tensor) and new.type == tl.int32:
     old = _loop_index(np.full(mask.shape, old), every)
   if isinstance(new, tl.tensor) and isinstance(old, tl.tensor):
     new_data = np.asarray(new.handle.data)
@@ -90,19 +90,16 @@ def merge(mask, new, old, name: str):
     return tl.tensor(TensorHandle(data, new.handle.dtype), new.type)
   if type(new) is tuple and type(old) is tuple and len(new) == len(old):  # pylint: disable=unidiomatic-typecheck
     return tuple(merge(mask, n, o, name) for n, o in zip(new, old))
-  if (type(new) is type(old) and isinstance(new, (int, float, bool, str))
-      and new == old):
-    return new
   raise Unsupported(f"{name!r} holds values lockstep cannot merge")
 
 
 class _Region:
   """A loop or ``if`` that may narrow the active programs."""
 
-  def __init__(self, masks, names):
-    self.masks = masks
+  def __init__(self, names):
+    self.masks = _masks()
     self.names = names
-    self.depth = None if masks is None else len(masks.stack)
+    self.depth = None if self.masks is None else len(self.masks.stack)
     self.saved: dict = {}
 
   def _push(self, mask):
@@ -117,13 +114,11 @@ class _Region:
       del self.masks.stack[self.depth:]
 
 
-class _Loop(_Region):
+class Loop(_Region):
   """A ``for`` over ``range``/``tl.range`` whose trip count may differ."""
 
-  def __init__(self, masks, names):
-    super().__init__(masks, names)
-    self.mask = None
-    self.narrow = False
+  mask = None  # The programs of the current trip.
+  narrow = False  # Whether the current trip leaves some programs out.
 
   def loop(self, fn, *args, **kwargs):
     """The loop's values; per program trip counts run masked."""
@@ -168,22 +163,15 @@ def _python_int(value) -> bool:
   return type(value) is int  # pylint: disable=unidiomatic-typecheck
 
 
-def _is_int32_scalar(value) -> bool:
-  return isinstance(value, tl.tensor) and value.type == tl.int32
-
-
 def _range_bounds(fn, args, kwargs):
   """(lo, hi, step) of a range as int64 arrays, or None."""
-  bound = list(args)
-  if fn is builtins.range:
-    if kwargs:
-      return None
-  elif fn is tl.range or fn is tl.static_range:
-    bound = bound[:3]
-    if "step" in kwargs:
-      if len(bound) < 2:
-        return None
-      bound = bound[:2] + [kwargs["step"]]
+  triton_range = fn is tl.range or fn is tl.static_range
+  if fn is builtins.range and not kwargs:
+    bound = list(args)
+  elif triton_range and "step" not in kwargs:
+    bound = list(args[:3])
+  elif triton_range and len(args) >= 2:
+    bound = [*args[:2], kwargs["step"]]
   else:
     return None
   bound = [b.value if isinstance(b, tl.constexpr) else b for b in bound]
@@ -213,22 +201,22 @@ def _loop_index(values, active):
   return tl.tensor(TensorHandle(data, tl.int32), tl.int32)
 
 
-class _Branch(_Region):
+class Branch(_Region):
   """An ``if`` whose condition may differ between programs."""
 
-  def __init__(self, masks, test, names, else_names):
-    super().__init__(masks, names)
+  def __init__(self, test, names, else_names):
+    super().__init__(names)
     self.else_names = else_names
     self.cond = None  # Per program where the programs disagree.
     self.value = None
     self.then_values: dict = {}
-    values = None if masks is None else _lanes(test)
+    values = None if self.masks is None else _lanes(test)
     if values is None or values.size == 1:
       self.value = bool(test)
       return
     values = values.astype(bool)
-    if _uniform(values, masks.current):
-      self.value = bool(_first(values, masks.current))
+    if _uniform(values, self.masks.current):
+      self.value = bool(_first(values, self.masks.current))
     else:
       self.cond = values
 
@@ -295,24 +283,14 @@ def leave(frame) -> None:
 def returns(has_value: bool) -> bool:
   """Whether to return; else the active programs retire from the frame."""
   masks = _masks()
-  if masks is None:
+  if (masks is None or not masks.frames
+      or len(masks.stack) == masks.frames[-1] + 1):
     return True
-  frame = masks.frames[-1] if masks.frames else None
-  if frame is None or len(masks.stack) == frame + 1:
-    return True
+  frame = masks.frames[-1]
   if has_value:
     raise Unsupported("a return with a value taken by some programs only")
   current = masks.current
-  lanes = np.ones(_programs(), bool) if current is None else current.copy()
-  for i in range(frame, len(masks.stack)):
-    mask = masks.stack[i]
-    masks.stack[i] = ~lanes if mask is None else mask & ~lanes
+  retired = ~(np.ones(_programs(), bool) if current is None else current)
+  masks.stack[frame:] = [retired if m is None else m & retired
+                         for m in masks.stack[frame:]]
   return False
-
-
-def region(names) -> _Loop:
-  return _Loop(_masks(), names)
-
-
-def branch(test, names, else_names) -> _Branch:
-  return _Branch(_masks(), test, names, else_names)

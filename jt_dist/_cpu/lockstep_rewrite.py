@@ -49,16 +49,14 @@ def _position(node, end: bool = False) -> tuple[int, int]:
 def _jumps(nodes, kinds) -> bool:
   """Whether ``nodes`` hold a statement of ``kinds`` for their own loop."""
   for node in nodes:
-    if isinstance(node, kinds):
-      return True
     if isinstance(node, (ast.For, ast.While, ast.AsyncFor)):
       # A nested loop owns its break/continue, not a return.
-      if _jumps(node.body + node.orelse, (ast.Return,)):
-        return True
+      inner = node.body + node.orelse, (ast.Return,)
+    elif isinstance(node, (ast.FunctionDef, ast.Lambda, ast.ClassDef)):
       continue
-    if isinstance(node, (ast.FunctionDef, ast.Lambda, ast.ClassDef)):
-      continue
-    if _jumps(list(ast.iter_child_nodes(node)), kinds):
+    else:
+      inner = list(ast.iter_child_nodes(node)), kinds
+    if isinstance(node, kinds) or _jumps(*inner):
       return True
   return False
 
@@ -151,7 +149,7 @@ class _Transformer(ast.NodeTransformer):
     node.body = ([ast.Expr(_call("save", _locals(), target=region)),
                   _assign(target, ast.Name(index, ast.Load()))]
                  + node.body + [_merges(region, "narrowed", live)])
-    return [_assign(region, _call("region", _constants(live))), node,
+    return [_assign(region, _call("Loop", _constants(live))), node,
             ast.Expr(_call("done", target=region))]
 
   def visit_If(self, node):
@@ -165,7 +163,7 @@ class _Transformer(ast.NodeTransformer):
     self.generic_visit(node)
     region = self._fresh()
     branch = _assign(region, _call(
-        "branch", node.test, _constants(live | restored),
+        "Branch", node.test, _constants(live | restored),
         _constants(live & else_stores)))
     then = ast.If(test=_call("then", _locals(), target=region),
                   body=node.body, orelse=[])

@@ -75,11 +75,9 @@ def _retyped(tensor, scalar, data):
   return tl_core.tensor(TensorHandle(data, scalar), ty)
 
 
-def _min_max_name(val_reduce_op, idx_reduce_op) -> str:
-  """The ``tl`` function behind ``nan_ignoring`` reductions."""
-  if idx_reduce_op is not None:
-    return "tl.argmin" if idx_reduce_op is np.nanargmin else "tl.argmax"
-  return "tl.min" if val_reduce_op is np.nanmin else "tl.max"
+# The ``tl`` function behind a ``nan_ignoring`` index (else value) reduction.
+_MIN_MAX_NAMES = {np.nanargmin: "tl.argmin", np.nanargmax: "tl.argmax",
+                  np.nanmin: "tl.min", np.nanmax: "tl.max"}
 
 
 class CheckedCombine:
@@ -97,21 +95,19 @@ class CheckedCombine:
     for result, operand in zip(results, args):
       # Python numbers are left to upstream, as it leaves them.
       if isinstance(result, tl_core.tensor) and result.dtype != operand.dtype:
-        raise self._refusal(operand.dtype, result.dtype)
+        op = "tt.reduce" if self.what == "tl.reduce" else "tt.scan"
+        raise _errors.KernelTypeError(
+            f"triton_call: kernel {self.kernel!r}, program id"
+            f" {_interpreter.program_id()}: {self.what} on"
+            f" {operand.dtype.name} operands whose combine function returns"
+            f" {result.dtype.name} values. A combine function must return its"
+            f" operands' types: Triton's compiler refuses it (\"'{op}' op type"
+            " mismatch on combine operation\"), and the CPU interpreter would"
+            f" store the values into {operand.dtype.name} as they are. Cast"
+            " what it returns, e.g. `tl.maximum(a, b).to(a.dtype)` (Triton"
+            " 3.6's tl.minimum, tl.maximum and tl.clamp return float32 for"
+            " bfloat16 operands).")
     return returned
-
-  def _refusal(self, operand, returned) -> _errors.KernelTypeError:
-    op = "tt.reduce" if self.what == "tl.reduce" else "tt.scan"
-    return _errors.KernelTypeError(
-        f"triton_call: kernel {self.kernel!r}, program id"
-        f" {_interpreter.program_id()}: {self.what} on {operand.name}"
-        f" operands whose combine function returns {returned.name} values."
-        " A combine function must return its operands' types: Triton's"
-        f" compiler refuses it (\"'{op}' op type mismatch on combine"
-        " operation\"), and the CPU interpreter would store the values into"
-        f" {operand.name} as they are. Cast what it returns, e.g."
-        " `tl.maximum(a, b).to(a.dtype)` (Triton 3.6's tl.minimum, tl.maximum"
-        " and tl.clamp return float32 for bfloat16 operands).")
 
 
 class KernelNamed:
@@ -122,42 +118,55 @@ class KernelNamed:
     self.kernel = kernel
 
 
-class MinMaxOnValues(KernelNamed):
-  """``min_max`` on bf16 values (NaN ignored, as 3.9); refused on float8."""
+class ReduceOnValues(KernelNamed, _interpreter.ReduceOps):
+  """Upstream's reductions, bf16 on values (min/max ignoring NaN, as 3.9),
+  float8 refused; blocks follow ``LEAD`` program axes (1 vectorised)."""
+
+  LEAD = 0
+
+  def _flat(self, data):
+    """``data`` and the axis to reduce (the block flattened if None)."""
+    if self.axis is None:
+      return data.reshape(data.shape[:self.LEAD] + (-1,)), self.LEAD
+    return data, int(self.axis) + self.LEAD
+
+  def _shaped(self, out, ndim: int):
+    """``out`` of an ``ndim`` input, reduced dims kept if ``keep_dims``."""
+    if not self.keep_dims:
+      return out
+    if self.axis is None:
+      return out.reshape(out.shape[:self.LEAD] + (1,) * (ndim - self.LEAD))
+    return np.expand_dims(out, int(self.axis) + self.LEAD)
 
   def min_max(self, input, val_reduce_op, idx_reduce_op=None):  # pylint: disable=redefined-builtin
-    first = input[0] if isinstance(input, tuple) else input
-    scalar = first.dtype
-    if not _narrow(scalar):
-      return super().min_max(input, val_reduce_op, idx_reduce_op)
-    val_reduce_op = _interpreter.nan_ignoring(val_reduce_op)
-    idx_reduce_op = _interpreter.nan_ignoring(idx_reduce_op)
-    _refuse_float8(self.kernel, _min_max_name(val_reduce_op, idx_reduce_op),
-                   scalar)
-    wide = _retyped(first, tl.float32, _bf16.values(first.handle.data))
-    out = super().min_max(wide, val_reduce_op, idx_reduce_op)
-    outs = out if isinstance(out, tuple) else (out,)
-    # The extreme value is one of the inputs: back to bf16 exactly.
-    outs = tuple(
-        _retyped(o, tl.bfloat16, _bf16.to_bits(o.handle.data))
-        if o.dtype == tl.float32 else o for o in outs)
-    return outs if isinstance(out, tuple) else outs[0]
-
-
-class ReduceOnValues(MinMaxOnValues, _interpreter.ReduceOps):
-  """Upstream's one-program reductions, on values."""
+    input = input[0] if isinstance(input, tuple) else input
+    if _narrow(input.dtype):
+      val_reduce_op = _interpreter.nan_ignoring(val_reduce_op)
+      idx_reduce_op = _interpreter.nan_ignoring(idx_reduce_op)
+      _refuse_float8(self.kernel,
+                     _MIN_MAX_NAMES[idx_reduce_op or val_reduce_op],
+                     input.dtype)
+      wide = _retyped(input, tl.float32, _bf16.values(input.handle.data))
+      out = self.min_max(wide, val_reduce_op, idx_reduce_op)
+      outs = out if isinstance(out, tuple) else (out,)
+      # The extreme value is one of the inputs: back to bf16 exactly.
+      outs = tuple(
+          _retyped(o, tl.bfloat16, _bf16.to_bits(o.handle.data))
+          if o.dtype == tl.float32 else o for o in outs)
+      return outs if isinstance(out, tuple) else outs[0]
+    data = np.asarray(input.handle.data)
+    flat, axis = self._flat(data)
+    outs = [self.to_tensor(self._shaped(op(flat, axis=axis), data.ndim), dt)
+            for op, dt in ((val_reduce_op, input.dtype),
+                           (idx_reduce_op, tl.int32)) if op]
+    return outs[0] if len(outs) == 1 else tuple(outs)
 
   def sum(self, input):  # pylint: disable=redefined-builtin
-    if not _narrow(input.dtype):
-      return super().sum(input)
+    if not _narrow(input.dtype) and not self.LEAD:
+      return super().sum(input)  # Upstream's, one program at a time.
     data = np.asarray(input.handle.data)
-    axis = 0 if self.axis is None else int(self.axis)
-    flat = data.reshape(-1) if self.axis is None else data
-    out = sum_along(flat, axis, input.dtype, self.kernel)
-    if self.keep_dims:
-      out = (out.reshape((1,) * data.ndim) if self.axis is None
-             else np.expand_dims(out, axis))
-    return self.to_tensor(out, input.dtype)
+    out = sum_along(*self._flat(data), input.dtype, self.kernel)
+    return self.to_tensor(self._shaped(out, data.ndim), input.dtype)
 
   def generic_reduce(self, input):  # pylint: disable=redefined-builtin
     self.combine_fn = CheckedCombine(self.combine_fn, self.kernel, "tl.reduce")
@@ -188,12 +197,10 @@ class ScanOnValues(KernelNamed, _interpreter.ScanOps):
 
 def language_functions(kernel: str, reduce_ops, scan_ops) -> dict:
   """``tl.reduce`` and ``tl.associative_scan`` run by these classes."""
-  def reduce(input, axis, combine_fn, keep_dims=False, **kwargs):  # pylint: disable=redefined-builtin
-    del kwargs
+  def reduce(input, axis, combine_fn, keep_dims=False, **_):  # pylint: disable=redefined-builtin
     return reduce_ops(axis, combine_fn, keep_dims, kernel=kernel).apply(input)
 
-  def scan(input, axis, combine_fn, reverse=False, **kwargs):  # pylint: disable=redefined-builtin
-    del kwargs
+  def scan(input, axis, combine_fn, reverse=False, **_):  # pylint: disable=redefined-builtin
     return scan_ops(axis, combine_fn, reverse, kernel=kernel).apply(input)
 
   return {"reduce": reduce, "associative_scan": scan}

@@ -10,6 +10,8 @@ memory sees upstream's order.
 
 from __future__ import annotations
 
+import types
+
 import numpy as np
 import triton.language as tl
 from jt_dist._cpu import interpreter as _interpreter
@@ -272,20 +274,18 @@ def _column(data, ndim: int):
 
 def _tile_pointers(handle, offsets, checked_dims):
   """Pointers and mask of a tile per program; ``offsets`` per program."""
-  base, shape, strides, block_shape = (handle.base, handle.shape,
-                                       handle.strides, handle.block_shape)
-  ndim = len(block_shape)
+  base, ndim = handle.base, len(handle.block_shape)
   itemsize = max(1, base.get_element_ty().primitive_bitwidth // 8)
   ptrs = _column(base.data, ndim)
-  mask = np.ones((1,) + tuple(block_shape), dtype=bool)
-  for dim, size in enumerate(block_shape):
-    bcast = [1] * (ndim + 1)
-    bcast[dim + 1] = size
-    off = _column(offsets[dim].data, ndim) + np.arange(size).reshape(bcast)
-    ptrs = ptrs + (itemsize * off * _column(strides[dim].data, ndim)).astype(
-        np.uint64)
+  mask = np.ones((1,) + tuple(handle.block_shape), dtype=bool)
+  for dim, size in enumerate(handle.block_shape):
+    # Lanes along block axis ``dim`` (axis ``dim + 1`` of the result).
+    lanes = np.arange(size).reshape((size,) + (1,) * (ndim - dim - 1))
+    off = _column(offsets[dim].data, ndim) + lanes
+    stride = _column(handle.strides[dim].data, ndim)
+    ptrs = ptrs + (itemsize * off * stride).astype(np.uint64)
     if dim in checked_dims:
-      mask = mask & (0 <= off) & (off < _column(shape[dim].data, ndim))
+      mask = mask & (0 <= off) & (off < _column(handle.shape[dim].data, ndim))
   ptrs, mask = np.broadcast_arrays(ptrs, mask)
   return (TensorHandle(np.ascontiguousarray(ptrs), base.dtype.scalar),
           TensorHandle(np.ascontiguousarray(mask), tl.int1))
@@ -303,14 +303,7 @@ def _block_pointers(self, boundary_check):
   return _tile_pointers(self, self.offsets, tuple(boundary_check))
 
 
-_SUBCLASSES: dict = {}
-
-
 def _vectorised(handle, materialize):
   """``handle``, its ``materialize_pointers`` working per program."""
-  cls = type(handle)
-  if (cls, materialize) not in _SUBCLASSES:
-    _SUBCLASSES[cls, materialize] = type(
-        "Vector" + cls.__name__, (cls,), {"materialize_pointers": materialize})
-  handle.__class__ = _SUBCLASSES[cls, materialize]
+  handle.materialize_pointers = types.MethodType(materialize, handle)
   return handle

@@ -24,30 +24,26 @@ def _dense(first: int, last: int, lanes: int, itemsize: int) -> bool:
 
 
 class Window(NamedTuple):
-  """A buffer as the kernel addresses it: ``[start, end)`` name it,
-  ``base`` is its first byte, ``written`` its byte map or None."""
+  """A buffer as the kernel addresses it: ``base`` is its first byte,
+  ``written`` its byte map or None; ``name`` names it in errors."""
 
   array: np.ndarray
-  start: int
-  end: int
   base: int
+  name: str
   written: np.ndarray | None = None
 
 
-def windows_of(args, checker) -> list[Window] | None:
+def windows_of(args, arg_names, checker) -> list[Window] | None:
   """The launch's buffers as windows, or None where a pointer has no array."""
   if checker is not None:
-    return [
-        Window(b.array, *checker.address_window(k), checker.tagged_address(k),
-               b.written) for k, b in enumerate(checker.buffers)
-    ]
-  pointers = [p for p in map(_pointer_of, args) if p is not None]
-  if any(not isinstance(getattr(p, "buffer", None), np.ndarray)
-         for p in pointers):
+    return [Window(b.array, checker.tagged_address(k), checker.describe(k),
+                   b.written) for k, b in enumerate(checker.buffers)]
+  pointers = [(getattr(p, "buffer", None), name)
+              for p, name in zip(map(_pointer_of, args), arg_names)
+              if p is not None]
+  if any(not isinstance(b, np.ndarray) for b, _ in pointers):
     return None
-  return [Window(p.buffer, p.buffer.ctypes.data,
-                 p.buffer.ctypes.data + p.buffer.nbytes, p.buffer.ctypes.data)
-          for p in pointers]
+  return [Window(b, b.ctypes.data, repr(name)) for b, name in pointers]
 
 
 def _pointer_of(arg):
@@ -55,12 +51,6 @@ def _pointer_of(arg):
     return arg
   base = getattr(arg, "base", None)
   return base if hasattr(base, "data_ptr") else None
-
-
-def pointer_names(args, arg_names) -> list[str]:
-  """The parameter names of the pointer arguments, as ``windows_of`` lists."""
-  return [name for arg, name in zip(args, arg_names)
-          if _pointer_of(arg) is not None]
 
 
 def writable_bytes(array: np.ndarray) -> np.ndarray:
@@ -108,17 +98,13 @@ class WriteJournal:
       return
     lo, hi = int(ptrs.min()), int(ptrs.max())
     for k, w in enumerate(self._windows):
-      if not (lo < w.end and hi >= w.start):
-        continue
       first, last = lo - w.base, hi - w.base + itemsize
-      if (w.start <= lo and hi < w.end and 0 <= first
-          and last <= w.array.nbytes
+      if (0 <= first and last <= w.array.nbytes
           and _dense(first, last, ptrs.size, itemsize)):
         # The usual write: one block of one buffer.
         self._keep(k, slice(first, last))
-      else:
-        self._save_lanes(k, ptrs[(ptrs >= w.start) & (ptrs < w.end)],
-                         itemsize)
+      elif hi >= w.base and lo < w.base + w.array.nbytes:
+        self._save_lanes(k, ptrs, itemsize)
 
   def _keep(self, k: int, where) -> None:
     w = self._windows[k]

@@ -108,50 +108,19 @@ def patch(scope, kernel: str) -> None:
 def _to_tensor(data, dtype):
   """A tensor of ``dtype`` from per-program ``data`` (program axis first)."""
   data = np.asarray(data).astype(_interpreter.np_dtype(dtype), copy=False)
-  if data.ndim > 1:
-    ty = tl.block_type(dtype, list(data.shape[1:]))
-  else:
-    data = data.reshape(-1)
-    ty = dtype
-  return tl.core.tensor(TensorHandle(data, dtype.scalar), ty)
+  if data.ndim <= 1:
+    return tl.core.tensor(TensorHandle(data.reshape(-1), dtype.scalar), dtype)
+  return tl.core.tensor(TensorHandle(data, dtype.scalar),
+                        tl.block_type(dtype, list(data.shape[1:])))
 
 
-class _ProgramsReduce(_reductions.KernelNamed, _interpreter.ReduceOps):
-  """Upstream's reductions (its NumPy picks), reduced axes one to the right."""
+class VectorReduce(_reductions.ReduceOnValues):
+  """The reductions over all programs, reduced axes one to the right."""
+
+  LEAD = 1
 
   def to_tensor(self, ret, dtype):
     return _to_tensor(ret, dtype)
-
-  def _flat(self, data):
-    """``data`` and the axis to reduce (the block flattened if None)."""
-    if self.axis is None:
-      return data.reshape(data.shape[0], -1), 1
-    return data, int(self.axis) + 1
-
-  def _shaped(self, out, block_ndim: int):
-    """``out`` with reduced dims kept, where ``keep_dims`` asks."""
-    if not self.keep_dims:
-      return out
-    if self.axis is None:
-      return out.reshape((out.shape[0],) + (1,) * block_ndim)
-    return np.expand_dims(out, int(self.axis) + 1)
-
-  def min_max(self, input, val_reduce_op, idx_reduce_op=None):
-    input = input[0] if isinstance(input, tuple) else input
-    data = input.handle.data
-    flat, axis = self._flat(data)
-    outs = [self.to_tensor(self._shaped(op(flat, axis=axis), data.ndim - 1),
-                           dtype)
-            for op, dtype in ((val_reduce_op, input.dtype),
-                              (idx_reduce_op, tl.int32)) if op]
-    if not outs:
-      raise ValueError("val_reduce_op and idx_reduce_op are both None")
-    return outs[0] if len(outs) == 1 else tuple(outs)
-
-  def sum(self, input):
-    data = input.handle.data
-    out = _reductions.sum_along(*self._flat(data), input.dtype, self.kernel)
-    return self.to_tensor(self._shaped(out, data.ndim - 1), input.dtype)
 
   def generic_reduce(self, input):
     datas = [self._flat(t.handle.data)[0] for t in input]
@@ -160,13 +129,9 @@ class _ProgramsReduce(_reductions.KernelNamed, _interpreter.ReduceOps):
     combine_fn = _reductions.CheckedCombine(self.combine_fn, self.kernel,
                                             "tl.reduce")
     *_, acc = _running(combine_fn, datas, axis, dtypes)
-    block_ndim = input[0].handle.data.ndim - 1
-    return [self.to_tensor(self._shaped(a, block_ndim), dt)
+    ndim = input[0].handle.data.ndim
+    return [self.to_tensor(self._shaped(a, ndim), dt)
             for a, dt in zip(acc, dtypes)]
-
-
-class VectorReduce(_reductions.MinMaxOnValues, _ProgramsReduce):
-  """The vectorised reductions, bf16 and float8 on values (``reductions``)."""
 
 
 def _running(combine_fn, datas, axis, dtypes):
@@ -189,38 +154,29 @@ def _combine(combine_fn, acc, step, dtypes):
   finally:
     _COMBINING.pop()
   ret = ret if isinstance(ret, tuple) else (ret,)
-  out = []
-  for r, a, dt in zip(ret, acc, dtypes):
-    value = r.handle.data if isinstance(r, tl.core.tensor) else r
-    value = np.broadcast_to(np.asarray(value), np.broadcast_shapes(
-        np.shape(value), a.shape))
-    out.append(value.astype(_interpreter.np_dtype(dt)))
-  return out
+  values = [r.handle.data if isinstance(r, tl.core.tensor) else r for r in ret]
+  return [np.broadcast_arrays(v, a)[0].astype(_interpreter.np_dtype(dt))
+          for v, a, dt in zip(values, acc, dtypes)]
 
 
-class VectorScan(_reductions.KernelNamed, _interpreter.ScanOps):
-  """Upstream's scans with the program axis kept apart, on values."""
+class VectorScan(_reductions.ScanOnValues):
+  """The scans over all programs (upstream's dispatch, bf16 on values)."""
 
   def apply_impl(self, input):
-    axis = int(self.axis) + 1
-    datas = [t.handle.data for t in input]
-    if self.reverse:
-      datas = [np.flip(d, axis=axis) for d in datas]
-    if self.combine_fn == tl.standard._sum_combine:  # pylint: disable=protected-access
-      outs = [_reductions.scan_along("tl.cumsum", datas[0], axis,
-                                     input[0].dtype, self.kernel)]
-    elif self.combine_fn == tl.standard._prod_combine:  # pylint: disable=protected-access
-      outs = [_reductions.scan_along("tl.cumprod", datas[0], axis,
-                                     input[0].dtype, self.kernel)]
-    else:
-      combine_fn = _reductions.CheckedCombine(self.combine_fn, self.kernel,
-                                              "tl.associative_scan")
-      steps = _running(combine_fn, datas, axis, [t.dtype for t in input])
-      outs = [np.stack(s, axis=axis) for s in zip(*steps)]
-    if self.reverse:
-      outs = [np.flip(o, axis=axis) for o in outs]
-    return [_to_tensor(np.ascontiguousarray(o), t.dtype)
-            for o, t in zip(outs, input)]
+    # ``apply`` has checked the axis against the blocks; the data's is next.
+    self.axis = int(self.axis) + 1
+    return super().apply_impl(input)
+
+  def to_tensor(self, ret, dtype):
+    return _to_tensor(ret, dtype)
+
+  def generic_scan(self, input):
+    combine_fn = _reductions.CheckedCombine(self.combine_fn, self.kernel,
+                                            "tl.associative_scan")
+    steps = _running(combine_fn, [t.handle.data for t in input], self.axis,
+                     [t.dtype for t in input])
+    return [self.to_tensor(np.stack(s, axis=self.axis), t.dtype)
+            for s, t in zip(zip(*steps), input)]
 
 
 _OP = _interpreter.ATOMIC_OP

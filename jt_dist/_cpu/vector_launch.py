@@ -1,7 +1,11 @@
 """Running a launch's programs together through the interpreter, or giving way.
 
-A grid runs vectorised in chunks (``vector_chunks``), in lockstep form. A
-chunk that raises is undone (``vector_journal``) and it and later programs
+A grid runs vectorised in lockstep form, in chunks of consecutive programs
+whose working memory stays under ``WORKING_MEMORY_BOUND``, sized per kernel
+key: the first chunk is one program, its values' bytes (times
+``_TEMPORARIES``) an upper bound; chunks estimated past ``_TRACED_FROM``
+are measured by ``tracemalloc`` and grow at most ``_GROWTH`` times a step.
+A chunk that raises is undone (``vector_journal``) and it and later programs
 run one at a time, which reports faults as before; a kernel key that gave
 way once stays one at a time. ``JT_DIST_VECTORIZE=check`` runs both ways
 (the one-at-a-time results stay) and raises ``VectorisedMismatchError``
@@ -10,8 +14,11 @@ where they differ.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import logging
+import tracemalloc
+from typing import Iterator, NamedTuple
 
 import numpy as np
 import triton.language as tl
@@ -23,7 +30,6 @@ from jt_dist import _settings
 from jt_dist._cpu import interrupts as _interrupts
 from jt_dist._cpu import lockstep_rewrite as _lockstep_rewrite
 from jt_dist._cpu import vector_builder as _vb
-from jt_dist._cpu import vector_chunks as _chunks
 from jt_dist._cpu import vector_journal as _journal
 from jt_dist._cpu import vector_lang as _vl
 
@@ -40,6 +46,13 @@ _KERNEL_FAULTS = (_errors.OutOfBoundsAccessError,
                   AssertionError)
 # Decisions per kernel signature; read and written under the interpreter lock.
 _decisions: dict = {}
+# Bytes the programs run at once may use (chunk sizes: above).
+WORKING_MEMORY_BOUND = 256 << 20
+# Chunks are sized for half the bound: the estimate extrapolates.
+_TARGET_FRACTION = 0.5
+_TEMPORARIES = 4
+_TRACED_FROM = 16 << 20
+_GROWTH = 64
 
 
 def mode() -> str:
@@ -57,9 +70,7 @@ def run(executor, args, kwargs, checker, patched_language, python_fn) -> bool:
     return False
   launch = Launch(executor, grid, args, kwargs, checker, patched_language,
                   python_fn)
-  if how == CHECK:
-    return _run_both(launch)
-  return launch.vectorised()
+  return _run_both(launch) if how == CHECK else launch.vectorised()
 
 
 def kernel_key(fn, args, kwargs) -> tuple:
@@ -91,8 +102,7 @@ def _grid(executor):
   """The grid as 3 ints, or None where vectorising cannot help."""
   if callable(executor.grid) or executor.pre_run_hooks:
     return None
-  grid = tuple(int(g) for g in executor.grid)
-  grid = grid + (1,) * (3 - len(grid))
+  grid = (*map(int, executor.grid), 1, 1)[:3]
   return grid if int(np.prod(grid)) > 1 else None
 
 
@@ -115,7 +125,8 @@ class Launch:
     """As ``run``, without ``check``."""
     if _decisions.get(self.key) == ONE_AT_A_TIME:
       return False
-    windows = _journal.windows_of(self.args, self.checker)
+    windows = _journal.windows_of(self.args, self.executor.arg_names,
+                                  self.checker)
     if windows is None:
       return False
     journal = _journal.WriteJournal(windows)
@@ -139,11 +150,11 @@ class Launch:
   def _chunks(self, builder, journal):
     """Runs the chunks in order: (first program not run or None, chunks)."""
     count = 0
-    chunks = _chunks.chunks(self.key, self.programs)
+    chunks = _chunk_ranges(self.key, self.programs)
     for count, programs in enumerate(chunks, 1):
       builder.set_programs(programs)
       try:
-        with _chunks.measured(self.key, programs):
+        with _measured(self.key, programs):
           _run_vectorised(self)
       except Exception as e:  # pylint: disable=broad-except
         journal.restore()
@@ -215,7 +226,8 @@ def _call_in_lockstep(self, *args, **kwargs):
 
 def _run_both(launch) -> bool:
   """``JT_DIST_VECTORIZE=check``: False where the vectorised run gave way."""
-  windows = _journal.windows_of(launch.args, launch.checker)
+  windows = _journal.windows_of(launch.args, launch.executor.arg_names,
+                                launch.checker)
   if windows is None:
     return False
   before = _snapshot(windows)
@@ -228,19 +240,13 @@ def _run_both(launch) -> bool:
       w.written[...] = written
   with launch.patched_language():
     launch.one_at_a_time()
-  if launch.checker is not None:
-    names = [f"{b.param!r} ({b.role})" for b in launch.checker.buffers]
-  else:
-    names = [repr(n) for n in _journal.pointer_names(
-        launch.args, launch.executor.arg_names)]
-  for name, w, (data, written) in zip(names, windows, vectorised):
+  for w, (data, written) in zip(windows, vectorised):
     differs = np.flatnonzero(data != _journal.writable_bytes(w.array))
     if differs.size:
-      raise _mismatch(launch, name, w.array, differs, data, "holds")
+      raise _mismatch(launch, w, differs, data, "holds")
     if written is not None and (written != w.written).any():
       differs = np.flatnonzero(written != w.written)
-      raise _mismatch(launch, name, w.array, differs, written,
-                      "marks as written")
+      raise _mismatch(launch, w, differs, written, "marks as written")
   return True
 
 
@@ -249,8 +255,9 @@ def _snapshot(windows) -> list[tuple[np.ndarray, np.ndarray | None]]:
            None if w.written is None else w.written.copy()) for w in windows]
 
 
-def _mismatch(launch, name, array, differs, vectorised, what):
-  """The error for byte offsets ``differs`` of ``array``."""
+def _mismatch(launch, window, differs, vectorised, what):
+  """The error for byte offsets ``differs`` of ``window``."""
+  name, array = window.name, window.array
   itemsize = max(array.itemsize, 1)
   elements = np.unique(differs // itemsize)
   first = int(elements[0])
@@ -277,3 +284,89 @@ def decisions_of(python_fn) -> set[str]:
   """How launches of ``python_fn`` ran (for tests)."""
   where = (python_fn.__code__.co_filename, python_fn.__name__)
   return {how for key, how in _decisions.items() if (key[0], key[2]) == where}
+
+
+class Estimate(NamedTuple):
+  """A kernel's working memory per program, over a chunk of ``programs``."""
+
+  per_program: float  # Bytes.
+  programs: int
+  traced: bool  # Measured by ``tracemalloc`` (else values counted).
+
+
+# Kernel key -> Estimate; read and written under the interpreter lock.
+_estimates: dict = {}
+
+
+def _chunk_ranges(key, total: int) -> Iterator[range]:
+  """Ranges of flat program numbers, each run inside ``_measured``."""
+  start = 0
+  while start < total:
+    programs = range(start, min(total, start + _next_size(key)))
+    yield programs
+    start = programs.stop
+
+
+def _next_size(key) -> int:
+  estimate = _estimates.get(key)
+  if estimate is None:
+    return 1
+  size = max(1, int(WORKING_MEMORY_BOUND * _TARGET_FRACTION
+                    // estimate.per_program))
+  return min(size, estimate.programs * _GROWTH) if estimate.traced else size
+
+
+@contextlib.contextmanager
+def _measured(key, programs: range):
+  """Runs the block as chunk ``programs``, measuring it where needed."""
+  estimate = _estimates.get(key)
+  if estimate is None:
+    with _values_bytes() as counted:
+      yield
+    nbytes, traced = counted[0] * _TEMPORARIES, False
+  elif (estimate.per_program * len(programs) >= _TRACED_FROM
+        and (not estimate.traced or len(programs) > 2 * estimate.programs)):
+    with _peak_bytes() as peak:
+      yield
+    nbytes, traced = peak[0], True
+  else:
+    yield
+    return
+  # A first, traced or larger chunk: its estimate replaces the last.
+  _estimates[key] = Estimate(max(nbytes, 1) / len(programs), len(programs),
+                             traced)
+
+
+@contextlib.contextmanager
+def _values_bytes():
+  """Yields ``[bytes of the block's new values]`` (views at full size)."""
+  handle = _interpreter.TensorHandle
+  original = getattr(handle, "__post_init__", None)
+  counted = [0]
+
+  def post_init(self):
+    if original is not None:
+      original(self)
+    counted[0] += getattr(self.data, "nbytes", 0)
+
+  with _compat.attributes_replaced(handle, {"__post_init__": post_init}):
+    yield counted
+
+
+@contextlib.contextmanager
+def _peak_bytes():
+  """Yields a list receiving the block's allocation peak (bounded from
+  above where a caller traces already: its peak is left alone)."""
+  found: list[int] = []
+  started = not tracemalloc.is_tracing()
+  if started:
+    tracemalloc.start()
+  before, peak_before = tracemalloc.get_traced_memory()
+  try:
+    yield found
+  finally:
+    _, peak = tracemalloc.get_traced_memory()
+    if started:
+      tracemalloc.stop()
+    found.append(max(peak, peak_before) - before)
+

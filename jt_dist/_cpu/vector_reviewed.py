@@ -52,8 +52,7 @@ REVIEWED = frozenset("""
 
 
 def _refusal(name: str):
-  def refuse(self, *args, **kwargs):
-    del self, args, kwargs
+  def refuse(*_, **__):
     raise Unsupported(f"{name} is not reviewed for a leading program axis"
                       " (vector_reviewed.REVIEWED)")
   refuse.__name__ = refuse.__qualname__ = name
@@ -64,11 +63,10 @@ def refuse_unreviewed(cls, base) -> list[str]:
   """``cls`` refuses ``base``'s unreviewed methods it does not redefine;
   returns their names."""
   own = [c for c in cls.__mro__ if c not in base.__mro__]
-  refused = []
-  for name, value in inspect.getmembers(base):
-    if (name.startswith("_") or name in REVIEWED or not callable(value)
-        or any(name in vars(c) for c in own)):
-      continue
+  refused = [name for name, value in inspect.getmembers(base)
+             if not (name.startswith("_") or name in REVIEWED
+                     or not callable(value)
+                     or any(name in vars(c) for c in own))]
+  for name in refused:
     setattr(cls, name, _refusal(name))
-    refused.append(name)
   return refused

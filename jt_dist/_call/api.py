@@ -34,12 +34,10 @@ _PLAIN_ARGUMENTS = _OPERAND_TYPES | _SCALARS
 
 
 class _FirstValues:
-  """A memo entry under a call's scalar types: the values it has met.
+  """A memo entry under a call's scalar types: ``key``, of its first values.
 
-  A call's first scalars are compiled in, filed under ``key`` (its
-  scalars' values): a value that repeats every call costs no buffer.
-  Other values make the call take its scalars at run time, which replaces
-  this entry.
+  Those are compiled in (a value repeated every call costs no buffer);
+  other values make the call take its scalars at run time from then on.
   """
 
   __slots__ = ("key",)
@@ -250,12 +248,8 @@ def triton_call(*args: Any, kernel: Any, out_shape: Any = None, grid: Any,
 
 
 def _plain_types(args, kwargs, grid) -> bool:
-  """Whether a call's plain key holds all it is keyed by.
-
-  Arrays and tensor descriptors (by type) and Python scalars among the
-  arguments; metaparams and grid values of types whose equality is
-  Triton's (``jt_dist._core.exact.PLAIN``).
-  """
+  """Whether a call's plain key holds all it is keyed by: operands and
+  Python scalars, metaparams and grid values of ``exact.PLAIN`` types."""
   for a in args:
     _is_operand(a)  # Learns the classes of concrete jax.Arrays.
   return (_PLAIN_ARGUMENTS.issuperset(map(type, args))
@@ -277,13 +271,10 @@ def _is_operand(arg: Any) -> bool:
 
 
 def _template(args: Sequence[Any], runtime: bool) -> tuple:
-  """Per argument: ``OPERAND``, or the key of a value fixed in the call.
+  """Per argument: ``OPERAND``, the exact key of a fixed value, or for a
+  scalar that may come at run time (``runtime``) its and Triton's type.
 
-  The exact key, or for a scalar that may come at run time (``runtime``)
-  its type and Triton's type for its value.
-
-  Raises TypeError for a tuple mixing arrays and scalars: such a call is
-  made afresh each time.
+  Raises TypeError for a tuple mixing arrays and scalars (made afresh).
   """
   template = []
   for a in args:
@@ -301,14 +292,11 @@ def _first_call(args, kernel, out_shape, grid, kwargs, key, runtime, plain,
                 type_key=None):
   """A call with no memo entry under ``key``: keyword operands merged.
 
-  Array operands given by keyword make ``key`` None (unhashable); the call
-  is keyed again once they have joined the positional operands (and their
-  scalars by value). The call is filed under ``plain`` too, if not None,
-  where that key holds all the call is keyed by (``_plain_types``) and
-  tells its floats apart: they come at run time, or none is a zero
-  (``-0.0 == 0.0``) or a NaN. ``type_key``,
-  if not None, is the key of the scalars' types, whose first values these
-  are.
+  Array operands by keyword make ``key`` None; it is made again once they
+  join the positional ones. The call is filed under ``plain`` too where
+  that key holds all the call is keyed by and tells its floats apart (run
+  time, or no zero or NaN compiled in); ``type_key`` is the key of the
+  scalars' types, whose first values these are.
   """
   merged_kernel, merged, metaparams = _operands.merge_keywords(
       kernel, args, kwargs)

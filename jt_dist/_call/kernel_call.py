@@ -30,11 +30,7 @@ from jt_dist._sharding import placement as _placement
 
 
 class _Operand:
-  """Stands in a call's template for an operand passed at call time.
-
-  Not ``None``: ``None`` is an argument a call may fix (a compile-time
-  constant of the kernel).
-  """
+  """An operand passed at call time (not ``None``, which a call may fix)."""
 
   def __repr__(self) -> str:
     return "OPERAND"
@@ -59,17 +55,9 @@ class KernelCall:
                runtime_scalars: bool = False):
     """Makes the call; see ``kernel_call``.
 
-    Args:
-      kernel: the Triton kernel.
-      out_shape: the outputs: a pytree of ``.shape``/``.dtype`` objects.
-      grid: the launch grid, or a callable of the named parameters.
-      options: the checked ``CallOptions``.
-      metaparams: the kernel's constexprs by name.
-      statics: one entry per positional argument: ``OPERAND`` for an
-        operand given at call time, else the fixed value.
-      device: ``device=`` as given, or None.
-      runtime_scalars: whether the scalars among ``statics`` may come at
-        call time, where nothing static reads their values.
+    ``statics`` has one entry per positional argument: ``OPERAND``, or the
+    value fixed in the call; ``runtime_scalars``: whether the scalars among
+    them may come at call time, where nothing static reads their values.
     """
     self.kernel = kernel
     self.out_shape = out_shape
@@ -102,13 +90,10 @@ class KernelCall:
     # JT_DIST_SYNC_LAUNCHES, read when the call is made: wait for each
     # launch, so that a device fault is reported by the call that caused it.
     self._sync = _settings.sync_launches()
-    # Nothing to do around jax's dispatch on concrete operands; with
-    # runtime scalars, where the call is at top level (see __call__).
-    self._plain = not (self._slots or self._split or self._eager_first
+    # Whether a call on concrete operands is jax's dispatch alone (the front
+    # door then calls it so); with runtime scalars, at top level only.
+    self.direct = not (self._slots or self._split or self._eager_first
                        or self._sync)
-    # Whether a call on concrete operands is jax's dispatch alone (the
-    # front door then calls it so).
-    self.direct = self._plain
     self._plain_at_top = bool(self._slots) and not self._sync
 
   def made_for(self, kernel: Any) -> bool:
@@ -122,11 +107,8 @@ class KernelCall:
   def _runtime_slots(self) -> dict[int, np.dtype]:
     """Position -> dtype of the scalars that can come at call time, or {}.
 
-    Those ``runtime_typed`` says may, unless anything static reads a
-    scalar's value or place: a callable grid or ``zeroed_outputs``,
-    autotuning or heuristics, a constexpr or declared type of its
-    parameter, a sharding rule, an eager placement step, aliases (which
-    count the array arguments) or a ``shard_size`` metaparam.
+    None can where anything static reads a scalar's value or place (a
+    callable grid, autotuning, a constexpr, aliases, a sharding rule...).
     """
     if (callable(self.grid) or callable(self.options.zeroed_outputs)
         or self._eager_first or self.options.sharding_rule is not None
@@ -179,7 +161,7 @@ class KernelCall:
                             self.options, self.metaparams, **where)
 
   def __call__(self, *operands: Any) -> Any:
-    if ((self._plain or self._plain_at_top and _compat.at_top_level())
+    if ((self.direct or self._plain_at_top and _compat.at_top_level())
         and CONCRETE.issuperset(map(type, operands))):
       # Concrete arrays and nothing to add: jax's dispatch alone.
       try:
@@ -265,10 +247,8 @@ def _traced_within(operands: Sequence[Any]) -> bool:
 def raise_failure(error: Exception, args: Sequence[Any], call: KernelCall):
   """Raises a failed call's error in jt_dist's words where it has them.
 
-  The kernel's own exception from a host callback (found by the token its
-  launch filed), a placement error naming the argument, or a launch fault
-  naming the kernel; else ``error`` itself. Must be called while handling
-  ``error``.
+  The kernel's own exception from a host callback (by its launch's token),
+  a placement error, a launch fault; else ``error``, being handled.
   """
   _host_faults.raise_original(error)
   # jax's own errors, and placement found in the trace: said again on the

@@ -1,12 +1,9 @@
 """``kernel_call``: a kernel and its static configuration, as a function.
 
-``jt_dist.kernel_call(kernel, out_shape=..., grid=..., **options)`` takes
-everything static once and returns a function of the operands, in the
-shape of ``pl.pallas_call`` and ``jax.ffi.ffi_call``. The function is a
-``jax.jit`` of one kernel call (``jt_dist._sharding.local_call``): binding,
-placement checks and the spec happen when jax traces it, and a repeated
-call is jax's own C++ dispatch. The one Python frame around it is the
-boundary where a failed call's error is given back in jt_dist's words.
+In the shape of ``pl.pallas_call`` and ``jax.ffi.ffi_call``: a ``jax.jit``
+of one kernel call (binding, placement checks and the spec happen when jax
+traces it), so a repeated call is jax's own C++ dispatch. The one Python
+frame around it is where a failed call's error is given in jt_dist's words.
 """
 
 from __future__ import annotations
@@ -208,13 +205,10 @@ _RUNTIME_DTYPES = {"i1": np.dtype(np.bool_), "i32": np.dtype(np.int32),
 def runtime_typed(value: Any) -> bool:
   """Whether a positional scalar's value may come at run time, by its type.
 
-  On the CPU every bool, int and float of a 32-bit Triton type: the
-  interpreter specialises on no value (``np.float32``, deprecated, stays
-  compiled in, where binding warns of it). On GPUs a Python float that
-  float32 holds: Triton never specialises a kernel on a float's value, so
-  only the call's executable would change with it. Ints stay compiled in
-  there (Triton specialises them on equality to 1 and divisibility by 16,
-  and a size rarely changes between calls), and so do bools.
+  On the CPU every bool, int and float of a 32-bit Triton type (the
+  interpreter specialises on no value; ``np.float32`` is deprecated). On
+  GPUs a float32 Python float: Triton never specialises on a float's value,
+  but it does ints (equal to 1, divisible by 16) and bools.
   """
   if type(value) is float:  # pylint: disable=unidiomatic-typecheck
     return _types.scalar_type(value) == "fp32"

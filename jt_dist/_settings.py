@@ -90,11 +90,6 @@ def _choice(name: str, default: str, choices: tuple[str, ...]) -> str:
   return value
 
 
-def _path(name: str) -> str | None:
-  """A directory variable; None where it is unset or empty."""
-  return os.environ.get(name) or None
-
-
 def _number(name: str, default, convert: Callable[[str], Any]):
   """A positive number (``convert``: ``int`` or ``float``); unset is default."""
   raw = os.environ.get(name, "")
@@ -120,7 +115,7 @@ def disk_cache() -> bool:
 
 def cache_dir() -> str:
   """The disk cache's directory."""
-  return _configured.cache_dir or _path(CACHE_DIR) or os.path.join(
+  return _configured.cache_dir or os.environ.get(CACHE_DIR) or os.path.join(
       os.path.expanduser("~"), ".cache", "jt_dist")
 
 
@@ -136,7 +131,7 @@ def dispatch_entries() -> int:
 
 def dump_dir() -> str | None:
   """Where compiled kernels' IRs are written, or None."""
-  return _path(DUMP_DIR)
+  return os.environ.get(DUMP_DIR) or None  # Empty is unset.
 
 
 def sync_launches() -> bool:

@@ -119,12 +119,11 @@ def rocm_arch(device: Any) -> str | None:
 def candidate_devices(ctx, platform: str) -> list[Any]:
   """The platform's devices the call is lowered for, best source first."""
   # Only the platform's devices count (cross-lowering assigns CPU ones).
-  aliases = (platform, "gpu")
   for source in (lambda: _compat.lowering_axis_facts(ctx).devices,
                  _devices_of_mesh,
                  lambda: local_devices(platform)):
     devices = [d for d in source()
-               if getattr(d, "platform", None) in aliases]
+               if getattr(d, "platform", None) in (platform, "gpu")]
     if devices:
       return devices
   return []
@@ -182,5 +181,4 @@ def check_num_ctas(target: Target, num_ctas: int, label: str) -> None:
         f"triton_call: num_ctas={num_ctas} (config: {label}) needs thread"
         " block clusters, which CUDA GPUs have from Hopper (compute"
         f" capability 90) on; the target is {target.describe()}. Use"
-        " num_ctas=1, or compile for compute_capability>=90."
-    )
+        " num_ctas=1, or compile for compute_capability>=90.")

@@ -19,14 +19,10 @@ def output_avals(in_avals, out_shapes):
       getattr(a, "sharding", None), "mesh", None), "empty", True)), None)
   if template is None:
     return [jax.core.ShapedArray(shape, dtype) for shape, dtype in out_shapes]
-  sharding = jax.sharding.NamedSharding(
-      template.sharding.mesh, jax.sharding.PartitionSpec()
-  )
-  return [
-      template.update(shape=shape, dtype=dtype, weak_type=False,
-                      sharding=sharding)
-      for shape, dtype in out_shapes
-  ]
+  sharding = jax.sharding.NamedSharding(template.sharding.mesh,
+                                        jax.sharding.PartitionSpec())
+  return [template.update(shape=shape, dtype=dtype, weak_type=False,
+                          sharding=sharding) for shape, dtype in out_shapes]
 
 
 class AxisFacts(NamedTuple):
@@ -49,10 +45,8 @@ def lowering_axis_facts(ctx) -> AxisFacts:
     mesh = axis_ctx.mesh
     manual = frozenset(axis_ctx.manual_axes)
     types = dict(zip(mesh.axis_names, getattr(mesh, "axis_types", ())))
-    auto = {
-        name: size for name, size in mesh.shape.items()
-        if name not in manual and is_auto_axis(types.get(name))
-    }
+    auto = {name: size for name, size in mesh.shape.items()
+            if name not in manual and is_auto_axis(types.get(name))}
     return AxisFacts("spmd", mesh.size, mesh_devices(mesh), manual, auto,
                      mesh)
   if hasattr(axis_ctx, "num_devices"):
@@ -140,7 +134,6 @@ def kernel_side_effect() -> Any:
                    effects.remat_allowed_effects):
     registry.add_type(KernelSideEffect)
   return KernelSideEffect()
-
 
 
 def jit_cache_context(default: Any = None) -> Any:

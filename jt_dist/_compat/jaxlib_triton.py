@@ -25,9 +25,8 @@ def gpu_triton_module():
 
 def triton_ffi_targets(plugin) -> frozenset[str]:
   """FFI custom-call targets that a GPU plugin's Triton bindings register."""
-  if not hasattr(plugin, "registrations"):
-    return frozenset()
-  return frozenset(plugin.registrations())
+  return frozenset(plugin.registrations()
+                   if hasattr(plugin, "registrations") else ())
 
 
 def make_triton_kernel(lib, name, num_warps, num_ctas, shared_mem, binary,
@@ -42,10 +41,9 @@ def make_triton_kernel(lib, name, num_warps, num_ctas, shared_mem, binary,
     raise NotImplementedError(
         f"triton_call: kernel {name!r} needs {scratch_size} bytes of global"
         " scratch memory (e.g. for on-device TMA descriptors), which this"
-        f" jaxlib ({jaxlib_version()})"
-        " cannot allocate. Upgrade jax and jaxlib to a release whose"
-        " TritonKernel takes a global scratch size, or avoid the feature."
-    ) from None
+        f" jaxlib ({jaxlib_version()}) cannot allocate. Upgrade jax and"
+        " jaxlib to a release whose TritonKernel takes a global scratch size,"
+        " or avoid the feature.") from None
 
 
 def jaxlib_version() -> str:
@@ -110,8 +108,7 @@ def tma_parameter(lib, meta, info, platform: str):
         "triton_call: a TensorDescriptor compiled to a TMA descriptor needs"
         " jaxlib's Triton call to build it at launch"
         " (create_tma_descriptor_parameter), which the installed jaxlib"
-        f" ({jaxlib_version()}, {platform}) lacks; jaxlib 0.11.2"
-        " has it."
+        f" ({jaxlib_version()}, {platform}) lacks; jaxlib 0.11.2 has it."
         " Upgrade jax and its CUDA plugin, or pass the array itself and"
         " build the descriptor inside the kernel (tl.make_tensor_descriptor).")
   if meta.get("is_im2col") or meta.get("fp4_padded"):

@@ -13,14 +13,12 @@ from jt_dist._compat.triton_api import LANGUAGE_LOCK
 def gpu_target(backend: str, arch: int | str, warp_size: int):
   """Triton's ``GPUTarget`` for a CUDA capability (int) or a gfx arch (str)."""
   from triton.backends import compiler as backend_compiler  # pylint: disable=g-import-not-at-top
-
   return backend_compiler.GPUTarget(backend, arch, warp_size)
 
 
 def make_backend(target):
   """The Triton compiler backend (CUDA or HIP) for a ``GPUTarget``."""
   from triton.compiler import compiler as triton_compiler  # pylint: disable=g-import-not-at-top
-
   return triton_compiler.make_backend(target)
 
 
@@ -32,7 +30,6 @@ def backend_hash(backend) -> str:
 def cache_invalidating_env_vars() -> dict[str, str]:
   """Environment variables that Triton says change what it compiles."""
   from triton._C import libtriton  # pylint: disable=g-import-not-at-top
-
   return dict(libtriton.get_cache_invalidating_env_vars())
 
 
@@ -41,7 +38,6 @@ def ast_to_ttir(jit_fn, backend, target, options, signature, constexprs,
   """The TTIR module of ``jit_fn`` and its context, which must outlive it."""
   from triton._C.libtriton import ir  # pylint: disable=g-import-not-at-top
   from triton.compiler import compiler as triton_compiler  # pylint: disable=g-import-not-at-top
-
   source_class = triton_compiler.ASTSource
   if is_gluon(jit_fn):
     # Gluon kernels carry their layouts from the source: their own AST
@@ -72,7 +68,6 @@ def static_assert_note(error: Exception) -> str | None:
   """Names the failing ``tl.static_assert`` behind ``error``, or None:
   Triton 3.6-3.9 report one in a callee at the kernel's line."""
   from triton.compiler import errors  # pylint: disable=g-import-not-at-top
-
   inner = error
   while inner.__cause__ is not None:
     inner = inner.__cause__
@@ -119,7 +114,6 @@ def compiler_stages(backend, target, options, gluon: bool):
   ``triton.compile`` without launcher, file cache or driver. The metadata
   holds every option (the HIP LLIR stage reads ``num_ctas`` there)."""
   from triton.backends import compiler as backend_compiler  # pylint: disable=g-import-not-at-top
-
   metadata = {"target": target, **options.__dict__}
   stages: dict[str, Any] = {}
   language = backend_compiler.Language

@@ -287,6 +287,5 @@ def compiled_kernel(spec, launch, target: _target.Target,
         f" {config.label}) needs {compiled.shared_mem} bytes of shared"
         f" memory, more than the {limit} bytes a block may use on"
         f" {target.describe()}. Use smaller blocks or fewer pipeline stages"
-        " (num_stages)."
-    )
+        " (num_stages).")
   return compiled, spec_

@@ -44,14 +44,6 @@ _context: Any = None
 _context_lock = threading.Lock()
 
 
-def _settings_context() -> Any:
-  global _context
-  with _context_lock:
-    if _context is None:
-      _context = _compat.jit_cache_context(None)
-    return _context
-
-
 def current() -> ExportSettings:
   """The settings in force in this thread."""
   return (_context is not None and _context.value) or ExportSettings()
@@ -60,7 +52,11 @@ def current() -> ExportSettings:
 @contextlib.contextmanager
 def scoped(settings: ExportSettings):
   """Puts ``settings`` in force inside the block (part of JAX's cache keys)."""
-  with _settings_context()(settings):
+  global _context
+  with _context_lock:
+    if _context is None:
+      _context = _compat.jit_cache_context(None)
+  with _context(settings):
     yield settings
 
 

@@ -16,8 +16,7 @@ _DEVICE_FAULT = re.compile(
     r"ILLEGAL_ADDRESS|illegal memory access|illegal address|LAUNCH_FAILED"
     r"|launch failure|unspecified launch|hipErrorLaunchFailure"
     r"|hipErrorIllegalAddress|misaligned address|MISALIGNED_ADDRESS",
-    re.IGNORECASE,
-)
+    re.IGNORECASE)
 
 
 def is_device_fault(error: BaseException) -> bool:
@@ -37,10 +36,8 @@ def launch_fault(error: BaseException,
           " its kernel, so that the fault is reported by the call that"
           " caused it.")
   return _errors.KernelLaunchError(
-      f"The device reported a fault in {where}. The call:"
-      f" {call}."
+      f"The device reported a fault in {where}. The call: {call}."
       f" Run the kernel on the CPU (jax.default_device(jax.devices('cpu')[0]))"
       f" to have its out-of-bounds accesses named.{hint} Device error:"
-      f" {error}"
-  )
+      f" {error}")
 

@@ -76,8 +76,7 @@ def plugin(platform: str):
     raise RuntimeError(
         f"triton_call: lowering for {platform} needs jaxlib's Triton"
         f" custom call, which comes with JAX's {platform} plugin, and the"
-        f" plugin is not installed. {hint}"
-    )
+        f" plugin is not installed. {hint}")
   return found
 
 
@@ -223,13 +222,10 @@ def default_target(has_ffi: bool, *, exporting: bool, cost_estimate: bool,
   """The target of a call naming none: FFI where something needs it
   (``jax.export``'s CUBIN, a ``cost_estimate``, CUDA graphs, which capture
   only the FFI handler), else as ``prefer_legacy`` says."""
-  if not has_ffi:
-    return LEGACY_TARGET
   if prefer_legacy is None:
     prefer_legacy = PREFER_LEGACY_TARGET
-  if exporting or cost_estimate or not prefer_legacy:
-    return FFI_TARGET
-  return LEGACY_TARGET
+  needs_ffi = exporting or cost_estimate or not prefer_legacy
+  return FFI_TARGET if has_ffi and needs_ffi else LEGACY_TARGET
 
 
 def custom_call_target(spec, lib, platform: str, exporting: bool) -> str:

@@ -79,10 +79,8 @@ class ProcessOutput:
     for line in self.stdout.splitlines():
       line = line.strip()
       if line.startswith(("{", "[")):
-        try:
+        with contextlib.suppress(ValueError):
           found.append(json.loads(line))
-        except ValueError:
-          pass
     return found
 
 

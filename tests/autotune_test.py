@@ -19,6 +19,7 @@ testing.configure_cpu_devices()
 
 import jt_dist  # pylint: disable=g-import-not-at-top,wrong-import-position
 from jt_dist._core import binding as _binding  # pylint: disable=g-import-not-at-top,wrong-import-position
+from jt_dist._core import options as _options  # pylint: disable=g-import-not-at-top,wrong-import-position
 from jt_dist import _settings  # pylint: disable=g-import-not-at-top,wrong-import-position
 from jt_dist._autotune import store as _store  # pylint: disable=g-import-not-at-top,wrong-import-position
 from jt_dist._autotune import choose as _choose  # pylint: disable=g-import-not-at-top,wrong-import-position
@@ -72,7 +73,7 @@ def _state(obj):
 def _bind(kernel, x, y, grid=_grid, **metaparams):
   _, spec, _ = _binding.bind_call(
       (x, y, x.size), kernel, jax.ShapeDtypeStruct(x.shape, x.dtype), grid,
-      _binding.CallOptions(), metaparams)
+      _options.CallOptions(), metaparams)
   return spec
 
 
@@ -247,7 +248,7 @@ class TritonOptionsTest(testing.TestCase):
     self.assertAllClose(out, x)
     spec = _binding.bind_call(
         (x, x.size), kernel, jax.ShapeDtypeStruct(x.shape, x.dtype), _grid,
-        _binding.CallOptions(), {})[1]
+        _options.CallOptions(), {})[1]
     self.assertEqual([l.zeroed_outputs for l in spec.launches], [(0,), (0,)])
 
   def test_reset_to_zero_of_an_input_refused(self):

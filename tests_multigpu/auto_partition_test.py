@@ -25,7 +25,7 @@ import numpy as np
 import triton
 
 import jt_dist
-from jt_dist._core import binding as _binding
+from jt_dist._core import outputs as _outputs
 from jt_dist import _compat
 from jt_dist._sharding import partition as _partition
 from jt_dist import testing
@@ -422,7 +422,7 @@ class AutoAxesPlumbingTest(testing.TestCase):
       return jnp.dot(x, y, preferred_element_type=jnp.float32)
 
     out = jax.ShapeDtypeStruct((a.shape[0], b.shape[1]), jnp.float32)
-    shapes, tree = _binding.flatten_out_shape(out)
+    shapes, tree = _outputs.flatten_out_shape(out)
     return _partition.run_auto((a, b), stand_in, None, shapes, tree, None,
                                auto_partitioned_matmul.MATMUL_RULE, {}, "test")
 

@@ -21,12 +21,6 @@ from jt_dist._core import outputs as _outputs
 from jt_dist._core import positional as _positional
 from jt_dist._core import pytree_args as _pytree_args
 
-# Re-exported: other modules and tests reach these as ``_binding.<name>``.
-CallOptions = _options.CallOptions
-OPTION_NAMES = _options.OPTION_NAMES
-make_options = _options.make_options
-flatten_out_shape = _outputs.flatten_out_shape
-
 # The ``CallOptions`` fields a ``CallSpec`` carries as they are.
 _SPEC_OPTIONS = (
     "name", "compute_capability", "enable_fp_fusion", "debug",
@@ -132,7 +126,8 @@ def evaluate_grid(grid: Any, named: Mapping[str, Any],
   return tuple(int(d) for d in dims) + (1,) * (3 - len(dims))
 
 
-def bind_call(args, kernel, out_shape, grid, options: CallOptions, metaparams):
+def bind_call(args, kernel, out_shape, grid, options: _options.CallOptions,
+              metaparams):
   """Checks a call; returns ``(array_args, its CallSpec, out_tree)``."""
   info = _kernel.kernel_info(kernel)
   out_shapes, out_tree = _outputs.flatten_out_shape(

@@ -1,10 +1,9 @@
 """Kernel errors that leave a host callback, and how callers get them back.
 
-jax reports an exception raised in a host callback as its own error. A CPU
-launch files its exception under a token in the ``HostFault`` it raises;
-where jt_dist owns the boundary, ``raise_original`` raises the kernel's own
-exception instead. Under a caller's ``jax.jit`` jax's error, with the
-kernel's message, reaches the caller.
+jax reports a host callback's exception as its own error. A CPU launch
+files its exception under a token in the ``HostFault`` it raises; where
+jt_dist owns the boundary, ``raise_original`` raises the kernel's own instead
+(under a caller's ``jax.jit``, jax's error carries the kernel's message).
 """
 
 from __future__ import annotations

@@ -28,14 +28,11 @@ def _set_by_layers(info, name: str) -> bool:
 
 def merge_keywords(kernel: Any, args: Sequence[Any],
                    metaparams: dict[str, Any]):
-  """``(kernel, args, metaparams)`` with keyword operands moved into args.
-
-  Operands (and constexprs between them) are appended up to the first
-  parameter no keyword binds (usually an output's); a scalar after it stays
-  by name, compiled in. An array after it (an input declared after an
-  output, as in kernels for PyTorch) makes ``kernel`` a wrapper taking the
-  keyword operands right after the args.
-  """
+  """``(kernel, args, metaparams)`` with keyword operands moved into args,
+  with constexprs between them, up to the first parameter no keyword binds
+  (usually an output's). A scalar after it stays by name, compiled in; an
+  array (an input after an output, as in PyTorch kernels) makes ``kernel``
+  a wrapper taking the keyword operands right after the args."""
   try:
     info = _kernel.kernel_info(kernel)
   except TypeError:

@@ -1,14 +1,14 @@
 """Outputs of a kernel call: ``out_shape``, the parameters they bind,
 aliases and zeroed outputs.
 
-jax-triton 0.3.1 binds one output pointer each to the parameters right
-after the args; alias keys count the array arguments, and an aliased output
-keeps its parameter. 0.4 binds the outputs to the non-``constexpr``
-parameters no argument binds; an aliased input *is* its output's buffer
-(that output binds no parameter), and alias keys count the non-constexpr
-operands. Without aliases the two agree wherever 0.3.1 binds. With aliases
-``bind`` tries both: where both bind, 0.4's wins with a DeprecationWarning;
-where neither does, the error names both readings.
+jax-triton 0.3.1 binds one pointer per output, aliased or not, to the
+parameters after the args; alias keys count the array arguments. 0.4 binds
+outputs to the non-``constexpr`` parameters no argument binds, alias keys
+count the non-constexpr operands, and an aliased input *is* its output's
+buffer (that output binds no parameter). Without aliases the two agree
+wherever 0.3.1 binds; with aliases ``bind`` tries both: where both bind,
+0.4's wins with a DeprecationWarning; where neither does, the error names
+both readings.
 """
 
 from __future__ import annotations

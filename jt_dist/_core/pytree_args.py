@@ -78,14 +78,6 @@ class FlatArgs:
     """Each leaf as messages name it: ``args[1]``, ``args[1][0]``."""
     return [where(i, path) for i, path in self.places]
 
-  @property
-  def has_tuples(self) -> bool:
-    return any(path for _, path in self.places)
-
-  def index_of(self, i: int) -> int:
-    """The leaf index of the non-tuple argument ``args[i]``."""
-    return self.places.index((i, ()))
-
   def rebuild(self, leaves: Sequence[Any]) -> list[Any]:
     """The positional arguments with ``leaves`` in the leaves' places."""
     groups: list[list] = [[] for _ in range(self.n_args)]

@@ -17,7 +17,6 @@ import numpy as np
 
 from jt_dist._core import types as _types
 
-_PADDINGS = ("zero", "nan")
 _STATIC = {"static": True}  # A field jax's pytrees keep as metadata.
 
 
@@ -68,7 +67,7 @@ class TensorDescriptor:
           f"TensorDescriptor: shape {self.shape}, strides {self.strides} and"
           f" block_shape {self.block_shape} must have the same length, from"
           " 1 to 5 (TMA's ranks).")
-    if self.padding not in _PADDINGS:
+    if self.padding not in ("zero", "nan"):
       raise ValueError(
           f"TensorDescriptor: padding={self.padding!r}; pass 'zero' or"
           " 'nan'.")

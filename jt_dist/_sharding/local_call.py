@@ -14,6 +14,8 @@ import jax
 from jt_dist import _errors
 from jt_dist._core import binding as _binding
 from jt_dist._core import operands as _operands
+from jt_dist._core import options as _options
+from jt_dist._core import outputs as _outputs
 from jt_dist._core import primitive as _primitive
 from jt_dist._core import pytree_args as _pytree_args
 from jt_dist._core import runtime_scalar as _runtime_scalar
@@ -24,18 +26,12 @@ from jt_dist._sharding import refs as _refs
 from jt_dist._sharding import rule as _rule
 from jt_dist._core import shard_size as _shard_size
 
-# Bound in place of the user's grid when there is nothing to launch, so that
-# every other binding check still runs.
-_NO_LAUNCH_GRID = (1,)
 
-
-def call(args, kernel, out_shape, grid, options: _binding.CallOptions,
+def call(args, kernel, out_shape, grid, options: _options.CallOptions,
          metaparams: dict, device: Any = None, layout: Any = None) -> Any:
-  """Runs one ``triton_call`` on ``args``, tracers or concrete arrays.
-
-  ``layout``: a rule's layout found on the concrete operands before they
-  were traced (traced ones show explicit mesh axes only).
-  """
+  """Runs one ``triton_call`` on ``args``, tracers or concrete arrays;
+  ``layout``: a rule's layout found before tracing (tracers show only
+  explicit mesh axes)."""
   kernel, args, metaparams = _operands.merge_keywords(kernel, args,
                                                      metaparams)
   args, descriptors = _tensordesc.split(args)
@@ -76,10 +72,10 @@ def shard_call(*args, kernel, out_shape, grid, **kwargs) -> Any:
 
 def options_from_keywords(kwargs: dict):
   """Splits ``triton_call``'s keywords into its options and metaparams."""
-  named = {k: kwargs[k] for k in _binding.OPTION_NAMES if k in kwargs}
+  named = {k: kwargs[k] for k in _options.OPTION_NAMES if k in kwargs}
   metaparams = {k: v for k, v in kwargs.items()
-                if k not in _binding.OPTION_NAMES}
-  return _binding.make_options(**named), metaparams
+                if k not in _options.OPTION_NAMES}
+  return _options.make_options(**named), metaparams
 
 
 def check_binding(args, kernel, out_shape, grid, options, metaparams):
@@ -105,9 +101,9 @@ def single_device(args, kernel, out_shape, grid, options, metaparams,
   kernel, args, metaparams = _resolved(kernel, args, metaparams)
   # A Ref argument is written even when every output is empty.
   empty = not options.ref_inputs and _all_outputs_empty(out_shape)
+  # With nothing to launch, grid (1,) lets every other binding check run.
   arrays, spec, out_tree = _binding.bind_call(
-      args, kernel, out_shape, _NO_LAUNCH_GRID if empty else grid,
-      options, metaparams)
+      args, kernel, out_shape, (1,) if empty else grid, options, metaparams)
   arrays = _place(arrays, args, spec, device)
   if empty:
     # Nothing to compute: launching would hand the kernel pointers to empty
@@ -124,7 +120,7 @@ def _partitioned(args, kernel, out_shape, grid, options, metaparams, device,
   """Runs a call with a rule once per shard; None if unsplit. Shapes are
   checked first: a rule that does not fit fails on one device as on many."""
   rule = _rule.check(options.sharding_rule, "triton_call")
-  out_shapes, out_tree = _binding.flatten_out_shape(out_shape)
+  out_shapes, out_tree = _outputs.flatten_out_shape(out_shape)
   _partition.factor_sizes(rule, args, out_shapes)
   layout = layout or _partition.find_layout(args, rule, "triton_call")
   if layout is None:

@@ -114,11 +114,9 @@ def _auto_axes(mesh, rule, where: str) -> bool:
 
 
 def make_plan(rule, sizes: dict[str, int], layout: Layout) -> Plan:
-  """Assigns mesh axes to factors, first come first served, as XLA does.
-
-  Operands in order, dimensions left to right; a dimension's axes go to its
-  factor unless it is whole, already has axes, or an axis is taken.
-  """
+  """Assigns mesh axes to factors first come first served, as XLA does:
+  operands in order, dimensions left to right; a dimension's axes go to its
+  factor unless it is whole, already has axes, or an axis is taken."""
   split = _split_axes(layout.mesh)
   factor_axes: dict[str, tuple[str, ...]] = {}
   used: set[str] = set()
@@ -191,12 +189,9 @@ def _log_plan(where, rule, kernel, names, layout, plan) -> None:
 
 def shard_body(args, call, kernel, grid, kwargs, out_shapes, out_tree,
                out_specs, mesh, reductions, ref_args=(), check=None):
-  """The function one device runs: the kernel on its shard, then per output
-  the ``(op, axes)`` of ``reductions``. With nothing split, the whole call.
-
-  Returns the outputs' shards, flat, then the new values of the Refs made
-  from the values at ``ref_args``.
-  """
+  """The function one device runs: the kernel on its shard, then each
+  output's ``reductions``; it returns the outputs' shards, flat, then the new
+  values of the Refs made from ``ref_args``' values."""
   flat, positions = _specs.arrays_of(args)
   local_out = jax.tree_util.tree_unflatten(out_tree, [
       jax.ShapeDtypeStruct(_specs.local_shape(shape, spec, mesh), dtype)

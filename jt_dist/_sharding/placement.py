@@ -206,12 +206,9 @@ def unify_varying_axes(arrays: Sequence[Any]) -> list[Any]:
 
 
 def _manual_over_rest(ctx, args, spec, facts):
-  """Lowers the call inside a shard_map manual over the remaining axes.
-
-  The operands are replicated over them (the check passed): making them
-  manual pins one launch per device, where XLA could partition a call it
-  cannot see into (and CPU host callbacks need every axis manual).
-  """
+  """Lowers the call in a shard_map manual over the remaining axes, over
+  which the operands are replicated: one launch per device, where XLA could
+  partition a call it cannot see into (and CPU host callbacks need it)."""
   mesh = jax.sharding.get_abstract_mesh()
   if mesh.empty:
     mesh = facts.mesh

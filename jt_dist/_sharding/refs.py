@@ -80,10 +80,9 @@ def check(args, aliases: Any, rule: Any, where: str) -> None:
 
 
 def with_values(args, run):
-  """``run(values, refs)`` on ``args`` with each Ref replaced by its value;
-  ``refs``: the Refs' array indices, as ``input_output_aliases`` counts.
-  ``run`` returns (outputs, the Refs' new values), which are written back.
-  """
+  """``run(values, refs)`` on ``args`` with each Ref replaced by its value
+  (``refs``: their indices as ``input_output_aliases`` counts); ``run``
+  returns (outputs, the Refs' new values), which are written back."""
   leaves, names, tree = _leaves(args)
   arrays = [k for k, leaf in enumerate(leaves)
             if isinstance(leaf, jax.Ref) or not _types.is_scalar(leaf)]

@@ -16,7 +16,7 @@ from jax.sharding import PartitionSpec as P
 
 from jt_dist import _compat
 from jt_dist import _errors
-from jt_dist._core import binding as _binding
+from jt_dist._core import outputs as _outputs
 from jt_dist._sharding import local_call as _local_call
 from jt_dist._sharding import partition as _partition
 from jt_dist._sharding import rule as _rule
@@ -102,15 +102,13 @@ def _check_reduction(k: int, entry, mesh):
 
 
 def leaf_specs(args, mesh, in_specs, out_shape, out_specs, rule) -> list[P]:
-  """One checked spec per array leaf: from ``in_specs``, else its own.
-
-  Inferred specs refuse ``out_specs`` splitting an output over an axis no
-  input is split over: a kernel sized by its inputs would overrun its shard.
-  """
+  """One checked spec per array leaf: from ``in_specs``, else its own. With
+  inferred specs, an output split over an axis no input is split over is
+  refused: a kernel sized by its inputs would overrun its shard."""
   specs = _specs.in_specs_for(in_specs, args, mesh)
   if (in_specs is None and rule is None and out_specs is not None
       and specs):
-    out_shapes, out_tree = _binding.flatten_out_shape(out_shape,
+    out_shapes, out_tree = _outputs.flatten_out_shape(out_shape,
                                                       allow_empty=True)
     o_specs = _out_specs_for(out_specs, out_tree, out_shapes, mesh)
     split = {a for s in specs for a in _specs.spec_axes(s)}
@@ -131,7 +129,7 @@ def _unsplit_inputs_message(args, specs, k, shape, spec, out_tree, alone,
   local = _specs.local_shape(shape, spec, mesh)
   name = _output_names(out_tree)[k]
   suggestion = "pass in_specs (one PartitionSpec per array argument)"
-  if not leaves.has_tuples:
+  if not any(path for _, path in leaves.places):  # No tuple operands.
     entries = [
         _spec_text(spec if tuple(leaves.leaves[j].shape) == tuple(shape)
                    else P()) for j in positions]
@@ -151,29 +149,11 @@ def _unsplit_inputs_message(args, specs, k, shape, spec, out_tree, alone,
       " compute the same slice, give the replicated in_specs explicitly.")
 
 
-def _by_rule(args, kernel, out_shapes, out_tree, grid, mesh, arg_specs, rule,
-             out_specs, out_reduce, kwargs):
-  """``sharded_triton_call`` with a ``ShardingRule``: the rule picks specs."""
-  rule = _rule.check(rule, "sharded_triton_call")
-  given = [name for name, value in (("out_specs", out_specs),
-                                    ("out_reduce", out_reduce))
-           if value is not None]
-  if given:
-    raise _errors.ShardingSpecError(
-        f"sharded_triton_call: got sharding_rule={rule!r} and {given}; the"
-        " rule decides how outputs are split and reduced. Leave"
-        f" {' and '.join(given)} out, or drop sharding_rule.")
-  layout = _partition.Layout(mesh, tuple(arg_specs))
-  return _partition.run(args, _local_call.shard_call, kernel, out_shapes,
-                        out_tree, grid, rule, layout, kwargs,
-                        "sharded_triton_call")
-
-
 def run(args, kernel, out_shape, grid, mesh, in_specs,
         out_specs, out_reduce, sharding_rule, kwargs, ref_args=()):
   """``sharded_triton_call`` on arrays; with ``ref_args`` (indices of the
   Refs' values in ``args``) returns ``(outputs, the Refs' new values)``."""
-  out_shapes, out_tree = _binding.flatten_out_shape(
+  out_shapes, out_tree = _outputs.flatten_out_shape(
       out_shape, allow_empty=bool(ref_args))
   # Tuple operands' leaves are split one by one, as positional arrays are.
   leaves, positions = _specs.arrays_of(args)
@@ -182,9 +162,20 @@ def run(args, kernel, out_shape, grid, mesh, in_specs,
   _shard_size.resolve(args, kwargs)
   arg_specs = leaf_specs(args, mesh, in_specs, out_shape, out_specs,
                          sharding_rule)
-  if sharding_rule is not None:
-    return _by_rule(args, kernel, out_shapes, out_tree, grid, mesh,
-                    arg_specs, sharding_rule, out_specs, out_reduce, kwargs)
+  if sharding_rule is not None:  # The rule picks the specs.
+    rule = _rule.check(sharding_rule, "sharded_triton_call")
+    given = [name for name, value in (("out_specs", out_specs),
+                                      ("out_reduce", out_reduce))
+             if value is not None]
+    if given:
+      raise _errors.ShardingSpecError(
+          f"sharded_triton_call: got sharding_rule={rule!r} and {given}; the"
+          " rule decides how outputs are split and reduced. Leave"
+          f" {' and '.join(given)} out, or drop sharding_rule.")
+    return _partition.run(args, _local_call.shard_call, kernel, out_shapes,
+                          out_tree, grid, rule,
+                          _partition.Layout(mesh, tuple(arg_specs)), kwargs,
+                          "sharded_triton_call")
   o_specs = _out_specs_for(out_specs, out_tree, out_shapes, mesh)
   reductions = _reductions_for(out_reduce, out_tree, len(out_shapes), mesh)
   outputs = _Outputs(
@@ -197,7 +188,8 @@ def run(args, kernel, out_shape, grid, mesh, in_specs,
       args, _local_call.shard_call, kernel, grid, kwargs, out_shapes,
       out_tree, o_specs, mesh, [[r] if r else [] for r in reductions],
       ref_args, lambda flat: _check_varying(flat, outputs, operands, mesh))
-  ref_specs = tuple(arg_specs[positions.index(leaves.index_of(i))]
+  # Refs are arguments of their own: leaf (i, ()).
+  ref_specs = tuple(arg_specs[positions.index(leaves.places.index((i, ())))]
                     for i in ref_args)
   arrays = [_specs.place(leaves.leaves[k], spec, mesh)
             for k, spec in zip(positions, arg_specs)]

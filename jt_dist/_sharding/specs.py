@@ -30,9 +30,8 @@ def arrays_of(args: Sequence[Any]):
 
 def sharding_of(x: Any):
   """``x``'s sharding: its type's for a tracer, its own otherwise."""
-  if isinstance(x, jax.core.Tracer):
-    return getattr(jax.typeof(x), "sharding", None)
-  return getattr(x, "sharding", None)
+  owner = jax.typeof(x) if isinstance(x, jax.core.Tracer) else x
+  return getattr(owner, "sharding", None)
 
 
 def mesh_of(x: Any):

@@ -1,11 +1,10 @@
 """Bounds and initialisation checks for kernels run through the interpreter.
 
-Unchecked, a kernel past its buffer reads garbage or kills the process.
-Pointer parameter ``k`` gets the *tagged* address ``(k + 1) << 40`` plus
-half a region, so any derived pointer still names ``k`` (top bits) and its
-offset; an access reaches real memory only once its enabled lanes are
-checked. Outputs carry a byte map of what was written, so reading an
-unwritten byte raises too.
+Unchecked, a kernel past its buffer reads garbage or kills the process. Pointer
+parameter ``k`` gets the *tagged* address ``(k + 1) << 40`` plus half a region,
+so any derived pointer still names ``k`` (top bits) and its offset; an access
+reaches real memory only once its enabled lanes are checked. Outputs carry a
+byte map of what was written, so reading an unwritten byte raises too.
 """
 
 from __future__ import annotations
@@ -95,20 +94,17 @@ class MemoryChecker:
     base = int(self._tagged[k])
     offset = ptrs.view(np.int64) - np.int64(base)
     last = int(self._nbytes[k]) - itemsize
-    if lo - base >= 0 and hi - base <= last:
-      # Every lane is inside: no pass over them.
-      if self.buffers[k].written is not None:
-        starts = offset.reshape(-1) if on.all() else offset[on]
-        self._track_buffer(op, k, starts, on, itemsize, reads, writes)
-      return k, offset
-    if on.all():
-      return None
-    inside = (offset >= 0) & (offset <= last)
-    if (on & ~inside).any():
-      return None
+    if lo - base < 0 or hi - base > last:  # Else no pass over the lanes.
+      if on.all():
+        return None
+      inside = (offset >= 0) & (offset <= last)
+      if (on & ~inside).any():
+        return None
+      offset = np.where(inside, offset, 0)
     if self.buffers[k].written is not None:
-      self._track_buffer(op, k, offset[on], on, itemsize, reads, writes)
-    return k, np.where(inside, offset, 0)
+      starts = offset.reshape(-1) if on.all() else offset[on]
+      self._track_buffer(op, k, starts, on, itemsize, reads, writes)
+    return k, offset
 
   def _track(self, op, index, offset, on, itemsize, reads, writes):
     for k in np.unique(index[on]):

@@ -2,12 +2,11 @@
 
 Loops, ``if``s and ``return``s whose Python value differs per program run
 through ``lockstep`` as SIMD runs SIMT code: a loop as often as its longest
-program, an ``if`` both branches, each masked; variables read later are
-then merged per program, or the launch gives way. Left alone (giving way
-where programs disagree): ``for`` loops not over a call or with ``else``,
-a non-name target or jumps; ``if``s holding ``break``/``continue``;
-``while`` (a spin lock in lockstep never lets go); ``x if c else y``,
-``and``/``or``.
+program, an ``if`` both branches, each masked; variables read later are then
+merged per program, or the launch gives way. Left alone (giving way where
+programs disagree): ``for`` loops not over a call or with ``else``, a non-name
+target or jumps; ``if``s holding ``break``/``continue``; ``while`` (a spin lock
+in lockstep never lets go); ``x if c else y``, ``and``/``or``.
 """
 
 from __future__ import annotations
@@ -186,12 +185,10 @@ _REWRITTEN: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 def rewrite(python_fn, fallback):
   """``python_fn`` in lockstep (``lockstep`` a closure variable), or
   ``fallback()`` where its source cannot be read."""
-  found = _REWRITTEN.get(python_fn)
-  if found is None:
-    found = _interpreter.function_rewriter(python_fn, _lockstep_tree,
-                                           _PREFIX, _lockstep)
-    _REWRITTEN[python_fn] = found = found or fallback()
-  return found
+  if python_fn not in _REWRITTEN:
+    _REWRITTEN[python_fn] = _interpreter.function_rewriter(
+        python_fn, _lockstep_tree, _PREFIX, _lockstep) or fallback()
+  return _REWRITTEN[python_fn]
 
 
 def _lockstep_tree(tree: ast.Module) -> ast.Module:

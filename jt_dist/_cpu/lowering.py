@@ -36,8 +36,7 @@ from jt_dist._sharding import placement as _placement
 
 logger = logging.getLogger("jt_dist")
 
-# Launches patch triton.language: they must not overlap each other or a
-# GPU compile.
+# Launches patch triton.language: none may overlap another or a GPU compile.
 _INTERPRETER_LOCK = _compat.LANGUAGE_LOCK
 _logged_kernels: set[str] = set()
 _warned_unwritten: set[str] = set()
@@ -94,8 +93,7 @@ def _pointer_buffers(spec, launch, inputs, outputs):
                                     inputs[op.index]))
     elif op.kind == "output":
       out = outputs[op.index]
-      written = (None if op.index in defined
-                 else np.zeros(out.nbytes, dtype=bool))
+      written = None if op.index in defined else np.zeros(out.nbytes, bool)
       buffers.append(_bounds.Buffer(op.name, f"output {op.index}", out,
                                     written))
   return buffers
@@ -247,8 +245,7 @@ def cpu_lowering(ctx, *args, spec):
 
 
 def _check_supported(spec) -> None:
-  """Refuses what the interpreter cannot run: Gluon, clusters, TF32
-  descriptors on a Triton without them."""
+  """Refuses Gluon, clusters and TF32 descriptors the interpreter lacks."""
   name = spec.info.name
   if _compat.is_gluon(spec.info.fn):
     raise NotImplementedError(

@@ -41,12 +41,10 @@ def _tree_sum(bits, axis: int) -> np.ndarray:
   if vals.shape[-1] == 0:
     return _bf16.to_bits(np.zeros(vals.shape[:-1], np.float32))
   while vals.shape[-1] > 1:
-    count = vals.shape[-1]
-    half = count // 2
-    pairs = vals[..., :half] + vals[..., half:2 * half]
-    pairs = _bf16.values(_bf16.to_bits(pairs))
-    vals = pairs if count % 2 == 0 else np.concatenate(
-        [pairs, vals[..., 2 * half:]], axis=-1)
+    half = vals.shape[-1] // 2
+    pairs = _bf16.values(_bf16.to_bits(vals[..., :half]
+                                       + vals[..., half:2 * half]))
+    vals = np.concatenate([pairs, vals[..., 2 * half:]], axis=-1)
   return _bf16.to_bits(vals[..., 0])
 
 
@@ -208,8 +206,8 @@ def language_functions(kernel: str, reduce_ops, scan_ops) -> dict:
 
 @contextlib.contextmanager
 def reductions_on_values(kernel: str):
-  """``tl.reduce`` and ``tl.associative_scan`` on values, for one launch;
-  enter inside ``_interpreter.language_patched()``."""
+  """``tl.reduce``/``tl.associative_scan`` on values; enter inside
+  ``_interpreter.language_patched()``."""
   replacements = language_functions(kernel, ReduceOnValues, ScanOnValues)
   with _compat.attributes_replaced(tl, replacements), \
       _compat.attributes_replaced(tl_core, replacements):

@@ -47,11 +47,9 @@ _INTERPRETED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def _interpreted(python_fn):
-  found = _INTERPRETED.get(python_fn)
-  if found is None:
-    found = _INTERPRETED[python_fn] = _interpreter.InterpretedFunction(
-        python_fn)
-  return found
+  if python_fn not in _INTERPRETED:
+    _INTERPRETED[python_fn] = _interpreter.InterpretedFunction(python_fn)
+  return _INTERPRETED[python_fn]
 
 
 def run(python_fn, grid: tuple[int, int, int], args, kwargs, checker=None,
@@ -133,8 +131,7 @@ def _run_patched(executor, args, kwargs, checker, python_fn, debug):
 
 @contextlib.contextmanager
 def _patched_language(kernel: str, debug: bool):
-  """The language and builder as a launch runs them; the order matters:
-  each patch wraps those entered before it."""
+  """A launch's language and builder; each patch wraps those before it."""
   def call_interpreted(self, *args, **kwargs):
     # A @triton.jit helper refuses to run unless TRITON_INTERPRET=1.
     return _interpreted(self.fn).rewrite()(*args, **kwargs)

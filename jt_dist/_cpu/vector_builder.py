@@ -190,9 +190,8 @@ class VectorBuilder(_interpreter.InterpreterBuilder):
         lhs.dtype.scalar)
 
   def create_join(self, lhs, rhs):
-    lhs_data, rhs_data = np.broadcast_arrays(lhs.data, rhs.data)
-    return TensorHandle(np.stack([lhs_data, rhs_data], axis=-1),
-                        lhs.dtype.scalar)
+    joined = np.stack(np.broadcast_arrays(lhs.data, rhs.data), axis=-1)
+    return TensorHandle(joined, lhs.dtype.scalar)
 
   def create_gather(self, src, indices, axis):
     src_data, idx = same_programs([src.data, indices.data])
@@ -222,7 +221,7 @@ class VectorBuilder(_interpreter.InterpreterBuilder):
       raise ValueError("len(ptr.offsets) != len(offsets)")
     moved = [TensorHandle(np.add(o.data, d.data).astype(o.data.dtype),
                           o.dtype) for o, d in zip(ptr.offsets, offsets)]
-    ret = _interpreter.block_pointer(
+    ret = _interpreter.BlockPointerHandle(
         ptr.base, ptr.shape, ptr.strides, moved, ptr.block_shape, ptr.order)
     return _vectorised(ret, _block_pointers)
 

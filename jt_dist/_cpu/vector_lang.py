@@ -118,9 +118,7 @@ class VectorReduce(_reductions.ReduceOnValues):
   """The reductions over all programs, reduced axes one to the right."""
 
   LEAD = 1
-
-  def to_tensor(self, ret, dtype):
-    return _to_tensor(ret, dtype)
+  to_tensor = staticmethod(_to_tensor)
 
   def generic_reduce(self, input):
     datas = [self._flat(t.handle.data)[0] for t in input]
@@ -162,13 +160,12 @@ def _combine(combine_fn, acc, step, dtypes):
 class VectorScan(_reductions.ScanOnValues):
   """The scans over all programs (upstream's dispatch, bf16 on values)."""
 
+  to_tensor = staticmethod(_to_tensor)
+
   def apply_impl(self, input):
     # ``apply`` has checked the axis against the blocks; the data's is next.
     self.axis = int(self.axis) + 1
     return super().apply_impl(input)
-
-  def to_tensor(self, ret, dtype):
-    return _to_tensor(ret, dtype)
 
   def generic_scan(self, input):
     combine_fn = _reductions.CheckedCombine(self.combine_fn, self.kernel,

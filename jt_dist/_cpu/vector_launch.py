@@ -1,15 +1,14 @@
 """Running a launch's programs together through the interpreter, or giving way.
 
-A grid runs vectorised in lockstep form, in chunks of consecutive programs
-whose working memory stays under ``WORKING_MEMORY_BOUND``, sized per kernel
-key: the first chunk is one program, its values' bytes (times
-``_TEMPORARIES``) an upper bound; chunks estimated past ``_TRACED_FROM``
-are measured by ``tracemalloc`` and grow at most ``_GROWTH`` times a step.
-A chunk that raises is undone (``vector_journal``) and it and later programs
-run one at a time, which reports faults as before; a kernel key that gave
-way once stays one at a time. ``JT_DIST_VECTORIZE=check`` runs both ways
-(the one-at-a-time results stay) and raises ``VectorisedMismatchError``
-where they differ.
+A grid runs vectorised in lockstep, in chunks of consecutive programs whose
+working memory stays under ``WORKING_MEMORY_BOUND``, sized per kernel key:
+a first chunk of one program, its values' bytes (times ``_TEMPORARIES``) an
+upper bound; chunks estimated past ``_TRACED_FROM`` are measured by
+``tracemalloc`` and grow at most ``_GROWTH`` times a step. A chunk that
+raises is undone (``vector_journal``); it and later programs run one at a
+time, reporting faults as before; a kernel key that gave way stays so.
+``JT_DIST_VECTORIZE=check`` runs both ways (the one-at-a-time results stay)
+and raises ``VectorisedMismatchError`` where they differ.
 """
 
 from __future__ import annotations
@@ -130,8 +129,7 @@ class Launch:
     if windows is None:
       return False
     journal = _journal.WriteJournal(windows)
-    # Masked programs compute on values whose results are dropped: their
-    # floating-point warnings are not the kernel's.
+    # Masked programs compute too: their float warnings are not the kernel's.
     builder = _vb.VectorBuilder(self.grid, range(0))
     with _interpreter.native_memory_replaced(journal), \
         _interpreter.builder_replaced(builder), \
@@ -179,15 +177,14 @@ class Launch:
     fn = self.executor.fn
     builder = _interpreter.builder()
     builder.set_grid_dim(*self.grid)
+    call_args = _call_args(self.executor, self.args, self.kwargs)
     scope = _interpreter.patch_lang(fn)
     try:
-      call_args = _call_args(self.executor, self.args, self.kwargs)
-      try:
-        for flat in range(start, self.programs):
-          builder.set_grid_idx(*_vb.program_ids(self.grid, flat))
-          fn(**call_args)
-      except Exception as e:  # As upstream's grid loop reports it.
-        raise _compat.InterpreterError(repr(e)) from e
+      for flat in range(start, self.programs):
+        builder.set_grid_idx(*_vb.program_ids(self.grid, flat))
+        fn(**call_args)
+    except Exception as e:  # As upstream's grid loop reports it.
+      raise _compat.InterpreterError(repr(e)) from e
     finally:
       scope.restore()
 
@@ -341,12 +338,11 @@ def _measured(key, programs: range):
 def _values_bytes():
   """Yields ``[bytes of the block's new values]`` (views at full size)."""
   handle = _interpreter.TensorHandle
-  original = getattr(handle, "__post_init__", None)
+  original = handle.__post_init__  # Triton 3.6 to 3.9 have one.
   counted = [0]
 
   def post_init(self):
-    if original is not None:
-      original(self)
+    original(self)
     counted[0] += getattr(self.data, "nbytes", 0)
 
   with _compat.attributes_replaced(handle, {"__post_init__": post_init}):

@@ -12,7 +12,6 @@ import inspect
 import traceback
 from typing import Any
 
-import triton
 from triton.language import semantic as _semantic
 from triton.runtime import interpreter as _interpreter
 
@@ -35,6 +34,8 @@ np_dtype = _interpreter._get_np_dtype  # pylint: disable=protected-access
 implicit_cvt = _interpreter._implicit_cvt  # pylint: disable=protected-access
 LangPatchScope = _interpreter._LangPatchScope  # pylint: disable=protected-access
 patch_lang = _interpreter._patch_lang  # pylint: disable=protected-access
+# Triton 3.6 only: 3.9 removed block pointers (its tl.advance raises).
+BlockPointerHandle = getattr(_interpreter, "BlockPointerHandle", None)
 
 
 def builder():
@@ -52,9 +53,7 @@ def builder_replaced(replacement):
     yield
 
 
-# Every memory access (pointer, block pointer, descriptor) ends in this
-# native module's load, store, atomic_rmw or atomic_cas: the one place to
-# check.
+# Every memory access ends in this native module: the one place to check.
 def native_memory() -> Any:
   return _interpreter._interpreter  # pylint: disable=protected-access
 
@@ -72,23 +71,13 @@ def program_id() -> tuple[int, int, int] | None:
 
 
 def dtype_refusing_function(tb) -> str | None:
-  """The math function whose ``math._check_dtype`` closure raised along
-  ``tb``, or None."""
+  """The math function whose ``math._check_dtype`` raised along ``tb``."""
   for frame, _ in traceback.walk_tb(tb):
     if "dtypes" in frame.f_code.co_freevars:
       name = getattr(frame.f_locals.get("fn"), "__name__", None)
       if name is not None:
         return name
   return None
-
-
-def block_pointer(base, shape, strides, offsets, block_shape, order) -> Any:
-  """A block pointer handle (Triton 3.6's interpreter has them)."""
-  cls = getattr(_interpreter, "BlockPointerHandle", None)
-  if cls is None:
-    raise NotImplementedError(
-        f"Triton {triton.__version__}'s interpreter has no block pointers")
-  return cls(base, shape, strides, offsets, block_shape, order)
 
 
 def function_rewriter(python_fn, transform, name: str, value):

@@ -98,8 +98,7 @@ class _OwnerPlan:
         delattr(self.obj, name)
 
 
-# The recorded _OwnerPlans; None once recordings proved unusable. Under
-# LANGUAGE_LOCK.
+# The recorded _OwnerPlans (None once unusable), under LANGUAGE_LOCK.
 _cache: dict[str, Any] = {}
 
 
@@ -131,8 +130,7 @@ def _plan_for_launch(patch_lang) -> list[_OwnerPlan] | None:
   plan = _cache.get("plan", [])
   if plan is None or (plan and all(owner.current() for owner in plan)):
     return plan
-  # Recorded again where an owner changed; not reusable: patched as
-  # upstream does, per launch, from now on.
+  # An owner changed: recorded again (None: patched per launch from now).
   plan = _cache["plan"] = _recorded_plan(patch_lang)
   return plan
 

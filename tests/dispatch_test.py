@@ -76,6 +76,16 @@ def store_scalar_kernel(v, out_ptr):
 
 
 @triton.jit
+def scaled_down_kernel(v, out_ptr):
+  tl.store(out_ptr, v / 1e290)
+
+
+@triton.jit
+def int_scaled_down_kernel(v, out_ptr):
+  tl.store(out_ptr, (v // 1024).to(tl.int32))
+
+
+@triton.jit
 def reciprocal_kernel(s: tl.float32, out_ptr):
   tl.store(out_ptr, 1.0 / s)
 
@@ -205,6 +215,26 @@ class DispatchTest(testing.TestCase):
                                   out_shape=out, grid=(1,))
         self.assertEqual(np.asarray(got)[0], np.asarray(v).astype(dtype))
     self.assertEqual(counting.binds, binds)
+
+  @parameterized.parameters((np.float32,), (np.int32,))
+  def test_a_value_beyond_the_run_time_type_is_compiled_in(self, dtype):
+    # After a second value the scalars come at run time (fp32, or i32 on
+    # the CPU); a value of the same Python type that those do not hold is
+    # compiled in (fp64, i64), never squeezed into the run-time type.
+    if dtype == np.int32 and testing.platform() != "cpu":
+      self.skipTest("ints are compiled in on GPUs")
+    if dtype == np.float32:
+      kernel, beyond = scaled_down_kernel, 1e300
+      first, second = (float(v) for v in self.np_rng.uniform(1, 2, 2))
+      expected = lambda v: np.float32(v / 1e290)
+    else:
+      kernel, beyond = int_scaled_down_kernel, 2**31 + 3 * 1024
+      first, second = (int(v) for v in self.np_rng.integers(1, 2**20, 2))
+      expected = lambda v: np.int32(v // 1024)
+    out = jax.ShapeDtypeStruct((1,), dtype)
+    for v in (first, second, beyond, second, beyond):
+      got = jt_dist.triton_call(v, kernel=kernel, out_shape=out, grid=(1,))
+      self.assertEqual(np.asarray(got)[0], expected(v), v)
 
   def test_signed_zeros_compiled_in_stay_apart(self):
     # Declared fp32, the scalar is compiled in and keyed by value, though
@@ -653,11 +683,12 @@ class MemoryTest(testing.TestCase):
     # Through the interpreter: the first value is compiled into a call of
     # its own; every other value is a new runtime operand of one more call
     # and executable, never a new one of either. The calls are kept under
-    # the first and second calls' values, and the scalars' types.
+    # the first and second calls' values, and the scalars' types (in the
+    # plain key and in the general one).
     result = self._run("values", 1000)
     marks = result["marks"]
     self.assertEqual(result["calls"], 2, result)
-    self.assertEqual(result["entries"], 3, result)
+    self.assertEqual(result["entries"], 4, result)
     self.assertLess(marks[-1] - marks[1], 8.0, marks)
 
 

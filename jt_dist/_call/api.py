@@ -23,6 +23,8 @@ _CONCRETE = _kernel_call.CONCRETE
 _memo_get = _memo.triton_calls.get
 _SHAPE_DTYPE = jax.ShapeDtypeStruct
 _SCALARS = frozenset((int, bool, float))
+# The plain key's fields before the metaparams' items and the scalars.
+_PLAIN_FIXED = 7
 # A memo entry saying: key this call's scalars by their values.
 _BY_VALUE = object()
 # Argument types passed at call time; grows by the classes of concrete
@@ -201,6 +203,12 @@ def triton_call(*args: Any, kernel: Any, out_shape: Any = None, grid: Any,
                *kwargs.items(),
                *itertools.compress(args, map(_SCALARS.__contains__, types)))
       call = _memo_get(plain)
+      if call is None and len(plain) > _PLAIN_FIXED + len(kwargs):
+        # New values of scalars that come at run time: keyed by their
+        # types alone, where the call takes them all at run time.
+        call = _memo_get(plain[:_PLAIN_FIXED + len(kwargs)])
+        if call is not None and not call.takes_at_run_time(args):
+          call = None
     except TypeError:  # An unhashable metaparam (an array by keyword).
       plain = call = None
     # The memo holds the call, and so the kernel: its id is unique. And
@@ -327,6 +335,9 @@ def _first_call(args, kernel, out_shape, grid, kwargs, key, runtime, plain,
     _memo.triton_calls.put(plain, call)
     if not any(call.passed[i] for i in scalars):
       key = None  # The plain key holds each scalar's value, as key would.
+    elif all(call.passed[i] for i in scalars):
+      # Every scalar at run time: other values find the call by type.
+      _memo.triton_calls.put(plain[:_PLAIN_FIXED + len(kwargs)], call)
   if key is not None:
     by_type = [i for i, a in enumerate(args)
                if runtime and not _is_operand(a)

@@ -101,6 +101,12 @@ class KernelCall:
     """Whether the kernel's source is still the one the call was made for."""
     return getattr(self.triton_fn, "src", None) is self.triton_src
 
+  def takes_at_run_time(self, args: Sequence[Any]) -> bool:
+    """Whether ``args``' scalars all come at run time, of this call's types."""
+    return all(runtime_typed(args[i])
+               and _RUNTIME_DTYPES[_types.scalar_type(args[i])] == dtype
+               for i, dtype in self._slots.items())
+
   def _runtime_slots(self) -> dict[int, np.dtype]:
     """Position -> dtype of the scalars that can come at call time, or {}.
 

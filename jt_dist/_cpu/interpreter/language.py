@@ -146,7 +146,8 @@ def _visibility_check(fn):
 @contextlib.contextmanager
 def language_patched():
   """Patches the language for one launch; within it upstream's
-  ``_patch_lang`` only checks visibility, so replacements entered inside stay."""
+  ``_patch_lang`` only checks visibility, so replacements entered inside
+  stay."""
   with LANGUAGE_LOCK, contextlib.ExitStack() as stack:
     patch_lang = _interpreter._patch_lang  # pylint: disable=protected-access
     if patch_lang is _visibility_check:

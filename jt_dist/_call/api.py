@@ -15,7 +15,6 @@ from jt_dist._core import exact as _exact
 from jt_dist._core import operands as _operands
 from jt_dist._core import runtime_scalar as _runtime_scalar
 from jt_dist._core import tensordesc as _tensordesc
-from jt_dist._core import types as _types
 from jt_dist._sharding import refs as _refs
 
 OPERAND = _kernel_call.OPERAND
@@ -289,8 +288,8 @@ def _template(args: Sequence[Any], runtime: bool) -> tuple:
     kind = type(a)
     if kind in _OPERAND_TYPES or _is_operand(a):
       template.append(OPERAND)
-    elif runtime and _kernel_call.runtime_typed(a):
-      template.append((kind, _types.scalar_type(a)))
+    elif runtime and (dtype := _kernel_call.runtime_dtype(a)) is not None:
+      template.append((kind, dtype))
     else:
       template.append(_exact.key(a))
   return tuple(template)
@@ -341,7 +340,7 @@ def _first_call(args, kernel, out_shape, grid, kwargs, key, runtime, plain,
   if key is not None:
     by_type = [i for i, a in enumerate(args)
                if runtime and not _is_operand(a)
-               and _kernel_call.runtime_typed(a)]
+               and _kernel_call.runtime_dtype(a) is not None]
     if all(call.passed[i] for i in by_type):
       _memo.triton_calls.put(key, call)
     else:

@@ -42,7 +42,7 @@ class KernelCall:
   Call it with the kernel's array operands, in order. Positional values
   fixed when it was made (``statics``: scalars passed by value, ``None``,
   ``shard_size`` placeholders) keep their places among them; scalars that
-  nothing static reads and whose type comes at run time (``runtime_typed``)
+  nothing static reads and whose type comes at run time (``runtime_dtype``)
   are passed at call time instead (``passed``), as ``runtime_scalar``s, and
   a new value compiles nothing.
   """
@@ -103,8 +103,7 @@ class KernelCall:
 
   def takes_at_run_time(self, args: Sequence[Any]) -> bool:
     """Whether ``args``' scalars all come at run time, of this call's types."""
-    return all(runtime_typed(args[i])
-               and _RUNTIME_DTYPES[_types.scalar_type(args[i])] == dtype
+    return all(runtime_dtype(args[i]) == dtype
                for i, dtype in self._slots.items())
 
   def _runtime_slots(self) -> dict[int, np.dtype]:
@@ -124,14 +123,15 @@ class KernelCall:
       return {}
     slots = {}
     for i, value in enumerate(self.statics):
-      if value is OPERAND or not runtime_typed(value):
+      dtype = None if value is OPERAND else runtime_dtype(value)
+      if dtype is None:
         continue
       if i >= len(info.params):
         return {}
       param = info.params[i]
       if param.is_constexpr or param.annotation:
         return {}
-      slots[i] = _RUNTIME_DTYPES[_types.scalar_type(value)]
+      slots[i] = dtype
     return slots
 
   def _args(self, operands: Sequence[Any]) -> list[Any]:
@@ -208,19 +208,20 @@ _RUNTIME_DTYPES = {"i1": np.dtype(np.bool_), "i32": np.dtype(np.int32),
                    "fp32": np.dtype(np.float32)}
 
 
-def runtime_typed(value: Any) -> bool:
-  """Whether a positional scalar's value may come at run time, by its type.
+def runtime_dtype(value: Any) -> np.dtype | None:
+  """The dtype a positional scalar travels as where its value may come at
+  run time, by its type; else None.
 
   On the CPU every bool, int and float of a 32-bit Triton type (the
   interpreter specialises on no value; ``np.float32`` is deprecated). On
   GPUs a float32 Python float: Triton never specialises on a float's value,
   but it does ints (equal to 1, divisible by 16) and bools.
   """
-  if type(value) is float:  # pylint: disable=unidiomatic-typecheck
-    return _types.scalar_type(value) == "fp32"
-  return (jax.default_backend() == "cpu" and _types.is_scalar(value)
-          and not isinstance(value, np.float32)
-          and _types.scalar_type(value) in _RUNTIME_DTYPES)
+  if type(value) is not float and (  # pylint: disable=unidiomatic-typecheck
+      jax.default_backend() != "cpu" or not _types.is_scalar(value)
+      or isinstance(value, np.float32)):
+    return None
+  return _RUNTIME_DTYPES.get(_types.scalar_type(value))
 
 
 # Types of operands known not to be tracers; grows by the classes of

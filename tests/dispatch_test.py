@@ -24,6 +24,7 @@ import triton
 import triton.language as tl
 
 import jt_dist
+from jt_dist._call import api as _api
 from jt_dist._core import binding as _binding
 from jt_dist._call import memo as _memo
 from jt_dist._core import exact as _exact
@@ -311,6 +312,29 @@ class DispatchTest(testing.TestCase):
       self.assertAllClose(got, x * (2 + i % 2), msg=f"thread {i}")
     # One unwrapped KernelInfo per kernel object, however many threads.
     self.assertEqual(_kernel.kernel_info.cache_info().currsize, len(kernels))
+
+  @parameterized.named_parameters(
+      ("arrays_and_metaparams",
+       lambda x, i: (_copy_call(shift_kernel, x, SHIFT=3), x + 3)),
+      ("scalars", lambda x, i: (_scale(x, 2.0 + i), x * (2.0 + i))),
+  )
+  def test_repeated_plain_calls_take_no_general_key(self, call):
+    x = jnp.asarray(self.random((32,)))
+    # As in a fresh process: jax's array class is not known yet.
+    fresh = {t for t in _api._OPERAND_TYPES if not issubclass(t, jax.Array)}
+    with mock.patch.object(_api, "_OPERAND_TYPES", fresh), \
+        mock.patch.object(_api, "_PLAIN_OPERANDS",
+                          {np.ndarray: _api.OPERAND}):
+      # The second value of a scalar makes the call that takes it at run
+      # time; from then on, no call builds the general key.
+      call(x, 0)
+      call(x, 1)
+      with mock.patch.object(_api, "_template",
+                             wraps=_api._template) as template:
+        for i in range(2, 5):
+          out, expected = call(x, i)
+          self.assertAllClose(out, expected)
+    self.assertEqual(template.call_count, 0)
 
   def test_kernel_source_changed(self):
     x = jnp.asarray(self.random((16,)))

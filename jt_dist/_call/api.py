@@ -18,11 +18,10 @@ from jt_dist._core import tensordesc as _tensordesc
 from jt_dist._sharding import refs as _refs
 
 OPERAND = _kernel_call.OPERAND
-_CONCRETE = _kernel_call.CONCRETE
 _memo_get = _memo.triton_calls.get
 _SHAPE_DTYPE = jax.ShapeDtypeStruct
 _SCALARS = frozenset((int, bool, float))
-# The plain key's fields before the metaparams' items and the scalars.
+# The plain key's fields before the metaparams' items and the arguments.
 _PLAIN_FIXED = 7
 # A memo entry saying: key this call's scalars by their values.
 _BY_VALUE = object()
@@ -30,8 +29,10 @@ _BY_VALUE = object()
 # jax.Arrays (jaxlib's ArrayImpl) as they are met.
 _OPERAND_TYPES = {np.ndarray, _tensordesc.TensorDescriptor,
                   _runtime_scalar.RuntimeScalar}
-# Those and the Python scalars: the argument types of a plain call.
-_PLAIN_ARGUMENTS = _OPERAND_TYPES | _SCALARS
+# The operand types of a plain call, concrete arrays (never traced), each
+# standing as OPERAND in its key, where a scalar stands as itself; grows
+# with _OPERAND_TYPES.
+_PLAIN_OPERANDS = {np.ndarray: OPERAND}
 
 
 class _FirstValues:
@@ -191,7 +192,7 @@ def triton_call(*args: Any, kernel: Any, out_shape: Any = None, grid: Any,
   plain = None
   # The commonest call, keyed without a Python loop: one ShapeDtypeStruct
   # out and a grid tuple; the types of the arguments, metaparams and grid,
-  # and the values of the metaparams and the positional Python scalars.
+  # the metaparams' values, and per argument OPERAND or a scalar's value.
   # Only calls whose key tells their values apart exactly are filed under
   # it (_first_call), and a key holds its types: a lookup needs no checks.
   if type(out_shape) is _SHAPE_DTYPE and type(grid) is tuple:  # pylint: disable=unidiomatic-typecheck
@@ -199,30 +200,35 @@ def triton_call(*args: Any, kernel: Any, out_shape: Any = None, grid: Any,
     try:
       plain = (id(kernel), out_shape.shape, out_shape.dtype,
                out_shape.weak_type, out_shape.sharding, grid, types,
-               *kwargs.items(),
-               *itertools.compress(args, map(_SCALARS.__contains__, types)))
+               *kwargs.items(), *map(_PLAIN_OPERANDS.get, types, args))
       call = _memo_get(plain)
-      if call is None and len(plain) > _PLAIN_FIXED + len(kwargs):
+      if call is None:
         # New values of scalars that come at run time: keyed by their
         # types alone, where the call takes them all at run time.
         call = _memo_get(plain[:_PLAIN_FIXED + len(kwargs)])
         if call is not None and not call.takes_at_run_time(args):
           call = None
-    except TypeError:  # An unhashable metaparam (an array by keyword).
+    except TypeError:
+      # An array of a class not met before: known now, so key the call
+      # again. Else unhashable: an array by keyword, a tuple operand.
+      if _learn(args):
+        return triton_call(*args, kernel=kernel, out_shape=out_shape,
+                           grid=grid, **kwargs)
       plain = call = None
     # The memo holds the call, and so the kernel: its id is unique. And
     # its source is the call's (call.fresh(), inline).
     if call is not None and getattr(
         call.triton_fn, "src", None) is call.triton_src:
-      operands = (args if call.passed_all
-                  else tuple(itertools.compress(args, call.passed)))
-      if call.direct and _CONCRETE.issuperset(types):
-        # Concrete operands and nothing to add: jax's dispatch alone.
+      if call.direct:
+        # Concrete arrays (a plain key's) and nothing to add: jax's
+        # dispatch alone.
         try:
-          return call._jitted(*operands)  # pylint: disable=protected-access
+          if call.passed_all:
+            return call._jitted(*args)  # pylint: disable=protected-access
+          return call._jitted(*itertools.compress(args, call.passed))  # pylint: disable=protected-access
         except Exception as e:  # pylint: disable=broad-except
           _kernel_call.raise_failure(e, args, call)
-      return call(*operands)
+      return call(*itertools.compress(args, call.passed))
   # A scalar's value may come at run time: keyed by its type.
   runtime = not callable(grid)
   type_key = None
@@ -255,12 +261,21 @@ def triton_call(*args: Any, kernel: Any, out_shape: Any = None, grid: Any,
 
 
 def _plain_types(args, kwargs, grid) -> bool:
-  """Whether a call's plain key holds all it is keyed by: operands and
-  Python scalars, metaparams and grid values of ``exact.PLAIN`` types."""
-  for a in args:
-    _is_operand(a)  # Learns the classes of concrete jax.Arrays.
-  return (_PLAIN_ARGUMENTS.issuperset(map(type, args))
+  """Whether a call's plain key holds all it is keyed by: concrete arrays
+  and Python scalars, metaparams and grid values of ``exact.PLAIN`` types."""
+  _learn(args)
+  return (all(kind in _PLAIN_OPERANDS or kind in _SCALARS
+              for kind in map(type, args))
           and _exact.PLAIN.issuperset(map(type, (*kwargs.values(), *grid))))
+
+
+def _learn(args) -> bool:
+  """Learns the classes of the concrete jax.Arrays in ``args`` (and in
+  their tuples); returns whether one was new."""
+  known = len(_PLAIN_OPERANDS)
+  for a in args:
+    _is_operand(a)
+  return len(_PLAIN_OPERANDS) > known
 
 
 def _is_operand(arg: Any) -> bool:
@@ -270,7 +285,7 @@ def _is_operand(arg: Any) -> bool:
   if isinstance(arg, jax.Array):
     if not isinstance(arg, jax.core.Tracer):
       _OPERAND_TYPES.add(kind)
-      _PLAIN_ARGUMENTS.add(kind)
+      _PLAIN_OPERANDS[kind] = OPERAND
     return True
   if kind is tuple:
     return bool(arg) and all(_is_operand(a) for a in arg)

@@ -316,7 +316,11 @@ class DispatchTest(testing.TestCase):
   @parameterized.named_parameters(
       ("arrays_and_metaparams",
        lambda x, i: (_copy_call(shift_kernel, x, SHIFT=3), x + 3)),
-      ("scalars", lambda x, i: (_scale(x, 2.0 + i), x * (2.0 + i))),
+      # An unannotated float comes at run time on every platform.
+      ("scalars", lambda x, i: (jt_dist.triton_call(
+          2.5 + i, kernel=store_scalar_kernel,
+          out_shape=jax.ShapeDtypeStruct((), jnp.float32), grid=(1,)),
+                                np.float32(2.5 + i))),
   )
   def test_repeated_plain_calls_take_no_general_key(self, call):
     x = jnp.asarray(self.random((32,)))

@@ -87,6 +87,12 @@ def int_scaled_down_kernel(v, out_ptr):
 
 
 @triton.jit
+def offset_kernel(k, x_ptr, out_ptr, BLOCK: tl.constexpr):
+  offsets = tl.arange(0, BLOCK)
+  tl.store(out_ptr + offsets, tl.load(x_ptr + offsets) + k)
+
+
+@triton.jit
 def reciprocal_kernel(s: tl.float32, out_ptr):
   tl.store(out_ptr, 1.0 / s)
 
@@ -321,6 +327,13 @@ class DispatchTest(testing.TestCase):
           2.5 + i, kernel=store_scalar_kernel,
           out_shape=jax.ShapeDtypeStruct((), jnp.float32), grid=(1,)),
                                 np.float32(2.5 + i))),
+      # Ints compiled in (a 64-bit one on the CPU too), after the operand
+      # and before it.
+      ("fixed_scalars_last", lambda x, i: (_scale(x, 2**33), x * 2.0**33)),
+      ("fixed_scalar_first", lambda x, i: (jt_dist.triton_call(
+          2**31 + 5, x, kernel=offset_kernel,
+          out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype), grid=(1,),
+          BLOCK=x.size), x + np.float32(2**31 + 5))),
   )
   def test_repeated_plain_calls_take_no_general_key(self, call):
     x = jnp.asarray(self.random((32,)))

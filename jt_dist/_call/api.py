@@ -220,11 +220,10 @@ def triton_call(*args: Any, kernel: Any, out_shape: Any = None, grid: Any,
     if call is not None and getattr(
         call.triton_fn, "src", None) is call.triton_src:
       if call.direct:
-        # Concrete arrays (a plain key's) and nothing to add: jax's
-        # dispatch alone.
+        # A plain key's arrays are concrete: jax's dispatch alone.
         try:
-          if call.passed_all:
-            return call._jitted(*args)  # pylint: disable=protected-access
+          if call.leading is not None:
+            return call._jitted(*args[call.leading])  # pylint: disable=protected-access
           return call._jitted(*itertools.compress(args, call.passed))  # pylint: disable=protected-access
         except Exception as e:  # pylint: disable=broad-except
           _kernel_call.raise_failure(e, args, call)
@@ -270,8 +269,7 @@ def _plain_types(args, kwargs, grid) -> bool:
 
 
 def _learn(args) -> bool:
-  """Learns the classes of the concrete jax.Arrays in ``args`` (and in
-  their tuples); returns whether one was new."""
+  """Learns the classes of concrete jax.Arrays in ``args``: any new?"""
   known = len(_PLAIN_OPERANDS)
   for a in args:
     _is_operand(a)

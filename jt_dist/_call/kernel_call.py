@@ -75,6 +75,9 @@ class KernelCall:
     self.passed = tuple(s is OPERAND or i in self._slots
                         for i, s in enumerate(self.statics))
     self.passed_all = all(self.passed)
+    # The slice of the arguments passed, where they lead (x, y, n); else None.
+    passed = sum(self.passed)
+    self.leading = slice(passed) if all(self.passed[:passed]) else None
     # Every operand is the primitive's, and a committed one places the call
     # even where nothing reads it (outputs that are all empty).
     self._jitted = jax.jit(

@@ -29,6 +29,13 @@ def two_out_kernel(x_ptr, n, a_ptr, b_ptr, BLOCK: tl.constexpr):
   tl.store(b_ptr + offsets, x, mask=mask)
 
 
+@triton.jit
+def defaulted_kernel(x_ptr, out_ptr, BLOCK: tl.constexpr,
+                     SCALE: tl.constexpr = 2):
+  offsets = tl.arange(0, BLOCK)
+  tl.store(out_ptr + offsets, tl.load(x_ptr + offsets) * SCALE)
+
+
 def _add_python(x_ptr, y_ptr, n, out_ptr, BLOCK):
   del x_ptr, y_ptr, n, out_ptr, BLOCK
 
@@ -82,6 +89,16 @@ class ErrorsTest(testing.TestCase):
                                 r"'add_kernel'.*\['BLOCK'\].*not bound"):
       jt_dist.triton_call(self.x, self.y, 16, kernel=add_kernel,
                           out_shape=self.out, grid=1)
+
+  def test_missing_parameter_beside_a_default(self):
+    # The default is no binding the caller gave: the message leaves it out.
+    with self.assertRaises(jt_dist.KernelBindingError) as raised:
+      jt_dist.triton_call(self.x, kernel=defaulted_kernel,
+                          out_shape=self.out, grid=1)
+    message = str(raised.exception)
+    self.assertRegex(message, r"\['BLOCK'\] are not bound by anything"
+                              r" \(bound: x_ptr=args\[0\], out_ptr=output 0\)")
+    self.assertNotIn("SCALE=", message)
 
   def test_is_a_type_error(self):
     self.assertTrue(issubclass(jt_dist.KernelBindingError, TypeError))

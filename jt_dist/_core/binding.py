@@ -8,6 +8,7 @@ surface at the caller's line.
 from __future__ import annotations
 
 import collections
+import dataclasses
 import numbers
 from typing import Any, Mapping
 
@@ -76,6 +77,12 @@ def _launches(info, grid, options, constexprs, named, operands, aliases,
   launches = []
   for config in configs:
     _check_complete(info, runtime_names, config, operands, n_args)
+    # A launch states every constexpr, defaults too (checked unbound above),
+    # so that the grid, zeroed_outputs and the compiler see the same values.
+    bound = dict(config.kwargs)
+    config = dataclasses.replace(config, kwargs=config.kwargs + tuple(
+        (p.name, p.default) for p in info.params
+        if p.is_constexpr and p.has_default and p.name not in bound))
     where = f" (config: {config.label})" if info.layers else ""
     kwargs = dict(config.kwargs)
     launches.append(_kernel.Launch(

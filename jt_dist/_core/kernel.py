@@ -199,7 +199,7 @@ def expand_configs(info: KernelInfo, metaparams: Mapping[str, Any],
     else:
       partial = [(_heuristics(info, layer, extra, metaparams, named_args),
                   config) for extra, config in partial]
-  return tuple(_concrete(info, metaparams, extra, config)
+  return tuple(_concrete(metaparams, extra, config)
                for extra, config in partial)
 
 
@@ -213,18 +213,14 @@ def _heuristics(info, layer, extra, metaparams, named_args):
   return extra
 
 
-def _concrete(info, metaparams, extra, config) -> Config:
-  """A candidate as a ``Config`` stating every constexpr, defaults too (so
-  that the grid, zeroed_outputs and the compiler see the same values); its
-  label names only what the layers chose."""
+def _concrete(metaparams, extra, config) -> Config:
+  """A candidate as a ``Config``; its label names only what the layers
+  chose (the metaparams are the same in every candidate)."""
   warps, stages, ctas = (_types.plain_constexpr(n) for n in (
       config.num_warps, config.num_stages, config.num_ctas))
   label = "".join(f"{k}: {v}, " for k, v in extra.items()) + (
       f"num_warps: {warps}, num_ctas: {ctas}, num_stages: {stages}")
-  kwargs = {**metaparams, **extra}
-  kwargs.update((p.name, p.default) for p in info.params
-                if p.is_constexpr and p.has_default and p.name not in kwargs)
-  return Config(kwargs=tuple(kwargs.items()),
+  return Config(kwargs=tuple({**metaparams, **extra}.items()),
                 num_warps=warps, num_stages=stages, num_ctas=ctas,
                 maxnreg=getattr(config, "maxnreg", None), label=label)
 

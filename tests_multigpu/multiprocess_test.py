@@ -8,6 +8,7 @@ per GPU.
 """
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -16,6 +17,7 @@ import time
 
 from absl.testing import absltest
 from absl.testing import parameterized
+import numpy as np
 
 from jt_dist import testing
 
@@ -188,11 +190,13 @@ class HarnessTest(parameterized.TestCase):
       testing.run_processes([sys.executable, "-c", "pass"],
                             num_processes=count)
 
-  @parameterized.parameters("2", 2.0, True)
+  # An array has __index__ but refuses a float or a vector.
+  @parameterized.parameters(("2",), (2.0,), (True,), (np.array(2.0),),
+                            (np.array([2, 3]),))
   def test_num_processes_of_another_type_is_refused(self, count):
     with self.assertRaisesRegex(
-        TypeError, rf"run_processes: num_processes={count!r} of type"
-        rf" {type(count).__name__} must be an int"):
+        TypeError, rf"run_processes: num_processes={re.escape(repr(count))}"
+        rf" of type {type(count).__name__} must be an int"):
       testing.run_processes([sys.executable, "-c", "pass"],
                             num_processes=count)
 

@@ -314,12 +314,14 @@ def _raise_if_failed(argv, num_processes, outputs, timed_out, failed,
 
 
 def _checked_count(num_processes: Any) -> int:
-  if isinstance(num_processes, bool) or not hasattr(type(num_processes),
-                                                    "__index__"):
+  try:
+    if isinstance(num_processes, bool):
+      raise TypeError
+    count = operator.index(num_processes)
+  except TypeError:
     raise TypeError(
         f"run_processes: num_processes={num_processes!r} of type"
-        f" {type(num_processes).__name__} must be an int, e.g. 2.")
-  count = operator.index(num_processes)
+        f" {type(num_processes).__name__} must be an int, e.g. 2.") from None
   if count < 1:
     raise ValueError(
         f"run_processes: num_processes={count} must be at least 1; with"

@@ -190,6 +190,22 @@ class CallTest(testing.TestCase):
         ["args[0] lives on mesh {'x': 2} but args[1] on mesh {'y': 4}"],
         _matmul_call, a, b)
 
+  @parameterized.named_parameters(("numpy", np.asarray),
+                                  ("closed_over_array", jax.numpy.asarray))
+  def test_constant_operand_beside_a_sharded_one_under_jit(self, make):
+    # The constant is no tracer: it is laid out as the plan wants too.
+    mesh = jax.make_mesh((2,), ("x",), axis_types=(AxisType.Explicit,),
+                         devices=jax.devices()[:2])
+    x = jax.device_put(self.random((64,)), NamedSharding(mesh, P("x")))
+    y = make(self.random((64,)))
+    call = lambda a: jt_dist.triton_call(
+        a, y, jt_dist.shard_size(0), kernel=sharded_add.add_kernel,
+        out_shape=jax.ShapeDtypeStruct(a.shape, a.dtype), grid=(4,),
+        sharding_rule=jt_dist.ShardingRule("i, i -> i"), BLOCK=16)
+    with jax.set_mesh(mesh):
+      out = jax.jit(call)(x)
+    self.assertAllClose(out, np.asarray(x) + np.asarray(y))
+
   def test_rule_fits_and_runs_on_one_device(self):
     a, b = self.random((16, 8)), self.random((8, 16))
     out = _matmul_call(a, b)

@@ -228,12 +228,12 @@ def place(x: Any, spec: P, mesh, equivalent_ok: bool = False):
   as ``shard_map`` over explicit axes wants. ``equivalent_ok``: an array
   laid out equivalently (on a one-device mesh, say) stays put."""
   current = sharding_of(x)
-  if isinstance(x, jax.core.Tracer):
+  if isinstance(x, jax.core.Tracer) or not isinstance(mesh, jax.sharding.Mesh):
+    # In a trace (a constant too, on its abstract mesh): XLA adds the
+    # collective; without explicit axes shard_map's in_specs lay it out.
     if mesh.explicit_axes and trimmed(
         getattr(current, "spec", None)) != trimmed(spec):
       return jax.sharding.reshard(x, NamedSharding(mesh, spec))
-    return x
-  if not isinstance(mesh, jax.sharding.Mesh):
     return x
   target = NamedSharding(mesh, spec)
   if isinstance(current, NamedSharding) and current.mesh == mesh and (

@@ -21,6 +21,18 @@ _EXCHANGED_AS = {np.dtype(np.float32): (np.int32, tl.int32),
                  np.dtype(np.float64): (np.int64, tl.int64)}
 
 
+def _ranks(addresses) -> np.ndarray:
+  """How many earlier lanes go to each lane's address (one stable sort)."""
+  order = np.argsort(addresses, kind="stable")
+  ordered = addresses[order]
+  starts = np.ones(ordered.shape, bool)
+  starts[1:] = ordered[1:] != ordered[:-1]
+  first = np.maximum.accumulate(np.where(starts, np.arange(ordered.size), 0))
+  ranks = np.empty(ordered.shape, np.int64)
+  ranks[order] = np.arange(ordered.size) - first
+  return ranks
+
+
 def _bf16_add(ptr, val, mask, sem) -> TensorHandle:
   """``tl.atomic_add`` on bf16; each address takes its lanes in order."""
   ptrs, vals, on = np.broadcast_arrays(
@@ -29,13 +41,13 @@ def _bf16_add(ptr, val, mask, sem) -> TensorHandle:
   shape = ptrs.shape
   ptrs, vals, on = (np.ravel(a) for a in (ptrs, vals, on))
   old = np.zeros(ptrs.shape, np.uint16)
-  pending = np.flatnonzero(on)
+  lanes = np.flatnonzero(on)
+  ranks = _ranks(ptrs[lanes])
   memory = _interpreter.native_memory()
   sem = _interpreter.InterpreterBuilder.ir_sem_to_interpreter_sem[sem]
-  while pending.size:
-    # Each round takes the first pending lane of every address.
-    _, first = np.unique(ptrs[pending], return_index=True)
-    chosen, pending = pending[first], np.delete(pending, first)
+  # Round r takes the r-th lane of every address.
+  for rank in range(int(ranks.max()) + 1 if lanes.size else 0):
+    chosen = lanes[ranks == rank]
     at = ptrs[chosen]
     # A swap of a value for itself reads the memory without changing it.
     probe = np.zeros(at.shape, np.uint16)

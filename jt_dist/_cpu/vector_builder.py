@@ -119,10 +119,13 @@ class VectorBuilder(_interpreter.InterpreterBuilder):
 
   def create_atomic_cas(self, ptr, cmp, val, *args, **kwargs):
     p, c, v = _with_programs([ptr.data, cmp.data, val.data], self.programs)
-    active = self.masks.current
-    rows = slice(None) if active is None else active
+    rows = self.masks.current
+    if rows is None:
+      return super().create_atomic_cas(
+          TensorHandle(p, ptr.dtype), TensorHandle(c, cmp.dtype),
+          TensorHandle(v, val.dtype), *args, **kwargs)
     old = np.zeros_like(v)
-    if active is None or active.any():
+    if rows.any():
       old[rows] = super().create_atomic_cas(
           TensorHandle(p[rows], ptr.dtype), TensorHandle(c[rows], cmp.dtype),
           TensorHandle(v[rows], val.dtype), *args, **kwargs).data

@@ -87,7 +87,8 @@ def static_assert_note(error: Exception) -> str | None:
 
 def missing_gluon_api(fn: Any, error: Exception):
   """A clear error for a Gluon kernel using what this Triton lacks, or None
-  (Triton reports it as an AttributeError on a gluon module)."""
+  (an AttributeError on a gluon module where Triton 3.6 hashes the kernel,
+  or a CompilationError quoting one from generating IR)."""
   text = str(error)
   if (not is_gluon(fn) or "has no attribute" not in text
       or "module 'triton.experimental.gluon" not in text):
@@ -112,7 +113,8 @@ def is_gluon(fn: Any) -> bool:
 def compiler_stages(backend, target, options, gluon: bool):
   """Triton's ordered stages after source, and their starting metadata:
   ``triton.compile`` without launcher, file cache or driver. The metadata
-  holds every option (the HIP LLIR stage reads ``num_ctas`` there)."""
+  holds every option (the HIP LLIR stage reads ``num_ctas`` there, Triton
+  3.6 to 3.9)."""
   from triton.backends import compiler as backend_compiler  # pylint: disable=g-import-not-at-top
   metadata = {"target": target, **options.__dict__}
   stages: dict[str, Any] = {}

@@ -133,6 +133,7 @@ def answer_metadata(frame: CallFrame) -> bool:
   version = metadata.metadata.contents.api_version
   version.struct_size = API_VERSION_SIZE
   version.extension_start = None
+  # Some XLA versions pass no API table with the metadata query.
   known = (not frame.api
            or ApiHead.from_address(frame.api).api_version.major_version == 0)
   version.major_version, version.minor_version = (
@@ -143,7 +144,8 @@ def answer_metadata(frame: CallFrame) -> bool:
 
 def make_error(api_address: int, message: str, errc: int = ERRC_UNKNOWN):
   """An ``XLA_FFI_Error*`` with ``message`` (XLA copies it), or None where
-  the API table is another major version's."""
+  there is no API table, or it lacks the layout mirrored here (another
+  major version's)."""
   if (api := _api(api_address)) is None:
     return None
   args = ErrorCreateArgs(ERROR_CREATE_ARGS_SIZE, None,

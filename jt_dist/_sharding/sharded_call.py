@@ -2,8 +2,9 @@
 
 An output varies over every mesh axis an input does, so its ``out_specs``
 must name those axes unless ``out_reduce`` reduces over them.
-``_check_varying`` says so inside the shard, before ``shard_map`` would,
-with advice (``check_vma=False``) that returns one shard's data as the whole.
+``_check_varying`` says so inside the shard, before ``shard_map`` would:
+its message advises ``check_vma=False``, which returns one shard's data as
+the whole.
 """
 
 from __future__ import annotations

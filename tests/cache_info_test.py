@@ -66,9 +66,10 @@ class CacheInfoTest(testing.TestCase):
     self.assertAllClose(_scale(xs, 2.0), x * 2)
     first = _delta(before)
     # A call whose scalars come at run time (a float, on every platform) is
-    # filed under their types and under its first values
-    # (docs/one-device/eager-calls.md).
-    self.assertEqual(first.triton_call_entries, 2)
+    # filed under their types, twice (the general key, and the plain key
+    # that says where its compiled-in values are), and under its first
+    # values (docs/one-device/eager-calls.md).
+    self.assertEqual(first.triton_call_entries, 3)
     self.assertEqual(first.lowerings, 1)
     middle = jt_dist.cache_info()
     for _ in range(3):
@@ -76,10 +77,11 @@ class CacheInfoTest(testing.TestCase):
     self.assertEqual(_delta(middle).triton_call_entries, 0)
     self.assertEqual(_delta(middle).lowerings, 0)
     # An int for the float: a new signature, lowered again. An int comes
-    # at run time on the CPU (two entries); a GPU compiles it in (one).
+    # at run time on the CPU (three entries, as above); a GPU compiles it
+    # in (two: by its type, and by its value).
     self.assertAllClose(_scale(xs, 3), x * 3)
     self.assertEqual(_delta(middle).triton_call_entries,
-                     2 if testing.platform() == "cpu" else 1)
+                     3 if testing.platform() == "cpu" else 2)
     self.assertEqual(_delta(middle).lowerings, 1)
 
   def test_jit_counts_a_lowering_per_new_computation(self):

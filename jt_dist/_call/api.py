@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import inspect
 import itertools
+import operator
 from typing import Any, Callable, Mapping, Sequence
 
 import jax
@@ -21,18 +22,12 @@ OPERAND = _kernel_call.OPERAND
 _memo_get = _memo.triton_calls.get
 _SHAPE_DTYPE = jax.ShapeDtypeStruct
 _SCALARS = frozenset((int, bool, float))
-# The plain key's fields before the metaparams' items and the arguments.
-_PLAIN_FIXED = 7
 # A memo entry saying: key this call's scalars by their values.
 _BY_VALUE = object()
 # Argument types passed at call time; grows by the classes of concrete
 # jax.Arrays (jaxlib's ArrayImpl) as they are met.
 _OPERAND_TYPES = {np.ndarray, _tensordesc.TensorDescriptor,
                   _runtime_scalar.RuntimeScalar}
-# The operand types of a plain call, concrete arrays (never traced), each
-# standing as OPERAND in its key, where a scalar stands as itself; grows
-# with _OPERAND_TYPES.
-_PLAIN_OPERANDS = {np.ndarray: OPERAND}
 
 
 class _FirstValues:
@@ -46,6 +41,18 @@ class _FirstValues:
 
   def __init__(self, key):
     self.key = key
+
+
+class _Fixed:
+  """A plain key's memo entry where scalars are compiled in: the calls are
+  filed under ``(entry, values(args))``, the values at ``positions`` (one
+  value, or a tuple of several: an entry has one count)."""
+
+  __slots__ = ("positions", "values")
+
+  def __init__(self, positions):
+    self.positions = positions
+    self.values = operator.itemgetter(*positions)
 
 
 def triton_call(*args: Any, kernel: Any, out_shape: Any = None, grid: Any,
@@ -192,29 +199,24 @@ def triton_call(*args: Any, kernel: Any, out_shape: Any = None, grid: Any,
   plain = None
   # The commonest call, keyed without a Python loop: one ShapeDtypeStruct
   # out and a grid tuple; the types of the arguments, metaparams and grid,
-  # the metaparams' values, and per argument OPERAND or a scalar's value.
-  # Only calls whose key tells their values apart exactly are filed under
-  # it (_first_call), and a key holds its types: a lookup needs no checks.
+  # and the metaparams' values. Only calls whose arguments are concrete
+  # arrays and Python scalars are filed under it (_first_call), so the
+  # key's types say which arguments are arrays: a lookup needs no checks.
   if type(out_shape) is _SHAPE_DTYPE and type(grid) is tuple:  # pylint: disable=unidiomatic-typecheck
-    types = tuple(map(type, (*args, *kwargs.values(), *grid)))
     try:
       plain = (id(kernel), out_shape.shape, out_shape.dtype,
-               out_shape.weak_type, out_shape.sharding, grid, types,
-               *kwargs.items(), *map(_PLAIN_OPERANDS.get, types, args))
+               out_shape.weak_type, out_shape.sharding, grid,
+               tuple(map(type, (*args, *kwargs.values(), *grid))),
+               *kwargs.items())
       call = _memo_get(plain)
-      if call is None:
-        # New values of scalars that come at run time: keyed by their
-        # types alone, where the call takes them all at run time.
-        call = _memo_get(plain[:_PLAIN_FIXED + len(kwargs)])
-        if call is not None and not call.takes_at_run_time(args):
-          call = None
+      if type(call) is _Fixed:  # pylint: disable=unidiomatic-typecheck
+        call = _memo_get((call, call.values(args)))
+      # Scalars that come at run time must still be of the call's types.
+      if call is not None and call.slots and not call.takes_at_run_time(
+          args):
+        call = None
     except TypeError:
-      # An array of a class not met before: known now, so key the call
-      # again. Else unhashable: an array by keyword, a tuple operand.
-      if _learn(args):
-        return triton_call(*args, kernel=kernel, out_shape=out_shape,
-                           grid=grid, **kwargs)
-      plain = call = None
+      plain = call = None  # An unhashable metaparam or grid value.
     # The memo holds the call, and so the kernel: its id is unique. And
     # its source is the call's (call.fresh(), inline).
     if call is not None and getattr(
@@ -260,20 +262,13 @@ def triton_call(*args: Any, kernel: Any, out_shape: Any = None, grid: Any,
 
 
 def _plain_types(args, kwargs, grid) -> bool:
-  """Whether a call's plain key holds all it is keyed by: concrete arrays
-  and Python scalars, metaparams and grid values of ``exact.PLAIN`` types."""
-  _learn(args)
-  return (all(kind in _PLAIN_OPERANDS or kind in _SCALARS
-              for kind in map(type, args))
+  """Whether a call's plain key tells apart all it is keyed by: concrete
+  arrays and Python scalars, metaparams and grid values of ``exact.PLAIN``
+  types."""
+  return (all(type(a) in _SCALARS or type(a) is np.ndarray  # pylint: disable=unidiomatic-typecheck
+              or isinstance(a, jax.Array)
+              and not isinstance(a, jax.core.Tracer) for a in args)
           and _exact.PLAIN.issuperset(map(type, (*kwargs.values(), *grid))))
-
-
-def _learn(args) -> bool:
-  """Learns the classes of concrete jax.Arrays in ``args``: any new?"""
-  known = len(_PLAIN_OPERANDS)
-  for a in args:
-    _is_operand(a)
-  return len(_PLAIN_OPERANDS) > known
 
 
 def _is_operand(arg: Any) -> bool:
@@ -283,7 +278,6 @@ def _is_operand(arg: Any) -> bool:
   if isinstance(arg, jax.Array):
     if not isinstance(arg, jax.core.Tracer):
       _OPERAND_TYPES.add(kind)
-      _PLAIN_OPERANDS[kind] = OPERAND
     return True
   if kind is tuple:
     return bool(arg) and all(_is_operand(a) for a in arg)
@@ -339,17 +333,10 @@ def _first_call(args, kernel, out_shape, grid, kwargs, key, runtime, plain,
   scalars = [i for i, a in enumerate(args) if not _is_operand(a)]
   if type_key is not None:
     _memo.triton_calls.put(type_key, _FirstValues(key))
-  # Equal floats are the same kernel argument but for zeros' signs, and
-  # a NaN equals nothing: such a value compiled in is keyed exactly.
-  if plain is not None and _plain_types(args, kwargs, grid) and all(
-      call.passed[i] or 0.0 != args[i] == args[i]
-      for i in scalars if type(args[i]) is float):  # pylint: disable=unidiomatic-typecheck
-    _memo.triton_calls.put(plain, call)
-    if not any(call.passed[i] for i in scalars):
-      key = None  # The plain key holds each scalar's value, as key would.
-    elif all(call.passed[i] for i in scalars):
-      # Every scalar at run time: other values find the call by type.
-      _memo.triton_calls.put(plain[:_PLAIN_FIXED + len(kwargs)], call)
+  if (plain is not None and _plain_types(args, kwargs, grid)
+      and _file_plain(plain, call, args, scalars)
+      and not any(call.passed[i] for i in scalars)):
+    key = None  # The plain key holds each scalar's value, as key would.
   if key is not None:
     by_type = [i for i, a in enumerate(args)
                if runtime and not _is_operand(a)
@@ -362,6 +349,25 @@ def _first_call(args, kernel, out_shape, grid, kwargs, key, runtime, plain,
       _memo.triton_calls.put(key, _BY_VALUE)
       _memo.triton_calls.put((*key[:-1], _template(args, False)), call)
   return call(*[a for a, passed in zip(merged, call.passed) if passed])
+
+
+def _file_plain(plain, call, args, scalars) -> bool:
+  """Files ``call`` under ``plain``, with the values of the scalars compiled
+  in where there are any: filed? Equal floats are the same kernel argument
+  but for zeros' signs, and a NaN equals nothing: such a value is not."""
+  fixed = tuple(i for i in scalars if not call.passed[i])
+  if not fixed:
+    _memo.triton_calls.put(plain, call)
+    return True
+  if any(type(args[i]) is float and not 0.0 != args[i] == args[i]  # pylint: disable=unidiomatic-typecheck
+         for i in fixed):
+    return False
+  entry = _memo.triton_calls.get(plain)
+  if type(entry) is not _Fixed or entry.positions != fixed:  # pylint: disable=unidiomatic-typecheck
+    entry = _Fixed(fixed)
+    _memo.triton_calls.put(plain, entry)
+  _memo.triton_calls.put((entry, entry.values(args)), call)
+  return True
 
 
 def _with_options(

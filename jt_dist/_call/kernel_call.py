@@ -70,9 +70,9 @@ class KernelCall:
     # device= moves uncommitted operands before the call.
     self._eager_first = device is not None
     # Position -> dtype of each scalar passed at call time.
-    self._slots = self._runtime_slots() if runtime_scalars else {}
+    self.slots = self._runtime_slots() if runtime_scalars else {}
     # Per positional argument: whether the caller passes it at call time.
-    self.passed = tuple(s is OPERAND or i in self._slots
+    self.passed = tuple(s is OPERAND or i in self.slots
                         for i, s in enumerate(self.statics))
     self.passed_all = all(self.passed)
     # The slice of the arguments passed, where they lead (x, y, n); else None.
@@ -81,7 +81,7 @@ class KernelCall:
     # Every operand is the primitive's, and a committed one places the call
     # even where nothing reads it (outputs that are all empty).
     self._jitted = jax.jit(
-        self._traced_runtime if self._slots else self._traced,
+        self._traced_runtime if self.slots else self._traced,
         keep_unused=True)
     # A rule splits concrete operands by their shardings, which a trace
     # sees only on explicit mesh axes: the layout found on them is static.
@@ -92,9 +92,9 @@ class KernelCall:
     self._sync = _settings.sync_launches()
     # Whether a call on concrete operands is jax's dispatch alone (the front
     # door then calls it so); with runtime scalars, at top level only.
-    self.direct = not (self._slots or self._split or self._eager_first
+    self.direct = not (self.slots or self._split or self._eager_first
                        or self._sync)
-    self._plain_at_top = bool(self._slots) and not self._sync
+    self._plain_at_top = bool(self.slots) and not self._sync
 
   def made_for(self, kernel: Any) -> bool:
     """Whether this call is ``kernel``'s, made for its current source."""
@@ -107,7 +107,7 @@ class KernelCall:
   def takes_at_run_time(self, args: Sequence[Any]) -> bool:
     """Whether ``args``' scalars all come at run time, of this call's types."""
     return all(runtime_dtype(args[i]) == dtype
-               for i, dtype in self._slots.items())
+               for i, dtype in self.slots.items())
 
   def _runtime_slots(self) -> dict[int, np.dtype]:
     """Position -> dtype of the scalars that can come at call time, or {}.
@@ -155,7 +155,7 @@ class KernelCall:
 
   def _traced_runtime(self, *operands):
     """The call with its scalars as ``runtime_scalar``s, of Triton's types."""
-    return self._local(operands, self._slots)
+    return self._local(operands, self.slots)
 
   def _local(self, operands, slots=None, **where):
     """``local_call.call`` of this call on ``operands``."""
@@ -174,7 +174,7 @@ class KernelCall:
         return self._jitted(*operands)
       except Exception as e:  # pylint: disable=broad-except
         raise_failure(e, self._args(operands), self)
-    if _traced_within(operands) or (self._slots
+    if _traced_within(operands) or (self.slots
                                     and not _compat.at_top_level()):
       # Inside the caller's trace the primitive is bound where the caller
       # can see it (its jaxpr, its transformations), as jax's own are; its

@@ -195,7 +195,7 @@ class CallTest(testing.TestCase):
   def test_constant_operand_beside_a_sharded_one_under_jit(self, make):
     # The constant is no tracer: it is laid out as the plan wants too.
     mesh = jax.make_mesh((2,), ("x",), axis_types=(AxisType.Explicit,),
-                         devices=jax.devices()[:2])
+                         devices=self.devices(2))
     x = jax.device_put(self.random((64,)), NamedSharding(mesh, P("x")))
     y = make(self.random((64,)))
     call = lambda a: jt_dist.triton_call(

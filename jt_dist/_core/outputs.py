@@ -229,7 +229,7 @@ def _bind_04(info, args, kinds, out_shapes, metaparams, aliases):
   # The 0.3.1 reading has warned of deprecated scalars already.
   operands, constexprs = _positional.bind_positional(info, args, kinds, 0,
                                                   warn=False)
-  pairs = _translate(info, operands, aliases or {}, len(out_shapes))
+  pairs = _translate(operands, aliases or {}, len(out_shapes))
   aliased = {o for _, o in pairs}
   bound = {op.name for op in operands} | set(constexprs) | set(metaparams)
   free = [p for p in info.params[len(args):]
@@ -261,7 +261,7 @@ def _checked(info, args, operands, constexprs, out_shapes, metaparams,
       aliases, _pytree_args.array_leaves(args), out_shapes)
 
 
-def _translate(info, operands, aliases, n_outputs):
+def _translate(operands, aliases, n_outputs):
   """0.4's alias keys (non-constexpr operands) as array argument indices."""
   pairs = []
   for key, out in dict(aliases).items():

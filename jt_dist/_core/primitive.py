@@ -3,8 +3,6 @@
 ``jt_dist._cpu``, ``_gpu`` and ``_vmap`` register their own rules on it.
 """
 
-from __future__ import annotations
-
 from jax.extend import core as jex_core
 from jax.interpreters import ad
 

@@ -119,7 +119,7 @@ def _kernel_args(spec, buffers, checker):
 
 
 def run_on_host(spec, *arrays):
-  """The ``jax.pure_callback`` route, where buffer callbacks are absent."""
+  """The ``jax.pure_callback`` route: off the CPU, or for several platforms."""
   outputs = [np.empty(shape, dtype) for shape, dtype in spec.out_shapes]
   _launch(spec, [np.ascontiguousarray(a) for a in arrays], outputs)
   return tuple(outputs)
@@ -206,12 +206,11 @@ def _name_the_kernel(error, spec) -> None:
 
 def _host_call(*arrays, spec, platform):
   result_shapes = [jax.ShapeDtypeStruct(s, d) for s, d in spec.out_shapes]
-  buffer_callback = _compat.host_buffer_callback()
   # A call with side effects is kept by XLA when its results are unused.
-  if platform == "cpu" and buffer_callback is not None:
-    return buffer_callback(functools.partial(_fill_buffers, spec),
-                           result_shapes,
-                           has_side_effect=spec.has_side_effect)(*arrays)
+  if platform == "cpu":
+    return _compat.host_buffer_callback()(
+        functools.partial(_fill_buffers, spec), result_shapes,
+        has_side_effect=spec.has_side_effect)(*arrays)
   callback = functools.partial(run_on_host, spec)
   if spec.has_side_effect:
     return io_callback(callback, result_shapes, *arrays, ordered=False)
@@ -236,7 +235,6 @@ def cpu_lowering(ctx, *args, spec):
   _check_supported(spec)
   platform = platforms[0] if len(platforms) == 1 else None
   if (spec.cost_estimate and platform == "cpu"
-      and _compat.host_buffer_callback() is not None
       and _ffi_target.ensure_registered()):
     return _own_target_call(ctx, *args, spec=spec)
   return mlir.lower_fun(

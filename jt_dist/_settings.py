@@ -95,11 +95,9 @@ def _number(name: str, default, convert: Callable[[str], Any]):
   raw = os.environ.get(name, "")
   if not raw.strip():
     return default
-  try:
+  with contextlib.suppress(ValueError):
     if (value := convert(raw)) > 0:
       return value
-  except ValueError:
-    pass
   kind = "whole number" if convert is int else "number"
   raise ValueError(
       f"{name}={raw!r} is not a positive {kind}. Set it to one, e.g."

@@ -85,7 +85,6 @@ def forget_autotune_choices(kernel: Any = None) -> int:
     How many choices were forgotten, in memory and on disk together (files
     left alone are not counted).
   """
-  name = None if kernel is None else _choose.kernel_name(kernel)
-  count = _store.forget(name)
+  count = _store.forget(None if kernel is None else _choose.kernel_name(kernel))
   jax.clear_caches()  # As pin_autotune_config does.
   return count

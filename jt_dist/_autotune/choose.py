@@ -52,9 +52,7 @@ _lock = threading.Lock()  # For both.
 
 def kernel_name(kernel: Any) -> str:
   """The name pins and choices are filed under: the Python function's."""
-  if isinstance(kernel, str):
-    return kernel
-  return _kernel.kernel_info(kernel).name
+  return kernel if isinstance(kernel, str) else _kernel.kernel_info(kernel).name
 
 
 def pin(kernel: Any, fields: dict[str, Any] | None) -> None:

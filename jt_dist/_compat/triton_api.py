@@ -41,9 +41,7 @@ def is_triton_function(fn: Any) -> bool:
 
 def jit_function_of(fn: Any) -> JITFunction:
   """A ``JITFunction`` for a ``JITFunction`` or ``InterpretedFunction``."""
-  if isinstance(fn, JITFunction):
-    return fn
-  return jit_function_for(fn.fn)
+  return fn if isinstance(fn, JITFunction) else jit_function_for(fn.fn)
 
 
 def triton_launcher_scalar_type(value: Any) -> str | None:

@@ -106,14 +106,12 @@ def _kernel_info(kernel: Any) -> KernelInfo:
         f" wrapped by @triton.autotune or @triton.heuristics; got"
         f" {_describe(kernel)}{inner}. Decorate the kernel's Python function"
         " with @triton.jit.")
-  jit_fn = _compat.jit_function_of(obj)
-  params = tuple(
+  return KernelInfo(layers=tuple(layers), fn=obj, params=tuple(
       Param(name=p.name, is_constexpr=bool(p.is_constexpr),
             has_default=bool(p.has_default),
             default=p.default if p.has_default else None,
             annotation=str(getattr(p, "annotation_type", "") or ""))
-      for p in jit_fn.params)
-  return KernelInfo(layers=tuple(layers), fn=obj, params=params)
+      for p in _compat.jit_function_of(obj).params))
 
 
 kernel_info.cache_clear = _kernel_info.cache_clear

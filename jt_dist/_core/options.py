@@ -140,9 +140,8 @@ class CallOptions:
   tensor_descriptors: tuple = ()
 
   def with_descriptors(self, descriptors) -> "CallOptions":
-    if not descriptors:
-      return self
-    return dataclasses.replace(self, tensor_descriptors=tuple(descriptors))
+    return (dataclasses.replace(self, tensor_descriptors=tuple(descriptors))
+            if descriptors else self)
 
   def with_refs(self, ref_inputs) -> "CallOptions":
     return dataclasses.replace(self, ref_inputs=tuple(ref_inputs))

@@ -241,8 +241,7 @@ def _bind_04(info, args, kinds, out_shapes, metaparams, aliases):
         f"{len(unaliased)} outputs not aliased to an input bind parameters"
         f" no argument binds, but only {len(free)} are left:"
         f" {[p.name for p in free]}.")
-  for k, param in zip(unaliased, free):
-    operands.append(_output(param.name, k, out_shapes))
+  operands += [_output(p.name, k, out_shapes) for k, p in zip(unaliased, free)]
   operands.sort(key=lambda op: info.param_names.index(op.name))
   return _checked(info, args, operands, constexprs, out_shapes, metaparams,
                   dict(pairs))

@@ -82,10 +82,9 @@ def resolve(args: Sequence[Any], metaparams: Mapping[str, Any]):
   args too) resolved."""
   new_args = [_resolved(a, args, f"triton_call: args[{i}]")
               for i, a in enumerate(args)]
-  new_meta = {k: v.resolve(args, f"triton_call: metaparam {k}")
-              if isinstance(v, ShardSize) else v
-              for k, v in metaparams.items()}
-  return new_args, new_meta
+  return new_args, {k: v.resolve(args, f"triton_call: metaparam {k}")
+                    if isinstance(v, ShardSize) else v
+                    for k, v in metaparams.items()}
 
 
 def _resolved(arg: Any, args: Sequence[Any], where: str) -> Any:

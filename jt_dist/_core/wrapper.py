@@ -68,8 +68,7 @@ def make_kernel(base_fn: Any, source: str, p: str, what: str,
                "__name__": python_fn.__module__, **(scope or {})}
   # dont_inherit: this module's `from __future__ import annotations` would
   # turn the constexpr annotations into strings, which Triton misreads.
-  code = compile(source, filename, "exec", dont_inherit=True)
-  exec(code, namespace)  # pylint: disable=exec-used
+  exec(compile(source, filename, "exec", dont_inherit=True), namespace)  # pylint: disable=exec-used
   wrapper = namespace[python_fn.__name__]
   wrapper.__qualname__ = qualname
   if not isinstance(base_fn, _compat.JITFunction):

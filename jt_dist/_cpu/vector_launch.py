@@ -148,8 +148,7 @@ class Launch:
   def _chunks(self, builder, journal):
     """Runs the chunks in order: (first program not run or None, chunks)."""
     count = 0
-    chunks = _chunk_ranges(self.key, self.programs)
-    for count, programs in enumerate(chunks, 1):
+    for count, programs in enumerate(_chunk_ranges(self.key, self.programs), 1):
       builder.set_programs(programs)
       try:
         with _measured(self.key, programs):
@@ -192,11 +191,10 @@ class Launch:
 def _call_args(executor, args, kwargs) -> dict:
   """The kernel's arguments by name, as upstream's executor passes them."""
   kwargs = {k: v for k, v in kwargs.items() if k in executor.arg_names}
-  call_args = inspect.getcallargs(executor.fn, *args, **kwargs)
   return {
       name: arg if name in executor.constexprs
       else _interpreter.implicit_cvt(arg)
-      for name, arg in call_args.items()
+      for name, arg in inspect.getcallargs(executor.fn, *args, **kwargs).items()
   }
 
 

@@ -64,9 +64,8 @@ class CompiledKernel:
 
   def to_entry(self) -> tuple[dict[str, Any], bytes]:
     """A disk cache entry: the metadata, and both binaries as one blob."""
-    metadata = self.metadata()
-    metadata["object_file_size"] = len(self.object_file)
-    return metadata, self.binary + self.object_file
+    return ({**self.metadata(), "object_file_size": len(self.object_file)},
+            self.binary + self.object_file)
 
   @classmethod
   def from_entry(cls, metadata: dict[str, Any], blob: bytes):

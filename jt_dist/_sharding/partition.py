@@ -76,9 +76,8 @@ def find_layout(args: Sequence[Any], rule, where: str) -> Layout | None:
     mesh = None if ambient.empty else ambient
   if mesh is None or not _split_axes(mesh):
     return None
-  specs = [_specs.infer_spec(x, mesh) for _, x in arrays]
-  auto = traced and _auto_axes(mesh, rule, where)
-  return Layout(mesh, tuple(specs), auto=auto)
+  return Layout(mesh, tuple(_specs.infer_spec(x, mesh) for _, x in arrays),
+                auto=traced and _auto_axes(mesh, rule, where))
 
 
 def _auto_axes(mesh, rule, where: str) -> bool:

@@ -300,8 +300,7 @@ def _suggest_specs(outputs: _Outputs, k: int, spec: P) -> str:
     return f"out_specs={_spec_text(spec)}"
   leaves = [_Shown(_spec_text(spec if j == k else s))
             for j, s in enumerate(outputs.specs)]
-  tree = jax.tree_util.tree_unflatten(outputs.out_tree, leaves)
-  return f"out_specs={tree!r}"
+  return f"out_specs={jax.tree_util.tree_unflatten(outputs.out_tree, leaves)!r}"
 
 
 def _spec_text(spec: P) -> str:

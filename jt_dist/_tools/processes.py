@@ -33,10 +33,9 @@ def configure_cpu_devices(count: int = 8) -> None:
   Args:
     count: the number of CPU devices to create.
   """
-  try:
+  # Backends already initialised keep what they have.
+  with contextlib.suppress(RuntimeError):
     jax.config.update("jax_num_cpu_devices", _settings.cpu_devices(count))
-  except RuntimeError:
-    pass  # Backends already initialised: keep what they have.
 
 
 # run_processes' protocol with its processes; no user sets it (not settings).

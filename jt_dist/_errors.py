@@ -154,11 +154,9 @@ def call_user(fn: Callable[..., Any], role: str, *args: Any,
 
 
 def raise_if_scalar_pointer(error: Exception, spec, shapes) -> None:
-  """Raises a ``KernelTypeError`` naming 0-d arrays a kernel used as numbers.
-
-  A 0-d array binds a pointer parameter (as in jax-triton), and Triton's
-  ``error`` about pointers or a static assert does not name the parameter.
-  """
+  """Raises a ``KernelTypeError`` naming 0-d arrays a kernel used as numbers:
+  a 0-d array binds a pointer parameter (as in jax-triton), and Triton's
+  ``error`` about pointers or a static assert does not name the parameter."""
   # Triton chains errors from called functions (tl.rand's static assert).
   chain, cause = [], error
   while cause is not None and len(chain) < 8:

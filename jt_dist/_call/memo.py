@@ -17,11 +17,9 @@ from jt_dist._core import exact as _exact
 
 
 class Memo:
-  """A bounded map; the oldest entry goes first when it is full.
-
-  Its bound is ``jt_dist._settings.dispatch_entries()``, asked at each put
-  and trim (``configure_cache`` trims the memos when it changes it).
-  """
+  """A bounded map; the oldest entry goes first when it is full. Its bound,
+  ``jt_dist._settings.dispatch_entries()``, is asked at each put and trim
+  (``configure_cache`` trims the memos when it changes it)."""
 
   def __init__(self):
     self._entries: dict[Any, Any] = {}
@@ -67,12 +65,10 @@ def out_key(out_shape: Any) -> Any:
 
 
 def grid_key(grid: Any) -> Any:
-  """The key of a grid: its values, or a callable's code and closure.
-
-  An inline lambda is a new object per call with the same code; its
-  closure's and defaults' values tell two lambdas apart. Raises TypeError
-  for a closure over an unhashable value: the caller then keys nothing.
-  """
+  """The key of a grid: its values, or a callable's code and closure (an
+  inline lambda is a new object per call with the same code; its closure's
+  and defaults' values tell two lambdas apart). Raises TypeError for a
+  closure over an unhashable value: the caller then keys nothing."""
   if type(grid) is tuple:  # pylint: disable=unidiomatic-typecheck
     return _exact.plain_tuple_key(grid)
   code = getattr(grid, "__code__", None)

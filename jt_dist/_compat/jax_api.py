@@ -99,11 +99,9 @@ def varying_axes(aval) -> frozenset:
 
 
 def register_dce_rule(primitive, keep: Callable[[Any], bool]) -> None:
-  """Drops an equation with no used output unless ``keep(eqn)``.
-
-  ``dce_rules`` take ``(used_outputs, eqn)`` on jax 0.10, and
-  ``(used_outputs, live_inputs, eqn)`` on 0.12.
-  """
+  """Drops an equation with no used output unless ``keep(eqn)``. ``dce_rules``
+  take ``(used_outputs, eqn)`` on jax 0.10, and ``(used_outputs,
+  live_inputs, eqn)`` on 0.12."""
   from jax.interpreters import partial_eval  # pylint: disable=g-import-not-at-top
 
   def rule(used_outputs, *rest):
@@ -173,11 +171,9 @@ def distributed_client():
 
 
 def host_buffer_callback():
-  """``jax.experimental.buffer_callback.buffer_callback`` (in every jax).
-
-  It passes the host buffers as they are; ``jax.pure_callback`` copies big
-  ones (102,400+ bytes, jaxlib 0.10) on the devices' thread pool, which a
-  collective after the callback can deadlock (XLA then aborts).
-  """
+  """``jax.experimental.buffer_callback.buffer_callback`` (in every jax): it
+  passes the host buffers as they are; ``jax.pure_callback`` copies big ones
+  (102,400+ bytes, jaxlib 0.10) on the devices' thread pool, which a
+  collective after the callback can deadlock (XLA then aborts)."""
   from jax.experimental import buffer_callback  # pylint: disable=g-import-not-at-top
   return buffer_callback.buffer_callback

@@ -70,11 +70,9 @@ def is_scalar(value: Any) -> bool:
 
 
 def scalar_type(value: Any) -> str | None:
-  """Triton's type for a scalar argument; None for an int over 64 bits.
-
-  Ints as Triton's launcher types them, floats as jax-triton 0.4 does: fp32
-  where float32 holds them (``np.float32``/``np.float16`` always), else fp64.
-  """
+  """Triton's type for a scalar argument; None for an int over 64 bits. Ints
+  as Triton's launcher types them, floats as jax-triton 0.4 does: fp32 where
+  float32 holds them (``np.float32``/``np.float16`` always), else fp64."""
   if isinstance(value, (bool, np.bool_)):
     return "i1"
   if isinstance(value, (int, np.integer)):

@@ -242,12 +242,10 @@ class SharedMemoryError(ValueError):
 def compiled_kernel(spec, launch, target: _target.Target,
                     object_file: bool | None = None
                     ) -> tuple[CompiledKernel, Specialization]:
-  """The compiled kernel of ``launch``, from the caches or from Triton.
-
-  ``debug=True`` and ``JT_DIST_DUMP_DIR`` bypass the caches, so the IRs are
-  printed or dumped. ``object_file`` (a CUBIN too): by default where jaxlib
-  loads one.
-  """
+  """The compiled kernel of ``launch``, from the caches or from Triton
+  (``debug=True`` and ``JT_DIST_DUMP_DIR`` bypass the caches, so the IRs are
+  printed or dumped); ``object_file`` (a CUBIN too): where jaxlib loads one
+  by default."""
   if object_file is None:
     object_file = (target.platform == "cuda"
                    and _compat.jaxlib_takes_module_image())

@@ -44,11 +44,9 @@ _hsaco_dir: tempfile.TemporaryDirectory | None = None
 
 @dataclasses.dataclass(frozen=True)
 class ProtoChoices:
-  """What the serialised call carries besides what jaxlib needs.
-
-  Each launch's host time grows by 0.04-0.17 µs per serialised KiB
-  (benchmarks/dispatch_profile.py, 2x H200): unread bytes are left out.
-  """
+  """What the serialised call carries besides what jaxlib needs: each
+  launch's host time grows by 0.04-0.17 µs per serialised KiB
+  (benchmarks/dispatch_profile.py, 2x H200), so unread bytes are left out."""
 
   # The CUBIN, on the FFI target only (the legacy one hashes it per launch).
   module_images: bool = True

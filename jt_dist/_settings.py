@@ -169,8 +169,7 @@ def autotune_timeout_s() -> float:
 
 def autotune_pins() -> dict[str, dict[str, Any]]:
   """The configs pinned from the environment: kernel name -> fields."""
-  text = os.environ.get(AUTOTUNE_PIN, "").strip()
-  if not text:
+  if not (text := os.environ.get(AUTOTUNE_PIN, "").strip()):
     return {}
   try:
     pins = json.loads(text)

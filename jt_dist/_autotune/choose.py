@@ -150,8 +150,7 @@ def _measure(spec, avals, device) -> list[float | None]:
       else np.zeros(a.shape, np.dtype(a.dtype)), device) for a in avals]
   results = [_compile(spec, i, inputs) for i in range(len(spec.launches))]
   compiled = [c for c, _ in results]
-  ran = [i for i, c in enumerate(compiled) if c is not None]
-  if not ran:
+  if not (ran := [i for i, c in enumerate(compiled) if c is not None]):
     first = results[0][1]
     raise _errors.AutotuneError(
         f"triton_call: no autotuning config of kernel {spec.info.name!r}"
@@ -194,8 +193,7 @@ def _decide(spec, avals, device, platform, key) -> _store.AutotuneChoice:
 
 
 def _client(spec):
-  client = _compat.distributed_client()
-  if client is None:
+  if (client := _compat.distributed_client()) is None:
     raise _errors.AutotuneError(
         f"triton_call: kernel {spec.info.name!r}{_errors.process_note()} is"
         " autotuned in a multi-process run without jax.distributed's"
@@ -256,8 +254,7 @@ def _choose(spec, avals, device, platform) -> _store.AutotuneChoice:
   key = _cache.content_key({**parts, "device_kind": kind})
   multi = jax.process_count() > 1
   if multi and jax.process_index() != 0:
-    choice = _store.recalled(key)
-    if choice is None:
+    if (choice := _store.recalled(key)) is None:
       choice = _receive(spec, share_key, kind, key)
       _store.save(choice)
     return choice
@@ -299,8 +296,7 @@ def for_lowering(ctx, spec, platform: str):
   device = None if jaxlib else _local_device(ctx, platform)
   if device is None:
     # A pin needs no device: jaxlib's mode and cross-lowering run it too.
-    pinned = _pinned(spec, "unknown", "")
-    if pinned is not None:
+    if (pinned := _pinned(spec, "unknown", "")) is not None:
       return single(spec, pinned.index)
     _leave_to_jaxlib(spec, platform, jaxlib)
     return spec

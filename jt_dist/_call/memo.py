@@ -71,8 +71,7 @@ def grid_key(grid: Any) -> Any:
   closure over an unhashable value: the caller then keys nothing."""
   if type(grid) is tuple:  # pylint: disable=unidiomatic-typecheck
     return _exact.plain_tuple_key(grid)
-  code = getattr(grid, "__code__", None)
-  if code is None:
+  if (code := getattr(grid, "__code__", None)) is None:
     return _exact.key(grid)
   cells = tuple(c.cell_contents for c in (grid.__closure__ or ()))
   return code, _exact.key(cells), _exact.key(grid.__defaults__)

@@ -73,8 +73,7 @@ def mesh_devices(mesh: Any) -> tuple:
 
 def mesh_platform(mesh: Any) -> str | None:
   """The platform of a mesh's (or an AbstractMesh's) devices, or None."""
-  devices = mesh_devices(mesh)
-  if devices:
+  if devices := mesh_devices(mesh):
     return devices[0].platform
   return getattr(getattr(mesh, "abstract_device", None), "platform", None)
 

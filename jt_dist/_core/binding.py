@@ -35,13 +35,11 @@ def _check_complete(info, positional_names, config, operands, n_args):
   """The config and the operands bind every parameter without a default once."""
   names = [k for k, _ in config.kwargs]
   seen = collections.Counter([*positional_names, *names])
-  unknown = [k for k in names if k not in info.param_by_name]
-  if unknown:
+  if unknown := [k for k in names if k not in info.param_by_name]:
     raise _positional.binding_error(
         info, f"autotuning config ({config.label}) sets {unknown}, which are"
         " not parameters of the kernel.")
-  twice = [name for name, count in seen.items() if count > 1]
-  if twice:
+  if twice := [name for name, count in seen.items() if count > 1]:
     raise _positional.binding_error(
         info, f"{twice} are bound twice (config: {config.label}).")
   missing = [p.name for p in info.params

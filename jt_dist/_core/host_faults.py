@@ -42,8 +42,7 @@ def file(error: BaseException) -> HostFault:
 
 def raise_original(error: BaseException) -> None:
   """Raises the kernel's own exception behind ``error``, if one was filed."""
-  match = _TOKEN.search(str(error))
-  if match is None:
+  if (match := _TOKEN.search(str(error))) is None:
     return
   with _LOCK:  # A filed exception is forgotten once taken.
     original = _filed.pop(int(match.group(1)), None)

@@ -86,8 +86,7 @@ def kernel_info(kernel: Any) -> KernelInfo:
     with _compat.LANGUAGE_LOCK:
       return _kernel_info(kernel)
   except AttributeError as e:
-    missing = _compat.missing_gluon_api(kernel, e)
-    if missing is None:
+    if (missing := _compat.missing_gluon_api(kernel, e)) is None:
       raise
     raise missing from e
 

@@ -130,8 +130,7 @@ def _leaf_operands(param, arg, leaves):
 def _scalar_type(info, i, param, value, warn=True) -> str:
   """``value``'s type for ``param``: its annotation's, else the value's.
   A value must fit the type its parameter declares (``n: tl.int32``)."""
-  bounds = _types.INT_RANGES.get(param.annotation)
-  if bounds is not None:
+  if (bounds := _types.INT_RANGES.get(param.annotation)) is not None:
     if not isinstance(value, (int, np.integer, bool, np.bool_)):
       raise TypeError(
           f"triton_call: args[{i}] = {value!r} of type"

@@ -91,8 +91,7 @@ def _handle(frame_pointer):
     return None  # Nothing readable to report through.
   try:
     index = _index_attribute(frame.attrs)
-    call = _CALLS.get(index)
-    if call is None:
+    if (call := _CALLS.get(index)) is None:
       raise RuntimeError(
           f"jt_dist: no CPU kernel for custom call index {index}: the"
           " executable was not lowered in this process (a deserialized CPU"

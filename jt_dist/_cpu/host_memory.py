@@ -47,8 +47,7 @@ class HostMemory:
     """``load`` at byte ``offsets`` into buffer ``k``, as checked; the
     offsets are the caller's scratch, overwritten."""
     dtype = np.dtype(dtype)
-    found = self._at(k, offsets, dtype, in_place=True)
-    if found is None:
+    if (found := self._at(k, offsets, dtype, in_place=True)) is None:
       return self._native.load(self._real(k, offsets), mask, other, dtype)
     return _gather(*found, mask, other)
 
@@ -72,15 +71,13 @@ class HostMemory:
 
   def load(self, ptrs, mask, other, dtype):
     ptrs = np.asarray(ptrs)
-    found = self._buffer(ptrs, np.dtype(dtype).itemsize)
-    if found is None:
+    if (found := self._buffer(ptrs, np.dtype(dtype).itemsize)) is None:
       return self._native.load(ptrs, mask, other, dtype)
     return self.load_at(*found, mask, other, dtype)
 
   def store(self, ptrs, values, mask):
     ptrs, values = np.asarray(ptrs), np.asarray(values)
-    found = self._buffer(ptrs, values.dtype.itemsize)
-    if found is None:
+    if (found := self._buffer(ptrs, values.dtype.itemsize)) is None:
       return self._native.store(ptrs, values, mask)
     return self.store_at(*found, values, mask)
 

@@ -133,8 +133,7 @@ class Loop(_Region):
     if (step == 0).any():
       raise ValueError("range() arg 3 must not be zero")
     trips = np.maximum(-((lo - hi) // step), 0)  # As len(range(lo, hi, step)).
-    active = self.masks.current
-    if active is not None:
+    if (active := self.masks.current) is not None:
       trips = np.where(active, trips, 0)
     shared = _uniform(lo, active) and _uniform(step, active)
     for k in range(int(trips.max(initial=0))):
@@ -265,8 +264,7 @@ class Branch(_Region):
 
 def enter():
   """A function frame, whose returns retire programs from it."""
-  masks = _masks()
-  if masks is None:
+  if (masks := _masks()) is None:
     return None
   masks.stack.append(masks.current)
   masks.frames.append(len(masks.stack) - 1)

@@ -150,8 +150,7 @@ def _in_parameter_order(spec, args, kwargs):
 def _launch(spec, inputs, outputs):
   """Runs the kernel; any fault (Ctrl-C too) is filed for the front door."""
   try:
-    key = _first_time(_logged_kernels, spec)
-    if key is not None:
+    if (key := _first_time(_logged_kernels, spec)) is not None:
       logger.info(
           "jt_dist: kernel %s runs through Triton's interpreter on the CPU"
           " (%d program instances per launch); expect it to be slow.",
@@ -179,8 +178,7 @@ def _launch(spec, inputs, outputs):
 
 def _check_all_written(spec, checker) -> None:
   """Warns once per kernel of unwritten outputs (raises with ``debug``)."""
-  unwritten = checker.unwritten_outputs()
-  if not unwritten:
+  if not (unwritten := checker.unwritten_outputs()):
     return
   message = " ".join(checker.unwritten_message(k, elements)
                      for k, elements in unwritten)

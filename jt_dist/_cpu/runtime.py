@@ -65,8 +65,7 @@ def run(python_fn, grid: tuple[int, int, int], args, kwargs, checker=None,
   except _compat.InterpreterError as e:
     if isinstance(e.__cause__, _KERNEL_FAULTS):
       raise e.__cause__ from None
-    refused = _math_refusal(e.__cause__, python_fn.__name__)
-    if refused is not None:
+    if (refused := _math_refusal(e.__cause__, python_fn.__name__)) is not None:
       raise refused from None
     raise
 

@@ -82,8 +82,7 @@ class VectorBuilder(_interpreter.InterpreterBuilder):
 
   def active(self, mask):
     """``mask`` (a per-lane bool array) and the active programs."""
-    active = self.masks.current
-    if active is None:
+    if (active := self.masks.current) is None:
       return mask
     mask = np.asarray(mask, dtype=bool)
     return mask & active.reshape((-1,) + (1,) * (mask.ndim - 1))
@@ -119,8 +118,7 @@ class VectorBuilder(_interpreter.InterpreterBuilder):
 
   def create_atomic_cas(self, ptr, cmp, val, *args, **kwargs):
     p, c, v = _with_programs([ptr.data, cmp.data, val.data], self.programs)
-    rows = self.masks.current
-    if rows is None:
+    if (rows := self.masks.current) is None:
       return super().create_atomic_cas(
           TensorHandle(p, ptr.dtype), TensorHandle(c, cmp.dtype),
           TensorHandle(v, val.dtype), *args, **kwargs)

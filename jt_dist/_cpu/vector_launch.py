@@ -303,8 +303,7 @@ def _chunk_ranges(key, total: int) -> Iterator[range]:
 
 
 def _next_size(key) -> int:
-  estimate = _estimates.get(key)
-  if estimate is None:
+  if (estimate := _estimates.get(key)) is None:
     return 1
   size = max(1, int(WORKING_MEMORY_BOUND * _TARGET_FRACTION
                     // estimate.per_program))
@@ -314,8 +313,7 @@ def _next_size(key) -> int:
 @contextlib.contextmanager
 def _measured(key, programs: range):
   """Runs the block as chunk ``programs``, measuring it where needed."""
-  estimate = _estimates.get(key)
-  if estimate is None:
+  if (estimate := _estimates.get(key)) is None:
     with _values_bytes() as counted:
       yield
     nbytes, traced = counted[0] * _TEMPORARIES, False

@@ -141,8 +141,7 @@ def check_traced(args: Sequence[Any], kernel_name: str) -> None:
       continue
     manual = _specs.manual_axes(mesh)
     sharding = _specs.sharding_of(x)
-    axes = frozenset(_specs.spec_axes(sharding.spec)) - manual
-    if axes:
+    if axes := frozenset(_specs.spec_axes(sharding.spec)) - manual:
       sizes = ", ".join(f"{a}={mesh.shape[a]}" for a in sorted(axes))
       where = ("inside a shard_map manual over only"
                f" {sorted(manual)}" if manual else "outside shard_map")

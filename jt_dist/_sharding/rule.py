@@ -26,8 +26,7 @@ def _parse_group(text: str, where: str, rule: str) -> tuple[str, ...]:
           f"ShardingRule({rule!r}): {where} has the factor {factor!r}; a factor"
           " is a name (letters, digits, '_'), and dimensions are separated by"
           " spaces, operands by ',', e.g. 'i k, k j -> i j'.")
-  twice = sorted({f for f in factors if factors.count(f) > 1})
-  if twice:
+  if twice := sorted({f for f in factors if factors.count(f) > 1}):
     raise ValueError(
         f"ShardingRule({rule!r}): {where} uses factors {twice} for more than"
         " one of its dimensions; a mesh axis can split only one dimension of"

@@ -115,8 +115,7 @@ def leaf_specs(args, mesh, in_specs, out_shape, out_specs, rule) -> list[P]:
     split = {a for s in specs for a in _specs.spec_axes(s)}
     split |= _specs.manual_axes(mesh)
     for k, spec in enumerate(o_specs):
-      alone = [a for a in _specs.spec_axes(spec) if a not in split]
-      if alone:
+      if alone := [a for a in _specs.spec_axes(spec) if a not in split]:
         raise _errors.ShardingSpecError(_unsplit_inputs_message(
             args, specs, k, out_shapes[k][0], spec, out_tree, alone, mesh))
   return specs
@@ -220,8 +219,7 @@ def _check_varying(flat: Sequence[Any], outputs: _Outputs,
   order = [a for a in mesh.axis_names if a not in outer]
   for k, x in enumerate(flat):
     varying = _compat.varying_axes(jax.typeof(x)) & set(order)
-    missing = varying - set(_specs.spec_axes(outputs.specs[k]))
-    if missing:
+    if missing := varying - set(_specs.spec_axes(outputs.specs[k])):
       raise _errors.ShardingSpecError(_message(
           k, sorted(varying, key=order.index), sorted(missing, key=order.index),
           outputs, operands, mesh))

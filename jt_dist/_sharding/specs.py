@@ -113,14 +113,12 @@ def check_spec(where: str, shape: tuple, spec: Any, mesh) -> P:
         f" {type(spec).__name__}; pass a jax.sharding.PartitionSpec.")
   sizes = dict(mesh.shape)
   axes = spec_axes(spec)
-  unknown = [a for a in axes if a not in sizes]
-  if unknown:
+  if unknown := [a for a in axes if a not in sizes]:
     raise _errors.ShardingSpecError(
         f"sharded_triton_call: the spec {spec} of {where} names mesh axes"
         f" {unknown}, but the mesh has axes {_sizes(sizes)}. Use the mesh's"
         " axis names.")
-  twice = sorted({a for a in axes if axes.count(a) > 1})
-  if twice:
+  if twice := sorted({a for a in axes if axes.count(a) > 1}):
     raise _errors.ShardingSpecError(
         f"sharded_triton_call: the spec {spec} of {where} uses mesh axes"
         f" {twice} more than once; an axis can split at most one dimension.")

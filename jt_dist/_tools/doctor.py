@@ -63,8 +63,7 @@ def _doctor_add_kernel(x_ptr, y_ptr, n, out_ptr, BLOCK: tl.constexpr):
 
 def _driver_version() -> str:
   """The NVIDIA driver's version from nvidia-smi; "-" without one."""
-  smi = shutil.which("nvidia-smi")
-  if smi is None:
+  if (smi := shutil.which("nvidia-smi")) is None:
     return "-"
   try:
     result = subprocess.run(

@@ -173,8 +173,7 @@ def exported_versions(exported: Any) -> list[ExportedKernelCall]:
       name = mlir.ir.StringAttr(op.attributes["call_target_name"]).value
       if name not in _TARGETS:
         continue
-      call = _as_call(op)
-      if call is None:
+      if (call := _as_call(op)) is None:
         raise ExportError(
             f"exported_versions: the module has a {name!r} custom call that"
             " records no versions: it was not exported by this jt_dist."
@@ -230,8 +229,7 @@ def check_exported(exported: Any, *,
         " CUDA device. Run it on the GPU host, or pass compute_capability="
         " (e.g. 90) to check against a GPU that is not here.")
   for call in cuda_calls:
-    refused = [cc for cc in capabilities if not _runs_on(call, cc)]
-    if refused:
+    if refused := [cc for cc in capabilities if not _runs_on(call, cc)]:
       raise ExportError(
           f"check_exported: kernel(s) {', '.join(call.kernels)} were compiled"
           f" for sm_{call.compute_capability} as {call.binary.upper()},"
@@ -258,8 +256,7 @@ def _check_rocm(calls: list[ExportedKernelCall], arch: str | None) -> None:
         " device. Run it on the GPU host, or pass compute_capability= (e.g."
         " 'gfx942') to check against a GPU that is not here.")
   for call in calls:
-    refused = [a for a in archs if a != call.compute_capability]
-    if refused:
+    if refused := [a for a in archs if a != call.compute_capability]:
       raise ExportError(
           f"check_exported: kernel(s) {', '.join(call.kernels)} were"
           f" compiled for {call.compute_capability}, and an HSACO runs only"

@@ -153,8 +153,7 @@ def language_patched():
     if patch_lang is _visibility_check:
       yield  # Within a launch's patches already (the lock is reentrant).
       return
-    plan = _plan_for_launch(patch_lang)
-    if plan is None:
+    if (plan := _plan_for_launch(patch_lang)) is None:
       stack.callback(patch_lang(_probe).restore)
     else:
       for owner in plan:

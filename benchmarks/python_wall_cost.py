@@ -4,7 +4,7 @@ An eager call in a loop that syncs each time starts cold: its Python runs
 right after the thread waited for the device. This measures how that
 Python's wall time relates to its cost in a hot loop, and so what budget
 jt_dist's eager front door has under its target: an eager call at most
-``BOUND`` (1.15) times XLA's eager ``a + b``.
+``BOUND`` (1.2) times XLA's eager ``a + b``.
 
 Cases, one call and a sync each, in a fresh random order every round, in
 one process (``dispatch.py``'s 1,024-float add):
@@ -30,7 +30,7 @@ From them:
 - ``jt_dist_wall_us``: the same difference after a sync;
 - ``kernel_call_hot_us`` and ``kernel_call_wall_us``: the same for the
   held ``kernel_call``, against its jitted function (or the stub) alone;
-- ``budget_wall_us``: what 1.15x ``xla_eager`` leaves above the floor, and
+- ``budget_wall_us``: what 1.2x ``xla_eager`` leaves above the floor, and
   ``budget_hot_us``: that budget in hot microseconds (over the slope).
 
     python benchmarks/python_wall_cost.py --out benchmarks/results/h100x1/python_wall_cost.json
@@ -54,7 +54,7 @@ import triton  # pylint: disable=g-import-not-at-top,wrong-import-position
 import jt_dist  # pylint: disable=g-import-not-at-top,wrong-import-position
 from jt_dist._call import memo as _memo  # pylint: disable=g-import-not-at-top,wrong-import-position
 
-BOUND = 1.15  # The target: an eager triton_call at most 1.15x XLA's a + b.
+BOUND = 1.2  # The target: an eager triton_call at most 1.2x XLA's a + b.
 PADS = (0, 4, 16, 48)
 SIZES = {"full": {"rounds": 400, "calls": 5, "hot_calls": 2000},
          "smoke": {"rounds": 3, "calls": 2, "hot_calls": 20}}

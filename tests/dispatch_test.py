@@ -334,6 +334,11 @@ class DispatchTest(testing.TestCase):
           2**31 + 5, x, kernel=offset_kernel,
           out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype), grid=(1,),
           BLOCK=x.size), x + np.float32(2**31 + 5))),
+      # A float at run time beside an int compiled in.
+      ("fixed_and_run_time_scalars", lambda x, i: (jt_dist.triton_call(
+          x, 2.5 + i, 2**33, kernel=scale_kernel,
+          out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype), grid=(1,),
+          BLOCK=x.size), x * np.float32(2.5 + i))),
   )
   def test_repeated_plain_calls_take_no_general_key(self, call):
     x = jnp.asarray(self.random((32,)))

@@ -177,18 +177,25 @@ class CallTest(testing.TestCase):
         ["device=0 asks for one device", "is split over mesh {'x': 2}",
          "Drop device="], _matmul_call, a, b, device=0)
 
-  def test_operands_on_different_meshes(self):
+  @parameterized.named_parameters(
+      ("other_axes", (4,), ("y",), slice(0, 4),
+       "args[0] lives on mesh {'x': 2} over devices [0, 1] but args[1] on"
+       " mesh {'y': 4} over devices [0, 1, 2, 3]"),
+      # The same axes over other devices: jit's own refusal named neither.
+      ("other_devices", (2,), ("x",), slice(2, 4),
+       "args[0] lives on mesh {'x': 2} over devices [0, 1] but args[1] on"
+       " mesh {'x': 2} over devices [2, 3]"))
+  def test_operands_on_different_meshes(self, shape, names, second, message):
     devices = self.devices(4)
     m1 = jax.make_mesh((2,), ("x",), devices=devices[:2],
                        axis_types=(AxisType.Explicit,))
-    m2 = jax.make_mesh((4,), ("y",), devices=devices[:4],
+    m2 = jax.make_mesh(shape, names, devices=devices[second],
                        axis_types=(AxisType.Explicit,))
     a = jax.device_put(self.random((16, 32)), NamedSharding(m1, P("x")))
-    b = jax.device_put(self.random((32, 16)), NamedSharding(m2, P("y")))
-    self.assertRaisesParts(
-        jt_dist.ShardingSpecError,
-        ["args[0] lives on mesh {'x': 2} but args[1] on mesh {'y': 4}"],
-        _matmul_call, a, b)
+    b = jax.device_put(self.random((32, 16)), NamedSharding(m2, P(names)))
+    self.assertRaisesParts(jt_dist.ShardingSpecError,
+                           [message, "Put every operand on the same mesh"],
+                           _matmul_call, a, b)
 
   @parameterized.named_parameters(("numpy", np.asarray),
                                   ("closed_over_array", jax.numpy.asarray))

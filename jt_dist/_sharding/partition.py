@@ -64,10 +64,11 @@ def find_layout(args: Sequence[Any], rule, where: str) -> Layout | None:
             if _specs.mesh_of(x) is not None]
   mesh = meshes[0][1] if meshes else None
   for i, other in meshes[1:]:
-    if other.shape != mesh.shape:
+    if (other.shape != mesh.shape or _compat.mesh_devices(other)
+        != _compat.mesh_devices(mesh)):
       raise _errors.ShardingSpecError(
-          f"{where}: {meshes[0][0]} lives on mesh {dict(mesh.shape)} but"
-          f" {i} on mesh {dict(other.shape)}; one call runs on one"
+          f"{where}: {meshes[0][0]} lives on mesh {_describe(mesh)} but"
+          f" {i} on mesh {_describe(other)}; one call runs on one"
           " mesh. Put every operand on the same mesh with jax.device_put(x,"
           " NamedSharding(mesh, spec)) or jax.sharding.reshard.")
   traced = any(isinstance(x, jax.core.Tracer) for _, x in arrays)
@@ -78,6 +79,12 @@ def find_layout(args: Sequence[Any], rule, where: str) -> Layout | None:
     return None
   return Layout(mesh, tuple(_specs.infer_spec(x, mesh) for _, x in arrays),
                 auto=traced and _auto_axes(mesh, rule, where))
+
+
+def _describe(mesh) -> str:
+  """A mesh's axes, and its devices' ids where it has devices."""
+  ids = [d.id for d in _compat.mesh_devices(mesh)]
+  return f"{dict(mesh.shape)}" + (f" over devices {ids}" if ids else "")
 
 
 def _auto_axes(mesh, rule, where: str) -> bool:

@@ -44,7 +44,8 @@ def _tree_sum(bits, axis: int) -> np.ndarray:
     half = vals.shape[-1] // 2
     pairs = _bf16.values(_bf16.to_bits(vals[..., :half]
                                        + vals[..., half:2 * half]))
-    vals = np.concatenate([pairs, vals[..., 2 * half:]], axis=-1)
+    vals = (pairs if vals.shape[-1] == 2 * half
+            else np.concatenate([pairs, vals[..., 2 * half:]], axis=-1))
   return _bf16.to_bits(vals[..., 0])
 
 

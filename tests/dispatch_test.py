@@ -356,6 +356,20 @@ class DispatchTest(testing.TestCase):
           self.assertAllClose(out, expected)
     self.assertEqual(template.call_count, 0)
 
+  def test_a_value_compiled_in_leaves_the_run_time_call_its_key(self):
+    # 1e300 does not fit float32: compiled in, beside the call that takes
+    # the other floats at run time, which still builds no general key.
+    out = jax.ShapeDtypeStruct((), jnp.float32)
+    call = lambda s: jt_dist.triton_call(s, kernel=store_scalar_kernel,
+                                         out_shape=out, grid=(1,))
+    for s in (2.5, 3.5, 1e300):
+      self.assertEqual(float(call(s)), np.inf if s == 1e300 else s)
+    with mock.patch.object(_api, "_template",
+                           wraps=_api._template) as template:
+      for s in (4.5, 5.5):
+        self.assertEqual(float(call(s)), s)
+    self.assertEqual(template.call_count, 0)
+
   def test_kernel_source_changed(self):
     x = jnp.asarray(self.random((16,)))
     kernel = triton.jit(_times_two)

@@ -363,6 +363,11 @@ def _file_plain(plain, call, args, scalars) -> bool:
          for i in fixed):
     return False
   entry = _memo.triton_calls.get(plain)
+  if type(entry) is _kernel_call.KernelCall and entry.fresh():  # pylint: disable=unidiomatic-typecheck
+    # A call that takes these types' values at run time keeps the key
+    # (a per-step scalar); this one, for a value it cannot take (a float
+    # float32 does not hold), is found by the general key.
+    return False
   if type(entry) is not _Fixed or entry.positions != fixed:  # pylint: disable=unidiomatic-typecheck
     entry = _Fixed(fixed)
     _memo.triton_calls.put(plain, entry)

@@ -7,7 +7,8 @@ to ``os.environ`` counts from the next read on. docs/api/caches.md describes
 ``JT_DIST_CACHE_DIR``, ``JT_DIST_DISK_CACHE``, ``JT_DIST_DUMP_DIR``,
 ``JT_DIST_SYNC_LAUNCHES``, ``JT_DIST_BOUNDS_CHECK``, ``JT_DIST_VECTORIZE``,
 ``JT_DIST_AUTOTUNE``, ``JT_DIST_AUTOTUNE_CPU``, ``JT_DIST_AUTOTUNE_PIN``,
-``JT_DIST_AUTOTUNE_TIMEOUT_S`` and ``JT_DIST_CPU_DEVICES``.
+``JT_DIST_AUTOTUNE_TIMEOUT_S``, ``JT_DIST_CPU_DEVICES`` and
+``JT_DIST_PROGRESS``.
 
 Not here: ``JT_DIST_COORDINATOR``, ``JT_DIST_NUM_PROCESSES``,
 ``JT_DIST_PROCESS_ID`` and ``JT_DIST_FAILURE_FILE``, the protocol of
@@ -34,6 +35,7 @@ AUTOTUNE_CPU = "JT_DIST_AUTOTUNE_CPU"
 AUTOTUNE_PIN = "JT_DIST_AUTOTUNE_PIN"
 AUTOTUNE_TIMEOUT_S = "JT_DIST_AUTOTUNE_TIMEOUT_S"
 CPU_DEVICES = "JT_DIST_CPU_DEVICES"
+PROGRESS = "JT_DIST_PROGRESS"
 
 DEFAULT_ENTRIES = 256
 DEFAULT_TIMEOUT_S = 600.0
@@ -189,6 +191,11 @@ def autotune_pins() -> dict[str, dict[str, Any]]:
 def cpu_devices(default: int) -> int:
   """How many virtual CPU devices to ask for, ``default`` unless set."""
   return _number(CPU_DEVICES, default, int)
+
+
+def progress() -> bool:
+  """Whether long autotuning and CPU launches report their progress."""
+  return _flag(PROGRESS, True, strict=False)
 
 
 def _checked_dir(value: Any, where: str) -> str:

@@ -67,8 +67,11 @@ def plugin(platform: str):
   found = getattr(_compat.gpu_triton_module(), _PLUGIN_ATTRIBUTE[platform],
                   None)
   if not hasattr(found, "TritonKernel"):
-    hint = ("Install JAX's CUDA plugin with `pip install jt_dist[cuda12]`"
-            " or `pip install jt_dist[cuda13]`, matching your CUDA driver."
+    # jt_dist is installed from a clone, not from a package index.
+    hint = ("Install JAX's CUDA plugin, cuda12 or cuda13 to match your CUDA"
+            " driver: from jt_dist's clone, `pip install -e \".[cuda12]\"`"
+            " (or `\".[cuda13]\"`); or, for this jax,"
+            f" `pip install \"jax[cuda12]=={jax.__version__}\"`."
             if platform == "cuda"
             else "Install JAX's ROCm plugin (`pip install jax[rocm]`).")
     raise RuntimeError(

@@ -183,6 +183,15 @@ class DocsTest(parameterized.TestCase):
         self.assertTrue(found,
                         f"{module.__name__}.{name} is on no page of docs/api/")
 
+  def test_the_api_index_names_every_public_name(self):
+    path = os.path.join("docs", "api", "index.md")
+    if not os.path.exists(os.path.join(_ROOT, path)):
+      self.skipTest(f"{path} is not in this tree")
+    text = _read(path)
+    missing = [name for name in jt_dist.__all__
+               if f"`{name}`" not in text and f"`jt_dist.{name}`" not in text]
+    self.assertEqual(missing, [], f"{path}'s table leaves these out")
+
   def test_the_docs_speak_of_the_product_not_of_its_history(self):
     paths = _pages() + ["README.md", "CHANGELOG.md"]
     history = re.compile(

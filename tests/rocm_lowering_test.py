@@ -422,8 +422,12 @@ class RocmLoweringTest(util.JaxlibAutotuningMixin, cache_util.EmptyCacheMixin,
   def test_missing_plugin_errors(self):
     x, y = self._inputs()
     with mock.patch.object(_compat, "gpu_triton_module", return_value=None):
-      with self.assertRaisesRegex(RuntimeError, r"lowering for rocm.*ROCm"):
+      with self.assertRaisesRegex(RuntimeError, r"lowering for rocm.*ROCm"
+                                  ) as raised:
         _rocm_calls(lambda a, b: _add(a, b, "gfx942"), x, y)
+    # JAX's ROCm plugin follows jax's releases; no jax extra names it.
+    self.assertIn(f'`pip install "jax-rocm7-plugin=={jax.__version__}"`',
+                  str(raised.exception))
 
 
 # Lowers a call for ROCm (legacy target) and writes its backend config.

@@ -73,7 +73,8 @@ def plugin(platform: str):
             " (or `\".[cuda13]\"`); or, for this jax,"
             f" `pip install \"jax[cuda12]=={jax.__version__}\"`."
             if platform == "cuda"
-            else "Install JAX's ROCm plugin (`pip install jax[rocm]`).")
+            else "Install JAX's ROCm plugin for this jax:"
+            f" `pip install \"jax-rocm7-plugin=={jax.__version__}\"`.")
     raise RuntimeError(
         f"triton_call: lowering for {platform} needs jaxlib's Triton"
         f" custom call, which comes with JAX's {platform} plugin, and the"

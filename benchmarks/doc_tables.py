@@ -15,6 +15,7 @@ it. A quick run, or a chart that does not render, fails the build.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -67,7 +68,7 @@ def _provenance(data: dict[str, Any]) -> str:
   load = (f", load average {p['load_average']}"
           if p.get("load_average") is not None else "")
   fresh = ""
-  if p.get("code_sha256") and _code_sha256() != p["code_sha256"]:
+  if p.get("code_sha256") and code_sha256() != p["code_sha256"]:
     fresh = (" **`jt_dist/` has changed since this run**: re-run it to"
              " measure this tree.")
   return (f"Measured {p.get('date', '')} at commit `{p['commit'][:12]}`"
@@ -75,12 +76,21 @@ def _provenance(data: dict[str, Any]) -> str:
           f" {versions}.{fresh}")
 
 
-def _code_sha256() -> str | None:
-  try:
-    import timing  # pylint: disable=g-import-not-at-top
-  except ImportError:  # No jax where the docs are built: cannot say.
-    return None
-  return timing.code_sha256(_ROOT)
+def code_sha256(root: str = _ROOT) -> str:
+  """A hash of jt_dist/'s Python sources: the code a result measured.
+
+  Computed from the files, so that it is known where git is not (a copy of
+  the tree on another machine); the docs compare it with their own tree's.
+  """
+  digest = hashlib.sha256()
+  for folder, dirs, names in os.walk(os.path.join(root, "jt_dist")):
+    dirs.sort()
+    for name in sorted(n for n in names if n.endswith(".py")):
+      path = os.path.join(folder, name)
+      digest.update(os.path.relpath(path, root).replace(os.sep, "/").encode())
+      with open(path, "rb") as f:
+        digest.update(f.read())
+  return digest.hexdigest()
 
 
 def _cases(results: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:

@@ -7,7 +7,6 @@ random order every round, so that drifting clocks, host load, or the power
 state one case leaves fall on all alike.
 """
 
-import hashlib
 import importlib.metadata
 import os
 import platform
@@ -18,6 +17,8 @@ import timeit
 import jax
 import numpy as np
 
+from doc_tables import code_sha256
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -26,25 +27,6 @@ def _version(name):
     return importlib.metadata.version(name)
   except importlib.metadata.PackageNotFoundError:
     return None
-
-
-def code_sha256(root=ROOT):
-  """A hash of jt_dist/'s Python sources: the code a result measured.
-
-  Computed from the files, so that it is known where git is not (a copy of
-  the tree on another machine); the docs compare it with the tree they are
-  built from.
-  """
-  digest = hashlib.sha256()
-  package = os.path.join(root, "jt_dist")
-  for folder, dirs, names in os.walk(package):
-    dirs.sort()
-    for name in sorted(n for n in names if n.endswith(".py")):
-      path = os.path.join(folder, name)
-      digest.update(os.path.relpath(path, root).replace(os.sep, "/").encode())
-      with open(path, "rb") as f:
-        digest.update(f.read())
-  return digest.hexdigest()
 
 
 def _git(*args):

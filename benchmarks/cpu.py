@@ -19,12 +19,12 @@ case says otherwise:
   and off (``JT_DIST_BOUNDS_CHECK``), in turns.
 """
 
-import contextlib
 import os
 import statistics
 import sys
 import time
 import tracemalloc
+from unittest import mock
 
 import jax
 import jax.numpy as jnp
@@ -45,17 +45,8 @@ import matmul  # pylint: disable=g-import-not-at-top,wrong-import-position,wrong
 import softmax  # pylint: disable=g-import-not-at-top,wrong-import-position,wrong-import-order
 
 
-@contextlib.contextmanager
 def _env(name, value):
-  previous = os.environ.get(name)
-  os.environ[name] = value
-  try:
-    yield
-  finally:
-    if previous is None:
-      os.environ.pop(name)
-    else:
-      os.environ[name] = previous
+  return mock.patch.dict(os.environ, {name: value})
 
 
 def _peak_mib(call):

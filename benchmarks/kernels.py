@@ -157,21 +157,10 @@ matmul_autotuned = triton.autotune(
 )(matmul_kernel)
 
 
-add_autotuned = triton.autotune(
-    configs=[triton.Config(dict(BLOCK=block), num_warps=warps)
-             for block, warps in ((256, 2), (512, 4), (1024, 4), (2048, 8))],
-    key=["n_elements"],
-)(add_kernel)
-
-
-def add(call, x, y, n=None, autotuned=False, block=ADD_BLOCK):
+def add(call, x, y, block=ADD_BLOCK):
   """``x + y``, the size a runtime scalar (the README's quickstart form)."""
-  n = x.size if n is None else n
-  out_shape = jax.ShapeDtypeStruct(x.shape, x.dtype)
-  if autotuned:
-    return call(x, y, n, kernel=add_autotuned, out_shape=out_shape,
-                grid=lambda meta: (triton.cdiv(x.size, meta["BLOCK"]),))
-  return call(x, y, n, kernel=add_kernel, out_shape=out_shape,
+  return call(x, y, x.size, kernel=add_kernel,
+              out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
               grid=(triton.cdiv(x.size, block),), BLOCK=block)
 
 

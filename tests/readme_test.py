@@ -10,7 +10,6 @@ out, with its reason. The README's install and test commands are those
 from __future__ import annotations
 
 import importlib.util
-import json
 import os
 import re
 

@@ -1,4 +1,4 @@
-"""Kernels and calls the benchmarks share between jt_dist and jax-triton.
+"""Kernels and calls the suites share between jt_dist and jax-triton.
 
 Both libraries take the same ``triton_call`` arguments, so each call below
 is written once and given the library's ``triton_call`` as ``call``.
@@ -9,6 +9,7 @@ import jax.numpy as jnp
 import triton
 import triton.language as tl
 
+import jt_dist
 from examples import sharded_attention
 
 ADD_BLOCK = 1024
@@ -21,6 +22,57 @@ def add_kernel(x_ptr, y_ptr, n_elements, out_ptr, BLOCK: tl.constexpr):
   x = tl.load(x_ptr + offsets, mask=mask)
   y = tl.load(y_ptr + offsets, mask=mask)
   tl.store(out_ptr + offsets, x + y, mask=mask)
+
+
+@triton.jit
+def add_kw_kernel(x_ptr, y_ptr, out_ptr, n_elements: tl.constexpr,
+                  BLOCK_SIZE: tl.constexpr):
+  """jax-triton's documented form: the size is a keyword metaparam."""
+  offsets = tl.program_id(0) * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
+  mask = offsets < n_elements
+  x = tl.load(x_ptr + offsets, mask=mask)
+  y = tl.load(y_ptr + offsets, mask=mask)
+  tl.store(out_ptr + offsets, x + y, mask=mask)
+
+
+@triton.jit
+def scale_kernel(x_ptr, s, out_ptr, n_elements: tl.constexpr,
+                 BLOCK_SIZE: tl.constexpr):
+  """``x * s``: ``s`` is a per-step scalar (a learning rate, a step)."""
+  offsets = tl.program_id(0) * BLOCK_SIZE + tl.arange(0, BLOCK_SIZE)
+  mask = offsets < n_elements
+  tl.store(out_ptr + offsets, tl.load(x_ptr + offsets, mask=mask) * s,
+           mask=mask)
+
+
+@triton.jit
+def _softmax_row(input_ptr, input_row_stride, output_ptr, output_row_stride,
+                 n_cols, BLOCK_SIZE: tl.constexpr):
+  row = tl.program_id(0)
+  offsets = tl.arange(0, BLOCK_SIZE)
+  mask = offsets < n_cols
+  x = tl.load(input_ptr + row * input_row_stride + offsets, mask=mask,
+              other=-float("inf"))
+  x = tl.exp(x - tl.max(x, axis=0))
+  tl.store(output_ptr + row * output_row_stride + offsets,
+           x / tl.sum(x, axis=0), mask=mask)
+
+
+@triton.jit
+def softmax_out_first_kernel(output_ptr, input_ptr, input_row_stride,
+                             output_row_stride, n_cols,
+                             BLOCK_SIZE: tl.constexpr):
+  """Triton's fused-softmax tutorial's signature: the output first."""
+  _softmax_row(input_ptr, input_row_stride, output_ptr, output_row_stride,
+               n_cols, BLOCK_SIZE)
+
+
+@triton.jit
+def softmax_out_last_kernel(input_ptr, input_row_stride, output_row_stride,
+                            n_cols, output_ptr, BLOCK_SIZE: tl.constexpr):
+  """The same softmax with its output declared last."""
+  _softmax_row(input_ptr, input_row_stride, output_ptr, output_row_stride,
+               n_cols, BLOCK_SIZE)
 
 
 @triton.jit
@@ -105,21 +157,19 @@ matmul_autotuned = triton.autotune(
 )(matmul_kernel)
 
 
-add_autotuned = triton.autotune(
-    configs=[triton.Config(dict(BLOCK=block), num_warps=warps)
-             for block, warps in ((256, 2), (512, 4), (1024, 4), (2048, 8))],
-    key=["n_elements"],
-)(add_kernel)
+def add(call, x, y, block=ADD_BLOCK):
+  """``x + y``, the size a runtime scalar (the README's quickstart form)."""
+  return call(x, y, x.size, kernel=add_kernel,
+              out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
+              grid=(triton.cdiv(x.size, block),), BLOCK=block)
 
 
-def add(call, x, y, n=None, autotuned=False):
-  n = x.size if n is None else n
-  out_shape = jax.ShapeDtypeStruct(x.shape, x.dtype)
-  if autotuned:
-    return call(x, y, n, kernel=add_autotuned, out_shape=out_shape,
-                grid=lambda meta: (triton.cdiv(x.size, meta["BLOCK"]),))
-  return call(x, y, n, kernel=add_kernel, out_shape=out_shape,
-              grid=(triton.cdiv(x.size, ADD_BLOCK),), BLOCK=ADD_BLOCK)
+def add_kw(call, x, y, block=1024):
+  """``x + y`` as jax-triton's docs call it: the size a keyword metaparam."""
+  return call(x, y, kernel=add_kw_kernel,
+              out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
+              grid=(triton.cdiv(x.size, block),), n_elements=x.size,
+              BLOCK_SIZE=block)
 
 
 def _matmul_grid(m, n):
@@ -140,3 +190,74 @@ def matmul(call, a, b, out_dtype=None, autotuned=False):
 
 def xla_matmul(a, b):
   return jnp.dot(a, b, preferred_element_type=jnp.float32).astype(a.dtype)
+
+
+@triton.jit
+def rms_fwd_kernel(x_ptr, w_ptr, n_cols, eps, y_ptr, rstd_ptr,
+                   BLOCK: tl.constexpr):
+  row = tl.program_id(0).to(tl.int64)
+  cols = tl.arange(0, BLOCK)
+  mask = cols < n_cols
+  x = tl.load(x_ptr + row * n_cols + cols, mask=mask, other=0.0)
+  rstd = 1.0 / tl.sqrt(tl.sum(x * x, 0) / n_cols + eps)
+  w = tl.load(w_ptr + cols, mask=mask)
+  tl.store(y_ptr + row * n_cols + cols, x * rstd * w, mask=mask)
+  tl.store(rstd_ptr + row, rstd)
+
+
+@triton.jit
+def rms_bwd_kernel(x_ptr, w_ptr, rstd_ptr, dy_ptr, n_cols, dx_ptr, dw_ptr,
+                   BLOCK: tl.constexpr):
+  row = tl.program_id(0).to(tl.int64)
+  cols = tl.arange(0, BLOCK)
+  mask = cols < n_cols
+  x = tl.load(x_ptr + row * n_cols + cols, mask=mask, other=0.0)
+  dy = tl.load(dy_ptr + row * n_cols + cols, mask=mask, other=0.0)
+  w = tl.load(w_ptr + cols, mask=mask, other=0.0)
+  rstd = tl.load(rstd_ptr + row)
+  x_hat = x * rstd
+  w_dy = w * dy
+  c = tl.sum(x_hat * w_dy, 0) / n_cols
+  tl.store(dx_ptr + row * n_cols + cols, (w_dy - x_hat * c) * rstd, mask=mask)
+  tl.atomic_add(dw_ptr + cols, dy * x_hat, mask=mask)
+
+
+_EPS = 1e-6
+
+
+def _rms_forward(x, w):
+  rows, d = x.shape
+  return jt_dist.triton_call(
+      x, w, d, _EPS, kernel=rms_fwd_kernel,
+      out_shape=(jax.ShapeDtypeStruct(x.shape, x.dtype),
+                 jax.ShapeDtypeStruct((rows,), jnp.float32)),
+      grid=(rows,), BLOCK=triton.next_power_of_2(d))
+
+
+@jax.custom_vjp
+def triton_rms_norm(x, w):
+  """RMSNorm as two Triton kernels under ``jax.custom_vjp``."""
+  return _rms_forward(x, w)[0]
+
+
+def _rms_fwd(x, w):
+  y, rstd = _rms_forward(x, w)
+  return y, (x, w, rstd)
+
+
+def _rms_bwd(residuals, dy):
+  x, w, rstd = residuals
+  rows, d = x.shape
+  return jt_dist.triton_call(
+      x, w, rstd, dy, d, kernel=rms_bwd_kernel,
+      out_shape=(jax.ShapeDtypeStruct(x.shape, x.dtype),
+                 jax.ShapeDtypeStruct((d,), jnp.float32)),
+      grid=(rows,), zeroed_outputs=[1], BLOCK=triton.next_power_of_2(d))
+
+
+triton_rms_norm.defvjp(_rms_fwd, _rms_bwd)
+
+
+def jnp_rms_norm(x, w):
+  rstd = jax.lax.rsqrt(jnp.mean(x * x, axis=1, keepdims=True) + _EPS)
+  return x * rstd * w

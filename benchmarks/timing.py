@@ -1,186 +1,175 @@
-"""Timing helpers: warm up, chain launches, synchronise once, take medians."""
+"""The one timing module: what a result was measured on, and how it is timed.
 
-import argparse
+Device work is asynchronous, so every timer here synchronises before it
+reads the host clock, warms up first (compilation and caches stay out of
+the numbers), repeats, and reports medians. Cases take turns in a fresh
+random order every round, so that drifting clocks, host load, or the power
+state one case leaves fall on all alike.
+"""
+
 import importlib.metadata
-import json
 import os
 import platform
-import statistics
+import subprocess
 import time
+import timeit
 
 import jax
 import numpy as np
 
+from doc_tables import code_sha256
 
-def smoke_flags(doc, argv=None):
-  """``--out`` and ``--smoke``, parsed: the flags most benchmarks take.
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-  Args:
-    doc: the benchmark's module docstring (its first line describes it).
-    argv: the arguments, or None for the command line's.
+
+def _version(name):
+  try:
+    return importlib.metadata.version(name)
+  except importlib.metadata.PackageNotFoundError:
+    return None
+
+
+def _git(*args):
+  try:
+    out = subprocess.run(["git", *args], cwd=ROOT, capture_output=True,
+                         text=True, timeout=30, check=True)
+  except (OSError, subprocess.SubprocessError):
+    return None
+  return out.stdout.strip()
+
+
+def commit(given=None):
+  """``(hash, dirty)`` of this tree: git's, or ``given``; else unknown.
+
+  ``dirty`` is whether tracked files differ from the commit (None where
+  git cannot say, as on a copy of the tree without its .git).
   """
-  parser = argparse.ArgumentParser(description=doc.splitlines()[0])
-  parser.add_argument("--out", help="where to write the JSON results")
-  parser.add_argument("--smoke", action="store_true",
-                      help="tiny sizes: a sanity check on any host")
-  return parser.parse_args(argv)
+  head = _git("rev-parse", "HEAD")
+  if head:
+    status = _git("status", "--porcelain", "--untracked-files=no")
+    return head, None if status is None else bool(status)
+  return (given or "unknown"), None
 
 
-def write_json(path, result):
-  """Writes ``result`` to ``path`` (its folder made if missing), if given."""
-  if not path:
-    return
-  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-  with open(path, "w", encoding="utf-8") as f:
-    json.dump(result, f, indent=2)
-
-
-def environment():
-  """What a result was measured on: versions, the host's cores, the devices.
-
-  Every results file carries it, so that a table in the docs can say where
-  its figures come from.
-  """
-  def version(name):
-    try:
-      return importlib.metadata.version(name)
-    except importlib.metadata.PackageNotFoundError:
-      return None
+def provenance(given_commit=None):
+  """The commit, the versions and the device a result was measured on."""
+  head, dirty = commit(given_commit)
   devices = jax.devices()
-  return {"python": platform.python_version(), "jax": jax.__version__,
-          "jaxlib": version("jaxlib"), "triton": version("triton"),
-          "jax_triton": version("jax-triton"), "cpus": os.cpu_count(),
-          "devices": [str(d) for d in devices],
-          "device_kind": devices[0].device_kind}
+  load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
+  return {
+      "commit": head, "dirty": dirty, "code_sha256": code_sha256(),
+      "date": time.strftime("%Y-%m-%d", time.gmtime()),
+      "python": platform.python_version(), "jax": jax.__version__,
+      "jaxlib": _version("jaxlib"), "triton": _version("triton"),
+      "numpy": np.__version__, "jax_triton": _version("jax-triton"),
+      "platform": devices[0].platform, "device_kind": devices[0].device_kind,
+      "devices": len(devices), "cpus": os.cpu_count(),
+      "load_average": None if load is None else round(load, 2),
+  }
 
 
 def block(out):
   return jax.block_until_ready(out)
 
 
-def chained_seconds(fn, args, iters=20, repeats=7):
-  """Median seconds per call of ``iters`` back-to-back calls, synced once.
+def _order(names, rounds, seed):
+  """Per round, the names in a fresh random order."""
+  rng = np.random.default_rng(seed)
+  for r in range(rounds):
+    yield r, [names[k] for k in rng.permutation(len(names))]
 
-  The first call compiles and warms up outside the timed region. Calls are
-  asynchronous, so for kernels much longer than dispatch this is device time.
+
+def per_call(cases, args, rounds, calls, seed=0, warmup=3):
+  """Seconds of each call followed by a sync, per case, cases in turns.
+
+  Args:
+    cases: name -> function of ``*args``.
+    args: the arguments every case takes.
+    rounds: rounds; each runs every case ``calls`` times, in a random order.
+    calls: calls per case and round.
+    seed: the order's seed.
+    warmup: untimed calls of each case first.
+
+  Returns:
+    ``(samples, halves)``: per case, every call's seconds, and the same
+    split into the even and the odd rounds (the same case timed twice).
   """
-  block(fn(*args))
-  block(fn(*args))
-  samples = []
-  for _ in range(repeats):
-    start = time.perf_counter()
-    out = None
-    for _ in range(iters):
-      out = fn(*args)
-    block(out)
-    samples.append((time.perf_counter() - start) / iters)
-  return statistics.median(samples)
-
-
-def _rotated(mapping, start):
-  """The items of ``mapping``, starting at the ``start``-th (modulo its size).
-
-  Rotating the order each round spreads whatever the position in a round
-  costs (the first after a switch, the one after the slowest) over all.
-  """
-  items = list(mapping.items())
-  start %= len(items)
-  return items[start:] + items[:start]
-
-
-def _whole_rotations(rounds, count):
-  """``rounds`` rounded up so that each function starts a round equally often."""
-  return -(-rounds // count) * count
-
-
-def per_call_samples(fns, args, calls=2000, rounds=10, warmup=200):
-  """Seconds of each call followed by a sync, for each of ``fns``.
-
-  The functions take turns, ``calls // rounds`` calls at a time, in an order
-  rotated each round, so that a drift in clocks or host load during the run
-  falls on all of them alike rather than on whichever was measured first.
-  """
-  for fn in fns.values():
+  for fn in cases.values():
     for _ in range(warmup):
       block(fn(*args))
-  rounds = _whole_rotations(rounds, len(fns))
-  samples = {name: [] for name in fns}
-  for r in range(rounds):
-    for name, fn in _rotated(fns, r):
-      for _ in range(max(1, calls // rounds)):
+  samples = {name: [] for name in cases}
+  halves = {name: ([], []) for name in cases}
+  for r, order in _order(list(cases), rounds, seed):
+    for name in order:
+      fn = cases[name]
+      for _ in range(calls):
         start = time.perf_counter()
         block(fn(*args))
-        samples[name].append(time.perf_counter() - start)
-  return {name: np.asarray(s) for name, s in samples.items()}
+        seconds = time.perf_counter() - start
+        samples[name].append(seconds)
+        halves[name][r % 2].append(seconds)
+  return samples, halves
 
 
-def per_call_seconds(fns, args, calls=2000, rounds=10, warmup=200):
-  """Median seconds of one call followed by a sync, for each of ``fns``."""
-  samples = per_call_samples(fns, args, calls, rounds, warmup)
-  return {name: float(np.median(s)) for name, s in samples.items()}
-
-
-def interleaved_chained_seconds(fns, args, iters=500, rounds=15):
+def chained(calls, iters, rounds, seed=0, settle=False, clock=None):
   """Median seconds per call of ``iters`` back-to-back calls, synced once.
 
-  For a tiny kernel the GPU keeps up with the host, so this is the host's
-  cost of one asynchronous launch. The functions take turns per round.
-  """
-  return interleaved_chained_each(
-      {name: (fn, args) for name, fn in fns.items()}, iters, rounds)
-
-
-def interleaved_chained_each(calls, iters=20, rounds=15, shuffle_seed=None,
-                             settle=False):
-  """``interleaved_chained_seconds`` where each function has its own inputs.
+  For a kernel much longer than a launch this is device time; for a tiny
+  one, the host's cost of one asynchronous launch.
 
   Args:
     calls: name -> (function, its arguments).
     iters: back-to-back calls per sample.
-    rounds: samples per function, taken in turns.
-    shuffle_seed: if given, each round takes the functions in a fresh
-      random order from this seed, rather than a rotation. A GPU at its
-      power limit runs a kernel faster after a light one than after a heavy
-      one (on an H200, the same matmul measured 15% apart by what preceded
-      it), and a rotation keeps each function's predecessor fixed.
-    settle: run each function once, untimed, before its sample, so that the
-      GPU's clocks settle to that function's load first.
-
-  Returns:
-    name -> median seconds per call.
+    rounds: samples per function, in a random order each round.
+    seed: the order's seed.
+    settle: run each function once, untimed, before its sample, so that
+      the GPU's clocks settle to its load (a GPU at its power limit runs a
+      kernel faster after a light one than after a heavy one).
+    clock: the clock (``time.perf_counter``; ``time.process_time`` gives
+      CPU time, which a busy shared host does not inflate).
   """
+  clock = clock or time.perf_counter
   for fn, args in calls.values():
     block(fn(*args))
-  rounds = _whole_rotations(rounds, len(calls))
-  rng = None if shuffle_seed is None else np.random.default_rng(shuffle_seed)
   samples = {name: [] for name in calls}
-  for r in range(rounds):
-    order = _rotated(calls, r)
-    if rng is not None:
-      order = [order[i] for i in rng.permutation(len(order))]
-    for name, (fn, args) in order:
+  for _, order in _order(list(calls), rounds, seed):
+    for name in order:
+      fn, args = calls[name]
       if settle:
         block(fn(*args))
-      start = time.perf_counter()
+      start = clock()
       out = None
       for _ in range(iters):
         out = fn(*args)
       block(out)
-      samples[name].append((time.perf_counter() - start) / iters)
+      samples[name].append((clock() - start) / iters)
   return {name: float(np.median(s)) for name, s in samples.items()}
 
 
+def best(fn, repeats):
+  """The fastest of ``repeats`` calls and syncs, in seconds (slow calls)."""
+  times = []
+  for _ in range(repeats):
+    start = time.perf_counter()
+    block(fn())
+    times.append(time.perf_counter() - start)
+  return min(times)
+
+
+def hot_us(fn, number):
+  """Microseconds per call of ``fn()`` in a hot loop, no sync (best of 5)."""
+  return min(timeit.repeat(fn, number=number, repeat=5)) / number * 1e6
+
+
 def relative_error(actual, expected):
+  """‖actual − expected‖ / ‖expected‖, in float64."""
   actual = np.asarray(actual, np.float64)
   expected = np.asarray(expected, np.float64)
   return float(np.linalg.norm(actual - expected) / np.linalg.norm(expected))
 
 
-def print_table(rows):
-  """Prints result rows (dicts with "case" and "impl") as a Markdown table."""
-  print("\n| case | impl | numbers |\n| --- | --- | --- |")
-  for row in rows:
-    numbers = ", ".join(
-        f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}"
-        for k, v in row.items() if k not in ("case", "impl"))
-    print(f"| {row['case']} | {row['impl']} | {numbers} |")
+def quartiles_us(seconds):
+  """Median, p25 and p75 of ``seconds``, in µs."""
+  p25, p50, p75 = np.percentile(seconds, [25, 50, 75]) * 1e6
+  return {"median_us": float(p50), "p25_us": float(p25),
+          "p75_us": float(p75)}

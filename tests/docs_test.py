@@ -17,8 +17,10 @@ import ast
 import glob
 import importlib.util
 import inspect
+import json
 import os
 import re
+from xml.etree import ElementTree
 
 from absl.testing import absltest
 from absl.testing import parameterized
@@ -145,11 +147,53 @@ class DocsTest(parameterized.TestCase):
     self.assertNotEmpty(marks)
     doc_tables = _doc_tables()
     for mark in marks:
-      self.assertTrue(os.path.exists(
-          os.path.join(_ROOT, "benchmarks", "results", mark)), mark)
-      self.assertIn("| --- |", doc_tables.render_file(mark), mark)
+      path = os.path.join(_ROOT, "benchmarks", "results", mark)
+      self.assertTrue(os.path.exists(path), mark)
+      with open(path, encoding="utf-8") as f:
+        measured = doc_tables.measured(json.load(f))
+      rendered = doc_tables.render_file(mark)
+      if measured:
+        # The commit it measured, its tables and its charts.
+        self.assertIn("at commit `", rendered, mark)
+        self.assertIn("| --- |", rendered, mark)
+        self.assertIn("<svg", rendered, mark)
+      else:
+        self.assertIn("Not yet measured on this tree", rendered, mark)
+        self.assertNotIn("| --- |", rendered, mark)
+        self.assertIn(doc_tables.command(mark), rendered, mark)
     rendered = doc_tables.expand(text)
     self.assertEqual(rendered.count("*Rendered from"), len(marks))
+
+  def test_the_cpu_results_are_measured_on_this_tree(self):
+    # Re-run on this host with benchmarks/run.py --suite all-cpu.
+    doc_tables = _doc_tables()
+    for path in glob.glob(os.path.join(_ROOT, "benchmarks", "results",
+                                       "cpu", "*.json")):
+      with open(path, encoding="utf-8") as f:
+        data = json.load(f)
+      self.assertTrue(doc_tables.measured(data), path)
+      self.assertFalse(data["quick"], path)
+      self.assertEqual(data["schema"], 1, path)
+
+  def test_a_quick_run_or_a_bad_chart_fails_the_build(self):
+    doc_tables = _doc_tables()
+    data = {"schema": 1, "quick": True, "provenance": {"commit": "f00dfeed"},
+            "results": [{"case": "c", "impl": "a", "us": 1.0},
+                        {"case": "c", "impl": "b", "us": 2.0}]}
+    with self.assertRaisesRegex(ValueError, "quick"):
+      doc_tables.render(data, "cpu/x.json")
+    data["quick"] = False
+    self.assertIn("<svg", doc_tables.render(data, "cpu/x.json"))
+    data["plots"] = [{"case": "c", "metrics": ["missing"]}]
+    with self.assertRaisesRegex(ValueError, "nothing to plot"):
+      doc_tables.render(data, "cpu/x.json")
+
+  def test_charts_are_svg_in_the_page_s_colours(self):
+    chart = _doc_tables().plots.bar_chart(
+        "t", [{"impl": "a <b>", "ms": 1.5}, {"impl": "c", "ms": 3.0}], ["ms"])
+    root = ElementTree.fromstring(chart)
+    self.assertEqual(root.get("fill"), "currentColor")
+    self.assertEqual(len(root.findall("{http://www.w3.org/2000/svg}rect")), 3)
 
   def test_the_results_folder_holds_only_what_the_docs_render(self):
     results = os.path.join(_ROOT, "benchmarks", "results")

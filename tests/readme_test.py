@@ -9,7 +9,7 @@ out, with its reason. The README's install and test commands are those
 
 from __future__ import annotations
 
-import json
+import importlib.util
 import os
 import re
 
@@ -121,18 +121,21 @@ class ReadmeTest(absltest.TestCase):
           self.assertIn("'x': 8", result.stdout)
 
   def test_eager_table_is_the_committed_results(self):
-    rows = re.findall(r"^\| one (H100|H200) \| (.*) \|$", _readme(), re.M)
-    self.assertLen(rows, 2)
-    cases = ("xla_eager", "jax_triton_eager", "jt_dist_eager",
-             "jt_dist_kernel_call_eager", "xla_jit", "jax_triton_jit",
-             "jt_dist_jit")
-    for device, cells in rows:
-      path = os.path.join(_ROOT, "benchmarks", "results",
-                          f"{device.lower()}x1", "dispatch.json")
-      with open(path, encoding="utf-8") as f:
-        medians = {r["case"]: r["median_us"] for r in json.load(f)["results"]}
-      self.assertEqual([float(c) for c in cells.split(" | ")],
-                       [round(medians[c], 1) for c in cases], device)
+    # Rows only for GPUs whose dispatch result names its commit, figures
+    # as the committed JSON has them.
+    path = os.path.join(_ROOT, "benchmarks", "doc_tables.py")
+    if not os.path.exists(path):
+      self.skipTest(f"{path} is not in this tree")
+    spec = importlib.util.spec_from_file_location("doc_tables", path)
+    doc_tables = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(doc_tables)
+    readme = _readme()
+    start = readme.index(doc_tables.README_START) + len(
+        doc_tables.README_START)
+    self.assertEqual(readme[start:readme.index(doc_tables.README_END)],
+                     f"\n{doc_tables.readme_table()}\n",
+                     "README.md's eager table is not the committed results:"
+                     " python benchmarks/doc_tables.py --readme README.md")
 
   def test_the_readme_is_short(self):
     # The reference material lives on the docs site (docs/).

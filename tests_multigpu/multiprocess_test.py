@@ -3,7 +3,7 @@
 Two processes with four virtual CPU devices each form one global mesh of 8
 (on any host: the processes run on the CPU). Each runs
 ``multiprocess_worker.py``; this test reads what they print. On a GPU host,
-``benchmarks/multiprocess_gpu.py`` runs the same worker with one process
+``python benchmarks/run.py --suite multiprocess`` runs the same worker with one process
 per GPU.
 """
 

@@ -7,8 +7,10 @@ cases run where its source is installed (pip install --no-deps
 liger-kernel==0.8.5).
 """
 
+import importlib
 import importlib.util
 import os
+import sys
 
 from absl.testing import absltest
 from absl.testing import parameterized
@@ -21,11 +23,11 @@ _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _yardstick():
-  path = os.path.join(_ROOT, "benchmarks", "external_kernels.py")
-  spec = importlib.util.spec_from_file_location("external_kernels", path)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
+  sys.path.insert(0, os.path.join(_ROOT, "benchmarks"))
+  try:
+    return importlib.import_module("external_kernels")
+  finally:
+    sys.path.pop(0)
 
 
 def _liger_source():

@@ -13,6 +13,8 @@ from jt_dist._vmap import batching as _batching  # noqa: F401
 from jt_dist._call.api import triton_call
 from jt_dist._call.kernel_call import KernelCall
 from jt_dist._call.kernel_call import kernel_call
+from jt_dist._call.metadata import KernelMetadata
+from jt_dist._call.metadata import kernel_metadata
 from jt_dist._autotune.api import AutotuneChoice
 from jt_dist._autotune.api import autotune_choices
 from jt_dist._autotune.api import forget_autotune_choices
@@ -62,6 +64,7 @@ __all__ = [
     "ExportError",
     "ExportedKernelCall",
     "KernelCall",
+    "KernelMetadata",
     "KernelAssertionError",
     "KernelBindingError",
     "KernelLaunchError",
@@ -86,6 +89,7 @@ __all__ = [
     "forget_autotune_choices",
     "get_compute_capability",
     "kernel_call",
+    "kernel_metadata",
     "next_power_of_2",
     "pin_autotune_config",
     "runtime_scalar",

@@ -32,6 +32,7 @@ import numpy as np
 
 from jt_dist import _compat
 from jt_dist import _errors
+from jt_dist import _progress
 from jt_dist import _settings
 from jt_dist._autotune import store as _store
 from jt_dist._backend import cache as _cache
@@ -123,12 +124,48 @@ def _made(spec, index, source, device_kind, key, timings=None):
 
 
 def single(spec, index: int):
-  """``spec`` with only its launch ``index``: what every shard compiles."""
-  return dataclasses.replace(spec, launches=(spec.launches[index],))
+  """``spec`` with only its launch ``index``: what every shard compiles,
+  with the operands as that config's pre_hook left them."""
+  launch = spec.launches[index]
+  if launch.operands is None:
+    return dataclasses.replace(spec, launches=(launch,))
+  return dataclasses.replace(
+      spec, operands=launch.operands,
+      launches=(dataclasses.replace(launch, operands=None),))
+
+
+def triton_config(launch):
+  """The launch's config as Triton prints it (``str(triton.Config)``)."""
+  config = launch.config
+  if config.tuned is not None:
+    return config.tuned
+  return _compat.Config(dict(config.kwargs), num_warps=config.num_warps,
+                        num_stages=config.num_stages,
+                        num_ctas=config.num_ctas, maxnreg=config.maxnreg)
+
+
+def _triton_key(spec, avals) -> tuple:
+  """The key Triton's autotuner files a choice under: the ``key``
+  arguments' values, then every array argument's dtype."""
+  values = {op.name: op.value for op in spec.operands if op.kind == "scalar"}
+  values.update(spec.launches[0].config.kwargs)
+  key = [values[name] for layer in spec.info.layers
+         if isinstance(layer, _compat.Autotuner)
+         for name in layer.keys or () if name in values]
+  for op in spec.operands:
+    if op.kind == "array" and not op.path:
+      key.append(str(avals[op.index].dtype))
+    elif op.kind == "output" and not op.path:
+      key.append(str(np.dtype(spec.out_shapes[op.index][1])))
+  return tuple(key)
 
 
 def _compile(spec, index: int, inputs) -> tuple[Any, Exception | None]:
   """The compiled launch ``index`` alone, warmed up; or None and the error."""
+  verbose = _compat.print_autotuning()
+  if verbose:  # As Triton's autotuner prints each config it benchmarks.
+    print(f"Autotuning kernel {spec.info.name} with config"
+          f" {triton_config(spec.launches[index])}", flush=True)
   fn = jax.jit(functools.partial(_primitive.triton_call_p.bind,
                                  spec=single(spec, index)))
   try:
@@ -138,6 +175,8 @@ def _compile(spec, index: int, inputs) -> tuple[Any, Exception | None]:
     # Skipped, as Triton's autotuner does (e.g. out of shared memory).
     logger.warning("jt_dist: autotuning drops config %s of kernel %r: %s",
                    spec.launches[index].config.label, spec.info.name, e)
+    if verbose:
+      print(f"Autotuning failed with {e}", flush=True)
     return None, e
   return compiled, None
 
@@ -148,7 +187,27 @@ def _measure(spec, avals, device) -> list[float | None]:
       rng.standard_normal(a.shape).astype(np.dtype(a.dtype))
       if jnp.issubdtype(a.dtype, jnp.floating)
       else np.zeros(a.shape, np.dtype(a.dtype)), device) for a in avals]
-  results = [_compile(spec, i, inputs) for i in range(len(spec.launches))]
+  # Fewer on the CPU, whose interpreter runs Python per program instance.
+  rounds, launches = (3, 1) if device.platform == "cpu" else (7, 10)
+  n = len(spec.launches)
+  steps = [0]  # A config's compiling, and each of its rounds, is a step.
+
+  with _progress.Progress(f"autotuning {spec.info.name}", n,
+                          unit="configs") as progress:
+    def step():
+      steps[0] += 1
+      progress.update(steps[0] // (rounds + 1))
+
+    results = []
+    for i in range(n):
+      results.append(_compile(spec, i, inputs))
+      step()
+    samples = _rounds(spec, results, device, inputs, rounds, launches, step)
+  return [statistics.median(s) if s else None for s in samples]
+
+
+def _rounds(spec, results, device, inputs, rounds, launches, step):
+  """Each config's seconds per launch in each round."""
   compiled = [c for c, _ in results]
   if not (ran := [i for i, c in enumerate(compiled) if c is not None]):
     first = results[0][1]
@@ -157,8 +216,6 @@ def _measure(spec, avals, device) -> list[float | None]:
         f" compiled and ran on {device}{_errors.process_note()}. The first"
         f" config ({spec.launches[0].config.label}) failed with"
         f" {type(first).__name__}: {first}") from first
-  # Fewer on the CPU, whose interpreter runs Python per program instance.
-  rounds, launches = (3, 1) if device.platform == "cpu" else (7, 10)
   samples: list[list[float]] = [[] for _ in compiled]
   for r in range(rounds):
     # An order rotated each round: drifts in clocks or load favour none.
@@ -168,7 +225,8 @@ def _measure(spec, avals, device) -> list[float | None]:
         out = compiled[i](*inputs)
       jax.block_until_ready(out)
       samples[i].append((time.perf_counter() - start) / launches)
-  return [statistics.median(s) if s else None for s in samples]
+      step()
+  return samples
 
 
 def time_configs(spec, avals: Sequence[Any], device) -> list[float | None]:
@@ -181,15 +239,22 @@ def time_configs(spec, avals: Sequence[Any], device) -> list[float | None]:
 def _decide(spec, avals, device, platform, key) -> _store.AutotuneChoice:
   """Times the configs (or applies the CPU rule) on ``device``."""
   kind = device.device_kind
-  if platform == "cpu" and _settings.autotune_cpu_rule() == "first":
-    return _made(spec, 0, "first config", kind, key)
   start = time.perf_counter()
-  times = time_configs(spec, avals, device)
-  ran = [(t, i) for i, t in enumerate(times) if t is not None]
-  logger.info("jt_dist: timed %d configs of kernel %r on %s in %.2f s.",
-              len(ran), spec.info.name, device, time.perf_counter() - start)
-  timings = dict(zip(_labels(spec), times))
-  return _made(spec, min(ran)[1], "timed", kind, key, timings)
+  if platform == "cpu" and _settings.autotune_cpu_rule() == "first":
+    choice = _made(spec, 0, "first config", kind, key)
+  else:
+    times = time_configs(spec, avals, device)
+    ran = [(t, i) for i, t in enumerate(times) if t is not None]
+    logger.info("jt_dist: timed %d configs of kernel %r on %s in %.2f s.",
+                len(ran), spec.info.name, device, time.perf_counter() - start)
+    timings = dict(zip(_labels(spec), times))
+    choice = _made(spec, min(ran)[1], "timed", kind, key, timings)
+  if _compat.print_autotuning():  # Triton's words, once per tuning.
+    print(f"Triton autotuning for function {spec.info.name},\nwith key as"
+          f" {_triton_key(spec, avals)},\nfinished after"
+          f" {time.perf_counter() - start:.2f}s,\nbest config selected:"
+          f" {triton_config(spec.launches[choice.index])};", flush=True)
+  return choice
 
 
 def _client(spec):
@@ -273,6 +338,16 @@ def _choose(spec, avals, device, platform) -> _store.AutotuneChoice:
 
 def _leave_to_jaxlib(spec, platform: str, asked: bool) -> None:
   global _warned_jaxlib_mode
+  if any(l.operands is not None for l in spec.launches):
+    raise NotImplementedError(
+        f"triton_call: the autotuning configs of kernel {spec.info.name!r}"
+        " have pre_hooks that give its TensorDescriptors a block_shape per"
+        " config, and jaxlib's own tuning"
+        + (" (JT_DIST_AUTOTUNE=jaxlib)" if asked else
+           f" (no local {platform} device to time them on)")
+        + " compiles every config with the call's one set of descriptors."
+        " Pin a config (jt_dist.pin_autotune_config or JT_DIST_AUTOTUNE_PIN)"
+        + (", or leave JT_DIST_AUTOTUNE unset." if asked else "."))
   if not asked:
     logger.info(
         "jt_dist: no local %s device to time kernel %r on (cross-lowering);"
@@ -291,7 +366,7 @@ def _leave_to_jaxlib(spec, platform: str, asked: bool) -> None:
 def for_lowering(ctx, spec, platform: str):
   """The chosen launch alone, or ``spec`` where jaxlib times the configs."""
   if len(spec.launches) == 1:
-    return spec
+    return single(spec, 0)
   jaxlib = _settings.autotune_mode() == "jaxlib" and platform != "cpu"
   device = None if jaxlib else _local_device(ctx, platform)
   if device is None:

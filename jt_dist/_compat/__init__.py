@@ -46,7 +46,10 @@ from jt_dist._compat.triton_api import jit_function_for
 from jt_dist._compat.triton_api import jit_function_of
 from jt_dist._compat.triton_api import JITFunction
 from jt_dist._compat.triton_api import LANGUAGE_LOCK
+from jt_dist._compat.triton_api import print_autotuning
+from jt_dist._compat.triton_api import tensor_descriptor_class
 from jt_dist._compat.triton_api import triton_launcher_scalar_type
+from jt_dist._compat.triton_compiler import loaded_registers
 from jt_dist._compat.triton_compiler import ast_to_ttir
 from jt_dist._compat.triton_compiler import backend_hash
 from jt_dist._compat.triton_compiler import cache_invalidating_env_vars

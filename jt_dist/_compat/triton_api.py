@@ -81,3 +81,15 @@ def attributes_replaced(owner: Any, replacements: Mapping[str, Any]):
           delattr(owner, name)
         else:
           setattr(owner, name, value)
+
+
+def tensor_descriptor_class() -> type:
+  """``triton.tools.tensor_descriptor.TensorDescriptor``, imported when a
+  pre_hook first needs it."""
+  from triton.tools import tensor_descriptor  # pylint: disable=g-import-not-at-top
+  return tensor_descriptor.TensorDescriptor
+
+
+def print_autotuning() -> bool:
+  """Triton's ``knobs.autotuning.print`` (``TRITON_PRINT_AUTOTUNING``)."""
+  return bool(triton.knobs.autotuning.print)

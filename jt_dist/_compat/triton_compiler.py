@@ -127,3 +127,16 @@ def compiler_stages(backend, target, options, gluon: bool):
 def pointer_divisibility_attr(backend) -> Any:
   """The per-parameter attribute saying a pointer is 16-byte aligned."""
   return backend.parse_attr("D")
+
+
+def loaded_registers(name: str, binary: bytes, shared: int, device: int):
+  """``(n_regs, n_spills)`` of a kernel binary (a CUBIN or an HSACO) loaded
+  by Triton's driver on GPU ``device``, as ``CompiledKernel._init_handles``
+  reads them in Triton 3.6 to 3.9; ``(None, None)`` without a driver."""
+  try:
+    from triton.runtime import driver  # pylint: disable=g-import-not-at-top
+    loaded = driver.active.utils.load_binary(name, binary, shared, device)
+  except Exception:  # pylint: disable=broad-except
+    # No GPU driver Triton can use here (e.g. only jaxlib's plugin).
+    return None, None
+  return int(loaded[2]), int(loaded[3])

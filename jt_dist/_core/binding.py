@@ -20,6 +20,7 @@ from jt_dist._core import kernel as _kernel
 from jt_dist._core import options as _options
 from jt_dist._core import outputs as _outputs
 from jt_dist._core import positional as _positional
+from jt_dist._core import pre_hooks as _pre_hooks
 from jt_dist._core import pytree_args as _pytree_args
 
 # The ``CallOptions`` fields a ``CallSpec`` carries as they are.
@@ -83,11 +84,14 @@ def _launches(info, grid, options, constexprs, named, operands, aliases,
         if p.is_constexpr and p.has_default and p.name not in bound))
     where = f" (config: {config.label})" if info.layers else ""
     kwargs = dict(config.kwargs)
+    hooked, hook_zeroed = _pre_hooks.run(info, config, {**named, **kwargs},
+                                         operands, aliases)
     launches.append(_kernel.Launch(
         config=config,
         grid=evaluate_grid(grid, {**named, **kwargs}, where),
-        zeroed_outputs=tuple(sorted({*reset, *_outputs.zeroed(
-            options.zeroed_outputs, kwargs, n_outputs, where)}))))
+        zeroed_outputs=tuple(sorted({*reset, *hook_zeroed, *_outputs.zeroed(
+            options.zeroed_outputs, kwargs, n_outputs, where)})),
+        operands=hooked))
   return launches
 
 

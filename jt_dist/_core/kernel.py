@@ -11,6 +11,7 @@ import dataclasses
 import functools
 from typing import Any, Mapping
 
+import jax
 import numpy as np
 
 from jt_dist import _compat
@@ -41,6 +42,9 @@ class Config:
   num_ctas: int
   maxnreg: int | None
   label: str
+  # The ``triton.Config`` an autotuner layer gave (its ``pre_hook``, and how
+  # Triton prints it); None without one.
+  tuned: Any = dataclasses.field(default=None, compare=False, repr=False)
   # ``kwargs`` as Triton tells values apart: (4,) == (4.0,) in Python only.
   kwargs_key: tuple = dataclasses.field(init=False, repr=False)
 
@@ -139,33 +143,62 @@ def _top_k(info: KernelInfo, tuner: Any, configs: list[Any],
   return [configs[i] for i in order[:top_k]]
 
 
+def _is_array(value: Any) -> bool:
+  if isinstance(value, tuple):
+    return any(_is_array(v) for v in value)
+  return isinstance(value, jax.ShapeDtypeStruct)
+
+
+def _keywords(named_args: Mapping[str, Any]) -> dict[str, Any]:
+  """What Triton's autotuner gets as ``**kwargs``: the scalar and constexpr
+  arguments (launches pass those by keyword, arrays by position)."""
+  return {k: v for k, v in named_args.items() if not _is_array(v)}
+
+
+def _pruned(info: KernelInfo, tuner: Any, configs: list[Any],
+            named_args: Mapping[str, Any], agrees) -> list[Any]:
+  """``configs`` after ``prune_configs_by``, called as Triton calls it."""
+  kwargs = _keywords(named_args)
+  if type(tuner).prune_configs is not _compat.Autotuner.prune_configs:
+    # A subclass's own pruning reads self.nargs, as in Triton's run().
+    tuner.nargs = dict(named_args)
+    try:
+      pruned = _errors.call_user(
+          tuner.prune_configs, f"the prune_configs of kernel {info.name!r}",
+          kwargs)
+    finally:
+      tuner.nargs = None
+    return [config for config in pruned if agrees(config)]
+  prune = getattr(tuner, "early_config_prune", None)
+  if prune is not None and configs:
+    configs = list(_errors.call_user(
+        prune, f"the early_config_prune of kernel {info.name!r}", configs,
+        dict(named_args), **kwargs))
+  if getattr(tuner, "perf_model", None) is not None and configs:
+    configs = _top_k(info, tuner, configs, named_args)
+  return configs
+
+
 def _autotune_configs(info: KernelInfo, tuner: Any, fixed: Mapping[str, Any],
                       named_args: Mapping[str, Any]) -> list[Any]:
   if (getattr(tuner, "user_defined_pre_hook", False)
       or getattr(tuner, "user_defined_post_hook", False)):
     raise NotImplementedError(
         f"triton_call: kernel {info.name!r} is autotuned with a pre_hook or"
-        " post_hook. Hooks mutate torch tensors between benchmark runs and"
-        " have no JAX equivalent. Remove the hook; to zero an output before"
-        " each launch, pass zeroed_outputs=[...] to triton_call.")
-  configs = []
-  for config in tuner.configs:
-    if getattr(config, "pre_hook", None) is not None:
-      raise NotImplementedError(
-          f"triton_call: autotuning config {config} of kernel {info.name!r}"
-          " has a pre_hook, which jt_dist cannot run: remove it, and use"
-          " zeroed_outputs=[...] to zero outputs before the launch.")
-    # Configs disagreeing with an explicit metaparam are dropped, not
-    # rejected, so that an autotuned kernel can have some knobs pinned.
-    if all(config.kwargs.get(k, v) == v for k, v in fixed.items()):
-      configs.append(config)
-  prune = getattr(tuner, "early_config_prune", None)
-  if prune is not None and configs:
-    configs = list(_errors.call_user(
-        prune, f"the early_config_prune of kernel {info.name!r}", configs,
-        dict(named_args)))
-  if getattr(tuner, "perf_model", None) is not None and configs:
-    configs = _top_k(info, tuner, configs, named_args)
+        " post_hook of the autotuner's own. Triton runs those around its"
+        " benchmark launches, to reset or restore torch tensors; jt_dist"
+        " times configs on inputs of its own and never on the caller's"
+        " buffers, so there is nothing for them to do. Remove the hook; to"
+        " zero an output before each launch, use reset_to_zero=[...] or"
+        " pass zeroed_outputs=[...] to triton_call.")
+  # Configs disagreeing with an explicit metaparam are dropped, not
+  # rejected, so that an autotuned kernel can have some knobs pinned.
+  def agrees(config) -> bool:
+    return all(config.kwargs.get(k, v) == v for k, v in fixed.items())
+
+  configs = [config for config in tuner.configs if agrees(config)]
+  if configs:
+    configs = _pruned(info, tuner, configs, named_args, agrees)
   if not configs:
     raise ValueError(
         f"triton_call: no autotuning config of kernel {info.name!r} is left"
@@ -196,7 +229,7 @@ def expand_configs(info: KernelInfo, metaparams: Mapping[str, Any],
     else:
       partial = [(_heuristics(info, layer, extra, metaparams, named_args),
                   config) for extra, config in partial]
-  return tuple(_concrete(metaparams, extra, config)
+  return tuple(_concrete(metaparams, extra, config, config is not base)
                for extra, config in partial)
 
 
@@ -210,7 +243,7 @@ def _heuristics(info, layer, extra, metaparams, named_args):
   return extra
 
 
-def _concrete(metaparams, extra, config) -> Config:
+def _concrete(metaparams, extra, config, tuned: bool) -> Config:
   """A candidate as a ``Config``; its label names only what the layers
   chose (the metaparams are the same in every candidate)."""
   warps, stages, ctas = (_types.plain_constexpr(n) for n in (
@@ -219,7 +252,8 @@ def _concrete(metaparams, extra, config) -> Config:
       f"num_warps: {warps}, num_ctas: {ctas}, num_stages: {stages}")
   return Config(kwargs=tuple({**metaparams, **extra}.items()),
                 num_warps=warps, num_stages=stages, num_ctas=ctas,
-                maxnreg=getattr(config, "maxnreg", None), label=label)
+                maxnreg=getattr(config, "maxnreg", None), label=label,
+                tuned=config if tuned else None)
 
 
 def _plain(kwargs: Mapping[str, Any]) -> dict[str, Any]:
@@ -254,6 +288,9 @@ class Launch:
   config: Config
   grid: tuple[int, int, int]
   zeroed_outputs: tuple[int, ...]
+  # The call's operands as this config's pre_hook retyped them (a
+  # descriptor's block_shape); None where they are the call's own.
+  operands: tuple[Operand, ...] | None = None
 
 
 @dataclasses.dataclass(frozen=True)

@@ -79,13 +79,15 @@ def options_from_keywords(kwargs: dict):
 
 
 def check_binding(args, kernel, out_shape, grid, options, metaparams):
-  """Binds without launching, to explain operands jax.jit refused."""
+  """Binds without launching (to explain operands jax.jit refused, or to
+  compile alone); returns the call's spec."""
   kernel, args, metaparams = _operands.merge_keywords(kernel, args,
                                                      metaparams)
   args, descriptors = _tensordesc.split(args)
   kernel, args, metaparams = _resolved(kernel, args, metaparams)
-  _binding.bind_call(args, kernel, out_shape, grid,
-                     options.with_descriptors(descriptors), metaparams)
+  return _binding.bind_call(args, kernel, out_shape, grid,
+                            options.with_descriptors(descriptors),
+                            metaparams)[1]
 
 
 def _resolved(kernel, args, metaparams):

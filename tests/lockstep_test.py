@@ -9,8 +9,10 @@ reference. What lockstep cannot prove right runs one program at a time.
 
 import contextlib
 import importlib.util
+import io
 import os
 import re
+import sys
 from unittest import mock
 
 from absl.testing import absltest
@@ -38,6 +40,16 @@ def _example(name):
 
 
 _attention = _example("causal_attention")
+
+
+def _fuzzer():
+  root = os.path.dirname(os.path.dirname(__file__))
+  spec = importlib.util.spec_from_file_location(
+      "lockstep_test_fuzz_cpu", os.path.join(root, "benchmarks", "fuzz_cpu.py"))
+  module = importlib.util.module_from_spec(spec)
+  sys.modules[spec.name] = module  # Its dataclasses look their module up.
+  spec.loader.exec_module(module)
+  return module
 
 # How the interpreter says (on the ``jt_dist`` logger, at DEBUG, once per
 # kernel and argument signature) that a kernel's launches run.
@@ -430,6 +442,22 @@ class LockstepTest(testing.TestCase, parameterized.TestCase):
     for kernel in (_attention.attention_fwd_kernel,
                    _attention.attention_bwd_kernel):
       self.assertRan(kernel, VECTORISED)
+
+
+class DrawnKernelsTest(testing.TestCase):
+  """Drawn kernels (``benchmarks/fuzz_cpu.py``) agree bit for bit
+  vectorised and one program at a time."""
+
+  def test_drawn_kernels_agree_with_one_program_at_a_time(self):
+    if jax.default_backend() != "cpu":
+      self.skipTest("the vectorised interpreter is the CPU path; the default"
+                    f" backend here is {jax.default_backend()}")
+    report = io.StringIO()
+    failed = _fuzzer().run(seed=0, cases=200, out=report)
+    self.assertEqual(failed, [], report.getvalue())
+    # The draws reach the vectorised path, not only its giving way.
+    launches = re.search(r"'vectorised': (\d+)", report.getvalue())
+    self.assertGreater(int(launches[1]), 100, report.getvalue())
 
 
 if __name__ == "__main__":

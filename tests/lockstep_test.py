@@ -9,8 +9,10 @@ reference. What lockstep cannot prove right runs one program at a time.
 
 import contextlib
 import importlib.util
+import io
 import os
 import re
+import sys
 from unittest import mock
 
 from absl.testing import absltest
@@ -38,6 +40,16 @@ def _example(name):
 
 
 _attention = _example("causal_attention")
+
+
+def _fuzzer():
+  root = os.path.dirname(os.path.dirname(__file__))
+  spec = importlib.util.spec_from_file_location(
+      "lockstep_test_fuzz_cpu", os.path.join(root, "benchmarks", "fuzz_cpu.py"))
+  module = importlib.util.module_from_spec(spec)
+  sys.modules[spec.name] = module  # Its dataclasses look their module up.
+  spec.loader.exec_module(module)
+  return module
 
 # How the interpreter says (on the ``jt_dist`` logger, at DEBUG, once per
 # kernel and argument signature) that a kernel's launches run.
@@ -140,6 +152,89 @@ def value_return_kernel(x_ptr, out_ptr, N: tl.constexpr):
   pid = tl.program_id(0)
   offsets = pid * N + tl.arange(0, N)
   tl.store(out_ptr + offsets, _halve_or_keep(tl.load(x_ptr + offsets), pid))
+
+
+@triton.jit
+def int64_window_kernel(base, out_ptr, TRIPS: tl.constexpr):
+  """Row p: its trips 0, 1, ...; its int64 bounds differ per program, so
+  its index is int64 and ``i * 1000003`` does not wrap."""
+  pid = tl.program_id(0)
+  lo = base + pid.to(tl.int64) * 5000
+  for i in range(lo, lo + TRIPS):
+    tl.store(out_ptr + pid * TRIPS + (i - lo),
+             (i * 1000003 // 1000003 - lo).to(tl.int32))
+
+
+@triton.jit
+def index_type_kernel(n, wide, out_ptr, TRIPS: tl.constexpr):
+  """Loop indices typed as compiled Triton types them: int32 over int32
+  bounds (run-time, constexpr or a per-program end), int64 where a bound is
+  int64, uint32 over a constant in [2**31, 2**32); ``.to`` works on each."""
+  pid = tl.program_id(0)
+  total = pid * 0
+  for i in range(TRIPS):
+    tl.static_assert(i.dtype == tl.int32)
+    total += i.to(tl.int64).to(tl.int32)
+  for i in range(n):
+    tl.static_assert(i.dtype == tl.int32)
+    total += i
+  for i in range(pid + 1):
+    tl.static_assert(i.dtype == tl.int32)
+    total += i
+  for i in tl.range(wide - 2, wide, 1):
+    tl.static_assert(i.dtype == tl.int64)
+    total += (i - wide + 2).to(tl.int32)
+  for i in range(2**31, 2**31 + 2):
+    tl.static_assert(i.dtype == tl.uint32)
+    total += (i - 2**31).to(tl.int32)
+  for i in tl.static_range(2):
+    total += i
+  tl.store(out_ptr + pid, total)
+
+
+@triton.jit
+def tickets_kernel(counter_ptr, out_ptr):
+  """Two tickets per program from one counter, in two statements."""
+  pid = tl.program_id(0)
+  first = tl.atomic_add(counter_ptr, 1)
+  second = tl.atomic_add(counter_ptr, 1)
+  tl.store(out_ptr + 2 * pid, first)
+  tl.store(out_ptr + 2 * pid + 1, second)
+
+
+@triton.jit
+def two_part_sum_kernel(x_ptr, sum_ptr, TRIPS: tl.constexpr):
+  """A float sum of TRIPS values per program, one atomic per loop trip."""
+  pid = tl.program_id(0)
+  for k in range(TRIPS):
+    tl.atomic_add(sum_ptr, tl.load(x_ptr + TRIPS * pid + k))
+
+
+@triton.jit
+def own_slot_kernel(x_ptr, slots_ptr, sums_ptr, TRIPS: tl.constexpr):
+  """Atomics on each program's own slots over its trips, then into one
+  total: program order is kept as they run, so the launch vectorises."""
+  pid = tl.program_id(0)
+  for k in range(pid % TRIPS + 1):
+    tl.atomic_add(slots_ptr + pid, tl.load(x_ptr + TRIPS * pid + k))
+    tl.atomic_max(slots_ptr + 64 + pid, k)
+  tl.atomic_add(sums_ptr, tl.load(x_ptr + TRIPS * pid))
+
+
+@triton.jit
+def late_divergence_kernel(n, out_ptr):
+  """A run-time loop bound, then a while loop on which programs 1 on
+  disagree: the first chunk (program 0) runs vectorised, the rest give
+  way one program at a time."""
+  pid = tl.program_id(0)
+  acc = pid * 0
+  for _ in range(n):
+    acc += 1
+  left = pid
+  while left > 0:
+    left -= 1
+    acc += 1
+  tl.store(out_ptr + pid, acc)
 
 
 def _spec(shape, dtype=jnp.float32):
@@ -261,6 +356,70 @@ class LockstepTest(testing.TestCase, parameterized.TestCase):
     np.testing.assert_array_equal(out, want.astype(np.float32))
     self.assertRan(value_return_kernel, ONE_AT_A_TIME)
 
+
+  @parameterized.parameters(("1", 3), ("check", 4))
+  def test_int64_loop_bounds_that_differ_index_in_int64(self, mode, trips):
+    out = self.both(mode, lambda: jt_dist.triton_call(
+        7, kernel=int64_window_kernel,
+        out_shape=_spec((4 * trips,), jnp.int32), grid=(4,), TRIPS=trips))
+    np.testing.assert_array_equal(
+        out, np.tile(np.arange(trips), 4).astype(np.int32))
+    self.assertRan(int64_window_kernel, VECTORISED)
+
+  @parameterized.parameters(("1", 2), ("check", 3), ("0", 4))
+  def test_loop_indices_have_their_bounds_type(self, mode, trips):
+    with mock.patch.dict(os.environ, {"JT_DIST_VECTORIZE": mode}):
+      got = np.asarray(jt_dist.triton_call(
+          3, 2**33, kernel=index_type_kernel,
+          out_shape=_spec((4,), jnp.int32), grid=(4,), TRIPS=trips))
+    pid = np.arange(4)
+    want = trips * (trips - 1) // 2 + 3 + pid * (pid + 1) // 2 + 1 + 1 + 1
+    np.testing.assert_array_equal(got, want.astype(np.int32))
+
+  def test_tickets_taken_in_two_statements_keep_program_order(self):
+    counter, out = self.both("1", lambda: jt_dist.triton_call(
+        kernel=tickets_kernel, out_shape=(_spec((1,), jnp.int32),
+                                          _spec((8,), jnp.int32)),
+        grid=(4,), zeroed_outputs=[0, 1]))
+    np.testing.assert_array_equal(out, np.arange(8, dtype=np.int32))
+    self.assertEqual(int(counter[0]), 8)
+    self.assertRan(tickets_kernel, ONE_AT_A_TIME)
+
+  def test_a_float_sum_over_loop_trips_keeps_program_order(self):
+    # Program 1 adds 1 and 1, program 2 then 2**24: exactly 2**24 + 2. Trip
+    # by trip over programs, 2**24 would meet each 1 alone and drop it.
+    x = np.zeros((8, 2), np.float32)
+    x[1] = 1.0
+    x[2, 0] = 2.0**24
+    total = self.both("1", lambda x: jt_dist.triton_call(
+        x, kernel=two_part_sum_kernel, out_shape=_spec((1,)), grid=(8,),
+        zeroed_outputs=[0], TRIPS=2), jnp.asarray(x))
+    self.assertEqual(float(total[0]), 2.0**24 + 2)
+    self.assertRan(two_part_sum_kernel, ONE_AT_A_TIME)
+
+  @parameterized.parameters(("1", 3), ("check", 4))
+  def test_atomics_in_program_order_as_they_run_stay_vectorised(self, mode,
+                                                               trips):
+    x = jnp.asarray(self.random((64 * trips,)))
+    slots, sums = self.both(mode, lambda x: jt_dist.triton_call(
+        x, kernel=own_slot_kernel, out_shape=(_spec((128,)), _spec((1,))),
+        grid=(64,), zeroed_outputs=[0, 1], TRIPS=trips), x)
+    rows = np.asarray(x).reshape(64, trips)
+    for p in range(64):
+      want = np.float32(0)
+      for k in range(p % trips + 1):
+        want += rows[p, k]
+      self.assertEqual(slots[p], want)
+      self.assertEqual(slots[64 + p], p % trips)
+    self.assertRan(own_slot_kernel, VECTORISED)
+
+  def test_a_launch_giving_way_after_its_first_chunk_reads_loop_bounds(self):
+    out = self.both("1", lambda: jt_dist.triton_call(
+        3, kernel=late_divergence_kernel, out_shape=_spec((6,), jnp.int32),
+        grid=(6,)))
+    np.testing.assert_array_equal(out, 3 + np.arange(6, dtype=np.int32))
+    self.assertRan(late_divergence_kernel, ONE_AT_A_TIME)
+
   # Head widths other launches (the example's own run) do not use.
   @parameterized.parameters(("1", 16), ("check", 64))
   def test_causal_flash_attention_forward_and_backward(self, mode, d):
@@ -283,6 +442,22 @@ class LockstepTest(testing.TestCase, parameterized.TestCase):
     for kernel in (_attention.attention_fwd_kernel,
                    _attention.attention_bwd_kernel):
       self.assertRan(kernel, VECTORISED)
+
+
+class DrawnKernelsTest(testing.TestCase):
+  """Drawn kernels (``benchmarks/fuzz_cpu.py``) agree bit for bit
+  vectorised and one program at a time."""
+
+  def test_drawn_kernels_agree_with_one_program_at_a_time(self):
+    if jax.default_backend() != "cpu":
+      self.skipTest("the vectorised interpreter is the CPU path; the default"
+                    f" backend here is {jax.default_backend()}")
+    report = io.StringIO()
+    failed = _fuzzer().run(seed=0, cases=200, out=report)
+    self.assertEqual(failed, [], report.getvalue())
+    # The draws reach the vectorised path, not only its giving way.
+    launches = re.search(r"'vectorised': (\d+)", report.getvalue())
+    self.assertGreater(int(launches[1]), 100, report.getvalue())
 
 
 if __name__ == "__main__":

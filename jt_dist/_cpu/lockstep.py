@@ -3,8 +3,9 @@
 What ``lockstep_rewrite``'s code calls. The builder's ``Masks`` stack holds
 the active programs, an entry per narrowing region and per function frame
 (so a ``return`` taken by some retires them). Where the programs agree, or
-one runs at a time, calls act as plain Python. Masked programs compute on
-but write, assert and take atomics nowhere (``vector_builder``).
+one runs at a time, calls act as plain Python, but for loop indices:
+scalars of their bounds' type, as compiled. Masked programs compute on but
+write, assert and take atomics nowhere (``vector_builder``).
 """
 
 from __future__ import annotations
@@ -39,7 +40,8 @@ def _masks():
 
 
 def _programs() -> int:
-  return _interpreter.builder().programs
+  # One program at a time, upstream's builder has no ``programs``.
+  return getattr(_interpreter.builder(), "programs", 1)
 
 
 def _lanes(value):
@@ -72,14 +74,11 @@ def merge(mask, new, old, name: str):
     return new
   if new is _MISSING or old is _MISSING:
     raise Unsupported(f"{name!r} is not assigned on every program's path")
-  every = np.ones(mask.shape, bool)
-  if _python_int(new) and _python_int(old):
-    # A loop index after its loop: as if the programs' indices differed.
-    return _loop_index(np.where(mask, new, old), every)
-  if _python_int(new) and isinstance(old, tl.tensor) and old.type == tl.int32:
-    new = _loop_index(np.full(mask.shape, new), every)
-  if _python_int(old) and isinstance(new, tl.tensor) and new.type == tl.int32:
-    old = _loop_index(np.full(mask.shape, old), every)
+  # A Python int meets a value as the constant Triton would make of it.
+  if _python_int(new):
+    new = _int_constant(new, mask.shape, name)
+  if _python_int(old):
+    old = _int_constant(old, mask.shape, name)
   if isinstance(new, tl.tensor) and isinstance(old, tl.tensor):
     new_data = np.asarray(new.handle.data)
     old_data = np.asarray(old.handle.data)
@@ -120,16 +119,22 @@ class Loop(_Region):
   mask = None  # The programs of the current trip.
   narrow = False  # Whether the current trip leaves some programs out.
 
-  def loop(self, fn, *args, **kwargs):
-    """The loop's values; per program trip counts run masked."""
-    bounds = None if self.masks is None else _range_bounds(fn, args, kwargs)
-    if bounds is not None:
+  def loop(self, static, fn, *args, **kwargs):
+    """The loop's values (``static``: a ``tl.static_range``, whose values
+    are Python ints); per program trip counts run masked. As Triton's code
+    generator types it, a loop index is a scalar of its bounds' promoted
+    type, on every program and one program at a time alike."""
+    found = None if static else _range_bounds(fn, args, kwargs)
+    if found is None:
+      return fn(*args, **kwargs)
+    bounds, dtype = found
+    if self.masks is not None:
       lanes = [np.broadcast_to(b, (_programs(),)) for b in bounds]
       if not all(_uniform(b, self.masks.current) for b in lanes):
-        return self._masked(*lanes)
-    return fn(*args, **kwargs)
+        return self._masked(*lanes, dtype)
+    return (_scalar(np.array([i]), dtype) for i in fn(*args, **kwargs))
 
-  def _masked(self, lo, hi, step):
+  def _masked(self, lo, hi, step, dtype):
     if (step == 0).any():
       raise ValueError("range() arg 3 must not be zero")
     trips = np.maximum(-((lo - hi) // step), 0)  # As len(range(lo, hi, step)).
@@ -142,9 +147,10 @@ class Loop(_Region):
       self.narrow = bool((~self.mask if entry is None
                           else entry & ~self.mask).any())
       if shared:
-        yield int(_first(lo, active) + k * _first(step, active))
+        index = np.array([_first(lo, active) + k * _first(step, active)])
       else:
-        yield _loop_index(lo + k * step, self.mask)
+        index = np.where(self.mask, lo + k * step, 0)
+      yield _scalar(index, dtype)
 
   def save(self, local_names) -> None:
     if self.narrow:
@@ -163,13 +169,12 @@ def _python_int(value) -> bool:
 
 
 def _range_bounds(fn, args, kwargs):
-  """(lo, hi, step) of a range as int64 arrays, or None."""
-  triton_range = fn is tl.range or fn is tl.static_range
+  """((lo, hi, step) as int64 arrays, the index's type) of a range, or None."""
   if fn is builtins.range and not kwargs:
     bound = list(args)
-  elif triton_range and "step" not in kwargs:
+  elif fn is tl.range and "step" not in kwargs:
     bound = list(args[:3])
-  elif triton_range and len(args) >= 2:
+  elif fn is tl.range and len(args) >= 2:
     bound = [*args[:2], kwargs["step"]]
   else:
     return None
@@ -177,27 +182,44 @@ def _range_bounds(fn, args, kwargs):
   bound = {1: [0] + bound + [1], 2: bound + [1], 3: bound}.get(len(bound))
   if bound is None:
     return None
-  out = []
+  out, types = [], []
   for b in bound:
     if isinstance(b, bool) or b is None:
       return None
     if isinstance(b, int):
       out.append(np.array([b], dtype=np.int64))
+      types.append(_int_type(b))
       continue
     data = _lanes(b)
     if data is None or not b.dtype.is_int() or data.dtype == np.uint64:
       return None
     out.append(data.astype(np.int64))
-  return out
+    types.append(b.dtype)
+  promote = _interpreter.TritonSemantic.integer_promote_impl
+  dtype = promote(None, promote(None, types[0], types[1]), types[2])
+  return out, dtype
 
 
-def _loop_index(values, active):
-  """Per-program loop indices as the int32 scalar a Python int would give."""
-  chosen = values[active]
-  if chosen.size and (chosen.min() < 0 or chosen.max() >= 2**31):
-    raise Unsupported("a per-program loop index outside [0, 2**31)")
-  data = np.where(active, values, 0).astype(np.int32)
-  return tl.tensor(TensorHandle(data, tl.int32), tl.int32)
+def _int_type(value: int):
+  """The type Triton gives a Python int constant (``to_tensor``)."""
+  for dtype in (tl.int32, tl.uint32, tl.int64):
+    info = np.iinfo(_interpreter.np_dtype(dtype))
+    if info.min <= value <= info.max:
+      return dtype
+  return tl.uint64
+
+
+def _scalar(values, dtype):
+  """A scalar of ``dtype`` holding ``values`` (one per program, or one)."""
+  data = values.astype(_interpreter.np_dtype(dtype))
+  return tl.tensor(TensorHandle(data, dtype), dtype)
+
+
+def _int_constant(value: int, shape, name: str):
+  if not -2**31 <= value < 2**31:
+    # Triton's int64 constant meets the other path's int32 as a type error.
+    raise Unsupported(f"{name!r} holds an int outside int32 on one path")
+  return _scalar(np.full(shape, value), tl.int32)
 
 
 class Branch(_Region):

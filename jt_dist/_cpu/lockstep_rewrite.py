@@ -142,7 +142,8 @@ class _Transformer(ast.NodeTransformer):
     self.visit_While(node)  # Visits the body inside this loop.
     region, index = self._fresh(), self._fresh()
     call = node.iter
-    node.iter = _call("loop", call.func, *call.args, target=region,
+    static = ast.Constant(_static_range(call.func))
+    node.iter = _call("loop", static, call.func, *call.args, target=region,
                       keywords=call.keywords)
     target, node.target = node.target.id, ast.Name(index, ast.Store())
     node.body = ([ast.Expr(_call("save", _locals(), target=region)),
@@ -174,6 +175,13 @@ class _Transformer(ast.NodeTransformer):
     return [branch, then, otherwise, _merges(region, "merging", live)]
 
 
+def _static_range(func) -> bool:
+  """Whether a loop is over ``tl.static_range`` (the interpreter makes it
+  the same function as ``tl.range``): its indices stay Python ints."""
+  name = getattr(func, "attr", getattr(func, "id", None))
+  return name == "static_range"
+
+
 def _constants(names) -> ast.Tuple:
   return ast.Tuple([ast.Constant(n) for n in sorted(names)], ast.Load())
 
@@ -186,8 +194,11 @@ def rewrite(python_fn, fallback):
   """``python_fn`` in lockstep (``lockstep`` a closure variable), or
   ``fallback()`` where its source cannot be read."""
   if python_fn not in _REWRITTEN:
-    _REWRITTEN[python_fn] = _interpreter.function_rewriter(
+    rewritten = _interpreter.function_rewriter(
         python_fn, _lockstep_tree, _PREFIX, _lockstep) or fallback()
+    # Named as the kernel (launch decisions are logged by this name).
+    rewritten.__qualname__ = python_fn.__qualname__
+    _REWRITTEN[python_fn] = rewritten
   return _REWRITTEN[python_fn]
 
 

@@ -27,6 +27,7 @@ from jt_dist._cpu import bfloat16 as _bfloat16
 from jt_dist._cpu import bounds as _bounds
 from jt_dist._cpu import float8 as _float8
 from jt_dist._cpu import host_memory as _host_memory
+from jt_dist._cpu import lockstep_rewrite as _lockstep_rewrite
 from jt_dist._cpu import reductions as _reductions
 from jt_dist._cpu import vector_lang as _vector_lang
 from jt_dist._cpu import vector_launch as _vector_launch
@@ -52,13 +53,20 @@ def _interpreted(python_fn):
   return _INTERPRETED[python_fn]
 
 
+def _one_at_a_time_form(python_fn):
+  """``python_fn`` as one program runs it: the lockstep form, whose loop
+  indices are typed as compiled Triton types them."""
+  return _lockstep_rewrite.rewrite(
+      python_fn, lambda: _interpreted(python_fn).rewrite())
+
+
 def run(python_fn, grid: tuple[int, int, int], args, kwargs, checker=None,
         debug: bool = False):
   """Runs ``python_fn`` over ``grid`` (the caller holds the interpreter
   lock); a kernel fault leaves unwrapped from ``InterpreterError``."""
-  interpreted = _interpreted(python_fn)
-  executor = _HostBufferExecutor(interpreted.rewrite(),
-                                 list(interpreted.arg_names), tuple(grid))
+  executor = _HostBufferExecutor(_one_at_a_time_form(python_fn),
+                                 list(_interpreted(python_fn).arg_names),
+                                 tuple(grid))
   try:
     with _checked_memory(checker):
       _run_patched(executor, args, kwargs, checker, python_fn, debug)
@@ -133,7 +141,7 @@ def _patched_language(kernel: str, debug: bool):
   """A launch's language and builder; each patch wraps those before it."""
   def call_interpreted(self, *args, **kwargs):
     # A @triton.jit helper refuses to run unless TRITON_INTERPRET=1.
-    return _interpreted(self.fn).rewrite()(*args, **kwargs)
+    return _one_at_a_time_form(self.fn)(*args, **kwargs)
 
   def index(self):
     # Triton 3.6's `int(data)` of a (1,) array fails on NumPy >= 2.4.

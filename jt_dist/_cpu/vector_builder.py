@@ -16,6 +16,7 @@ import numpy as np
 import triton.language as tl
 from jt_dist._cpu import interpreter as _interpreter
 
+from jt_dist._cpu import atomics as _atomics
 from jt_dist._cpu import lockstep as _lockstep
 from jt_dist._cpu import vector_reviewed as _reviewed
 
@@ -66,6 +67,7 @@ class VectorBuilder(_interpreter.InterpreterBuilder):
     """Makes values span ``programs`` (flat numbers), in order."""
     self.programs = len(programs)
     self.masks = _lockstep.Masks()
+    self.atomic_order = _atomics.AtomicOrder()
     flat = np.arange(programs.start, programs.stop, dtype=np.int64)
     self._pids = tuple(p.astype(np.int32)
                        for p in program_ids(self.grid_dim, flat))
@@ -110,14 +112,20 @@ class VectorBuilder(_interpreter.InterpreterBuilder):
       old = _shared_address_add(ptr.data[0], val.data, mask_data[0],
                                 self.programs)
       if old is not None:
+        # (A refusal after the writes: the launch's journal undoes them.)
+        row_mask = np.broadcast_to(np.asarray(mask_data[0], bool),
+                                   np.shape(ptr.data[0]))
+        self.atomic_order.take_shared(ptr.data[0][row_mask], self.programs)
         return TensorHandle(old, val.dtype.scalar)
     p, v, m = _with_programs([ptr.data, val.data, mask_data], self.programs)
+    self.atomic_order.take(p, m)
     return super().create_atomic_rmw(
         rmwOp, TensorHandle(p, ptr.dtype), TensorHandle(v, val.dtype),
         TensorHandle(m, tl.int1), *args, **kwargs)
 
   def create_atomic_cas(self, ptr, cmp, val, *args, **kwargs):
     p, c, v = _with_programs([ptr.data, cmp.data, val.data], self.programs)
+    self.atomic_order.take(p, self.active(np.ones(p.shape, bool)))
     if (rows := self.masks.current) is None:
       return super().create_atomic_cas(
           TensorHandle(p, ptr.dtype), TensorHandle(c, cmp.dtype),

@@ -190,6 +190,7 @@ def _programs_in_order(builder, which, ptr, val, mask, sem, scope):
   ptrs, vals, on = _vb._with_programs(  # pylint: disable=protected-access
       [ptr.data, val.data, builder.active(mask.data)], builder.programs)
   on = on.astype(bool)
+  builder.atomic_order.take(ptrs, on)
   negative = (vals.view(unsigned) >> (8 * vals.itemsize - 1)).astype(bool)
   halves = ((_HALVES[which][0], signed, signed_ty, on & ~negative),
             (_HALVES[which][1], unsigned, unsigned_ty, on & negative))

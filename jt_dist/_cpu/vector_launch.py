@@ -177,7 +177,9 @@ class Launch:
     builder = _interpreter.builder()
     builder.set_grid_dim(*self.grid)
     call_args = _call_args(self.executor, self.args, self.kwargs)
-    scope = _interpreter.patch_lang(fn)
+    # ``patched_language`` has patched the language (upstream's patch_lang
+    # would put back what it replaced: Triton 3.6's NumPy 2.4 __index__).
+    scope = _interpreter.LangPatchScope()
     try:
       for flat in range(start, self.programs):
         builder.set_grid_idx(*_vb.program_ids(self.grid, flat))

@@ -304,32 +304,24 @@ def _template(args: Sequence[Any], runtime: bool) -> tuple:
 
 def _first_call(args, kernel, out_shape, grid, kwargs, key, runtime, plain,
                 type_key=None):
-  """A call with no memo entry under ``key``: keyword operands merged.
+  """A call with no memo entry under ``key``.
 
-  Array operands by keyword make ``key`` None; it is made again once they
-  join the positional ones. The call is filed under ``plain`` too where
+  Keyword operands are moved among the positional ones and the call made
+  again in that form, which the memo keys. The call is filed under ``plain`` too where
   that key holds all the call is keyed by and tells its floats apart (run
   time, or no zero or NaN compiled in); ``type_key`` is the key of the
   scalars' types, whose first values these are.
   """
   merged_kernel, merged, metaparams = _operands.merge_keywords(
       kernel, args, kwargs)
+  if len(merged) != len(args):
+    # Keyword operands, now positional: keyed and bound as if so passed, so
+    # that their scalars follow the positional ones' rule.
+    return triton_call(*merged, kernel=merged_kernel, out_shape=out_shape,
+                       grid=grid, **metaparams)
   statics = tuple(OPERAND if _is_operand(a) else a for a in merged)
-  if key is None and len(merged) != len(args):
-    runtime = False
-    kernel = merged_kernel  # A reordering wrapper is cached: one id.
-    try:
-      key = (id(kernel), _memo.out_key(out_shape), _memo.grid_key(grid),
-             _exact.dict_key(metaparams), _template(merged, False),
-             True)
-      call = _memo.triton_calls.get(key)
-      if call is not None and call.made_for(kernel):
-        return call(*[a for a, s in zip(merged, statics) if s is OPERAND])
-    except TypeError:
-      key = None
-  # Scalars given by keyword are keyed by value: they stay static.
   call = _kernel_call.make(merged_kernel, out_shape, grid, metaparams,
-                           statics, runtime and len(merged) == len(args))
+                           statics, runtime)
   scalars = [i for i, a in enumerate(args) if not _is_operand(a)]
   if type_key is not None:
     _memo.triton_calls.put(type_key, _FirstValues(key))

@@ -17,6 +17,8 @@ from jt_dist import _compat
 from jt_dist import _errors
 from jt_dist import _settings
 from jt_dist._core import kernel as _kernel
+from jt_dist._core import operands as _operands
+from jt_dist._core import outputs as _outputs
 from jt_dist._core import runtime_scalar as _runtime_scalar
 from jt_dist._core import shard_size as _shard_size
 from jt_dist._core import types as _types
@@ -340,7 +342,9 @@ def make(kernel, out_shape, grid, kwargs: dict, statics,
   if out_type is not None:
     out_shape = resolve_out_shape(out_shape, out_type)
   device = kwargs.pop("device", None)
+  out_shape = _outputs.without_arrays(out_shape)
   options, metaparams = _local_call.options_from_keywords(kwargs)
+  metaparams.update(_operands.launch_option_params(kernel, kwargs))
   return KernelCall(kernel, out_shape, grid, options, metaparams, statics,
                     device, runtime_scalars)
 

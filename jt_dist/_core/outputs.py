@@ -77,6 +77,7 @@ def _checked_shape(shape: Any, where: str) -> tuple[int, ...]:
         f"triton_call: {where} has shape {shape!r} of type"
         f" {type(shape).__name__}; a shape is a tuple of ints, e.g. (16,)."
     ) from None
+  _types.refuse_symbolic(dims, f"{where}'s shape {dims!r}")
   for axis, dim in enumerate(dims):
     if (not isinstance(dim, (int, np.integer))
         or isinstance(dim, (bool, np.bool_))):

@@ -10,6 +10,7 @@ from typing import Any, Callable, Mapping, Sequence
 import jax
 import numpy as np
 
+from jt_dist import _errors
 from jt_dist._call import kernel_call as _kernel_call
 from jt_dist._call import memo as _memo
 from jt_dist._core import exact as _exact
@@ -256,8 +257,15 @@ def triton_call(*args: Any, kernel: Any, out_shape: Any = None, grid: Any,
     # out_shape that binding reports in full.
     key = call = None
   if call is None or not call.made_for(kernel):
-    return _first_call(args, kernel, out_shape, grid, kwargs, key, runtime,
-                       plain, type_key)
+    try:
+      return _first_call(args, kernel, out_shape, grid, kwargs, key, runtime,
+                         plain, type_key)
+    except _errors.KernelBindingError as e:
+      explained = _kernel_call.explain_binding(e, args, kernel, out_shape,
+                                               grid, kwargs)
+      if explained is e:
+        raise
+      raise explained from None
   return call(*itertools.compress(args, call.passed))
 
 
@@ -322,6 +330,9 @@ def _first_call(args, kernel, out_shape, grid, kwargs, key, runtime, plain,
   statics = tuple(OPERAND if _is_operand(a) else a for a in merged)
   call = _kernel_call.make(merged_kernel, out_shape, grid, metaparams,
                            statics, runtime)
+  # Called before it is filed: a call that fails is made again, and its
+  # binding error explained, each time.
+  out = call(*[a for a, passed in zip(args, call.passed) if passed])
   scalars = [i for i, a in enumerate(args) if not _is_operand(a)]
   if type_key is not None:
     _memo.triton_calls.put(type_key, _FirstValues(key))
@@ -340,7 +351,7 @@ def _first_call(args, kernel, out_shape, grid, kwargs, key, runtime, plain,
       # says so, and the call is kept under its values.
       _memo.triton_calls.put(key, _BY_VALUE)
       _memo.triton_calls.put((*key[:-1], _template(args, False)), call)
-  return call(*[a for a, passed in zip(merged, call.passed) if passed])
+  return out
 
 
 def _file_plain(plain, call, args, scalars) -> bool:

@@ -464,6 +464,17 @@ class DispatchTest(testing.TestCase):
     # Eagerly the array, under jax.jit its tracer: the memo holds neither.
     self.assertIsNone(seen[0]())
 
+  def test_repeated_call_with_keyword_scalars_binds_once(self):
+    x = self.random((64,))
+    xs = jnp.asarray(x)
+    with _Counting() as counting:
+      for _ in range(3):
+        out = jt_dist.triton_call(
+            xs, kernel=scale_kernel, out_shape=xs, grid=(4,), alpha=2.5,
+            n=64, BLOCK=_BLOCK)
+        self.assertAllClose(out, x * 2.5)
+    self.assertEqual(counting.binds, 1)
+
   def test_keyword_float_values_lower_at_most_twice(self):
     x = self.random((64,))
     xs = jnp.asarray(x)

@@ -325,8 +325,14 @@ def _first_call(args, kernel, out_shape, grid, kwargs, key, runtime, plain,
   if len(merged) != len(args):
     # Keyword operands, now positional: keyed and bound as if so passed, so
     # that their scalars follow the positional ones' rule.
-    return triton_call(*merged, kernel=merged_kernel, out_shape=out_shape,
-                       grid=grid, **metaparams)
+    out = triton_call(*merged, kernel=merged_kernel, out_shape=out_shape,
+                      grid=grid, **metaparams)
+    if (key is not None and merged_kernel is kernel
+        and type(out_shape) is _SHAPE_DTYPE and type(grid) is tuple  # pylint: disable=unidiomatic-typecheck
+        and all(map(_is_operand, args))):
+      _file_keyword_scalars(key, len(args), kernel, merged, out_shape, grid,
+                            metaparams)
+    return out
   statics = tuple(OPERAND if _is_operand(a) else a for a in merged)
   call = _kernel_call.make(merged_kernel, out_shape, grid, metaparams,
                            statics, runtime)
@@ -352,6 +358,26 @@ def _first_call(args, kernel, out_shape, grid, kwargs, key, runtime, plain,
       _memo.triton_calls.put(key, _BY_VALUE)
       _memo.triton_calls.put((*key[:-1], _template(args, False)), call)
   return out
+
+
+def _file_keyword_scalars(key, n_args, kernel, merged, out_shape, grid,
+                          metaparams) -> None:
+  """Files under ``key`` (which holds the keywords' exact values) the call
+  made for the positional form ``merged`` of a call of arrays and keyword
+  scalars, where it compiles those in: a repeated call then binds nothing."""
+  inner = (id(kernel), out_shape.shape, out_shape.dtype, out_shape.weak_type,
+           out_shape.sharding, grid,
+           tuple(map(type, (*merged, *metaparams.values(), *grid))),
+           *metaparams.items())
+  try:
+    call = _memo_get(inner)
+    if type(call) is _Fixed:  # pylint: disable=unidiomatic-typecheck
+      call = _memo_get((call, call.values(merged)))
+  except TypeError:
+    return  # An unhashable metaparam.
+  if (type(call) is _kernel_call.KernelCall and call.made_for(kernel)  # pylint: disable=unidiomatic-typecheck
+      and not any(call.passed[n_args:])):
+    _memo.triton_calls.put(key, call)
 
 
 def _file_plain(plain, call, args, scalars) -> bool:

@@ -39,9 +39,9 @@ def defaulted_kernel(x_ptr, out_ptr, BLOCK: tl.constexpr,
 @triton.jit
 def out_before_n_kernel(x_ptr, y_ptr, out_ptr, n, BLOCK: tl.constexpr):
   offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-  mask = offsets < n
-  tl.store(out_ptr + offsets, tl.load(x_ptr + offsets, mask=mask)
-           + tl.load(y_ptr + offsets, mask=mask), mask=mask)
+  x = tl.load(x_ptr + offsets, mask=offsets < n)
+  y = tl.load(y_ptr + offsets, mask=offsets < n)
+  tl.store(out_ptr + offsets, x + y, mask=offsets < n)
 
 
 def _add_python(x_ptr, y_ptr, n, out_ptr, BLOCK):

@@ -70,9 +70,8 @@ def scaled_out_first_kernel(out_ptr, x_ptr, n, scale,
 @triton.jit
 def scaled_copy_kernel(x_ptr, n, out_ptr, scale, BLOCK: tl.constexpr):
   offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-  mask = offsets < n
-  tl.store(out_ptr + offsets, tl.load(x_ptr + offsets, mask=mask)
-           * scale.to(tl.float32), mask=mask)
+  x = tl.load(x_ptr + offsets, mask=offsets < n)
+  tl.store(out_ptr + offsets, x * scale.to(tl.float32), mask=offsets < n)
 
 
 @triton.jit

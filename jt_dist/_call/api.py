@@ -171,7 +171,9 @@ def triton_call(*args: Any, kernel: Any, out_shape: Any = None, grid: Any,
     metaparams: any other keyword: values for the kernel's remaining
       parameters, by name; usually its ``tl.constexpr`` parameters. A keyword naming a
       non-constexpr parameter is an operand, as if passed positionally in
-      parameter order (jax-triton 0.4).
+      parameter order (jax-triton 0.4). A launch option above (such as
+      ``num_stages``) that names a kernel parameter also binds it, as in
+      Triton's launcher.
 
   Returns:
     The outputs, in the structure of ``out_shape``.

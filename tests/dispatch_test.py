@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import functools
 import gc
 import os
 import sys
@@ -409,6 +410,93 @@ class DispatchTest(testing.TestCase):
       written = programs * _BLOCK
       self.assertAllClose(out[:written], x[:written])
       self._assert_unwritten(out[written:])
+
+  @parameterized.parameters("method", "keyword_default", "partial")
+  def test_grid_callables_of_one_code_are_told_apart(self, kind):
+    # Two grids of one code but different objects launch their own grids.
+    x = self.random((64,))
+    xs = jnp.asarray(x)
+
+    class Grids:
+
+      def __init__(self, programs):
+        self.programs = programs
+
+      def grid(self, meta):
+        del meta
+        return (self.programs,)
+
+    def keyword_default(programs):
+      return lambda meta, *, p=programs: (p,)
+
+    def partial(programs):
+      return functools.partial(lambda meta, p: (p,), p=programs)
+
+    make = {"method": lambda p: Grids(p).grid,
+            "keyword_default": keyword_default, "partial": partial}[kind]
+    for programs in (4, 1):
+      call = lambda x: jt_dist.triton_call(
+          x, 1.0, 64, kernel=scale_kernel,
+          out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
+          grid=make(programs), BLOCK=_BLOCK)
+      for out in (call(xs), jax.jit(call)(xs)):
+        out = np.asarray(out)
+        written = programs * _BLOCK
+        self.assertAllClose(out[:written], x[:written])
+        self._assert_unwritten(out[written:])
+
+  @parameterized.parameters(False, True)
+  def test_out_shape_arrays_are_not_kept_alive(self, jit):
+    x = jnp.asarray(self.random((32,)))
+    like = jnp.zeros_like(x)
+    seen = []
+
+    def f(x, like):
+      seen.append(weakref.ref(like))
+      return jt_dist.triton_call(
+          x, 1.5, x.size, kernel=scale_kernel, out_shape=like,
+          grid=(triton.cdiv(x.size, _BLOCK),), BLOCK=_BLOCK)
+
+    self.assertAllClose((jax.jit(f) if jit else f)(x, like),
+                        np.asarray(x) * 1.5)
+    del like
+    gc.collect()
+    # Eagerly the array, under jax.jit its tracer: the memo holds neither.
+    self.assertIsNone(seen[0]())
+
+  def test_repeated_call_with_keyword_scalars_binds_once(self):
+    x = self.random((64,))
+    xs = jnp.asarray(x)
+    with _Counting() as counting:
+      for _ in range(3):
+        out = jt_dist.triton_call(
+            xs, kernel=scale_kernel, out_shape=xs, grid=(4,), alpha=2.5,
+            n=64, BLOCK=_BLOCK)
+        self.assertAllClose(out, x * 2.5)
+    self.assertEqual(counting.binds, 1)
+
+  def test_keyword_float_values_lower_at_most_twice(self):
+    x = self.random((64,))
+    xs = jnp.asarray(x)
+    before = jt_dist.cache_info()
+    for s in self.np_rng.uniform(-3, 3, size=8):
+      out = jt_dist.triton_call(
+          xs, kernel=scale_kernel, out_shape=xs, grid=(4,), alpha=float(s),
+          n=64, BLOCK=_BLOCK)
+      self.assertAllClose(out, x * np.float32(s))
+    self.assertLessEqual(jt_dist.cache_info().lowerings - before.lowerings, 2)
+
+  def test_positional_float_values_beside_a_keyword_operand_lower_twice(
+      self):
+    x = self.random((64,))
+    xs = jnp.asarray(x)
+    before = jt_dist.cache_info()
+    for s in self.np_rng.uniform(-3, 3, size=8):
+      out = jt_dist.triton_call(
+          float(s), kernel=offset_kernel, out_shape=xs, grid=(1,), x_ptr=xs,
+          BLOCK=64)
+      self.assertAllClose(out, x + np.float32(s))
+    self.assertLessEqual(jt_dist.cache_info().lowerings - before.lowerings, 2)
 
   def test_grid_callable_sees_new_scalar_values(self):
     x = self.random((64,))

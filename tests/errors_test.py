@@ -36,6 +36,14 @@ def defaulted_kernel(x_ptr, out_ptr, BLOCK: tl.constexpr,
   tl.store(out_ptr + offsets, tl.load(x_ptr + offsets) * SCALE)
 
 
+@triton.jit
+def out_before_n_kernel(x_ptr, y_ptr, out_ptr, n, BLOCK: tl.constexpr):
+  offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+  x = tl.load(x_ptr + offsets, mask=offsets < n)
+  y = tl.load(y_ptr + offsets, mask=offsets < n)
+  tl.store(out_ptr + offsets, x + y, mask=offsets < n)
+
+
 def _add_python(x_ptr, y_ptr, n, out_ptr, BLOCK):
   del x_ptr, y_ptr, n, out_ptr, BLOCK
 
@@ -68,6 +76,22 @@ class ErrorsTest(testing.TestCase):
       self.call(self.x, self.y, 16, kernel=kernel)
 
   # --- binding ---------------------------------------------------------
+
+  @parameterized.parameters(False, True)
+  def test_one_array_too_many_names_it_and_its_parameter(self, n_by_name):
+    # The output passed as an input: args[2] takes out_ptr's place.
+    args, names = ((self.x, self.y, self.x), {"n": 16}) if n_by_name else (
+        (self.x, self.y, self.x, 16), {})
+    with self.assertRaises(jt_dist.KernelBindingError) as caught:
+      self.call(*args, kernel=out_before_n_kernel, BLOCK=16, **names)
+    message = str(caught.exception)
+    for part in ("args[2] is an array binding 'out_ptr'", "output 0 binds",
+                 "drop it"):
+      self.assertIn(part, message)
+    self.assertEqual("pass n= by keyword" in message, not n_by_name)
+    # The advised fix works.
+    out = self.call(self.x, self.y, kernel=out_before_n_kernel, BLOCK=16, n=16)
+    self.assertAllClose(out, np.asarray(self.x) + np.asarray(self.y))
 
   def test_too_many_args(self):
     with self.assertRaisesRegex(

@@ -193,6 +193,30 @@ class ExportForCudaTest(testing.TestCase):
                  "jt_dist.export_options(compute_capability=90)"):
       self.assertIn(part, message)
 
+  @parameterized.parameters("out_shape", "scalar", "grid")
+  def test_symbolic_dimension_is_refused_and_concrete_shapes_export(
+      self, where):
+    (n,) = jax.export.symbolic_shape("n")
+
+    def f(x, y):
+      size = x.shape[0]
+      return jt_dist.triton_call(
+          x, y, size if where == "scalar" else 64, kernel=add_kernel,
+          out_shape=jax.ShapeDtypeStruct(
+              (size if where == "out_shape" else 64,), x.dtype),
+          grid=(size if where == "grid" else 1,), BLOCK=128)
+
+    symbolic = jax.ShapeDtypeStruct((n,), jnp.float32)
+    with self.assertRaises(NotImplementedError) as caught:
+      _export(f, symbolic, symbolic, compute_capability=90)
+    for part in ("symbolic dimension", "shape-polymorphic jax.export is not"
+                 " supported", "concrete shapes"):
+      self.assertIn(part, str(caught.exception))
+    # The advised fix: export with concrete shapes.
+    concrete = jax.ShapeDtypeStruct((64,), jnp.float32)
+    exported = _export(f, concrete, concrete, compute_capability=90)
+    self.assertEqual(exported.in_avals[0].shape, (64,))
+
   def test_cubin_on_legacy_target_errors(self):
     x, y = self._inputs()
     f = lambda a, b: _add(a, b, custom_call_target_name="triton_kernel_call")

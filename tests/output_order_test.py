@@ -57,6 +57,46 @@ def scale_out_first_kernel(out_ptr, x_ptr, n, BLOCK: tl.constexpr):
            mask=mask)
 
 
+@triton.jit
+def scaled_out_first_kernel(out_ptr, x_ptr, n, scale,
+                            BLOCK: tl.constexpr):
+  # ``scale.to`` needs a run-time value: a Python float has no ``.to``.
+  offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+  mask = offsets < n
+  tl.store(out_ptr + offsets, tl.load(x_ptr + offsets, mask=mask)
+           * scale.to(tl.float32), mask=mask)
+
+
+@triton.jit
+def scaled_copy_kernel(x_ptr, n, out_ptr, scale, BLOCK: tl.constexpr):
+  offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+  x = tl.load(x_ptr + offsets, mask=offsets < n)
+  tl.store(out_ptr + offsets, x * scale.to(tl.float32), mask=offsets < n)
+
+
+@triton.jit
+def stages_scale_kernel(out_ptr, x_ptr, n, BLOCK: tl.constexpr,
+                        num_stages: tl.constexpr):
+  # Tutorial 02's softmax takes the pipelining option as a parameter too.
+  offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+  mask = offsets < n
+  tl.store(out_ptr + offsets, tl.load(x_ptr + offsets, mask=mask)
+           * num_stages, mask=mask)
+
+
+@triton.jit
+def in_place_backward_kernel(dy_ptr, dx_ptr, x_ptr, X_DTYPE: tl.constexpr,
+                             dw_ptr, n, BLOCK: tl.constexpr):
+  # Liger's rms_norm backward writes dX over dY; a constexpr sits between
+  # its two outputs.
+  offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+  mask = offsets < n
+  dy = tl.load(dy_ptr + offsets, mask=mask)
+  x = tl.load(x_ptr + offsets, mask=mask)
+  tl.store(dx_ptr + offsets, (dy * x).to(X_DTYPE), mask=mask)
+  tl.store(dw_ptr + offsets, dy + x, mask=mask)
+
+
 def _like(x):
   return jax.ShapeDtypeStruct(x.shape, x.dtype)
 
@@ -175,6 +215,42 @@ class OutputOrderTest(testing.TestCase):
         grid=lambda meta: (triton.cdiv(_N, meta["BLOCK"]),), x_ptr=x, y_ptr=y,
         n=_N)
     self.assertAllClose(out, np.asarray(x) + np.asarray(y))
+
+  @parameterized.parameters(False, True)
+  def test_scalar_by_keyword_after_an_output_is_a_run_time_value(self, jit):
+    x = jnp.asarray(self.random((_N,)))
+    scale = float(self.np_rng.uniform(0.5, 2))
+
+    def f(x):
+      # With an input after the output, and with only the scalar after it.
+      return (jt_dist.triton_call(
+          kernel=scaled_out_first_kernel, out_shape=_like(x), grid=(4,),
+          x_ptr=x, n=_N, scale=scale, BLOCK=_BLOCK),
+              jt_dist.triton_call(
+                  x, _N, kernel=scaled_copy_kernel, out_shape=_like(x),
+                  grid=(4,), scale=scale, BLOCK=_BLOCK))
+
+    for out in (jax.jit(f) if jit else f)(x):
+      self.assertAllClose(out, np.asarray(x) * np.float32(scale))
+
+  def test_a_launch_option_naming_a_parameter_binds_it(self):
+    # As in Triton's launcher: num_stages=2 binds the parameter and is the
+    # pipelining option.
+    x = jnp.asarray(self.random((_N,)))
+    out = jt_dist.triton_call(
+        kernel=stages_scale_kernel, out_shape=_like(x), grid=(4,), x_ptr=x,
+        n=_N, BLOCK=_BLOCK, num_stages=2)
+    self.assertAllClose(out, np.asarray(x) * 2)
+
+  def test_in_place_alias_with_a_constexpr_between_the_outputs(self):
+    # jax-triton 0.3.1's alias form: the aliased output keeps its parameter.
+    dy, x = (jnp.asarray(self.random((_N,))) for _ in range(2))
+    dx, dw = jt_dist.triton_call(
+        dy, kernel=in_place_backward_kernel, out_shape=(_like(dy), _like(dy)),
+        grid=(4,), input_output_aliases={0: 0}, x_ptr=x,
+        X_DTYPE=tl.float32, n=_N, BLOCK=_BLOCK)
+    self.assertAllClose(dx, np.asarray(dy) * np.asarray(x))
+    self.assertAllClose(dw, np.asarray(dy) + np.asarray(x))
 
   def test_too_many_outputs_names_the_parameters_left(self):
     x = jnp.asarray(self.random((_N,)))

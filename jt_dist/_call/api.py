@@ -10,6 +10,7 @@ from typing import Any, Callable, Mapping, Sequence
 import jax
 import numpy as np
 
+from jt_dist import _errors
 from jt_dist._call import kernel_call as _kernel_call
 from jt_dist._call import memo as _memo
 from jt_dist._core import exact as _exact
@@ -170,7 +171,9 @@ def triton_call(*args: Any, kernel: Any, out_shape: Any = None, grid: Any,
     metaparams: any other keyword: values for the kernel's remaining
       parameters, by name; usually its ``tl.constexpr`` parameters. A keyword naming a
       non-constexpr parameter is an operand, as if passed positionally in
-      parameter order (jax-triton 0.4).
+      parameter order (jax-triton 0.4). A launch option above (such as
+      ``num_stages``) that names a kernel parameter also binds it, as in
+      Triton's launcher.
 
   Returns:
     The outputs, in the structure of ``out_shape``.
@@ -256,8 +259,15 @@ def triton_call(*args: Any, kernel: Any, out_shape: Any = None, grid: Any,
     # out_shape that binding reports in full.
     key = call = None
   if call is None or not call.made_for(kernel):
-    return _first_call(args, kernel, out_shape, grid, kwargs, key, runtime,
-                       plain, type_key)
+    try:
+      return _first_call(args, kernel, out_shape, grid, kwargs, key, runtime,
+                         plain, type_key)
+    except _errors.KernelBindingError as e:
+      explained = _kernel_call.explain_binding(e, args, kernel, out_shape,
+                                               grid, kwargs)
+      if explained is e:
+        raise
+      raise explained from None
   return call(*itertools.compress(args, call.passed))
 
 
@@ -304,32 +314,33 @@ def _template(args: Sequence[Any], runtime: bool) -> tuple:
 
 def _first_call(args, kernel, out_shape, grid, kwargs, key, runtime, plain,
                 type_key=None):
-  """A call with no memo entry under ``key``: keyword operands merged.
+  """A call with no memo entry under ``key``.
 
-  Array operands by keyword make ``key`` None; it is made again once they
-  join the positional ones. The call is filed under ``plain`` too where
+  Keyword operands are moved among the positional ones and the call made
+  again in that form, which the memo keys. The call is filed under ``plain`` too where
   that key holds all the call is keyed by and tells its floats apart (run
   time, or no zero or NaN compiled in); ``type_key`` is the key of the
   scalars' types, whose first values these are.
   """
   merged_kernel, merged, metaparams = _operands.merge_keywords(
       kernel, args, kwargs)
+  if len(merged) != len(args):
+    # Keyword operands, now positional: keyed and bound as if so passed, so
+    # that their scalars follow the positional ones' rule.
+    out = triton_call(*merged, kernel=merged_kernel, out_shape=out_shape,
+                      grid=grid, **metaparams)
+    if (key is not None and merged_kernel is kernel
+        and type(out_shape) is _SHAPE_DTYPE and type(grid) is tuple  # pylint: disable=unidiomatic-typecheck
+        and all(map(_is_operand, args))):
+      _file_keyword_scalars(key, len(args), kernel, merged, out_shape, grid,
+                            metaparams)
+    return out
   statics = tuple(OPERAND if _is_operand(a) else a for a in merged)
-  if key is None and len(merged) != len(args):
-    runtime = False
-    kernel = merged_kernel  # A reordering wrapper is cached: one id.
-    try:
-      key = (id(kernel), _memo.out_key(out_shape), _memo.grid_key(grid),
-             _exact.dict_key(metaparams), _template(merged, False),
-             True)
-      call = _memo.triton_calls.get(key)
-      if call is not None and call.made_for(kernel):
-        return call(*[a for a, s in zip(merged, statics) if s is OPERAND])
-    except TypeError:
-      key = None
-  # Scalars given by keyword are keyed by value: they stay static.
   call = _kernel_call.make(merged_kernel, out_shape, grid, metaparams,
-                           statics, runtime and len(merged) == len(args))
+                           statics, runtime)
+  # Called before it is filed: a call that fails is made again, and its
+  # binding error explained, each time.
+  out = call(*[a for a, passed in zip(args, call.passed) if passed])
   scalars = [i for i, a in enumerate(args) if not _is_operand(a)]
   if type_key is not None:
     _memo.triton_calls.put(type_key, _FirstValues(key))
@@ -348,7 +359,27 @@ def _first_call(args, kernel, out_shape, grid, kwargs, key, runtime, plain,
       # says so, and the call is kept under its values.
       _memo.triton_calls.put(key, _BY_VALUE)
       _memo.triton_calls.put((*key[:-1], _template(args, False)), call)
-  return call(*[a for a, passed in zip(merged, call.passed) if passed])
+  return out
+
+
+def _file_keyword_scalars(key, n_args, kernel, merged, out_shape, grid,
+                          metaparams) -> None:
+  """Files under ``key`` (which holds the keywords' exact values) the call
+  made for the positional form ``merged`` of a call of arrays and keyword
+  scalars, where it compiles those in: a repeated call then binds nothing."""
+  inner = (id(kernel), out_shape.shape, out_shape.dtype, out_shape.weak_type,
+           out_shape.sharding, grid,
+           tuple(map(type, (*merged, *metaparams.values(), *grid))),
+           *metaparams.items())
+  try:
+    call = _memo_get(inner)
+    if type(call) is _Fixed:  # pylint: disable=unidiomatic-typecheck
+      call = _memo_get((call, call.values(merged)))
+  except TypeError:
+    return  # An unhashable metaparam.
+  if (type(call) is _kernel_call.KernelCall and call.made_for(kernel)  # pylint: disable=unidiomatic-typecheck
+      and not any(call.passed[n_args:])):
+    _memo.triton_calls.put(key, call)
 
 
 def _file_plain(plain, call, args, scalars) -> bool:

@@ -17,6 +17,8 @@ from jt_dist import _compat
 from jt_dist import _errors
 from jt_dist import _settings
 from jt_dist._core import kernel as _kernel
+from jt_dist._core import operands as _operands
+from jt_dist._core import outputs as _outputs
 from jt_dist._core import runtime_scalar as _runtime_scalar
 from jt_dist._core import shard_size as _shard_size
 from jt_dist._core import types as _types
@@ -275,6 +277,50 @@ def raise_failure(error: Exception, args: Sequence[Any], call: KernelCall):
   raise error
 
 
+def explain_binding(error: _errors.KernelBindingError, args: Sequence[Any],
+                    kernel: Any, out_shape: Any, grid: Any,
+                    kwargs: dict) -> _errors.KernelBindingError:
+  """``error`` with its fix where one array argument is one too many: the
+  call binds without it (the arguments after it by keyword), an output
+  then binding that argument's parameter. Else ``error`` itself.
+
+  A call with keyword operands is explained again with the caller's own
+  arguments, after its positional form was (``unexplained``)."""
+  base = getattr(error, "unexplained", error)
+  try:
+    info = _kernel.kernel_info(kernel)
+    kwargs = dict(kwargs)
+    out_shape = resolve_out_shape(out_shape, kwargs.pop("out_type", None))
+    kwargs.pop("device", None)
+    options, metaparams = _local_call.options_from_keywords(kwargs)
+  except Exception:  # pylint: disable=broad-except
+    return error
+  for i in reversed(range(min(len(args), len(info.params)))):
+    if _types.is_scalar(args[i]) or not _types.is_shape_dtype(args[i]):
+      continue
+    name = info.params[i].name
+    later = {p.name: a for p, a in zip(info.params[i + 1:], args[i + 1:])}
+    try:
+      _, spec, _ = _local_call.check_binding(
+          args[:i], kernel, out_shape, grid, options,
+          {**metaparams, **later})
+    except Exception:  # pylint: disable=broad-except
+      continue
+    outputs = [op.index for op in spec.operands
+               if op.kind == "output" and op.name == name]
+    if outputs:
+      also = (f", and pass {', '.join(f'{k}=' for k in later)} by keyword"
+              if later else "")
+      explained = _errors.KernelBindingError(
+          f"{base} args[{i}] is an array binding {name!r}, which output"
+          f" {outputs[0]} binds once args[{i}] is dropped: one array argument"
+          f" too many? If args[{i}] stands for the output, drop it{also};"
+          f" out_shape gives {name!r} its buffer.")
+      explained.unexplained = base
+      return explained
+  return error
+
+
 def _flat(args):
   return [leaf for a in args for leaf in jax.tree_util.tree_leaves(a)]
 
@@ -340,7 +386,9 @@ def make(kernel, out_shape, grid, kwargs: dict, statics,
   if out_type is not None:
     out_shape = resolve_out_shape(out_shape, out_type)
   device = kwargs.pop("device", None)
+  out_shape = _outputs.without_arrays(out_shape)
   options, metaparams = _local_call.options_from_keywords(kwargs)
+  metaparams.update(_operands.launch_option_params(kernel, kwargs))
   return KernelCall(kernel, out_shape, grid, options, metaparams, statics,
                     device, runtime_scalars)
 

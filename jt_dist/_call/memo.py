@@ -8,6 +8,7 @@ values as Triton specialises on them (``jt_dist._core.exact``).
 
 from __future__ import annotations
 
+import types
 from typing import Any
 
 import jax
@@ -65,13 +66,15 @@ def out_key(out_shape: Any) -> Any:
 
 
 def grid_key(grid: Any) -> Any:
-  """The key of a grid: its values, or a callable's code and closure (an
-  inline lambda is a new object per call with the same code; its closure's
-  and defaults' values tell two lambdas apart). Raises TypeError for a
-  closure over an unhashable value: the caller then keys nothing."""
+  """The key of a grid: its values; a function's code, closure and defaults
+  (an inline lambda is a new object per call with the same code; the values
+  it was made with tell two apart); any other callable (a bound method, a
+  ``functools.partial``) as the object it is. Raises TypeError for an
+  unhashable part: the caller then keys nothing."""
   if type(grid) is tuple:  # pylint: disable=unidiomatic-typecheck
     return _exact.plain_tuple_key(grid)
-  if (code := getattr(grid, "__code__", None)) is None:
+  if type(grid) is not types.FunctionType:  # pylint: disable=unidiomatic-typecheck
     return _exact.key(grid)
   cells = tuple(c.cell_contents for c in (grid.__closure__ or ()))
-  return code, _exact.key(cells), _exact.key(grid.__defaults__)
+  return (grid.__code__, _exact.key(cells), _exact.key(grid.__defaults__),
+          _exact.key(grid.__kwdefaults__))

@@ -113,8 +113,8 @@ def kernel_metadata(kernel: Any, *args: Any, out_shape: Any = None,
     ``n_spills`` and ``warp_size`` None.
   """
   options, metaparams = _local_call.options_from_keywords(kwargs)
-  spec = _local_call.check_binding(args, kernel, out_shape, grid, options,
-                                   metaparams)
+  _, spec, _ = _local_call.check_binding(args, kernel, out_shape, grid,
+                                         options, metaparams)
   device = jax.devices()[0] if device is None else device
   found = [_one(single, single.launches[0], device)
            for single in (_choose.single(spec, i)

@@ -22,6 +22,7 @@ from jt_dist._core import outputs as _outputs
 from jt_dist._core import positional as _positional
 from jt_dist._core import pre_hooks as _pre_hooks
 from jt_dist._core import pytree_args as _pytree_args
+from jt_dist._core import types as _types
 
 # The ``CallOptions`` fields a ``CallSpec`` carries as they are.
 _SPEC_OPTIONS = (
@@ -116,6 +117,7 @@ def evaluate_grid(grid: Any, named: Mapping[str, Any],
         " them in the kernel from tl.program_id with // and %.")
   for axis, (value, limit) in enumerate(zip(dims, MAX_GRID)):
     name = f"grid[{axis}] ({'xyz'[axis]})"
+    _types.refuse_symbolic(value, name)
     if not isinstance(value, numbers.Integral) or isinstance(value, bool):
       raise TypeError(
           f"triton_call: {name} must be an int; got {value!r} of type"

@@ -13,8 +13,8 @@ import numpy as np
 
 from jt_dist import _errors
 from jt_dist._core import kernel as _kernel
+from jt_dist._core import options as _options
 from jt_dist._core import types as _types
-from jt_dist._core import shard_size as _shard_size
 from jt_dist._core import wrapper as _wrapper
 
 
@@ -26,13 +26,30 @@ def _set_by_layers(info, name: str) -> bool:
              for layer in info.layers)
 
 
+def launch_option_params(kernel: Any, kwargs: dict[str, Any]) -> dict:
+  """The launch options in ``kwargs`` that also name a kernel parameter.
+
+  Triton's launcher binds such a keyword to the parameter and also takes it
+  as the option (tutorial 02's ``num_stages: tl.constexpr``).
+  """
+  both = [name for name in _options.NAMED if name in kwargs]
+  if not both:
+    return {}
+  try:
+    params = _kernel.kernel_info(kernel).param_by_name
+  except TypeError:
+    return {}  # bind_call reports what the kernel is.
+  return {name: kwargs[name] for name in both if name in params}
+
+
 def merge_keywords(kernel: Any, args: Sequence[Any],
                    metaparams: dict[str, Any]):
   """``(kernel, args, metaparams)`` with keyword operands moved into args,
   with constexprs between them, up to the first parameter no keyword binds
-  (usually an output's). A scalar after it stays by name, compiled in; an
-  array (an input after an output, as in PyTorch kernels) makes ``kernel``
-  a wrapper taking the keyword operands right after the args."""
+  (usually an output's). An operand after it (an input after an output, as
+  in PyTorch kernels) makes ``kernel`` a wrapper taking the keyword operands
+  right after the args: each is then bound as its parameter's type, a
+  scalar as a run-time value. Only a ``None`` stays by name."""
   try:
     info = _kernel.kernel_info(kernel)
   except TypeError:
@@ -51,8 +68,9 @@ def merge_keywords(kernel: Any, args: Sequence[Any],
           f" multiple values for argument {name!r}. Pass it once,"
           " positionally or by name.")
   merged, rest, left = _walk(info, args, metaparams, names)
-  if any(_is_pointer(rest[name]) for name in left):
-    # An input after an output: a wrapper takes the keyword operands first.
+  if any(rest[name] is not None for name in left):
+    # An operand after an output: a wrapper takes the keyword operands
+    # first, so that each is passed as its parameter's type.
     moved = sorted(names, key=info.param_names.index)
     order = (*info.param_names[:len(args)], *moved,
              *(n for n in info.param_names[len(args):] if n not in moved))
@@ -79,12 +97,6 @@ def _walk(info, args, metaparams, names):
     else:
       break
   return tuple(args), rest, left
-
-
-def _is_pointer(value: Any) -> bool:
-  """Whether a keyword operand left by name would have to be a pointer."""
-  return not (value is None or _types.is_scalar(value)
-              or isinstance(value, _shard_size.ShardSize))
 
 
 def _short(value: Any) -> str:

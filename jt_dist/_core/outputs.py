@@ -56,6 +56,17 @@ def flatten_out_shape(out_shape: Any, allow_empty: bool = False):
   return tuple(flat), tree
 
 
+def without_arrays(out_shape: Any) -> Any:
+  """``out_shape`` with each array leaf (``out_shape=x``) as its shape and
+  dtype, so that a call kept for reuse holds no caller's array or tracer."""
+  if type(out_shape) is jax.ShapeDtypeStruct:  # pylint: disable=unidiomatic-typecheck
+    return out_shape
+  return jax.tree_util.tree_map(
+      lambda leaf: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype)
+      if isinstance(leaf, (jax.Array, np.ndarray)) else leaf,
+      out_shape, is_leaf=_types.is_shape_dtype)
+
+
 def _checked_shape(shape: Any, where: str) -> tuple[int, ...]:
   """``shape`` as a tuple of ints, checked: ``int(2.5)`` would silently make
   a smaller buffer, and a negative size an unreadable MLIR error."""
@@ -66,6 +77,7 @@ def _checked_shape(shape: Any, where: str) -> tuple[int, ...]:
         f"triton_call: {where} has shape {shape!r} of type"
         f" {type(shape).__name__}; a shape is a tuple of ints, e.g. (16,)."
     ) from None
+  _types.refuse_symbolic(dims, f"{where}'s shape {dims!r}")
   for axis, dim in enumerate(dims):
     if (not isinstance(dim, (int, np.integer))
         or isinstance(dim, (bool, np.bool_))):
@@ -214,12 +226,20 @@ def _warn_ambiguous(info, old, new, aliases) -> None:
 def _bind_031(info, args, kinds, out_shapes, metaparams, aliases):
   operands, constexprs = _positional.bind_positional(
       info, args, kinds, len(out_shapes))
-  for k in range(len(out_shapes)):  # Output k binds parameter len(args) + k.
-    param = info.params[len(args) + k]
+  # Output k binds the k-th parameter after the args that no keyword binds
+  # (a constexpr given by name may sit between two outputs).
+  free = [p for p in info.params[len(args):] if p.name not in metaparams]
+  for k in range(len(out_shapes)):
+    param = free[k] if k < len(free) else info.params[len(args) + k]
     if param.is_constexpr:
       raise _positional.binding_error(
           info, f"output {k} binds {param.name!r}, a tl.constexpr parameter."
           " Pass fewer outputs, or pass the inputs that come before it.")
+    if param.name in metaparams:
+      raise _positional.binding_error(
+          info, f"output {k} binds {param.name!r}, which metaparam"
+          f" {param.name}= binds too. Pass fewer outputs, or drop the"
+          " metaparam.")
     operands.append(_output(param.name, k, out_shapes))
   return _checked(info, args, operands, constexprs, out_shapes, metaparams,
                   aliases)

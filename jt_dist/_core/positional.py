@@ -49,8 +49,10 @@ def _classify(where: str, arg: Any, arrays) -> tuple[str, Any]:
           f" [{-(2**63)}, {2**64 - 1}], or split it across two parameters.")
     return "scalar", arg
   if _types.is_shape_dtype(arg):
+    _types.refuse_symbolic(tuple(arg.shape), f"{where}'s shape")
     _types.pointer_dtype(arg.dtype, where, arg.shape)
     return "array", next(arrays)
+  _types.refuse_symbolic(arg, where)
   raise TypeError(
       f"triton_call: {where} = {arg!r} of type {type(arg).__name__} is"
       " neither an array nor a bool/int/float scalar. Pass jax.Arrays"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import jax
 import numpy as np
 
 # Element types a kernel pointer may carry, by NumPy/JAX dtype name.
@@ -31,6 +32,19 @@ ANNOTATED_TYPES = {"i1": "i1", "u1": "i1", "i32": "i32", "u32": "u32",
 def is_shape_dtype(x: Any) -> bool:
   """Whether ``x`` describes an array: it has ``.shape`` and ``.dtype``."""
   return hasattr(x, "shape") and hasattr(x, "dtype")
+
+
+def refuse_symbolic(values: Any, where: str) -> None:
+  """Raises NotImplementedError where ``values`` (a shape, or one value)
+  hold a symbolic dimension: ``int(...)`` of one raises too."""
+  for value in values if isinstance(values, tuple) else (values,):
+    if jax.export.is_symbolic_dim(value):
+      raise NotImplementedError(
+          f"triton_call: {where} holds the symbolic dimension {value!r}:"
+          " shape-polymorphic jax.export is not supported, since a Triton"
+          " kernel is compiled for concrete shapes. Export with concrete"
+          " shapes (jax.ShapeDtypeStruct((1024,), dtype)), once per shape"
+          " you need.")
 
 
 def pointer_dtype(dtype: Any, where: str, shape: Any = None) -> np.dtype:

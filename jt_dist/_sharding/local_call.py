@@ -79,15 +79,14 @@ def options_from_keywords(kwargs: dict):
 
 
 def check_binding(args, kernel, out_shape, grid, options, metaparams):
-  """Binds without launching (to explain operands jax.jit refused, or to
-  compile alone); returns the call's spec."""
+  """Binds without launching, to explain operands jax.jit refused: returns
+  ``bind_call``'s ``(array_args, spec, out_tree)``."""
   kernel, args, metaparams = _operands.merge_keywords(kernel, args,
                                                      metaparams)
   args, descriptors = _tensordesc.split(args)
   kernel, args, metaparams = _resolved(kernel, args, metaparams)
   return _binding.bind_call(args, kernel, out_shape, grid,
-                            options.with_descriptors(descriptors),
-                            metaparams)[1]
+                            options.with_descriptors(descriptors), metaparams)
 
 
 def _resolved(kernel, args, metaparams):

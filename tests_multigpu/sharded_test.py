@@ -252,6 +252,87 @@ class ShardedTest(testing.TestCase):
     self.assertLess(losses[-1], losses[0])
 
 
+_COLLECTIVES = ("all_reduce", "all_gather", "all_to_all",
+                "collective_permute", "reduce_scatter")
+
+
+def _program_ops(f, args, platform):
+  """The lowered program's kernel custom calls and collectives, counted."""
+  text = _program_text(f, args, platform)
+  target = ("triton_kernel_call" if platform == "cuda"
+            else "xla_buffer_python_cpu_callback")
+  counts = {"kernels": len(re.findall(
+      rf"stablehlo\.custom_call @{target}\b", text))}
+  for op in _COLLECTIVES:
+    if n := len(re.findall(rf"stablehlo\.{op}\b", text)):
+      counts[op] = n
+  # Before partitioning, a reshard is a constraint XLA turns into one.
+  for name, op in (("shard_maps", "manual_computation"),
+                   ("reshards", "sharding_constraint")):
+    if n := len(re.findall(rf"sdy\.{op}\b", text)):
+      counts[name] = n
+  return counts
+
+
+class ShardedProgramTest(testing.TestCase):
+  """Under jax.jit a sharded call is one kernel launch per shard, and the
+  collectives its plan needs: nothing the front door adds."""
+
+  def setUp(self):
+    super().setUp()
+    self.mesh = jax.make_mesh((4, 2), ("x", "y"), devices=self.devices(8))
+
+  def _plain(self, a, b):
+    return jt_dist.sharded_triton_call(
+        a, b, jt_dist.shard_size(0), kernel=sharded_add.add_kernel,
+        out_shape=jax.ShapeDtypeStruct(a.shape, a.dtype),
+        grid=lambda meta: (triton.cdiv(meta["n_elements"], 16),),
+        mesh=self.mesh, in_specs=(P(("x", "y")),) * 2,
+        out_specs=P(("x", "y")), BLOCK=16, **self.options)
+
+  def _reduced(self, a, b):
+    return sharded_matmul._call(a, b, self.mesh, (P(None, "x"), P("x", None)),
+                                P(), ("sum", "x"), (16, 16, 16), jnp.float32)
+
+  def _ruled(self, a, b):
+    rule = jt_dist.ShardingRule("i k, k j -> i j", reductions={"k": "sum"})
+    return jt_dist.sharded_triton_call(
+        a, b, jt_dist.shard_size(0, axis=0), jt_dist.shard_size(1, axis=1),
+        jt_dist.shard_size(0, axis=1), kernel=sharded_matmul.matmul_kernel,
+        out_shape=jax.ShapeDtypeStruct((a.shape[0], b.shape[1]), a.dtype),
+        grid=(1, 1), mesh=self.mesh, sharding_rule=rule, BLOCK_M=16,
+        BLOCK_N=16, BLOCK_K=16, **self.options)
+
+  @parameterized.product(platform=("cpu", "cuda"), case=(
+      ("plain", {"kernels": 1, "shard_maps": 1}),
+      # Host arrays: laid out by the specs inside the program.
+      ("reduced", {"kernels": 1, "all_reduce": 1, "shard_maps": 1,
+                   "reshards": 2}),
+      ("ruled", {"kernels": 1, "all_reduce": 1, "shard_maps": 1}),
+      ("ruled_resharded", {"kernels": 1, "all_reduce": 1, "shard_maps": 1,
+                           "reshards": 1})))
+  def test_one_kernel_per_shard_and_the_plan_s_collectives(self, platform,
+                                                           case):
+    name, expected = case
+    if platform == "cuda" and not util.HAS_TRITON_CALL:
+      self.skipTest(util.SKIP_REASON)
+    self.options = {"compute_capability": 90} if platform == "cuda" else {}
+    put = lambda x, spec: jax.device_put(x, NamedSharding(self.mesh, spec))
+    if name == "plain":
+      f, args = self._plain, [put(self.random((64,)), P(("x", "y")))] * 2
+    elif name == "reduced":
+      if platform == "cuda":
+        self.skipTest("sharded_matmul takes no compute_capability")
+      f, args = self._reduced, (self.random((16, 32)), self.random((32, 16)))
+    else:
+      # Resharded: B split along K over "y", which the plan gives "x"
+      # (K over "x" from A) leaves whole: gathered first.
+      b_spec = P("y", None) if name == "ruled_resharded" else P("x", None)
+      f, args = self._ruled, (put(self.random((16, 32)), P(None, "x")),
+                              put(self.random((32, 16)), b_spec))
+    self.assertEqual(_program_ops(f, args, platform), expected)
+
+
 class ShardedErrorsTest(testing.TestCase):
 
   def setUp(self):

@@ -40,6 +40,8 @@ from jt_dist._core.runtime_scalar import RuntimeScalar
 from jt_dist._core.runtime_scalar import runtime_scalar
 from jt_dist._core.shard_size import ShardSize
 from jt_dist._core.shard_size import shard_size
+from jt_dist._call.sharded import ShardedKernelCall
+from jt_dist._call.sharded import sharded_kernel_call
 from jt_dist._call.sharded import sharded_triton_call
 from jt_dist._call.cache_info import CacheInfo
 from jt_dist._call.cache_info import cache_info
@@ -62,6 +64,7 @@ __all__ = [
     "ExportError",
     "ExportedKernelCall",
     "KernelCall",
+    "ShardedKernelCall",
     "KernelAssertionError",
     "KernelBindingError",
     "KernelLaunchError",
@@ -90,6 +93,7 @@ __all__ = [
     "pin_autotune_config",
     "runtime_scalar",
     "shard_size",
+    "sharded_kernel_call",
     "sharded_triton_call",
     "strides_from_shape",
     "triton_call",

@@ -252,6 +252,104 @@ class ShardedTest(testing.TestCase):
     self.assertLess(losses[-1], losses[0])
 
 
+class PlacementByLayoutTest(testing.TestCase):
+  """Arrays on another mesh object are moved by one device_put, or taken."""
+
+  def setUp(self):
+    super().setUp()
+    self.devices8 = self.devices(8)
+    self.mesh = jax.make_mesh((8,), ("x",), devices=self.devices8)
+
+  def _add(self, x, y, **kwargs):
+    return jt_dist.sharded_triton_call(
+        x, y, jt_dist.shard_size(0), kernel=sharded_add.add_kernel,
+        out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
+        grid=lambda meta: (triton.cdiv(meta["n_elements"], 16),),
+        mesh=self.mesh, BLOCK=16, **kwargs)
+
+  @parameterized.named_parameters(
+      ("auto_axes", ("x",), jax.sharding.AxisType.Auto, P("x")),
+      ("other_name", ("z",), jax.sharding.AxisType.Explicit, P("z")),
+      ("auto_replicated", ("x",), jax.sharding.AxisType.Auto, P()))
+  def test_arrays_on_another_mesh_object(self, names, kind, spec):
+    other = jax.sharding.Mesh(np.array(self.devices8), names,
+                              axis_types=(kind,))
+    x, y = self.random((64,)), self.random((64,))
+    a, b = (jax.device_put(v, NamedSharding(other, spec)) for v in (x, y))
+    # Left out, in_specs are the arrays' own where their mesh's axes are
+    # the call's (else replicated).
+    inferred = spec if names == ("x",) else P()
+    for in_specs, out_specs in (((P("x"),) * 2, P("x")), (None, inferred)):
+      out = self._add(a, b, in_specs=in_specs, out_specs=out_specs)
+      self.assertAllClose(out, x + y)
+
+  def test_other_mesh_object_under_a_held_call(self):
+    other = jax.sharding.Mesh(np.array(self.devices8), ("x",),
+                              axis_types=(jax.sharding.AxisType.Auto,))
+    x, y = self.random((64,)), self.random((64,))
+    add = jt_dist.sharded_kernel_call(
+        sharded_add.add_kernel, out_shape=jax.ShapeDtypeStruct((64,),
+                                                               jnp.float32),
+        grid=(1,), mesh=self.mesh, in_specs=(P("x"),) * 2, out_specs=P("x"),
+        n_elements=jt_dist.shard_size(0), BLOCK=16)
+    a, b = (jax.device_put(v, NamedSharding(other, P("x"))) for v in (x, y))
+    self.assertAllClose(add(a, b), x + y)
+    out = add(add(a, b), jnp.asarray(y))  # Its own output, then a moved one.
+    self.assertAllClose(out, x + 2 * y)
+    self.assertEqual(out.sharding, NamedSharding(self.mesh, P("x")))
+
+
+class ShardedKernelCallTest(testing.TestCase):
+  """The held sharded call: the same answers as sharded_triton_call."""
+
+  def setUp(self):
+    super().setUp()
+    self.mesh = jax.make_mesh((4, 2), ("x", "y"), devices=self.devices(8))
+
+  def _held(self, **kwargs):
+    options = dict(out_shape=jax.ShapeDtypeStruct((64,), jnp.float32),
+                   grid=lambda meta: (triton.cdiv(meta["n_elements"], 8),),
+                   mesh=self.mesh, n_elements=jt_dist.shard_size(0), BLOCK=8)
+    options.update(kwargs)
+    return jt_dist.sharded_kernel_call(sharded_add.add_kernel, **options)
+
+  @parameterized.parameters(False, True)
+  def test_eager_and_under_jit(self, jit):
+    add = self._held(in_specs=(P(("x", "y")),) * 2, out_specs=P(("x", "y")))
+    x, y = self.random((64,)), self.random((64,))
+    f = jax.jit(add) if jit else add
+    out = f(x, y)
+    for _ in range(3):
+      out = f(out, y)
+    self.assertAllClose(out, x + 4 * y)
+    self.assertEqual(out.sharding.spec, P(("x", "y")))
+    self.assertIn("sharded_kernel_call(add_kernel", repr(add))
+
+  def test_out_reduce_and_rule(self):
+    x, y = self.random((64,)), self.random((64,))
+    reduced = self._held(in_specs=(P("x"),) * 2, out_specs=P(),
+                         out_reduce=("sum", "x"),
+                         out_shape=jax.ShapeDtypeStruct((16,), jnp.float32))
+    self.assertAllClose(reduced(x, y),
+                        (np.asarray(x) + np.asarray(y)).reshape(4, 16).sum(0))
+    ruled = self._held(in_specs=(P("x"), P("y")),
+                       sharding_rule=jt_dist.ShardingRule("i, i -> i"))
+    self.assertAllClose(ruled(x, y), x + y)
+
+  def test_inferred_specs_and_mesh(self):
+    put = lambda v: jax.device_put(v, NamedSharding(self.mesh, P("y")))
+    x, y = put(self.random((64,))), put(self.random((64,)))
+    add = self._held(mesh=None, out_specs=P("y"))
+    self.assertAllClose(add(x, y), x + y)
+    self.assertEqual(add(x, y).sharding.spec, P("y"))
+
+  def test_bad_specs_at_the_first_call(self):
+    add = self._held(in_specs=(P("x"), P("y")))
+    with self.assertRaisesRegex(jt_dist.ShardingSpecError, "split"
+                                " differently"):
+      add(self.random((64,)), self.random((64,)))
+
+
 _COLLECTIVES = ("all_reduce", "all_gather", "all_to_all",
                 "collective_permute", "reduce_scatter")
 
@@ -325,8 +423,8 @@ class ShardedProgramTest(testing.TestCase):
         self.skipTest("sharded_matmul takes no compute_capability")
       f, args = self._reduced, (self.random((16, 32)), self.random((32, 16)))
     else:
-      # Resharded: B split along K over "y", which the plan gives "x"
-      # (K over "x" from A) leaves whole: gathered first.
+      # Resharded: B split along K over "y", where the plan (from A) splits
+      # K over "x": moved first.
       b_spec = P("y", None) if name == "ruled_resharded" else P("x", None)
       f, args = self._ruled, (put(self.random((16, 32)), P(None, "x")),
                               put(self.random((32, 16)), b_spec))

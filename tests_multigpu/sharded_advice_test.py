@@ -13,7 +13,6 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 import numpy as np
 import triton
-import triton.language as tl
 
 import jt_dist
 from jt_dist import testing
@@ -23,6 +22,9 @@ import sys  # pylint: disable=g-bad-import-order,wrong-import-order
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from examples import sharded_add  # pylint: disable=g-import-not-at-top,wrong-import-position
 from examples import sharded_matmul  # pylint: disable=g-import-not-at-top,wrong-import-position
+sys.path.insert(0, os.path.join(
+    os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests"))
+from feature_kernels import double_and_shift_kernel  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 testing.configure_cpu_devices()
 
@@ -47,16 +49,6 @@ def suggested(message: str, name: str):
       break
     end += 1
   return eval(message[start:end], {"P": P})  # pylint: disable=eval-used
-
-
-@triton.jit
-def double_and_shift_kernel(x_ptr, n, doubled_ptr, shifted_ptr,
-                            BLOCK: tl.constexpr):
-  offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-  mask = offsets < n
-  x = tl.load(x_ptr + offsets, mask=mask)
-  tl.store(doubled_ptr + offsets, x * 2, mask=mask)
-  tl.store(shifted_ptr + offsets, x + 1, mask=mask)
 
 
 class AdviceTest(testing.TestCase):

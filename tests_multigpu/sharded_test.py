@@ -31,6 +31,7 @@ from examples import sharded_matmul  # pylint: disable=g-import-not-at-top
 sys.path.insert(0, os.path.join(
     os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests"))
 import gpu_lowering_util as util  # pylint: disable=g-import-not-at-top,wrong-import-position
+from feature_kernels import double_and_shift_kernel  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 testing.configure_cpu_devices()
 
@@ -62,17 +63,6 @@ def scale_rows_kernel(x_ptr, s_ptr, n_cols, out_ptr, BLOCK: tl.constexpr):
   x = tl.load(x_ptr + row * n_cols + cols, mask=mask)
   s = tl.load(s_ptr + cols, mask=mask)
   tl.store(out_ptr + row * n_cols + cols, x * s, mask=mask)
-
-
-@triton.jit
-def double_and_shift_kernel(x_ptr, n, doubled_ptr, shifted_ptr,
-                            BLOCK: tl.constexpr):
-  """Two outputs: doubled = 2 * x, shifted = x + 1."""
-  offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-  mask = offsets < n
-  x = tl.load(x_ptr + offsets, mask=mask)
-  tl.store(doubled_ptr + offsets, x * 2, mask=mask)
-  tl.store(shifted_ptr + offsets, x + 1, mask=mask)
 
 
 class ShardedTest(testing.TestCase):

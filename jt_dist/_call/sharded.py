@@ -1,22 +1,16 @@
-"""``sharded_kernel_call`` and ``sharded_triton_call``: a kernel over a mesh.
-
-``sharded_kernel_call`` takes everything but the operands once and returns
-a ``ShardedKernelCall``: one ``jax.jit`` of a ``jax.shard_map`` of the
-kernel's call on each shard (``jt_dist._sharding.mesh_call``), so that a
-repeated call on operands laid out as it wants is jax's own dispatch.
-``sharded_triton_call`` finds the one made for its static parts in the
-front door's memo and calls it.
-"""
+"""``sharded_kernel_call``, a ``jax.jit`` of ``jt_dist._sharding.mesh_call``'s
+``shard_map``, and ``sharded_triton_call``, its memo's drop-in front door."""
 
 from __future__ import annotations
 
 import itertools
+import operator
 from typing import Any, Sequence
 
 import jax
 from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 from jax.sharding import SingleDeviceSharding
-import numpy as np
 
 from jt_dist._call import api as _api
 from jt_dist._call import kernel_call as _kernel_call
@@ -33,9 +27,7 @@ OPERAND = _kernel_call.OPERAND
 _SHAPE_DTYPE = jax.ShapeDtypeStruct
 # The classes of concrete jax.Arrays (jaxlib's ArrayImpl), as they are met.
 _ARRAYS: set[type] = set()
-# Arguments a plain key files by type (arrays) or by value (a float is not:
-# 0.0 == -0.0).
-_BY_TYPE = {np.ndarray}
+# The arguments a plain key files by value (a float is not: 0.0 == -0.0).
 _BY_VALUE = frozenset((int, bool, _shard_size.ShardSize))
 
 
@@ -64,9 +56,6 @@ class ShardedKernelCall:
     self._accepted = None
     self._jitted = jax.jit(self._traced, static_argnums=0)
 
-  def made_for(self, kernel: Any) -> bool:
-    return kernel is self.kernel
-
   def _args(self, operands: Sequence[Any]) -> list[Any]:
     if not self.statics:
       return list(operands)
@@ -89,11 +78,12 @@ class ShardedKernelCall:
 
   def __call__(self, *operands: Any) -> Any:
     accepted = self._accepted
-    if accepted is not None and len(operands) == len(accepted) and all(
-        type(x) in _ARRAYS and x.sharding in ok
-        for x, ok in zip(operands, accepted)):
-      # Laid out as the call wants: jax's dispatch alone.
-      return self._run(None, operands)
+    if accepted is not None and len(operands) == len(accepted):
+      for x, ok in zip(operands, accepted):
+        if type(x) not in _ARRAYS or x.sharding not in ok:
+          break
+      else:  # Laid out as the call wants: jax's dispatch alone.
+        return self._run(None, operands)
     if any(isinstance(x, jax.core.Tracer)
            for x in jax.tree_util.tree_leaves(operands)):
       # In the caller's trace, where the caller's jit is the cache.
@@ -261,15 +251,15 @@ def sharded_triton_call(
   plain = None
   if (type(out_shape) is _SHAPE_DTYPE and type(grid) is tuple  # pylint: disable=unidiomatic-typecheck
       and out_type is None):
-    # The commonest call, keyed without a Python loop: arrays by type, the
-    # other arguments by value.
-    kinds = tuple(map(type, args))
+    # The commonest call, keyed without a Python loop: arrays by type, and
+    # other arguments (at positions an itemgetter filed here picks) by value.
     try:
       plain = (id(kernel), out_shape.shape, out_shape.dtype,
-               out_shape.weak_type, out_shape.sharding, grid, specs, kinds,
-               tuple(a for a, t in zip(args, kinds) if t not in _BY_TYPE),
-               *kwargs.items())
+               out_shape.weak_type, out_shape.sharding, grid, specs,
+               tuple(map(type, args)), *kwargs.items())
       call = _memo.sharded_calls.get(plain)
+      if type(call) is operator.itemgetter:  # pylint: disable=unidiomatic-typecheck
+        call = _memo.sharded_calls.get((call, call(args)))
     except TypeError:
       plain = call = None
     if call is not None and call.kernel is kernel:
@@ -294,9 +284,8 @@ def _first_call(args, kernel, out_shape, grid, out_type, specs, kwargs,
   for a in merged:
     if isinstance(a, jax.Array) and not isinstance(a, jax.core.Tracer):
       _ARRAYS.add(type(a))
-      _BY_TYPE.add(type(a))
   spec_leaves, spec_tree = jax.tree_util.tree_flatten(
-      specs, is_leaf=_mesh_call.is_spec_leaf)
+      specs, is_leaf=lambda x: x is None or isinstance(x, P))
   try:
     key = (id(merged_kernel), _memo.out_key(out_shape), _memo.grid_key(grid),
            _exact.dict_key(merged_kwargs),
@@ -305,15 +294,31 @@ def _first_call(args, kernel, out_shape, grid, out_type, specs, kwargs,
     call = _memo.sharded_calls.get(key)
   except TypeError:
     key = call = None
-  if call is None or not call.made_for(merged_kernel):
+  if call is None or call.kernel is not merged_kernel:
     call = ShardedKernelCall(merged_kernel, out_shape, grid, *specs,
                              merged_kwargs, statics)
     if key is not None:
       _memo.sharded_calls.put(key, call)
-  if (plain is not None and merged is args
-      and _BY_VALUE.union(_BY_TYPE).issuperset(map(type, args))):
-    _memo.sharded_calls.put(plain, call)
+  # Filed under the plain key too where no keyword moved into the args.
+  if (plain is not None and len(merged) == len(args)
+      and merged_kernel is kernel
+      and _BY_VALUE.union(_ARRAYS).issuperset(map(type, args))):
+    _file_plain(plain, args, call)
   return call(*itertools.compress(merged, call.passed))
+
+
+def _file_plain(plain, args, call) -> None:
+  """Files ``call`` under ``plain``, or under ``plain``'s getter of the
+  values of its scalar arguments and those values."""
+  positions = [i for i, a in enumerate(args) if type(a) not in _ARRAYS]
+  if not positions:
+    _memo.sharded_calls.put(plain, call)
+    return
+  getter = _memo.sharded_calls.get(plain)
+  if type(getter) is not operator.itemgetter:  # pylint: disable=unidiomatic-typecheck
+    getter = operator.itemgetter(*positions)
+    _memo.sharded_calls.put(plain, getter)
+  _memo.sharded_calls.put((getter, getter(args)), call)
 
 
 def _refuse_descriptors(args, kwargs) -> None:

@@ -1,9 +1,5 @@
-"""What a sharded call says when its specs do not fit, and the fix.
-
-Every fix suggested here is one that runs: an ``out_specs`` is suggested
-only where each input's shard maps onto the output's shard, and inputs
-split differently are told to be split alike first.
-"""
+"""What a sharded call whose specs do not fit says, with a fix that runs:
+``out_specs`` only where each input's shard maps onto the output's."""
 
 from __future__ import annotations
 
@@ -122,12 +118,11 @@ def _split_alike(shape, needed: P, sources, operands) -> str:
   text = (f"The inputs are split differently ({given}), so each shard"
           " would pair parts of them that do not match, and neither"
           " out_specs nor out_reduce can make that right. Split them alike")
-  if all(tuple(o.shape) == tuple(shape) for o in operands):
-    specs = ", ".join([spec_text(needed)] * len(operands))
-    comma = "," if len(operands) == 1 else ""
-    return (f"{text}: pass in_specs=({specs}{comma}) and"
-            f" out_specs={spec_text(needed)}.")
-  return f"{text} (in_specs), then name the axes they split in out_specs."
+  if any(tuple(o.shape) != tuple(shape) for o in operands):
+    return f"{text} (in_specs), then name the axes they split in out_specs."
+  specs = ", ".join([spec_text(needed)] * len(operands))
+  return (f"{text}: pass in_specs=({specs}{',' * (len(operands) == 1)}) and"
+          f" out_specs={spec_text(needed)}.")
 
 
 def _reduce_fix(outputs: Outputs, k: int, missing: list) -> str:

@@ -1,16 +1,11 @@
-"""One kernel call per shard of a mesh: the specs, the plan, the shard_map.
-
-A sharded call is resolved once (``resolve``: its mesh and one checked spec
-per array leaf), placed by those specs, then run (``run``): the outputs'
-specs and reductions are planned, and one ``jax.shard_map`` of a
-``triton_call`` per shard is bound. With a ``ShardingRule`` the plan is
-the rule's (``partition``).
+"""One kernel call per shard of a mesh, in one pass: ``resolve`` (the mesh,
+one checked spec per array leaf), ``place``, then ``run`` (the outputs'
+plan, or a ``ShardingRule``'s, and one ``jax.shard_map``).
 
 An output varies over every mesh axis an input does, so its ``out_specs``
-must name those axes unless ``out_reduce`` reduces over them.
-``_check_varying`` says so inside the shard, before ``shard_map`` would:
-its message advises ``check_vma=False``, which returns one shard's data as
-the whole.
+must name those axes unless ``out_reduce`` reduces over them;
+``_check_varying`` says so before ``shard_map`` would, whose message
+advises ``check_vma=False`` (one shard's data returned as the whole).
 """
 
 from __future__ import annotations
@@ -37,10 +32,6 @@ class Resolved(NamedTuple):
 
   mesh: Any
   specs: tuple[P, ...]
-
-
-def is_spec_leaf(x: Any) -> bool:
-  return x is None or isinstance(x, P)
 
 
 def _per_output(value, is_one, out_tree, n: int, message) -> list:

@@ -65,6 +65,13 @@ def scale_rows_kernel(x_ptr, s_ptr, n_cols, out_ptr, BLOCK: tl.constexpr):
   tl.store(out_ptr + row * n_cols + cols, x * s, mask=mask)
 
 
+@triton.jit
+def reciprocal_kernel(x_ptr, out_ptr, Z: tl.constexpr, BLOCK: tl.constexpr):
+  """out = 1 / Z, whatever x: the sign of a zero Z shows."""
+  offsets = tl.arange(0, BLOCK)
+  tl.store(out_ptr + offsets, 1.0 / tl.full((BLOCK,), Z, tl.float32))
+
+
 class ShardedTest(testing.TestCase):
 
   def setUp(self):
@@ -332,6 +339,16 @@ class ShardedKernelCallTest(testing.TestCase):
     add = self._held(mesh=None, out_specs=P("y"))
     self.assertAllClose(add(x, y), x + y)
     self.assertEqual(add(x, y).sharding.spec, P("y"))
+
+  def test_float_metaparams_keyed_by_their_bits(self):
+    x = jnp.asarray(self.random((64,)))
+    call = lambda z: jt_dist.sharded_triton_call(
+        x, kernel=reciprocal_kernel,
+        out_shape=jax.ShapeDtypeStruct((64,), jnp.float32), grid=(1,),
+        mesh=self.mesh, in_specs=(P("x"),), out_specs=P("x"), Z=z, BLOCK=16)
+    for z, expected in ((0.0, np.inf), (-0.0, -np.inf), (0.0, np.inf)):
+      np.testing.assert_array_equal(jax.device_get(call(z)),
+                                    np.full(64, expected, np.float32))
 
   def test_bad_specs_at_the_first_call(self):
     add = self._held(in_specs=(P("x"), P("y")))

@@ -27,7 +27,7 @@ OPERAND = _kernel_call.OPERAND
 _SHAPE_DTYPE = jax.ShapeDtypeStruct
 # The classes of concrete jax.Arrays (jaxlib's ArrayImpl), as they are met.
 _ARRAYS: set[type] = set()
-# The arguments a plain key files by value (a float is not: 0.0 == -0.0).
+# What a plain key files by value (a float is not: 0.0 == -0.0).
 _BY_VALUE = frozenset((int, bool, _shard_size.ShardSize))
 
 
@@ -302,7 +302,9 @@ def _first_call(args, kernel, out_shape, grid, out_type, specs, kwargs,
   # Filed under the plain key too where no keyword moved into the args.
   if (plain is not None and len(merged) == len(args)
       and merged_kernel is kernel
-      and _BY_VALUE.union(_ARRAYS).issuperset(map(type, args))):
+      and _BY_VALUE.union(_ARRAYS).issuperset(map(type, args))
+      and _BY_VALUE.union(_exact.PLAIN).issuperset(
+          map(type, (*kwargs.values(), *grid)))):
     _file_plain(plain, args, call)
   return call(*itertools.compress(merged, call.passed))
 

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import functools
 import itertools
 import operator
 from typing import Any, Sequence
@@ -54,7 +55,10 @@ class ShardedKernelCall:
     # Per operand: the shardings taken as they are (set at the first call
     # whose operands are all arrays); None: each call places them.
     self._accepted = None
-    self._jitted = jax.jit(self._traced, static_argnums=0)
+    # Of the operands alone, resolved in the trace; or with the mesh and
+    # specs found on the operands, static.
+    self._jitted = jax.jit(functools.partial(self._traced, None))
+    self._by_layout = jax.jit(self._traced, static_argnums=0)
 
   def _args(self, operands: Sequence[Any]) -> list[Any]:
     if not self.statics:
@@ -101,7 +105,9 @@ class ShardedKernelCall:
 
   def _run(self, resolved, operands):
     try:
-      return self._jitted(resolved, *operands)
+      if resolved is None:
+        return self._jitted(*operands)
+      return self._by_layout(resolved, *operands)
     except Exception as e:  # pylint: disable=broad-except
       _host_faults.raise_original(e)
       raise

@@ -49,20 +49,15 @@ class ShardedKernelCall:
     self._where = (mesh, in_specs)
     self.statics = tuple(statics)
     self.passed = tuple(s is OPERAND for s in self.statics)
-    # A given mesh and in_specs resolve alike in the trace: the eager call
-    # then only places, and its key is the operands' types and shardings.
+    # A given mesh and in_specs resolve alike in the trace (_jitted); else
+    # they are found on the operands, static (_by_layout).
     self._in_trace = mesh is not None and in_specs is not None
-    # Per operand: the shardings taken as they are (set at the first call
-    # whose operands are all arrays); None: each call places them.
+    # Per operand, the shardings taken as they are; None: each call places.
     self._accepted = None
-    # Of the operands alone, resolved in the trace; or with the mesh and
-    # specs found on the operands, static.
     self._jitted = jax.jit(functools.partial(self._traced, None))
     self._by_layout = jax.jit(self._traced, static_argnums=0)
 
   def _args(self, operands: Sequence[Any]) -> list[Any]:
-    if not self.statics:
-      return list(operands)
     it = iter(operands)
     args = [next(it) if s is OPERAND else s for s in self.statics]
     args.extend(it)
@@ -119,8 +114,7 @@ class ShardedKernelCall:
 
 
 def _accepted(operands, resolved):
-  """Per operand, the shardings a call takes as they are, or None where an
-  operand is not an array (a tuple, a scalar)."""
+  """Per operand, the shardings taken as they are; None for a non-array."""
   if len(resolved.specs) != len(operands):
     return None
   accepted = []
@@ -316,8 +310,7 @@ def _first_call(args, kernel, out_shape, grid, out_type, specs, kwargs,
 
 
 def _file_plain(plain, args, call) -> None:
-  """Files ``call`` under ``plain``, or under ``plain``'s getter of the
-  values of its scalar arguments and those values."""
+  """Files ``call`` under ``plain``, or under its scalars' getter and values."""
   positions = [i for i, a in enumerate(args) if type(a) not in _ARRAYS]
   if not positions:
     _memo.sharded_calls.put(plain, call)
@@ -347,8 +340,7 @@ def _refuse_descriptors(args, kwargs) -> None:
 
 def _with_refs(args, kernel, out_shape, grid, mesh, in_specs, out_specs,
                out_reduce, rule, kwargs):
-  """A sharded call with Ref arguments: their values go in as arrays, and
-  come back as extra outputs, split as the inputs, to be written back."""
+  """A call with Refs: their values go in, and come back to be written."""
   _refs.check(args, kwargs.get("input_output_aliases"), rule,
               "sharded_triton_call")
   ref_args = _refs.top_level(args, "sharded_triton_call")

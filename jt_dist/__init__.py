@@ -42,6 +42,8 @@ from jt_dist._core.runtime_scalar import RuntimeScalar
 from jt_dist._core.runtime_scalar import runtime_scalar
 from jt_dist._core.shard_size import ShardSize
 from jt_dist._core.shard_size import shard_size
+from jt_dist._call.sharded import ShardedKernelCall
+from jt_dist._call.sharded import sharded_kernel_call
 from jt_dist._call.sharded import sharded_triton_call
 from jt_dist._call.cache_info import CacheInfo
 from jt_dist._call.cache_info import cache_info
@@ -65,6 +67,7 @@ __all__ = [
     "ExportedKernelCall",
     "KernelCall",
     "KernelMetadata",
+    "ShardedKernelCall",
     "KernelAssertionError",
     "KernelBindingError",
     "KernelLaunchError",
@@ -94,6 +97,7 @@ __all__ = [
     "pin_autotune_config",
     "runtime_scalar",
     "shard_size",
+    "sharded_kernel_call",
     "sharded_triton_call",
     "strides_from_shape",
     "triton_call",

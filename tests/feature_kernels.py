@@ -21,6 +21,17 @@ def add_kernel(x_ptr, y_ptr, n, out_ptr, BLOCK: tl.constexpr):
 
 
 @triton.jit
+def double_and_shift_kernel(x_ptr, n, doubled_ptr, shifted_ptr,
+                            BLOCK: tl.constexpr):
+  """Two outputs: doubled = 2 * x, shifted = x + 1."""
+  offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+  mask = offsets < n
+  x = tl.load(x_ptr + offsets, mask=mask)
+  tl.store(doubled_ptr + offsets, x * 2, mask=mask)
+  tl.store(shifted_ptr + offsets, x + 1, mask=mask)
+
+
+@triton.jit
 def copy_kernel(in_ptr, n, out_ptr, BLOCK: tl.constexpr):
   offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
   mask = offsets < n

@@ -31,6 +31,7 @@ from examples import sharded_matmul  # pylint: disable=g-import-not-at-top
 sys.path.insert(0, os.path.join(
     os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests"))
 import gpu_lowering_util as util  # pylint: disable=g-import-not-at-top,wrong-import-position
+from feature_kernels import double_and_shift_kernel  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 testing.configure_cpu_devices()
 
@@ -65,14 +66,10 @@ def scale_rows_kernel(x_ptr, s_ptr, n_cols, out_ptr, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def double_and_shift_kernel(x_ptr, n, doubled_ptr, shifted_ptr,
-                            BLOCK: tl.constexpr):
-  """Two outputs: doubled = 2 * x, shifted = x + 1."""
-  offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-  mask = offsets < n
-  x = tl.load(x_ptr + offsets, mask=mask)
-  tl.store(doubled_ptr + offsets, x * 2, mask=mask)
-  tl.store(shifted_ptr + offsets, x + 1, mask=mask)
+def reciprocal_kernel(x_ptr, out_ptr, Z: tl.constexpr, BLOCK: tl.constexpr):
+  """out = 1 / Z, whatever x: the sign of a zero Z shows."""
+  offsets = tl.arange(0, BLOCK)
+  tl.store(out_ptr + offsets, 1.0 / tl.full((BLOCK,), Z, tl.float32))
 
 
 class ShardedTest(testing.TestCase):
@@ -250,6 +247,199 @@ class ShardedTest(testing.TestCase):
     _, losses = layernorm_training.train(x, target, params, mesh, steps=5,
                                          remat=remat)
     self.assertLess(losses[-1], losses[0])
+
+
+class PlacementByLayoutTest(testing.TestCase):
+  """Arrays on another mesh object are moved by one device_put, or taken."""
+
+  def setUp(self):
+    super().setUp()
+    self.devices8 = self.devices(8)
+    self.mesh = jax.make_mesh((8,), ("x",), devices=self.devices8)
+
+  def _add(self, x, y, **kwargs):
+    # Blocks of 8 over a whole replicated array: enough for any shard.
+    out = jax.ShapeDtypeStruct((64,), jnp.float32)
+    return jt_dist.sharded_triton_call(
+        x, y, jt_dist.shard_size(0), kernel=sharded_add.add_kernel,
+        out_shape=out, grid=(8,), mesh=self.mesh, BLOCK=8, **kwargs)
+
+  @parameterized.named_parameters(
+      ("auto_axes", ("x",), jax.sharding.AxisType.Auto, P("x")),
+      ("other_name", ("z",), jax.sharding.AxisType.Explicit, P("z")),
+      ("auto_replicated", ("x",), jax.sharding.AxisType.Auto, P()))
+  def test_arrays_on_another_mesh_object(self, names, kind, spec):
+    other = jax.sharding.Mesh(np.array(self.devices8), names,
+                              axis_types=(kind,))
+    x, y = self.random((64,)), self.random((64,))
+    a, b = (jax.device_put(v, NamedSharding(other, spec)) for v in (x, y))
+    # Left out, in_specs are the arrays' own where their mesh's axes are
+    # the call's (else replicated).
+    inferred = spec if names == ("x",) else P()
+    for in_specs, out_specs in (((P("x"),) * 2, P("x")), (None, inferred)):
+      out = self._add(a, b, in_specs=in_specs, out_specs=out_specs)
+      self.assertAllClose(out, x + y)
+
+  def test_other_mesh_object_under_a_held_call(self):
+    other = jax.sharding.Mesh(np.array(self.devices8), ("x",),
+                              axis_types=(jax.sharding.AxisType.Auto,))
+    x, y = self.random((64,)), self.random((64,))
+    add = jt_dist.sharded_kernel_call(
+        sharded_add.add_kernel, out_shape=jax.ShapeDtypeStruct((64,),
+                                                               jnp.float32),
+        grid=(1,), mesh=self.mesh, in_specs=(P("x"),) * 2, out_specs=P("x"),
+        n_elements=jt_dist.shard_size(0), BLOCK=16)
+    a, b = (jax.device_put(v, NamedSharding(other, P("x"))) for v in (x, y))
+    self.assertAllClose(add(a, b), x + y)
+    out = add(add(a, b), jnp.asarray(y))  # Its own output, then a moved one.
+    self.assertAllClose(out, x + 2 * y)
+    self.assertEqual(out.sharding, NamedSharding(self.mesh, P("x")))
+
+
+class ShardedKernelCallTest(testing.TestCase):
+  """The held sharded call: the same answers as sharded_triton_call."""
+
+  def setUp(self):
+    super().setUp()
+    self.mesh = jax.make_mesh((4, 2), ("x", "y"), devices=self.devices(8))
+
+  def _held(self, **kwargs):
+    options = dict(out_shape=jax.ShapeDtypeStruct((64,), jnp.float32),
+                   grid=lambda meta: (triton.cdiv(meta["n_elements"], 8),),
+                   mesh=self.mesh, n_elements=jt_dist.shard_size(0), BLOCK=8)
+    options.update(kwargs)
+    return jt_dist.sharded_kernel_call(sharded_add.add_kernel, **options)
+
+  @parameterized.parameters(False, True)
+  def test_eager_and_under_jit(self, jit):
+    add = self._held(in_specs=(P(("x", "y")),) * 2, out_specs=P(("x", "y")))
+    x, y = self.random((64,)), self.random((64,))
+    f = jax.jit(add) if jit else add
+    out = f(x, y)
+    for _ in range(3):
+      out = f(out, y)
+    self.assertAllClose(out, x + 4 * y)
+    self.assertEqual(out.sharding.spec, P(("x", "y")))
+    self.assertIn("sharded_kernel_call(add_kernel", repr(add))
+
+  def test_out_reduce_and_rule(self):
+    x, y = self.random((64,)), self.random((64,))
+    reduced = self._held(in_specs=(P("x"),) * 2, out_specs=P(),
+                         out_reduce=("sum", "x"),
+                         out_shape=jax.ShapeDtypeStruct((16,), jnp.float32))
+    self.assertAllClose(reduced(x, y),
+                        (np.asarray(x) + np.asarray(y)).reshape(4, 16).sum(0))
+    ruled = self._held(in_specs=(P("x"), P("y")),
+                       sharding_rule=jt_dist.ShardingRule("i, i -> i"))
+    self.assertAllClose(ruled(x, y), x + y)
+
+  def test_inferred_specs_and_mesh(self):
+    put = lambda v: jax.device_put(v, NamedSharding(self.mesh, P("y")))
+    x, y = put(self.random((64,))), put(self.random((64,)))
+    add = self._held(mesh=None, out_specs=P("y"))
+    self.assertAllClose(add(x, y), x + y)
+    self.assertEqual(add(x, y).sharding.spec, P("y"))
+
+  def test_float_metaparams_keyed_by_their_bits(self):
+    x = jnp.asarray(self.random((64,)))
+    call = lambda z: jt_dist.sharded_triton_call(
+        x, kernel=reciprocal_kernel,
+        out_shape=jax.ShapeDtypeStruct((64,), jnp.float32), grid=(1,),
+        mesh=self.mesh, in_specs=(P("x"),), out_specs=P("x"), Z=z, BLOCK=16)
+    # As one device computes it (Triton's versions differ on -0.0).
+    for z in (0.0, -0.0, 0.0):
+      single = jt_dist.triton_call(
+          x[:16], kernel=reciprocal_kernel, grid=(1,), Z=z, BLOCK=16,
+          out_shape=jax.ShapeDtypeStruct((16,), jnp.float32))
+      np.testing.assert_array_equal(jax.device_get(call(z)),
+                                    np.tile(np.asarray(single), 4))
+
+  def test_bad_specs_at_the_first_call(self):
+    add = self._held(in_specs=(P("x"), P("y")))
+    with self.assertRaisesRegex(jt_dist.ShardingSpecError, "split"
+                                " differently"):
+      add(self.random((64,)), self.random((64,)))
+
+
+_COLLECTIVES = ("all_reduce", "all_gather", "all_to_all",
+                "collective_permute", "reduce_scatter")
+
+
+def _program_ops(f, args, platform):
+  """The lowered program's kernel custom calls and collectives, counted."""
+  text = _program_text(f, args, platform)
+  target = ("triton_kernel_call" if platform == "cuda"
+            else "xla_buffer_python_cpu_callback")
+  counts = {"kernels": len(re.findall(
+      rf"stablehlo\.custom_call @{target}\b", text))}
+  for op in _COLLECTIVES:
+    if n := len(re.findall(rf"stablehlo\.{op}\b", text)):
+      counts[op] = n
+  # Before partitioning, a reshard is a constraint XLA turns into one.
+  for name, op in (("shard_maps", "manual_computation"),
+                   ("reshards", "sharding_constraint")):
+    if n := len(re.findall(rf"sdy\.{op}\b", text)):
+      counts[name] = n
+  return counts
+
+
+class ShardedProgramTest(testing.TestCase):
+  """Under jax.jit a sharded call is one kernel launch per shard, and the
+  collectives its plan needs: nothing the front door adds."""
+
+  def setUp(self):
+    super().setUp()
+    self.mesh = jax.make_mesh((4, 2), ("x", "y"), devices=self.devices(8))
+
+  def _plain(self, a, b):
+    return jt_dist.sharded_triton_call(
+        a, b, jt_dist.shard_size(0), kernel=sharded_add.add_kernel,
+        out_shape=jax.ShapeDtypeStruct(a.shape, a.dtype),
+        grid=lambda meta: (triton.cdiv(meta["n_elements"], 16),),
+        mesh=self.mesh, in_specs=(P(("x", "y")),) * 2,
+        out_specs=P(("x", "y")), BLOCK=16, **self.options)
+
+  def _reduced(self, a, b):
+    return sharded_matmul._call(a, b, self.mesh, (P(None, "x"), P("x", None)),
+                                P(), ("sum", "x"), (16, 16, 16), jnp.float32)
+
+  def _ruled(self, a, b):
+    rule = jt_dist.ShardingRule("i k, k j -> i j", reductions={"k": "sum"})
+    return jt_dist.sharded_triton_call(
+        a, b, jt_dist.shard_size(0, axis=0), jt_dist.shard_size(1, axis=1),
+        jt_dist.shard_size(0, axis=1), kernel=sharded_matmul.matmul_kernel,
+        out_shape=jax.ShapeDtypeStruct((a.shape[0], b.shape[1]), a.dtype),
+        grid=(1, 1), mesh=self.mesh, sharding_rule=rule, BLOCK_M=16,
+        BLOCK_N=16, BLOCK_K=16, **self.options)
+
+  @parameterized.product(platform=("cpu", "cuda"), case=(
+      ("plain", {"kernels": 1, "shard_maps": 1}),
+      # Host arrays: laid out by the specs inside the program.
+      ("reduced", {"kernels": 1, "all_reduce": 1, "shard_maps": 1,
+                   "reshards": 2}),
+      ("ruled", {"kernels": 1, "all_reduce": 1, "shard_maps": 1}),
+      ("ruled_resharded", {"kernels": 1, "all_reduce": 1, "shard_maps": 1,
+                           "reshards": 1})))
+  def test_one_kernel_per_shard_and_the_plan_s_collectives(self, platform,
+                                                           case):
+    name, expected = case
+    if platform == "cuda" and not util.HAS_TRITON_CALL:
+      self.skipTest(util.SKIP_REASON)
+    self.options = {"compute_capability": 90} if platform == "cuda" else {}
+    put = lambda x, spec: jax.device_put(x, NamedSharding(self.mesh, spec))
+    if name == "plain":
+      f, args = self._plain, [put(self.random((64,)), P(("x", "y")))] * 2
+    elif name == "reduced":
+      if platform == "cuda":
+        self.skipTest("sharded_matmul takes no compute_capability")
+      f, args = self._reduced, (self.random((16, 32)), self.random((32, 16)))
+    else:
+      # Resharded: B split along K over "y", where the plan (from A) splits
+      # K over "x": moved first.
+      b_spec = P("y", None) if name == "ruled_resharded" else P("x", None)
+      f, args = self._ruled, (put(self.random((16, 32)), P(None, "x")),
+                              put(self.random((32, 16)), b_spec))
+    self.assertEqual(_program_ops(f, args, platform), expected)
 
 
 class ShardedErrorsTest(testing.TestCase):

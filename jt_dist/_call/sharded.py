@@ -1,14 +1,17 @@
-"""``sharded_triton_call``'s front door: its memo and its Refs.
-
-An eager call fixes its mesh and specs from its arguments, then runs the
-jitted ``shard_map`` made for them.
-"""
+"""``sharded_kernel_call``, a ``jax.jit`` of ``jt_dist._sharding.mesh_call``'s
+``shard_map``, and ``sharded_triton_call``, its memo's drop-in front door."""
 
 from __future__ import annotations
 
-from typing import Any
+import functools
+import itertools
+import operator
+from typing import Any, Sequence
 
 import jax
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+from jax.sharding import SingleDeviceSharding
 
 from jt_dist._call import api as _api
 from jt_dist._call import kernel_call as _kernel_call
@@ -16,13 +19,159 @@ from jt_dist._call import memo as _memo
 from jt_dist._core import exact as _exact
 from jt_dist._core import host_faults as _host_faults
 from jt_dist._core import operands as _operands
-from jt_dist._core import pytree_args as _pytree_args
+from jt_dist._core import shard_size as _shard_size
 from jt_dist._core import tensordesc as _tensordesc
+from jt_dist._sharding import mesh_call as _mesh_call
 from jt_dist._sharding import refs as _refs
-from jt_dist._sharding import sharded_call as _sharded_call
-from jt_dist._sharding import specs as _specs
 
 OPERAND = _kernel_call.OPERAND
+_SHAPE_DTYPE = jax.ShapeDtypeStruct
+# The classes of concrete jax.Arrays (jaxlib's ArrayImpl), as they are met.
+_ARRAYS: set[type] = set()
+# What a plain key files by value (a float is not: 0.0 == -0.0).
+_BY_VALUE = frozenset((int, bool, _shard_size.ShardSize))
+
+
+class ShardedKernelCall:
+  """A Triton kernel run once per shard of a mesh, as a function.
+
+  Call it with the kernel's operands, global arrays, in order. Positional
+  values fixed when it was made (``statics``: scalars, ``shard_size``
+  placeholders) keep their places among them.
+  """
+
+  def __init__(self, kernel, out_shape, grid, mesh, in_specs, out_specs,
+               out_reduce, sharding_rule, kwargs: dict,
+               statics: Sequence[Any] = ()):
+    self.kernel = kernel
+    self._call = (out_shape, grid, out_specs, out_reduce, sharding_rule,
+                  kwargs)
+    self._where = (mesh, in_specs)
+    self.statics = tuple(statics)
+    self.passed = tuple(s is OPERAND for s in self.statics)
+    # A given mesh and in_specs resolve alike in the trace (_jitted); else
+    # they are found on the operands, static (_by_layout).
+    self._in_trace = mesh is not None and in_specs is not None
+    # Per operand, the shardings taken as they are; None: each call places.
+    self._accepted = None
+    self._jitted = jax.jit(functools.partial(self._traced, None))
+    self._by_layout = jax.jit(self._traced, static_argnums=0)
+
+  def _args(self, operands: Sequence[Any]) -> list[Any]:
+    it = iter(operands)
+    args = [next(it) if s is OPERAND else s for s in self.statics]
+    args.extend(it)
+    return args
+
+  def _resolve(self, args):
+    out_shape, _, out_specs, out_reduce, rule, _ = self._call
+    return _mesh_call.resolve(args, *self._where, out_shape, out_specs,
+                              out_reduce, rule)
+
+  def _traced(self, resolved, *operands):
+    args = self._args(operands)
+    out_shape, grid, out_specs, out_reduce, rule, kwargs = self._call
+    return _mesh_call.run(args, self.kernel, out_shape, grid,
+                          resolved or self._resolve(args), out_specs,
+                          out_reduce, rule, kwargs)
+
+  def __call__(self, *operands: Any) -> Any:
+    accepted = self._accepted
+    if accepted is not None and len(operands) == len(accepted):
+      for x, ok in zip(operands, accepted):
+        if type(x) not in _ARRAYS or x.sharding not in ok:
+          break
+      else:  # Laid out as the call wants: jax's dispatch alone.
+        return self._run(None, operands)
+    if any(isinstance(x, jax.core.Tracer)
+           for x in jax.tree_util.tree_leaves(operands)):
+      # In the caller's trace, where the caller's jit is the cache.
+      return self._traced(None, *operands)
+    args = self._args(operands)
+    resolved = self._resolve(args)
+    placed = _mesh_call.place(args, resolved)
+    if self.statics:
+      n = len(self.statics)
+      placed = [*itertools.compress(placed[:n], self.passed), *placed[n:]]
+    if self._in_trace:
+      self._accepted = _accepted(operands, resolved)
+      resolved = None
+    return self._run(resolved, placed)
+
+  def _run(self, resolved, operands):
+    try:
+      if resolved is None:
+        return self._jitted(*operands)
+      return self._by_layout(resolved, *operands)
+    except Exception as e:  # pylint: disable=broad-except
+      _host_faults.raise_original(e)
+      raise
+
+  def __repr__(self) -> str:
+    name = getattr(getattr(self.kernel, "fn", None), "__name__", self.kernel)
+    return (f"jt_dist.sharded_kernel_call({name}, mesh={self._where[0]},"
+            f" in_specs={self._where[1]!r})")
+
+
+def _accepted(operands, resolved):
+  """Per operand, the shardings taken as they are; None for a non-array."""
+  if len(resolved.specs) != len(operands):
+    return None
+  accepted = []
+  for x, spec in zip(operands, resolved.specs):
+    if not isinstance(x, jax.Array) or isinstance(x, jax.core.Tracer):
+      return None
+    ok = (NamedSharding(resolved.mesh, spec),)
+    if resolved.mesh.size == 1:  # On the mesh's one device, as placed.
+      ok += (SingleDeviceSharding(resolved.mesh.devices.flat[0]),)
+    accepted.append(ok)
+  return tuple(accepted)
+
+
+def sharded_kernel_call(kernel: Any, *, out_shape: Any = None, grid: Any,
+                        mesh: Any = None, in_specs: Any = None,
+                        out_specs: Any = None, out_reduce: Any = None,
+                        sharding_rule: Any = None,
+                        **options_and_metaparams: Any) -> ShardedKernelCall:
+  """Makes a function that runs ``kernel`` once per shard of a mesh.
+
+  The curried form of ``sharded_triton_call``, as ``kernel_call`` is of
+  ``triton_call``: everything but the operands is given once. With
+  ``mesh`` and ``in_specs`` given, a repeated call on operands already laid
+  out by ``in_specs`` (a previous call's outputs, say) goes through
+  ``jax.jit``'s own dispatch; other operands are first moved there with
+  one ``jax.device_put`` each. Under ``jax.jit`` it binds in the caller's
+  trace::
+
+      add = jt_dist.sharded_kernel_call(
+          add_kernel, out_shape=x, grid=grid, mesh=mesh,
+          in_specs=(P("x"), P("x")), out_specs=P("x"),
+          n=jt_dist.shard_size(0), BLOCK=1024)
+      for _ in range(steps):
+        x = add(x, y)
+
+  Args:
+    kernel: a ``@triton.jit`` kernel, optionally autotuned.
+    out_shape, grid, mesh, in_specs, out_specs, out_reduce, sharding_rule:
+      as for ``sharded_triton_call``.
+    **options_and_metaparams: ``triton_call``'s options and the kernel's
+      metaparams by name.
+
+  Returns:
+    A ``ShardedKernelCall``: call it with the kernel's array operands
+    (global arrays, tuples of them), in order; scalars and ``shard_size``
+    placeholders are given here, by their parameters' names.
+
+  Raises:
+    jt_dist.ShardingSpecError, TypeError, ValueError: as for
+      ``sharded_triton_call``, at the first call.
+  """
+  kwargs = dict(options_and_metaparams)
+  out_type = kwargs.pop("out_type", None)
+  if out_type is not None:
+    out_shape = _kernel_call.resolve_out_shape(out_shape, out_type)
+  return ShardedKernelCall(kernel, out_shape, grid, mesh, in_specs,
+                           out_specs, out_reduce, sharding_rule, kwargs)
 
 
 def sharded_triton_call(
@@ -45,6 +194,8 @@ def sharded_triton_call(
   the grid needs per shard come from ``jt_dist.shard_size``, which resolves
   inside the shard, so a grid such as
   ``lambda meta: (triton.cdiv(meta["n"], meta["BLOCK"]),)`` sees local sizes.
+  Each call is ``jt_dist.sharded_kernel_call(kernel, ...)(*args)``, found by
+  its static parts in a bounded memo.
 
   Args:
     *args: the kernel's inputs, as for ``triton_call``; arrays are global.
@@ -63,7 +214,9 @@ def sharded_triton_call(
       ``jax.shard_map``, a prefix of the arguments: a tuple operand takes
       one entry, a ``PartitionSpec`` for all its arrays or a tuple with one
       entry per element (None for a scalar); each array leaf is split on
-      its own, and the kernel gets a tuple of shards.
+      its own, and the kernel gets a tuple of shards. An array laid out
+      otherwise (on one device, on another mesh object, by another spec) is
+      moved there with ``jax.device_put`` first.
     out_specs: one ``PartitionSpec`` for all outputs, or a pytree of them
       matching ``out_shape``; replicated (``P()``) by default, which is
       right only for outputs that vary over no mesh axis (all inputs
@@ -87,97 +240,86 @@ def sharded_triton_call(
   Raises:
     jt_dist.ShardingSpecError: no mesh, the wrong number of ``in_specs``,
       unknown or repeated axes, a spec longer than an array's rank, a
-      dimension its axes do not divide, or an output that varies over a
-      mesh axis (as an input split over it does) that neither its
-      ``out_specs`` entry names nor ``out_reduce`` reduces over.
+      dimension its axes do not divide, inputs split differently over one
+      output dimension, or an output that varies over a mesh axis (as an
+      input split over it does) that neither its ``out_specs`` entry names
+      nor ``out_reduce`` reduces over.
     ValueError: a ``shard_size`` pointing at a scalar or a missing argument.
     TypeError, jt_dist.KernelBindingError: as for ``triton_call``.
   """
+  specs = (mesh, in_specs, out_specs, out_reduce, sharding_rule)
+  plain = None
+  if (type(out_shape) is _SHAPE_DTYPE and type(grid) is tuple  # pylint: disable=unidiomatic-typecheck
+      and out_type is None):
+    # The commonest call, keyed without a Python loop: arrays by type, and
+    # other arguments (at positions an itemgetter filed here picks) by value.
+    try:
+      plain = (id(kernel), out_shape.shape, out_shape.dtype,
+               out_shape.weak_type, out_shape.sharding, grid, specs,
+               tuple(map(type, args)), *kwargs.items())
+      call = _memo.sharded_calls.get(plain)
+      if type(call) is operator.itemgetter:  # pylint: disable=unidiomatic-typecheck
+        call = _memo.sharded_calls.get((call, call(args)))
+    except TypeError:
+      plain = call = None
+    if call is not None and call.kernel is kernel:
+      return call(*itertools.compress(args, call.passed))
+  return _first_call(args, kernel, out_shape, grid, out_type, specs, kwargs,
+                     plain)
+
+
+def _first_call(args, kernel, out_shape, grid, out_type, specs, kwargs,
+                plain):
+  """A call its plain key does not find: made, or found by its full key."""
   if out_type is not None:
     out_shape = _kernel_call.resolve_out_shape(out_shape, out_type)
   _refuse_descriptors(args, kwargs)
   # Keyword operands become positional, so in_specs and rules see them.
-  kernel, args, kwargs = _operands.merge_keywords(kernel, args, kwargs)
-  if _refs.has_refs(args):
-    return _with_refs(args, kernel, out_shape, grid, mesh, in_specs,
-                      out_specs, out_reduce, sharding_rule, kwargs)
-  if any(isinstance(leaf, jax.core.Tracer)
-         for leaf in jax.tree_util.tree_leaves(args)):
-    # Inside a trace: jax's own jit (the caller's) is the cache.
-    return _sharded_call.run(args, kernel, out_shape, grid, mesh, in_specs,
-                             out_specs, out_reduce, sharding_rule, kwargs)
-  # Eagerly, the mesh and the in_specs the arguments imply are fixed now:
-  # the jitted call's trace sees no concrete shardings.
-  mesh = _specs.resolve_mesh(mesh, _pytree_args.flatten(args).leaves)
-  leaf_specs = _sharded_call.leaf_specs(args, mesh, in_specs, out_shape,
-                                        out_specs, sharding_rule)
-  if in_specs is None:
-    in_specs = _per_argument(args, leaf_specs)
-  args = _placed(args, leaf_specs, mesh)
-  statics = tuple(OPERAND if _api._is_operand(a) else a for a in args)  # pylint: disable=protected-access
-  specs = (mesh, in_specs, out_specs, out_reduce, sharding_rule)
+  merged_kernel, merged, merged_kwargs = _operands.merge_keywords(
+      kernel, args, kwargs)
+  if _refs.has_refs(merged):
+    return _with_refs(merged, merged_kernel, out_shape, grid, *specs,
+                      merged_kwargs)
+  statics = tuple(OPERAND if _api._is_operand(a) else a for a in merged)  # pylint: disable=protected-access
+  for a in merged:
+    if isinstance(a, jax.Array) and not isinstance(a, jax.core.Tracer):
+      _ARRAYS.add(type(a))
   spec_leaves, spec_tree = jax.tree_util.tree_flatten(
-      specs, is_leaf=_sharded_call.is_spec_leaf)
+      specs, is_leaf=lambda x: x is None or isinstance(x, P))
   try:
-    key = (id(kernel), _memo.out_key(out_shape), _memo.grid_key(grid),
-           _exact.dict_key(kwargs),
+    key = (id(merged_kernel), _memo.out_key(out_shape), _memo.grid_key(grid),
+           _exact.dict_key(merged_kwargs),
            tuple(s if s is OPERAND else _exact.key(s) for s in statics),
            spec_tree, tuple(spec_leaves))
     call = _memo.sharded_calls.get(key)
   except TypeError:
     key = call = None
-  if call is None or call.kernel is not kernel:
-    call = _ShardedCall(kernel, out_shape, grid, specs, kwargs, statics)
+  if call is None or call.kernel is not merged_kernel:
+    call = ShardedKernelCall(merged_kernel, out_shape, grid, *specs,
+                             merged_kwargs, statics)
     if key is not None:
       _memo.sharded_calls.put(key, call)
-  return call(*[a for a, s in zip(args, statics) if s is OPERAND])
+  # Filed under the plain key too where no keyword moved into the args.
+  if (plain is not None and len(merged) == len(args)
+      and merged_kernel is kernel
+      and _BY_VALUE.union(_ARRAYS).issuperset(map(type, args))
+      and _BY_VALUE.union(_exact.PLAIN).issuperset(
+          map(type, (*kwargs.values(), *grid)))):
+    _file_plain(plain, args, call)
+  return call(*itertools.compress(merged, call.passed))
 
 
-class _ShardedCall:
-  """An eager ``sharded_triton_call``'s jitted ``shard_map``."""
-
-  def __init__(self, kernel, out_shape, grid, specs, kwargs, statics):
-    self.kernel = kernel
-
-    def traced(*operands):
-      it = iter(operands)
-      args = [next(it) if s is OPERAND else s for s in statics]
-      return _sharded_call.run(args, kernel, out_shape, grid, *specs, kwargs)
-
-    self._jitted = jax.jit(traced)
-
-  def __call__(self, *operands):
-    try:
-      return self._jitted(*operands)
-    except Exception as e:  # pylint: disable=broad-except
-      _host_faults.raise_original(e)
-      raise
-
-
-def _placed(args, leaf_specs, mesh):
-  """``args`` with each array leaf laid out on ``mesh`` by its spec: the
-  jitted call refuses operands on devices other than the mesh's."""
-  flat = _pytree_args.flatten(args)
-  specs = iter(leaf_specs)
-  return flat.rebuild([
-      _specs.place(leaf, next(specs), mesh, equivalent_ok=True)
-      if _specs.is_array(leaf)
-      else leaf for leaf in flat.leaves])
-
-
-def _per_argument(args, leaf_specs):
-  """Specs of array leaves as ``in_specs``: one entry per array argument
-  (a tuple operand's nested as it is, None for a scalar)."""
-  it = iter(leaf_specs)
-
-  def entry(arg):
-    if _pytree_args.is_tuple(arg):
-      return tuple(entry(item) for item in arg)
-    return next(it) if _specs.is_array(arg) else None
-
-  return tuple(entry(arg) for arg in args
-               if any(_specs.is_array(leaf)
-                      for leaf in jax.tree_util.tree_leaves(arg)))
+def _file_plain(plain, args, call) -> None:
+  """Files ``call`` under ``plain``, or under its scalars' getter and values."""
+  positions = [i for i, a in enumerate(args) if type(a) not in _ARRAYS]
+  if not positions:
+    _memo.sharded_calls.put(plain, call)
+    return
+  getter = _memo.sharded_calls.get(plain)
+  if type(getter) is not operator.itemgetter:  # pylint: disable=unidiomatic-typecheck
+    getter = operator.itemgetter(*positions)
+    _memo.sharded_calls.put(plain, getter)
+  _memo.sharded_calls.put((getter, getter(args)), call)
 
 
 def _refuse_descriptors(args, kwargs) -> None:
@@ -198,14 +340,15 @@ def _refuse_descriptors(args, kwargs) -> None:
 
 def _with_refs(args, kernel, out_shape, grid, mesh, in_specs, out_specs,
                out_reduce, rule, kwargs):
-  """A sharded call with Ref arguments: their values go in as arrays, and
-  come back as extra outputs, split as the inputs, to be written back."""
+  """A call with Refs: their values go in, and come back to be written."""
   _refs.check(args, kwargs.get("input_output_aliases"), rule,
               "sharded_triton_call")
   ref_args = _refs.top_level(args, "sharded_triton_call")
   values = [a[...] if i in ref_args else a for i, a in enumerate(args)]
-  outs, updated = _sharded_call.run(
-      values, kernel, out_shape, grid, mesh, in_specs,
+  resolved = _mesh_call.resolve(values, mesh, in_specs, out_shape, out_specs,
+                                out_reduce, None)
+  outs, updated = _mesh_call.run(
+      _mesh_call.place(values, resolved), kernel, out_shape, grid, resolved,
       out_specs, out_reduce, None, kwargs, ref_args=ref_args)
   for i, new in zip(ref_args, updated):
     if not isinstance(new, jax.core.Tracer):

@@ -221,10 +221,11 @@ def _leaf_specs(arg: Any, entry: Any, where: str) -> list:
           for spec in _leaf_specs(item, sub, f"{where}[{k}]")]
 
 
-def place(x: Any, spec: P, mesh, equivalent_ok: bool = False):
-  """Lays ``x`` out as ``NamedSharding(mesh, spec)`` if it is not already,
-  as ``shard_map`` over explicit axes wants. ``equivalent_ok``: an array
-  laid out equivalently (on a one-device mesh, say) stays put."""
+def place(x: Any, spec: P, mesh):
+  """Lays ``x`` out as ``NamedSharding(mesh, spec)``, as ``shard_map``
+  wants, unless it is so already (or, on a one-device mesh, sits on that
+  device). On another mesh object, even of the same layout, it is moved: a
+  program has one mesh, and a move to an equivalent layout copies nothing."""
   current = sharding_of(x)
   if isinstance(x, jax.core.Tracer) or not isinstance(mesh, jax.sharding.Mesh):
     # In a trace (a constant too, on its abstract mesh): XLA adds the
@@ -234,10 +235,10 @@ def place(x: Any, spec: P, mesh, equivalent_ok: bool = False):
       return jax.sharding.reshard(x, NamedSharding(mesh, spec))
     return x
   target = NamedSharding(mesh, spec)
-  if isinstance(current, NamedSharding) and current.mesh == mesh and (
-      trimmed(current.spec) == trimmed(spec)) or (
-          equivalent_ok and current is not None
-          and current.is_equivalent_to(target, x.ndim)):
+  if isinstance(current, NamedSharding):
+    if current.mesh == mesh and trimmed(current.spec) == trimmed(spec):
+      return x
+  elif current is not None and current.is_equivalent_to(target, x.ndim):
     return x
   if (isinstance(x, jax.Array) and getattr(x, "committed", False)
       and not target.is_fully_addressable):

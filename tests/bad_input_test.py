@@ -69,7 +69,7 @@ def failing_heuristic(meta):
   return meta["n_elements"] // meta["missing"]
 
 
-def failing_prune(configs, named_args):
+def failing_prune(configs, named_args, **kwargs):
   raise RuntimeError(f"cannot prune {len(configs)} configs")
 
 

@@ -25,9 +25,9 @@ import jax.numpy as jnp
 import numpy as np
 import triton
 import triton.language as tl
-from triton.runtime import interpreter
 
 from jt_dist import testing
+from jt_dist._cpu import lockstep_rewrite  # Its per-function state.
 
 testing.configure_cpu_devices()
 
@@ -156,12 +156,10 @@ class ThreadsTest(cache_util.CountingCompilesMixin, testing.TestCase):
         self.assertLessEqual(said[name], 1, logs.output)
         if i % 2:
           self.assertEqual(said[name], 1, logs.output)
-      # The interpreter's own per-function state: one rewritten function per
-      # kernel (Triton keys it by the Python function), made once.
-      rewritten = getattr(interpreter.InterpretedFunction, "rewritten_fn",
-                          None)
-      if rewritten is not None:
-        self.assertContainsSubset({k.fn for k, _ in _KERNELS}, set(rewritten))
+      # The interpreter's own per-function state: one lockstep form per
+      # kernel (keyed by the Python function), made once.
+      self.assertContainsSubset({k.fn for k, _ in _KERNELS},
+                                set(lockstep_rewrite._REWRITTEN))
       self.assertEqual(self.compiles, 0)
 
   @unittest.skipUnless(util.HAS_TRITON_CALL, util.SKIP_REASON)

@@ -46,7 +46,7 @@ _warned_jaxlib_mode = False
 _OPTION_FIELDS = ("num_warps", "num_stages", "num_ctas", "maxnreg")
 # Round n holds process 0's n-th choice for a call: a new choice (after a
 # pin or forget) never meets a stale one.
-_rounds: collections.Counter = collections.Counter()
+_kv_rounds: collections.Counter = collections.Counter()
 _pins: dict[str, dict[str, Any]] = {}
 _lock = threading.Lock()  # For both.
 
@@ -73,8 +73,8 @@ def config_fields(config) -> dict[str, Any]:
 
 def _kv_key(share_key: str) -> str:
   with _lock:
-    _rounds[share_key] += 1
-    return f"jt_dist/autotune/{share_key}/{_rounds[share_key]}"
+    _kv_rounds[share_key] += 1
+    return f"jt_dist/autotune/{share_key}/{_kv_rounds[share_key]}"
 
 
 def _local_device(ctx, platform: str):

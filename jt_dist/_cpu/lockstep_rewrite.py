@@ -12,6 +12,7 @@ in lockstep never lets go); ``x if c else y``, ``and``/``or``.
 from __future__ import annotations
 
 import ast
+import threading
 import weakref
 
 from jt_dist._cpu import interpreter as _interpreter
@@ -186,20 +187,24 @@ def _constants(names) -> ast.Tuple:
   return ast.Tuple([ast.Constant(n) for n in sorted(names)], ast.Load())
 
 
-# Python function -> its lockstep form.
+# Python function -> its lockstep form, made once whichever thread asks.
 _REWRITTEN: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_LOCK = threading.Lock()
 
 
 def rewrite(python_fn, fallback):
   """``python_fn`` in lockstep (``lockstep`` a closure variable), or
   ``fallback()`` where its source cannot be read."""
-  if python_fn not in _REWRITTEN:
-    rewritten = _interpreter.function_rewriter(
-        python_fn, _lockstep_tree, _PREFIX, _lockstep) or fallback()
-    # Named as the kernel (launch decisions are logged by this name).
-    rewritten.__qualname__ = python_fn.__qualname__
-    _REWRITTEN[python_fn] = rewritten
-  return _REWRITTEN[python_fn]
+  if (rewritten := _REWRITTEN.get(python_fn)) is not None:
+    return rewritten
+  with _LOCK:
+    if python_fn not in _REWRITTEN:
+      rewritten = _interpreter.function_rewriter(
+          python_fn, _lockstep_tree, _PREFIX, _lockstep) or fallback()
+      # Named as the kernel (launch decisions are logged by this name).
+      rewritten.__qualname__ = python_fn.__qualname__
+      _REWRITTEN[python_fn] = rewritten
+    return _REWRITTEN[python_fn]
 
 
 def _lockstep_tree(tree: ast.Module) -> ast.Module:

@@ -74,9 +74,10 @@ def _one(spec, launch, device) -> KernelMetadata:
   n_regs, n_spills = _compat.loaded_registers(
       compiled.name, compiled.object_file if cuda else compiled.binary,
       compiled.shared_mem, device.local_hardware_id)
-  return KernelMetadata(**{**facts, "name": compiled.name},
+  return KernelMetadata(**{**facts, "name": compiled.name,
+                           "num_warps": compiled.num_warps},
                         target=target.describe(), shared=compiled.shared_mem,
-                        num_warps=compiled.num_warps, n_regs=n_regs,
+                        n_regs=n_regs,
                         n_spills=n_spills, warp_size=target.warp_size)
 
 

@@ -31,7 +31,7 @@ _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _MARK = re.compile(r"^<!--\s*results:\s*(\S+)\s*-->\s*$", re.M)
 # Keys that name a row rather than measure it.
 _LABELS = ("impl", "devices", "where", "batch")
-_UNSHOWN = ("case", "commit")
+_UNSHOWN = ("case", "commit", "detail")  # detail: a whole error.
 
 
 def _number(value: Any) -> str:

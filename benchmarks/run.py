@@ -57,12 +57,15 @@ SUITES = {
     "cpu_interpreter": ("cpu", 1, "the CPU interpreter, per kernel"),
     "cpu_eager": ("cpu", 1, "an eager CPU call: first, repeated, one launch"),
     "bounds_check_overhead": ("cpu", 1, "the CPU memory check, on and off"),
+    "external_kernels": ("external_kernels", 1, "Triton's tutorials and"
+                         " Liger-Kernel's kernels, unchanged"),
 }
 GROUPS = {
     # Every GPU result the docs render, on one GPU.
     "all-gpu": ("dispatch", "python_wall_cost", "scaling", "auto_partition",
                 "vmap_grid", "autotune_choice"),
-    "all-cpu": ("cpu_interpreter", "cpu_eager", "bounds_check_overhead"),
+    "all-cpu": ("cpu_interpreter", "cpu_eager", "bounds_check_overhead",
+                "external_kernels"),
 }
 
 

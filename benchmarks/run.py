@@ -142,7 +142,7 @@ def main(argv=None):
     for name, (_, _, what) in SUITES.items():
       print(f"  {name}: {what}")
     return 0
-  status = 0
+  status, done = 0, {}
   for name in _names(args.suite):
     with tempfile.TemporaryDirectory() as tmp:
       path = os.path.join(tmp, f"{name}.json")
@@ -165,12 +165,15 @@ def main(argv=None):
       with open(path, encoding="utf-8") as f:
         result = json.load(f)
       _print(result)
-      if args.out:
-        os.makedirs(args.out, exist_ok=True)
-        with open(os.path.join(args.out, f"{name}.json"), "w",
-                  encoding="utf-8") as f:
-          json.dump(result, f, indent=1)
-          f.write("\n")
+      done[name] = result
+  # Written last, so that a suite's --out in the tree leaves the tree clean
+  # for the suites after it.
+  for name, result in done.items() if args.out else ():
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, f"{name}.json"), "w",
+              encoding="utf-8") as f:
+      json.dump(result, f, indent=1)
+      f.write("\n")
   return status
 
 

@@ -1,30 +1,17 @@
 """Autotuning: what one choice per kernel costs and gets, in one process or many.
 
-``autotune_choice``:
+``autotune_choice``: first calls, each in a fresh process (``python
+benchmarks/autotune.py LIB KERNEL SIZE`` prints one JSON line) on an empty
+cache and then in a second process on that cache, split into lowering,
+XLA's compile and the first execution, for jt_dist, jt_dist with
+``JT_DIST_AUTOTUNE=jaxlib`` and jax-triton; then the config jt_dist chose
+against every config alone, in steady state.
 
-1. First calls, each in a fresh process (``python benchmarks/autotune.py
-   LIB KERNEL SIZE``, which prints one JSON line) with an empty cache, then
-   in a second process on that cache, split into lowering, XLA's compile
-   and the first execution: the add, the matmul with one config, and the
-   autotuned matmul (4 configs), for jt_dist (which times the configs at
-   lowering on one device and saves the choice; the second process loads
-   it), jt_dist with ``JT_DIST_AUTOTUNE=jaxlib`` (jaxlib times the configs
-   at the first run, in every process; autotuned only) and jax-triton,
-   where it can be imported.
-2. Steady state: the config jt_dist chose, called through the autotuned
-   kernel, against every config called alone (the fastest alone is the
-   best a choice could do), chained launches in turns.
-
-``multiprocess``: jt_dist in one process per GPU (2 processes of 4 CPU
-devices on a CPU host), joined by ``jax.distributed``, running
-``tests_multigpu/multiprocess_worker.py`` as one global mesh: the sharded
-add, the K-split matmul, the layer-norm training example, an autotuned
-kernel whose configs write their own tag (every shard must show process
-0's choice), the placement errors; then again on the same caches (process
-0 must load its choice from disk), and eight autotuned calls of four
-equally fast configs with jt_dist's one choice and with jaxlib's
-per-process tuning, counting the calls whose shards ran different configs.
-A failed check fails the suite.
+``multiprocess``: ``tests_multigpu/multiprocess_worker.py`` in one process
+per GPU (2 processes of 4 CPU devices on a CPU host), twice on the same
+caches, then eight autotuned calls of four equally fast configs under
+jt_dist's one choice and under jaxlib's per-process tuning, counting the
+calls whose shards ran different configs. A failed check fails the suite.
 """
 
 import json

@@ -1,22 +1,11 @@
 """The CPU suites: the interpreter per kernel, eager calls, the memory check.
 
 Each runs on one CPU device with the bounds check on (the default) unless a
-case says otherwise:
-
-- ``cpu_interpreter``: each kernel of ``examples/`` and a causal attention
-  forward and backward, eagerly, under Triton's interpreter (one program
-  at a time, ``JT_DIST_VECTORIZE=0``) and under jt_dist's (every program of
-  a launch at once, the attention's program-dependent loops masked), with
-  jt_dist's peak of new memory (``tracemalloc``, which NumPy reports its
-  arrays to) and jnp's jitted time; then a training step of a 2-layer MLP
-  whose RMSNorm forward and backward are Triton kernels, against a jnp
-  RMSNorm.
-- ``cpu_eager``: an eager 16-float add, its first call of a new signature
-  (a new length each time) and a repeated call (one call and a sync), for
-  ``triton_call``, a held ``kernel_call`` and XLA's ``jnp.add``; and one
-  launch of a tiny kernel on one program and on four.
-- ``bounds_check_overhead``: the examples' kernels with the memory check on
-  and off (``JT_DIST_BOUNDS_CHECK``), in turns.
+case says otherwise; docs/benchmarks.md ("On the CPU") says what each
+times. ``cpu_interpreter`` runs each kernel under Triton's interpreter
+(``JT_DIST_VECTORIZE=0``) and under jt_dist's, ``cpu_eager`` an eager
+call's first and repeated calls, ``bounds_check_overhead`` the kernels
+with ``JT_DIST_BOUNDS_CHECK`` on and off.
 """
 
 import os
@@ -30,7 +19,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import triton
-import triton.language as tl
 
 import jt_dist
 import kernels
@@ -138,26 +126,28 @@ def _interpreted(name, call, stock_repeats, repeats):
 
 def _training_step(norm):
   def loss(params, x, y):
-    h = norm(jax.nn.relu(x @ params["w1"]), params["g"])
+    h = norm(jax.nn.relu(x @ params["w1"]), params["g"], params["b"])
     return jnp.mean((h @ params["w2"] - y) ** 2)
 
   return jax.jit(lambda params, x, y: jax.tree.map(
       lambda p, g: p - 0.01 * g, params, jax.grad(loss)(params, x, y)))
 
 
-def _rms_step_row(quick, rng, stock_repeats, repeats):
+def _training_step_row(quick, rng, stock_repeats, repeats):
+  """A 2-layer MLP's training step with the example's layer norm."""
   batch, width, hidden = (16, 16, 32) if quick else (256, 256, 512)
-  params = {"w1": rng.standard_normal((width, hidden), np.float32) / 16,
-            "g": np.ones((hidden,), np.float32),
-            "w2": rng.standard_normal((hidden, width), np.float32) / 16}
-  params = jax.tree.map(jnp.asarray, params)
-  x = jnp.asarray(rng.standard_normal((batch, width), np.float32))
-  y = jnp.asarray(rng.standard_normal((batch, width), np.float32))
-  ours, theirs = (_training_step(kernels.triton_rms_norm),
-                  _training_step(kernels.jnp_rms_norm))
+  normal = lambda *shape: rng.standard_normal(shape, np.float32)
+  params = jax.tree.map(jnp.asarray, {
+      "w1": normal(width, hidden) / 16, "g": np.ones((hidden,), np.float32),
+      "b": np.zeros((hidden,), np.float32), "w2": normal(hidden, width) / 16})
+  x, y = jnp.asarray(normal(batch, width)), jnp.asarray(normal(batch, width))
+  mesh = jax.make_mesh((1,), ("data",), devices=jax.devices()[:1],
+                       axis_types=(jax.sharding.AxisType.Auto,))
+  ours = _training_step(lambda *a: layernorm_training.layer_norm(*a, mesh))
+  theirs = _training_step(layernorm_training.layer_norm_reference)
   np.testing.assert_allclose(ours(params, x, y)["g"], theirs(params, x, y)["g"],
                              rtol=1e-4, atol=1e-5)
-  row = _interpreted(f"RMSNorm MLP training step {batch}x{width}x{hidden}",
+  row = _interpreted(f"layer-norm MLP training step {batch}x{width}x{hidden}",
                      lambda: ours(params, x, y), stock_repeats, repeats)
   del row["jt_dist_peak_MiB"]
   row["jnp_s"] = timing.best(lambda: theirs(params, x, y), repeats * 4)
@@ -176,20 +166,12 @@ def cpu_interpreter(quick):
                jnp_s=timing.best(jnp_call, repeats * 4))
     row["jt_dist_over_jnp"] = row["jt_dist_s"] / row["jnp_s"]
     rows.append(row)
-  rows.append(_rms_step_row(quick, rng, stock_repeats, repeats))
+  rows.append(_training_step_row(quick, rng, stock_repeats, repeats))
   for row in rows:
     row["case"], row["impl"] = "one eager launch per kernel", row["case"]
   return {"sizes": {"quick": quick}, "results": rows, "plots": [
       {"case": "one eager launch per kernel",
        "metrics": ["stock_s", "jt_dist_s", "jnp_s"], "log": True}]}
-
-
-@triton.jit
-def _scale_kernel(x_ptr, s, n, out_ptr, BLOCK: tl.constexpr):
-  offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-  mask = offsets < n
-  tl.store(out_ptr + offsets, tl.load(x_ptr + offsets, mask=mask) * s,
-           mask=mask)
 
 
 def _add(x, y):
@@ -201,20 +183,14 @@ def _arrays(rng, n):
           jnp.asarray(rng.standard_normal(n).astype(np.float32)))
 
 
-def _timed(fn, *args):
-  start = time.perf_counter()
-  timing.block(fn(*args))
-  return time.perf_counter() - start
-
-
 def _launches(rng, rounds):
   """One launch of a 16-float scale on one program, and on four, µs."""
   x = jnp.asarray(rng.standard_normal(16).astype(np.float32))
   launches = {}
   for programs in (1, 4):
     launches[f"{programs} program(s)"] = (lambda p=programs: jt_dist.triton_call(
-        x, 0.5, 16, kernel=_scale_kernel, out_shape=x, grid=(p,),
-        BLOCK=16 // p), ())
+        x, 0.5, kernel=kernels.scale_kernel, out_shape=x, grid=(p,),
+        n_elements=16, BLOCK_SIZE=16 // p), ())
   seconds = timing.chained(launches, iters=5, rounds=rounds)
   return [{"case": "one launch of a tiny kernel", "impl": name,
            "us": s * 1e6} for name, s in seconds.items()]
@@ -239,9 +215,11 @@ def cpu_eager(quick):
     for k, name in enumerate(first):
       # A length neither has seen: a new signature for each.
       args = _arrays(rng, 100 + 3 * (r * len(first) + k))
-      first[name].append(_timed(hot[name][0], *timing.block(args)))
+      timing.block(args)
+      first[name].append(timing.once(lambda: hot[name][0](*args)))  # pylint: disable=cell-var-from-loop
     for name, (fn, args) in hot.items():
-      repeated[name] += [_timed(fn, *args) for _ in range(hot_calls)]
+      repeated[name] += [timing.once(lambda: fn(*args))  # pylint: disable=cell-var-from-loop
+                       for _ in range(hot_calls)]
   rows = [{"case": "first eager call of a new signature", "impl": name,
            "ms": statistics.median(t) * 1e3, "samples": len(t)}
           for name, t in first.items()]
@@ -271,7 +249,7 @@ def bounds_check_overhead(quick):
       for check, times in (("1", on), ("0", off)):
         with _env("JT_DIST_BOUNDS_CHECK", check):
           times.append(statistics.median(
-              _timed(call) for _ in range(repeats)))
+              timing.once(call) for _ in range(repeats)))
     rows.append({"case": "eager calls", "impl": name, "on_ms": min(on) * 1e3,
                  "off_ms": min(off) * 1e3, "on_over_off": min(on) / min(off)})
   return {"sizes": {"repeats": repeats}, "results": rows, "plots": [

@@ -1,49 +1,28 @@
 """Eager and jitted dispatch of a 1,024-float add: XLA, jax-triton, jt_dist.
 
-Two suites over one set of cases (``_cases``), each one call followed by a
-sync on two random vectors of 1,024 float32, the cases taking turns in a
-fresh random order every round (``timing.per_call``):
+Both suites time cases from ``_cases``, one call followed by a sync on two
+random vectors of 1,024 float32, in turns (``timing.per_call``); what each
+case and figure is, docs/benchmarks.md ("Eager dispatch") says.
 
-- ``xla``: ``a + b``, eagerly and inside ``jax.jit``;
-- ``jax_triton``: ``jax_triton.triton_call`` as its docs call it (the size
-  a keyword metaparam), eagerly and jitted, where it can be imported;
-- ``jt_dist``: the same call through ``jt_dist.triton_call``, and
-  ``jt_dist_scalar_n`` with the size a runtime scalar (the README's
-  quickstart form);
-- ``jt_dist_kernel_call_eager``: a ``jt_dist.kernel_call`` of the same
-  kernel made once, called on the two arrays;
-- ``jt_dist_sharded_1dev_eager``: ``sharded_triton_call`` over one device;
-- diagnostics: ``diag_jt_dist_entry_fn_eager``, the jitted function that
-  ``triton_call``'s memo holds, called directly; ``diag_xla_eager_prebuilt_sds``,
-  XLA's ``a + b`` after the ``ShapeDtypeStruct`` and grid every Triton
-  caller builds; ``diag_floor_caller_args_entry_fn``, those, then the
-  memo's jitted function: the eager call with no jt_dist Python at all.
+``dispatch``: each case's median, quartiles and medians over the even and
+the odd rounds, the ratios, the jitted functions' custom calls, jax's
+Python functions run per call, a first call, and a per-step scalar.
 
-``dispatch`` reports each case's median, quartiles and its median over the
-even and the odd rounds (the same case timed twice: a difference smaller
-than theirs is noise), the ratios, the custom calls of the jitted
-functions, how many of jax's Python functions each callable runs per call
-(0: jax's C++ dispatch), a first call with only the compiled Triton kernel
-kept, a per-step scalar (the same value every call, and a new one), and a
-softmax declaring its output first against the same kernel outputs last.
+``python_wall_cost``: the wall time a hot microsecond of Python costs
+after a sync, and jt_dist's own Python per eager call, unsharded and
+sharded over one device, hot (its jitted function a stub) and after a sync.
 
-``python_wall_cost`` asks how much Python an eager front door can afford:
-the floor with Python padding of known hot cost in front of it gives the
-wall time a hot microsecond costs after a sync; jt_dist's own Python per
-call, hot (its jitted function replaced by a stub) and after a sync; and
-what ``BOUND`` times XLA's eager ``a + b`` leaves above the floor.
-
-To add a case, add it to ``_cases``: both suites time it.
+To add a case, add it to ``_cases``.
 """
 
 import cProfile
 import os
 import pstats
 import re
-import time
 from unittest import mock
 
 import jax
+from jax.sharding import PartitionSpec as P
 import jax.numpy as jnp
 import numpy as np
 import triton
@@ -66,10 +45,8 @@ BOUND = 1.2  # The target: an eager triton_call at most 1.2x XLA's a + b.
 PADS = (0, 4, 16, 48)
 SIZES = {
     "full": dict(rounds=600, calls=5, first_calls=30, scalar_calls=300,
-                 order_shape=(16384, 1024), order_iters=200, order_rounds=15,
                  wall_rounds=400, hot_calls=2000),
     "quick": dict(rounds=6, calls=2, first_calls=2, scalar_calls=5,
-                  order_shape=(8, 64), order_iters=2, order_rounds=2,
                   wall_rounds=3, hot_calls=20),
 }
 
@@ -102,16 +79,27 @@ def filed_call(memo, fn, args):
   return calls[0]
 
 
-def _sharded(mesh):
-  spec = jax.sharding.PartitionSpec()
+MESH1_SPECS = dict(in_specs=(P("x"), P("x")), out_specs=P("x"))
 
+
+def sharded_eager(mesh):
+  """``kernels.add_kw`` as an eager ``sharded_triton_call`` over ``mesh``."""
   def call(a, b):
     return jt_dist.sharded_triton_call(
         a, b, kernel=kernels.add_kw_kernel,
         out_shape=jax.ShapeDtypeStruct(a.shape, a.dtype),
-        grid=(triton.cdiv(a.size, BLOCK),), mesh=mesh, in_specs=(spec, spec),
-        out_specs=spec, n_elements=a.size, BLOCK_SIZE=BLOCK)
+        grid=(triton.cdiv(a.size, BLOCK),), mesh=mesh, **MESH1_SPECS,
+        n_elements=a.size, BLOCK_SIZE=BLOCK)
   return call
+
+
+def held_sharded_kernel_call(mesh):
+  """The same as a ``jt_dist.sharded_kernel_call``, made once."""
+  return jt_dist.sharded_kernel_call(
+      kernels.add_kw_kernel, out_shape=jax.ShapeDtypeStruct((SIZE,),
+                                                            jnp.float32),
+      grid=(triton.cdiv(SIZE, BLOCK),), mesh=mesh, **MESH1_SPECS,
+      n_elements=SIZE, BLOCK_SIZE=BLOCK)
 
 
 def _with_caller_args(fn, pad=None):
@@ -126,9 +114,10 @@ def _with_caller_args(fn, pad=None):
   return case
 
 
-def _cases(args):
-  """name -> function of (x, y); eager ones are plain Python functions."""
+def _cases():
+  """name -> function of (x, y), each checked against x + y."""
   jt = jt_dist.triton_call
+  mesh1 = jax.make_mesh((1,), ("x",), devices=jax.devices()[:1])
   cases = {
       "xla_eager": lambda a, b: a + b,
       "xla_jit": jax.jit(lambda a, b: a + b),
@@ -136,21 +125,16 @@ def _cases(args):
       "jt_dist_jit": jax.jit(lambda a, b: kernels.add_kw(jt, a, b)),
       "jt_dist_scalar_n_eager": lambda a, b: kernels.add(jt, a, b),
       "jt_dist_scalar_n_jit": jax.jit(lambda a, b: kernels.add(jt, a, b)),
-      # Made here, once, as a hot loop would hold it.
+      # Made here, once, as a hot loop would hold them.
       "jt_dist_kernel_call_eager": held_kernel_call(),
-      "jt_dist_sharded_1dev_eager": _sharded(
-          jax.make_mesh((1,), ("x",), devices=jax.devices()[:1])),
+      "jt_dist_sharded_1dev_eager": sharded_eager(mesh1),
+      "jt_dist_sharded_kernel_call_1dev_eager": held_sharded_kernel_call(
+          mesh1),
   }
   if jax_triton is not None:
     jxt = jax_triton.triton_call
     cases["jax_triton_eager"] = lambda a, b: kernels.add_kw(jxt, a, b)
     cases["jax_triton_jit"] = jax.jit(lambda a, b: kernels.add_kw(jxt, a, b))
-  _memo.triton_calls.clear()
-  entry = filed_call(_memo.triton_calls, cases["jt_dist_eager"], args)._jitted  # pylint: disable=protected-access
-  cases["diag_jt_dist_entry_fn_eager"] = entry
-  cases["diag_xla_eager_prebuilt_sds"] = _with_caller_args(
-      lambda a, b: a + b)
-  cases["diag_floor_caller_args_entry_fn"] = _with_caller_args(entry)
   for name, fn in cases.items():  # Fresh random inputs per case.
     x, y = _inputs(int.from_bytes(os.urandom(4), "little"))
     np.testing.assert_allclose(np.asarray(fn(x, y)), np.asarray(x) + y,
@@ -164,7 +148,10 @@ def _ratios(med):
            if not c.startswith("xla")]
   pairs += [(f"jt_dist_{m}", f"jax_triton_{m}") for m in ("eager", "jit")]
   pairs += [("jt_dist_kernel_call_eager", "jax_triton_eager"),
-            ("jt_dist_eager", "jt_dist_kernel_call_eager")]
+            ("jt_dist_eager", "jt_dist_kernel_call_eager"),
+            ("jt_dist_sharded_1dev_eager", "jt_dist_eager"),
+            ("jt_dist_sharded_kernel_call_1dev_eager",
+             "jt_dist_kernel_call_eager")]
   return [{"case": "ratios", "impl": f"{a} / {b}", "ratio": med[a] / med[b]}
           for a, b in pairs if a in med and b in med]
 
@@ -210,9 +197,7 @@ def first_call(args, calls):
     each = []
     for _ in range(calls):
       before()
-      start = time.perf_counter()
-      timing.block(fn())
-      each.append(time.perf_counter() - start)
+      each.append(timing.once(fn))
     rows.append({"case": "a first call, eagerly", "impl": name,
                  "us": float(np.median(each)) * 1e6, "calls": calls})
   _memo.triton_calls.clear()
@@ -249,9 +234,7 @@ def per_step_scalar(x, calls):
       each = {fn: [] for fn in rows}
       for s in values:
         for fn, times in each.items():
-          start = time.perf_counter()
-          timing.block(fn(x, s))
-          times.append(time.perf_counter() - start)
+          times.append(timing.once(lambda: fn(x, s)))  # pylint: disable=cell-var-from-loop
       for fn, times in each.items():
         rows[fn][name] = float(np.median(times)) * 1e6
   rows[scale]["executables"] = len({
@@ -261,32 +244,10 @@ def per_step_scalar(x, calls):
   return list(rows.values())
 
 
-def output_order(shape, iters, rounds):
-  """Kernel time of the output-first softmax against the outputs-last one."""
-  rows, cols = shape
-  x = jax.random.normal(jax.random.key(3), shape, jnp.float32)
-  common = dict(out_shape=x, grid=(rows,), input_row_stride=cols,
-                output_row_stride=cols, n_cols=cols,
-                BLOCK_SIZE=triton.next_power_of_2(cols))
-  fns = {
-      "output first": jax.jit(lambda a: jt_dist.triton_call(
-          kernel=kernels.softmax_out_first_kernel, input_ptr=a, **common)),
-      "outputs last": jax.jit(lambda a: jt_dist.triton_call(
-          a, kernel=kernels.softmax_out_last_kernel, **common)),
-  }
-  np.testing.assert_allclose(fns["output first"](x), jax.nn.softmax(x),
-                             rtol=1e-5, atol=1e-6)
-  np.testing.assert_array_equal(fns["output first"](x), fns["outputs last"](x))
-  seconds = timing.chained({k: (f, (x,)) for k, f in fns.items()}, iters,
-                           rounds)
-  return [{"case": f"a kernel declaring its output first {rows}x{cols}",
-           "impl": name, "us": s * 1e6} for name, s in seconds.items()]
-
-
 def dispatch(quick):
   sizes = SIZES["quick" if quick else "full"]
   args = _inputs(7)
-  cases = _cases(args)
+  cases = _cases()
   samples, halves = timing.per_call(cases, args, sizes["rounds"],
                                     sizes["calls"])
   rows = [{"case": "one call and a sync", "impl": name,
@@ -299,11 +260,9 @@ def dispatch(quick):
   rows += [{"case": "jax Python calls per call (0: C++ dispatch)",
             "impl": name, "calls": _jax_python_calls(cases[name], args)}
            for name in ("xla_jit", "jt_dist_jit", "jt_dist_kernel_call_eager",
-                        "diag_jt_dist_entry_fn_eager")]
+                        "jt_dist_sharded_kernel_call_1dev_eager")]
   rows += first_call(args, sizes["first_calls"])
   rows += per_step_scalar(args[0], sizes["scalar_calls"])
-  rows += output_order(sizes["order_shape"], sizes["order_iters"],
-                       sizes["order_rounds"])
   return {"sizes": sizes, "results": rows, "notes": [NOTE] if NOTE else [],
           "plots": [{"case": "one call and a sync", "metrics": ["median_us"]}]}
 
@@ -317,34 +276,40 @@ def _pad(n):
   return pad
 
 
-def _python_hot_us(call, held, eager, args, number):
-  """jt_dist's own Python per call in a hot loop: its jitted function stubbed.
+def _python_hot_us(pairs, args, number):
+  """Per name, jt_dist's own Python per call in a hot loop, µs.
 
-  The stub returns a ready output, so nothing waits for the device; the
-  eager call is timed against the unpadded floor, ``held`` against the stub.
+  ``pairs``: name -> (the call object whose jitted function is stubbed,
+  the function timed, the floor made of the stub it is timed against). The
+  stub returns a ready output, so nothing waits for the device.
   """
-  ready = timing.block(call._jitted(*args))  # pylint: disable=protected-access
-  stub = lambda *_: ready
-  floor = _with_caller_args(stub)
-  with (mock.patch.object(call, "_jitted", stub),
-        mock.patch.object(held, "_jitted", stub)):
-    return (timing.hot_us(lambda: eager(*args), number)
-            - timing.hot_us(lambda: floor(*args), number),
-            timing.hot_us(lambda: held(*args), number)
-            - timing.hot_us(lambda: stub(*args), number))
+  out = {}
+  for name, (call, fn, floor) in pairs.items():
+    ready = timing.block(call._jitted(*args))  # pylint: disable=protected-access
+    stub = lambda *_, ready=ready: ready
+    with mock.patch.object(call, "_jitted", stub):
+      out[name] = (timing.hot_us(lambda: fn(*args), number)
+                   - timing.hot_us(lambda: floor(stub)(*args), number))
+  return out
 
 
 def python_wall_cost(quick):
   sizes = SIZES["quick" if quick else "full"]
   args = _inputs(11)
+  mesh1 = jax.make_mesh((1,), ("x",), devices=jax.devices()[:1])
   eager = lambda a, b: kernels.add_kw(jt_dist.triton_call, a, b)
+  sharded = sharded_eager(mesh1)
   _memo.triton_calls.clear()
+  _memo.sharded_calls.clear()
   call = filed_call(_memo.triton_calls, eager, args)
-  held = held_kernel_call()
+  sharded_call = filed_call(_memo.sharded_calls, sharded, args)
+  held, held_sharded = held_kernel_call(), held_sharded_kernel_call(mesh1)
   pads = {n: _pad(n) for n in PADS}
   cases = {"xla_eager": lambda a, b: a + b, "jt_dist_eager": eager,
            "jt_dist_kernel_call_eager": held,
-           "jt_dist_entry_fn": call._jitted}  # pylint: disable=protected-access
+           "jt_dist_entry_fn": call._jitted,  # pylint: disable=protected-access
+           "jt_dist_sharded_1dev_eager": sharded,
+           "sharded_floor": _with_caller_args(sharded_call._jitted)}  # pylint: disable=protected-access
   for n, pad in pads.items():
     cases[f"floor_pad_{n}"] = _with_caller_args(call._jitted, pad)  # pylint: disable=protected-access
   samples, _ = timing.per_call(cases, args, sizes["wall_rounds"],
@@ -355,16 +320,29 @@ def python_wall_cost(quick):
   slope = float(np.polyfit([pad_hot[n] - pad_hot[0] for n in PADS],
                            [med[f"floor_pad_{n}"] - med["floor_pad_0"]
                             for n in PADS], 1)[0])
-  hot, held_hot = _python_hot_us(call, held, eager, args, sizes["hot_calls"])
+  hot = _python_hot_us({
+      "eager": (call, eager, _with_caller_args),
+      "held": (held, held, lambda stub: stub),
+      "sharded": (sharded_call, sharded, _with_caller_args),
+      "held sharded": (held_sharded, held_sharded, lambda stub: stub),
+  }, args, sizes["hot_calls"])
   budget = BOUND * med["xla_eager"] - med["floor_pad_0"]
   derived = {
       "wall µs per hot µs of padding, after a sync": slope,
-      "jt_dist's Python per call, hot loop, µs": hot,
+      "jt_dist's Python per call, hot loop, µs": hot["eager"],
       "jt_dist's Python per call, after a sync, µs":
           med["jt_dist_eager"] - med["floor_pad_0"],
-      "a held kernel_call's Python per call, hot loop, µs": held_hot,
+      "a held kernel_call's Python per call, hot loop, µs": hot["held"],
       "a held kernel_call's Python per call, after a sync, µs":
           med["jt_dist_kernel_call_eager"] - med["jt_dist_entry_fn"],
+      "jt_dist's Python per sharded call (1 device), hot loop, µs":
+          hot["sharded"],
+      "jt_dist's Python per sharded call (1 device), after a sync, µs":
+          med["jt_dist_sharded_1dev_eager"] - med["sharded_floor"],
+      "sharded / unsharded Python per eager call, hot loop":
+          hot["sharded"] / hot["eager"] if hot["eager"] > 0 else "n/a",
+      "a held sharded_kernel_call's Python per call, hot loop, µs":
+          hot["held sharded"],
       f"what {BOUND}x XLA eager leaves above the floor, wall µs": budget,
       "that budget at the padding's rate, hot µs":
           budget / slope if slope > 0 else "n/a",
@@ -379,6 +357,5 @@ def python_wall_cost(quick):
            for k, v in derived.items()]
   return {"sizes": sizes, "results": rows,
           "plots": [{"case": "one call and a sync", "metrics": ["median_us"]}]}
-
 
 SUITES = {"dispatch": dispatch, "python_wall_cost": python_wall_cost}

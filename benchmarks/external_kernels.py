@@ -1,36 +1,32 @@
-"""External kernels through jt_dist, unchanged: Triton's tutorials and
-Liger-Kernel's ops, checked against jax.numpy, and on a GPU timed against
-the same launches from PyTorch (20 back-to-back jitted calls against 20
-back-to-back launches of the same configs, in one process).
+"""The ``external_kernels`` suite: Triton's tutorials and Liger-Kernel's
+kernels through jt_dist, unchanged, checked against jax.numpy, timed (20
+back-to-back jitted calls) and, on a GPU with PyTorch, timed against the
+same launches from PyTorch.
 
 The modules import torch, so they are not imported: each top-level
 statement runs on its own, and those that need torch or the library's host
 code are skipped (an ``if`` whose test needs them runs its first branch).
-That defines the ``@triton.jit`` functions, decorators, helpers and
-constants as written; the host helpers asking Triton's driver what GPU
-this is (``is_cuda`` ...) are answered from JAX's device. A case is written
-as Triton's launch ``kernel[grid](*items, **kw)``; jt_dist gets
-``docs/porting.md``'s translation: arguments by keyword, ``Out`` in
-``out_shape`` (``zero``: ``zeroed_outputs``), ``InOut`` as a ``jax.new_ref``.
+The host helpers asking Triton's driver what GPU this is (``is_cuda`` ...)
+are answered from JAX's device. A case is written as Triton's launch
+``kernel[grid](*items, **kw)``; jt_dist gets ``docs/porting.md``'s
+translation: arguments by keyword, ``Out`` in ``out_shape`` (``zero``:
+``zeroed_outputs``), ``InOut`` as a ``jax.new_ref``.
 
-  python benchmarks/external_kernels.py [--liger SRC] [--small|--quick]
-      [--out F]
-  (SRC, or JT_DIST_LIGER_SRC, holds liger_kernel/: an unpacked
-  `pip download --no-deps liger-kernel==0.8.5`)
+The tutorials are found beside the tree (``shared/external/``) or at
+``JT_DIST_TUTORIALS``; Liger-Kernel's source is an installed
+``liger_kernel`` or the folder ``JT_DIST_LIGER_SRC`` that holds
+``liger_kernel/``. What is absent is skipped, with a note saying why.
 """
 
 from __future__ import annotations
 
-import argparse
 import ast
 import collections
-import json
+import glob
+import importlib.util
 import os
 import re
 import signal
-import subprocess
-import sys
-import time
 import traceback
 import types
 import typing
@@ -42,12 +38,13 @@ import numpy as np
 import triton
 
 import jt_dist
+import timing
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # ../shared/external/triton_tutorials from a clone, or from a worktree.
 TUTORIALS = next((p for p in (
     os.path.join(up, "shared", "external", "triton_tutorials")
-    for up in (os.path.dirname(ROOT), os.path.dirname(os.path.dirname(ROOT))))
+    for up in (os.path.dirname(timing.ROOT),
+               os.path.dirname(os.path.dirname(timing.ROOT))))
                   if os.path.isdir(p)), "")
 CASE_TIMEOUT_S = 300
 
@@ -417,7 +414,7 @@ def _ce(logits, y, ns, launch):
 @case("liger cross_entropy", "l:cross_entropy.py")
 def _cross_entropy(ns, launch, small):
   bt, v = (8, 1000) if small else (4096, 32000)
-  y = jnp.asarray(_rng(1).integers(0, v, bt), jnp.int64)
+  y = jnp.asarray(_rng(1).integers(0, v, bt), jnp.int32)
   return _ce(_normal((bt, v)), y, ns, launch)
 
 @case("liger fused_linear_cross_entropy", "l:cross_entropy.py")
@@ -425,7 +422,7 @@ def _flce(ns, launch, small):
   # Liger's fused linear CE runs this kernel on chunks of x @ W.T.
   bt, hd, v = (8, 64, 1000) if small else (4096, 4096, 32000)
   x, w = _normal((bt, hd)), _normal((v, hd), seed=2) / 8
-  y = jnp.asarray(_rng(1).integers(0, v, bt), jnp.int64)
+  y = jnp.asarray(_rng(1).integers(0, v, bt), jnp.int32)
   return _ce(x @ w.T, y, ns, launch)
 
 @case("liger kl_div", "l:kl_div.py")
@@ -462,8 +459,7 @@ def _source(spec: str, liger: str) -> str:
   return os.path.join(liger, "liger_kernel", "ops", name)
 
 
-# Why a kernel fails, in a few words (the table shows 60 characters; the
-# whole error is kept as "detail").
+# Why a kernel fails, in a few words (the whole error is kept as "detail").
 CAUSES = (
     (r"\['num_(stages|warps|ctas)'\] are not bound",
      "a parameter named like a launch option"),
@@ -490,18 +486,9 @@ def _alarm(signum, frame):
   raise TimeoutError(f"ran past {CASE_TIMEOUT_S} s")
 
 
-def _time(fn, n=20):
-  jax.block_until_ready(fn())
-  start = time.perf_counter()
-  for _ in range(n):
-    out = fn()
-  jax.block_until_ready(out)
-  return (time.perf_counter() - start) / n
-
-
-def _times(launches):
-  """Seconds per round of the case's launches: 20 back-to-back jitted
-  calls, and 20 back-to-back PyTorch launches of the same configs."""
+def _times(launches, rounds):
+  """µs per round of the case's launches: back-to-back jitted calls, and
+  (on a GPU with PyTorch) back-to-back PyTorch launches of the same configs."""
   leaves, tree = jax.tree_util.tree_flatten(launches)
   where = [i for i, leaf in enumerate(leaves) if isinstance(leaf, jax.Array)]
 
@@ -511,28 +498,30 @@ def _times(launches):
       filled[i] = array
     return [launch_jt(*l) for l in jax.tree_util.tree_unflatten(tree, filled)]
 
-  step, arrays = jax.jit(body), [leaves[i] for i in where]
-  times = {"jt_dist_us": _time(lambda: step(*arrays)) * 1e6}
-  try:
+  calls = {"jt_dist_us": (jax.jit(body), [leaves[i] for i in where])}
+  torch = None
+  if _gpu() is not None and importlib.util.find_spec("torch") is not None:
     import torch  # pylint: disable=g-import-not-at-top
-  except ImportError:
-    return times
-  ready = [(k, g, *torch_args(i, kw)) for k, g, i, kw in launches]
+    ready = [(k, g, *torch_args(i, kw)) for k, g, i, kw in launches]
 
-  def torch_step():
-    for kernel, grid, args, kwargs in ready:
-      kernel[grid](*args, **kwargs)
-    torch.cuda.synchronize()
+    def torch_step():
+      for kernel, grid, args, kwargs in ready:
+        kernel[grid](*args, **kwargs)
+      torch.cuda.synchronize()
 
-  times["torch_us"] = _time(torch_step) * 1e6
-  times["jt_dist / PyTorch"] = times["jt_dist_us"] / times["torch_us"]
+    calls["torch_us"] = (torch_step, ())
+  times = {k: s * 1e6 for k, s in timing.chained(
+      calls, iters=20 if _gpu() else 1, rounds=rounds).items()}
+  if torch is not None:
+    times["jt_dist / PyTorch"] = times["jt_dist_us"] / times["torch_us"]
   return times
 
 
-def run_case(name, liger, small):
+def run_case(name, liger, small, rounds=0):
+  """One case's row: whether it passes unchanged, why not, and its times."""
   source, fn, _ = CASES[name]
   result = {"case": "Triton's tutorials" if source[0] == "t" else
-                    "Liger-Kernel 0.8.5", "kernel": name}
+                    "Liger-Kernel", "impl": name}
   signal.signal(signal.SIGALRM, _alarm)
   signal.alarm(CASE_TIMEOUT_S)
   try:
@@ -550,8 +539,8 @@ def run_case(name, liger, small):
                   result="pass" if passed else "fails",
                   why="" if passed else "wrong answer",
                   max_error=max(errors))
-    if passed and _gpu() is not None:
-      result.update(_times(launches))
+    if passed and rounds:
+      result.update(_times(launches, rounds))
   except Exception as e:  # pylint: disable=broad-except
     frame = traceback.extract_tb(e.__traceback__)[-1]
     detail = (f"{type(e).__name__}: {str(e).splitlines()[0][:400]} (at"
@@ -563,46 +552,49 @@ def run_case(name, liger, small):
   return result
 
 
-def _commit():
-  return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
-                        capture_output=True, text=True,
-                        check=False).stdout.strip()
+def liger_source():
+  """``(folder holding liger_kernel/, its version)``, or ``(None, why)``."""
+  given = os.environ.get("JT_DIST_LIGER_SRC")
+  if given:
+    folder = given
+  elif (spec := importlib.util.find_spec("liger_kernel")) is not None:
+    folder = os.path.dirname(list(spec.submodule_search_locations)[0])
+  else:
+    return None, ("Liger-Kernel's cases skipped: liger_kernel is not"
+                  " installed and JT_DIST_LIGER_SRC is not set (pip install"
+                  " --no-deps liger-kernel==0.8.5)")
+  if not os.path.isdir(os.path.join(folder, "liger_kernel", "ops")):
+    return None, (f"Liger-Kernel's cases skipped: {folder} holds no"
+                  " liger_kernel/ops/")
+  info = glob.glob(os.path.join(folder, "liger_kernel-*.dist-info"))
+  return folder, (os.path.basename(info[0])[13:-10] if info else "")
 
 
-def main(argv=None):
-  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-  parser.add_argument("--liger", default=os.environ.get("JT_DIST_LIGER_SRC"),
-                      help="a folder holding liger_kernel/ (0.8.5's source)")
-  parser.add_argument("--small", action="store_true",
-                      help="small sizes (the CPU's interpreter's)")
-  parser.add_argument("--quick", action="store_true",
-                      help="small sizes, and only the quick cases (CI)")
-  parser.add_argument("--only", nargs="*", help="case names to run")
-  parser.add_argument("--out", help="where to write the results JSON")
-  args = parser.parse_args(argv)
-  names = args.only or [n for n, (_, _, q) in CASES.items()
-                        if q or not args.quick]
-  if not args.liger:
-    names = [n for n in names if CASES[n][0].startswith("t:")]
-  results = []
-  for name in names:
-    results.append(run_case(name, args.liger, args.quick or args.small))
-    print(json.dumps(results[-1]), flush=True)
-  device = jax.devices()[0]
-  document = {"suite": "external_kernels", "commit": _commit(),
-              "small": args.quick or args.small, "device": device.device_kind,
-              "platform": device.platform, "devices": jax.device_count(),
-              "versions": {"jax": jax.__version__,
-                           "triton": triton.__version__,
-                           "jt_dist": jt_dist.__version__,
-                           "liger_kernel": "0.8.5" if args.liger else None},
-              "results": results}
-  if args.out:
-    with open(args.out, "w") as f:
-      json.dump(document, f, indent=1)
-  return document
+def external_kernels(quick):
+  """Every case (quick: the quick ones), at the CPU interpreter's sizes on
+  the CPU and at full sizes on a GPU."""
+  small = quick or _gpu() is None
+  liger, version = liger_source()
+  notes = [] if liger else [version]
+  names = [n for n, (source, _, q) in CASES.items()
+           if (q or not quick) and (liger or source.startswith("t:"))]
+  tutorials = os.environ.get("JT_DIST_TUTORIALS", TUTORIALS)
+  if not os.path.isdir(tutorials):
+    notes.append("Triton's tutorials skipped: not found beside the tree"
+                 " (shared/external/triton_tutorials) nor at"
+                 " JT_DIST_TUTORIALS")
+    names = [n for n in names if not CASES[n][0].startswith("t:")]
+  rows = [run_case(n, liger, small, rounds=2 if quick else 5) for n in names]
+  for row in rows:
+    if row["case"] == "Liger-Kernel" and version:
+      row["case"] = f"Liger-Kernel {version}"
+  timed = {r["case"] for r in rows if "jt_dist_us" in r}
+  return {"sizes": {"small": small}, "results": rows or [
+      {"case": "skipped", "impl": "every case", "why": "; ".join(notes)}],
+          "notes": notes, "plots": [
+              {"case": c, "log": True, "metrics": [m for m in (
+                  "jt_dist_us", "torch_us") if any(m in r for r in rows)]}
+              for c in sorted(timed)]}
 
 
-if __name__ == "__main__":
-  sys.exit(0 if all(r["result"] == "pass" for r in main()["results"])
-           else 1)
+SUITES = {"external_kernels": external_kernels}

@@ -9,19 +9,12 @@ import jax.numpy as jnp
 import triton
 import triton.language as tl
 
-import jt_dist
+from examples import add as add_example
 from examples import sharded_attention
 
 ADD_BLOCK = 1024
-
-
-@triton.jit
-def add_kernel(x_ptr, y_ptr, n_elements, out_ptr, BLOCK: tl.constexpr):
-  offsets = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-  mask = offsets < n_elements
-  x = tl.load(x_ptr + offsets, mask=mask)
-  y = tl.load(y_ptr + offsets, mask=mask)
-  tl.store(out_ptr + offsets, x + y, mask=mask)
+# The README's quickstart kernel: the size a runtime scalar.
+add_kernel = add_example.add_kernel
 
 
 @triton.jit
@@ -43,36 +36,6 @@ def scale_kernel(x_ptr, s, out_ptr, n_elements: tl.constexpr,
   mask = offsets < n_elements
   tl.store(out_ptr + offsets, tl.load(x_ptr + offsets, mask=mask) * s,
            mask=mask)
-
-
-@triton.jit
-def _softmax_row(input_ptr, input_row_stride, output_ptr, output_row_stride,
-                 n_cols, BLOCK_SIZE: tl.constexpr):
-  row = tl.program_id(0)
-  offsets = tl.arange(0, BLOCK_SIZE)
-  mask = offsets < n_cols
-  x = tl.load(input_ptr + row * input_row_stride + offsets, mask=mask,
-              other=-float("inf"))
-  x = tl.exp(x - tl.max(x, axis=0))
-  tl.store(output_ptr + row * output_row_stride + offsets,
-           x / tl.sum(x, axis=0), mask=mask)
-
-
-@triton.jit
-def softmax_out_first_kernel(output_ptr, input_ptr, input_row_stride,
-                             output_row_stride, n_cols,
-                             BLOCK_SIZE: tl.constexpr):
-  """Triton's fused-softmax tutorial's signature: the output first."""
-  _softmax_row(input_ptr, input_row_stride, output_ptr, output_row_stride,
-               n_cols, BLOCK_SIZE)
-
-
-@triton.jit
-def softmax_out_last_kernel(input_ptr, input_row_stride, output_row_stride,
-                            n_cols, output_ptr, BLOCK_SIZE: tl.constexpr):
-  """The same softmax with its output declared last."""
-  _softmax_row(input_ptr, input_row_stride, output_ptr, output_row_stride,
-               n_cols, BLOCK_SIZE)
 
 
 @triton.jit
@@ -190,74 +153,3 @@ def matmul(call, a, b, out_dtype=None, autotuned=False):
 
 def xla_matmul(a, b):
   return jnp.dot(a, b, preferred_element_type=jnp.float32).astype(a.dtype)
-
-
-@triton.jit
-def rms_fwd_kernel(x_ptr, w_ptr, n_cols, eps, y_ptr, rstd_ptr,
-                   BLOCK: tl.constexpr):
-  row = tl.program_id(0).to(tl.int64)
-  cols = tl.arange(0, BLOCK)
-  mask = cols < n_cols
-  x = tl.load(x_ptr + row * n_cols + cols, mask=mask, other=0.0)
-  rstd = 1.0 / tl.sqrt(tl.sum(x * x, 0) / n_cols + eps)
-  w = tl.load(w_ptr + cols, mask=mask)
-  tl.store(y_ptr + row * n_cols + cols, x * rstd * w, mask=mask)
-  tl.store(rstd_ptr + row, rstd)
-
-
-@triton.jit
-def rms_bwd_kernel(x_ptr, w_ptr, rstd_ptr, dy_ptr, n_cols, dx_ptr, dw_ptr,
-                   BLOCK: tl.constexpr):
-  row = tl.program_id(0).to(tl.int64)
-  cols = tl.arange(0, BLOCK)
-  mask = cols < n_cols
-  x = tl.load(x_ptr + row * n_cols + cols, mask=mask, other=0.0)
-  dy = tl.load(dy_ptr + row * n_cols + cols, mask=mask, other=0.0)
-  w = tl.load(w_ptr + cols, mask=mask, other=0.0)
-  rstd = tl.load(rstd_ptr + row)
-  x_hat = x * rstd
-  w_dy = w * dy
-  c = tl.sum(x_hat * w_dy, 0) / n_cols
-  tl.store(dx_ptr + row * n_cols + cols, (w_dy - x_hat * c) * rstd, mask=mask)
-  tl.atomic_add(dw_ptr + cols, dy * x_hat, mask=mask)
-
-
-_EPS = 1e-6
-
-
-def _rms_forward(x, w):
-  rows, d = x.shape
-  return jt_dist.triton_call(
-      x, w, d, _EPS, kernel=rms_fwd_kernel,
-      out_shape=(jax.ShapeDtypeStruct(x.shape, x.dtype),
-                 jax.ShapeDtypeStruct((rows,), jnp.float32)),
-      grid=(rows,), BLOCK=triton.next_power_of_2(d))
-
-
-@jax.custom_vjp
-def triton_rms_norm(x, w):
-  """RMSNorm as two Triton kernels under ``jax.custom_vjp``."""
-  return _rms_forward(x, w)[0]
-
-
-def _rms_fwd(x, w):
-  y, rstd = _rms_forward(x, w)
-  return y, (x, w, rstd)
-
-
-def _rms_bwd(residuals, dy):
-  x, w, rstd = residuals
-  rows, d = x.shape
-  return jt_dist.triton_call(
-      x, w, rstd, dy, d, kernel=rms_bwd_kernel,
-      out_shape=(jax.ShapeDtypeStruct(x.shape, x.dtype),
-                 jax.ShapeDtypeStruct((d,), jnp.float32)),
-      grid=(rows,), zeroed_outputs=[1], BLOCK=triton.next_power_of_2(d))
-
-
-triton_rms_norm.defvjp(_rms_fwd, _rms_bwd)
-
-
-def jnp_rms_norm(x, w):
-  rstd = jax.lax.rsqrt(jnp.mean(x * x, axis=1, keepdims=True) + _EPS)
-  return x * rstd * w

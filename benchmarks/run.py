@@ -57,12 +57,15 @@ SUITES = {
     "cpu_interpreter": ("cpu", 1, "the CPU interpreter, per kernel"),
     "cpu_eager": ("cpu", 1, "an eager CPU call: first, repeated, one launch"),
     "bounds_check_overhead": ("cpu", 1, "the CPU memory check, on and off"),
+    "external_kernels": ("external_kernels", 1, "Triton's tutorials and"
+                         " Liger-Kernel's kernels, unchanged"),
 }
 GROUPS = {
     # Every GPU result the docs render, on one GPU.
     "all-gpu": ("dispatch", "python_wall_cost", "scaling", "auto_partition",
                 "vmap_grid", "autotune_choice"),
-    "all-cpu": ("cpu_interpreter", "cpu_eager", "bounds_check_overhead"),
+    "all-cpu": ("cpu_interpreter", "cpu_eager", "bounds_check_overhead",
+                "external_kernels"),
 }
 
 
@@ -139,7 +142,7 @@ def main(argv=None):
     for name, (_, _, what) in SUITES.items():
       print(f"  {name}: {what}")
     return 0
-  status = 0
+  status, done = 0, {}
   for name in _names(args.suite):
     with tempfile.TemporaryDirectory() as tmp:
       path = os.path.join(tmp, f"{name}.json")
@@ -162,12 +165,15 @@ def main(argv=None):
       with open(path, encoding="utf-8") as f:
         result = json.load(f)
       _print(result)
-      if args.out:
-        os.makedirs(args.out, exist_ok=True)
-        with open(os.path.join(args.out, f"{name}.json"), "w",
-                  encoding="utf-8") as f:
-          json.dump(result, f, indent=1)
-          f.write("\n")
+      done[name] = result
+  # Written last, so that a suite's --out in the tree leaves the tree clean
+  # for the suites after it.
+  for name, result in done.items() if args.out else ():
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, f"{name}.json"), "w",
+              encoding="utf-8") as f:
+      json.dump(result, f, indent=1)
+      f.write("\n")
   return status
 
 

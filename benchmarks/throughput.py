@@ -3,33 +3,18 @@
 ``scaling``: at 1, 2, 4 and 8 devices (as many as the host has), the same
 global problem (a row-split bf16 matmul, attention split over heads, a
 1 GiB fp32 add) on a mesh of that many devices, and one shard's problem
-alone on one device. Every function chains ``CHAIN`` kernel calls in one
-``jax.jit``; a device count's functions are timed in turns, in a random
-order each round and each after one untimed call of its own
-(``timing.chained(settle=True)``). Implementations:
+alone on one device, each library called its users' way:
+``jt_dist.sharded_triton_call`` (timed twice: the spread is the run's
+noise), a hand-written ``jax.shard_map`` around jt_dist's or jax-triton's
+``triton_call``, and XLA's own op behind an optimization barrier.
+``auto_partition``: the matmul and attention under plain ``jax.jit`` with
+a ``jt_dist.ShardingRule``, against the same alternatives, with the
+collectives each program holds. ``vmap_grid``: ``jax.vmap`` of a small add
+and a row softmax, one launch over a grid extended by the batch against
+one launch per element and XLA's batched op.
 
-- ``jt_dist_sharded``: ``jt_dist.sharded_triton_call`` with
-  ``jt_dist.shard_size`` metaparams (timed twice: the spread is the run's
-  noise);
-- ``jt_dist_shard_map``: a hand-written ``jax.shard_map`` around
-  ``jt_dist.triton_call``;
-- ``jax_triton_shard_map``: the same around ``jax_triton.triton_call``,
-  shapes as keyword metaparams, as jax-triton's README writes it;
-- ``xla``: XLA's own op behind an optimization barrier (one op per call,
-  as the kernels);
-- matmul on one device: both libraries in the scalar-argument form (M, N,
-  K as runtime integers).
-
-``auto_partition``: the matmul and attention under plain ``jax.jit`` with a
-``jt_dist.ShardingRule``, against ``sharded_triton_call``, jax-triton under
-plain ``jax.jit`` (which gathers and replicates; GPU only) and XLA's own
-sharded op, with the collectives each compiled program holds.
-
-``vmap_grid``: ``jax.vmap`` of a small add and a row softmax for batches of
-1 to 1,024: one launch over a grid extended by the batch, one launch per
-element (``vmap_method="sequential"``), and XLA's batched op.
-
-Every result is checked against XLA's before it is timed.
+Every function chains ``CHAIN`` kernel calls in one ``jax.jit``, is checked
+against XLA's result, then timed in turns (``timing.chained``).
 """
 
 import collections
@@ -95,7 +80,7 @@ class Matmul:
   name, spec, unit = "matmul_rows_bf16", (P("x"), P()), "TFLOPs"
 
   def __init__(self, sizes):
-    self.m = sizes["matmul"]
+    self.m = self.extent = sizes["matmul"]
     self.options = {**sizes["matmul_options"], **sizes["matmul_config"]}
 
   def work(self, rows):
@@ -120,14 +105,6 @@ class Matmul:
                 grid=self.grid, M=a.shape[0], N=b.shape[1], K=a.shape[1],
                 **self.options, **extra)
 
-  def scalar_form(self, call, a, b):
-    # jax-triton's grid callable sees metaparams only, not scalar arguments.
-    m, n = a.shape[0], b.shape[1]
-    return call(a, b, m, n, a.shape[1], kernel=kernels.matmul_kernel,
-                out_shape=jax.ShapeDtypeStruct(a.shape, a.dtype),
-                grid=lambda meta: self.grid({**meta, "M": m, "N": n}),
-                **self.options)
-
   def sharded(self, mesh, a, b):
     return jt_dist.sharded_triton_call(
         a, b, kernel=kernels.matmul_kw_kernel,
@@ -144,6 +121,7 @@ class Attention:
 
   def __init__(self, sizes):
     self.shape = sizes["attention"]
+    self.extent = self.shape[1]  # Heads.
     self.blocks = sizes["blocks"]
 
   def work(self, heads):
@@ -191,7 +169,7 @@ class Add:
   name, spec, unit = "add_fp32", (P("x"), P("x")), "GBps"
 
   def __init__(self, sizes):
-    self.n = sizes["add"]
+    self.n = self.extent = sizes["add"]
 
   def work(self, n):
     return 12 * n / 1e9
@@ -216,15 +194,6 @@ class Add:
         grid=lambda m: (triton.cdiv(m["n_elements"], m["BLOCK"]),),
         mesh=mesh, in_specs=self.spec, out_specs=P("x"),
         BLOCK=kernels.ADD_BLOCK)
-
-
-def global_extent(problem):
-  """The extent the mesh splits: rows, heads or elements."""
-  if isinstance(problem, Matmul):
-    return problem.m
-  if isinstance(problem, Attention):
-    return problem.shape[1]
-  return problem.n
 
 
 # --- Building the functions -------------------------------------------------
@@ -293,7 +262,7 @@ def _placement_calls(problem, extent, mesh, where, key):
 
 def _calls_for(problem, count, key):
   """Every function to time at ``count`` devices: label -> (fn, args, work)."""
-  extent = global_extent(problem)
+  extent = problem.extent
   calls = _placement_calls(problem, extent, make_mesh(count), "mesh", key)
   # The headline function once more, as its own entry: the spread between
   # the two is the run's noise, against which differences are read.
@@ -302,41 +271,6 @@ def _calls_for(problem, count, key):
     calls.update(_placement_calls(problem, extent // count, make_mesh(1),
                                   "shard_alone", jax.random.fold_in(key, count)))
   return calls
-
-
-def _scalar_form_calls(problem, key):
-  """The scalar-argument matmul on one device, for each library."""
-  libs = {"jt_dist": jt_dist.triton_call}
-  if _jax_triton() is not None:
-    libs["jax_triton"] = _jax_triton().triton_call
-  args = problem.inputs(problem.m, key)
-  args = tuple(jax.device_put(a, jax.devices()[0]) for a in args)
-  reference = jax.jit(chain(problem.reference))(*args)
-  calls = {}
-  for lib, call in libs.items():
-    fn = jax.jit(chain(functools.partial(problem.scalar_form, call)))
-    check(fn, args, reference, f"{lib} scalar form")
-    calls[(f"{lib}[scalar-argument form]", "mesh")] = (
-        fn, args, problem.work(problem.m))
-  return calls
-
-
-def _timed(calls, sizes):
-  """Median seconds per jitted call, in random order with settled clocks.
-
-  jax-triton's scalar-argument form is timed on its own: it runs 15x
-  slower at a fraction of the power, and whatever follows it would start
-  on boosted clocks.
-  """
-  alone = "jax_triton[scalar-argument form]"
-  seconds = {}
-  for group in ({k: v for k, v in calls.items() if k[0] != alone},
-                {k: v for k, v in calls.items() if k[0] == alone}):
-    if group:
-      seconds.update(timing.chained(
-          {k: (fn, args) for k, (fn, args, *_) in group.items()},
-          iters=sizes["iters"], rounds=sizes["rounds"], settle=True))
-  return seconds
 
 
 def _counts(quick):
@@ -359,7 +293,9 @@ def _problem_rows(problem, make, sizes):
       rows.append({"case": problem.name, "impl": "FAILED", "devices": count,
                    "error": f"{type(e).__name__}: {e}"[:300]})
       continue
-    seconds = _timed(calls, sizes)
+    seconds = timing.chained(
+        {k: (fn, args) for k, (fn, args, *_) in calls.items()},
+        iters=sizes["iters"], rounds=sizes["rounds"], settle=True)
     for label, (_, _, work, *extra) in calls.items():
       name, where = label if isinstance(label, tuple) else (label, None)
       per_call = seconds[label] / CHAIN
@@ -375,12 +311,8 @@ def scaling(quick):
   key = jax.random.key(11)
   rows = []
   for problem in (Matmul(sizes), Attention(sizes), Add(sizes)):
-    def make(count, problem=problem):
-      calls = _calls_for(problem, count, key)
-      if count == 1 and isinstance(problem, Matmul):
-        calls.update(_scalar_form_calls(problem, key))
-      return calls
-    rows += _problem_rows(problem, make, sizes)
+    rows += _problem_rows(problem, lambda count, p=problem: _calls_for(
+        p, count, key), sizes)
   return {"sizes": sizes, "results": rows, "failed": any(
       r["impl"] == "FAILED" for r in rows)}
 
@@ -423,7 +355,7 @@ def _rule_calls(problem, rule_call, count, key):
     impls["jax_triton_jit"] = (functools.partial(
         problem.local, _jax_triton().triton_call),
                                make_mesh(count, AxisType.Auto))
-  extent = global_extent(problem)
+  extent = problem.extent
   inputs = problem.inputs(extent, key)
   reference = jax.jit(chain(problem.reference))(*inputs)
   calls = {}

@@ -146,14 +146,16 @@ def chained(calls, iters, rounds, seed=0, settle=False, clock=None):
   return {name: float(np.median(s)) for name, s in samples.items()}
 
 
+def once(fn):
+  """Seconds of one call of ``fn()`` and a sync."""
+  start = time.perf_counter()
+  block(fn())
+  return time.perf_counter() - start
+
+
 def best(fn, repeats):
   """The fastest of ``repeats`` calls and syncs, in seconds (slow calls)."""
-  times = []
-  for _ in range(repeats):
-    start = time.perf_counter()
-    block(fn())
-    times.append(time.perf_counter() - start)
-  return min(times)
+  return min(once(fn) for _ in range(repeats))
 
 
 def hot_us(fn, number):

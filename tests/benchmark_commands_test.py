@@ -6,6 +6,7 @@ commands run with ``--quick`` and their ``--out`` in a temporary folder;
 ``benchmarks/doc_tables.py`` as written (``--readme`` on a copy, which must
 come out unchanged); ``benchmarks/peer_suites.py`` on a small jax-triton
 style test file in place of the path to jax-triton's tests;
+``benchmarks/fuzz_cpu.py`` as written but with two cases;
 ``benchmarks/run_gpu.sh``, which needs GPUs, is parsed by ``bash -n`` and
 its stage must be one the script takes.
 """
@@ -106,7 +107,8 @@ class BenchmarkCommandsTest(absltest.TestCase):
     for script in scripts:
       self.assertTrue(os.path.exists(os.path.join(_ROOT, script)),
                       f"{self.commands} name {script}, which is missing")
-    for script in ("run.py", "doc_tables.py", "peer_suites.py"):
+    for script in ("run.py", "doc_tables.py", "peer_suites.py",
+                   "fuzz_cpu.py"):
       self.assertIn(f"benchmarks/{script}", scripts)
 
   def test_run_commands_run_quick(self):
@@ -190,6 +192,17 @@ class BenchmarkCommandsTest(absltest.TestCase):
         with open(os.path.join(out, "summary.json"), encoding="utf-8") as f:
           files = json.load(f)["files"]
         self.assertEqual(files["add_test.py"]["passed"], 1, files)
+
+  def test_fuzz_cpu_commands_run(self):
+    for command, page in self._of("fuzz_cpu.py").items():
+      args = shlex.split(command)[2:]
+      if "--cases" in args:
+        args[args.index("--cases") + 1] = "2"
+      result = _python(["benchmarks/fuzz_cpu.py", *args, "--cases", "2"],
+                       timeout=900)
+      self.assertEqual(result.returncode, 0, f"{page}: {command}:"
+                       f" {result.stdout[-2000:]} {result.stderr[-2000:]}")
+      self.assertIn("2 cases from seed", result.stdout, command)
 
   def test_run_gpu_commands_parse(self):
     script = os.path.join(_ROOT, "benchmarks", "run_gpu.sh")

@@ -189,7 +189,7 @@ class DocsTest(parameterized.TestCase):
       doc_tables.render(data, "cpu/x.json")
 
   def test_charts_are_svg_in_the_page_s_colours(self):
-    chart = _doc_tables().plots.bar_chart(
+    chart = _doc_tables().bar_chart(
         "t", [{"impl": "a <b>", "ms": 1.5}, {"impl": "c", "ms": 3.0}], ["ms"])
     root = ElementTree.fromstring(chart)
     self.assertEqual(root.get("fill"), "currentColor")

@@ -152,8 +152,13 @@ def sharded_kernel_call(kernel: Any, *, out_shape: Any = None, grid: Any,
 
   Args:
     kernel: a ``@triton.jit`` kernel, optionally autotuned.
-    out_shape, grid, mesh, in_specs, out_specs, out_reduce, sharding_rule:
-      as for ``sharded_triton_call``.
+    out_shape: as for ``sharded_triton_call``.
+    grid: as for ``sharded_triton_call``.
+    mesh: as for ``sharded_triton_call``.
+    in_specs: as for ``sharded_triton_call``.
+    out_specs: as for ``sharded_triton_call``.
+    out_reduce: as for ``sharded_triton_call``.
+    sharding_rule: as for ``sharded_triton_call``.
     **options_and_metaparams: ``triton_call``'s options and the kernel's
       metaparams by name.
 

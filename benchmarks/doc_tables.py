@@ -289,7 +289,7 @@ def readme_table() -> str:
     med = {r["impl"]: r["median_us"] for r in data["results"]
            if r["case"] == "one call and a sync"}
     p = data["provenance"]
-    rows.append([f"{p['device_kind']} (commit `{p['commit'][:12]}`)"]
+    rows.append([f"{p['device_kind']} ({p.get('date', '')[:10] or 'undated'})"]
                 + [f"{med[c]:.1f}" if c in med else "n/a"
                    for _, c in README_COLUMNS])
   if not rows:

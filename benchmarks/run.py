@@ -19,8 +19,8 @@ and writes ``OUT/<suite>.json``:
 
 ``--quick`` runs tiny sizes on any host: a check that every case runs and
 agrees with its reference, not a measurement (the docs refuse to render a
-quick run). Where git cannot name the commit (a copy of the tree without
-its .git), ``--commit`` does.
+quick run). On a copy of the tree (without its .git, or with another
+snapshot's), ``--commit`` names the commit it holds, and git is not asked.
 
 A suite is a function in a suite module's ``SUITES`` (listed here in
 ``SUITES``): it takes ``quick`` and returns ``{"results": rows, "sizes":

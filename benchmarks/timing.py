@@ -39,16 +39,19 @@ def _git(*args):
 
 
 def commit(given=None):
-  """``(hash, dirty)`` of this tree: git's, or ``given``; else unknown.
+  """``(hash, dirty)`` of this tree: ``given``, else git's; else unknown.
 
   ``dirty`` is whether tracked files differ from the commit (None where
-  git cannot say, as on a copy of the tree without its .git).
+  git cannot say: a given commit names a copy of the tree, whose own .git,
+  if any, may be another snapshot's).
   """
+  if given:
+    return given, None
   head = _git("rev-parse", "HEAD")
   if head:
     status = _git("status", "--porcelain", "--untracked-files=no")
     return head, None if status is None else bool(status)
-  return (given or "unknown"), None
+  return "unknown", None
 
 
 def provenance(given_commit=None):

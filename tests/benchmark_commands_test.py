@@ -204,6 +204,22 @@ class BenchmarkCommandsTest(absltest.TestCase):
                        f" {result.stdout[-2000:]} {result.stderr[-2000:]}")
       self.assertIn("2 cases from seed", result.stdout, command)
 
+  def test_a_given_commit_names_the_results_not_the_copy_s_git(self):
+    # A GPU machine's copy of the tree can carry another snapshot's .git.
+    spec = importlib.util.spec_from_file_location(
+        "bench_timing", os.path.join(_ROOT, "benchmarks", "timing.py"))
+    timing = importlib.util.module_from_spec(spec)
+    sys.path.insert(0, os.path.join(_ROOT, "benchmarks"))  # Its siblings.
+    try:
+      spec.loader.exec_module(timing)
+    finally:
+      sys.path.pop(0)
+    self.assertEqual(timing.commit("ee16ceee3b2d"), ("ee16ceee3b2d", None))
+    self.assertEqual(timing.provenance("ee16ceee3b2d")["commit"],
+                     "ee16ceee3b2d")
+    head, _ = timing.commit()
+    self.assertNotEqual(head, "ee16ceee3b2d")
+
   def test_run_gpu_commands_parse(self):
     script = os.path.join(_ROOT, "benchmarks", "run_gpu.sh")
     with open(script, encoding="utf-8") as f:

@@ -3,12 +3,24 @@
 import io
 import logging
 import os
+import re
+import time
 from unittest import mock
 
 from absl.testing import absltest
 from absl.testing import parameterized
+import numpy as np
 
-from jt_dist import _progress
+from jt_dist import testing
+
+testing.configure_cpu_devices()
+
+import jax  # pylint: disable=g-import-not-at-top,wrong-import-position
+import jax.numpy as jnp  # pylint: disable=g-import-not-at-top,wrong-import-position
+
+import jt_dist  # pylint: disable=g-import-not-at-top,wrong-import-position
+from jt_dist import _progress  # pylint: disable=g-import-not-at-top,wrong-import-position
+from feature_kernels import add_kernel  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 
 class _Tty(io.StringIO):
@@ -23,6 +35,14 @@ class _Clock:
     self.now = 100.0
 
   def __call__(self):
+    return self.now
+
+
+class _SlowClock(_Clock):
+  """Each reading is 6 s after the last: every launch looks long."""
+
+  def __call__(self):
+    self.now += 6.0
     return self.now
 
 
@@ -92,6 +112,82 @@ class ProgressTest(parameterized.TestCase):
         progress.update(3000)
     self.assertEqual(logs.records[0].getMessage(),
                      "jt_dist: running k on the CPU: 3000 programs, 6.0 s")
+
+  def test_a_heartbeat_reports_work_that_gives_no_updates(self):
+    with self.assertLogs("jt_dist", level="INFO") as logs:
+      with _progress.Progress("running k on the CPU", 4, unit="programs",
+                              heartbeat=True) as progress:
+        progress.update(1)
+        self.clock.now += 6
+        deadline = time.time() + 30
+        while not logs.records and time.time() < deadline:
+          time.sleep(0.01)
+    lines = [r.getMessage() for r in logs.records]
+    self.assertEqual(lines[0], "jt_dist: running k on the CPU: 1/4 programs"
+                     " (25%), 6.0 s")
+    self.assertEqual(lines[-1], "jt_dist: running k on the CPU: done after"
+                     " 6.0 s")
+
+
+class CpuLaunchProgressTest(parameterized.TestCase):
+  """A long CPU launch reports the programs it has run."""
+
+  _LINE = re.compile(r"jt_dist: running add_kernel on the CPU: (\d+)/12"
+                     r" programs \(\d+%\), \d+\.\d s")
+
+  def setUp(self):
+    super().setUp()
+    self.enter_context(mock.patch.dict(os.environ))
+    os.environ.pop("JT_DIST_PROGRESS", None)
+    rng = np.random.default_rng(0)
+    self.x, self.y = (jnp.asarray(rng.standard_normal(48, np.float32))
+                      for _ in range(2))
+
+  def _add(self):
+    out = jt_dist.triton_call(
+        self.x, self.y, 48, kernel=add_kernel,
+        out_shape=jax.ShapeDtypeStruct((48,), jnp.float32), grid=(12,),
+        BLOCK=4)
+    np.testing.assert_array_equal(np.asarray(out),
+                                  np.asarray(self.x) + np.asarray(self.y))
+
+  @parameterized.parameters("on", "off", "check")
+  def test_a_long_launch_logs_its_programs_at_info(self, vectorize):
+    os.environ["JT_DIST_VECTORIZE"] = vectorize
+    self.enter_context(mock.patch.object(_progress.time, "monotonic",
+                                         _SlowClock()))
+    with self.assertLogs("jt_dist", level="INFO") as logs:
+      self._add()
+    lines = [r.getMessage() for r in logs.records
+             if "running add_kernel" in r.getMessage()]
+    counts = [int(m[1]) for m in map(self._LINE.fullmatch, lines) if m]
+    self.assertNotEmpty(counts, lines)
+    self.assertTrue(all(0 <= c <= 12 for c in counts), lines)
+    self.assertRegex(lines[-1], r"running add_kernel on the CPU: done after"
+                     r" \d+\.\d s$")
+
+  def test_a_long_launch_draws_on_a_terminal(self):
+    self.enter_context(mock.patch.object(_progress.time, "monotonic",
+                                         _SlowClock()))
+    tty = _Tty()
+    with mock.patch.object(_progress.sys, "stderr", tty), \
+        mock.patch.object(logging.getLogger("jt_dist"), "hasHandlers",
+                          return_value=False):
+      self._add()
+    self.assertRegex(tty.getvalue(), r"\rjt_dist: running add_kernel on the"
+                     r" CPU: \d+/12 programs")
+    self.assertRegex(tty.getvalue(), r"done after \d+\.\d s\033\[K\n$")
+
+  def test_a_short_launch_is_silent(self):
+    with self.assertNoLogs("jt_dist", level="INFO"):
+      self._add()
+
+  def test_the_setting_silences_a_long_launch(self):
+    os.environ["JT_DIST_PROGRESS"] = "0"
+    self.enter_context(mock.patch.object(_progress.time, "monotonic",
+                                         _SlowClock()))
+    with self.assertNoLogs("jt_dist", level="INFO"):
+      self._add()
 
 
 if __name__ == "__main__":

@@ -22,6 +22,7 @@ from jt_dist._cpu import interpreter as _interpreter
 
 from jt_dist import _compat
 from jt_dist import _errors
+from jt_dist import _progress
 from jt_dist._cpu import atomics as _atomics
 from jt_dist._cpu import bfloat16 as _bfloat16
 from jt_dist._cpu import bounds as _bounds
@@ -67,15 +68,33 @@ def run(python_fn, grid: tuple[int, int, int], args, kwargs, checker=None,
   executor = _HostBufferExecutor(_one_at_a_time_form(python_fn),
                                  list(_interpreted(python_fn).arg_names),
                                  tuple(grid))
+  progress = _progress.Progress(
+      f"running {python_fn.__name__} on the CPU", int(np.prod(grid)),
+      unit="programs", heartbeat=True)
   try:
-    with _checked_memory(checker):
-      _run_patched(executor, args, kwargs, checker, python_fn, debug)
+    with progress, _checked_memory(checker), _programs_counted(progress,
+                                                               grid):
+      _run_patched(executor, args, kwargs, checker, python_fn, debug,
+                   progress)
   except _compat.InterpreterError as e:
     if isinstance(e.__cause__, _KERNEL_FAULTS):
       raise e.__cause__ from None
     if (refused := _math_refusal(e.__cause__, python_fn.__name__)) is not None:
       raise refused from None
     raise
+
+
+def _programs_counted(progress, grid):
+  """Counts the programs run one at a time (each sets its program id)."""
+  builder = _interpreter.builder()
+  set_grid_idx = builder.set_grid_idx
+  rows, columns = grid[0], grid[0] * grid[1]
+
+  def counted(x, y, z):
+    progress.update(x + rows * y + columns * z)
+    set_grid_idx(x, y, z)
+
+  return _compat.attributes_replaced(builder, {"set_grid_idx": counted})
 
 
 _KERNEL_FAULTS = (_errors.OutOfBoundsAccessError,
@@ -124,13 +143,14 @@ def _checked_memory(checker):
       _bounds.CheckedMemory(native, checker))
 
 
-def _run_patched(executor, args, kwargs, checker, python_fn, debug):
+def _run_patched(executor, args, kwargs, checker, python_fn, debug,
+                 progress):
   # Vectorised where it can (not with tuple operands: the journal knows
   # top-level pointers only), else one program at a time.
   patched = functools.partial(_patched_language, python_fn.__name__, debug)
   if (not any(isinstance(a, tuple) for a in args)
       and _vector_launch.run(executor, args, kwargs, checker, patched,
-                             python_fn)):
+                             python_fn, progress)):
     return
   with patched():
     executor(*args, **kwargs)

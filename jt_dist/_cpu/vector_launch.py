@@ -59,16 +59,18 @@ def mode() -> str:
   return _MODES[_settings.vectorize()]
 
 
-def run(executor, args, kwargs, checker, patched_language, python_fn) -> bool:
+def run(executor, args, kwargs, checker, patched_language, python_fn,
+        progress) -> bool:
   """Runs the launch vectorised if it can; False if the caller must run it
   one program at a time (memory as before). ``patched_language()`` is
-  entered once the vectorised builder is in place."""
+  entered once the vectorised builder is in place; ``progress`` hears of
+  each chunk run."""
   how = mode()
   grid = _grid(executor)
   if grid is None or how == ONE_AT_A_TIME:
     return False
   launch = Launch(executor, grid, args, kwargs, checker, patched_language,
-                  python_fn)
+                  python_fn, progress)
   return _run_both(launch) if how == CHECK else launch.vectorised()
 
 
@@ -109,7 +111,7 @@ class Launch:
   """One launch, run vectorised chunk by chunk or one program at a time."""
 
   def __init__(self, executor, grid, args, kwargs, checker, patched_language,
-               python_fn):
+               python_fn, progress):
     self.executor = executor
     self.grid = grid
     self.args = args
@@ -118,6 +120,7 @@ class Launch:
     self.patched_language = patched_language
     self.key = kernel_key(executor.fn, args, kwargs)
     self.python_fn = python_fn
+    self.progress = progress
     self.programs = int(np.prod(grid))
 
   def vectorised(self) -> bool:
@@ -166,6 +169,7 @@ class Launch:
           _decide(self.key, ONE_AT_A_TIME, f"{type(e).__name__}: {e}")
         return programs.start, count
       journal.clear()
+      self.progress.update(programs.stop)
     return None, count
 
   def one_at_a_time(self, start: int = 0) -> None:

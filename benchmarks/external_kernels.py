@@ -5,7 +5,9 @@ same launches from PyTorch.
 
 The modules import torch, so they are not imported: each top-level
 statement runs on its own, and those that need torch or the library's host
-code are skipped (an ``if`` whose test needs them runs its first branch).
+code are skipped (an ``if`` whose test needs them runs its first branch),
+as are the tutorials' demos and benchmark runs (top-level expressions, and
+assignments from the module's own functions).
 The host helpers asking Triton's driver what GPU this is (``is_cuda`` ...)
 are answered from JAX's device. A case is written as Triton's launch
 ``kernel[grid](*items, **kw)``; jt_dist gets ``docs/porting.md``'s
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 import ast
 import collections
+import functools
 import glob
 import importlib.util
 import os
@@ -85,8 +88,13 @@ def load(path: str) -> dict:
   ns = {"__name__": "external_" + os.path.basename(path)[:-3].replace(
       "-", "_"), "__file__": path, "torch": _TORCH}
   todo = list(tree.body)
+  own = {n.name for n in tree.body if isinstance(n, ast.FunctionDef)}
   while todo:
     node = todo.pop(0)
+    if isinstance(node, ast.Expr) or (isinstance(node, ast.Assign) and any(
+        isinstance(c, ast.Call) and getattr(c.func, "id", None) in own
+        for c in ast.walk(node.value))):
+      continue  # A demo or a benchmark run: `benchmark.run(...)`.
     if isinstance(node, ast.If):
       try:
         eval(compile(ast.Expression(node.test), path, "eval"), ns)  # pylint: disable=eval-used
@@ -110,8 +118,7 @@ class Out(typing.NamedTuple):
   desc: tuple = ()  # (shape, strides, block_shape): a TensorDescriptor.
 
 
-def Zeros(shape, dtype):  # pylint: disable=invalid-name
-  return Out(shape, dtype, zero=True)
+Zeros = functools.partial(Out, zero=True)  # Triton's torch.zeros.
 
 
 InOut = collections.namedtuple("InOut", "value")  # Updated in place.

@@ -205,10 +205,6 @@ def _shard_map(mesh, body, problem, check_vma=True):
                        out_specs=out_spec, check_vma=check_vma)
 
 
-def _unfused(reference):
-  return lambda *args: jax.lax.optimization_barrier(reference(*args))
-
-
 def _implementations(problem, mesh):
   """name -> step function on ``mesh``."""
   local = problem.local
@@ -216,7 +212,8 @@ def _implementations(problem, mesh):
       "jt_dist_sharded": functools.partial(problem.sharded, mesh),
       "jt_dist_shard_map": _shard_map(
           mesh, functools.partial(local, jt_dist.triton_call), problem),
-      "xla": _unfused(problem.reference),
+      "xla": lambda *args: jax.lax.optimization_barrier(
+          problem.reference(*args)),
   }
   if _jax_triton() is not None:
     # jax-triton gives no varying-axes types, so check_vma must be off.

@@ -168,13 +168,11 @@ def hot_us(fn, number):
 
 def relative_error(actual, expected):
   """‖actual − expected‖ / ‖expected‖, in float64."""
-  actual = np.asarray(actual, np.float64)
-  expected = np.asarray(expected, np.float64)
+  actual, expected = (np.asarray(a, np.float64) for a in (actual, expected))
   return float(np.linalg.norm(actual - expected) / np.linalg.norm(expected))
 
 
 def quartiles_us(seconds):
   """Median, p25 and p75 of ``seconds``, in µs."""
-  p25, p50, p75 = np.percentile(seconds, [25, 50, 75]) * 1e6
-  return {"median_us": float(p50), "p25_us": float(p25),
-          "p75_us": float(p75)}
+  p25, p50, p75 = map(float, np.percentile(seconds, [25, 50, 75]) * 1e6)
+  return {"median_us": p50, "p25_us": p25, "p75_us": p75}

@@ -6,7 +6,7 @@ commands run with ``--quick`` and their ``--out`` in a temporary folder;
 ``benchmarks/doc_tables.py`` as written (``--readme`` on a copy, which must
 come out unchanged); ``benchmarks/peer_suites.py`` on a small jax-triton
 style test file in place of the path to jax-triton's tests;
-``benchmarks/fuzz_cpu.py`` as written but with two cases;
+``tests/fuzz_cpu.py`` as written but with two cases;
 ``benchmarks/run_gpu.sh``, which needs GPUs, is parsed by ``bash -n`` and
 its stage must be one the script takes.
 """
@@ -29,7 +29,8 @@ from absl.testing import absltest
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # The script, then its words up to the end of the code span, a comment or
 # an HTML comment's end.
-_COMMAND = re.compile(r"(?<![\w/])(?:python|bash)\s+benchmarks/[\w./-]+"
+_COMMAND = re.compile(r"(?<![\w/])(?:python|bash)\s+(?:benchmarks/[\w./-]+"
+                      r"|tests/fuzz_cpu\.py)"
                       r"(?:[ \t]+(?!--?>)[^\s`#<>]+)*")
 _PEER_TEST = '''
 import jax
@@ -100,21 +101,28 @@ class BenchmarkCommandsTest(absltest.TestCase):
 
   def _of(self, script):
     return {c: page for c, page in self.commands.items()
-            if c.split()[1] == f"benchmarks/{script}"}
+            if c.split()[1] == script}
 
   def test_the_docs_write_commands(self):
     scripts = {c.split()[1] for c in self.commands}
     for script in scripts:
       self.assertTrue(os.path.exists(os.path.join(_ROOT, script)),
                       f"{self.commands} name {script}, which is missing")
-    for script in ("run.py", "doc_tables.py", "peer_suites.py",
-                   "fuzz_cpu.py"):
-      self.assertIn(f"benchmarks/{script}", scripts)
+    for script in ("benchmarks/run.py", "benchmarks/doc_tables.py",
+                   "benchmarks/peer_suites.py", "tests/fuzz_cpu.py"):
+      self.assertIn(script, scripts)
+
+  def test_the_suite_stays_a_maintained_size(self):
+    sources = glob.glob(os.path.join(_ROOT, "benchmarks", "*.py"))
+    lines = {os.path.basename(p): len(open(p, encoding="utf-8").readlines())
+             for p in sources}
+    self.assertLessEqual(len(lines), 12, lines)
+    self.assertLessEqual(sum(lines.values()), 3000, lines)
 
   def test_run_commands_run_quick(self):
     run = _run_module()
     suites = []
-    for command, page in self._of("run.py").items():
+    for command, page in self._of("benchmarks/run.py").items():
       args = shlex.split(command)[2:]
       with tempfile.TemporaryDirectory() as tmp:
         # As written, flags and all; --list stops after parsing them.
@@ -146,7 +154,7 @@ class BenchmarkCommandsTest(absltest.TestCase):
     return args
 
   def test_doc_tables_commands_run(self):
-    for command, page in self._of("doc_tables.py").items():
+    for command, page in self._of("benchmarks/doc_tables.py").items():
       args = shlex.split(command)[2:]
       with tempfile.TemporaryDirectory() as tmp:
         if args[0] == "--readme":
@@ -165,7 +173,7 @@ class BenchmarkCommandsTest(absltest.TestCase):
           self.assertIn("| --- |", result.stdout, command)
 
   def test_peer_suites_commands_run(self):
-    for command, page in self._of("peer_suites.py").items():
+    for command, page in self._of("benchmarks/peer_suites.py").items():
       args = shlex.split(command)[2:]
       with tempfile.TemporaryDirectory() as tmp:
         tests = os.path.join(tmp, "tests")
@@ -194,11 +202,11 @@ class BenchmarkCommandsTest(absltest.TestCase):
         self.assertEqual(files["add_test.py"]["passed"], 1, files)
 
   def test_fuzz_cpu_commands_run(self):
-    for command, page in self._of("fuzz_cpu.py").items():
+    for command, page in self._of("tests/fuzz_cpu.py").items():
       args = shlex.split(command)[2:]
       if "--cases" in args:
         args[args.index("--cases") + 1] = "2"
-      result = _python(["benchmarks/fuzz_cpu.py", *args, "--cases", "2"],
+      result = _python(["tests/fuzz_cpu.py", *args, "--cases", "2"],
                        timeout=900)
       self.assertEqual(result.returncode, 0, f"{page}: {command}:"
                        f" {result.stdout[-2000:]} {result.stderr[-2000:]}")
@@ -226,7 +234,7 @@ class BenchmarkCommandsTest(absltest.TestCase):
       stages = set(re.findall(r"\$what == (\w+)", f.read()))
     self.assertEqual(subprocess.run(["bash", "-n", script],
                                     check=False).returncode, 0)
-    for command, page in self._of("run_gpu.sh").items():
+    for command, page in self._of("benchmarks/run_gpu.sh").items():
       for stage in shlex.split(command)[2:3]:
         self.assertIn(stage, stages, f"{page}: {command}")
 

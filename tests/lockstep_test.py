@@ -12,7 +12,6 @@ import importlib.util
 import io
 import os
 import re
-import sys
 from unittest import mock
 
 from absl.testing import absltest
@@ -43,13 +42,8 @@ _attention = _example("causal_attention")
 
 
 def _fuzzer():
-  root = os.path.dirname(os.path.dirname(__file__))
-  spec = importlib.util.spec_from_file_location(
-      "lockstep_test_fuzz_cpu", os.path.join(root, "benchmarks", "fuzz_cpu.py"))
-  module = importlib.util.module_from_spec(spec)
-  sys.modules[spec.name] = module  # Its dataclasses look their module up.
-  spec.loader.exec_module(module)
-  return module
+  import fuzz_cpu  # pylint: disable=g-import-not-at-top
+  return fuzz_cpu
 
 # How the interpreter says (on the ``jt_dist`` logger, at DEBUG, once per
 # kernel and argument signature) that a kernel's launches run.
@@ -445,7 +439,7 @@ class LockstepTest(testing.TestCase, parameterized.TestCase):
 
 
 class DrawnKernelsTest(testing.TestCase):
-  """Drawn kernels (``benchmarks/fuzz_cpu.py``) agree bit for bit
+  """Drawn kernels (``tests/fuzz_cpu.py``) agree bit for bit
   vectorised and one program at a time."""
 
   def test_drawn_kernels_agree_with_one_program_at_a_time(self):

@@ -11,7 +11,7 @@ compares every output bit for bit (or the error types). On a mismatch it
 shrinks the kernel, statement by statement, and prints the smallest source
 that still mismatches; the exit status is the number of mismatching cases.
 
-  python benchmarks/fuzz_cpu.py --seed 0 --cases 200
+  python tests/fuzz_cpu.py --seed 0 --cases 200
 """
 
 from __future__ import annotations

@@ -5,8 +5,7 @@ Each case draws a kernel over what the vectorised path handles: loops whose
 int32 or int64 bounds differ per program, nested ``if``s and ``else``s, early
 returns, atomics in several statements and inside loops (their old values
 used or not), reductions and scans, masks, bf16 and fp8 arithmetic, and
-``and``/``or``/``not`` on scalars (``--logic-on-blocks`` draws them on
-blocks too). It runs the kernel with ``JT_DIST_VECTORIZE=1`` and ``=0`` and
+``and``/``or``/``not`` on scalars and on blocks. It runs the kernel with ``JT_DIST_VECTORIZE=1`` and ``=0`` and
 compares every output bit for bit (or the error types). On a mismatch it
 shrinks the kernel, statement by statement, and prints the smallest source
 that still mismatches; the exit status is the number of mismatching cases.
@@ -76,9 +75,8 @@ def source(name: str, body: list[Stmt]) -> str:
 class Draw:
   """Draws one kernel body from ``rng``."""
 
-  def __init__(self, rng, logic_on_blocks: bool = False):
+  def __init__(self, rng):
     self.rng = rng
-    self.logic_on_blocks = logic_on_blocks
     self.indices: list[str] = []  # Of the loops around the statement.
     self.names = itertools.count()  # A loop's index is named once.
 
@@ -120,10 +118,9 @@ class Draw:
         f"acc + {x}.to(tl.float8e5).to(tl.float32)",
         f"(acc * 0.125).to(tl.float8e4nv).to(tl.float32) + {x}",
         "acc + s",
+        f"tl.where((acc > 0.0) and ({x} < 1.0), acc, -acc)",
+        "tl.where(not (acc > 0.0), acc, acc * 2.0)",
     ]
-    if self.logic_on_blocks:
-      forms.append(f"tl.where((acc > 0.0) and ({x} < 1.0), acc, -acc)")
-      forms.append("tl.where(not (acc > 0.0), acc, acc * 2.0)")
     return self.pick(forms)
 
   def atomic(self) -> Stmt:
@@ -193,9 +190,9 @@ class Case:
   big: int
 
 
-def draw(seed: int, logic_on_blocks: bool = False) -> Case:
+def draw(seed: int) -> Case:
   rng = np.random.default_rng(seed)
-  body = Draw(rng, logic_on_blocks).stmts(0, 6)
+  body = Draw(rng).stmts(0, 6)
   return Case(seed, body, int(rng.integers(2, 9)), int(rng.choice([4, 8, 16])),
               int(rng.integers(0, 6)),
               int(rng.choice([7, 2**31 + 3, 2**33 + 5])))
@@ -295,8 +292,7 @@ def shrink(case: Case, directory: str):
   return body
 
 
-def run(seed: int, cases: int, logic_on_blocks: bool = False,
-        out=sys.stdout) -> list[int]:
+def run(seed: int, cases: int, out=sys.stdout) -> list[int]:
   """Runs ``cases`` cases from ``seed`` on; the seeds that mismatched (each
   printed with its smallest kernel)."""
   failed = []
@@ -309,7 +305,7 @@ def run(seed: int, cases: int, logic_on_blocks: bool = False,
   try:
     with tempfile.TemporaryDirectory() as directory:
       for case_seed in range(seed, seed + cases):
-        case = draw(case_seed, logic_on_blocks)
+        case = draw(case_seed)
         if mismatches(case, case.body, directory, errors):
           failed.append(case_seed)
           _report(case, shrink(case, directory), out)
@@ -331,10 +327,8 @@ def main(argv=None) -> int:
   parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   parser.add_argument("--seed", type=int, default=0)
   parser.add_argument("--cases", type=int, default=200)
-  parser.add_argument("--logic-on-blocks", action="store_true",
-                      help="draw and/or/not on blocks too")
   args = parser.parse_args(argv)
-  failed = run(args.seed, args.cases, args.logic_on_blocks)
+  failed = run(args.seed, args.cases)
   print(f"{args.cases} cases from seed {args.seed}: {len(failed)} mismatch(es)"
         + (f" (seeds {failed})" if failed else ""))
   return min(len(failed), 125)

@@ -314,3 +314,34 @@ def returns(has_value: bool) -> bool:
   masks.stack[frame:] = [retired if m is None else m & retired
                          for m in masks.stack[frame:]]
   return False
+
+
+def _run_time(value) -> bool:
+  """A run-time value, as Triton's code generator tells one from a
+  compile-time one (a constexpr, a Python value or a tuple)."""
+  return isinstance(value, tl.core.base_value) and not isinstance(
+      value, (tl.constexpr, tl.core.tuple))
+
+
+def boolean(method: str, *operands):
+  """``a and b`` (``method`` "logical_and") or ``a or b``, each operand a
+  thunk, as Triton's code generator lowers them: a compile-time operand
+  that decides the result ends it, and the run-time ones combine
+  elementwise, right to left. Python's truthiness would compare nothing."""
+  deciding = method == "logical_or"
+  combined, value = [], None
+  for operand in operands:
+    value = operand()
+    if _run_time(value):
+      combined.append(value)
+    elif bool(value) is deciding:
+      return value
+  while len(combined) >= 2:
+    rhs = combined.pop()
+    combined.append(getattr(combined.pop(), method)(rhs))
+  return combined[0] if combined else value
+
+
+def negation(value):
+  """``not value``: elementwise on a run-time value, as compiled."""
+  return value.__not__() if _run_time(value) else not value

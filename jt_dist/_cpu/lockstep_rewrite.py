@@ -3,10 +3,12 @@
 Loops, ``if``s and ``return``s whose Python value differs per program run
 through ``lockstep`` as SIMD runs SIMT code: a loop as often as its longest
 program, an ``if`` both branches, each masked; variables read later are then
-merged per program, or the launch gives way. Left alone (giving way where
-programs disagree): ``for`` loops not over a call or with ``else``, a non-name
-target or jumps; ``if``s holding ``break``/``continue``; ``while`` (a spin lock
-in lockstep never lets go); ``x if c else y``, ``and``/``or``.
+merged per program, or the launch gives way. ``and``, ``or`` and ``not``
+become Triton's elementwise operations, as its code generator makes them.
+Left alone (giving way where programs disagree): ``for`` loops not over a
+call or with ``else``, a non-name target or jumps; ``if``s holding
+``break``/``continue``; ``while`` (a spin lock in lockstep never lets go);
+``x if c else y``.
 """
 
 from __future__ import annotations
@@ -127,6 +129,23 @@ class _Transformer(ast.NodeTransformer):
 
   def visit_Lambda(self, node):
     return node
+
+  def visit_BoolOp(self, node):
+    # Elementwise on tensors, as compiled; each operand a thunk, so that a
+    # deciding constexpr skips the rest's evaluation.
+    self.generic_visit(node)
+    method = "logical_and" if isinstance(node.op, ast.And) else "logical_or"
+    thunks = [ast.Lambda(args=ast.arguments(
+        posonlyargs=[], args=[], kwonlyargs=[], kw_defaults=[], defaults=[]),
+                         body=value) for value in node.values]
+    return ast.copy_location(
+        _call("boolean", ast.Constant(method), *thunks), node)
+
+  def visit_UnaryOp(self, node):
+    self.generic_visit(node)
+    if not isinstance(node.op, ast.Not):
+      return node
+    return ast.copy_location(_call("negation", node.operand), node)
 
   def visit_Return(self, node):
     has_value = ast.Constant(node.value is not None)

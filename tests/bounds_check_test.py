@@ -41,7 +41,8 @@ def accumulate_kernel(x_ptr, n, out_ptr, BLOCK: tl.constexpr):
 
 @triton.jit
 def accumulate_aliased_kernel(x_ptr, acc_ptr, n, out_ptr, BLOCK: tl.constexpr):
-  del acc_ptr  # Aliased to out_ptr: the kernel works on out_ptr.
+  # acc_ptr is aliased to out_ptr: the kernel works on out_ptr. (Triton's
+  # code generator has no `del`.)
   accumulate_kernel(x_ptr, n, out_ptr, BLOCK)
 
 

@@ -19,6 +19,7 @@ from typing import Any, Sequence
 import triton.language as tl
 
 from jt_dist import _compat
+from jt_dist import _errors
 from jt_dist._core import kernel as _kernel
 
 
@@ -47,6 +48,17 @@ def callee_error(error: BaseException) -> BaseException:
       break
     error = error.__cause__
   return error
+
+
+def raise_compile_error(error: BaseException, spec, shapes) -> None:
+  """Raises Triton's compile ``error`` as the user's kernel's own (a 0-d
+  array used as a number named as such); ``shapes``: the operands'."""
+  own = callee_error(error)
+  _errors.raise_if_scalar_pointer(own, spec, shapes)
+  if own is error:
+    raise error
+  own.__suppress_context__ = True
+  raise own
 
 
 def make_kernel(base_fn: Any, source: str, p: str, what: str,

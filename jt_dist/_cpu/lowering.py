@@ -29,6 +29,7 @@ from jt_dist._core import types as _types
 from jt_dist._cpu import interpreter as _interpreter
 from jt_dist._cpu import bounds as _bounds
 from jt_dist._cpu import ffi_target as _ffi_target
+from jt_dist._cpu import frontend as _frontend
 from jt_dist._core import host_faults as _host_faults
 from jt_dist._cpu import interrupts as _interrupts
 from jt_dist._cpu import runtime as _interpreter_runtime
@@ -231,6 +232,7 @@ def cpu_lowering(ctx, *args, spec):
         " jt_dist.export_options; a kernel made under TRITON_INTERPRET=1"
         " is interpreted on GPUs too and cannot be exported either.")
   _check_supported(spec)
+  _frontend.check(spec, [a.shape for a in ctx.avals_in])
   platform = platforms[0] if len(platforms) == 1 else None
   if (spec.cost_estimate and platform == "cpu"
       and _ffi_target.ensure_registered()):

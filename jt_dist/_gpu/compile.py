@@ -1,8 +1,7 @@
 """Compiling one launch with Triton: to PTX (CUDA) or HSACO (ROCm).
 
-A launch is specialised as Triton's own launcher would (integer scalars
-equal to 1 become constexprs; pointers are 16-byte aligned, which jaxlib
-checks). Where jaxlib (0.11.1 or later) loads a CUBIN, one is assembled too.
+A launch is specialised as Triton's own launcher would
+(``_backend.specialize``). Where jaxlib (0.11.1 or later) loads a CUBIN, one is assembled too.
 """
 
 from __future__ import annotations
@@ -11,31 +10,20 @@ import dataclasses
 import json
 import os
 import sys
-from typing import Any, NamedTuple
+from typing import Any
 
 from jt_dist._backend import cache as _cache
 from jt_dist import _compat
 from jt_dist import _settings
-from jt_dist._core import pytree_args as _pytree_args
+from jt_dist._backend import specialize as _specialize
 from jt_dist._backend import target as _target
 
-_INT_TYPES = ("i8", "i16", "i32", "i64", "u8", "u16", "u32", "u64")
 # The stage whose output jaxlib takes as the kernel.
 _FINAL_STAGE = {"cuda": "ptx", "rocm": "hsaco"}
 _OBJECT_STAGE = "cubin"
 # Blackwell's tensor memory has 512 columns; Triton emits a trap instead of
 # an error above it, which would hang the GPU at launch.
 _TMEM_LIMIT = 512
-
-
-class Specialization(NamedTuple):
-  """How one launch binds the kernel's parameters at compile time
-  (``attrs``: the divisibility by ``(index, *tuple path)``)."""
-
-  signature: dict[str, str]
-  constexprs: dict[str, Any]
-  attrs: dict[tuple[int, ...], Any]
-  launch_operands: tuple[Any, ...]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,68 +74,14 @@ class CompiledKernel:
     return cls(binary=blob[:split], object_file=blob[split:], **metadata)
 
 
-def specialize(spec, launch, backend) -> Specialization:
-  """The signature, constexprs and attributes of ``launch`` of ``spec``."""
-  kwargs = dict(launch.config.kwargs)
-  divisible = _compat.pointer_divisibility_attr(backend)
-  pinned = {p.name for p in _compat.jit_function_of(spec.info.fn).params
-            if p.do_not_specialize}
-  signature, constexprs, attrs, launched = {}, {}, {}, []
-  by_name, leaves = {}, {}
-  for op in spec.operands:
-    if op.path:
-      leaves.setdefault(op.name, []).append(op)
-    else:
-      by_name[op.name] = op
-  for index, param in enumerate(spec.info.params):
-    if param.name in leaves:
-      # A tuple parameter: nested types, attributes by path, one argument
-      # per leaf.
-      ops = leaves[param.name]
-      signature[param.name] = _pytree_args.nest(
-          [(op.path, op.type) for op in ops])
-      attrs.update({(index, *op.path): divisible for op in ops
-                    if op.type.startswith("*")})
-      launched.extend(ops)
-      continue
-    op = by_name.get(param.name)
-    # Triton specialises integer arguments equal to 1 into constants; bools
-    # are typed i1 and are not integers to it.
-    is_one = (op is not None and op.kind == "scalar"
-              and op.type in _INT_TYPES and op.value == 1)
-    if param.name in kwargs or op is None or is_one:
-      # Unbound, a parameter has a default (binding checked that).
-      constexprs[param.name] = kwargs.get(
-          param.name, 1 if op is not None else param.default)
-      signature[param.name] = "constexpr"
-      continue
-    signature[param.name] = op.type
-    if op.type.startswith("*") or (
-        op.kind == "scalar" and op.type in ("i32", "u32", "i64", "u64")
-        and op.value % 16 == 0 and param.name not in pinned):
-      # As Triton's launcher does: a size or stride divisible by 16 lets
-      # accesses vectorise; static per call, so no recompiles.
-      attrs[(index,)] = divisible
-    launched.append(op)
-  return Specialization(signature, constexprs, attrs, tuple(launched))
-
-
-def _value_key(value: Any) -> str:
-  # Constexprs may be Triton dtypes or @triton.jit functions: their
-  # cache_key (source and callees) identifies them, never their id().
-  key = getattr(value, "cache_key", None)
-  kind = f"{type(value).__module__}.{type(value).__qualname__}"
-  return f"{kind}:{key if isinstance(key, str) else repr(value)}"
-
-
-def cache_key(jit_fn, spec_: Specialization, options, backend,
+def cache_key(jit_fn, spec_: _specialize.Specialization, options, backend,
               target: _target.Target, object_file: bool = False) -> str:
   """The content hash that identifies a compiled kernel."""
   return _cache.content_key({
       "kernel": jit_fn.cache_key,  # Source and every @triton.jit callee.
       "gluon": _compat.is_gluon(jit_fn),
       "signature": list(spec_.signature.items()),
-      "constexprs": sorted((k, _value_key(v))
+      "constexprs": sorted((k, _specialize.value_key(v))
                            for k, v in spec_.constexprs.items()),
       "attrs": sorted((list(k), repr(v)) for k, v in spec_.attrs.items()),
       "options": options.hash(),
@@ -241,7 +175,7 @@ class SharedMemoryError(ValueError):
 
 def compiled_kernel(spec, launch, target: _target.Target,
                     object_file: bool | None = None
-                    ) -> tuple[CompiledKernel, Specialization]:
+                    ) -> tuple[CompiledKernel, _specialize.Specialization]:
   """The compiled kernel of ``launch``, from the caches or from Triton
   (``debug=True`` and ``JT_DIST_DUMP_DIR`` bypass the caches, so the IRs are
   printed or dumped); ``object_file`` (a CUBIN too): where jaxlib loads one
@@ -265,7 +199,7 @@ def compiled_kernel(spec, launch, target: _target.Target,
         f" {target.platform} backend ({type(options).__name__}, Triton"
         f" {_compat.triton.__version__}). Known options:"
         f" {', '.join(sorted(known))}.")
-  spec_ = specialize(spec, launch, backend)
+  spec_ = _specialize.specialize(spec, launch, backend)
   jit_fn = _compat.jit_function_of(spec.info.fn)
 
   def create():

@@ -21,7 +21,6 @@ from jax.interpreters import mlir
 import numpy as np
 
 from jt_dist import _compat
-from jt_dist import _errors
 from jt_dist._autotune import choose as _choose
 from jt_dist._core import primitive as _primitive
 from jt_dist._core import wrapper as _wrapper
@@ -271,14 +270,7 @@ def gpu_lowering(ctx, *args, spec, platform: str):
   try:
     calls = _fitting_calls(lib, spec, target, cubin or None)
   except Exception as e:  # pylint: disable=broad-except
-    error = _wrapper.callee_error(e)
-    # Triton's CompilationError, for a 0-d array used as a number: named.
-    _errors.raise_if_scalar_pointer(error, spec,
-                                    [a.shape for a in ctx.avals_in])
-    if error is e:
-      raise
-    error.__suppress_context__ = True
-    raise error  # pylint: disable=raise-missing-from
+    _wrapper.raise_compile_error(e, spec, [a.shape for a in ctx.avals_in])
   order = result_order(spec)
   call = (calls[0][0] if len(calls) == 1
           else _autotuned_call(lib, spec, calls, ctx, order))

@@ -6,8 +6,7 @@ same launches from PyTorch.
 The modules import torch, so they are not imported: each top-level
 statement runs on its own, and those that need torch or the library's host
 code are skipped (an ``if`` whose test needs them runs its first branch),
-as are the tutorials' demos and benchmark runs (top-level expressions, and
-assignments from the module's own functions).
+as are demos and benchmark runs (expressions, assignments of own calls).
 The host helpers asking Triton's driver what GPU this is (``is_cuda`` ...)
 are answered from JAX's device. A case is written as Triton's launch
 ``kernel[grid](*items, **kw)``; jt_dist gets ``docs/porting.md``'s
@@ -97,10 +96,11 @@ def load(path: str) -> dict:
       continue  # A demo or a benchmark run: `benchmark.run(...)`.
     if isinstance(node, ast.If):
       try:
-        eval(compile(ast.Expression(node.test), path, "eval"), ns)  # pylint: disable=eval-used
+        test = eval(compile(ast.Expression(node.test), path, "eval"), ns)  # pylint: disable=eval-used
       except Exception:  # pylint: disable=broad-except
-        todo[:0] = node.body  # Needs the host library: its first branch.
-        continue
+        test = True  # Needs the host library: its first branch.
+      todo[:0] = node.body if test else node.orelse
+      continue
     try:
       exec(compile(ast.Module([node], []), path, "exec"), ns)  # pylint: disable=exec-used
     except Exception:  # pylint: disable=broad-except

@@ -90,6 +90,9 @@ def cache_key(jit_fn, spec_: _specialize.Specialization, options, backend,
       "triton": _compat.triton.__version__,
       "jaxlib": _compat.jaxlib_version(),
       "env": sorted(_compat.cache_invalidating_env_vars().items()),
+      # Read when compiling, though Triton's own cache key leaves it out.
+      "non_constexpr_globals": bool(
+          _compat.triton.knobs.compilation.allow_non_constexpr_globals),
       "format": _cache.FORMAT_VERSION,
       "object_file": object_file,
   })

@@ -11,6 +11,7 @@ write, assert and take atomics nowhere (``vector_builder``).
 from __future__ import annotations
 
 import builtins
+import sys
 
 import numpy as np
 import triton.language as tl
@@ -345,3 +346,9 @@ def boolean(method: str, *operands):
 def negation(value):
   """``not value``: elementwise on a run-time value, as compiled."""
   return value.__not__() if _run_time(value) else not value
+
+
+def language(builtin):
+  """``builtin`` as its module holds it now: a launch's patched form."""
+  module = sys.modules.get(builtin.__module__)
+  return getattr(module, builtin.__name__, builtin) if module else builtin

@@ -219,14 +219,44 @@ def rewrite(python_fn, fallback):
   with _LOCK:
     if python_fn not in _REWRITTEN:
       rewritten = _interpreter.function_rewriter(
-          python_fn, _lockstep_tree, _PREFIX, _lockstep) or fallback()
+          python_fn, lambda tree: _lockstep_tree(tree, python_fn.__globals__),
+          _PREFIX, _lockstep) or fallback()
       # Named as the kernel (launch decisions are logged by this name).
       rewritten.__qualname__ = python_fn.__qualname__
       _REWRITTEN[python_fn] = rewritten
     return _REWRITTEN[python_fn]
 
 
-def _lockstep_tree(tree: ast.Module) -> ast.Module:
+def _lockstep_tree(tree: ast.Module, scope: dict) -> ast.Module:
   function = tree.body[0]
+  function = _ImportedBuiltins(function, scope).visit(function)
   tree.body[0] = _Transformer(function).visit(function)
   return tree
+
+
+def _language_builtin(value) -> bool:
+  """A builtin of triton.language, or a stub the code generator maps."""
+  module = getattr(value, "__module__", None) or ""
+  return callable(value) and (
+      module == "triton.language.extra.libdevice"
+      or (module.startswith("triton.language")
+          and getattr(value, "__triton_builtin__", False)))
+
+
+class _ImportedBuiltins(ast.NodeTransformer):
+  """A language builtin imported by name (``from triton.language.math import
+  rsqrt``) read through its module at run time, where the launch patched
+  it, as the code generator finds it by its module."""
+
+  def __init__(self, function: ast.FunctionDef, scope: dict):
+    arguments = function.args
+    self.local = _names([function], ast.Store) | {
+        a.arg for a in arguments.posonlyargs + arguments.args
+        + arguments.kwonlyargs}
+    self.scope = scope
+
+  def visit_Name(self, node):
+    if (isinstance(node.ctx, ast.Load) and node.id not in self.local
+        and _language_builtin(self.scope.get(node.id))):
+      return ast.copy_location(_call("language", node), node)
+    return node

@@ -28,6 +28,7 @@ from jt_dist._cpu import bfloat16 as _bfloat16
 from jt_dist._cpu import bounds as _bounds
 from jt_dist._cpu import float8 as _float8
 from jt_dist._cpu import host_memory as _host_memory
+from jt_dist._cpu import libdevice as _libdevice
 from jt_dist._cpu import lockstep_rewrite as _lockstep_rewrite
 from jt_dist._cpu import reductions as _reductions
 from jt_dist._cpu import vector_lang as _vector_lang
@@ -100,7 +101,8 @@ def _programs_counted(progress, grid):
 _KERNEL_FAULTS = (_errors.OutOfBoundsAccessError,
                   _errors.UnwrittenOutputReadError,
                   _errors.KernelAssertionError,
-                  _errors.KernelTypeError)
+                  _errors.KernelTypeError,
+                  _libdevice.LibdeviceUnsupported)
 
 
 # Triton's ``math._check_dtype``: "Expected dtype ['fp32'] but got bf16".
@@ -171,6 +173,9 @@ def _patched_language(kernel: str, debug: bool):
   with (_compat.attributes_replaced(_compat.JITFunction,
                                     {"__call__": call_interpreted}),
         _interpreter.builder_backported(),
+        _compat.attributes_replaced(_interpreter.InterpreterBuilder, {
+            "create_extern_elementwise":
+                _libdevice.create_extern_elementwise}),
         _bfloat16.bfloat16_like_compiled(),
         _float8.float8_like_compiled(kernel),
         _atomics.float_atomics_on_values(),

@@ -20,6 +20,8 @@ import triton
 from triton.compiler import code_generator as _code_generator  # pylint: disable=unused-import
 import triton.language as tl
 from triton.language import core as tl_core
+from triton.language.extra import libdevice as _libdevice_stubs
+from triton.language.extra.cuda import libdevice as _cuda_libdevice
 from triton.runtime import interpreter as _interpreter
 
 from jt_dist._compat import attributes_replaced
@@ -107,6 +109,30 @@ def _probe():
   return tl, tl_core
 
 
+class _Collected:
+  """A patch scope that keeps the wrappers it is given."""
+
+  def __init__(self):
+    self.values: dict[str, Any] = {}
+
+  def set_attr(self, obj, name, value):
+    del obj
+    self.values[name] = value
+
+
+def _patch_libdevice(scope) -> None:
+  """CUDA's libdevice patched as upstream patches ``tl.math``, and the stubs
+  of ``triton.language.extra.libdevice`` pointed at it, as the code
+  generator maps them for a CUDA target."""
+  collected = _Collected()
+  _interpreter._patch_builtin(  # pylint: disable=protected-access
+      _cuda_libdevice, _interpreter.interpreter_builder, collected)
+  for name, wrapper in collected.values.items():
+    scope.set_attr(_cuda_libdevice, name, wrapper)
+    if callable(vars(_libdevice_stubs).get(name)):
+      scope.set_attr(_libdevice_stubs, name, wrapper)
+
+
 def _recorded_plan(patch_lang) -> list[_OwnerPlan] | None:
   recorder = _Recorder()
   replacements = {"_LangPatchScope": lambda: recorder}
@@ -116,6 +142,7 @@ def _recorded_plan(patch_lang) -> list[_OwnerPlan] | None:
   try:
     with attributes_replaced(_interpreter, replacements):
       returned = patch_lang(_probe)
+      _patch_libdevice(recorder)
   except Exception:  # pylint: disable=broad-except
     return None  # Upstream's own walk, run next, reports any real fault.
   # Reusable where the wrappers serve any builder, any launch.
@@ -154,7 +181,9 @@ def language_patched():
       yield  # Within a launch's patches already (the lock is reentrant).
       return
     if (plan := _plan_for_launch(patch_lang)) is None:
-      stack.callback(patch_lang(_probe).restore)
+      scope = patch_lang(_probe)
+      _patch_libdevice(scope)
+      stack.callback(scope.restore)
     else:
       for owner in plan:
         owner.apply()

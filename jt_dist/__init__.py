@@ -11,6 +11,7 @@ from jt_dist._cpu import lowering as _cpu_lowering  # noqa: F401
 from jt_dist._gpu import lowering as _gpu_lowering  # noqa: F401
 from jt_dist._vmap import batching as _batching  # noqa: F401
 from jt_dist._call.api import triton_call
+from jt_dist._call.boundary import kernel_errors
 from jt_dist._call.kernel_call import KernelCall
 from jt_dist._call.kernel_call import kernel_call
 from jt_dist._call.metadata import KernelMetadata
@@ -92,6 +93,7 @@ __all__ = [
     "forget_autotune_choices",
     "get_compute_capability",
     "kernel_call",
+    "kernel_errors",
     "kernel_metadata",
     "next_power_of_2",
     "pin_autotune_config",

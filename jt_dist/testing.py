@@ -14,6 +14,7 @@ the script joins with ``initialize_process()``.
 from __future__ import annotations
 
 import contextlib
+import re
 import os
 import tempfile
 import types
@@ -45,6 +46,7 @@ __all__ = [
     "initialize_process",
     "isolated_caches",
     "isolated_settings",
+    "kernel_launches",
     "platform",
     "run_processes",
     "tag_kernel",
@@ -54,6 +56,30 @@ __all__ = [
 def platform() -> str:
   """The platform tests run on: "gpu" when JAX sees GPUs, else "cpu"."""
   return "gpu" if jax.default_backend() in ("gpu", "cuda", "rocm") else "cpu"
+
+
+# The custom calls a kernel launch lowers to: jt_dist's CPU target (or JAX's
+# buffer callback, or pure_callback's target off the CPU), jaxlib's on GPUs.
+_LAUNCH_TARGETS = {
+    "cpu": r"(?:jt_dist_cpu_interpret|xla_(?:buffer|ffi)_python_cpu_callback)",
+    "gpu": r"triton_kernel_call\w*",
+}
+
+
+def kernel_launches(text: str, platform_name: str | None = None) -> int:
+  """How many kernel launches a lowered or compiled program's text holds.
+
+  Args:
+    text: ``jax.jit(f).lower(...).as_text()`` (StableHLO) or
+      ``.compile().as_text()`` (HLO).
+    platform_name: "cpu" or "gpu"; by default the platform tests run on.
+
+  Returns:
+    The number of jt_dist kernel launches (custom calls) in ``text``.
+  """
+  target = _LAUNCH_TARGETS[platform_name or platform()]
+  return len(re.findall(rf"(?:custom_call @|custom_call_target=\"){target}\b",
+                        text))
 
 
 @contextlib.contextmanager

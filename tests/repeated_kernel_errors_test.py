@@ -54,6 +54,9 @@ _CHILD = textwrap.dedent("""
                else {})
     if route == "ffi_target":  # jt_dist's own CPU custom call
       options["cost_estimate"] = {"flops": 16}
+    else:  # as where jt_dist's target cannot register
+      from jt_dist._cpu import ffi_target
+      ffi_target.ensure_registered = lambda: False
 
     def call(kernel, a):
       return jt_dist.triton_call(a, kernel=kernel, out_shape=a, grid=(1,),
@@ -102,8 +105,9 @@ _PAIRS = (("undefined_name", "undefined_name"),
           ("pointer_times_float", "pointer_times_float"),
           ("undefined_name", "pointer_times_float"),
           ("pointer_times_float", "undefined_name"))
-# The CPU's two ways into the interpreter: JAX's buffer callback, and
-# jt_dist's own custom-call target (a call with a cost_estimate).
+# The CPU's two ways into the interpreter: jt_dist's own custom-call target
+# (here with a cost_estimate), and JAX's buffer callback where it cannot
+# register.
 _ROUTES = {"buffer_callback": _PAIRS, "ffi_target": _PAIRS[2:]}
 
 

@@ -145,17 +145,8 @@ def _sequential(fn):
   return lambda *args: fn(*args, vmap_method="sequential")
 
 
-def _launch_marker():
-  # The CPU runs kernels through a host callback (jax's buffer callback, or
-  # pure_callback's FFI target where a jax lacks it), GPUs through jaxlib's
-  # Triton custom call (FFI or legacy target: both names start alike).
-  return (r"xla_(?:buffer|ffi)_python_cpu_callback"
-          if testing.platform() == "cpu" else "triton_kernel_call")
-
-
 def _launches(lowered_text):
-  return len(re.findall(rf"stablehlo\.custom_call @{_launch_marker()}",
-                        lowered_text))
+  return testing.kernel_launches(lowered_text)
 
 
 class VmapGridTest(testing.TestCase):

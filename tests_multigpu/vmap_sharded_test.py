@@ -6,7 +6,6 @@ and on every real GPU when there are at least 2.
 
 import functools
 import os
-import re
 import sys
 
 from absl.testing import absltest
@@ -33,11 +32,7 @@ def _add(x, y, **options):
 
 
 def _launches(text):
-  # jax's buffer callback on the CPU (pure_callback's FFI target where a jax
-  # lacks it); jaxlib's Triton custom call on GPUs.
-  marker = (r"xla_(?:buffer|ffi)_python_cpu_callback"
-            if testing.platform() == "cpu" else "triton_kernel_call")
-  return len(re.findall(rf"custom_call @{marker}", text))
+  return testing.kernel_launches(text)
 
 
 class VmapShardedTest(testing.TestCase):

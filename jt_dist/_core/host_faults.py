@@ -36,8 +36,13 @@ def file(error: BaseException) -> HostFault:
     _filed[token] = error
     while len(_filed) > _MAX_FILED:
       _filed.popitem(last=False)
-  text = str(error) or type(error).__name__
-  return HostFault(f"{type(error).__name__}: {text} [jt_dist fault {token}]")
+  kind = type(error)
+  # The name a user catches: jt_dist's public one, else the qualified one.
+  name = (f"jt_dist.{kind.__name__}" if kind.__module__ == "jt_dist._errors"
+          else kind.__name__ if kind.__module__ == "builtins"
+          else f"{kind.__module__}.{kind.__qualname__}")
+  text = str(error) or kind.__name__
+  return HostFault(f"{name}: {text} [jt_dist fault {token}]")
 
 
 def raise_original(error: BaseException) -> None:

@@ -100,7 +100,9 @@ def _handle(frame_pointer):
     return None
   except BaseException as e:  # pylint: disable=broad-except
     # An exception leaving a ctypes callback would read as success to XLA.
-    text = "".join(traceback.format_exception_only(type(e), e)).strip()
+    # A kernel's fault is its own first line: type, kernel, fault, token.
+    text = (str(e) if type(e).__name__ == "HostFault" else "".join(
+        traceback.format_exception_only(type(e), e)).strip())
     return _ffi.make_error(frame.api, text)
 
 

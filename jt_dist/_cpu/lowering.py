@@ -234,8 +234,10 @@ def cpu_lowering(ctx, *args, spec):
   _check_supported(spec)
   _frontend.check(spec, [a.shape for a in ctx.avals_in])
   platform = platforms[0] if len(platforms) == 1 else None
-  if (spec.cost_estimate and platform == "cpu"
-      and _ffi_target.ensure_registered()):
+  # jt_dist's own target where it registers: it carries cost_estimate_json,
+  # and a fault under a caller's jax.jit reads as jt_dist's error first
+  # (a buffer callback's error opens with its traceback).
+  if platform == "cpu" and _ffi_target.ensure_registered():
     return _own_target_call(ctx, *args, spec=spec)
   return mlir.lower_fun(
       functools.partial(_host_call, spec=spec, platform=platform),
@@ -267,14 +269,15 @@ def _check_supported(spec) -> None:
 
 
 def _own_target_call(ctx, *args, spec):
-  """jt_dist's own FFI target, which can carry ``cost_estimate_json``."""
+  """jt_dist's own FFI target, carrying any ``cost_estimate_json``."""
   index = _ffi_target.add_call(
       lambda inputs, outputs: _fill_buffers(spec, None, outputs, *inputs),
       ctx.avals_in, ctx.avals_out, ctx.module_context)
   rule = jax.ffi.ffi_lowering(_ffi_target.TARGET, api_version=4,
                               has_side_effect=spec.has_side_effect)
-  return rule(ctx, *args, index=np.uint64(index),
-              cost_estimate_json=json.dumps(dict(spec.cost_estimate)))
+  estimate = ({"cost_estimate_json": json.dumps(dict(spec.cost_estimate))}
+              if spec.cost_estimate else {})
+  return rule(ctx, *args, index=np.uint64(index), **estimate)
 
 
 mlir.register_lowering(

@@ -92,6 +92,60 @@ _CHILD = textwrap.dedent("""
 """)
 
 
+# The same over 8 devices: the launches run on XLA's threads, one after
+# another, while the main thread waits for the computation.
+_SHARDED_CHILD = textwrap.dedent("""
+    import json, os, signal, sys, threading, time
+    import jt_dist
+    from jt_dist import testing
+    testing.configure_cpu_devices(8)
+    import jax
+    from jax.sharding import NamedSharding, PartitionSpec as P
+    import numpy as np
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def slow_kernel(x_ptr, iters_ptr, out_ptr, BLOCK: tl.constexpr):
+      offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+      acc = tl.load(x_ptr + offsets)
+      for _ in range(tl.load(iters_ptr)):
+        acc = acc + 1.0
+      tl.store(out_ptr + offsets, acc)
+
+    mesh = jax.make_mesh((8,), ("x",))
+
+    def call(x, iters):
+      return jt_dist.sharded_triton_call(
+          x, iters, kernel=slow_kernel, mesh=mesh, in_specs=(P("x"), P()),
+          out_specs=P("x"), out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
+          grid=(1,), BLOCK=16)
+
+    f = jax.jit(call) if sys.argv[1] == "jit" else call
+    x = jax.device_put(np.arange(128, dtype=np.float32),
+                       NamedSharding(mesh, P("x")))
+    count = lambda n: jax.device_put(np.asarray([n], np.int32),
+                                     NamedSharding(mesh, P()))
+    jax.block_until_ready(f(x, count(1)))
+    threading.Timer(0.25, os.kill, (os.getpid(), signal.SIGINT)).start()
+    start = time.monotonic()
+    try:
+      jax.block_until_ready(f(x, count(10**8)))
+      caught = "nothing"
+    except KeyboardInterrupt:
+      caught = "KeyboardInterrupt"
+    except Exception as e:
+      caught = type(e).__name__ + ": " + str(e)[:300]
+    seconds = time.monotonic() - start
+    start = time.monotonic()
+    after = np.asarray(f(x, count(3)))
+    print(json.dumps({"caught": caught, "seconds": seconds,
+                      "next_seconds": time.monotonic() - start,
+                      "next_call_right": bool((after == np.arange(128) + 3)
+                                              .all())}))
+""")
+
+
 class CpuInterruptTest(testing.TestCase):
 
   def setUp(self):
@@ -119,6 +173,25 @@ class CpuInterruptTest(testing.TestCase):
     self.assertLess(result["seconds"], 60, str(result))
     self.assertTrue(result["next_call_right"], str(result))
     self.assertFalse(result["profiler_left"], str(result))
+
+
+  @parameterized.parameters("eager", "jit")
+  def test_ctrl_c_stops_a_launch_on_eight_devices(self, mode):
+    env = fork_server.tree_env(_ROOT, JAX_PLATFORMS="cpu")
+    env.pop("JT_DIST_CPU_DEVICES", None)
+    with tempfile.TemporaryDirectory() as tmp:
+      child = os.path.join(tmp, "interrupted_sharded_launch.py")
+      with open(child, "w") as f:
+        f.write(_SHARDED_CHILD)
+      done = fork_server.run([child, mode], env=env, cwd=_ROOT, timeout=300)
+    self.assertEqual(done.returncode, 0, done.stderr[-4000:])
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    self.assertEqual(result["caught"], "KeyboardInterrupt", str(result))
+    # Every device's launch stopped: the signal came 0.25 s in, and the
+    # next launch, of 3 trips, ran at once.
+    self.assertLess(result["seconds"], 2.25, str(result))
+    self.assertLess(result["next_seconds"], 30, str(result))
+    self.assertTrue(result["next_call_right"], str(result))
 
 
 class _Interrupted(Exception):
@@ -324,7 +397,10 @@ class SignalKeptTest(parameterized.TestCase):
         jax.block_until_ready(f(x))
       # The next launch runs and computes.
       np.testing.assert_array_equal(np.asarray(f(x)), x + 1)
-    self.assertIs(signal.getsignal(signal.SIGINT), self.handler)
+    # The handler in force is the test's, wrapped (where a CPU call was
+    # lowered) so that an interrupt also stops launches on XLA's threads.
+    handler = signal.getsignal(signal.SIGINT)
+    self.assertIs(getattr(handler, "previous", handler), self.handler)
 
 
 if __name__ == "__main__":

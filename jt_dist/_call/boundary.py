@@ -39,6 +39,8 @@ class kernel_errors(contextlib.ContextDecorator):  # pylint: disable=invalid-nam
 
   def __exit__(self, kind, error, traceback) -> bool:
     del kind, traceback
-    if isinstance(error, Exception):
+    if isinstance(error, KeyboardInterrupt):
+      _host_faults.abandon_launches()  # The computation's launches stop.
+    elif isinstance(error, Exception):
       _host_faults.raise_original(error)
     return False

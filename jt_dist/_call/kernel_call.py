@@ -174,6 +174,9 @@ class KernelCall:
       # Concrete arrays and nothing to add: jax's dispatch alone.
       try:
         return self._jitted(*operands)
+      except KeyboardInterrupt:
+        _host_faults.abandon_launches()  # Its launches stop where they are.
+        raise
       except Exception as e:  # pylint: disable=broad-except
         raise_failure(e, self._args(operands), self)
     if _traced_within(operands) or (self.slots
@@ -192,6 +195,9 @@ class KernelCall:
       if self._sync:
         return jax.block_until_ready(self._jitted(*operands))
       return self._jitted(*operands)
+    except KeyboardInterrupt:
+      _host_faults.abandon_launches()  # Its launches stop where they are.
+      raise
     except Exception as e:  # pylint: disable=broad-except
       raise_failure(e, self._args(operands), self)
 
@@ -199,6 +205,9 @@ class KernelCall:
     """A call on concrete arrays that needs their placement first."""
     try:
       return self._local(operands, device=self.device)
+    except KeyboardInterrupt:
+      _host_faults.abandon_launches()  # Its launches stop where they are.
+      raise
     except Exception as e:  # pylint: disable=broad-except
       raise_failure(e, self._args(operands), self)
 

@@ -103,6 +103,9 @@ class ShardedKernelCall:
       if resolved is None:
         return self._jitted(*operands)
       return self._by_layout(resolved, *operands)
+    except KeyboardInterrupt:
+      _host_faults.abandon_launches()  # The other devices' launches stop.
+      raise
     except Exception as e:  # pylint: disable=broad-except
       _host_faults.raise_original(e)
       raise

@@ -23,6 +23,23 @@ _tokens = itertools.count(1)
 _TOKEN = re.compile(r"\[jt_dist fault (\d+)\]")
 
 
+# Interrupts (Ctrl-C) that stopped a launch or reached the caller: a launch
+# that began before one stops at its next check, so that the rest of an
+# interrupted computation (its other devices' launches) ends too.
+_interrupts = [0]
+
+
+def abandon_launches() -> None:
+  """Stops every launch begun so far, at its next check."""
+  with _LOCK:
+    _interrupts[0] += 1
+
+
+def interrupts() -> int:
+  """How many interrupts have abandoned launches: a launch's mark."""
+  return _interrupts[0]
+
+
 class HostFault(Exception):
   """A kernel's exception on its way out of a host callback."""
 

@@ -34,6 +34,9 @@ def _impl(*args, spec):
   """Bound outside a trace: jax's dispatch, a kernel's error raised as is."""
   try:
     return _apply_primitive(*args, spec=spec)
+  except KeyboardInterrupt:
+    _host_faults.abandon_launches()
+    raise
   except Exception as e:  # pylint: disable=broad-except
     _host_faults.raise_original(e)
     raise

@@ -16,6 +16,7 @@ import sys
 import numpy as np
 import triton.language as tl
 from jt_dist._cpu import interpreter as _interpreter
+from jt_dist._cpu import interrupts as _interrupts
 
 from jt_dist._cpu import vector_reviewed as _reviewed
 
@@ -127,13 +128,13 @@ class Loop(_Region):
     type, on every program and one program at a time alike."""
     found = None if static else _range_bounds(fn, args, kwargs)
     if found is None:
-      return fn(*args, **kwargs)
+      return _trips(fn(*args, **kwargs))
     bounds, dtype = found
     if self.masks is not None:
       lanes = [np.broadcast_to(b, (_programs(),)) for b in bounds]
       if not all(_uniform(b, self.masks.current) for b in lanes):
         return self._masked(*lanes, dtype)
-    return (_scalar(np.array([i]), dtype) for i in fn(*args, **kwargs))
+    return _trips(_scalar(np.array([i]), dtype) for i in fn(*args, **kwargs))
 
   def _masked(self, lo, hi, step, dtype):
     if (step == 0).any():
@@ -143,6 +144,7 @@ class Loop(_Region):
       trips = np.where(active, trips, 0)
     shared = _uniform(lo, active) and _uniform(step, active)
     for k in range(int(trips.max(initial=0))):
+      _interrupts.check()
       entry = self._push(k < trips)
       self.mask = self.masks.current
       self.narrow = bool((~self.mask if entry is None
@@ -163,6 +165,13 @@ class Loop(_Region):
   def pick(self, name, local_names):
     return merge(self.mask, local_names.get(name, _MISSING),
                  self.saved[name], name)
+
+
+def _trips(indices):
+  """A loop's indices, each trip a point where an interrupt stops it."""
+  for index in indices:
+    _interrupts.check()
+    yield index
 
 
 def _python_int(value) -> bool:

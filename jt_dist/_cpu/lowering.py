@@ -151,30 +151,38 @@ def _in_parameter_order(spec, args, kwargs):
 def _launch(spec, inputs, outputs):
   """Runs the kernel; any fault (Ctrl-C too) is filed for the front door."""
   try:
-    if (key := _first_time(_logged_kernels, spec)) is not None:
-      logger.info(
-          "jt_dist: kernel %s runs through Triton's interpreter on the CPU"
-          " (%d program instances per launch); expect it to be slow.",
-          key, int(np.prod(spec.launches[0].grid)))
-    launch = spec.launches[0]
-    buffers = _pointer_buffers(spec, launch, inputs, outputs)
-    checker = (_bounds.MemoryChecker(spec.info.name, buffers)
-               if _settings.bounds_check() else None)
-    args, kwargs = _in_parameter_order(
-        spec, _kernel_args(spec, buffers, checker), dict(launch.config.kwargs))
-    with _INTERPRETER_LOCK, _interrupts.signal_kept():
-      try:
-        _interpreter_runtime.run(spec.info.python_fn, launch.grid, args,
-                                 kwargs, checker=checker, debug=spec.debug)
-      except (_compat.InterpreterError, _errors.KernelAssertionError,
-              _errors.KernelTypeError) as e:
-        _name_the_kernel(e, spec)  # An InterpreterError's message only.
-        _errors.raise_if_scalar_pointer(e, spec, [a.shape for a in inputs])
-        raise
-    if checker is not None:
-      _check_all_written(spec, checker)
+    # From its arrival: a launch waiting behind an interrupted one belongs
+    # to the same computation, and stops.
+    with _interrupts.signal_kept():
+      _run_launch(spec, inputs, outputs)
   except BaseException as e:  # pylint: disable=broad-except
     raise _host_faults.file(e) from None
+
+
+def _run_launch(spec, inputs, outputs):
+  if (key := _first_time(_logged_kernels, spec)) is not None:
+    logger.info(
+        "jt_dist: kernel %s runs through Triton's interpreter on the CPU"
+        " (%d program instances per launch); expect it to be slow.",
+        key, int(np.prod(spec.launches[0].grid)))
+  launch = spec.launches[0]
+  buffers = _pointer_buffers(spec, launch, inputs, outputs)
+  checker = (_bounds.MemoryChecker(spec.info.name, buffers)
+             if _settings.bounds_check() else None)
+  args, kwargs = _in_parameter_order(
+      spec, _kernel_args(spec, buffers, checker), dict(launch.config.kwargs))
+  with _INTERPRETER_LOCK:
+    _interrupts.check()
+    try:
+      _interpreter_runtime.run(spec.info.python_fn, launch.grid, args,
+                               kwargs, checker=checker, debug=spec.debug)
+    except (_compat.InterpreterError, _errors.KernelAssertionError,
+            _errors.KernelTypeError) as e:
+      _name_the_kernel(e, spec)  # An InterpreterError's message only.
+      _errors.raise_if_scalar_pointer(e, spec, [a.shape for a in inputs])
+      raise
+  if checker is not None:
+    _check_all_written(spec, checker)
 
 
 def _check_all_written(spec, checker) -> None:
@@ -233,6 +241,7 @@ def cpu_lowering(ctx, *args, spec):
         " is interpreted on GPUs too and cannot be exported either.")
   _check_supported(spec)
   _frontend.check(spec, [a.shape for a in ctx.avals_in])
+  _interrupts.watch_interrupts()
   platform = platforms[0] if len(platforms) == 1 else None
   # jt_dist's own target where it registers: it carries cost_estimate_json,
   # and a fault under a caller's jax.jit reads as jt_dist's error first

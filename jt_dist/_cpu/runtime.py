@@ -28,6 +28,7 @@ from jt_dist._cpu import bfloat16 as _bfloat16
 from jt_dist._cpu import bounds as _bounds
 from jt_dist._cpu import float8 as _float8
 from jt_dist._cpu import host_memory as _host_memory
+from jt_dist._cpu import interrupts as _interrupts
 from jt_dist._cpu import libdevice as _libdevice
 from jt_dist._cpu import lockstep_rewrite as _lockstep_rewrite
 from jt_dist._cpu import reductions as _reductions
@@ -92,6 +93,7 @@ def _programs_counted(progress, grid):
   rows, columns = grid[0], grid[0] * grid[1]
 
   def counted(x, y, z):
+    _interrupts.check()
     progress.update(x + rows * y + columns * z)
     set_grid_idx(x, y, z)
 

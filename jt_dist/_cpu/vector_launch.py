@@ -152,6 +152,7 @@ class Launch:
     """Runs the chunks in order: (first program not run or None, chunks)."""
     count = 0
     for count, programs in enumerate(_chunk_ranges(self.key, self.programs), 1):
+      _interrupts.check()
       builder.set_programs(programs)
       try:
         with _measured(self.key, programs):

@@ -58,9 +58,8 @@ def _gpu():
 
 
 def _capability() -> int:
-  device = _gpu()
-  return 0 if device is None else int(
-      float(getattr(device, "compute_capability", "0") or 0) * 10)
+  cc = getattr(_gpu(), "compute_capability", "0")  # The CPU's None: 0.
+  return int(float(cc or 0) * 10)
 
 
 HOST_HELPERS = {  # Answered from JAX's device, not Triton's driver.
@@ -473,10 +472,10 @@ CAUSES = (
     (r"'float' object has no attribute 'to'",
      "a keyword float scalar compiled in, untyped"),
     (r"block_shape = .*cannot do to a JAX array",
-     "a TensorDescriptor output"),
+     "a pre_hook sized a plain array"),
     (r"libdevice\.\w+ \(CUDA's \w+\) is not computed",
      "CPU: a libdevice function it does not compute"),
-    (r"'dtype' object is not callable", "CPU: a dtype called as a cast"),
+    (r"'dtype' object is not callable", "Triton refuses tl.float32(x)"),
     (r"device pointers", "device pointer arrays: a documented limit"),
     (r"TimeoutError", f"ran past {CASE_TIMEOUT_S} s"),
 )
@@ -550,8 +549,9 @@ def run_case(name, liger, small, rounds=0):
       result.update(_times(launches, rounds))
   except Exception as e:  # pylint: disable=broad-except
     frame = traceback.extract_tb(e.__traceback__)[-1]
-    detail = (f"{type(e).__name__}: {str(e).splitlines()[0][:400]} (at"
-              f" {os.path.basename(frame.filename)}:{frame.lineno})")
+    lines = [l for l in str(e).splitlines() if l.strip(" -^")]  # First, last.
+    detail = (f"{type(e).__name__}: {' … '.join(dict.fromkeys(lines[:1] + lines[-1:]))[:400]}"
+              f" (at {os.path.basename(frame.filename)}:{frame.lineno})")
     result.update(unchanged="no", result="fails", why=_why(detail),
                   detail=detail)
   finally:

@@ -47,6 +47,14 @@ def _desc_rows_fn(in_desc, out_ptr, N: tl.constexpr, BLOCK: tl.constexpr):
   tl.store(out_ptr + rows * N + tl.arange(0, N)[None, :], block)
 
 
+def _desc_out_rows_fn(x_ptr, out_desc, N: tl.constexpr, BLOCK: tl.constexpr):
+  """Each program copies BLOCK rows of an (M, N) array, stored by descriptor."""
+  i = tl.program_id(0)
+  rows = i * BLOCK + tl.arange(0, BLOCK)[:, None]
+  out_desc.store([i * BLOCK, 0], tl.load(x_ptr + rows * N
+                                         + tl.arange(0, N)[None, :]))
+
+
 def _grid(meta):
   return (triton.cdiv(meta["n"], meta["BLOCK"]),)
 
@@ -185,6 +193,24 @@ class PreHookTest(_Timed):
       self.assertAllClose(*reversed(self._rows(kernel)))
     jt_dist.pin_autotune_config(kernel, None)
 
+  def test_a_pre_hook_sets_an_output_descriptors_block_shape(self):
+    def hook(nargs):  # Tutorial 06's hook, for its output descriptor.
+      nargs["out_desc"].block_shape = [nargs["BLOCK"], nargs["N"]]
+
+    configs = [triton.Config({"BLOCK": b}, pre_hook=hook) for b in (8, 16)]
+    kernel = triton.autotune(configs, key=["N"])(triton.jit(_desc_out_rows_fn))
+    x = self.random((64, 16))
+    out_desc = jt_dist.TensorDescriptor(
+        jax.ShapeDtypeStruct(x.shape, x.dtype), x.shape, (16, 1), [1, 1])
+    for block in (None, 8, 16):
+      jt_dist.pin_autotune_config(kernel, None if block is None
+                                  else {"BLOCK": block})
+      out = jax.jit(lambda a: jt_dist.triton_call(
+          a, kernel=kernel, out_shape=out_desc,
+          grid=lambda meta: (64 // meta["BLOCK"],), N=16))(x)
+      self.assertAllClose(out, x)
+    jt_dist.pin_autotune_config(kernel, None)
+
   def test_a_single_config_pre_hook_sets_the_block_shape(self):
     configs = [triton.Config({"BLOCK": 16}, pre_hook=_set_block_hook)]
     kernel = triton.autotune(configs, key=["N"])(triton.jit(_desc_rows_fn))
@@ -228,7 +254,7 @@ class PreHookTest(_Timed):
        r"filled 'out_ptr' with 1\.0"),
       ("sets_block_shape_of_an_array",
        lambda nargs: setattr(nargs["x_ptr"], "block_shape", [8]),
-       r"set x_ptr\.block_shape = \[8\].*TensorDescriptor argument only"),
+       r"set x_ptr\.block_shape = \[8\].*TensorDescriptor only"),
   )
   def test_a_pre_hook_doing_what_jax_cannot_is_refused(self, hook, tried):
     configs = [triton.Config(c.kwargs, pre_hook=hook) for c in _CONFIGS]

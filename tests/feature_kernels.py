@@ -70,6 +70,27 @@ def desc_copy_kernel(in_desc, out_ptr, M: tl.constexpr, N: tl.constexpr):
 
 
 @triton.jit
+def desc_double_kernel(in_desc, out_desc, BM: tl.constexpr):
+  """Program i doubles rows ``i * BM`` on, reading and writing by descriptor."""
+  row = tl.program_id(0) * BM
+  out_desc.store([row, 0], in_desc.load([row, 0]) * 2)
+
+
+@triton.jit
+def desc_double_in_place_kernel(desc, BM: tl.constexpr):
+  row = tl.program_id(0) * BM
+  desc.store([row, 0], desc.load([row, 0]) * 2)
+
+
+@triton.jit
+def rows_to_desc_kernel(x_ptr, out_desc, N: tl.constexpr, BM: tl.constexpr):
+  """Program i doubles rows ``i * BM`` on, stored by descriptor."""
+  rows = tl.program_id(0) * BM + tl.arange(0, BM)[:, None]
+  block = tl.load(x_ptr + rows * N + tl.arange(0, N)[None, :])
+  out_desc.store([tl.program_id(0) * BM, 0], block * 2)
+
+
+@triton.jit
 def tuple_add_kernel(x_ptr, yz, n, out_ptr, BLOCK: tl.constexpr):
   offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
   mask = offsets < n

@@ -1,4 +1,5 @@
-"""``jt_dist.TensorDescriptor``: host-side TMA descriptors as arguments.
+"""``jt_dist.TensorDescriptor``: host-side TMA descriptors as arguments
+and as outputs declared in ``out_shape``.
 
 On the CPU the interpreter runs the descriptor's accesses through the
 bounds checker; on CUDA the call is cross-lowered where jaxlib's CUDA
@@ -26,6 +27,9 @@ import jt_dist
 from jt_dist import testing
 import gpu_lowering_util as util
 from feature_kernels import desc_copy_kernel
+from feature_kernels import desc_double_in_place_kernel
+from feature_kernels import desc_double_kernel
+from feature_kernels import rows_to_desc_kernel
 
 
 @triton.jit
@@ -203,6 +207,79 @@ class TensorDescriptorTest(testing.TestCase):
     self.assertEqual(desc.strides, (16, 1))
 
 
+def _out_desc(shape, dtype=jnp.float32, rows=None, block=(8, 16)):
+  """An output declared as a descriptor of its first ``rows`` rows."""
+  rows = shape[0] if rows is None else rows
+  return jt_dist.TensorDescriptor(jax.ShapeDtypeStruct(shape, dtype),
+                                  (rows, shape[1]), (shape[1], 1), block)
+
+
+def _double(x, out_shape, **options):
+  return jt_dist.triton_call(
+      jt_dist.TensorDescriptor.from_array(x, (8, 16)), kernel=desc_double_kernel,
+      out_shape=out_shape, grid=(x.shape[0] // 8,), BM=8, **options)
+
+
+class DescriptorOutputTest(testing.TestCase):
+
+  @parameterized.parameters(False, True)
+  def test_the_kernel_stores_through_it_and_the_call_returns_the_array(
+      self, jit):
+    x = jnp.asarray(self.random((32, 16)))
+    call = lambda a: _double(a, {"y": _out_desc(a.shape)})
+    out = (jax.jit(call) if jit else call)(x)
+    self.assertIsInstance(out["y"], jax.Array)
+    np.testing.assert_array_equal(out["y"], 2 * x)
+
+  def test_it_binds_a_descriptor_parameter(self):
+    (eqn,) = util.bound_calls(lambda a: _double(a, _out_desc(a.shape)),
+                              jnp.zeros((32, 16)))
+    self.assertEqual([(op.name, op.kind, op.type)
+                      for op in eqn.params["spec"].operands],
+                     [("in_desc", "array", "tensordesc<fp32[8,16]>"),
+                      ("out_desc", "output", "tensordesc<fp32[8,16]>")])
+
+  def test_rows_outside_its_shape_are_not_written(self):
+    x = jnp.asarray(self.random((32, 16)))
+    out = _double(x, [_out_desc(x.shape, rows=20)], zeroed_outputs=[0])[0]
+    np.testing.assert_array_equal(out[:20], 2 * x[:20])
+    np.testing.assert_array_equal(out[20:], 0)
+
+  def test_one_larger_than_its_array_is_refused(self):
+    bad = jt_dist.TensorDescriptor(jax.ShapeDtypeStruct((32, 16), jnp.float32),
+                                   (40, 16), (16, 1), (8, 16))
+    with self.assertRaisesRegex(
+        ValueError, r"out_shape\['y'\] is a TensorDescriptor with shape"
+        r" \(40, 16\).*Describe a view inside the array"):
+      _double(jnp.zeros((32, 16)), {"y": bad})
+
+  def test_an_aliased_output_descriptor_is_refused_and_the_fix_works(self):
+    x = jnp.asarray(self.random((32, 16)))
+    with self.assertRaisesRegex(
+        jt_dist.KernelBindingError, r"out_shape declares output 0 as a"
+        r" TensorDescriptor.*aliased to array argument 0.*Pass that input as"
+        r" the TensorDescriptor"):
+      jt_dist.triton_call(x, kernel=desc_double_in_place_kernel,
+                          out_shape=[_out_desc(x.shape)], grid=(4,), BM=8,
+                          input_output_aliases={0: 0})
+    (out,) = jt_dist.triton_call(
+        jt_dist.TensorDescriptor.from_array(x, (8, 16)),
+        kernel=desc_double_in_place_kernel,
+        out_shape=[jax.ShapeDtypeStruct(x.shape, x.dtype)], grid=(4,), BM=8,
+        input_output_aliases={0: 0})
+    np.testing.assert_array_equal(out, 2 * x)
+
+  def test_sharded_triton_call_refuses_one(self):
+    mesh = jax.make_mesh((1,), ("x",), devices=jax.devices()[:1])
+    with self.assertRaisesRegex(
+        NotImplementedError, r"sharded_triton_call: out_shape\[0\] is a"
+        r" TensorDescriptor.*inside jax.shard_map"):
+      jt_dist.sharded_triton_call(
+          jnp.zeros((32, 16)), kernel=desc_double_kernel,
+          out_shape=[_out_desc((32, 16))], grid=(4,), mesh=mesh,
+          in_specs=P(), out_specs=[P()], BM=8)
+
+
 def _ptx_params(ptx: str) -> int:
   entry = ptx[ptx.index(".entry"):]
   return len(re.findall(r"\.param \.", entry[:entry.index("{")]))
@@ -241,6 +318,30 @@ class TensorDescriptorCudaTest(util.IsolatedCacheMixin, testing.TestCase):
     self.assertEqual(kernel["params"][0][0], "tma")
     self.assertEqual(kernel["params"][1:], [
         ("i32", 16), ("i32", 32), ("i64", 32), ("i64", 1), ("array", 0, 16)])
+
+  def _lower_out(self, cc, zeroed):
+    # A pointer input: only the output is a descriptor.
+    x = jnp.asarray(self.random((16, 16)))
+    return util.lower(lambda a: jt_dist.triton_call(
+        a, kernel=rows_to_desc_kernel, out_shape=[_out_desc(a.shape)],
+        grid=(2,), N=16, BM=8, compute_capability=cc,
+        zeroed_outputs=[0] if zeroed else []), x)
+
+  @parameterized.parameters(False, True)
+  def test_before_hopper_an_output_descriptor_passes_its_buffer(self, zeroed):
+    (call,) = util.triton_custom_calls(self._lower_out(80, zeroed))
+    (kernel,) = call["calls"]
+    flags = [("bool", False)] * (1 + _triton_rounds_to_tf32())
+    self.assertEqual(kernel["params"], [
+        ("array", 0, 16), ("array", 16 * 16 * 4 if zeroed else 0, 16),
+        ("i64", 16), ("i64", 16), ("i64", 16), ("i64", 1), *flags,
+        ("i32", 16), ("i32", 16), ("i64", 16), ("i64", 1)])
+
+  def test_on_hopper_a_zeroed_output_descriptor_is_refused(self):
+    with self.assertRaisesRegex(
+        NotImplementedError, r"'out_desc' takes a TensorDescriptor of a"
+        r" zeroed output.*input_output_aliases"):
+      self._lower_out(90, zeroed=True)
 
 
 if __name__ == "__main__":

@@ -281,7 +281,7 @@ def _first_call(args, kernel, out_shape, grid, out_type, specs, kwargs,
   """A call its plain key does not find: made, or found by its full key."""
   if out_type is not None:
     out_shape = _kernel_call.resolve_out_shape(out_shape, out_type)
-  _refuse_descriptors(args, kwargs)
+  _refuse_descriptors(args, kwargs, out_shape)
   # Keyword operands become positional, so in_specs and rules see them.
   merged_kernel, merged, merged_kwargs = _operands.merge_keywords(
       kernel, args, kwargs)
@@ -330,12 +330,16 @@ def _file_plain(plain, args, call) -> None:
   _memo.sharded_calls.put((getter, getter(args)), call)
 
 
-def _refuse_descriptors(args, kwargs) -> None:
+def _refuse_descriptors(args, kwargs, out_shape) -> None:
   """TensorDescriptors describe global arrays; shards need their own (a
   keyword operand's too, or it would reach every shard whole)."""
   given = [(f"args[{i}]", arg) for i, arg in enumerate(args)]
   given += [(f"the keyword operand {name}=", value)
             for name, value in kwargs.items()]
+  given += [(f"out_shape{jax.tree_util.keystr(path)}", leaf)
+            for path, leaf in jax.tree_util.tree_flatten_with_path(
+                out_shape, is_leaf=lambda x: isinstance(
+                    x, _tensordesc.TensorDescriptor))[0]]
   for where, arg in given:
     if isinstance(arg, _tensordesc.TensorDescriptor):
       raise NotImplementedError(

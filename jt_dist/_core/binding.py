@@ -148,6 +148,7 @@ def bind_call(args, kernel, out_shape, grid, options: _options.CallOptions,
       info, args, kinds, out_shapes, metaparams, options.input_output_aliases)
   operands = _positional.typed_descriptors(operands, kinds,
                                           options.tensor_descriptors)
+  operands = _outputs.typed_descriptors(info, operands, out_shape, aliases)
   constexprs.update(metaparams)
   arrays = _pytree_args.array_leaves(args)
   named = _named_args(arrays, operands, out_shapes, constexprs)

@@ -13,6 +13,7 @@ both readings.
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 from typing import Any
 
@@ -24,6 +25,7 @@ from jt_dist import _errors
 from jt_dist._core import kernel as _kernel
 from jt_dist._core import positional as _positional
 from jt_dist._core import pytree_args as _pytree_args
+from jt_dist._core import tensordesc as _tensordesc
 from jt_dist._core import types as _types
 
 _ERRORS = (_errors.KernelBindingError, ValueError)
@@ -36,16 +38,16 @@ def flatten_out_shape(out_shape: Any, allow_empty: bool = False):
         "triton_call: `out_shape` (or `out_type`) is required: pass a"
         " jax.ShapeDtypeStruct, or any pytree of objects with .shape and"
         " .dtype, one per kernel output.")
-  leaves, tree = jax.tree_util.tree_flatten_with_path(
-      out_shape, is_leaf=_types.is_shape_dtype)
+  leaves, tree = _leaves(out_shape)
   if not leaves and not allow_empty:
     raise ValueError(
         f"triton_call: `out_shape` {out_shape!r} holds no outputs. A kernel"
         " call must produce at least one output, or mutate a jax.Ref"
         " argument (jax.new_ref(x)) in place.")
   flat = []
-  for path, leaf in leaves:
-    where = "out_shape" + jax.tree_util.keystr(path)
+  for where, leaf in leaves:
+    if isinstance(leaf, _tensordesc.TensorDescriptor):
+      leaf = leaf.base  # Its array is the output.
     if not _types.is_shape_dtype(leaf):
       raise TypeError(
           f"triton_call: {where} is {leaf!r} of type {type(leaf).__name__},"
@@ -54,6 +56,46 @@ def flatten_out_shape(out_shape: Any, allow_empty: bool = False):
     dtype = _types.pointer_dtype(leaf.dtype, where)
     flat.append((_checked_shape(leaf.shape, where), dtype))
   return tuple(flat), tree
+
+
+def descriptors(out_shape: Any) -> dict[int, _tensordesc.Info]:
+  """The outputs ``out_shape`` declares as ``TensorDescriptor``s, by index:
+  the kernel gets the descriptor, the caller its array."""
+  return {k: _tensordesc.info(leaf, where)
+          for k, (where, leaf) in enumerate(_leaves(out_shape)[0])
+          if isinstance(leaf, _tensordesc.TensorDescriptor)}
+
+
+def typed_descriptors(info, operands, out_shape, aliases):
+  """``operands`` with each descriptor output typed ``tensordesc<...>``,
+  its ``Info`` as value; one no parameter takes (under 0.4's convention an
+  aliased output binds none) is refused, as its descriptor would be lost."""
+  found = descriptors(out_shape)
+  if not found:
+    return operands
+  bound = {op.index for op in operands if op.kind == "output"}
+  if unbound := [k for k in found if k not in bound]:
+    k = unbound[0]
+    source = next((i for i, o in aliases if o == k), None)
+    raise _positional.binding_error(
+        info, f"out_shape declares output {k} as a TensorDescriptor, but"
+        f" output {k} binds no parameter: it is aliased to array argument"
+        f" {source} (input_output_aliases), whose buffer it is. Pass that"
+        " input as the TensorDescriptor, and out_shape[...] as its"
+        " jax.ShapeDtypeStruct.")
+  return [dataclasses.replace(op, type=found[op.index].triton_type,
+                              value=found[op.index])
+          if op.kind == "output" and op.index in found else op
+          for op in operands]
+
+
+def _leaves(out_shape: Any):
+  """``([(where, leaf)], treedef)``; a descriptor is one leaf."""
+  leaves, tree = jax.tree_util.tree_flatten_with_path(
+      out_shape, is_leaf=lambda x: isinstance(
+          x, _tensordesc.TensorDescriptor) or _types.is_shape_dtype(x))
+  return [("out_shape" + jax.tree_util.keystr(path), leaf)
+          for path, leaf in leaves], tree
 
 
 def without_arrays(out_shape: Any) -> Any:

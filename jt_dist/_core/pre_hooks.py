@@ -93,8 +93,10 @@ class ArrayStandIn:
 
   def __setattr__(self, attr: str, value: Any) -> None:
     self._record.refuse(f"set {self._name}.{attr} = {value!r}",
-                        " (block_shape is set on a TensorDescriptor argument"
-                        " only.)" if attr == "block_shape" else "")
+                        " (block_shape is set on a TensorDescriptor only:"
+                        " pass the array as one, or declare the output in"
+                        " out_shape as jt_dist.TensorDescriptor(...).)"
+                        if attr == "block_shape" else "")
 
   def __setitem__(self, index: Any, value: Any) -> None:
     self._record.refuse(f"wrote {self._name}[{index!r}] = {value!r}")

@@ -133,39 +133,41 @@ class Info:
 
 def split(args: Sequence[Any]) -> tuple[tuple[Any, ...], tuple]:
   """``(args with arrays for descriptors, ((position, Info), ...))``."""
-  found = tuple((i, _info(a, i)) for i, a in enumerate(args)
+  found = tuple((i, info(a, f"args[{i}]")) for i, a in enumerate(args)
                 if isinstance(a, TensorDescriptor))
   return tuple(a.base if isinstance(a, TensorDescriptor) else a
                for a in args), found
 
 
-def _info(desc: TensorDescriptor, i: int) -> Info:
+def info(desc: TensorDescriptor, where: str) -> Info:
+  """``desc`` without its array, checked; ``where`` names it in errors
+  (``args[0]``, ``out_shape[1]``)."""
   base = desc.base
   if not _types.is_shape_dtype(base):
     raise TypeError(
-        f"triton_call: args[{i}] is a TensorDescriptor whose base is {base!r}"
+        f"triton_call: {where} is a TensorDescriptor whose base is {base!r}"
         f" of type {type(base).__name__}; its base must be a jax.Array.")
   dtype = np.dtype(base.dtype)
   if _types.pointer_type(dtype) is None or dtype.itemsize * 8 not in (
       8, 16, 32, 64):
     raise TypeError(
-        f"triton_call: args[{i}] is a TensorDescriptor of dtype {dtype.name},"
+        f"triton_call: {where} is a TensorDescriptor of dtype {dtype.name},"
         " which TMA descriptors cannot hold.")
   if desc.padding == "nan" and (dtype.kind != "f" or dtype.itemsize < 2):
     raise ValueError(
-        f"triton_call: args[{i}] is a TensorDescriptor of dtype {dtype.name}"
+        f"triton_call: {where} is a TensorDescriptor of dtype {dtype.name}"
         " with padding='nan', which needs a floating dtype of 16 bits or"
         " more; pass padding='zero'.")
   if desc.round_f32_to_tf32 and dtype != np.float32:
     raise ValueError(
-        f"triton_call: args[{i}] is a TensorDescriptor of dtype {dtype.name}"
+        f"triton_call: {where} is a TensorDescriptor of dtype {dtype.name}"
         " with round_f32_to_tf32=True, which needs float32.")
   info = Info(desc.shape, desc.strides, desc.block_shape, desc.layout,
               desc.padding, desc.round_f32_to_tf32, dtype)
   size = math.prod(base.shape)
   if info.extent > size:
     raise ValueError(
-        f"triton_call: args[{i}] is a TensorDescriptor with shape"
+        f"triton_call: {where} is a TensorDescriptor with shape"
         f" {desc.shape} and strides {desc.strides}, which address"
         f" {info.extent} elements, but its base has shape"
         f" {tuple(base.shape)} ({size} elements). Describe a view inside the"

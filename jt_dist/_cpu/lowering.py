@@ -265,7 +265,7 @@ def _check_supported(spec) -> None:
         " lowering_platforms=('cuda',)) compiles it here without one), or"
         " write a @triton.jit version of the kernel for the CPU.")
   for op in spec.operands:
-    if op.kind == "array" and op.type.startswith("tensordesc"):
+    if op.type.startswith("tensordesc"):
       _compat.check_tf32_descriptor(op.value, name)
   for launch in spec.launches:
     if launch.config.num_ctas > 1:

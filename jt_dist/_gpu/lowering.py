@@ -110,17 +110,25 @@ def _nbytes(shape, dtype) -> int:
   return int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
 
 
-def _descriptor_parameters(lib, op, meta, platform):
+def _descriptor_parameters(lib, op, meta, platform, to_zero):
   """jaxlib's parameters for one host TMA descriptor, as Triton expands it:
   the TMA descriptor (with ``meta``) or the buffer, shape, strides and
-  flags; then shape (i32) and strides."""
+  flags; then shape (i32) and strides. ``to_zero``: bytes of its buffer
+  zeroed before the launch."""
   info = op.value
   shape_i32 = [lib.create_scalar_parameter(int(d), "i32") for d in info.shape]
   strides = [lib.create_scalar_parameter(int(s), "i64") for s in info.strides]
   if meta is not None:
+    if to_zero:
+      raise NotImplementedError(
+          f"triton_call: parameter {op.name!r} takes a TensorDescriptor of"
+          " a zeroed output, and jaxlib's TMA descriptor parameter cannot"
+          " zero its buffer. Drop the output from zeroed_outputs and store"
+          " zeros from the kernel, or alias a jnp.zeros input to it"
+          " (input_output_aliases) and pass that input as the descriptor.")
     return [_compat.tma_parameter(lib, meta, info, platform),
             *shape_i32, *strides]
-  return [lib.create_array_parameter(0, 16),
+  return [lib.create_array_parameter(to_zero, 16),
           *[lib.create_scalar_parameter(int(d), "i64") for d in info.shape],
           *strides,
           *[lib.create_scalar_parameter(v, t)
@@ -138,15 +146,15 @@ def _parameters(lib, spec, launch, specialization, compiled, platform):
     if op.kind == "scalar":
       params.append(lib.create_scalar_parameter(op.value, op.type))
       continue
-    if op.type.startswith("tensordesc"):
-      params.extend(_descriptor_parameters(lib, op, next(metas, None),
-                                           platform))
-      continue
     # Under jax-triton 0.4's convention an aliased output binds no
     # parameter: its input's pointer is the output's buffer.
     out = (op.index if op.kind == "output"
            else aliased.get(op.index) if op.kind == "array" else None)
     to_zero = _nbytes(*spec.out_shapes[out]) if out in zeroed else 0
+    if op.type.startswith("tensordesc"):
+      params.extend(_descriptor_parameters(lib, op, next(metas, None),
+                                           platform, to_zero))
+      continue
     # 16: the divisibility the kernel was specialised for; jaxlib checks it.
     params.append(lib.create_array_parameter(to_zero, 16))
   return params
@@ -155,7 +163,7 @@ def _parameters(lib, spec, launch, specialization, compiled, platform):
 def _check_descriptors(spec, platform: str) -> None:
   """Refuses host TMA descriptors where jt_dist cannot pass them."""
   for op in spec.operands:
-    if op.kind != "array" or not op.type.startswith("tensordesc"):
+    if not op.type.startswith("tensordesc"):
       continue
     if platform != "cuda":
       raise NotImplementedError(

@@ -104,6 +104,21 @@ def bessel_kernel(x_ptr, out_ptr, N: tl.constexpr):
   tl.store(out_ptr + offs, libdevice.j0(tl.load(x_ptr + offs)))
 
 
+@triton.jit
+def subnormal_kernel(x_ptr, y_ptr, out_ptr, N: tl.constexpr):
+  offs = tl.arange(0, N)
+  x = tl.load(x_ptr + offs)
+  y = tl.load(y_ptr + offs)
+  tl.store(out_ptr + 0 * N + offs, x * y)
+  tl.store(out_ptr + 1 * N + offs, libdevice.nextafter(x, y))
+  tl.store(out_ptr + 2 * N + offs, libdevice.saturatef(x))
+  tl.store(out_ptr + 3 * N + offs, libdevice.mul_rn(x, y))
+
+
+def _bits(*values):
+  return np.array(values, np.uint32)
+
+
 def _erf(x):
   return np.vectorize(math.erf)(x)
 
@@ -201,6 +216,37 @@ class LibdeviceTest(parameterized.TestCase):
       root_down, root_up = (F(float(v)) for v in got[9:11, i])
       self.assertLessEqual(root_down * root_down, abs(a))
       self.assertGreaterEqual(root_up * root_up, abs(a))
+
+  @parameterized.parameters(False, True)
+  def test_subnormals_as_an_h200_computes_them(self, jit):
+    # Arithmetic keeps subnormals (IEEE products, as an H200 gave them);
+    # libdevice, linked flush-to-zero, takes and gives none: the nextafter
+    # and saturatef bits are those an H200 gave.
+    tiny, sub = 0x00000001, 0x000ae398  # Subnormals; 0x00800000 is FLT_MIN.
+    x = _bits(0, tiny, tiny | 1 << 31, sub, sub, 0x80000000, 0x00800000,
+              tiny, sub | 1 << 31, 0x3f800000, 0, 0, 0, 0, 0, 0).view(
+                  np.float32)
+    y = np.array([1, 1, 1, -1, 2, -1, -1, -0.0, 0, 2] + [1] * 6, np.float32)
+    call = lambda a, b: jt_dist.triton_call(
+        a, b, kernel=subnormal_kernel, grid=(1,), N=16,
+        out_shape=jax.ShapeDtypeStruct((64,), jnp.float32))
+    xla = lambda: np.asarray(jnp.asarray(x) * jnp.asarray(y))
+    before = xla()
+    got = np.asarray((jax.jit(call) if jit else call)(x, y)).view(
+        np.uint32).reshape(4, 16)[:, :10]
+    product = _bits(0, tiny, tiny | 1 << 31, sub | 1 << 31, 0x0015c730, 0,
+                    0x80800000, 0x80000000, 0x80000000, 0x40000000)
+    np.testing.assert_array_equal(got[0], product)
+    np.testing.assert_array_equal(got[1], _bits(
+        0x00800000, 0x00800000, 0x00800000, 0x80800000, 0x00800000,
+        0x80800000, 0x007fffff, 0x80000000, 0, 0x3f800001))
+    np.testing.assert_array_equal(got[2], _bits(
+        0, 0, 0, 0, 0, 0, 0x00800000, 0, 0, 0x3f800000))
+    np.testing.assert_array_equal(got[3], np.where(
+        np.abs(product.view(np.float32)) < np.finfo(np.float32).tiny,
+        product & 0x80000000, product))
+    # XLA's own CPU arithmetic (which flushes) is as it was.
+    np.testing.assert_array_equal(xla(), before)
 
   def test_a_function_the_cpu_does_not_compute_is_named(self):
     with self.assertRaisesRegex(

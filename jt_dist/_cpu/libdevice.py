@@ -12,8 +12,11 @@ symbol not here raises an error naming its function.
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 from triton.language.extra.cuda import libdevice as _cuda
+
 from jt_dist._cpu import interpreter as _interpreter
 from jt_dist._cpu import libdevice_floats as _floats
 
@@ -132,7 +135,7 @@ _OWN_TYPES = {
     "hadd": _halving(0), "rhadd": _halving(1), "uhadd": _halving(0),
     "urhadd": _halving(1), "sad": _sad, "usad": _sad,
     "byte_perm": _byte_perm, "nextafter": np.nextafter,
-    "nextafterf": np.nextafter,
+    "nextafterf": _floats.nextafter_flushed,
     "isnand": np.isnan, "isnanf": np.isnan, "isinfd": np.isinf,
     "isinff": np.isinf, "isfinited": np.isfinite, "finitef": np.isfinite,
     "signbitd": np.signbit, "signbitf": np.signbit,
@@ -184,23 +187,24 @@ def _float_function(name: str):
   base = _floats.ALIASES.get(base, base)
   if base not in _floats.FLOAT and base.endswith("f"):
     base = _floats.ALIASES.get(base[:-1], base[:-1])
-  directed = _floats.excess(base, [np.zeros(1)] * 3, np.zeros(1)) is not None
-  if base not in _floats.FLOAT or (mode != "rn" and not directed):
+  if base not in _floats.FLOAT or (mode != "rn"
+                                   and base not in _floats.DIRECTED):
     return None
   fn = _floats.FLOAT[base]
 
   def compute(*args):
     target = np.result_type(*args)
-    wide = [np.asarray(a, np.float64) for a in args]
+    wide = [np.asarray(_floats.flush(a), np.float64) for a in args]
     with np.errstate(all="ignore"):
       r = np.asarray(fn(*wide)).astype(target)
-      if mode == "rn":
-        return r
-      excess = _floats.excess(base, wide, r.astype(np.float64))
-      return _floats.directed(r, excess, mode)
+      if mode != "rn":
+        excess = _floats.excess(base, wide, r.astype(np.float64))
+        r = _floats.directed(r, excess, mode)
+      return _floats.flush(r)
   return compute
 
 
+@functools.lru_cache(maxsize=None)  # Per symbol, not per call.
 def _function(symbol: str):
   name = symbol.removeprefix("__nv_")
   if name in _OWN_TYPES:

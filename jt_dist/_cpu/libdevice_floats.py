@@ -92,7 +92,30 @@ def ilogb(x):
 
 
 def _saturate(x):
-  return np.where(np.isnan(x), 0.0, np.clip(x, 0.0, 1.0))
+  # + 0.0 turns -0.0 into +0.0, as the GPU's saturatef gives it.
+  return np.where(np.isnan(x), 0.0, np.clip(x, 0.0, 1.0) + 0.0)
+
+
+def flush(x):
+  """float32 subnormals as sign-preserving zeros: Triton links libdevice
+  in its flush-to-zero mode (``enable_reflect_ftz``, on by default), whose
+  float32 functions take and give no subnormals. Other dtypes as they are."""
+  x = np.asarray(x)
+  if x.dtype != np.float32:
+    return x
+  return np.where(np.abs(x) < np.finfo(np.float32).tiny, x * 0, x)
+
+
+def nextafter_flushed(x, y):
+  """``__nv_nextafterf`` in that mode, as an H200 computes it: a zero or
+  subnormal ``x`` is 0, which steps to the smallest normal float toward a
+  nonzero ``y``; a normal ``x`` steps as ``np.nextafter`` (into the
+  subnormals too)."""
+  x = flush(np.asarray(x, np.float32))
+  y = np.asarray(y, np.float32)
+  smallest = np.finfo(np.float32).tiny
+  from_zero = (x == 0) & (y != 0) & ~np.isnan(y)
+  return np.where(from_zero, np.copysign(smallest, y), np.nextafter(x, y))
 
 
 def _fdim(x, y):
@@ -164,8 +187,13 @@ def _fma(a, b, c):
   return s + (t + e)
 
 
+# The operations with directed-rounding forms (``fadd_rz``): ``excess``
+# knows each one's exact error.
+DIRECTED = frozenset(("add", "sub", "mul", "div", "rcp", "sqrt", "fma"))
+
+
 def excess(name, args, r):
-  """The sign of (exact result - r) for the directed forms' operations."""
+  """The sign of (exact result - r) for the operations in ``DIRECTED``."""
   a = args[0]
   if name == "add" or name == "sub":
     b = args[1] if name == "add" else -args[1]
@@ -187,7 +215,7 @@ def excess(name, args, r):
     p, e = _two_product(a, args[1])
     s, t = _two_sum(p, args[2])
     return np.sign((s - r) + (t + e))
-  return None
+  raise AssertionError(f"{name} has no directed-rounding form")
 
 
 

@@ -30,6 +30,7 @@ from jt_dist._cpu import interpreter as _interpreter
 from jt_dist._cpu import bounds as _bounds
 from jt_dist._cpu import ffi_target as _ffi_target
 from jt_dist._cpu import frontend as _frontend
+from jt_dist._cpu import float_env as _float_env
 from jt_dist._core import host_faults as _host_faults
 from jt_dist._cpu import interrupts as _interrupts
 from jt_dist._cpu import runtime as _interpreter_runtime
@@ -153,7 +154,7 @@ def _launch(spec, inputs, outputs):
   try:
     # From its arrival: a launch waiting behind an interrupted one belongs
     # to the same computation, and stops.
-    with _interrupts.signal_kept():
+    with _interrupts.signal_kept(), _float_env.ieee_subnormals():
       _run_launch(spec, inputs, outputs)
   except BaseException as e:  # pylint: disable=broad-except
     raise _host_faults.file(e) from None

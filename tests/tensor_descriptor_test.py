@@ -220,6 +220,12 @@ def _double(x, out_shape, **options):
       out_shape=out_shape, grid=(x.shape[0] // 8,), BM=8, **options)
 
 
+def _tma_device() -> bool:
+  """Whether the default device builds TMA descriptors (Hopper and later)."""
+  device = jax.devices()[0]
+  return device.platform == "gpu" and float(device.compute_capability) >= 9
+
+
 class DescriptorOutputTest(testing.TestCase):
 
   @parameterized.parameters(False, True)
@@ -251,8 +257,7 @@ class DescriptorOutputTest(testing.TestCase):
         jt_dist.TensorDescriptor.from_array(x, (8, 16)), zeros,
         kernel=desc_double_kernel, out_shape=[jax.ShapeDtypeStruct(
             x.shape, x.dtype)], grid=(4,), BM=8, input_output_aliases={1: 0})[0]
-    device = jax.devices()[0]
-    if device.platform == "gpu" and float(device.compute_capability) >= 9:
+    if _tma_device():
       with self.assertRaisesRegex(
           NotImplementedError, r"'out_desc' takes a TensorDescriptor of a"
           r" zeroed output.*alias a jnp.zeros input to it"):
@@ -261,6 +266,21 @@ class DescriptorOutputTest(testing.TestCase):
     for out in (call(), fixed()):
       np.testing.assert_array_equal(out[:20], 2 * x[:20])
       np.testing.assert_array_equal(out[20:], 0)
+
+  def test_eager_calls_of_descriptors_differing_in_shape_each_bind_their_own(
+      self):
+    x = jnp.asarray(self.random((32, 16)))
+    # Hopper's TMA descriptors cannot be zeroed (tested above); there the
+    # rows past the descriptor are left as they were.
+    zeroed = [] if _tma_device() else [0]
+    for rows in (32, 16, 32, 8):  # One array and block: only shape differs.
+      out = jt_dist.triton_call(
+          x, kernel=rows_to_desc_kernel,
+          out_shape=_out_desc(x.shape, rows=rows), grid=(4,), N=16, BM=8,
+          zeroed_outputs=zeroed)
+      np.testing.assert_array_equal(out[:rows], 2 * x[:rows])
+      if zeroed:
+        np.testing.assert_array_equal(out[rows:], 0)
 
   def test_one_larger_than_its_array_is_refused(self):
     bad = jt_dist.TensorDescriptor(jax.ShapeDtypeStruct((32, 16), jnp.float32),

@@ -162,8 +162,7 @@ def cpu_interpreter(quick):
   for name, programs, call, jnp_call in _kernel_cases(quick, rng):
     row = _interpreted(name, call, stock_repeats, repeats)
     timing.block(jnp_call())
-    row.update(programs=programs,
-               jnp_s=timing.best(jnp_call, repeats * 4))
+    row.update(programs=programs, jnp_s=timing.best(jnp_call, repeats * 4))
     row["jt_dist_over_jnp"] = row["jt_dist_s"] / row["jnp_s"]
     rows.append(row)
   rows.append(_training_step_row(quick, rng, stock_repeats, repeats))
@@ -179,18 +178,16 @@ def _add(x, y):
 
 
 def _arrays(rng, n):
-  return (jnp.asarray(rng.standard_normal(n).astype(np.float32)),
-          jnp.asarray(rng.standard_normal(n).astype(np.float32)))
+  return tuple(jnp.asarray(rng.standard_normal(n).astype(np.float32))
+               for _ in range(2))
 
 
 def _launches(rng, rounds):
   """One launch of a 16-float scale on one program, and on four, µs."""
   x = jnp.asarray(rng.standard_normal(16).astype(np.float32))
-  launches = {}
-  for programs in (1, 4):
-    launches[f"{programs} program(s)"] = (lambda p=programs: jt_dist.triton_call(
-        x, 0.5, kernel=kernels.scale_kernel, out_shape=x, grid=(p,),
-        n_elements=16, BLOCK_SIZE=16 // p), ())
+  launches = {f"{p} program(s)": (lambda p=p: jt_dist.triton_call(
+      x, 0.5, kernel=kernels.scale_kernel, out_shape=x, grid=(p,),
+      n_elements=16, BLOCK_SIZE=16 // p), ()) for p in (1, 4)}
   seconds = timing.chained(launches, iters=5, rounds=rounds)
   return [{"case": "one launch of a tiny kernel", "impl": name,
            "us": s * 1e6} for name, s in seconds.items()]

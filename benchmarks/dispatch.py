@@ -9,19 +9,21 @@ the odd rounds, the ratios, the jitted functions' custom calls, jax's
 Python functions run per call, a first call, and a per-step scalar.
 
 ``python_wall_cost``: the wall time a hot microsecond of Python costs
-after a sync, and jt_dist's own Python per eager call, unsharded and
-sharded over one device, hot (its jitted function a stub) and after a sync.
+after a sync, and jt_dist's own Python per eager call, unsharded (hot, its
+jitted function a stub, and after a sync) and sharded over every device.
 
 To add a case, add it to ``_cases``.
 """
 
 import cProfile
+import functools
 import os
 import pstats
 import re
 from unittest import mock
 
 import jax
+from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 import jax.numpy as jnp
 import numpy as np
@@ -85,21 +87,23 @@ MESH1_SPECS = dict(in_specs=(P("x"), P("x")), out_specs=P("x"))
 def sharded_eager(mesh):
   """``kernels.add_kw`` as an eager ``sharded_triton_call`` over ``mesh``."""
   def call(a, b):
+    n = a.size // mesh.size  # Per shard.
     return jt_dist.sharded_triton_call(
         a, b, kernel=kernels.add_kw_kernel,
         out_shape=jax.ShapeDtypeStruct(a.shape, a.dtype),
-        grid=(triton.cdiv(a.size, BLOCK),), mesh=mesh, **MESH1_SPECS,
-        n_elements=a.size, BLOCK_SIZE=BLOCK)
+        grid=(triton.cdiv(n, BLOCK),), mesh=mesh, **MESH1_SPECS,
+        n_elements=n, BLOCK_SIZE=BLOCK)
   return call
 
 
 def held_sharded_kernel_call(mesh):
   """The same as a ``jt_dist.sharded_kernel_call``, made once."""
+  n = SIZE // mesh.size
   return jt_dist.sharded_kernel_call(
       kernels.add_kw_kernel, out_shape=jax.ShapeDtypeStruct((SIZE,),
                                                             jnp.float32),
-      grid=(triton.cdiv(SIZE, BLOCK),), mesh=mesh, **MESH1_SPECS,
-      n_elements=SIZE, BLOCK_SIZE=BLOCK)
+      grid=(triton.cdiv(n, BLOCK),), mesh=mesh, **MESH1_SPECS,
+      n_elements=n, BLOCK_SIZE=BLOCK)
 
 
 def _with_caller_args(fn, pad=None):
@@ -204,44 +208,47 @@ def first_call(args, calls):
   return rows
 
 
-def scale(x, s):
+def scale(x, s, keyword=False):
+  """``x * s``, ``s`` by position or (as jax-triton 0.4 allows) keyword."""
   return jt_dist.triton_call(
-      x, s, kernel=kernels.scale_kernel,
+      x, *(() if keyword else (s,)), kernel=kernels.scale_kernel,
       out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
       grid=(triton.cdiv(x.size, BLOCK),), n_elements=x.size,
-      BLOCK_SIZE=BLOCK)
+      BLOCK_SIZE=BLOCK, **({"s": s} if keyword else {}))
 
 
 xla_scale = jax.jit(lambda a, s: a * s)
 
 
 def per_step_scalar(x, calls):
-  """Eager ``x * s``: one ``s`` throughout, or a new ``s`` every call.
-
-  Each call alternates with XLA's jitted ``x * s`` given the same float.
-  ``executables``: the calls ``triton_call`` filed over both runs.
-  """
-  _memo.triton_calls.clear()
-  rows = {fn: {"case": "a per-step scalar, eagerly", "impl": name}
-          for fn, name in ((scale, "jt_dist"), (xla_scale, "XLA x * s"))}
-  with mock.patch.object(_memo.triton_calls, "put",
-                         wraps=_memo.triton_calls.put) as put:
-    for fn in rows:
-      timing.block(fn(x, 0.5))
-    for name, values in (("same_value_us", [0.5] * calls),
-                         ("new_value_us",
-                          [1.0 + 1e-4 * (i + 1) for i in range(calls)])):
-      each = {fn: [] for fn in rows}
-      for s in values:
+  """Eager ``x * s``, ``s`` by position and by keyword: one ``s`` throughout
+  or a new one every call, each call beside XLA's jitted ``x * s`` given the
+  same float. ``executables``: the calls ``triton_call`` filed over both."""
+  rows = []
+  for way, jt in (("", scale),
+                  (", s=", functools.partial(scale, keyword=True))):
+    _memo.triton_calls.clear()
+    pair = {fn: {"case": "a per-step scalar, eagerly", "impl": name + way}
+            for fn, name in ((jt, "jt_dist"), (xla_scale, "XLA x * s"))}
+    with mock.patch.object(_memo.triton_calls, "put",
+                           wraps=_memo.triton_calls.put) as put:
+      for fn in pair:
+        timing.block(fn(x, 0.5))
+      for name, values in (("same_value_us", [0.5] * calls),
+                           ("new_value_us",
+                            [1.0 + 1e-4 * (i + 1) for i in range(calls)])):
+        each = {fn: [] for fn in pair}
+        for s in values:
+          for fn, times in each.items():
+            times.append(timing.once(lambda: fn(x, s)))  # pylint: disable=cell-var-from-loop
         for fn, times in each.items():
-          times.append(timing.once(lambda: fn(x, s)))  # pylint: disable=cell-var-from-loop
-      for fn, times in each.items():
-        rows[fn][name] = float(np.median(times)) * 1e6
-  rows[scale]["executables"] = len({
-      id(c.args[1]) for c in put.call_args_list
-      if callable(getattr(c.args[1], "_jitted", None))})
+          pair[fn][name] = float(np.median(times)) * 1e6
+    pair[jt]["executables"] = len({
+        id(c.args[1]) for c in put.call_args_list
+        if callable(getattr(c.args[1], "_jitted", None))})
+    rows += pair.values()
   _memo.triton_calls.clear()
-  return list(rows.values())
+  return rows
 
 
 def dispatch(quick):
@@ -277,39 +284,39 @@ def _pad(n):
 
 
 def _python_hot_us(pairs, args, number):
-  """Per name, jt_dist's own Python per call in a hot loop, µs.
-
-  ``pairs``: name -> (the call object whose jitted function is stubbed,
-  the function timed, the floor made of the stub it is timed against). The
-  stub returns a ready output, so nothing waits for the device.
+  """Per name, jt_dist's own Python per call in a hot loop, µs. ``pairs``:
+  name -> (the call object whose jitted function is stubbed,
+  the function timed, the floor made of the stub it is timed against[, its
+  own args]). The stub returns a ready output: nothing waits for a device.
   """
   out = {}
-  for name, (call, fn, floor) in pairs.items():
-    ready = timing.block(call._jitted(*args))  # pylint: disable=protected-access
+  for name, (call, fn, floor, *own) in pairs.items():
+    a = own[0] if own else args
+    ready = timing.block(call._jitted(*a))  # pylint: disable=protected-access
     stub = lambda *_, ready=ready: ready
     with mock.patch.object(call, "_jitted", stub):
-      out[name] = (timing.hot_us(lambda: fn(*args), number)
-                   - timing.hot_us(lambda: floor(stub)(*args), number))
+      out[name] = (timing.hot_us(lambda: fn(*a), number)
+                   - timing.hot_us(lambda: floor(stub)(*a), number))
   return out
 
 
 def python_wall_cost(quick):
   sizes = SIZES["quick" if quick else "full"]
   args = _inputs(11)
-  mesh1 = jax.make_mesh((1,), ("x",), devices=jax.devices()[:1])
   eager = lambda a, b: kernels.add_kw(jt_dist.triton_call, a, b)
-  sharded = sharded_eager(mesh1)
   _memo.triton_calls.clear()
   _memo.sharded_calls.clear()
   call = filed_call(_memo.triton_calls, eager, args)
-  sharded_call = filed_call(_memo.sharded_calls, sharded, args)
-  held, held_sharded = held_kernel_call(), held_sharded_kernel_call(mesh1)
+  held = held_kernel_call()
+  # Hot, the sharded call runs over every device, on operands split there.
+  devices = jax.device_count()
+  mesh = jax.make_mesh((devices,), ("x",))
+  placed = tuple(jax.device_put(a, NamedSharding(mesh, P("x"))) for a in args)
+  over_all, held_sharded = sharded_eager(mesh), held_sharded_kernel_call(mesh)
   pads = {n: _pad(n) for n in PADS}
   cases = {"xla_eager": lambda a, b: a + b, "jt_dist_eager": eager,
            "jt_dist_kernel_call_eager": held,
-           "jt_dist_entry_fn": call._jitted,  # pylint: disable=protected-access
-           "jt_dist_sharded_1dev_eager": sharded,
-           "sharded_floor": _with_caller_args(sharded_call._jitted)}  # pylint: disable=protected-access
+           "jt_dist_entry_fn": call._jitted}  # pylint: disable=protected-access
   for n, pad in pads.items():
     cases[f"floor_pad_{n}"] = _with_caller_args(call._jitted, pad)  # pylint: disable=protected-access
   samples, _ = timing.per_call(cases, args, sizes["wall_rounds"],
@@ -323,8 +330,9 @@ def python_wall_cost(quick):
   hot = _python_hot_us({
       "eager": (call, eager, _with_caller_args),
       "held": (held, held, lambda stub: stub),
-      "sharded": (sharded_call, sharded, _with_caller_args),
-      "held sharded": (held_sharded, held_sharded, lambda stub: stub),
+      "sharded": (filed_call(_memo.sharded_calls, over_all, placed), over_all,
+                  _with_caller_args, placed),
+      "held sharded": (held_sharded, held_sharded, lambda stub: stub, placed),
   }, args, sizes["hot_calls"])
   budget = BOUND * med["xla_eager"] - med["floor_pad_0"]
   derived = {
@@ -335,12 +343,10 @@ def python_wall_cost(quick):
       "a held kernel_call's Python per call, hot loop, µs": hot["held"],
       "a held kernel_call's Python per call, after a sync, µs":
           med["jt_dist_kernel_call_eager"] - med["jt_dist_entry_fn"],
-      "jt_dist's Python per sharded call (1 device), hot loop, µs":
+      f"jt_dist's Python per sharded call ({devices} device(s)), hot loop, µs":
           hot["sharded"],
-      "jt_dist's Python per sharded call (1 device), after a sync, µs":
-          med["jt_dist_sharded_1dev_eager"] - med["sharded_floor"],
-      "sharded / unsharded Python per eager call, hot loop":
-          hot["sharded"] / hot["eager"] if hot["eager"] > 0 else "n/a",
+      f"sharded ({devices} device(s)) / unsharded Python per eager call, hot"
+      " loop": hot["sharded"] / hot["eager"] if hot["eager"] > 0 else "n/a",
       "a held sharded_kernel_call's Python per call, hot loop, µs":
           hot["held sharded"],
       f"what {BOUND}x XLA eager leaves above the floor, wall µs": budget,

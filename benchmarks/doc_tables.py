@@ -131,8 +131,8 @@ def _plots(data: dict[str, Any]) -> str:
 
 # Bar charts, inline SVG with no dependency, so that the page's palette
 # reaches them: text and axes in ``currentColor`` (the page's text colour,
-# light or dark), bars in mid-tone colours that read on either background.
-# Mid-tone colours legible on white and on Material's slate.
+# light or dark), bars in mid-tone colours that read on either background
+# (white, and Material's slate).
 COLOURS = ("#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#b07aa1")
 _ROW, _BAR_GAP, _LABEL_W, _PLOT_W, _PAD = 18, 4, 260, 360, 8
 

@@ -44,7 +44,7 @@ sys.path.insert(0, os.path.dirname(HERE))
 # Suite name -> (module, CPU devices it asks for on a CPU host, what it is).
 SUITES = {
     "dispatch": ("dispatch", 1, "eager and jitted dispatch of a tiny add"),
-    "python_wall_cost": ("dispatch", 1,
+    "python_wall_cost": ("dispatch", 8,
                          "what a microsecond of Python costs after a sync"),
     "scaling": ("throughput", 8, "1 to 8 devices, each library its users'"
                 " way"),
@@ -65,7 +65,7 @@ GROUPS = {
     "all-gpu": ("dispatch", "python_wall_cost", "scaling", "auto_partition",
                 "vmap_grid", "autotune_choice"),
     "all-cpu": ("cpu_interpreter", "cpu_eager", "bounds_check_overhead",
-                "external_kernels"),
+                "python_wall_cost", "external_kernels"),
 }
 
 

@@ -200,9 +200,8 @@ class Add:
 
 
 def _shard_map(mesh, body, problem, check_vma=True):
-  out_spec = problem.spec[0]
   return jax.shard_map(body, mesh=mesh, in_specs=problem.spec,
-                       out_specs=out_spec, check_vma=check_vma)
+                       out_specs=problem.spec[0], check_vma=check_vma)
 
 
 def _implementations(problem, mesh):
@@ -238,8 +237,7 @@ def place(args, mesh, spec):
 
 
 def check(fn, args, reference, label):
-  out = np.asarray(fn(*args), np.float32)
-  error = timing.relative_error(out, np.asarray(reference, np.float32))
+  error = timing.relative_error(fn(*args), reference)
   if not error < 2e-2:
     raise AssertionError(f"{label}: relative error {error:.3g}")
 
@@ -277,11 +275,8 @@ def _counts(quick):
 
 
 def _problem_rows(problem, make, sizes):
-  """Per device count, ``make(count)``'s functions timed; a failure is a row.
-
-  One device count that cannot be built or checked (say, out of memory)
-  leaves the other counts' rows standing.
-  """
+  """Per device count, ``make(count)``'s functions timed; a count that
+  cannot be built or checked (out of memory, say) is a row of its own."""
   rows = []
   for count in _counts(sizes is SIZES["quick"]):
     try:
@@ -310,8 +305,12 @@ def scaling(quick):
   for problem in (Matmul(sizes), Attention(sizes), Add(sizes)):
     rows += _problem_rows(problem, lambda count, p=problem: _calls_for(
         p, count, key), sizes)
-  return {"sizes": sizes, "results": rows, "failed": any(
-      r["impl"] == "FAILED" for r in rows)}
+  return _with_failures(sizes, rows)
+
+
+def _with_failures(sizes, rows):
+  return {"sizes": sizes, "results": rows,
+          "failed": any(r["impl"] == "FAILED" for r in rows)}
 
 
 MATMUL_RULE = jt_dist.ShardingRule("i k, k j -> i j", reductions={"k": "sum"})
@@ -372,8 +371,7 @@ def auto_partition(quick):
                              (Attention(sizes), _attention_rule_call)):
     rows += _problem_rows(problem, lambda count, p=problem, r=rule_call:
                           _rule_calls(p, r, count, key), sizes)
-  return {"sizes": sizes, "results": rows, "failed": any(
-      r["impl"] == "FAILED" for r in rows)}
+  return _with_failures(sizes, rows)
 
 
 VMAP_SIZES = {

@@ -106,9 +106,7 @@ def per_call(cases, args, rounds, calls, seed=0, warmup=3):
     for name in order:
       fn = cases[name]
       for _ in range(calls):
-        start = time.perf_counter()
-        block(fn(*args))
-        seconds = time.perf_counter() - start
+        seconds = once(lambda fn=fn: fn(*args))
         samples[name].append(seconds)
         halves[name][r % 2].append(seconds)
   return samples, halves

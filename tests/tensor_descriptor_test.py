@@ -306,15 +306,30 @@ class DescriptorOutputTest(testing.TestCase):
         input_output_aliases={0: 0})
     np.testing.assert_array_equal(out, 2 * x)
 
-  def test_sharded_triton_call_refuses_one(self):
-    mesh = jax.make_mesh((1,), ("x",), devices=jax.devices()[:1])
+  @parameterized.named_parameters(("sharded_triton_call", "sharded"),
+                                  ("sharding_rule", "rule"))
+  def test_split_calls_refuse_one_and_the_fix_works(self, how):
+    mesh = jax.make_mesh((2,), ("i",), devices=self.devices(2))
+    x = jax.device_put(jnp.asarray(self.random((32, 16))),
+                       jax.sharding.NamedSharding(mesh, P("i")))
+    options = dict(kernel=rows_to_desc_kernel, grid=(2,), N=16, BM=8)
     with self.assertRaisesRegex(
-        NotImplementedError, r"sharded_triton_call: out_shape\[0\] is a"
-        r" TensorDescriptor.*inside jax.shard_map"):
-      jt_dist.sharded_triton_call(
-          jnp.zeros((32, 16)), kernel=desc_double_kernel,
-          out_shape=[_out_desc((32, 16))], grid=(4,), mesh=mesh,
-          in_specs=P(), out_specs=[P()], BM=8)
+        NotImplementedError, r"call: out_shape\[0\] is a TensorDescriptor"
+        r".*inside jax.shard_map"):
+      if how == "sharded":
+        jt_dist.sharded_triton_call(
+            x, out_shape=[_out_desc((32, 16))], mesh=mesh, in_specs=P("i"),
+            out_specs=[P("i")], **options)
+      else:
+        jt_dist.triton_call(x, out_shape=[_out_desc((32, 16))],
+                            sharding_rule=jt_dist.ShardingRule("i j -> i j"),
+                            **options)
+    # The fix: each shard declares its own.
+    f = jax.shard_map(
+        lambda a: jt_dist.triton_call(a, out_shape=[_out_desc(a.shape)],
+                                      **options),
+        mesh=mesh, in_specs=P("i"), out_specs=[P("i")])
+    np.testing.assert_array_equal(jax.jit(f)(x)[0], 2 * x)
 
 
 def _ptx_params(ptx: str) -> int:

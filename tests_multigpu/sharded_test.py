@@ -31,6 +31,7 @@ from examples import sharded_matmul  # pylint: disable=g-import-not-at-top
 sys.path.insert(0, os.path.join(
     os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests"))
 import gpu_lowering_util as util  # pylint: disable=g-import-not-at-top,wrong-import-position
+import script_util  # pylint: disable=g-import-not-at-top,wrong-import-position
 from feature_kernels import double_and_shift_kernel  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 testing.configure_cpu_devices()
@@ -356,11 +357,44 @@ class ShardedKernelCallTest(testing.TestCase):
       np.testing.assert_array_equal(jax.device_get(call(z)),
                                     np.tile(np.asarray(single), 4))
 
+  def test_repeated_calls_are_jax_dispatch_in_a_fresh_process(self):
+    # In a process that never called sharded_triton_call, too: a repeated
+    # call on laid-out operands resolves and places nothing again.
+    result = script_util.run_python(["-c", _HELD_IN_A_FRESH_PROCESS])
+    script_util.assert_quiet_success(self, result, "a held call")
+    self.assertEqual(result.stdout.split(), ["0", "0"])
+
   def test_bad_specs_at_the_first_call(self):
     add = self._held(in_specs=(P("x"), P("y")))
     with self.assertRaisesRegex(jt_dist.ShardingSpecError, "split"
                                 " differently"):
       add(self.random((64,)), self.random((64,)))
+
+
+_HELD_IN_A_FRESH_PROCESS = """
+import cProfile, os, pstats
+import jt_dist
+import jax, jax.numpy as jnp
+from jax.sharding import PartitionSpec as P
+from examples import sharded_add
+for size in (1, len(jax.devices())):
+  mesh = jax.make_mesh((size,), ("x",), devices=jax.devices()[:size])
+  add = jt_dist.sharded_kernel_call(
+      sharded_add.add_kernel, out_shape=jax.ShapeDtypeStruct((64,),
+      jnp.float32), grid=(1,), mesh=mesh, in_specs=(P("x"),) * 2,
+      out_specs=P("x"), n_elements=jt_dist.shard_size(0), BLOCK=64)
+  x = y = jnp.ones(64)
+  out = add(add(x, y), y)
+  profiler = cProfile.Profile()
+  profiler.enable()
+  for _ in range(3):
+    out = add(out, y)
+  profiler.disable()
+  jax.block_until_ready(out)
+  assert float(out[0]) == 6.0, out
+  print(sum(1 for (path, *_) in pstats.Stats(profiler).stats
+            if os.sep + "_sharding" + os.sep in path))
+"""
 
 
 _COLLECTIVES = ("all_reduce", "all_gather", "all_to_all",

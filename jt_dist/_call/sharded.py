@@ -26,6 +26,7 @@ from jt_dist._sharding import refs as _refs
 
 OPERAND = _kernel_call.OPERAND
 _SHAPE_DTYPE = jax.ShapeDtypeStruct
+_SHARDING = operator.attrgetter("sharding")
 # The classes of concrete jax.Arrays (jaxlib's ArrayImpl), as they are met.
 _ARRAYS: set[type] = set()
 # What a plain key files by value (a float is not: 0.0 == -0.0).
@@ -78,10 +79,12 @@ class ShardedKernelCall:
   def __call__(self, *operands: Any) -> Any:
     accepted = self._accepted
     if accepted is not None and len(operands) == len(accepted):
-      for x, ok in zip(operands, accepted):
-        if type(x) not in _ARRAYS or x.sharding not in ok:
-          break
-      else:  # Laid out as the call wants: jax's dispatch alone.
+      try:  # In C: a Tracer's, or a NumPy array's, sharding is missing.
+        laid_out = all(map(operator.contains, accepted,
+                           map(_SHARDING, operands)))
+      except AttributeError:
+        laid_out = False
+      if laid_out:  # Laid out as the call wants: jax's dispatch alone.
         return self._run(None, operands)
     if any(isinstance(x, jax.core.Tracer)
            for x in jax.tree_util.tree_leaves(operands)):
@@ -127,6 +130,10 @@ def _accepted(operands, resolved):
     ok = (NamedSharding(resolved.mesh, spec),)
     if resolved.mesh.size == 1:  # On the mesh's one device, as placed.
       ok += (SingleDeviceSharding(resolved.mesh.devices.flat[0]),)
+    # The operand's own sharding object first, where it is one of them:
+    # arrays made by one executable share it, and `in` tries `is` first.
+    if x.sharding in ok:
+      ok = (x.sharding, *(s for s in ok if s != x.sharding))
     accepted.append(ok)
   return tuple(accepted)
 
@@ -281,7 +288,8 @@ def _first_call(args, kernel, out_shape, grid, out_type, specs, kwargs,
   """A call its plain key does not find: made, or found by its full key."""
   if out_type is not None:
     out_shape = _kernel_call.resolve_out_shape(out_shape, out_type)
-  _refuse_descriptors(args, kwargs, out_shape)
+  _tensordesc.refuse_split("sharded_triton_call", "a sharded call", args,
+                           out_shape, kwargs)
   # Keyword operands become positional, so in_specs and rules see them.
   merged_kernel, merged, merged_kwargs = _operands.merge_keywords(
       kernel, args, kwargs)
@@ -328,26 +336,6 @@ def _file_plain(plain, args, call) -> None:
     getter = operator.itemgetter(*positions)
     _memo.sharded_calls.put(plain, getter)
   _memo.sharded_calls.put((getter, getter(args)), call)
-
-
-def _refuse_descriptors(args, kwargs, out_shape) -> None:
-  """TensorDescriptors describe global arrays; shards need their own (a
-  keyword operand's too, or it would reach every shard whole)."""
-  given = [(f"args[{i}]", arg) for i, arg in enumerate(args)]
-  given += [(f"the keyword operand {name}=", value)
-            for name, value in kwargs.items()]
-  given += [(f"out_shape{jax.tree_util.keystr(path)}", leaf)
-            for path, leaf in jax.tree_util.tree_flatten_with_path(
-                out_shape, is_leaf=lambda x: isinstance(
-                    x, _tensordesc.TensorDescriptor))[0]]
-  for where, arg in given:
-    if isinstance(arg, _tensordesc.TensorDescriptor):
-      raise NotImplementedError(
-          f"sharded_triton_call: {where} is a TensorDescriptor, whose"
-          " shape and strides are those of the global array, not of a"
-          " shard. Pass the array, and build the descriptor per shard"
-          " inside jax.shard_map: jax.shard_map(lambda x: triton_call("
-          "TensorDescriptor.from_array(x, block_shape), ...), ...).")
 
 
 def _with_refs(args, kernel, out_shape, grid, mesh, in_specs, out_specs,

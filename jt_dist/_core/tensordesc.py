@@ -139,6 +139,32 @@ def split(args: Sequence[Any]) -> tuple[tuple[Any, ...], tuple]:
                for a in args), found
 
 
+def _first_in(tree: Any, name: str) -> str | None:
+  """Where ``tree``, called ``name``, holds its first TensorDescriptor
+  (``args[0]``, ``out_shape['c']``), or None."""
+  leaves = jax.tree_util.tree_flatten_with_path(
+      tree, is_leaf=lambda x: isinstance(x, TensorDescriptor))[0]
+  return next((name + jax.tree_util.keystr(path) for path, leaf in leaves
+               if isinstance(leaf, TensorDescriptor)), None)
+
+
+def refuse_split(front: str, split_by: str, args: Sequence[Any],
+                 out_shape: Any, kwargs: dict | None = None) -> None:
+  """Refuses a descriptor in a call run per shard: its shape and strides
+  are the global array's, and each shard needs its own."""
+  if where := (_first_in(args, "args") or next(
+      (f"the keyword operand {name}=" for name, value in (kwargs or {}).items()
+       if isinstance(value, TensorDescriptor)), None)
+               or _first_in(out_shape, "out_shape")):
+    raise NotImplementedError(
+        f"{front}: {where} is a TensorDescriptor, and {split_by} cannot split"
+        " one: its shape and strides are those of the global array, not of"
+        " a shard. Pass the array, and build the descriptor per shard,"
+        " inside jax.shard_map: TensorDescriptor.from_array(local_x,"
+        " block_shape) for an input, or one whose base is the shard's"
+        " jax.ShapeDtypeStruct for an output.")
+
+
 def info(desc: TensorDescriptor, where: str) -> Info:
   """``desc`` without its array, checked; ``where`` names it in errors
   (``args[0]``, ``out_shape[1]``)."""

@@ -34,13 +34,10 @@ def call(args, kernel, out_shape, grid, options: _options.CallOptions,
   explicit mesh axes)."""
   kernel, args, metaparams = _operands.merge_keywords(kernel, args,
                                                      metaparams)
+  if options.sharding_rule is not None:
+    _tensordesc.refuse_split("triton_call", "a call with sharding_rule=",
+                             args, out_shape)
   args, descriptors = _tensordesc.split(args)
-  if descriptors and options.sharding_rule is not None:
-    raise NotImplementedError(
-        f"triton_call: args[{descriptors[0][0]}] is a TensorDescriptor, and"
-        " a call with sharding_rule= cannot split one: its shape and strides"
-        " are those of the global array. Build it per shard instead, inside"
-        " jax.shard_map: TensorDescriptor.from_array(local_x, block_shape).")
   options = options.with_descriptors(descriptors)
   if _refs.has_refs(args):
     _refs.check(args, options.input_output_aliases, options.sharding_rule,

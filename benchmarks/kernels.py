@@ -141,14 +141,12 @@ def _matmul_grid(m, n):
 
 
 def matmul(call, a, b, out_dtype=None, autotuned=False):
-  m, k = a.shape
-  n = b.shape[1]
-  out = jax.ShapeDtypeStruct((m, n), out_dtype or a.dtype)
-  if autotuned:
-    return call(a, b, m, n, k, kernel=matmul_autotuned, out_shape=out,
-                grid=_matmul_grid(m, n))
-  return call(a, b, m, n, k, kernel=matmul_kernel, out_shape=out,
-              grid=_matmul_grid(m, n), **MATMUL_OPTIONS, **MATMUL_CONFIG)
+  (m, k), n = a.shape, b.shape[1]
+  fixed = {} if autotuned else {**MATMUL_OPTIONS, **MATMUL_CONFIG}
+  return call(a, b, m, n, k,
+              kernel=matmul_autotuned if autotuned else matmul_kernel,
+              out_shape=jax.ShapeDtypeStruct((m, n), out_dtype or a.dtype),
+              grid=_matmul_grid(m, n), **fixed)
 
 
 def xla_matmul(a, b):

@@ -32,16 +32,9 @@ _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # jax-triton's public names across its releases (0.1 .. 0.4): the stand-in
 # forwards those that jt_dist also exports publicly, under the same name.
 _JAX_TRITON_NAMES = (
-    "CUSTOM_CALL_TARGET_NAME",
-    "TensorDescriptor",
-    "cdiv",
-    "get_compute_capability",
-    "get_serialized_metadata",
-    "next_power_of_2",
-    "strides_from_shape",
-    "triton_call",
-    "utils",
-)
+    "CUSTOM_CALL_TARGET_NAME", "TensorDescriptor", "cdiv",
+    "get_compute_capability", "get_serialized_metadata", "next_power_of_2",
+    "strides_from_shape", "triton_call", "utils")
 
 # Loaded by pytest (-p) before any test module: asks JAX for virtual CPU
 # devices before its backends start, and bounds each test's time. The alarm
@@ -59,8 +52,7 @@ testing.configure_cpu_devices()
 _LIMIT = int(os.environ.get("JT_PEER_TEST_TIMEOUT", "0"))
 
 
-def _expire(signum, frame):
-  del signum, frame
+def _expire(*_):  # The signal handler's (signum, frame).
   raise TimeoutError(f"test ran past JT_PEER_TEST_TIMEOUT={_LIMIT}s")
 
 
@@ -137,8 +129,7 @@ def run_pytest(args, stand_in: str, junit: str) -> int:
     return process.wait(timeout=args.timeout or None)
   except subprocess.TimeoutExpired:
     print(f"pytest ran past --timeout={args.timeout}s", file=sys.stderr)
-    # SIGINT first: pytest then still writes the JUnit report of the tests
-    # it finished.
+    # SIGINT first: pytest still writes the JUnit report of what it ran.
     process.send_signal(signal.SIGINT)
     try:
       process.wait(timeout=30)
@@ -156,10 +147,7 @@ def _first_line(element) -> str:
     lines = [line[1:] for line in lines if line.startswith("E ")] or lines
   else:
     lines = message.splitlines() or lines
-  for line in lines:
-    if line.strip():
-      return line.strip()[:300]
-  return ""
+  return next((line.strip()[:300] for line in lines if line.strip()), "")
 
 
 def summarize(junit: str) -> dict:
@@ -175,15 +163,12 @@ def summarize(junit: str) -> dict:
     cls = case.get("classname", "").split(".")[-1]
     cls = "" if cls == name[:-3] else cls  # A module-level test function.
     test_id = "::".join(p for p in (name, cls, case.get("name")) if p)
-    bad = case.find("failure")
-    if bad is None:
-      bad = case.find("error")
+    bad = next((b for b in (case.find("failure"), case.find("error"))
+                if b is not None), None)
     if bad is not None:
       entry["failed"] += 1
-      entry["failures"].append({
-          "id": test_id,
-          "kind": bad.tag,
-          "error": _first_line(bad)})
+      entry["failures"].append({"id": test_id, "kind": bad.tag,
+                                "error": _first_line(bad)})
     elif case.find("skipped") is not None:
       entry["skipped"] += 1
     else:
@@ -213,8 +198,8 @@ def main() -> int:
   with tempfile.TemporaryDirectory(prefix="jt_peer_") as stand_in:
     build_stand_in(stand_in, names)
     code = run_pytest(args, stand_in, junit)
-  summary = {"paths": args.paths,
-             "forwarded_names": names, "pytest_exit_code": code,
+  summary = {"paths": args.paths, "forwarded_names": names,
+             "pytest_exit_code": code,
              "files": summarize(junit) if os.path.exists(junit) else {}}
   with open(os.path.join(args.out, "summary.json"), "w") as f:
     json.dump(summary, f, indent=1)

@@ -14,8 +14,8 @@ the script joins with ``initialize_process()``.
 from __future__ import annotations
 
 import contextlib
-import re
 import os
+import re
 import tempfile
 import types
 from typing import Any, Iterator

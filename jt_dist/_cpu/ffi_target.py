@@ -21,6 +21,7 @@ import jax
 import numpy as np
 
 from jt_dist._compat import xla_ffi as _ffi
+from jt_dist._core import host_faults as _host_faults
 
 logger = logging.getLogger("jt_dist")
 
@@ -101,7 +102,7 @@ def _handle(frame_pointer):
   except BaseException as e:  # pylint: disable=broad-except
     # An exception leaving a ctypes callback would read as success to XLA.
     # A kernel's fault is its own first line: type, kernel, fault, token.
-    text = (str(e) if type(e).__name__ == "HostFault" else "".join(
+    text = (str(e) if isinstance(e, _host_faults.HostFault) else "".join(
         traceback.format_exception_only(type(e), e)).strip())
     return _ffi.make_error(frame.api, text)
 

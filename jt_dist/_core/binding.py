@@ -141,14 +141,14 @@ def bind_call(args, kernel, out_shape, grid, options: _options.CallOptions,
               metaparams):
   """Checks a call; returns ``(array_args, its CallSpec, out_tree)``."""
   info = _kernel.kernel_info(kernel)
-  out_shapes, out_tree = _outputs.flatten_out_shape(
+  out_shapes, out_tree, out_descriptors = _outputs.flatten(
       out_shape, allow_empty=bool(options.ref_inputs))
   kinds = _positional.classify_args(args)
   operands, constexprs, aliases = _outputs.bind(
       info, args, kinds, out_shapes, metaparams, options.input_output_aliases)
-  operands = _positional.typed_descriptors(operands, kinds,
-                                          options.tensor_descriptors)
-  operands = _outputs.typed_descriptors(info, operands, out_shape, aliases)
+  operands = _outputs.typed_descriptors(
+      info, operands, kinds, options.tensor_descriptors, out_descriptors,
+      aliases)
   constexprs.update(metaparams)
   arrays = _pytree_args.array_leaves(args)
   named = _named_args(arrays, operands, out_shapes, constexprs)

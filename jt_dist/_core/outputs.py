@@ -33,20 +33,30 @@ _ERRORS = (_errors.KernelBindingError, ValueError)
 
 def flatten_out_shape(out_shape: Any, allow_empty: bool = False):
   """``out_shape`` as (shape, dtype) pairs, and its treedef."""
+  return flatten(out_shape, allow_empty)[:2]
+
+
+def flatten(out_shape: Any, allow_empty: bool = False):
+  """``(flatten_out_shape's pairs, treedef, {index: (where, descriptor)})``:
+  one walk, a ``TensorDescriptor`` one leaf whose array is the output."""
   if out_shape is None:
     raise TypeError(
         "triton_call: `out_shape` (or `out_type`) is required: pass a"
         " jax.ShapeDtypeStruct, or any pytree of objects with .shape and"
         " .dtype, one per kernel output.")
-  leaves, tree = _leaves(out_shape)
+  leaves, tree = jax.tree_util.tree_flatten_with_path(
+      out_shape, is_leaf=lambda x: isinstance(
+          x, _tensordesc.TensorDescriptor) or _types.is_shape_dtype(x))
   if not leaves and not allow_empty:
     raise ValueError(
         f"triton_call: `out_shape` {out_shape!r} holds no outputs. A kernel"
         " call must produce at least one output, or mutate a jax.Ref"
         " argument (jax.new_ref(x)) in place.")
-  flat = []
-  for where, leaf in leaves:
+  flat, found = [], {}
+  for k, (path, leaf) in enumerate(leaves):
+    where = "out_shape" + jax.tree_util.keystr(path)
     if isinstance(leaf, _tensordesc.TensorDescriptor):
+      found[k] = (where, leaf)
       leaf = leaf.base  # Its array is the output.
     if not _types.is_shape_dtype(leaf):
       raise TypeError(
@@ -55,47 +65,33 @@ def flatten_out_shape(out_shape: Any, allow_empty: bool = False):
           " jax.ShapeDtypeStruct(shape, dtype).")
     dtype = _types.pointer_dtype(leaf.dtype, where)
     flat.append((_checked_shape(leaf.shape, where), dtype))
-  return tuple(flat), tree
+  return tuple(flat), tree, found
 
 
-def descriptors(out_shape: Any) -> dict[int, _tensordesc.Info]:
-  """The outputs ``out_shape`` declares as ``TensorDescriptor``s, by index:
-  the kernel gets the descriptor, the caller its array."""
-  return {k: _tensordesc.info(leaf, where)
-          for k, (where, leaf) in enumerate(_leaves(out_shape)[0])
-          if isinstance(leaf, _tensordesc.TensorDescriptor)}
-
-
-def typed_descriptors(info, operands, out_shape, aliases):
-  """``operands`` with each descriptor output typed ``tensordesc<...>``,
-  its ``Info`` as value; one no parameter takes (under 0.4's convention an
-  aliased output binds none) is refused, as its descriptor would be lost."""
-  found = descriptors(out_shape)
-  if not found:
-    return operands
+def typed_descriptors(info, operands, kinds, arg_descriptors,
+                      out_descriptors, aliases):
+  """``operands`` with each descriptor's array typed ``tensordesc<...>``, its
+  ``Info`` as value: an argument's (``(position, Info)`` pairs; the array is
+  the buffer passed), an output's (``flatten``'s). An output descriptor no
+  parameter takes (under 0.4's convention an aliased output binds none) is
+  refused, as it would be lost."""
+  found = {("array", kinds[i][1]): desc for i, desc in arg_descriptors}
+  found.update({("output", k): _tensordesc.info(desc, where)
+                for k, (where, desc) in out_descriptors.items()})
   bound = {op.index for op in operands if op.kind == "output"}
-  if unbound := [k for k in found if k not in bound]:
+  if unbound := [k for k in out_descriptors if k not in bound]:
     k = unbound[0]
+    where = out_descriptors[k][0]
     source = next((i for i, o in aliases if o == k), None)
     raise _positional.binding_error(
-        info, f"out_shape declares output {k} as a TensorDescriptor, but"
-        f" output {k} binds no parameter: it is aliased to array argument"
-        f" {source} (input_output_aliases), whose buffer it is. Pass that"
-        " input as the TensorDescriptor, and out_shape[...] as its"
+        info, f"out_shape declares output {k} ({where}) as a"
+        f" TensorDescriptor, but output {k} binds no parameter: it is aliased"
+        f" to array argument {source} (input_output_aliases), whose buffer it"
+        f" is. Pass that input as the TensorDescriptor, and {where} as its"
         " jax.ShapeDtypeStruct.")
-  return [dataclasses.replace(op, type=found[op.index].triton_type,
-                              value=found[op.index])
-          if op.kind == "output" and op.index in found else op
+  return [dataclasses.replace(op, type=desc.triton_type, value=desc)
+          if (desc := found.get((op.kind, op.index))) is not None else op
           for op in operands]
-
-
-def _leaves(out_shape: Any):
-  """``([(where, leaf)], treedef)``; a descriptor is one leaf."""
-  leaves, tree = jax.tree_util.tree_flatten_with_path(
-      out_shape, is_leaf=lambda x: isinstance(
-          x, _tensordesc.TensorDescriptor) or _types.is_shape_dtype(x))
-  return [("out_shape" + jax.tree_util.keystr(path), leaf)
-          for path, leaf in leaves], tree
 
 
 def without_arrays(out_shape: Any) -> Any:

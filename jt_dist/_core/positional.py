@@ -6,7 +6,6 @@ launcher, so that ``if bias_ptr is not None:`` is decided when compiling.
 
 from __future__ import annotations
 
-import dataclasses
 import difflib
 import itertools
 import warnings
@@ -57,18 +56,6 @@ def _classify(where: str, arg: Any, arrays) -> tuple[str, Any]:
       f"triton_call: {where} = {arg!r} of type {type(arg).__name__} is"
       " neither an array nor a bool/int/float scalar. Pass jax.Arrays"
       " for pointer parameters and Python scalars for value parameters.")
-
-
-def typed_descriptors(operands, kinds, descriptors):
-  """``operands`` with descriptors' arrays typed ``tensordesc<...>``, their
-  ``Info`` as value (kind "array": the array is the buffer passed)."""
-  if not descriptors:
-    return operands
-  by_index = {kinds[i][1]: desc for i, desc in descriptors}
-  return [dataclasses.replace(op, type=by_index[op.index].triton_type,
-                              value=by_index[op.index])
-          if op.kind == "array" and op.index in by_index else op
-          for op in operands]
 
 
 def binding_error(info, message: str) -> _errors.KernelBindingError:

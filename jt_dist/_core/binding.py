@@ -33,10 +33,10 @@ _SPEC_OPTIONS = (
 MAX_GRID = (2**31 - 1, 65535, 65535)
 
 
-def _check_complete(info, positional_names, config, operands, n_args):
+def _check_complete(info, config, operands, n_args):
   """The config and the operands bind every parameter without a default once."""
   names = [k for k, _ in config.kwargs]
-  seen = collections.Counter([*positional_names, *names])
+  seen = collections.Counter([*{op.name: 0 for op in operands}, *names])
   if unknown := [k for k in names if k not in info.param_by_name]:
     raise _positional.binding_error(
         info, f"autotuning config ({config.label}) sets {unknown}, which are"
@@ -44,13 +44,12 @@ def _check_complete(info, positional_names, config, operands, n_args):
   if twice := [name for name, count in seen.items() if count > 1]:
     raise _positional.binding_error(
         info, f"{twice} are bound twice (config: {config.label}).")
-  missing = [p.name for p in info.params
-             if p.name not in seen and not p.has_default]
-  _positional.check_bound(info, missing, operands, n_args, names)
+  _positional.check_bound(info, operands, n_args, names)
 
 
-def _named_args(arrays, operands, out_shapes, constexprs):
-  """Every bound parameter by name, arrays as ``jax.ShapeDtypeStruct``s."""
+def _named_args(info, arrays, operands, out_shapes, constexprs):
+  """Every parameter by name, arrays as ``jax.ShapeDtypeStruct``s; as in
+  Triton's launcher, heuristics and the grid see defaults too."""
   leaves: dict[str, list] = {}
   for op in operands:
     if op.kind == "array":
@@ -63,7 +62,8 @@ def _named_args(arrays, operands, out_shapes, constexprs):
     leaves.setdefault(op.name, []).append((op.path, value))
   named = {name: _pytree_args.nest(items) for name, items in leaves.items()}
   named.update(constexprs)
-  return named
+  return {**{p.name: p.default for p in info.params
+             if p.has_default and p.name not in named}, **named}
 
 
 def _launches(info, grid, options, constexprs, named, operands, aliases,
@@ -72,24 +72,22 @@ def _launches(info, grid, options, constexprs, named, operands, aliases,
   configs = _kernel.expand_configs(
       info, constexprs, named, options.num_warps, options.num_stages,
       options.num_ctas)
-  runtime_names = list(dict.fromkeys(op.name for op in operands))
   reset = _outputs.reset_to_zero(info, operands, aliases)
   launches = []
   for config in configs:
-    _check_complete(info, runtime_names, config, operands, n_args)
+    _check_complete(info, config, operands, n_args)
     # A launch states every constexpr, defaults too (checked unbound above),
     # so that the grid, zeroed_outputs and the compiler see the same values.
-    bound = dict(config.kwargs)
-    config = dataclasses.replace(config, kwargs=config.kwargs + tuple(
-        (p.name, p.default) for p in info.params
-        if p.is_constexpr and p.has_default and p.name not in bound))
-    where = f" (config: {config.label})" if info.layers else ""
     kwargs = dict(config.kwargs)
-    hooked, hook_zeroed = _pre_hooks.run(info, config, {**named, **kwargs},
-                                         operands, aliases)
+    kwargs.update((p.name, p.default) for p in info.params
+                  if p.is_constexpr and p.has_default and p.name not in kwargs)
+    config = dataclasses.replace(config, kwargs=tuple(kwargs.items()))
+    where = f" (config: {config.label})" if info.layers else ""
+    hooked, hook_zeroed = _pre_hooks.run(info, config, all_named := {
+        **named, **kwargs}, operands, aliases)
     launches.append(_kernel.Launch(
         config=config,
-        grid=evaluate_grid(grid, {**named, **kwargs}, where),
+        grid=evaluate_grid(grid, all_named, where),
         zeroed_outputs=tuple(sorted({*reset, *hook_zeroed, *_outputs.zeroed(
             options.zeroed_outputs, kwargs, n_outputs, where)})),
         operands=hooked))
@@ -151,10 +149,7 @@ def bind_call(args, kernel, out_shape, grid, options: _options.CallOptions,
       aliases)
   constexprs.update(metaparams)
   arrays = _pytree_args.array_leaves(args)
-  named = _named_args(arrays, operands, out_shapes, constexprs)
-  # As in Triton's launcher, heuristics and the grid see defaults too.
-  named = {**{p.name: p.default for p in info.params
-              if p.has_default and p.name not in named}, **named}
+  named = _named_args(info, arrays, operands, out_shapes, constexprs)
   launches = _launches(info, grid, options, constexprs, named, operands,
                        aliases, len(args), len(out_shapes))
   refs = options.ref_inputs

@@ -308,12 +308,10 @@ def _bind_04(info, args, kinds, out_shapes, metaparams, aliases):
 def _checked(info, args, operands, constexprs, out_shapes, metaparams,
              aliases):
   """``bind``'s result for one reading, checked; ``aliases`` count arrays."""
-  bound = [op.name for op in operands] + list(constexprs)
-  _positional.check_metaparams(info, metaparams, bound)
-  bound = {*bound, *metaparams}
-  missing = [p.name for p in info.params if not p.is_constexpr
-             and not p.has_default and p.name not in bound]
-  _positional.check_bound(info, missing, operands, len(args), metaparams)
+  _positional.check_metaparams(
+      info, metaparams, [op.name for op in operands] + list(constexprs))
+  _positional.check_bound(info, operands, len(args),
+                          [*constexprs, *metaparams], constexprs=False)
   return operands, constexprs, _check_aliases(
       aliases, _pytree_args.array_leaves(args), out_shapes)
 

@@ -173,10 +173,15 @@ def check_metaparams(info, metaparams, positional_names):
           " Triton dtypes.") from None
 
 
-def check_bound(info, missing, operands, n_args, names) -> None:
-  """Raises for the ``missing`` parameters, showing what binds the others:
-  a forgotten argument usually shifts an output onto the next parameter."""
-  if not missing:
+def check_bound(info, operands, n_args, names, constexprs=True) -> None:
+  """Raises for the parameters without a default (``constexprs``: constexpr
+  ones too) that neither ``operands`` nor ``names`` bind, showing what binds
+  the others: a forgotten argument usually shifts an output onto the next
+  parameter."""
+  bound = {*names, *(op.name for op in operands)}
+  if not (missing := [p.name for p in info.params if not p.has_default
+                      and (constexprs or not p.is_constexpr)
+                      and p.name not in bound]):
     return
   outputs = {op.name: op.index for op in operands if op.kind == "output"}
   parts = []

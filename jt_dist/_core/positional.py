@@ -88,35 +88,25 @@ def bind_positional(info, args, kinds, n_outputs, warn=True):
             info, f"args[{i}] is {what} but binds {param.name!r}, a"
             f" tl.constexpr parameter, which takes {takes}.")
       constexprs[param.name] = args[i]
-    elif kind in ("tuple", "array"):
-      leaves = payload if kind == "tuple" else [((), kind, payload)]
-      operands.extend(_leaf_operands(param, args[i], leaves))
     else:
-      scalar_type = _scalar_type(info, i, param, payload, warn)
-      operands.append(_kernel.Operand(
-          param.name, "scalar", -1,
-          _types.python_scalar(payload, scalar_type), scalar_type))
+      leaves = payload if kind == "tuple" else [((), kind, payload)]
+      values = dict(_pytree_args.leaves_with_paths(args[i]))
+      for path, leaf_kind, value in leaves:
+        if leaf_kind == "array":
+          operands.append(_kernel.Operand(
+              param.name, "array", value, None,
+              _types.pointer_type(values[path].dtype), path))
+          continue
+        # A tuple's scalars are typed by their values alone.
+        scalar_type = (_types.scalar_type(value) if path
+                       else _scalar_type(info, i, param, value, warn))
+        operands.append(_kernel.Operand(
+            param.name, "scalar", -1,
+            _types.python_scalar(value, scalar_type), scalar_type, path))
   return operands, constexprs
 
 
-def _leaf_operands(param, arg, leaves):
-  """One operand per leaf of ``arg`` (a tuple, or an array) for ``param``."""
-  values = dict(_pytree_args.leaves_with_paths(arg))
-  operands = []
-  for path, kind, payload in leaves:
-    if kind == "array":
-      operands.append(_kernel.Operand(
-          param.name, "array", payload, None,
-          _types.pointer_type(values[path].dtype), path))
-    else:
-      scalar_type = _types.scalar_type(payload)
-      operands.append(_kernel.Operand(
-          param.name, "scalar", -1,
-          _types.python_scalar(payload, scalar_type), scalar_type, path))
-  return operands
-
-
-def _scalar_type(info, i, param, value, warn=True) -> str:
+def _scalar_type(info, i, param, value, warn) -> str:
   """``value``'s type for ``param``: its annotation's, else the value's.
   A value must fit the type its parameter declares (``n: tl.int32``)."""
   if (bounds := _types.INT_RANGES.get(param.annotation)) is not None:

@@ -16,8 +16,8 @@ import numpy as np
 from jt_dist import _compat
 from jt_dist import _errors
 from jt_dist import _settings
+from jt_dist._core import arguments as _arguments
 from jt_dist._core import kernel as _kernel
-from jt_dist._core import operands as _operands
 from jt_dist._core import outputs as _outputs
 from jt_dist._core import runtime_scalar as _runtime_scalar
 from jt_dist._core import shard_size as _shard_size
@@ -397,7 +397,7 @@ def make(kernel, out_shape, grid, kwargs: dict, statics,
   device = kwargs.pop("device", None)
   out_shape = _outputs.without_arrays(out_shape)
   options, metaparams = _local_call.options_from_keywords(kwargs)
-  metaparams.update(_operands.launch_option_params(kernel, kwargs))
+  metaparams.update(_arguments.launch_option_params(kernel, kwargs))
   return KernelCall(kernel, out_shape, grid, options, metaparams, statics,
                     device, runtime_scalars)
 

@@ -16,9 +16,9 @@ from jax.sharding import SingleDeviceSharding
 from jt_dist._call import api as _api
 from jt_dist._call import kernel_call as _kernel_call
 from jt_dist._call import memo as _memo
+from jt_dist._core import arguments as _arguments
 from jt_dist._core import exact as _exact
 from jt_dist._core import host_faults as _host_faults
-from jt_dist._core import operands as _operands
 from jt_dist._core import shard_size as _shard_size
 from jt_dist._core import tensordesc as _tensordesc
 from jt_dist._sharding import mesh_call as _mesh_call
@@ -283,7 +283,7 @@ def _first_call(args, kernel, out_shape, grid, out_type, specs, kwargs,
     out_shape = _kernel_call.resolve_out_shape(out_shape, out_type)
   _refuse_descriptors(args, kwargs, out_shape)
   # Keyword operands become positional, so in_specs and rules see them.
-  merged_kernel, merged, merged_kwargs = _operands.merge_keywords(
+  merged_kernel, merged, merged_kwargs = _arguments.merge_keywords(
       kernel, args, kwargs)
   if _refs.has_refs(merged):
     return _with_refs(merged, merged_kernel, out_shape, grid, *specs,

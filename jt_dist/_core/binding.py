@@ -16,10 +16,10 @@ import jax
 import numpy as np
 
 from jt_dist import _errors
+from jt_dist._core import arguments as _arguments
 from jt_dist._core import kernel as _kernel
 from jt_dist._core import options as _options
 from jt_dist._core import outputs as _outputs
-from jt_dist._core import positional as _positional
 from jt_dist._core import pre_hooks as _pre_hooks
 from jt_dist._core import pytree_args as _pytree_args
 from jt_dist._core import types as _types
@@ -38,13 +38,13 @@ def _check_complete(info, config, operands, n_args):
   names = [k for k, _ in config.kwargs]
   seen = collections.Counter([*{op.name: 0 for op in operands}, *names])
   if unknown := [k for k in names if k not in info.param_by_name]:
-    raise _positional.binding_error(
+    raise _arguments.binding_error(
         info, f"autotuning config ({config.label}) sets {unknown}, which are"
         " not parameters of the kernel.")
   if twice := [name for name, count in seen.items() if count > 1]:
-    raise _positional.binding_error(
+    raise _arguments.binding_error(
         info, f"{twice} are bound twice (config: {config.label}).")
-  _positional.check_bound(info, operands, n_args, names)
+  _arguments.check_bound(info, operands, n_args, names)
 
 
 def _named_args(info, arrays, operands, out_shapes, constexprs):
@@ -141,7 +141,7 @@ def bind_call(args, kernel, out_shape, grid, options: _options.CallOptions,
   info = _kernel.kernel_info(kernel)
   out_shapes, out_tree, out_descriptors = _outputs.flatten(
       out_shape, allow_empty=bool(options.ref_inputs))
-  kinds = _positional.classify_args(args)
+  kinds = _arguments.classify_args(args)
   operands, constexprs, aliases = _outputs.bind(
       info, args, kinds, out_shapes, metaparams, options.input_output_aliases)
   operands = _outputs.typed_descriptors(

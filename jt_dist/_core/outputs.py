@@ -22,8 +22,8 @@ import numpy as np
 
 from jt_dist import _compat
 from jt_dist import _errors
+from jt_dist._core import arguments as _arguments
 from jt_dist._core import kernel as _kernel
-from jt_dist._core import positional as _positional
 from jt_dist._core import pytree_args as _pytree_args
 from jt_dist._core import tensordesc as _tensordesc
 from jt_dist._core import types as _types
@@ -83,7 +83,7 @@ def typed_descriptors(info, operands, kinds, arg_descriptors,
     k = unbound[0]
     where = out_descriptors[k][0]
     source = next((i for i, o in aliases if o == k), None)
-    raise _positional.binding_error(
+    raise _arguments.binding_error(
         info, f"out_shape declares output {k} ({where}) as a"
         f" TensorDescriptor, but output {k} binds no parameter: it is aliased"
         f" to array argument {source} (input_output_aliases), whose buffer it"
@@ -262,7 +262,7 @@ def _warn_ambiguous(info, old, new, aliases) -> None:
 
 
 def _bind_031(info, args, kinds, out_shapes, metaparams, aliases):
-  operands, constexprs = _positional.bind_positional(
+  operands, constexprs = _arguments.bind_positional(
       info, args, kinds, len(out_shapes))
   # Output k binds the k-th parameter after the args that no keyword binds
   # (a constexpr given by name may sit between two outputs).
@@ -270,11 +270,11 @@ def _bind_031(info, args, kinds, out_shapes, metaparams, aliases):
   for k in range(len(out_shapes)):
     param = free[k] if k < len(free) else info.params[len(args) + k]
     if param.is_constexpr:
-      raise _positional.binding_error(
+      raise _arguments.binding_error(
           info, f"output {k} binds {param.name!r}, a tl.constexpr parameter."
           " Pass fewer outputs, or pass the inputs that come before it.")
     if param.name in metaparams:
-      raise _positional.binding_error(
+      raise _arguments.binding_error(
           info, f"output {k} binds {param.name!r}, which metaparam"
           f" {param.name}= binds too. Pass fewer outputs, or drop the"
           " metaparam.")
@@ -285,7 +285,7 @@ def _bind_031(info, args, kinds, out_shapes, metaparams, aliases):
 
 def _bind_04(info, args, kinds, out_shapes, metaparams, aliases):
   # The 0.3.1 reading has warned of deprecated scalars already.
-  operands, constexprs = _positional.bind_positional(info, args, kinds, 0,
+  operands, constexprs = _arguments.bind_positional(info, args, kinds, 0,
                                                   warn=False)
   pairs = _translate(operands, aliases or {}, len(out_shapes))
   aliased = {o for _, o in pairs}
@@ -294,7 +294,7 @@ def _bind_04(info, args, kinds, out_shapes, metaparams, aliases):
           if not p.is_constexpr and p.name not in bound]
   unaliased = [k for k in range(len(out_shapes)) if k not in aliased]
   if len(unaliased) > len(free):
-    raise _positional.binding_error(
+    raise _arguments.binding_error(
         info,
         f"{len(unaliased)} outputs not aliased to an input bind parameters"
         f" no argument binds, but only {len(free)} are left:"
@@ -308,9 +308,9 @@ def _bind_04(info, args, kinds, out_shapes, metaparams, aliases):
 def _checked(info, args, operands, constexprs, out_shapes, metaparams,
              aliases):
   """``bind``'s result for one reading, checked; ``aliases`` count arrays."""
-  _positional.check_metaparams(
+  _arguments.check_metaparams(
       info, metaparams, [op.name for op in operands] + list(constexprs))
-  _positional.check_bound(info, operands, len(args),
+  _arguments.check_bound(info, operands, len(args),
                           [*constexprs, *metaparams], constexprs=False)
   return operands, constexprs, _check_aliases(
       aliases, _pytree_args.array_leaves(args), out_shapes)

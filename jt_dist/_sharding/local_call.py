@@ -12,8 +12,8 @@ from typing import Any
 import jax
 
 from jt_dist import _errors
+from jt_dist._core import arguments as _arguments
 from jt_dist._core import binding as _binding
-from jt_dist._core import operands as _operands
 from jt_dist._core import options as _options
 from jt_dist._core import outputs as _outputs
 from jt_dist._core import primitive as _primitive
@@ -32,7 +32,7 @@ def call(args, kernel, out_shape, grid, options: _options.CallOptions,
   """Runs one ``triton_call`` on ``args``, tracers or concrete arrays;
   ``layout``: a rule's layout found before tracing (tracers show only
   explicit mesh axes)."""
-  kernel, args, metaparams = _operands.merge_keywords(kernel, args,
+  kernel, args, metaparams = _arguments.merge_keywords(kernel, args,
                                                      metaparams)
   args, descriptors = _tensordesc.split(args)
   if descriptors and options.sharding_rule is not None:
@@ -81,7 +81,7 @@ def options_from_keywords(kwargs: dict):
 def check_binding(args, kernel, out_shape, grid, options, metaparams):
   """Binds without launching, to explain operands jax.jit refused: returns
   ``bind_call``'s ``(array_args, spec, out_tree)``."""
-  kernel, args, metaparams = _operands.merge_keywords(kernel, args,
+  kernel, args, metaparams = _arguments.merge_keywords(kernel, args,
                                                      metaparams)
   args, descriptors = _tensordesc.split(args)
   kernel, args, metaparams = _resolved(kernel, args, metaparams)
@@ -93,7 +93,7 @@ def _resolved(kernel, args, metaparams):
   """``shard_size``s and runtime scalars resolved, NumPy made canonical."""
   args, metaparams = _shard_size.resolve(args, metaparams)
   kernel, args = _runtime_scalar.bind(kernel, args, metaparams)
-  return kernel, _operands.canonical_numpy(args), metaparams
+  return kernel, _arguments.canonical_numpy(args), metaparams
 
 
 def single_device(args, kernel, out_shape, grid, options, metaparams,

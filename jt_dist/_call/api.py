@@ -15,7 +15,7 @@ from jt_dist._call import kernel_call as _kernel_call
 from jt_dist._call import memo as _memo
 from jt_dist._core import arguments as _arguments
 from jt_dist._core import exact as _exact
-from jt_dist._core import runtime_scalar as _runtime_scalar
+from jt_dist._core import placeholders as _placeholders
 from jt_dist._core import tensordesc as _tensordesc
 from jt_dist._sharding import refs as _refs
 
@@ -28,7 +28,7 @@ _BY_VALUE = object()
 # Argument types passed at call time; grows by the classes of concrete
 # jax.Arrays (jaxlib's ArrayImpl) as they are met.
 _OPERAND_TYPES = {np.ndarray, _tensordesc.TensorDescriptor,
-                  _runtime_scalar.RuntimeScalar}
+                  _placeholders.RuntimeScalar}
 
 
 class _FirstValues:

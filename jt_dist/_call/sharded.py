@@ -19,7 +19,7 @@ from jt_dist._call import memo as _memo
 from jt_dist._core import arguments as _arguments
 from jt_dist._core import exact as _exact
 from jt_dist._core import host_faults as _host_faults
-from jt_dist._core import shard_size as _shard_size
+from jt_dist._core import placeholders as _placeholders
 from jt_dist._core import tensordesc as _tensordesc
 from jt_dist._sharding import mesh_call as _mesh_call
 from jt_dist._sharding import refs as _refs
@@ -29,7 +29,7 @@ _SHAPE_DTYPE = jax.ShapeDtypeStruct
 # The classes of concrete jax.Arrays (jaxlib's ArrayImpl), as they are met.
 _ARRAYS: set[type] = set()
 # What a plain key files by value (a float is not: 0.0 == -0.0).
-_BY_VALUE = frozenset((int, bool, _shard_size.ShardSize))
+_BY_VALUE = frozenset((int, bool, _placeholders.ShardSize))
 
 
 class ShardedKernelCall:

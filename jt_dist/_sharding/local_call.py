@@ -16,15 +16,14 @@ from jt_dist._core import arguments as _arguments
 from jt_dist._core import binding as _binding
 from jt_dist._core import options as _options
 from jt_dist._core import outputs as _outputs
+from jt_dist._core import placeholders as _placeholders
 from jt_dist._core import primitive as _primitive
 from jt_dist._core import pytree_args as _pytree_args
-from jt_dist._core import runtime_scalar as _runtime_scalar
 from jt_dist._core import tensordesc as _tensordesc
 from jt_dist._sharding import partition as _partition
 from jt_dist._sharding import placement as _placement
 from jt_dist._sharding import refs as _refs
 from jt_dist._sharding import rule as _rule
-from jt_dist._core import shard_size as _shard_size
 
 
 def call(args, kernel, out_shape, grid, options: _options.CallOptions,
@@ -91,8 +90,8 @@ def check_binding(args, kernel, out_shape, grid, options, metaparams):
 
 def _resolved(kernel, args, metaparams):
   """``shard_size``s and runtime scalars resolved, NumPy made canonical."""
-  args, metaparams = _shard_size.resolve(args, metaparams)
-  kernel, args = _runtime_scalar.bind(kernel, args, metaparams)
+  args, metaparams = _placeholders.resolve_sizes(args, metaparams)
+  kernel, args = _placeholders.bind_runtime_scalars(kernel, args, metaparams)
   return kernel, _arguments.canonical_numpy(args), metaparams
 
 

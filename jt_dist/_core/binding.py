@@ -50,16 +50,12 @@ def _check_complete(info, config, operands, n_args):
 def _named_args(info, arrays, operands, out_shapes, constexprs):
   """Every parameter by name, arrays as ``jax.ShapeDtypeStruct``s; as in
   Triton's launcher, heuristics and the grid see defaults too."""
+  shapes = {"array": [(a.shape, a.dtype) for a in arrays],
+            "output": out_shapes}
   leaves: dict[str, list] = {}
   for op in operands:
-    if op.kind == "array":
-      arg = arrays[op.index]
-      value = jax.ShapeDtypeStruct(arg.shape, arg.dtype)
-    elif op.kind == "output":
-      value = jax.ShapeDtypeStruct(*out_shapes[op.index])
-    else:
-      value = op.value
-    leaves.setdefault(op.name, []).append((op.path, value))
+    leaves.setdefault(op.name, []).append((op.path, jax.ShapeDtypeStruct(
+        *shapes[op.kind][op.index]) if op.kind in shapes else op.value))
   named = {name: _pytree_args.nest(items) for name, items in leaves.items()}
   named.update(constexprs)
   return {**{p.name: p.default for p in info.params

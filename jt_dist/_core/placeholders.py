@@ -1,10 +1,7 @@
-"""Placeholders for scalar arguments whose values the call site lacks.
-
-A ``shard_size`` stands for an array's size where the kernel runs (the
-shard's inside ``shard_map``); it is resolved before binding. A scalar given
-by value is part of the static spec, which a traced value cannot be; a
-``runtime_scalar`` travels as a 0-d array that a wrapper kernel loads and
-passes on to the parameter.
+"""Placeholders for scalar arguments: a ``shard_size`` is an array's size
+where the kernel runs, resolved before binding; a ``runtime_scalar`` is a
+value the static spec cannot hold (a traced one), passed as a 0-d array that
+a wrapper kernel loads and passes on to the parameter.
 """
 
 from __future__ import annotations

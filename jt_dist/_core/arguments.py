@@ -133,19 +133,21 @@ def classify_args(args: Sequence[Any]) -> list:
   kinds, arrays = [], itertools.count()
   for i, arg in enumerate(args):
     if _pytree_args.is_tuple(arg) and arg:
-      leaves = []
-      for path, leaf in _pytree_args.leaves_with_paths(arg):
-        _pytree_args.check_leaf(i, path, leaf)
-        leaves.append(
-            (path, *_classify(_pytree_args.where(i, path), leaf, arrays)))
-      kinds.append(("tuple", leaves))
+      kinds.append(("tuple", [
+          (path, *_classify(_pytree_args.where(i, path), leaf, arrays,
+                            in_tuple=True))
+          for path, leaf in _pytree_args.leaves_with_paths(arg)]))
     else:
       kinds.append(_classify(f"args[{i}]", arg, arrays))
   return kinds
 
 
-def _classify(where: str, arg: Any, arrays) -> tuple[str, Any]:
-  if arg is None:
+def _classify(where: str, arg: Any, arrays, in_tuple=False):
+  if in_tuple and _pytree_args.is_tuple(arg):  # An empty tuple: the only one.
+    raise TypeError(
+        f"triton_call: {where} is an empty tuple, which binds no"
+        " operand. Pass arrays and scalars, or nested tuples of them.")
+  if arg is None and not in_tuple:
     return "none", None
   if _types.is_scalar(arg):
     if _types.scalar_type(arg) is None:
@@ -158,6 +160,11 @@ def _classify(where: str, arg: Any, arrays) -> tuple[str, Any]:
     _types.refuse_symbolic(tuple(arg.shape), f"{where}'s shape")
     _types.pointer_dtype(arg.dtype, where, arg.shape)
     return "array", next(arrays)
+  if in_tuple:
+    raise TypeError(
+        f"triton_call: {where} = {arg!r} of type {type(arg).__name__} is"
+        " neither an array nor a bool/int/float scalar. A tuple operand holds"
+        " arrays, scalars and tuples of them.")
   _types.refuse_symbolic(arg, where)
   raise TypeError(
       f"triton_call: {where} = {arg!r} of type {type(arg).__name__} is"

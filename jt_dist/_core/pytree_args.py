@@ -50,19 +50,6 @@ def nest(items: Sequence[tuple[tuple[int, ...], Any]]) -> Any:
   return tuple(nest(groups[k]) for k in sorted(groups))
 
 
-def check_leaf(i: int, path: tuple[int, ...], leaf: Any) -> None:
-  """A tuple's leaf must be an array or a scalar; tuples must not be empty."""
-  if is_tuple(leaf):  # An empty tuple: the only tuple leaf.
-    raise TypeError(
-        f"triton_call: {where(i, path)} is an empty tuple, which binds no"
-        " operand. Pass arrays and scalars, or nested tuples of them.")
-  if not (_types.is_scalar(leaf) or _types.is_shape_dtype(leaf)):
-    raise TypeError(
-        f"triton_call: {where(i, path)} = {leaf!r} of type"
-        f" {type(leaf).__name__} is neither an array nor a bool/int/float"
-        " scalar. A tuple operand holds arrays, scalars and tuples of them.")
-
-
 @dataclasses.dataclass(frozen=True)
 class FlatArgs:
   """A call's positional arguments with tuple operands spread into leaves;

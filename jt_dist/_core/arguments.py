@@ -11,7 +11,6 @@ compiling.
 from __future__ import annotations
 
 import difflib
-import itertools
 import warnings
 from typing import Any, Sequence
 
@@ -126,11 +125,11 @@ def canonical_numpy(args: Sequence[Any]) -> list[Any]:
           for a in args]
 
 
-def classify_args(args: Sequence[Any]) -> list:
-  """Each arg's ``(kind, payload)``: an array's index among the arrays
-  (tuples' leaves counted in order), a scalar's value, or a tuple's
-  ``[(path, kind, payload) per leaf]``."""
-  kinds, arrays = [], itertools.count()
+def classify_args(args: Sequence[Any]) -> tuple[list, list]:
+  """``(kinds, arrays)``: each arg's ``(kind, payload)`` (an array's index
+  among the arrays, a scalar's value, or a tuple's ``[(path, kind, payload)
+  per leaf]``), and the array operands, tuples' leaves in order."""
+  kinds, arrays = [], []
   for i, arg in enumerate(args):
     if _pytree_args.is_tuple(arg) and arg:
       kinds.append(("tuple", [
@@ -139,14 +138,10 @@ def classify_args(args: Sequence[Any]) -> list:
           for path, leaf in _pytree_args.leaves_with_paths(arg)]))
     else:
       kinds.append(_classify(f"args[{i}]", arg, arrays))
-  return kinds
+  return kinds, arrays
 
 
 def _classify(where: str, arg: Any, arrays, in_tuple=False):
-  if in_tuple and _pytree_args.is_tuple(arg):  # An empty tuple: the only one.
-    raise TypeError(
-        f"triton_call: {where} is an empty tuple, which binds no"
-        " operand. Pass arrays and scalars, or nested tuples of them.")
   if arg is None and not in_tuple:
     return "none", None
   if _types.is_scalar(arg):
@@ -159,7 +154,8 @@ def _classify(where: str, arg: Any, arrays, in_tuple=False):
   if _types.is_shape_dtype(arg):
     _types.refuse_symbolic(tuple(arg.shape), f"{where}'s shape")
     _types.pointer_dtype(arg.dtype, where, arg.shape)
-    return "array", next(arrays)
+    arrays.append(arg)
+    return "array", len(arrays) - 1
   if in_tuple:
     raise TypeError(
         f"triton_call: {where} = {arg!r} of type {type(arg).__name__} is"
@@ -180,7 +176,7 @@ def binding_error(info, message: str) -> _errors.KernelBindingError:
       " output in out_shape, then by name from the metaparams.")
 
 
-def bind_positional(info, args, kinds, n_outputs, warn=True):
+def bind_positional(info, args, kinds, arrays, n_outputs, warn=True):
   """``(operands, constexprs)`` the args bind; ``n_outputs`` follow them."""
   params = info.params
   if len(args) + n_outputs > len(params):
@@ -204,12 +200,11 @@ def bind_positional(info, args, kinds, n_outputs, warn=True):
       constexprs[param.name] = args[i]
     else:
       leaves = payload if kind == "tuple" else [((), kind, payload)]
-      values = dict(_pytree_args.leaves_with_paths(args[i]))
       for path, leaf_kind, value in leaves:
         if leaf_kind == "array":
           operands.append(_kernel.Operand(
               param.name, "array", value, None,
-              _types.pointer_type(values[path].dtype), path))
+              _types.pointer_type(arrays[value].dtype), path))
           continue
         # A tuple's scalars are typed by their values alone.
         scalar_type = (_types.scalar_type(value) if path

@@ -137,14 +137,14 @@ def bind_call(args, kernel, out_shape, grid, options: _options.CallOptions,
   info = _kernel.kernel_info(kernel)
   out_shapes, out_tree, out_descriptors = _outputs.flatten(
       out_shape, allow_empty=bool(options.ref_inputs))
-  kinds = _arguments.classify_args(args)
+  kinds, arrays = _arguments.classify_args(args)
   operands, constexprs, aliases = _outputs.bind(
-      info, args, kinds, out_shapes, metaparams, options.input_output_aliases)
+      info, args, kinds, arrays, out_shapes, metaparams,
+      options.input_output_aliases)
   operands = _outputs.typed_descriptors(
       info, operands, kinds, options.tensor_descriptors, out_descriptors,
       aliases)
   constexprs.update(metaparams)
-  arrays = _pytree_args.array_leaves(args)
   named = _named_args(info, arrays, operands, out_shapes, constexprs)
   launches = _launches(info, grid, options, constexprs, named, operands,
                        aliases, len(args), len(out_shapes))

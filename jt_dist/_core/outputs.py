@@ -24,7 +24,6 @@ from jt_dist import _compat
 from jt_dist import _errors
 from jt_dist._core import arguments as _arguments
 from jt_dist._core import kernel as _kernel
-from jt_dist._core import pytree_args as _pytree_args
 from jt_dist._core import tensordesc as _tensordesc
 from jt_dist._core import types as _types
 
@@ -217,11 +216,11 @@ def _check_aliases(aliases, arrays, out_shapes):
   return tuple(sorted(result))
 
 
-def bind(info, args, kinds, out_shapes, metaparams, aliases):
+def bind(info, args, kinds, arrays, out_shapes, metaparams, aliases):
   """``(operands in parameter order, positional constexprs, aliases as
   (array index, output index) pairs)`` under the fitting convention."""
   try:
-    old = _bind_031(info, args, kinds, out_shapes, metaparams, aliases)
+    old = _bind_031(info, args, kinds, arrays, out_shapes, metaparams, aliases)
   except _ERRORS as e:
     old_error = e
   else:
@@ -229,7 +228,7 @@ def bind(info, args, kinds, out_shapes, metaparams, aliases):
       return old
     old_error = None
   try:
-    new = _bind_04(info, args, kinds, out_shapes, metaparams, aliases)
+    new = _bind_04(info, args, kinds, arrays, out_shapes, metaparams, aliases)
   except _ERRORS as e:
     if old_error is None:
       return old
@@ -261,9 +260,9 @@ def _warn_ambiguous(info, old, new, aliases) -> None:
       DeprecationWarning, stacklevel=6)
 
 
-def _bind_031(info, args, kinds, out_shapes, metaparams, aliases):
+def _bind_031(info, args, kinds, arrays, out_shapes, metaparams, aliases):
   operands, constexprs = _arguments.bind_positional(
-      info, args, kinds, len(out_shapes))
+      info, args, kinds, arrays, len(out_shapes))
   # Output k binds the k-th parameter after the args that no keyword binds
   # (a constexpr given by name may sit between two outputs).
   free = [p for p in info.params[len(args):] if p.name not in metaparams]
@@ -279,14 +278,14 @@ def _bind_031(info, args, kinds, out_shapes, metaparams, aliases):
           f" {param.name}= binds too. Pass fewer outputs, or drop the"
           " metaparam.")
     operands.append(_output(param.name, k, out_shapes))
-  return _checked(info, args, operands, constexprs, out_shapes, metaparams,
-                  aliases)
+  return _checked(info, len(args), arrays, operands, constexprs, out_shapes,
+                  metaparams, aliases)
 
 
-def _bind_04(info, args, kinds, out_shapes, metaparams, aliases):
+def _bind_04(info, args, kinds, arrays, out_shapes, metaparams, aliases):
   # The 0.3.1 reading has warned of deprecated scalars already.
-  operands, constexprs = _arguments.bind_positional(info, args, kinds, 0,
-                                                  warn=False)
+  operands, constexprs = _arguments.bind_positional(info, args, kinds,
+                                                    arrays, 0, warn=False)
   pairs = _translate(operands, aliases or {}, len(out_shapes))
   aliased = {o for _, o in pairs}
   bound = {op.name for op in operands} | set(constexprs) | set(metaparams)
@@ -301,19 +300,19 @@ def _bind_04(info, args, kinds, out_shapes, metaparams, aliases):
         f" {[p.name for p in free]}.")
   operands += [_output(p.name, k, out_shapes) for k, p in zip(unaliased, free)]
   operands.sort(key=lambda op: info.param_names.index(op.name))
-  return _checked(info, args, operands, constexprs, out_shapes, metaparams,
-                  dict(pairs))
+  return _checked(info, len(args), arrays, operands, constexprs, out_shapes,
+                  metaparams, dict(pairs))
 
 
-def _checked(info, args, operands, constexprs, out_shapes, metaparams,
-             aliases):
+def _checked(info, n_args, arrays, operands, constexprs, out_shapes,
+             metaparams, aliases):
   """``bind``'s result for one reading, checked; ``aliases`` count arrays."""
   _arguments.check_metaparams(
       info, metaparams, [op.name for op in operands] + list(constexprs))
-  _arguments.check_bound(info, operands, len(args),
+  _arguments.check_bound(info, operands, n_args,
                           [*constexprs, *metaparams], constexprs=False)
   return operands, constexprs, _check_aliases(
-      aliases, _pytree_args.array_leaves(args), out_shapes)
+      aliases, arrays, out_shapes)
 
 
 def _translate(operands, aliases, n_outputs):

@@ -10,8 +10,6 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Sequence
 
-from jt_dist._core import types as _types
-
 
 def is_tuple(arg: Any) -> bool:
   return type(arg) is tuple  # pylint: disable=unidiomatic-typecheck
@@ -23,12 +21,6 @@ def leaves_with_paths(arg: Any, path: tuple[int, ...] = ()):
     return [(path, arg)]
   return [leaf for k, item in enumerate(arg)
           for leaf in leaves_with_paths(item, path + (k,))]
-
-
-def array_leaves(args: Sequence[Any]) -> list[Any]:
-  """The array operands in flattened order, tuples' leaves included."""
-  return [leaf for arg in args for _, leaf in leaves_with_paths(arg)
-          if leaf is not None and not _types.is_scalar(leaf)]
 
 
 def label(name: str, path: tuple[int, ...]) -> str:

@@ -66,8 +66,7 @@ def merge_keywords(kernel: Any, args: Sequence[Any],
   if not names:
     return kernel, args, metaparams
   for name in names:
-    position = info.param_names.index(name)
-    if position < len(args):
+    if (position := info.param_names.index(name)) < len(args):
       raise _errors.KernelBindingError(
           f"triton_call: kernel {info.name!r}({', '.join(info.param_names)}):"
           f" metaparam {name}={_short(metaparams[name])} binds {name!r} (as a"
@@ -93,11 +92,9 @@ def _walk(info, args, metaparams, names):
   for param in info.params[len(args):]:
     if not left:
       break
-    if param.name in left:
+    if param.name in left or (param.is_constexpr and param.name in rest):
       args.append(rest.pop(param.name))
       left.discard(param.name)
-    elif param.is_constexpr and param.name in rest:
-      args.append(rest.pop(param.name))
     elif (param.is_constexpr and param.has_default
           and not _set_by_layers(info, param.name)):
       args.append(param.default)
@@ -118,8 +115,7 @@ def canonical_numpy(args: Sequence[Any]) -> list[Any]:
   def canonical(a):
     if type(a) is not np.ndarray:  # pylint: disable=unidiomatic-typecheck
       return a
-    dtype = jax.dtypes.canonicalize_dtype(a.dtype)
-    return a if dtype == a.dtype else a.astype(dtype)
+    return a.astype(jax.dtypes.canonicalize_dtype(a.dtype), copy=False)
 
   return [jax.tree.map(canonical, a) if isinstance(a, tuple) else canonical(a)
           for a in args]
@@ -179,8 +175,7 @@ def binding_error(info, message: str) -> _errors.KernelBindingError:
 def bind_positional(info, args, kinds, arrays, n_outputs, warn=True):
   """``(operands, constexprs)`` the args bind; ``n_outputs`` follow them."""
   params = info.params
-  if len(args) + n_outputs > len(params):
-    extra = len(args) + n_outputs - len(params)
+  if (extra := len(args) + n_outputs - len(params)) > 0:
     raise binding_error(
         info,
         f"{len(args)} positional arguments and {n_outputs} outputs bind"

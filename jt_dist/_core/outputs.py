@@ -79,8 +79,7 @@ def typed_descriptors(info, operands, kinds, arg_descriptors,
                 for k, (where, desc) in out_descriptors.items()})
   bound = {op.index for op in operands if op.kind == "output"}
   if unbound := [k for k in out_descriptors if k not in bound]:
-    k = unbound[0]
-    where = out_descriptors[k][0]
+    k, where = unbound[0], out_descriptors[unbound[0]][0]
     source = next((i for i, o in aliases if o == k), None)
     raise _arguments.binding_error(
         info, f"out_shape declares output {k} ({where}) as a"
@@ -170,8 +169,7 @@ def reset_to_zero(info, operands, aliases) -> tuple[int, ...]:
   aliased = dict(aliases)
   outputs = []
   for name in names:
-    op = by_name.get(name)
-    if op is not None and op.kind == "output":
+    if (op := by_name.get(name)) is not None and op.kind == "output":
       outputs.append(op.index)
     elif op is not None and op.kind == "array" and op.index in aliased:
       outputs.append(aliased[op.index])
@@ -309,10 +307,9 @@ def _checked(info, n_args, arrays, operands, constexprs, out_shapes,
   """``bind``'s result for one reading, checked; ``aliases`` count arrays."""
   _arguments.check_metaparams(
       info, metaparams, [op.name for op in operands] + list(constexprs))
-  _arguments.check_bound(info, operands, n_args,
-                          [*constexprs, *metaparams], constexprs=False)
-  return operands, constexprs, _check_aliases(
-      aliases, arrays, out_shapes)
+  _arguments.check_bound(info, operands, n_args, [*constexprs, *metaparams],
+                         constexprs=False)
+  return operands, constexprs, _check_aliases(aliases, arrays, out_shapes)
 
 
 def _translate(operands, aliases, n_outputs):

@@ -7,7 +7,6 @@ surface at the caller's line.
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 import numbers
 from typing import Any, Mapping
@@ -36,12 +35,12 @@ MAX_GRID = (2**31 - 1, 65535, 65535)
 def _check_complete(info, config, operands, n_args):
   """The config and the operands bind every parameter without a default once."""
   names = [k for k, _ in config.kwargs]
-  seen = collections.Counter([*{op.name: 0 for op in operands}, *names])
   if unknown := [k for k in names if k not in info.param_by_name]:
     raise _arguments.binding_error(
         info, f"autotuning config ({config.label}) sets {unknown}, which are"
         " not parameters of the kernel.")
-  if twice := [name for name, count in seen.items() if count > 1]:
+  if twice := [name for name in dict.fromkeys(op.name for op in operands)
+               if name in names]:
     raise _arguments.binding_error(
         info, f"{twice} are bound twice (config: {config.label}).")
   _arguments.check_bound(info, operands, n_args, names)

@@ -1,10 +1,9 @@
-"""A call's arguments: keyword operands made positional, what each argument
-is, and which parameter it binds.
+"""A call's arguments: what each is, and which parameter it binds.
 
 A keyword naming a non-``constexpr`` parameter is an operand (jax-triton
-0.4's convention); it is moved into the positional arguments before anything
-else sees the call. ``None`` binds any parameter as a compile-time ``None``,
-as in Triton's launcher, so that ``if bias_ptr is not None:`` is decided when
+0.4's convention), moved among the positional arguments before anything else
+sees the call. ``None`` binds any parameter as a compile-time ``None``, as in
+Triton's launcher, so that ``if bias_ptr is not None:`` is decided when
 compiling.
 """
 
@@ -268,10 +267,9 @@ def check_metaparams(info, metaparams, positional_names):
 
 
 def check_bound(info, operands, n_args, names, constexprs=True) -> None:
-  """Raises for the parameters without a default (``constexprs``: constexpr
-  ones too) that neither ``operands`` nor ``names`` bind, showing what binds
-  the others: a forgotten argument usually shifts an output onto the next
-  parameter."""
+  """Raises for parameters without a default (``constexprs``: constexpr ones
+  too) that neither ``operands`` nor ``names`` bind, showing what binds the
+  others: a forgotten argument usually shifts an output onto the next one."""
   bound = {*names, *(op.name for op in operands)}
   if not (missing := [p.name for p in info.params if not p.has_default
                       and (constexprs or not p.is_constexpr)

@@ -70,10 +70,9 @@ def flatten(out_shape: Any, allow_empty: bool = False):
 def typed_descriptors(info, operands, kinds, arg_descriptors,
                       out_descriptors, aliases):
   """``operands`` with each descriptor's array typed ``tensordesc<...>``, its
-  ``Info`` as value: an argument's (``(position, Info)`` pairs; the array is
-  the buffer passed), an output's (``flatten``'s). An output descriptor no
-  parameter takes (under 0.4's convention an aliased output binds none) is
-  refused, as it would be lost."""
+  ``Info`` as value (an argument's, by position; an output's, ``flatten``'s).
+  An output's that no parameter takes (under 0.4's convention an aliased
+  output binds none) is refused, as it would be lost."""
   found = {("array", kinds[i][1]): desc for i, desc in arg_descriptors}
   found.update({("output", k): _tensordesc.info(desc, where)
                 for k, (where, desc) in out_descriptors.items()})

@@ -1,6 +1,8 @@
 """A call's arguments: what each is, and which parameter it binds.
 
-A keyword naming a non-``constexpr`` parameter is an operand (jax-triton
+A tuple argument binds a tuple parameter, each leaf one operand named by its
+parameter and path (``yz[1]``); arrays are numbered in flattened order with
+the others, as ``input_output_aliases`` keys count them. A keyword naming a non-``constexpr`` parameter is an operand (jax-triton
 0.4's convention), moved among the positional arguments before anything else
 sees the call. ``None`` binds any parameter as a compile-time ``None``, as in
 Triton's launcher, so that ``if bias_ptr is not None:`` is decided when
@@ -9,6 +11,7 @@ compiling.
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import warnings
 from typing import Any, Sequence
@@ -19,7 +22,6 @@ import numpy as np
 from jt_dist import _errors
 from jt_dist._core import kernel as _kernel
 from jt_dist._core import options as _options
-from jt_dist._core import pytree_args as _pytree_args
 from jt_dist._core import types as _types
 from jt_dist._core import wrapper as _wrapper
 
@@ -126,11 +128,11 @@ def classify_args(args: Sequence[Any]) -> tuple[list, list]:
   per leaf]``), and the array operands, tuples' leaves in order."""
   kinds, arrays = [], []
   for i, arg in enumerate(args):
-    if _pytree_args.is_tuple(arg) and arg:
+    if is_tuple(arg) and arg:
       kinds.append(("tuple", [
-          (path, *_classify(_pytree_args.where(i, path), leaf, arrays,
+          (path, *_classify(where(i, path), leaf, arrays,
                             in_tuple=True))
-          for path, leaf in _pytree_args.leaves_with_paths(arg)]))
+          for path, leaf in leaves_with_paths(arg)]))
     else:
       kinds.append(_classify(f"args[{i}]", arg, arrays))
   return kinds, arrays
@@ -286,3 +288,67 @@ def check_bound(info, operands, n_args, names, constexprs=True) -> None:
       parts.append(f"{param.name}=by name")
   raise binding_error(info, f"parameters {missing} are not bound by anything"
                       f" (bound: {', '.join(parts)}).")
+
+
+def is_tuple(arg: Any) -> bool:
+  return type(arg) is tuple  # pylint: disable=unidiomatic-typecheck
+
+
+def leaves_with_paths(arg: Any, path: tuple[int, ...] = ()):
+  """``(path, leaf)`` of each leaf of a nested tuple, in order."""
+  if not is_tuple(arg):
+    return [(path, arg)]
+  return [leaf for k, item in enumerate(arg)
+          for leaf in leaves_with_paths(item, path + (k,))]
+
+
+def where(i: int, path: tuple[int, ...]) -> str:
+  return _kernel.label(f"args[{i}]", path)
+
+
+def nest(items: Sequence[tuple[tuple[int, ...], Any]]) -> Any:
+  """The nested tuple whose leaves at ``path`` are ``value``."""
+  if len(items) == 1 and not items[0][0]:
+    return items[0][1]
+  groups: dict[int, list] = {}
+  for path, value in items:
+    groups.setdefault(path[0], []).append((path[1:], value))
+  return tuple(nest(groups[k]) for k in sorted(groups))
+
+
+@dataclasses.dataclass(frozen=True)
+class FlatArgs:
+  """A call's positional arguments with tuple operands spread into leaves;
+  another argument (or an empty tuple, refused later) is one leaf."""
+
+  leaves: tuple  # Every leaf, in order.
+  # Per leaf, ``(argument index, path in its tuple)``.
+  places: tuple[tuple[int, tuple[int, ...]], ...]
+  n_args: int  # The number of positional arguments.
+
+  @property
+  def names(self) -> list[str]:
+    """Each leaf as messages name it: ``args[1]``, ``args[1][0]``."""
+    return [where(i, path) for i, path in self.places]
+
+  def rebuild(self, leaves: Sequence[Any]) -> list[Any]:
+    """The positional arguments with ``leaves`` in the leaves' places."""
+    groups: list[list] = [[] for _ in range(self.n_args)]
+    for (i, path), leaf in zip(self.places, leaves):
+      groups[i].append((path, leaf))
+    return [nest(items) for items in groups]
+
+
+def flatten(args: Sequence[Any]) -> FlatArgs:
+  leaves, places = [], []
+  for i, arg in enumerate(args):
+    items = [((), arg)] if _has_empty(arg) else leaves_with_paths(arg)
+    for path, leaf in items:
+      leaves.append(leaf)
+      places.append((i, path))
+  return FlatArgs(tuple(leaves), tuple(places), len(args))
+
+
+def _has_empty(arg: Any) -> bool:
+  """Whether a (nested) tuple is or holds an empty tuple."""
+  return is_tuple(arg) and (not arg or any(_has_empty(a) for a in arg))

@@ -20,7 +20,6 @@ from jt_dist._core import kernel as _kernel
 from jt_dist._core import options as _options
 from jt_dist._core import outputs as _outputs
 from jt_dist._core import pre_hooks as _pre_hooks
-from jt_dist._core import pytree_args as _pytree_args
 from jt_dist._core import types as _types
 
 # The ``CallOptions`` fields a ``CallSpec`` carries as they are.
@@ -55,7 +54,7 @@ def _named_args(info, arrays, operands, out_shapes, constexprs):
   for op in operands:
     leaves.setdefault(op.name, []).append((op.path, jax.ShapeDtypeStruct(
         *shapes[op.kind][op.index]) if op.kind in shapes else op.value))
-  named = {name: _pytree_args.nest(items) for name, items in leaves.items()}
+  named = {name: _arguments.nest(items) for name, items in leaves.items()}
   named.update(constexprs)
   return {**{p.name: p.default for p in info.params
              if p.has_default and p.name not in named}, **named}

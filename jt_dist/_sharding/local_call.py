@@ -18,7 +18,6 @@ from jt_dist._core import options as _options
 from jt_dist._core import outputs as _outputs
 from jt_dist._core import placeholders as _placeholders
 from jt_dist._core import primitive as _primitive
-from jt_dist._core import pytree_args as _pytree_args
 from jt_dist._core import tensordesc as _tensordesc
 from jt_dist._sharding import partition as _partition
 from jt_dist._sharding import placement as _placement
@@ -152,9 +151,9 @@ def _all_outputs_empty(out_shape: Any) -> bool:
 def _place(arrays, args, spec, device):
   """Checks placement; moves uncommitted inputs to ``device``."""
   name = spec.info.name
-  if any(_pytree_args.is_tuple(a) for a in args):
+  if any(_arguments.is_tuple(a) for a in args):
     # Tuple operands: their leaves are checked like positional ones.
-    args = [leaf for a in args for _, leaf in _pytree_args.leaves_with_paths(a)]
+    args = [leaf for a in args for _, leaf in _arguments.leaves_with_paths(a)]
   if any(isinstance(a, jax.core.Tracer) for a in arrays):
     _placement.check_traced(args, name)
     return _placement.unify_varying_axes(arrays)

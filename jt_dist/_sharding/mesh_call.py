@@ -17,9 +17,9 @@ from jax.sharding import PartitionSpec as P
 
 from jt_dist import _compat
 from jt_dist import _errors
+from jt_dist._core import arguments as _arguments
 from jt_dist._core import outputs as _outputs
 from jt_dist._core import placeholders as _placeholders
-from jt_dist._core import pytree_args as _pytree_args
 from jt_dist._sharding import advice as _advice
 from jt_dist._sharding import local_call as _local_call
 from jt_dist._sharding import partition as _partition
@@ -125,7 +125,7 @@ def resolve(args, mesh, in_specs, out_shape, out_specs, out_reduce,
 
 def place(args, resolved: Resolved):
   """``args`` with each array leaf laid out by its spec on the mesh."""
-  flat = _pytree_args.flatten(args)
+  flat = _arguments.flatten(args)
   specs = iter(resolved.specs)
   return flat.rebuild([
       _specs.place(leaf, next(specs), resolved.mesh)

@@ -1,12 +1,12 @@
 """A call's arguments: what each is, and which parameter it binds.
 
 A tuple argument binds a tuple parameter, each leaf one operand named by its
-parameter and path (``yz[1]``); arrays are numbered in flattened order with
-the others, as ``input_output_aliases`` keys count them. A keyword naming a non-``constexpr`` parameter is an operand (jax-triton
-0.4's convention), moved among the positional arguments before anything else
-sees the call. ``None`` binds any parameter as a compile-time ``None``, as in
-Triton's launcher, so that ``if bias_ptr is not None:`` is decided when
-compiling.
+parameter and path (``yz[1]``); arrays are numbered in flattened order with the
+others, as ``input_output_aliases`` keys count them. A keyword naming a
+non-``constexpr`` parameter is an operand (jax-triton 0.4's convention), moved
+among the positional arguments before anything else sees the call. ``None``
+binds any parameter as a compile-time ``None``, as in Triton's launcher, so
+that ``if bias_ptr is not None:`` is decided when compiling.
 """
 
 from __future__ import annotations
@@ -40,8 +40,7 @@ def launch_option_params(kernel: Any, kwargs: dict[str, Any]) -> dict:
   Triton's launcher binds such a keyword to the parameter and also takes it
   as the option (tutorial 02's ``num_stages: tl.constexpr``).
   """
-  both = [name for name in _options.NAMED if name in kwargs]
-  if not both:
+  if not (both := [name for name in _options.NAMED if name in kwargs]):
     return {}
   try:
     params = _kernel.kernel_info(kernel).param_by_name
@@ -62,9 +61,8 @@ def merge_keywords(kernel: Any, args: Sequence[Any],
     info = _kernel.kernel_info(kernel)
   except TypeError:
     return kernel, args, metaparams  # bind_call reports what the kernel is.
-  names = [name for name in metaparams if name in info.param_by_name
-           and not info.param_by_name[name].is_constexpr]
-  if not names:
+  if not (names := [name for name in metaparams if name in info.param_by_name
+                    and not info.param_by_name[name].is_constexpr]):
     return kernel, args, metaparams
   for name in names:
     if (position := info.param_names.index(name)) < len(args):

@@ -283,12 +283,11 @@ def _bind_04(info, args, kinds, arrays, out_shapes, metaparams, aliases):
   # The 0.3.1 reading has warned of deprecated scalars already.
   operands, constexprs = _arguments.bind_positional(info, args, kinds,
                                                     arrays, 0, warn=False)
-  pairs = _translate(operands, aliases or {}, len(out_shapes))
-  aliased = {o for _, o in pairs}
+  pairs = dict(_translate(operands, aliases or {}, len(out_shapes)))
   bound = {op.name for op in operands} | set(constexprs) | set(metaparams)
   free = [p for p in info.params[len(args):]
           if not p.is_constexpr and p.name not in bound]
-  unaliased = [k for k in range(len(out_shapes)) if k not in aliased]
+  unaliased = [k for k in range(len(out_shapes)) if k not in pairs.values()]
   if len(unaliased) > len(free):
     raise _arguments.binding_error(
         info,
@@ -298,7 +297,7 @@ def _bind_04(info, args, kinds, arrays, out_shapes, metaparams, aliases):
   operands += [_output(p.name, k, out_shapes) for k, p in zip(unaliased, free)]
   operands.sort(key=lambda op: info.param_names.index(op.name))
   return _checked(info, len(args), arrays, operands, constexprs, out_shapes,
-                  metaparams, dict(pairs))
+                  metaparams, pairs)
 
 
 def _checked(info, n_args, arrays, operands, constexprs, out_shapes,

@@ -77,8 +77,8 @@ def _launches(info, grid, options, constexprs, named, operands, aliases,
                   if p.is_constexpr and p.has_default and p.name not in kwargs)
     config = dataclasses.replace(config, kwargs=tuple(kwargs.items()))
     where = f" (config: {config.label})" if info.layers else ""
-    hooked, hook_zeroed = _pre_hooks.run(info, config, all_named := {
-        **named, **kwargs}, operands, aliases)
+    hooked, hook_zeroed = _pre_hooks.run(
+        info, config, all_named := {**named, **kwargs}, operands, aliases)
     launches.append(_kernel.Launch(
         config=config,
         grid=evaluate_grid(grid, all_named, where),

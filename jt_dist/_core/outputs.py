@@ -129,7 +129,7 @@ def _checked_shape(shape: Any, where: str) -> tuple[int, ...]:
 
 def _output(name, k, out_shapes):
   return _kernel.Operand(name, "output", k, None,
-                            _types.pointer_type(out_shapes[k][1]))
+                         _types.pointer_type(out_shapes[k][1]))
 
 
 def zeroed(zeroed_outputs, kwargs, n_outputs, where):
@@ -216,14 +216,13 @@ def _check_aliases(aliases, arrays, out_shapes):
 def bind(info, args, kinds, arrays, out_shapes, metaparams, aliases):
   """``(operands in parameter order, positional constexprs, aliases as
   (array index, output index) pairs)`` under the fitting convention."""
+  old = old_error = None
   try:
     old = _bind_031(info, args, kinds, arrays, out_shapes, metaparams, aliases)
   except _ERRORS as e:
     old_error = e
-  else:
-    if not aliases:
-      return old
-    old_error = None
+  if old_error is None and not aliases:
+    return old
   try:
     new = _bind_04(info, args, kinds, arrays, out_shapes, metaparams, aliases)
   except _ERRORS as e:
@@ -283,7 +282,7 @@ def _bind_04(info, args, kinds, arrays, out_shapes, metaparams, aliases):
   # The 0.3.1 reading has warned of deprecated scalars already.
   operands, constexprs = _arguments.bind_positional(info, args, kinds,
                                                     arrays, 0, warn=False)
-  pairs = dict(_translate(operands, aliases or {}, len(out_shapes)))
+  pairs = _translate(operands, aliases or {}, len(out_shapes))
   bound = {op.name for op in operands} | set(constexprs) | set(metaparams)
   free = [p for p in info.params[len(args):]
           if not p.is_constexpr and p.name not in bound]
@@ -311,8 +310,9 @@ def _checked(info, n_args, arrays, operands, constexprs, out_shapes,
 
 
 def _translate(operands, aliases, n_outputs):
-  """0.4's alias keys (non-constexpr operands) as array argument indices."""
-  pairs = []
+  """0.4's alias keys (non-constexpr operands) as array argument indices:
+  ``{array index: output index}``."""
+  pairs = {}
   for key, out in dict(aliases).items():
     if not 0 <= key < len(operands):
       raise ValueError(
@@ -328,6 +328,6 @@ def _translate(operands, aliases, n_outputs):
           " (Under jax-triton 0.4's convention keys count the non-constexpr"
           f" operands {[o.label for o in operands]}, scalars included.)")
     check_output_index(f"input_output_aliases[{key}] = {out}", out, n_outputs)
-    pairs.append((op.index, out))
+    pairs[op.index] = out
   return pairs
 

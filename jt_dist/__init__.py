@@ -39,10 +39,10 @@ from jt_dist._errors import OutOfBoundsAccessError
 from jt_dist._errors import ShardingSpecError
 from jt_dist._errors import UnwrittenOutputReadError
 from jt_dist._sharding.rule import ShardingRule
-from jt_dist._core.runtime_scalar import RuntimeScalar
-from jt_dist._core.runtime_scalar import runtime_scalar
-from jt_dist._core.shard_size import ShardSize
-from jt_dist._core.shard_size import shard_size
+from jt_dist._core.placeholders import RuntimeScalar
+from jt_dist._core.placeholders import runtime_scalar
+from jt_dist._core.placeholders import ShardSize
+from jt_dist._core.placeholders import shard_size
 from jt_dist._call.sharded import ShardedKernelCall
 from jt_dist._call.sharded import sharded_kernel_call
 from jt_dist._call.sharded import sharded_triton_call

@@ -292,13 +292,17 @@ class DescriptorOutputTest(testing.TestCase):
 
   def test_an_aliased_output_descriptor_is_refused_and_the_fix_works(self):
     x = jnp.asarray(self.random((32, 16)))
-    with self.assertRaisesRegex(
-        jt_dist.KernelBindingError, r"out_shape declares output 0 as a"
-        r" TensorDescriptor.*aliased to array argument 0.*Pass that input as"
-        r" the TensorDescriptor"):
-      jt_dist.triton_call(x, kernel=desc_double_in_place_kernel,
-                          out_shape=[_out_desc(x.shape)], grid=(4,), BM=8,
-                          input_output_aliases={0: 0})
+    # The message names the entry by its path in out_shape.
+    for out_shape, where in (([_out_desc(x.shape)], r"out_shape\[0\]"),
+                             ({"c": _out_desc(x.shape)}, r"out_shape\['c'\]")):
+      with self.assertRaisesRegex(
+          jt_dist.KernelBindingError, rf"out_shape declares output 0"
+          rf" \({where}\) as a TensorDescriptor.*aliased to array argument"
+          rf" 0.*Pass that input as the TensorDescriptor, and {where} as its"
+          r" jax.ShapeDtypeStruct"):
+        jt_dist.triton_call(x, kernel=desc_double_in_place_kernel,
+                            out_shape=out_shape, grid=(4,), BM=8,
+                            input_output_aliases={0: 0})
     (out,) = jt_dist.triton_call(
         jt_dist.TensorDescriptor.from_array(x, (8, 16)),
         kernel=desc_double_in_place_kernel,

@@ -2,8 +2,8 @@
 
 Each panel is a call from the docs (the README's Quickstart, the operands
 page, the porting page's layer norm) and the parameters it binds, as
-``jt_dist._core`` binds them (binding.py, positional.py, outputs.py,
-operands.py and wrapper.py). The colours say what binds a parameter.
+``jt_dist._core`` binds them (arguments.py, binding.py, outputs.py and
+wrapper.py). The colours say what binds a parameter.
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any, NamedTuple
 
 from jt_dist import _compat
-from jt_dist._core import pytree_args as _pytree_args
+from jt_dist._core import arguments as _arguments
 
 _INT_TYPES = ("i8", "i16", "i32", "i64", "u8", "u16", "u32", "u64")
 
@@ -44,7 +44,7 @@ def specialize(spec, launch, backend) -> Specialization:
       # A tuple parameter: nested types, attributes by path, one argument
       # per leaf.
       ops = leaves[param.name]
-      signature[param.name] = _pytree_args.nest(
+      signature[param.name] = _arguments.nest(
           [(op.path, op.type) for op in ops])
       attrs.update({(index, *op.path): divisible for op in ops
                     if op.type.startswith("*")})

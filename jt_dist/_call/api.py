@@ -13,9 +13,9 @@ import numpy as np
 from jt_dist import _errors
 from jt_dist._call import kernel_call as _kernel_call
 from jt_dist._call import memo as _memo
+from jt_dist._core import arguments as _arguments
 from jt_dist._core import exact as _exact
-from jt_dist._core import operands as _operands
-from jt_dist._core import runtime_scalar as _runtime_scalar
+from jt_dist._core import placeholders as _placeholders
 from jt_dist._core import tensordesc as _tensordesc
 from jt_dist._sharding import refs as _refs
 
@@ -28,7 +28,7 @@ _BY_VALUE = object()
 # Argument types passed at call time; grows by the classes of concrete
 # jax.Arrays (jaxlib's ArrayImpl) as they are met.
 _OPERAND_TYPES = {np.ndarray, _tensordesc.TensorDescriptor,
-                  _runtime_scalar.RuntimeScalar}
+                  _placeholders.RuntimeScalar}
 
 
 class _FirstValues:
@@ -322,7 +322,7 @@ def _first_call(args, kernel, out_shape, grid, kwargs, key, runtime, plain,
   time, or no zero or NaN compiled in); ``type_key`` is the key of the
   scalars' types, whose first values these are.
   """
-  merged_kernel, merged, metaparams = _operands.merge_keywords(
+  merged_kernel, merged, metaparams = _arguments.merge_keywords(
       kernel, args, kwargs)
   if len(merged) != len(args):
     # Keyword operands, now positional: keyed and bound as if so passed, so

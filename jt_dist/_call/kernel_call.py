@@ -16,11 +16,10 @@ import numpy as np
 from jt_dist import _compat
 from jt_dist import _errors
 from jt_dist import _settings
+from jt_dist._core import arguments as _arguments
 from jt_dist._core import kernel as _kernel
-from jt_dist._core import operands as _operands
 from jt_dist._core import outputs as _outputs
-from jt_dist._core import runtime_scalar as _runtime_scalar
-from jt_dist._core import shard_size as _shard_size
+from jt_dist._core import placeholders as _placeholders
 from jt_dist._core import types as _types
 from jt_dist._core import host_faults as _host_faults
 from jt_dist._gpu import faults as _gpu_faults
@@ -120,7 +119,7 @@ class KernelCall:
     if (callable(self.grid) or callable(self.options.zeroed_outputs)
         or self._eager_first or self.options.sharding_rule is not None
         or self.options.input_output_aliases
-        or any(isinstance(v, _shard_size.ShardSize)
+        or any(isinstance(v, _placeholders.ShardSize)
                for v in self.metaparams.values())):
       return {}
     info = _kernel.kernel_info(self.kernel)
@@ -163,7 +162,7 @@ class KernelCall:
     """``local_call.call`` of this call on ``operands``."""
     args = self._args(operands)
     if slots:
-      args = [_runtime_scalar.RuntimeScalar(x, slots[i]) if i in slots else x
+      args = [_placeholders.RuntimeScalar(x, slots[i]) if i in slots else x
               for i, x in enumerate(args)]
     return _local_call.call(args, self.kernel, self.out_shape, self.grid,
                             self.options, self.metaparams, **where)
@@ -248,7 +247,7 @@ def _traced_within(operands: Sequence[Any]) -> bool:
   if CONCRETE.issuperset(map(type, operands)):
     return False
   for x in operands:
-    if _runtime_scalar.is_runtime_scalar(x):
+    if _placeholders.is_runtime_scalar(x):
       x = x.value
     if isinstance(x, jax.core.Tracer):
       return True
@@ -397,7 +396,7 @@ def make(kernel, out_shape, grid, kwargs: dict, statics,
   device = kwargs.pop("device", None)
   out_shape = _outputs.without_arrays(out_shape)
   options, metaparams = _local_call.options_from_keywords(kwargs)
-  metaparams.update(_operands.launch_option_params(kernel, kwargs))
+  metaparams.update(_arguments.launch_option_params(kernel, kwargs))
   return KernelCall(kernel, out_shape, grid, options, metaparams, statics,
                     device, runtime_scalars)
 

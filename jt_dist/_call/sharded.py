@@ -16,10 +16,10 @@ from jax.sharding import SingleDeviceSharding
 from jt_dist._call import api as _api
 from jt_dist._call import kernel_call as _kernel_call
 from jt_dist._call import memo as _memo
+from jt_dist._core import arguments as _arguments
 from jt_dist._core import exact as _exact
 from jt_dist._core import host_faults as _host_faults
-from jt_dist._core import operands as _operands
-from jt_dist._core import shard_size as _shard_size
+from jt_dist._core import placeholders as _placeholders
 from jt_dist._core import tensordesc as _tensordesc
 from jt_dist._sharding import mesh_call as _mesh_call
 from jt_dist._sharding import refs as _refs
@@ -30,7 +30,7 @@ _SHARDING = operator.attrgetter("sharding")
 # The classes of concrete jax.Arrays (jaxlib's ArrayImpl), as they are met.
 _ARRAYS: set[type] = set()
 # What a plain key files by value (a float is not: 0.0 == -0.0).
-_BY_VALUE = frozenset((int, bool, _shard_size.ShardSize))
+_BY_VALUE = frozenset((int, bool, _placeholders.ShardSize))
 
 
 class ShardedKernelCall:
@@ -291,7 +291,7 @@ def _first_call(args, kernel, out_shape, grid, out_type, specs, kwargs,
   _tensordesc.refuse_split("sharded_triton_call", "a sharded call", args,
                            out_shape, kwargs)
   # Keyword operands become positional, so in_specs and rules see them.
-  merged_kernel, merged, merged_kwargs = _operands.merge_keywords(
+  merged_kernel, merged, merged_kwargs = _arguments.merge_keywords(
       kernel, args, kwargs)
   if _refs.has_refs(merged):
     return _with_refs(merged, merged_kernel, out_shape, grid, *specs,

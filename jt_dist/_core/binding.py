@@ -7,7 +7,6 @@ surface at the caller's line.
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 import numbers
 from typing import Any, Mapping
@@ -16,12 +15,11 @@ import jax
 import numpy as np
 
 from jt_dist import _errors
+from jt_dist._core import arguments as _arguments
 from jt_dist._core import kernel as _kernel
 from jt_dist._core import options as _options
 from jt_dist._core import outputs as _outputs
-from jt_dist._core import positional as _positional
 from jt_dist._core import pre_hooks as _pre_hooks
-from jt_dist._core import pytree_args as _pytree_args
 from jt_dist._core import types as _types
 
 # The ``CallOptions`` fields a ``CallSpec`` carries as they are.
@@ -33,37 +31,33 @@ _SPEC_OPTIONS = (
 MAX_GRID = (2**31 - 1, 65535, 65535)
 
 
-def _check_complete(info, positional_names, config, operands, n_args):
+def _check_complete(info, config, operands, n_args):
   """The config and the operands bind every parameter without a default once."""
   names = [k for k, _ in config.kwargs]
-  seen = collections.Counter([*positional_names, *names])
   if unknown := [k for k in names if k not in info.param_by_name]:
-    raise _positional.binding_error(
+    raise _arguments.binding_error(
         info, f"autotuning config ({config.label}) sets {unknown}, which are"
         " not parameters of the kernel.")
-  if twice := [name for name, count in seen.items() if count > 1]:
-    raise _positional.binding_error(
+  if twice := [name for name in dict.fromkeys(op.name for op in operands)
+               if name in names]:
+    raise _arguments.binding_error(
         info, f"{twice} are bound twice (config: {config.label}).")
-  missing = [p.name for p in info.params
-             if p.name not in seen and not p.has_default]
-  _positional.check_bound(info, missing, operands, n_args, names)
+  _arguments.check_bound(info, operands, n_args, names)
 
 
-def _named_args(arrays, operands, out_shapes, constexprs):
-  """Every bound parameter by name, arrays as ``jax.ShapeDtypeStruct``s."""
+def _named_args(info, arrays, operands, out_shapes, constexprs):
+  """Every parameter by name, arrays as ``jax.ShapeDtypeStruct``s; as in
+  Triton's launcher, heuristics and the grid see defaults too."""
+  shapes = {"array": [(a.shape, a.dtype) for a in arrays],
+            "output": out_shapes}
   leaves: dict[str, list] = {}
   for op in operands:
-    if op.kind == "array":
-      arg = arrays[op.index]
-      value = jax.ShapeDtypeStruct(arg.shape, arg.dtype)
-    elif op.kind == "output":
-      value = jax.ShapeDtypeStruct(*out_shapes[op.index])
-    else:
-      value = op.value
-    leaves.setdefault(op.name, []).append((op.path, value))
-  named = {name: _pytree_args.nest(items) for name, items in leaves.items()}
+    leaves.setdefault(op.name, []).append((op.path, jax.ShapeDtypeStruct(
+        *shapes[op.kind][op.index]) if op.kind in shapes else op.value))
+  named = {name: _arguments.nest(items) for name, items in leaves.items()}
   named.update(constexprs)
-  return named
+  return {**{p.name: p.default for p in info.params
+             if p.has_default and p.name not in named}, **named}
 
 
 def _launches(info, grid, options, constexprs, named, operands, aliases,
@@ -72,24 +66,22 @@ def _launches(info, grid, options, constexprs, named, operands, aliases,
   configs = _kernel.expand_configs(
       info, constexprs, named, options.num_warps, options.num_stages,
       options.num_ctas)
-  runtime_names = list(dict.fromkeys(op.name for op in operands))
   reset = _outputs.reset_to_zero(info, operands, aliases)
   launches = []
   for config in configs:
-    _check_complete(info, runtime_names, config, operands, n_args)
+    _check_complete(info, config, operands, n_args)
     # A launch states every constexpr, defaults too (checked unbound above),
     # so that the grid, zeroed_outputs and the compiler see the same values.
-    bound = dict(config.kwargs)
-    config = dataclasses.replace(config, kwargs=config.kwargs + tuple(
-        (p.name, p.default) for p in info.params
-        if p.is_constexpr and p.has_default and p.name not in bound))
-    where = f" (config: {config.label})" if info.layers else ""
     kwargs = dict(config.kwargs)
-    hooked, hook_zeroed = _pre_hooks.run(info, config, {**named, **kwargs},
-                                         operands, aliases)
+    kwargs.update((p.name, p.default) for p in info.params
+                  if p.is_constexpr and p.has_default and p.name not in kwargs)
+    config = dataclasses.replace(config, kwargs=tuple(kwargs.items()))
+    where = f" (config: {config.label})" if info.layers else ""
+    hooked, hook_zeroed = _pre_hooks.run(
+        info, config, all_named := {**named, **kwargs}, operands, aliases)
     launches.append(_kernel.Launch(
         config=config,
-        grid=evaluate_grid(grid, {**named, **kwargs}, where),
+        grid=evaluate_grid(grid, all_named, where),
         zeroed_outputs=tuple(sorted({*reset, *hook_zeroed, *_outputs.zeroed(
             options.zeroed_outputs, kwargs, n_outputs, where)})),
         operands=hooked))
@@ -141,20 +133,17 @@ def bind_call(args, kernel, out_shape, grid, options: _options.CallOptions,
               metaparams):
   """Checks a call; returns ``(array_args, its CallSpec, out_tree)``."""
   info = _kernel.kernel_info(kernel)
-  out_shapes, out_tree = _outputs.flatten_out_shape(
+  out_shapes, out_tree, out_descriptors = _outputs.flatten(
       out_shape, allow_empty=bool(options.ref_inputs))
-  kinds = _positional.classify_args(args)
+  kinds, arrays = _arguments.classify_args(args)
   operands, constexprs, aliases = _outputs.bind(
-      info, args, kinds, out_shapes, metaparams, options.input_output_aliases)
-  operands = _positional.typed_descriptors(operands, kinds,
-                                          options.tensor_descriptors)
-  operands = _outputs.typed_descriptors(info, operands, out_shape, aliases)
+      info, args, kinds, arrays, out_shapes, metaparams,
+      options.input_output_aliases)
+  operands = _outputs.typed_descriptors(
+      info, operands, kinds, options.tensor_descriptors, out_descriptors,
+      aliases)
   constexprs.update(metaparams)
-  arrays = _pytree_args.array_leaves(args)
-  named = _named_args(arrays, operands, out_shapes, constexprs)
-  # As in Triton's launcher, heuristics and the grid see defaults too.
-  named = {**{p.name: p.default for p in info.params
-              if p.has_default and p.name not in named}, **named}
+  named = _named_args(info, arrays, operands, out_shapes, constexprs)
   launches = _launches(info, grid, options, constexprs, named, operands,
                        aliases, len(args), len(out_shapes))
   refs = options.ref_inputs

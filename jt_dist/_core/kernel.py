@@ -17,7 +17,6 @@ import numpy as np
 from jt_dist import _compat
 from jt_dist import _errors
 from jt_dist._core import exact as _exact
-from jt_dist._core import pytree_args as _pytree_args
 from jt_dist._core import types as _types
 
 
@@ -260,6 +259,11 @@ def _plain(kwargs: Mapping[str, Any]) -> dict[str, Any]:
   return {k: _types.plain_constexpr(v) for k, v in kwargs.items()}
 
 
+def label(name: str, path: tuple[int, ...]) -> str:
+  """``yz[1]`` for the leaf of tuple parameter ``yz`` at path (1,)."""
+  return name + "".join(f"[{k}]" for k in path)
+
+
 @dataclasses.dataclass(frozen=True)
 class Operand:
   """What binds one runtime (non-constexpr) kernel parameter."""
@@ -278,7 +282,7 @@ class Operand:
 
   @property
   def label(self) -> str:  # ``yz[1]`` for a leaf of tuple parameter yz.
-    return _pytree_args.label(self.name, self.path)
+    return label(self.name, self.path)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -22,9 +22,8 @@ import numpy as np
 
 from jt_dist import _compat
 from jt_dist import _errors
+from jt_dist._core import arguments as _arguments
 from jt_dist._core import kernel as _kernel
-from jt_dist._core import positional as _positional
-from jt_dist._core import pytree_args as _pytree_args
 from jt_dist._core import tensordesc as _tensordesc
 from jt_dist._core import types as _types
 
@@ -33,20 +32,30 @@ _ERRORS = (_errors.KernelBindingError, ValueError)
 
 def flatten_out_shape(out_shape: Any, allow_empty: bool = False):
   """``out_shape`` as (shape, dtype) pairs, and its treedef."""
+  return flatten(out_shape, allow_empty)[:2]
+
+
+def flatten(out_shape: Any, allow_empty: bool = False):
+  """``(flatten_out_shape's pairs, treedef, {index: (where, descriptor)})``:
+  one walk, a ``TensorDescriptor`` one leaf whose array is the output."""
   if out_shape is None:
     raise TypeError(
         "triton_call: `out_shape` (or `out_type`) is required: pass a"
         " jax.ShapeDtypeStruct, or any pytree of objects with .shape and"
         " .dtype, one per kernel output.")
-  leaves, tree = _leaves(out_shape)
+  leaves, tree = jax.tree_util.tree_flatten_with_path(
+      out_shape, is_leaf=lambda x: isinstance(
+          x, _tensordesc.TensorDescriptor) or _types.is_shape_dtype(x))
   if not leaves and not allow_empty:
     raise ValueError(
         f"triton_call: `out_shape` {out_shape!r} holds no outputs. A kernel"
         " call must produce at least one output, or mutate a jax.Ref"
         " argument (jax.new_ref(x)) in place.")
-  flat = []
-  for where, leaf in leaves:
+  flat, found = [], {}
+  for k, (path, leaf) in enumerate(leaves):
+    where = "out_shape" + jax.tree_util.keystr(path)
     if isinstance(leaf, _tensordesc.TensorDescriptor):
+      found[k] = (where, leaf)
       leaf = leaf.base  # Its array is the output.
     if not _types.is_shape_dtype(leaf):
       raise TypeError(
@@ -55,47 +64,31 @@ def flatten_out_shape(out_shape: Any, allow_empty: bool = False):
           " jax.ShapeDtypeStruct(shape, dtype).")
     dtype = _types.pointer_dtype(leaf.dtype, where)
     flat.append((_checked_shape(leaf.shape, where), dtype))
-  return tuple(flat), tree
+  return tuple(flat), tree, found
 
 
-def descriptors(out_shape: Any) -> dict[int, _tensordesc.Info]:
-  """The outputs ``out_shape`` declares as ``TensorDescriptor``s, by index:
-  the kernel gets the descriptor, the caller its array."""
-  return {k: _tensordesc.info(leaf, where)
-          for k, (where, leaf) in enumerate(_leaves(out_shape)[0])
-          if isinstance(leaf, _tensordesc.TensorDescriptor)}
-
-
-def typed_descriptors(info, operands, out_shape, aliases):
-  """``operands`` with each descriptor output typed ``tensordesc<...>``,
-  its ``Info`` as value; one no parameter takes (under 0.4's convention an
-  aliased output binds none) is refused, as its descriptor would be lost."""
-  found = descriptors(out_shape)
-  if not found:
-    return operands
+def typed_descriptors(info, operands, kinds, arg_descriptors,
+                      out_descriptors, aliases):
+  """``operands`` with each descriptor's array typed ``tensordesc<...>``, its
+  ``Info`` as value (an argument's, by position; an output's, ``flatten``'s).
+  An output's that no parameter takes (under 0.4's convention an aliased
+  output binds none) is refused, as it would be lost."""
+  found = {("array", kinds[i][1]): desc for i, desc in arg_descriptors}
+  found.update({("output", k): _tensordesc.info(desc, where)
+                for k, (where, desc) in out_descriptors.items()})
   bound = {op.index for op in operands if op.kind == "output"}
-  if unbound := [k for k in found if k not in bound]:
-    k = unbound[0]
+  if unbound := [k for k in out_descriptors if k not in bound]:
+    k, where = unbound[0], out_descriptors[unbound[0]][0]
     source = next((i for i, o in aliases if o == k), None)
-    raise _positional.binding_error(
-        info, f"out_shape declares output {k} as a TensorDescriptor, but"
-        f" output {k} binds no parameter: it is aliased to array argument"
-        f" {source} (input_output_aliases), whose buffer it is. Pass that"
-        " input as the TensorDescriptor, and out_shape[...] as its"
+    raise _arguments.binding_error(
+        info, f"out_shape declares output {k} ({where}) as a"
+        f" TensorDescriptor, but output {k} binds no parameter: it is aliased"
+        f" to array argument {source} (input_output_aliases), whose buffer it"
+        f" is. Pass that input as the TensorDescriptor, and {where} as its"
         " jax.ShapeDtypeStruct.")
-  return [dataclasses.replace(op, type=found[op.index].triton_type,
-                              value=found[op.index])
-          if op.kind == "output" and op.index in found else op
+  return [dataclasses.replace(op, type=desc.triton_type, value=desc)
+          if (desc := found.get((op.kind, op.index))) is not None else op
           for op in operands]
-
-
-def _leaves(out_shape: Any):
-  """``([(where, leaf)], treedef)``; a descriptor is one leaf."""
-  leaves, tree = jax.tree_util.tree_flatten_with_path(
-      out_shape, is_leaf=lambda x: isinstance(
-          x, _tensordesc.TensorDescriptor) or _types.is_shape_dtype(x))
-  return [("out_shape" + jax.tree_util.keystr(path), leaf)
-          for path, leaf in leaves], tree
 
 
 def without_arrays(out_shape: Any) -> Any:
@@ -136,7 +129,7 @@ def _checked_shape(shape: Any, where: str) -> tuple[int, ...]:
 
 def _output(name, k, out_shapes):
   return _kernel.Operand(name, "output", k, None,
-                            _types.pointer_type(out_shapes[k][1]))
+                         _types.pointer_type(out_shapes[k][1]))
 
 
 def zeroed(zeroed_outputs, kwargs, n_outputs, where):
@@ -175,8 +168,7 @@ def reset_to_zero(info, operands, aliases) -> tuple[int, ...]:
   aliased = dict(aliases)
   outputs = []
   for name in names:
-    op = by_name.get(name)
-    if op is not None and op.kind == "output":
+    if (op := by_name.get(name)) is not None and op.kind == "output":
       outputs.append(op.index)
     elif op is not None and op.kind == "array" and op.index in aliased:
       outputs.append(aliased[op.index])
@@ -221,19 +213,18 @@ def _check_aliases(aliases, arrays, out_shapes):
   return tuple(sorted(result))
 
 
-def bind(info, args, kinds, out_shapes, metaparams, aliases):
+def bind(info, args, kinds, arrays, out_shapes, metaparams, aliases):
   """``(operands in parameter order, positional constexprs, aliases as
   (array index, output index) pairs)`` under the fitting convention."""
+  old = old_error = None
   try:
-    old = _bind_031(info, args, kinds, out_shapes, metaparams, aliases)
+    old = _bind_031(info, args, kinds, arrays, out_shapes, metaparams, aliases)
   except _ERRORS as e:
     old_error = e
-  else:
-    if not aliases:
-      return old
-    old_error = None
+  if old_error is None and not aliases:
+    return old
   try:
-    new = _bind_04(info, args, kinds, out_shapes, metaparams, aliases)
+    new = _bind_04(info, args, kinds, arrays, out_shapes, metaparams, aliases)
   except _ERRORS as e:
     if old_error is None:
       return old
@@ -265,66 +256,63 @@ def _warn_ambiguous(info, old, new, aliases) -> None:
       DeprecationWarning, stacklevel=6)
 
 
-def _bind_031(info, args, kinds, out_shapes, metaparams, aliases):
-  operands, constexprs = _positional.bind_positional(
-      info, args, kinds, len(out_shapes))
+def _bind_031(info, args, kinds, arrays, out_shapes, metaparams, aliases):
+  operands, constexprs = _arguments.bind_positional(
+      info, args, kinds, arrays, len(out_shapes))
   # Output k binds the k-th parameter after the args that no keyword binds
   # (a constexpr given by name may sit between two outputs).
   free = [p for p in info.params[len(args):] if p.name not in metaparams]
   for k in range(len(out_shapes)):
     param = free[k] if k < len(free) else info.params[len(args) + k]
     if param.is_constexpr:
-      raise _positional.binding_error(
+      raise _arguments.binding_error(
           info, f"output {k} binds {param.name!r}, a tl.constexpr parameter."
           " Pass fewer outputs, or pass the inputs that come before it.")
     if param.name in metaparams:
-      raise _positional.binding_error(
+      raise _arguments.binding_error(
           info, f"output {k} binds {param.name!r}, which metaparam"
           f" {param.name}= binds too. Pass fewer outputs, or drop the"
           " metaparam.")
     operands.append(_output(param.name, k, out_shapes))
-  return _checked(info, args, operands, constexprs, out_shapes, metaparams,
-                  aliases)
+  return _checked(info, len(args), arrays, operands, constexprs, out_shapes,
+                  metaparams, aliases)
 
 
-def _bind_04(info, args, kinds, out_shapes, metaparams, aliases):
+def _bind_04(info, args, kinds, arrays, out_shapes, metaparams, aliases):
   # The 0.3.1 reading has warned of deprecated scalars already.
-  operands, constexprs = _positional.bind_positional(info, args, kinds, 0,
-                                                  warn=False)
+  operands, constexprs = _arguments.bind_positional(info, args, kinds,
+                                                    arrays, 0, warn=False)
   pairs = _translate(operands, aliases or {}, len(out_shapes))
-  aliased = {o for _, o in pairs}
   bound = {op.name for op in operands} | set(constexprs) | set(metaparams)
   free = [p for p in info.params[len(args):]
           if not p.is_constexpr and p.name not in bound]
-  unaliased = [k for k in range(len(out_shapes)) if k not in aliased]
+  unaliased = [k for k in range(len(out_shapes)) if k not in pairs.values()]
   if len(unaliased) > len(free):
-    raise _positional.binding_error(
+    raise _arguments.binding_error(
         info,
         f"{len(unaliased)} outputs not aliased to an input bind parameters"
         f" no argument binds, but only {len(free)} are left:"
         f" {[p.name for p in free]}.")
   operands += [_output(p.name, k, out_shapes) for k, p in zip(unaliased, free)]
   operands.sort(key=lambda op: info.param_names.index(op.name))
-  return _checked(info, args, operands, constexprs, out_shapes, metaparams,
-                  dict(pairs))
+  return _checked(info, len(args), arrays, operands, constexprs, out_shapes,
+                  metaparams, pairs)
 
 
-def _checked(info, args, operands, constexprs, out_shapes, metaparams,
-             aliases):
+def _checked(info, n_args, arrays, operands, constexprs, out_shapes,
+             metaparams, aliases):
   """``bind``'s result for one reading, checked; ``aliases`` count arrays."""
-  bound = [op.name for op in operands] + list(constexprs)
-  _positional.check_metaparams(info, metaparams, bound)
-  bound = {*bound, *metaparams}
-  missing = [p.name for p in info.params if not p.is_constexpr
-             and not p.has_default and p.name not in bound]
-  _positional.check_bound(info, missing, operands, len(args), metaparams)
-  return operands, constexprs, _check_aliases(
-      aliases, _pytree_args.array_leaves(args), out_shapes)
+  _arguments.check_metaparams(
+      info, metaparams, [op.name for op in operands] + list(constexprs))
+  _arguments.check_bound(info, operands, n_args, [*constexprs, *metaparams],
+                         constexprs=False)
+  return operands, constexprs, _check_aliases(aliases, arrays, out_shapes)
 
 
 def _translate(operands, aliases, n_outputs):
-  """0.4's alias keys (non-constexpr operands) as array argument indices."""
-  pairs = []
+  """0.4's alias keys (non-constexpr operands) as array argument indices:
+  ``{array index: output index}``."""
+  pairs = {}
   for key, out in dict(aliases).items():
     if not 0 <= key < len(operands):
       raise ValueError(
@@ -340,6 +328,6 @@ def _translate(operands, aliases, n_outputs):
           " (Under jax-triton 0.4's convention keys count the non-constexpr"
           f" operands {[o.label for o in operands]}, scalars included.)")
     check_output_index(f"input_output_aliases[{key}] = {out}", out, n_outputs)
-    pairs.append((op.index, out))
+    pairs[op.index] = out
   return pairs
 

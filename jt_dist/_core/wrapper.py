@@ -35,25 +35,20 @@ def call_line(p: str, names: Sequence[str]) -> str:
   return f"{p}kernel({', '.join(f'{n}={n}' for n in names)})"
 
 
-def callee_error(error: BaseException) -> BaseException:
-  """The user's kernel's own error, where Triton reports it at a wrapper's
-  call line (chained to the callee's own)."""
-  while error.__cause__ is not None:
-    node = getattr(error, "node", None)
+def raise_compile_error(error: BaseException, spec, shapes) -> None:
+  """Raises Triton's compile ``error`` as the user's kernel's own: Triton
+  reports it at a wrapper's call line, chained to the callee's own (a 0-d
+  array used as a number named as such); ``shapes``: the operands'."""
+  own = error
+  while own.__cause__ is not None:
+    node = getattr(own, "node", None)
     if isinstance(node, ast.Expr):
       node = node.value
     if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
             and node.func.id.startswith("_jt_")
             and node.func.id.endswith("kernel")):
       break
-    error = error.__cause__
-  return error
-
-
-def raise_compile_error(error: BaseException, spec, shapes) -> None:
-  """Raises Triton's compile ``error`` as the user's kernel's own (a 0-d
-  array used as a number named as such); ``shapes``: the operands'."""
-  own = callee_error(error)
+    own = own.__cause__
   _errors.raise_if_scalar_pointer(own, spec, shapes)
   if own is error:
     raise error

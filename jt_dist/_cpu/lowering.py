@@ -23,8 +23,8 @@ from jt_dist import _compat
 from jt_dist import _errors
 from jt_dist import _settings
 from jt_dist._autotune import choose as _choose
+from jt_dist._core import arguments as _arguments
 from jt_dist._core import primitive as _primitive
-from jt_dist._core import pytree_args as _pytree_args
 from jt_dist._core import types as _types
 from jt_dist._cpu import interpreter as _interpreter
 from jt_dist._cpu import bounds as _bounds
@@ -140,7 +140,7 @@ def _in_parameter_order(spec, args, kwargs):
   leaves = {}
   for op, arg in zip(spec.operands, args):
     leaves.setdefault(op.name, []).append((op.path, arg))
-  by_name = {name: _pytree_args.nest(items) for name, items in leaves.items()}
+  by_name = {name: _arguments.nest(items) for name, items in leaves.items()}
   params = spec.info.params
   last = max((i for i, p in enumerate(params) if p.name in by_name),
              default=-1)

@@ -12,19 +12,17 @@ from typing import Any
 import jax
 
 from jt_dist import _errors
+from jt_dist._core import arguments as _arguments
 from jt_dist._core import binding as _binding
-from jt_dist._core import operands as _operands
 from jt_dist._core import options as _options
 from jt_dist._core import outputs as _outputs
+from jt_dist._core import placeholders as _placeholders
 from jt_dist._core import primitive as _primitive
-from jt_dist._core import pytree_args as _pytree_args
-from jt_dist._core import runtime_scalar as _runtime_scalar
 from jt_dist._core import tensordesc as _tensordesc
 from jt_dist._sharding import partition as _partition
 from jt_dist._sharding import placement as _placement
 from jt_dist._sharding import refs as _refs
 from jt_dist._sharding import rule as _rule
-from jt_dist._core import shard_size as _shard_size
 
 
 def call(args, kernel, out_shape, grid, options: _options.CallOptions,
@@ -32,7 +30,7 @@ def call(args, kernel, out_shape, grid, options: _options.CallOptions,
   """Runs one ``triton_call`` on ``args``, tracers or concrete arrays;
   ``layout``: a rule's layout found before tracing (tracers show only
   explicit mesh axes)."""
-  kernel, args, metaparams = _operands.merge_keywords(kernel, args,
+  kernel, args, metaparams = _arguments.merge_keywords(kernel, args,
                                                      metaparams)
   if options.sharding_rule is not None:
     _tensordesc.refuse_split("triton_call", "a call with sharding_rule=",
@@ -78,7 +76,7 @@ def options_from_keywords(kwargs: dict):
 def check_binding(args, kernel, out_shape, grid, options, metaparams):
   """Binds without launching, to explain operands jax.jit refused: returns
   ``bind_call``'s ``(array_args, spec, out_tree)``."""
-  kernel, args, metaparams = _operands.merge_keywords(kernel, args,
+  kernel, args, metaparams = _arguments.merge_keywords(kernel, args,
                                                      metaparams)
   args, descriptors = _tensordesc.split(args)
   kernel, args, metaparams = _resolved(kernel, args, metaparams)
@@ -88,9 +86,9 @@ def check_binding(args, kernel, out_shape, grid, options, metaparams):
 
 def _resolved(kernel, args, metaparams):
   """``shard_size``s and runtime scalars resolved, NumPy made canonical."""
-  args, metaparams = _shard_size.resolve(args, metaparams)
-  kernel, args = _runtime_scalar.bind(kernel, args, metaparams)
-  return kernel, _operands.canonical_numpy(args), metaparams
+  args, metaparams = _placeholders.resolve_sizes(args, metaparams)
+  kernel, args = _placeholders.bind_runtime_scalars(kernel, args, metaparams)
+  return kernel, _arguments.canonical_numpy(args), metaparams
 
 
 def single_device(args, kernel, out_shape, grid, options, metaparams,
@@ -150,9 +148,9 @@ def _all_outputs_empty(out_shape: Any) -> bool:
 def _place(arrays, args, spec, device):
   """Checks placement; moves uncommitted inputs to ``device``."""
   name = spec.info.name
-  if any(_pytree_args.is_tuple(a) for a in args):
+  if any(_arguments.is_tuple(a) for a in args):
     # Tuple operands: their leaves are checked like positional ones.
-    args = [leaf for a in args for _, leaf in _pytree_args.leaves_with_paths(a)]
+    args = [leaf for a in args for _, leaf in _arguments.leaves_with_paths(a)]
   if any(isinstance(a, jax.core.Tracer) for a in arrays):
     _placement.check_traced(args, name)
     return _placement.unify_varying_axes(arrays)

@@ -17,9 +17,9 @@ from jax.sharding import PartitionSpec as P
 
 from jt_dist import _compat
 from jt_dist import _errors
+from jt_dist._core import arguments as _arguments
 from jt_dist._core import outputs as _outputs
-from jt_dist._core import pytree_args as _pytree_args
-from jt_dist._core import shard_size as _shard_size
+from jt_dist._core import placeholders as _placeholders
 from jt_dist._sharding import advice as _advice
 from jt_dist._sharding import local_call as _local_call
 from jt_dist._sharding import partition as _partition
@@ -125,7 +125,7 @@ def resolve(args, mesh, in_specs, out_shape, out_specs, out_reduce,
 
 def place(args, resolved: Resolved):
   """``args`` with each array leaf laid out by its spec on the mesh."""
-  flat = _pytree_args.flatten(args)
+  flat = _arguments.flatten(args)
   specs = iter(resolved.specs)
   return flat.rebuild([
       _specs.place(leaf, next(specs), resolved.mesh)
@@ -143,7 +143,7 @@ def run(args, kernel, out_shape, grid, resolved: Resolved, out_specs,
   # Tuple operands' leaves are split one by one, as positional arrays are.
   leaves, positions = _specs.arrays_of(args)
   # Checks indices at the caller's line; each shard resolves its own.
-  _shard_size.resolve(args, kwargs)
+  _placeholders.resolve_sizes(args, kwargs)
   if sharding_rule is not None:
     return _partition.run(args, _local_call.shard_call, kernel, out_shapes,
                           out_tree, grid, sharding_rule,

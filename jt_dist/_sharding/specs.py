@@ -10,7 +10,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from jt_dist import _errors
-from jt_dist._core import pytree_args as _pytree_args
+from jt_dist._core import arguments as _arguments
 from jt_dist._core import types as _types
 
 
@@ -22,9 +22,9 @@ def is_array(x: Any) -> bool:
 
 
 def arrays_of(args: Sequence[Any]):
-  """``pytree_args.flatten(args)`` and the positions of its array leaves
+  """``arguments.flatten(args)`` and the positions of its array leaves
   (what in_specs and a rule's operands count)."""
-  flat = _pytree_args.flatten(args)
+  flat = _arguments.flatten(args)
   return flat, [k for k, a in enumerate(flat.leaves) if is_array(a)]
 
 
@@ -181,9 +181,9 @@ def _given_specs(in_specs: Any, args: Sequence[Any]) -> list:
         " of them with one per array argument.")
   entries = [in_specs] if isinstance(in_specs, P) else list(in_specs)
   takers = [i for i, a in enumerate(args) if any(
-      is_array(leaf) for _, leaf in _pytree_args.leaves_with_paths(a))]
+      is_array(leaf) for _, leaf in _arguments.leaves_with_paths(a))]
   if len(entries) != len(takers):
-    tuples = [i for i in takers if _pytree_args.is_tuple(args[i])]
+    tuples = [i for i in takers if _arguments.is_tuple(args[i])]
     note = (f"; tuple operands args{tuples} take one entry each, a"
             " PartitionSpec for all their arrays or a tuple with one entry"
             " per element" if tuples else "")
@@ -199,7 +199,7 @@ def _given_specs(in_specs: Any, args: Sequence[Any]) -> list:
 
 def _leaf_specs(arg: Any, entry: Any, where: str) -> list:
   """The specs of ``arg``'s array leaves from its in_specs entry."""
-  if not _pytree_args.is_tuple(arg):
+  if not _arguments.is_tuple(arg):
     if is_array(arg):
       return [entry]
     if entry is None or (isinstance(entry, P) and not spec_axes(entry)):
@@ -209,7 +209,7 @@ def _leaf_specs(arg: Any, entry: Any, where: str) -> list:
         f" the spec {entry!r}; a scalar is passed whole to every shard."
         " Put None in its place.")
   if entry is None or isinstance(entry, P):
-    return [entry for _, leaf in _pytree_args.leaves_with_paths(arg)
+    return [entry for _, leaf in _arguments.leaves_with_paths(arg)
             if is_array(leaf)]
   if not isinstance(entry, (tuple, list)) or len(entry) != len(arg):
     raise _errors.ShardingSpecError(

@@ -22,8 +22,8 @@ from jax.interpreters import batching as _jax_batching
 
 from jt_dist import _compat
 from jt_dist._core import binding as _binding
+from jt_dist._core import kernel as _kernel
 from jt_dist._core import primitive as _primitive
-from jt_dist._core import pytree_args as _pytree_args
 from jt_dist._core import wrapper as _wrapper
 
 logger = logging.getLogger("jt_dist")
@@ -117,7 +117,7 @@ def _offset_lines(layout: Layout, p: str) -> list[str]:
   lines = [f"{name} += {offset}" for name, offset in offsets.items()
            if "[" not in name]
   for name, paths in layout.tuples:
-    if any(_pytree_args.label(name, path) in offsets for path in paths):
+    if any(_kernel.label(name, path) in offsets for path in paths):
       # Tuples are immutable: the wrapper rebuilds one with moved leaves.
       lines.append(f"{name} = {_tuple_expr(name, (), paths, offsets)}")
   return lines
@@ -125,7 +125,7 @@ def _offset_lines(layout: Layout, p: str) -> list[str]:
 
 def _tuple_expr(name, prefix, paths, offsets) -> str:
   """The source of the tuple at ``prefix`` with its pointers moved."""
-  label = _pytree_args.label(name, prefix)
+  label = _kernel.label(name, prefix)
   if prefix in paths:
     return f"({label} + {offsets[label]})" if label in offsets else label
   depth = len(prefix)

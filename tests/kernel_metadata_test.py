@@ -24,6 +24,13 @@ def _copy_kernel(x_ptr, n, out_ptr, BLOCK: tl.constexpr):
   tl.store(out_ptr + offsets, tl.load(x_ptr + offsets, mask=mask), mask=mask)
 
 
+@triton.jit
+def _stages_kernel(x_ptr, out_ptr, BLOCK: tl.constexpr,
+                   num_stages: tl.constexpr):
+  offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+  tl.store(out_ptr + offsets, tl.load(x_ptr + offsets) * num_stages)
+
+
 _X = jax.ShapeDtypeStruct((1000,), jnp.float32)
 
 
@@ -41,6 +48,12 @@ class KernelMetadataTest(testing.TestCase):
     else:
       self.assertGreater(info.n_regs, 0)
       self.assertEqual(info.warp_size, 32)
+
+  def test_a_launch_option_naming_a_parameter_binds_it(self):
+    # Tutorial 02 asks warmup() of a softmax taking num_stages as both.
+    info = jt_dist.kernel_metadata(_stages_kernel, _X, out_shape=_X,
+                                   BLOCK=128, num_stages=2)
+    self.assertEqual(info.num_stages, 2)
 
   def test_an_autotuned_kernel_gives_one_per_config_as_triton(self):
     kernel = triton.autotune(

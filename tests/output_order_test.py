@@ -308,6 +308,22 @@ class OutputOrderShardedTest(testing.TestCase):
     self.assertAllClose(out, np.asarray(x) + np.asarray(y))
     self.assertEqual(out.sharding.spec, P("i"))
 
+  @parameterized.named_parameters(("sharding_rule", "rule"),
+                                  ("sharded_triton_call", "sharded"))
+  def test_a_launch_option_naming_a_parameter_binds_it_per_shard(self, how):
+    mesh = self._mesh(explicit=True)
+    x = jax.device_put(self.random((_N,)), NamedSharding(mesh, P("i")))
+    options = dict(kernel=stages_scale_kernel, out_shape=_like(x), grid=(4,),
+                   x_ptr=x, n=jt_dist.shard_size(0), BLOCK=_BLOCK,
+                   num_stages=2)
+    if how == "rule":
+      out = jt_dist.triton_call(
+          sharding_rule=jt_dist.ShardingRule("i -> i"), **options)
+    else:
+      out = jt_dist.sharded_triton_call(mesh=mesh, in_specs=P("i"),
+                                        out_specs=P("i"), **options)
+    self.assertAllClose(out, np.asarray(x) * 2)
+
 
 def _params(call):
   return [p[0] for p in call["calls"][0]["params"]]

@@ -47,6 +47,12 @@ def constexpr_first_kernel(BLOCK: tl.constexpr, x_ptr, out_ptr, n):
   tl.store(out_ptr + offsets, tl.load(x_ptr + offsets, mask=mask), mask=mask)
 
 
+@triton.jit
+def copy_kernel(x_ptr, out_ptr):
+  offsets = tl.arange(0, 8)
+  tl.store(out_ptr + offsets, tl.load(x_ptr + offsets))
+
+
 def _like(x):
   return jax.ShapeDtypeStruct(x.shape, x.dtype)
 
@@ -169,6 +175,18 @@ class RuntimeScalarTest(testing.TestCase):
           out_shape=_like(x), grid=(4,), n=_N)
     for part in ("args[0]", "'BLOCK'", "tl.constexpr"):
       self.assertIn(part, str(cm.exception))
+
+  def test_one_past_the_parameters_is_refused_and_the_fix_works(self):
+    x = jnp.asarray(self.random((8,)))
+    with self.assertRaises(jt_dist.KernelBindingError) as cm:
+      jt_dist.triton_call(x, x, jt_dist.runtime_scalar(2.0),
+                          kernel=copy_kernel, out_shape=_like(x), grid=1)
+    for part in ("3 positional arguments and 1 outputs bind 4 parameters",
+                 "2 too many", "If args[1] stands for the output, drop it"):
+      self.assertIn(part, str(cm.exception))
+    out = jt_dist.triton_call(x, kernel=copy_kernel, out_shape=_like(x),
+                              grid=1)
+    np.testing.assert_array_equal(out, x)
 
   def test_constexpr_parameter_by_name_is_refused(self):
     x = self._x()

@@ -16,7 +16,6 @@ import numpy as np
 from jt_dist import _compat
 from jt_dist import _errors
 from jt_dist import _settings
-from jt_dist._core import arguments as _arguments
 from jt_dist._core import kernel as _kernel
 from jt_dist._core import outputs as _outputs
 from jt_dist._core import placeholders as _placeholders
@@ -217,8 +216,8 @@ class KernelCall:
 
 # The dtype a scalar of each Triton type travels as when it comes at run
 # time: 64-bit types stay compiled in (JAX holds them only with x64 on).
-_RUNTIME_DTYPES = {"i1": np.dtype(np.bool_), "i32": np.dtype(np.int32),
-                   "fp32": np.dtype(np.float32)}
+_RUNTIME_DTYPES = {t: d for t, d in _placeholders.SCALAR_DTYPES.items()
+                   if d.itemsize < 8}
 
 
 def runtime_dtype(value: Any) -> np.dtype | None:
@@ -300,7 +299,7 @@ def explain_binding(error: _errors.KernelBindingError, args: Sequence[Any],
     kwargs = dict(kwargs)
     out_shape = resolve_out_shape(out_shape, kwargs.pop("out_type", None))
     kwargs.pop("device", None)
-    options, metaparams = _local_call.options_from_keywords(kwargs)
+    options, metaparams = _local_call.options_from_keywords(kernel, kwargs)
   except Exception:  # pylint: disable=broad-except
     return error
   for i in reversed(range(min(len(args), len(info.params)))):
@@ -395,8 +394,7 @@ def make(kernel, out_shape, grid, kwargs: dict, statics,
     out_shape = resolve_out_shape(out_shape, out_type)
   device = kwargs.pop("device", None)
   out_shape = _outputs.without_arrays(out_shape)
-  options, metaparams = _local_call.options_from_keywords(kwargs)
-  metaparams.update(_arguments.launch_option_params(kernel, kwargs))
+  options, metaparams = _local_call.options_from_keywords(kernel, kwargs)
   return KernelCall(kernel, out_shape, grid, options, metaparams, statics,
                     device, runtime_scalars)
 

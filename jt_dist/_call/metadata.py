@@ -113,7 +113,7 @@ def kernel_metadata(kernel: Any, *args: Any, out_shape: Any = None,
     compiled: ``target`` is ``"cpu"``, ``shared`` 0, and ``n_regs``,
     ``n_spills`` and ``warp_size`` None.
   """
-  options, metaparams = _local_call.options_from_keywords(kwargs)
+  options, metaparams = _local_call.options_from_keywords(kernel, kwargs)
   _, spec, _ = _local_call.check_binding(args, kernel, out_shape, grid,
                                          options, metaparams)
   device = jax.devices()[0] if device is None else device

@@ -105,8 +105,8 @@ def _resolved(arg: Any, args: Sequence[Any], where: str) -> Any:
 
 
 # A scalar's dtype by its ``_types.scalar_type``; else int64.
-_SCALAR_DTYPES = {"i1": np.bool_, "i32": np.int32, "fp32": np.float32,
-                  "fp64": np.float64}
+SCALAR_DTYPES = {"i1": np.dtype(np.bool_), "i32": np.dtype(np.int32),
+                 "fp32": np.dtype(np.float32), "fp64": np.dtype(np.float64)}
 
 
 @jax.tree_util.register_dataclass
@@ -184,7 +184,7 @@ def runtime_scalar(x: Any, dtype: Any = None) -> RuntimeScalar:
     chosen = x.dtype if dtype is None else dtype
   elif _types.is_scalar(x):
     # As jax.numpy.asarray types it, widened where the value needs it.
-    chosen = dtype if dtype is not None else _SCALAR_DTYPES.get(
+    chosen = dtype if dtype is not None else SCALAR_DTYPES.get(
         _types.scalar_type(x), np.int64)
   else:
     raise TypeError(
@@ -231,8 +231,9 @@ def bind_runtime_scalars(kernel: Any, args: Sequence[Any],
   info = _kernel.kernel_info(kernel)
   args, loaded = list(args), []
   for i in positions:
-    if i >= len(info.params):
-      return kernel, args  # Binding reports the extra arguments.
+    if i >= len(info.params):  # Binding reports the extra arguments.
+      args[i] = args[i].value
+      continue
     param = info.params[i]
     if param.is_constexpr:
       raise _errors.KernelBindingError(

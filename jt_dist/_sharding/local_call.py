@@ -62,14 +62,17 @@ def find_layout(args, options):
 
 def shard_call(*args, kernel, out_shape, grid, **kwargs) -> Any:
   """``call`` with ``triton_call``'s keywords: the body a shard runs."""
-  return call(args, kernel, out_shape, grid, *options_from_keywords(kwargs))
+  return call(args, kernel, out_shape, grid, *options_from_keywords(kernel, kwargs))
 
 
-def options_from_keywords(kwargs: dict):
-  """Splits ``triton_call``'s keywords into its options and metaparams."""
+def options_from_keywords(kernel, kwargs: dict):
+  """Splits ``triton_call``'s keywords into its options and metaparams; a
+  launch option that names a parameter of ``kernel`` is both, as in
+  Triton's launcher."""
   named = {k: kwargs[k] for k in _options.OPTION_NAMES if k in kwargs}
   metaparams = {k: v for k, v in kwargs.items()
                 if k not in _options.OPTION_NAMES}
+  metaparams.update(_arguments.launch_option_params(kernel, kwargs))
   return _options.make_options(**named), metaparams
 
 

@@ -8,6 +8,7 @@ call's first and repeated calls, ``bounds_check_overhead`` the kernels
 with ``JT_DIST_BOUNDS_CHECK`` on and off.
 """
 
+import functools
 import os
 import statistics
 import sys
@@ -173,10 +174,6 @@ def cpu_interpreter(quick):
        "metrics": ["stock_s", "jt_dist_s", "jnp_s"], "log": True}]}
 
 
-def _add(x, y):
-  return kernels.add(jt_dist.triton_call, x, y, block=16)
-
-
 def _arrays(rng, n):
   return tuple(jnp.asarray(rng.standard_normal(n).astype(np.float32))
                for _ in range(2))
@@ -197,7 +194,8 @@ def cpu_eager(quick):
   """First calls on fresh lengths; repeated calls on one length each."""
   rounds, hot_calls = (2, 2) if quick else (40, 5)
   rng = np.random.default_rng(int(time.time()))
-  hot = {"jt_dist triton_call": (_add, _arrays(rng, 64)),
+  add16 = functools.partial(kernels.add, jt_dist.triton_call, block=16)
+  hot = {"jt_dist triton_call": (add16, _arrays(rng, 64)),
          "XLA jnp.add": (jnp.add, _arrays(rng, 62))}
   x63 = _arrays(rng, 63)
   hot["jt_dist kernel_call held"] = (jt_dist.kernel_call(

@@ -509,8 +509,10 @@ def _times(launches, rounds):
     for i, array in zip(where, arrays):
       filled[i] = array
     outs = [launch_jt(*l) for l in jax.tree_util.tree_unflatten(tree, filled)]
-    return outs, [u for out, vs in zip(outs, in_outs)
-                  for u in out[len(out) - len(vs):]]
+    cuts = [len(out) - len(vs) for out, vs in zip(outs, in_outs)]
+    # Each update once: an array returned twice is a second buffer, a copy.
+    return ([o[:c] for o, c in zip(outs, cuts)],
+            [u for o, c in zip(outs, cuts) for u in o[c:]])
 
   jitted = jax.jit(body, donate_argnums=tuple(slots))
 
@@ -579,8 +581,7 @@ def run_case(name, liger, small, rounds=0):
 
 def liger_source():
   """``(folder holding liger_kernel/, its version)``, or ``(None, why)``."""
-  given = os.environ.get("JT_DIST_LIGER_SRC")
-  if given:
+  if given := os.environ.get("JT_DIST_LIGER_SRC"):
     folder = given
   elif (spec := importlib.util.find_spec("liger_kernel")) is not None:
     folder = os.path.dirname(list(spec.submodule_search_locations)[0])

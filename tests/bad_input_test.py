@@ -252,8 +252,7 @@ _TRITON_CALL_CASES = (
     ("shard_size_bool_index", lambda t: jt_dist.shard_size(True),
      TypeError, r"shard_size: arg_index=True of type bool must be an int"),
     ("shard_size_no_index", lambda t: jt_dist.shard_size(None),
-     TypeError, r"shard_size: arg_index=None of type NoneType must be an"
-     r" int"),
+     TypeError, r"shard_size: arg_index is required"),
     ("shard_size_float_axis", lambda t: jt_dist.shard_size(0, 1.0),
      TypeError, r"shard_size: axis=1\.0 of type float"),
     ("shard_size_negative_index",

@@ -77,11 +77,13 @@ def shard_size(arg_index: int, axis: int | None = None) -> ShardSize:
     TypeError: ``arg_index`` or ``axis`` is not an int.
   """
   for name, value in (("arg_index", arg_index), ("axis", axis)):
-    if (value is not None or name == "arg_index") and (
-        not isinstance(value, int) or isinstance(value, bool)):
+    if value is not None and (not isinstance(value, int)
+                              or isinstance(value, bool)):
       raise TypeError(
           f"shard_size: {name}={value!r} of type {type(value).__name__} must"
           " be an int.")
+  if arg_index is None:
+    raise TypeError("shard_size: arg_index is required (an int).")
   return ShardSize(arg_index, axis)
 
 
@@ -171,8 +173,8 @@ def runtime_scalar(x: Any, dtype: Any = None) -> RuntimeScalar:
     TypeError: ``x`` is neither an array nor a scalar, or its dtype is one
       a kernel cannot take.
   """
-  if isinstance(x, RuntimeScalar):  # A new dtype is checked as a new call.
-    return x if dtype is None else runtime_scalar(x.value, dtype)
+  if isinstance(x, RuntimeScalar):
+    return x if dtype is None else RuntimeScalar(x.value, dtype)
   if _types.is_shape_dtype(x):
     if tuple(x.shape) != ():
       raise ValueError(

@@ -357,6 +357,31 @@ class ShardedKernelCallTest(testing.TestCase):
       np.testing.assert_array_equal(jax.device_get(call(z)),
                                     np.tile(np.asarray(single), 4))
 
+  @parameterized.named_parameters(
+      ("replicated", lambda mesh, v: jax.device_put(
+          v, NamedSharding(mesh, P()))),
+      ("other_axis", lambda mesh, v: jax.device_put(
+          v, NamedSharding(mesh, P("y")))),
+      ("one_device", lambda mesh, v: jax.device_put(v, mesh.devices.flat[1])),
+      ("numpy", lambda mesh, v: v),
+      ("uncommitted", lambda mesh, v: jnp.asarray(v)),
+      ("other_mesh_object", lambda mesh, v: jax.device_put(v, NamedSharding(
+          jax.sharding.Mesh(mesh.devices, mesh.axis_names,
+                            axis_types=(jax.sharding.AxisType.Auto,) * 2),
+          P(("x", "y"))))))
+  def test_operands_laid_out_otherwise_after_laid_out_ones(self, lay_out):
+    # Once a call has taken jax's dispatch alone, operands on any other
+    # layout are still moved to in_specs' first, never passed through.
+    add = self._held(in_specs=(P(("x", "y")),) * 2, out_specs=P(("x", "y")))
+    x, y = self.random((64,)), self.random((64,))
+    laid = lambda v: jax.device_put(v, NamedSharding(self.mesh, P(("x", "y"))))
+    out = add(add(laid(x), laid(y)), laid(y))  # The second: the fast path.
+    np.testing.assert_allclose(jax.device_get(out), x + 2 * y, rtol=1e-6)
+    z = self.random((64,))
+    out = add(lay_out(self.mesh, z), lay_out(self.mesh, y))
+    np.testing.assert_allclose(jax.device_get(out), z + y, rtol=1e-6)
+    self.assertEqual(out.sharding, NamedSharding(self.mesh, P(("x", "y"))))
+
   def test_repeated_calls_are_jax_dispatch_in_a_fresh_process(self):
     # In a process that never called sharded_triton_call, too: a repeated
     # call on laid-out operands resolves and places nothing again.
